@@ -1,0 +1,47 @@
+# The front door of gradhub. `make setup` once on a fresh Debian 12 (as root, or with sudo),
+# then `make test`.
+BUILD_DIR ?= build
+BUILD_TYPE ?= RelWithDebInfo
+JOBS ?= $(shell nproc)
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+# Every package gradhub needs to build, test and run on Debian 12.
+PACKAGES := \
+  build-essential cmake ninja-build ccache pkg-config git ca-certificates \
+  protobuf-compiler libprotobuf-dev protobuf-compiler-grpc libgrpc++-dev libabsl-dev \
+  libpq-dev postgresql postgresql-contrib \
+  libtorch-dev libopenblas0-pthread libgloo-dev \
+  prometheus-cpp-dev libcpp-httplib-dev libssl-dev libyaml-cpp-dev nlohmann-json3-dev \
+  libgtest-dev libgmock-dev googletest \
+  python3-torch python3-sklearn clang-format
+
+.PHONY: setup build test bench fmt clean
+
+# Idempotent: installs only what is missing, and touches the network only then.
+setup:
+	@missing=""; for p in $(PACKAGES); do \
+	  dpkg-query -W -f='$${db:Status-Status}' $$p 2>/dev/null | grep -qx installed || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "make setup: installing$$missing"; \
+	  $(SUDO) apt-get update -q && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q $$missing; \
+	else echo "make setup: all packages present"; fi
+
+$(BUILD_DIR)/build.ninja:
+	cmake -S . -B $(BUILD_DIR) -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE)
+
+build: $(BUILD_DIR)/build.ninja
+	cmake --build $(BUILD_DIR) -j $(JOBS)
+
+test: build
+	ctest --test-dir $(BUILD_DIR) --output-on-failure -j $(JOBS)
+
+bench: build
+	tests/bench/run.sh $(BUILD_DIR)
+
+fmt:
+	git ls-files '*.cc' '*.h' | xargs clang-format -i
+
+clean:
+	rm -rf $(BUILD_DIR)

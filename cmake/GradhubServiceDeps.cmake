@@ -1,0 +1,7 @@
+# What the services (not the engine) need: gRPC, protobuf, libpq, Abseil.
+find_package(Protobuf REQUIRED)
+find_package(gRPC CONFIG REQUIRED)
+find_package(absl CONFIG REQUIRED)
+find_package(PostgreSQL REQUIRED)
+find_program(GRADHUB_GRPC_CPP_PLUGIN grpc_cpp_plugin REQUIRED)
+find_package(OpenSSL REQUIRED)

@@ -1,0 +1,37 @@
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace gradhub::db {
+
+// One statement parameter, sent in text format through PQexecParams so user data never
+// becomes part of the SQL text. Implicit from the C++ types we store; std::nullopt is NULL.
+class Param {
+ public:
+  Param(std::nullopt_t) {}
+  Param(std::string_view text) : text_(std::string(text)) {}
+  Param(const std::string& text) : text_(text) {}
+  Param(const char* text) : text_(std::string(text)) {}
+  Param(int32_t value) : text_(std::to_string(value)) {}
+  Param(int64_t value) : text_(std::to_string(value)) {}
+  Param(uint64_t value) : text_(std::to_string(value)) {}
+  Param(double value);
+  Param(bool value) : text_(value ? "t" : "f") {}
+  template <typename T>
+  Param(const std::optional<T>& value) {
+    if (value) text_ = Param(*value).text_;
+  }
+
+  // Arbitrary bytes for a bytea column (hex text format, so NUL bytes survive).
+  static Param Bytes(std::string_view bytes);
+
+  const char* c_str() const { return text_ ? text_->c_str() : nullptr; }
+
+ private:
+  std::optional<std::string> text_;
+};
+
+}  // namespace gradhub::db
