@@ -1,0 +1,461 @@
+#include "gpu_worker/ddp/comm/gloo/gloo_process_group.h"
+
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/transport/tcp/device.h>
+#include <netdb.h>
+#include <pthread.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+#include <utility>
+
+#include "gpu_worker/ddp/comm/checks.h"
+#include "gpu_worker/ddp/comm/gloo/gloo_store_adapter.h"
+
+namespace gradhub::ddp {
+namespace {
+
+using detail::StrCat;
+using ReduceFn = void (*)(void*, const void*, const void*, size_t);
+
+// Element-wise reductions handed to gloo (AllreduceOptions::setReduceFunction). gloo may pass
+// `out` equal to `a`. float16 and bfloat16 go through float: gloo has no bfloat16 type, and
+// doing both the same way keeps their rounding alike (one rounding per pairwise step).
+template <typename T>
+struct Plus {
+  static T Apply(T a, T b) { return a + b; }
+};
+template <typename T>
+struct Max {
+  static T Apply(T a, T b) { return std::max(a, b); }
+};
+template <typename T>
+struct Min {
+  static T Apply(T a, T b) { return std::min(a, b); }
+};
+
+template <typename T, template <typename> class Op>
+void ReduceNative(void* out, const void* a, const void* b, size_t n) {
+  T* o = static_cast<T*>(out);
+  const T* x = static_cast<const T*>(a);
+  const T* y = static_cast<const T*>(b);
+  for (size_t i = 0; i < n; ++i) o[i] = Op<T>::Apply(x[i], y[i]);
+}
+
+template <typename T, template <typename> class Op>
+void ReduceViaFloat(void* out, const void* a, const void* b, size_t n) {
+  T* o = static_cast<T*>(out);
+  const T* x = static_cast<const T*>(a);
+  const T* y = static_cast<const T*>(b);
+  for (size_t i = 0; i < n; ++i) {
+    o[i] = T(Op<float>::Apply(static_cast<float>(x[i]), static_cast<float>(y[i])));
+  }
+}
+
+template <typename T, template <typename> class Op>
+constexpr ReduceFn PickReduce() {
+  if constexpr (std::is_same_v<T, at::Half> || std::is_same_v<T, at::BFloat16>) {
+    return &ReduceViaFloat<T, Op>;
+  } else {
+    return &ReduceNative<T, Op>;
+  }
+}
+
+template <typename T>
+ReduceFn ReduceFor(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAverage: return PickReduce<T, Plus>();
+    case ReduceOp::kMax: return PickReduce<T, Max>();
+    case ReduceOp::kMin: return PickReduce<T, Min>();
+  }
+  throw std::invalid_argument("unknown ReduceOp");
+}
+
+// kAverage's second step. Integers: exact (truncating) integer division.
+template <typename T>
+void DivideInPlace(void* data, size_t n, int divisor) {
+  T* p = static_cast<T*>(data);
+  if constexpr (std::is_same_v<T, at::Half> || std::is_same_v<T, at::BFloat16>) {
+    for (size_t i = 0; i < n; ++i) p[i] = T(static_cast<float>(p[i]) / divisor);
+  } else {
+    for (size_t i = 0; i < n; ++i) p[i] = p[i] / static_cast<T>(divisor);
+  }
+}
+
+// Calls fn.template operator()<T>() with the C++ type of `type` (one of the supported five).
+template <typename Fn>
+void DispatchDtype(at::ScalarType type, Fn&& fn) {
+  switch (type) {
+    case at::kFloat: fn(float{}); return;
+    case at::kDouble: fn(double{}); return;
+    case at::kHalf: fn(at::Half{}); return;
+    case at::kBFloat16: fn(at::BFloat16{}); return;
+    case at::kLong: fn(int64_t{}); return;
+    default: throw std::invalid_argument("unsupported dtype " + detail::DtypeName(type));
+  }
+}
+
+const char* OpName(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return "sum";
+    case ReduceOp::kAverage: return "average";
+    case ReduceOp::kMax: return "max";
+    case ReduceOp::kMin: return "min";
+  }
+  return "?";
+}
+
+// Step 1 of the protocol: an explicit hostname is used as given (gloo reports what is wrong
+// with it); the machine's hostname only when some address it resolves to can be bound here,
+// which is what gloo's tcp::CreateDevice will try; otherwise loopback.
+std::string ResolveListenHostname(const std::string& requested) {
+  if (!requested.empty()) return requested;
+  char name[256] = {};
+  if (gethostname(name, sizeof(name) - 1) != 0 || name[0] == '\0') return "127.0.0.1";
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* result = nullptr;
+  if (getaddrinfo(name, nullptr, &hints, &result) != 0 || result == nullptr) return "127.0.0.1";
+  bool bindable = false;
+  for (addrinfo* ai = result; ai != nullptr && !bindable; ai = ai->ai_next) {
+    const int fd = socket(ai->ai_family, ai->ai_socktype, ai->ai_protocol);
+    if (fd < 0) continue;
+    bindable = bind(fd, ai->ai_addr, ai->ai_addrlen) == 0;  // port 0: any free port
+    close(fd);
+  }
+  freeaddrinfo(result);
+  return bindable ? std::string(name) : std::string("127.0.0.1");
+}
+
+// The reason part of a failed collective's CommError, from what gloo threw.
+std::string ReasonFor(std::exception_ptr error, std::chrono::milliseconds timeout) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const gloo::IoException& e) {
+    const std::string what = e.what();
+    if (what.find("Timed out") != std::string::npos || what.find("timed out") != std::string::npos) {
+      return StrCat("timed out after ", timeout.count(), " ms (", what, ")");
+    }
+    if (what.find("closed") != std::string::npos || what.find("reset") != std::string::npos ||
+        what.find("Broken pipe") != std::string::npos) {
+      return "peer closed the connection (" + what + ")";
+    }
+    return "I/O error (" + what + ")";
+  } catch (const gloo::EnforceNotMet& e) {
+    return std::string("gloo check failed (") + e.what() + ")";
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "unknown exception";
+  }
+}
+
+}  // namespace
+
+GlooProcessGroup::GlooProcessGroup(const ProcessGroupOptions& options)
+    : ProcessGroup(options.rank, options.size, options.name), timeout_(options.timeout) {
+  const std::string who = StrCat("process group '", name(), "' rank ", rank(), "/", size());
+  GRADHUB_ARG_CHECK(options.size >= 1 && options.rank >= 0 && options.rank < options.size,
+                    who, ": rank must be in [0, size)");
+  GRADHUB_ARG_CHECK(options.store != nullptr, who, ": options.store is null");
+  GRADHUB_ARG_CHECK(options.channels >= 1, who, ": options.channels must be >= 1, got ",
+                    options.channels);
+  GRADHUB_ARG_CHECK(options.timeout.count() > 0, who, ": options.timeout must be positive");
+
+  hostname_ = ResolveListenHostname(options.hostname);
+  for (int i = 0; i < options.channels; ++i) {
+    auto channel = std::make_unique<Channel>();
+    channel->index = i;
+    const std::string prefix = StrCat(name(), "/channel-", i, "/");
+    try {
+      gloo::transport::tcp::attr attr;
+      attr.hostname = hostname_;
+      // A device per channel: each has its own event-loop thread, so the channels' transfers
+      // do not queue behind one another in one loop.
+      GRADHUB_GLOO_CHECK(channel->device = gloo::transport::tcp::CreateDevice(attr));
+      channel->context = std::make_shared<gloo::rendezvous::Context>(rank(), size());
+      channel->context->setTimeout(timeout_);
+      GlooStoreAdapter adapter(options.store, prefix, timeout_);
+      GRADHUB_GLOO_CHECK(channel->context->connectFullMesh(adapter, channel->device));
+    } catch (const std::exception& e) {
+      throw CommError(StrCat(who, ": rendezvous of channel ", i, " (store keys '", prefix,
+                             "*', listening on ", hostname_, ") failed: ", e.what()));
+    }
+    channels_.push_back(std::move(channel));
+  }
+  for (auto& channel : channels_) {
+    Channel* raw = channel.get();
+    raw->thread = std::thread([this, raw] { RunChannel(*raw); });
+  }
+}
+
+GlooProcessGroup::~GlooProcessGroup() {
+  for (auto& channel : channels_) {
+    {
+      std::lock_guard<std::mutex> lock(channel->mu);
+      channel->stopping = true;
+    }
+    channel->wake.notify_all();
+  }
+  for (auto& channel : channels_) {
+    if (channel->thread.joinable()) channel->thread.join();
+  }
+  // Contexts close their pairs, then the devices stop their loops (member order).
+}
+
+std::string GlooProcessGroup::Describe(const char* kind, uint64_t seq,
+                                       const std::string& detail) const {
+  return StrCat(kind, " #", seq, detail.empty() ? "" : " (" + detail + ")", " in group '",
+                name(), "' rank ", rank(), "/", size());
+}
+
+std::shared_ptr<Work> GlooProcessGroup::Submit(
+    const char* kind, const std::string& detail, bool empty, bool after_prior,
+    std::function<void(const std::shared_ptr<gloo::Context>&, uint32_t)> run) {
+  std::lock_guard<std::mutex> lock(issue_mu_);
+  const uint64_t seq = next_seq_++;
+  auto work = std::make_shared<Work>(Describe(kind, seq, detail), timeout_);
+  if (broken_.load()) {
+    work->Complete(UnusableError(work->description()));
+    return work;
+  }
+  if (empty) {
+    work->Complete();
+    return work;
+  }
+  in_flight_.erase(std::remove_if(in_flight_.begin(), in_flight_.end(),
+                                  [](const std::shared_ptr<Work>& w) { return w->IsCompleted(); }),
+                   in_flight_.end());
+
+  auto op = std::make_unique<Op>();
+  if (after_prior) op->prior = in_flight_;
+  in_flight_.push_back(work);
+  op->seq = seq;
+  op->work = work;
+  op->run = std::move(run);
+  Channel& channel = *channels_[seq % channels_.size()];
+  {
+    std::lock_guard<std::mutex> channel_lock(channel.mu);
+    channel.queue.push_back(std::move(op));
+  }
+  channel.wake.notify_one();
+  return work;
+}
+
+void GlooProcessGroup::RunChannel(Channel& channel) {
+  const std::string thread_name = StrCat("gloo-", channel.index).substr(0, 15);
+  pthread_setname_np(pthread_self(), thread_name.c_str());
+  for (;;) {
+    std::unique_ptr<Op> op;
+    {
+      std::unique_lock<std::mutex> lock(channel.mu);
+      channel.wake.wait(lock, [&] { return channel.stopping || !channel.queue.empty(); });
+      if (channel.queue.empty()) return;  // stopping and drained
+      op = std::move(channel.queue.front());
+      channel.queue.pop_front();
+    }
+    // Ops only reach the queue while the context exists, and it outlives this thread.
+    if (broken_.load()) {
+      op->work->Complete(UnusableError(op->work->description()));
+      continue;
+    }
+    op->work->MarkStarted();
+    try {
+      WaitForPrior(*op);
+      op->run(channel.context, static_cast<uint32_t>(op->seq));
+      op->work->Complete();
+    } catch (...) {
+      const std::string message =
+          op->work->description() + ": " + ReasonFor(std::current_exception(), timeout_);
+      MarkBroken(message);
+      op->work->Complete(std::make_exception_ptr(CommError(message)));
+    }
+  }
+}
+
+void GlooProcessGroup::WaitForPrior(const Op& op) const {
+  // Protocol step 4. These ops were issued earlier, so they sit ahead of this one in their
+  // channels' queues and never wait for it: no cycle. A failed one has broken the group, and
+  // this op then fails as well.
+  const auto deadline = Work::Clock::now() + timeout_;
+  for (const auto& work : op.prior) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Work::Clock::now());
+    try {
+      work->Wait(std::max(left, std::chrono::milliseconds(1)));
+    } catch (const std::exception& e) {
+      if (!work->IsCompleted()) {
+        throw CommError(StrCat("timed out after ", timeout_.count(), " ms waiting for earlier ",
+                               work->description()));
+      }
+      throw CommError(StrCat("earlier collective failed: ", e.what()));
+    }
+  }
+}
+
+std::string GlooProcessGroup::BrokenReason() const {
+  std::lock_guard<std::mutex> lock(broken_mu_);
+  return broken_reason_;
+}
+
+void GlooProcessGroup::MarkBroken(const std::string& reason) {
+  std::lock_guard<std::mutex> lock(broken_mu_);
+  if (broken_reason_.empty()) broken_reason_ = reason;  // the first failure is the cause
+  broken_.store(true);
+}
+
+std::exception_ptr GlooProcessGroup::UnusableError(const std::string& description) const {
+  return std::make_exception_ptr(CommError(StrCat(description, ": process group '", name(),
+                                                  "' is unusable after an earlier failure: ",
+                                                  BrokenReason())));
+}
+
+std::shared_ptr<Work> GlooProcessGroup::Broadcast(std::vector<at::Tensor> tensors, int root) {
+  const std::string where = StrCat("broadcast in group '", name(), "' rank ", rank(), "/", size());
+  GRADHUB_ARG_CHECK(root >= 0 && root < size(), where, ": root ", root, " is not in [0, ",
+                    size(), ")");
+  size_t total_bytes = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    detail::CheckTensorArg(where, StrCat("tensors[", i, "]"), tensors[i], c10::Device(c10::kCPU));
+    total_bytes += tensors[i].nbytes();
+  }
+  const std::string detail =
+      tensors.size() == 1
+          ? StrCat(detail::DtypeName(tensors[0].scalar_type()), ", ", tensors[0].numel(),
+                   " elements, root ", root)
+          : StrCat(tensors.size(), " tensors, ", total_bytes, " bytes, root ", root);
+  const int my_rank = rank();
+  const auto timeout = timeout_;
+  return Submit("broadcast", detail, total_bytes == 0, /*after_prior=*/false,
+                [tensors = std::move(tensors), root, total_bytes, my_rank, timeout](
+                    const std::shared_ptr<gloo::Context>& context, uint32_t tag) {
+                  auto run = [&](void* data, size_t bytes) {
+                    gloo::BroadcastOptions opts(context);
+                    opts.setOutput(static_cast<uint8_t*>(data), bytes);
+                    opts.setRoot(root);
+                    opts.setTag(tag);
+                    opts.setTimeout(timeout);
+                    gloo::broadcast(opts);
+                  };
+                  if (tensors.size() == 1) {
+                    run(tensors[0].data_ptr(), total_bytes);
+                    return;
+                  }
+                  // Several tensors (a model's parameters): one transfer of their bytes
+                  // back to back, instead of one round trip per tensor.
+                  std::vector<uint8_t> flat(total_bytes);
+                  size_t offset = 0;
+                  if (my_rank == root) {
+                    for (const auto& t : tensors) {
+                      std::memcpy(flat.data() + offset, t.data_ptr(), t.nbytes());
+                      offset += t.nbytes();
+                    }
+                  }
+                  run(flat.data(), total_bytes);
+                  if (my_rank != root) {
+                    for (const auto& t : tensors) {
+                      std::memcpy(t.data_ptr(), flat.data() + offset, t.nbytes());
+                      offset += t.nbytes();
+                    }
+                  }
+                });
+}
+
+std::shared_ptr<Work> GlooProcessGroup::AllReduce(at::Tensor tensor, ReduceOp op) {
+  const std::string where = StrCat("allreduce in group '", name(), "' rank ", rank(), "/", size());
+  detail::CheckTensorArg(where, "tensor", tensor, c10::Device(c10::kCPU));
+  const std::string detail = StrCat(detail::DtypeName(tensor.scalar_type()), ", ",
+                                    tensor.numel(), " elements, ", OpName(op));
+  const int group_size = size();
+  const auto timeout = timeout_;
+  const bool empty = tensor.numel() == 0;
+  return Submit("allreduce", detail, empty, /*after_prior=*/false,
+                [tensor = std::move(tensor), op, group_size, timeout](
+                    const std::shared_ptr<gloo::Context>& context, uint32_t tag) {
+                  DispatchDtype(tensor.scalar_type(), [&](auto type_tag) {
+                    using T = decltype(type_tag);
+                    T* data = static_cast<T*>(tensor.data_ptr());
+                    const size_t n = static_cast<size_t>(tensor.numel());
+                    gloo::AllreduceOptions opts(context);
+                    opts.setOutput(data, n);  // in place: the output doubles as input
+                    opts.setReduceFunction(ReduceFor<T>(op));
+                    opts.setTag(tag);
+                    opts.setTimeout(timeout);
+                    gloo::allreduce(opts);
+                    if (op == ReduceOp::kAverage) DivideInPlace<T>(data, n, group_size);
+                  });
+                });
+}
+
+std::shared_ptr<Work> GlooProcessGroup::AllGather(std::vector<at::Tensor> outputs,
+                                                  at::Tensor input) {
+  const std::string where = StrCat("allgather in group '", name(), "' rank ", rank(), "/", size());
+  detail::CheckTensorArg(where, "input", input, c10::Device(c10::kCPU));
+  GRADHUB_ARG_CHECK(static_cast<int>(outputs.size()) == size(), where, ": outputs has ",
+                    outputs.size(), " tensors, expected one per rank (", size(), ")");
+  for (size_t r = 0; r < outputs.size(); ++r) {
+    const std::string arg = StrCat("outputs[", r, "]");
+    detail::CheckTensorArg(where, arg, outputs[r], c10::Device(c10::kCPU));
+    GRADHUB_ARG_CHECK(outputs[r].scalar_type() == input.scalar_type(), where, ": ", arg,
+                      " has dtype ", detail::DtypeName(outputs[r].scalar_type()),
+                      ", input has ", detail::DtypeName(input.scalar_type()));
+    GRADHUB_ARG_CHECK(outputs[r].sizes() == input.sizes(), where, ": ", arg, " has shape ",
+                      outputs[r].sizes(), ", input has ", input.sizes());
+  }
+  const std::string detail = StrCat(detail::DtypeName(input.scalar_type()), ", ",
+                                    input.numel(), " elements per rank");
+  const auto timeout = timeout_;
+  const bool empty = input.numel() == 0;
+  return Submit("allgather", detail, empty, /*after_prior=*/false,
+                [outputs = std::move(outputs), input = std::move(input), timeout](
+                    const std::shared_ptr<gloo::Context>& context, uint32_t tag) {
+                  const size_t bytes = input.nbytes();
+                  // gloo gathers into one buffer; use the outputs directly when they already
+                  // are one (slices of a flat tensor), else a temporary.
+                  auto* base = static_cast<uint8_t*>(outputs[0].data_ptr());
+                  bool adjacent = true;
+                  for (size_t r = 0; r < outputs.size(); ++r) {
+                    adjacent = adjacent && outputs[r].data_ptr() == base + r * bytes;
+                  }
+                  std::vector<uint8_t> temporary;
+                  uint8_t* gathered = base;
+                  if (!adjacent) {
+                    temporary.resize(bytes * outputs.size());
+                    gathered = temporary.data();
+                  }
+                  gloo::AllgatherOptions opts(context);
+                  opts.setInput(static_cast<uint8_t*>(input.data_ptr()), bytes);
+                  opts.setOutput(gathered, bytes * outputs.size());
+                  opts.setTag(tag);
+                  opts.setTimeout(timeout);
+                  gloo::allgather(opts);
+                  if (!adjacent) {
+                    for (size_t r = 0; r < outputs.size(); ++r) {
+                      std::memcpy(outputs[r].data_ptr(), gathered + r * bytes, bytes);
+                    }
+                  }
+                });
+}
+
+std::shared_ptr<Work> GlooProcessGroup::Barrier() {
+  const auto timeout = timeout_;
+  return Submit("barrier", "", false, /*after_prior=*/true,
+                [timeout](const std::shared_ptr<gloo::Context>& context, uint32_t tag) {
+                  gloo::BarrierOptions opts(context);
+                  opts.setTag(tag);
+                  opts.setTimeout(timeout);
+                  gloo::barrier(opts);
+                });
+}
+
+}  // namespace gradhub::ddp

@@ -1,0 +1,124 @@
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gpu_worker/ddp/comm/process_group.h"
+
+namespace gloo {
+class Context;
+namespace rendezvous {
+class Context;
+}
+namespace transport {
+class Device;
+}
+}  // namespace gloo
+
+namespace gradhub::ddp {
+
+// ProcessGroup on gloo's TCP transport, for CPU tensors (c10d's ProcessGroupGloo).
+//
+// Protocol:
+//  1. Construction resolves the address to listen on: options.hostname, or when it is empty
+//     the machine's hostname if it resolves to an address this machine can bind, else
+//     127.0.0.1 (enough for ranks on one machine; multi-node jobs must pass a routable
+//     hostname or address).
+//  2. For each channel i in [0, options.channels) it creates a TCP device (its own event
+//     loop thread) and a gloo::rendezvous::Context, connected full mesh through the store
+//     under `options.name + "/channel-<i>/"`. A peer that does not arrive within
+//     options.timeout makes the constructor throw CommError. Group names must be unique per
+//     store: a second group with the same name on the same store would read the first one's
+//     stale addresses.
+//  3. The k-th collective issued (k = 0, 1, ...; every rank counts the same) is queued on
+//     channel k % channels, whose own thread runs its queue in FIFO order, with gloo tag k
+//     and gloo timeout options.timeout. Back-to-back gradient buckets therefore run
+//     concurrently on different connections. Collectives of size 0 complete at once without
+//     touching the network (they still take a number, so every rank stays in step).
+//  4. Barrier first waits (locally) for every collective issued before it, then runs
+//     gloo::barrier: when it completes, all earlier collectives of this rank have completed
+//     and every rank has reached the barrier.
+//  5. The first collective that fails (peer closed, I/O error, timeout) breaks the group:
+//     queued and later collectives fail at once with CommError "process group 'x' is
+//     unusable after an earlier failure: <first error>". The job is expected to restart.
+//
+// Collectives in flight at the same time may run concurrently, so a tensor must not be
+// passed to a second collective before the first one's Work completed.
+//
+// Thread-safety: collectives may be issued from any thread (serialised internally, in
+// issue order); Work handles are completed by the channel threads. Destruction drains the
+// queues while the group is healthy and fails what is left once it is broken; since every
+// collective ends within options.timeout, it does not hang on a dead peer.
+class GlooProcessGroup final : public ProcessGroup {
+ public:
+  // Rendezvous (blocks until every rank connected). Throws CommError naming the group, the
+  // rank and the reason; std::invalid_argument for inconsistent options.
+  explicit GlooProcessGroup(const ProcessGroupOptions& options);
+  ~GlooProcessGroup() override;
+
+  std::shared_ptr<Work> Broadcast(std::vector<at::Tensor> tensors, int root) override;
+  std::shared_ptr<Work> AllReduce(at::Tensor tensor, ReduceOp op = ReduceOp::kSum) override;
+  std::shared_ptr<Work> AllGather(std::vector<at::Tensor> outputs, at::Tensor input) override;
+  std::shared_ptr<Work> Barrier() override;
+
+  // The address peers connect to (after the fallback of step 1), for logs.
+  const std::string& listen_hostname() const { return hostname_; }
+  int channels() const { return static_cast<int>(channels_.size()); }
+
+ private:
+  // One queued collective. `run` does the transfer on the channel's context with the tag.
+  struct Op {
+    uint64_t seq = 0;
+    std::shared_ptr<Work> work;
+    // Barrier only: collectives issued before it that were not complete at issue time.
+    std::vector<std::shared_ptr<Work>> prior;
+    std::function<void(const std::shared_ptr<gloo::Context>&, uint32_t tag)> run;
+  };
+  struct Channel {
+    int index = 0;
+    std::shared_ptr<gloo::transport::Device> device;
+    std::shared_ptr<gloo::rendezvous::Context> context;
+    std::mutex mu;
+    std::condition_variable wake;
+    std::deque<std::unique_ptr<Op>> queue;
+    bool stopping = false;
+    std::thread thread;
+  };
+
+  // Takes the next sequence number and queues `run` on its channel, or completes the Work at
+  // once when the group is broken or `empty`. `detail` describes the operands; with
+  // `after_prior` the op first waits for every collective issued before it (Barrier).
+  std::shared_ptr<Work> Submit(const char* kind, const std::string& detail, bool empty,
+                               bool after_prior,
+                               std::function<void(const std::shared_ptr<gloo::Context>&,
+                                                  uint32_t)> run);
+  std::string Describe(const char* kind, uint64_t seq, const std::string& detail) const;
+  void RunChannel(Channel& channel);
+  void WaitForPrior(const Op& op) const;
+  // Empty while the group is healthy.
+  std::string BrokenReason() const;
+  void MarkBroken(const std::string& reason);
+  std::exception_ptr UnusableError(const std::string& description) const;
+
+  const std::chrono::milliseconds timeout_;
+  std::string hostname_;
+  std::vector<std::unique_ptr<Channel>> channels_;
+
+  std::mutex issue_mu_;  // sequence numbers and queue order
+  uint64_t next_seq_ = 0;
+  // Issued and not yet known to be complete (what a Barrier waits for); pruned at each issue.
+  std::vector<std::shared_ptr<Work>> in_flight_;
+
+  mutable std::mutex broken_mu_;
+  std::atomic<bool> broken_{false};
+  std::string broken_reason_;
+};
+
+}  // namespace gradhub::ddp

@@ -1,0 +1,85 @@
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gpu_worker/ddp/comm/work.h"
+#include "gpu_worker/ddp/store.h"
+
+namespace gradhub::ddp {
+
+// A collective that neither completes nor fails within this long fails with CommError. Far
+// below NCCL's 10 minutes: a dead peer must surface quickly so the job restarts.
+inline constexpr std::chrono::milliseconds kDefaultCollectiveTimeout = std::chrono::seconds(60);
+
+enum class ReduceOp { kSum, kAverage, kMax, kMin };
+enum class Backend { kGloo, kNccl };
+
+struct ProcessGroupOptions {
+  Backend backend = Backend::kGloo;
+  int rank = 0;
+  int size = 1;
+  // Rendezvous; keys are written under `name` + "/" so several groups can share one store
+  // (wrap it in a PrefixStore to scope by job and attempt).
+  std::shared_ptr<Store> store;
+  // Names the group in errors and in store keys, e.g. "default" or "subgroup-0-2".
+  std::string name = "default";
+  std::chrono::milliseconds timeout = kDefaultCollectiveTimeout;
+  // Gloo: independent connections (each with its own thread), so that collectives issued
+  // back to back — gradient buckets — run concurrently. Collective i uses channel
+  // i % channels, which every rank computes the same way.
+  int channels = 2;
+  // Gloo: address this rank listens on for its peers; "" = the machine's hostname, or
+  // 127.0.0.1 when it does not resolve.
+  std::string hostname;
+  // NCCL: CUDA device index of this rank.
+  int device = 0;
+};
+
+// A set of ranks that run collectives together (c10d's ProcessGroup). Every collective is
+// asynchronous and returns a Work; tensors must stay alive and unmodified until it completes.
+// All ranks must issue the same collectives in the same order. Calls may come from any
+// thread but must be issued in one agreed order per group (the Reducer issues from the
+// autograd thread). Supported dtypes: float32, float64, float16, bfloat16, int64. Tensors
+// must be contiguous, on CPU for Gloo and on the group's CUDA device for NCCL.
+class ProcessGroup {
+ public:
+  virtual ~ProcessGroup() = default;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const std::string& name() const { return name_; }
+
+  // Copies `root`'s tensors to every rank, in place.
+  virtual std::shared_ptr<Work> Broadcast(std::vector<at::Tensor> tensors, int root) = 0;
+  // Reduces `tensor` across ranks in place. kAverage divides by size() after summing.
+  virtual std::shared_ptr<Work> AllReduce(at::Tensor tensor, ReduceOp op = ReduceOp::kSum) = 0;
+  // outputs[r] receives rank r's `input`; outputs has size() tensors shaped like `input`.
+  virtual std::shared_ptr<Work> AllGather(std::vector<at::Tensor> outputs, at::Tensor input) = 0;
+  virtual std::shared_ptr<Work> Barrier() = 0;
+
+ protected:
+  ProcessGroup(int rank, int size, std::string name)
+      : rank_(rank), size_(size), name_(std::move(name)) {}
+
+ private:
+  const int rank_, size_;
+  const std::string name_;
+};
+
+// The one factory for every backend. Blocks until all `options.size` ranks have joined
+// (through the store) or the timeout passes. Throws CommError naming what is wrong, e.g.
+// NCCL requested in a build without it, or no GPU visible.
+std::shared_ptr<ProcessGroup> CreateProcessGroup(const ProcessGroupOptions& options);
+
+// A group of some ranks of `parent`, e.g. for hierarchical reduction. Every rank of the parent
+// calls it with the same `ranks` (sorted, unique); ranks not in it get nullptr. The subgroup
+// rendezvouses under the parent's store.
+std::shared_ptr<ProcessGroup> CreateSubgroup(const ProcessGroupOptions& parent_options,
+                                             const std::vector<int>& ranks);
+
+}  // namespace gradhub::ddp

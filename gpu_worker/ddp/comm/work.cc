@@ -1,0 +1,66 @@
+#include "gpu_worker/ddp/comm/work.h"
+
+namespace gradhub::ddp {
+
+void Work::Wait(std::chrono::milliseconds timeout) {
+  if (timeout == std::chrono::milliseconds::zero()) timeout = default_timeout_;
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!done_.wait_for(lock, timeout, [this] { return completed_; })) {
+    throw CommError(description_ + ": not completed after " + std::to_string(timeout.count()) +
+                    " ms");
+  }
+  if (error_) std::rethrow_exception(error_);
+}
+
+bool Work::IsCompleted() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return completed_;
+}
+
+std::exception_ptr Work::error() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return error_;
+}
+
+Work::Clock::time_point Work::start_time() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return start_time_;
+}
+
+Work::Clock::time_point Work::end_time() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return end_time_;
+}
+
+void Work::OnCompletion(std::function<void()> callback) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!completed_) {
+      callbacks_.push_back(std::move(callback));
+      return;
+    }
+  }
+  callback();
+}
+
+void Work::MarkStarted() {
+  std::lock_guard<std::mutex> lock(mu_);
+  start_time_ = Clock::now();
+}
+
+void Work::Complete(std::exception_ptr error) {
+  std::vector<std::function<void()>> callbacks;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (completed_) return;
+    completed_ = true;
+    error_ = error;
+    end_time_ = Clock::now();
+    if (start_time_ == Clock::time_point{}) start_time_ = end_time_;
+    callbacks.swap(callbacks_);
+  }
+  done_.notify_all();
+  for (auto& callback : callbacks) callback();
+}
+
+}  // namespace gradhub::ddp
