@@ -1,0 +1,171 @@
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <string_view>
+
+#include "gpu_worker/common/user_error.h"
+#include "gpu_worker/data/tensor_dataset.h"
+
+namespace gradhub::data {
+namespace {
+
+std::vector<std::string_view> SplitFields(std::string_view line, char delimiter) {
+  std::vector<std::string_view> fields;
+  size_t start = 0;
+  while (true) {
+    const size_t end = line.find(delimiter, start);
+    std::string_view field = line.substr(start, end == std::string_view::npos ? end : end - start);
+    while (!field.empty() && (field.front() == ' ' || field.front() == '\t')) field.remove_prefix(1);
+    while (!field.empty() && (field.back() == ' ' || field.back() == '\t' || field.back() == '\r')) {
+      field.remove_suffix(1);
+    }
+    if (field.size() >= 2 && field.front() == '"' && field.back() == '"') {
+      field = field.substr(1, field.size() - 2);
+    }
+    fields.push_back(field);
+    if (end == std::string_view::npos) return fields;
+    start = end + 1;
+  }
+}
+
+bool ParseNumber(std::string_view field, double* value) {
+  if (field.empty()) return false;
+  const std::string text(field);
+  char* end = nullptr;
+  *value = std::strtod(text.c_str(), &end);
+  return end == text.c_str() + text.size() && std::isfinite(*value);
+}
+
+}  // namespace
+
+std::unique_ptr<TensorDataset> ReadCsv(const v1::CsvDataset& spec) {
+  const std::string& path = spec.path();
+  const std::string contents = ReadFileContents(path, "dataset.csv.path");
+  const char delimiter = spec.delimiter().empty() ? ',' : spec.delimiter()[0];
+
+  // Lines with their 1-based numbers, blank ones skipped.
+  std::vector<std::pair<int64_t, std::string_view>> lines;
+  {
+    std::string_view rest(contents);
+    int64_t number = 0;
+    while (!rest.empty()) {
+      const size_t end = rest.find('\n');
+      std::string_view line = rest.substr(0, end);
+      rest = end == std::string_view::npos ? std::string_view() : rest.substr(end + 1);
+      ++number;
+      if (line.find_first_not_of(" \t\r") != std::string_view::npos) lines.emplace_back(number, line);
+    }
+  }
+  if (lines.empty()) throw UserError("dataset.csv.path", path + " has no rows");
+
+  std::vector<std::string_view> first = SplitFields(lines.front().second, delimiter);
+  bool header = spec.header() == v1::CsvDataset::PRESENT;
+  if (spec.header() == v1::CsvDataset::AUTO) {
+    double ignored;
+    for (std::string_view field : first) header = header || !ParseNumber(field, &ignored);
+  }
+  const int64_t columns = static_cast<int64_t>(first.size());
+  if (columns < 2) {
+    throw UserError("dataset.csv.path", path + ":" + std::to_string(lines.front().first) +
+                                            ": needs at least 2 columns (features and a label), "
+                                            "found 1; is the delimiter '" +
+                                            std::string(1, delimiter) + "'?");
+  }
+
+  int64_t label = columns - 1;
+  switch (spec.label_case()) {
+    case v1::CsvDataset::kLabelColumnIndex: {
+      const int64_t index = spec.label_column_index();
+      label = index < 0 ? columns + index : index;
+      if (label < 0 || label >= columns) {
+        throw UserError("dataset.csv.labelColumnIndex",
+                        std::to_string(index) + " is outside the " + std::to_string(columns) +
+                            " columns of " + path);
+      }
+      break;
+    }
+    case v1::CsvDataset::kLabelColumnName: {
+      if (!header) {
+        throw UserError("dataset.csv.labelColumnName", path + " has no header row to name columns");
+      }
+      label = -1;
+      std::string names;
+      for (int64_t i = 0; i < columns; ++i) {
+        if (first[i] == spec.label_column_name()) label = i;
+        names += (i ? ", " : "") + std::string(first[i]);
+      }
+      if (label < 0) {
+        throw UserError("dataset.csv.labelColumnName",
+                        "'" + spec.label_column_name() + "' is not a column of " + path +
+                            " (columns: " + names + ")");
+      }
+      break;
+    }
+    case v1::CsvDataset::LABEL_NOT_SET:
+      break;
+  }
+
+  const size_t first_row = header ? 1 : 0;
+  const int64_t rows = static_cast<int64_t>(lines.size() - first_row);
+  if (rows == 0) throw UserError("dataset.csv.path", path + " has a header but no rows");
+  std::vector<float> features;
+  features.reserve(rows * (columns - 1));
+  std::vector<double> labels;
+  labels.reserve(rows);
+  for (size_t i = first_row; i < lines.size(); ++i) {
+    const auto& [number, line] = lines[i];
+    const std::vector<std::string_view> fields = SplitFields(line, delimiter);
+    const std::string where = path + ":" + std::to_string(number);
+    if (static_cast<int64_t>(fields.size()) != columns) {
+      throw UserError("", where + ": " + std::to_string(fields.size()) + " fields, expected " +
+                              std::to_string(columns));
+    }
+    for (int64_t c = 0; c < columns; ++c) {
+      double value;
+      if (!ParseNumber(fields[c], &value)) {
+        throw UserError("", where + ": column " + std::to_string(c + 1) + " '" +
+                                std::string(fields[c]) + "' is not a number");
+      }
+      if (c == label) {
+        labels.push_back(value);
+      } else {
+        features.push_back(static_cast<float>(value));
+      }
+    }
+  }
+
+  bool integral = true;
+  double max_label = 0;
+  for (double value : labels) {
+    integral = integral && value >= 0 && value == std::floor(value);
+    max_label = std::max(max_label, value);
+  }
+  bool classification = spec.task() == v1::CsvDataset::CLASSIFICATION ||
+                        (spec.task() == v1::CsvDataset::AUTO_TASK && integral);
+  if (spec.task() == v1::CsvDataset::CLASSIFICATION && !integral) {
+    throw UserError("dataset.csv.task",
+                    "CLASSIFICATION needs non-negative integer labels; " + path +
+                        " has others in column " + std::to_string(label + 1));
+  }
+
+  DataShape shape;
+  shape.sample_shape = {columns - 1};
+  at::Tensor inputs = at::tensor(features, at::kFloat).reshape({rows, columns - 1});
+  at::Tensor targets;
+  if (classification) {
+    shape.task = Task::kClassification;
+    shape.num_classes = static_cast<int64_t>(max_label) + 1;
+    targets = at::tensor(labels, at::kDouble).to(at::kLong);
+  } else {
+    shape.task = Task::kRegression;
+    targets = at::tensor(labels, at::kDouble).to(at::kFloat);
+  }
+  Normalization normalization = Normalization::kNone;
+  if (spec.normalize() == v1::CsvDataset::STANDARD) normalization = Normalization::kStandard;
+  if (spec.normalize() == v1::CsvDataset::MINMAX) normalization = Normalization::kMinMax;
+  return std::make_unique<TensorDataset>(std::move(inputs), std::move(targets), std::move(shape),
+                                         normalization);
+}
+
+}  // namespace gradhub::data

@@ -1,0 +1,14 @@
+#pragma once
+
+namespace gradhub::trainer {
+
+// How a trainer process ends, so the agent and scheduler can choose: a user error fails the
+// job at once, a training failure spends a job restart, an infrastructure failure an
+// infrastructure restart.
+inline constexpr int kExitSuccess = 0;
+inline constexpr int kExitUsage = 2;             // bad command line
+inline constexpr int kExitUserError = 10;        // bad spec, unreadable data, shape mismatch
+inline constexpr int kExitTrainingFailure = 11;  // NaN/Inf loss
+inline constexpr int kExitInfrastructure = 12;   // peer lost, store unreachable, I/O
+
+}  // namespace gradhub::trainer

@@ -1,0 +1,317 @@
+#include "gpu_worker/trainer/job_spec.h"
+
+#include <google/protobuf/util/json_util.h>
+#include <yaml-cpp/yaml.h>
+
+#include <cmath>
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+#include "gpu_worker/common/user_error.h"
+
+namespace gradhub {
+namespace {
+
+std::string JsonString(const std::string& text) {
+  std::string out = "\"";
+  for (unsigned char c : text) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (c < 0x20) {
+          char escape[8];
+          std::snprintf(escape, sizeof(escape), "\\u%04x", c);
+          out += escape;
+        } else {
+          out += static_cast<char>(c);
+        }
+    }
+  }
+  return out + "\"";
+}
+
+// YAML scalars are untyped; the proto3 JSON parser accepts numbers and booleans only
+// unquoted, and every string quoted. Plain scalars that read as numbers or booleans go
+// unquoted, everything else (and anything the user quoted) as a string.
+bool LooksLikeJsonLiteral(const std::string& value) {
+  static const std::regex kNumber(R"(-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?)");
+  return value == "true" || value == "false" || std::regex_match(value, kNumber);
+}
+
+void ToJson(const YAML::Node& node, std::string* out) {
+  switch (node.Type()) {
+    case YAML::NodeType::Map: {
+      *out += "{";
+      bool first = true;
+      for (const auto& item : node) {
+        if (!first) *out += ",";
+        first = false;
+        *out += JsonString(item.first.Scalar()) + ":";
+        ToJson(item.second, out);
+      }
+      *out += "}";
+      return;
+    }
+    case YAML::NodeType::Sequence: {
+      *out += "[";
+      for (size_t i = 0; i < node.size(); ++i) {
+        if (i) *out += ",";
+        ToJson(node[i], out);
+      }
+      *out += "]";
+      return;
+    }
+    case YAML::NodeType::Scalar:
+      *out += node.Tag() == "!" || !LooksLikeJsonLiteral(node.Scalar()) ? JsonString(node.Scalar())
+                                                                        : node.Scalar();
+      return;
+    case YAML::NodeType::Null:
+    case YAML::NodeType::Undefined:
+      *out += "null";
+      return;
+  }
+}
+
+class Checker {
+ public:
+  void Require(bool ok, std::string field, std::string message) {
+    if (!ok) issues_.push_back({std::move(field), std::move(message)});
+  }
+  std::vector<SpecIssue> Take() { return std::move(issues_); }
+
+ private:
+  std::vector<SpecIssue> issues_;
+};
+
+void CheckModel(const v1::ModelSpec& model, Checker& check) {
+  switch (model.kind_case()) {
+    case v1::ModelSpec::kMlp: {
+      const auto& mlp = model.mlp();
+      check.Require(mlp.layers_size() >= 2, "model.mlp.layers",
+                    "needs at least 2 widths (input and output)");
+      for (int i = 0; i < mlp.layers_size(); ++i) {
+        check.Require(mlp.layers(i) > 0, "model.mlp.layers[" + std::to_string(i) + "]",
+                      "must be positive");
+      }
+      check.Require(mlp.dropout() >= 0 && mlp.dropout() < 1, "model.mlp.dropout",
+                    "must be in [0, 1)");
+      return;
+    }
+    case v1::ModelSpec::kCnn:
+      for (int i = 0; i < model.cnn().channels_size(); ++i) {
+        check.Require(model.cnn().channels(i) > 0, "model.cnn.channels[" + std::to_string(i) + "]",
+                      "must be positive");
+      }
+      check.Require(model.cnn().hidden() >= 0, "model.cnn.hidden", "must not be negative");
+      return;
+    case v1::ModelSpec::kResnet:
+      for (int i = 0; i < model.resnet().blocks_per_stage_size(); ++i) {
+        check.Require(model.resnet().blocks_per_stage(i) > 0,
+                      "model.resnet.blocksPerStage[" + std::to_string(i) + "]", "must be positive");
+      }
+      check.Require(model.resnet().base_width() >= 0, "model.resnet.baseWidth",
+                    "must not be negative");
+      return;
+    case v1::ModelSpec::kTransformer: {
+      const auto& t = model.transformer();
+      check.Require(t.context_length() > 0, "model.transformer.contextLength", "must be positive");
+      check.Require(t.d_model() > 0, "model.transformer.dModel", "must be positive");
+      check.Require(t.layers() > 0, "model.transformer.layers", "must be positive");
+      check.Require(t.heads() > 0, "model.transformer.heads", "must be positive");
+      if (t.heads() > 0 && t.d_model() > 0) {
+        check.Require(t.d_model() % t.heads() == 0, "model.transformer.heads",
+                      std::to_string(t.heads()) + " does not divide dModel " +
+                          std::to_string(t.d_model()));
+      }
+      check.Require(t.dropout() >= 0 && t.dropout() < 1, "model.transformer.dropout",
+                    "must be in [0, 1)");
+      return;
+    }
+    case v1::ModelSpec::kTorchscript:
+      check.Require(!model.torchscript().path().empty(), "model.torchscript.path", "is empty");
+      return;
+    case v1::ModelSpec::KIND_NOT_SET:
+      check.Require(false, "model", "is not set (mlp, cnn, resnet, transformer or torchscript)");
+      return;
+  }
+}
+
+void CheckDataset(const v1::DatasetSpec& dataset, Checker& check) {
+  switch (dataset.kind_case()) {
+    case v1::DatasetSpec::kSynthetic: {
+      const auto& s = dataset.synthetic();
+      check.Require(s.num_samples() > 0, "dataset.synthetic.numSamples", "must be positive");
+      check.Require(s.num_features() > 0, "dataset.synthetic.numFeatures", "must be positive");
+      if (s.task() == v1::SyntheticDataset::CLASSIFICATION) {
+        check.Require(s.num_classes() >= 2, "dataset.synthetic.numClasses", "must be at least 2");
+      }
+      check.Require(s.noise() >= 0, "dataset.synthetic.noise", "must not be negative");
+      break;
+    }
+    case v1::DatasetSpec::kCsv:
+      check.Require(!dataset.csv().path().empty(), "dataset.csv.path", "is empty");
+      check.Require(dataset.csv().delimiter().size() <= 1, "dataset.csv.delimiter",
+                    "must be one character");
+      break;
+    case v1::DatasetSpec::kIdx:
+      check.Require(!dataset.idx().images_path().empty(), "dataset.idx.imagesPath", "is empty");
+      check.Require(!dataset.idx().labels_path().empty(), "dataset.idx.labelsPath", "is empty");
+      break;
+    case v1::DatasetSpec::kText:
+      check.Require(!dataset.text().path().empty(), "dataset.text.path", "is empty");
+      break;
+    case v1::DatasetSpec::KIND_NOT_SET:
+      check.Require(false, "dataset", "is not set (synthetic, csv, idx or text)");
+      break;
+  }
+  check.Require(dataset.validation_fraction() >= 0 && dataset.validation_fraction() < 1,
+                "dataset.validationFraction", "must be in [0, 1)");
+  check.Require(dataset.prefetch_batches() >= 0, "dataset.prefetchBatches",
+                "must not be negative");
+}
+
+template <typename Adam>
+void CheckAdam(const Adam& adam, const std::string& prefix, Checker& check) {
+  check.Require(adam.lr() > 0 && std::isfinite(adam.lr()), prefix + ".lr", "must be positive");
+  check.Require(!adam.has_beta1() || (adam.beta1() >= 0 && adam.beta1() < 1), prefix + ".beta1",
+                "must be in [0, 1)");
+  check.Require(!adam.has_beta2() || (adam.beta2() >= 0 && adam.beta2() < 1), prefix + ".beta2",
+                "must be in [0, 1)");
+  check.Require(!adam.has_eps() || adam.eps() > 0, prefix + ".eps", "must be positive");
+  check.Require(!adam.has_weight_decay() || adam.weight_decay() >= 0, prefix + ".weightDecay",
+                "must not be negative");
+}
+
+void CheckOptimizer(const v1::OptimizerSpec& optimizer, Checker& check) {
+  switch (optimizer.kind_case()) {
+    case v1::OptimizerSpec::kSgd: {
+      const auto& sgd = optimizer.sgd();
+      check.Require(sgd.lr() > 0 && std::isfinite(sgd.lr()), "optimizer.sgd.lr", "must be positive");
+      check.Require(sgd.momentum() >= 0, "optimizer.sgd.momentum", "must not be negative");
+      check.Require(sgd.weight_decay() >= 0, "optimizer.sgd.weightDecay", "must not be negative");
+      if (sgd.nesterov()) {
+        check.Require(sgd.momentum() > 0 && sgd.dampening() == 0, "optimizer.sgd.nesterov",
+                      "needs momentum > 0 and dampening 0");
+      }
+      return;
+    }
+    case v1::OptimizerSpec::kAdam:
+      CheckAdam(optimizer.adam(), "optimizer.adam", check);
+      return;
+    case v1::OptimizerSpec::kAdamw:
+      CheckAdam(optimizer.adamw(), "optimizer.adamw", check);
+      return;
+    case v1::OptimizerSpec::KIND_NOT_SET:
+      check.Require(false, "optimizer", "is not set (sgd, adam or adamw)");
+      return;
+  }
+}
+
+}  // namespace
+
+v1::JobSpec ParseJobSpec(const std::string& text) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(text);
+  } catch (const YAML::Exception& error) {
+    throw UserError("", std::string("spec is not valid YAML or JSON: ") + error.what());
+  }
+  if (!root.IsMap()) throw UserError("", "spec must be a mapping of fields");
+  std::string json;
+  ToJson(root, &json);
+  v1::JobSpec spec;
+  google::protobuf::util::JsonParseOptions options;
+  options.case_insensitive_enum_parsing = true;
+  auto status = google::protobuf::util::JsonStringToMessage(json, &spec, options);
+  if (!status.ok()) throw UserError("", "spec: " + std::string(status.message()));
+  return spec;
+}
+
+v1::JobSpec LoadJobSpec(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw UserError("", path + ": cannot read the job spec");
+  std::stringstream text;
+  text << in.rdbuf();
+  try {
+    return ParseJobSpec(text.str());
+  } catch (const UserError& error) {
+    throw UserError(error.field(), path + ": " + error.what());
+  }
+}
+
+std::vector<SpecIssue> ValidateJobSpec(const v1::JobSpec& spec, const SpecLimits& limits) {
+  Checker check;
+  check.Require(spec.display_name().size() <= 256, "displayName", "is longer than 256 characters");
+  for (const auto& [key, value] : spec.labels()) {
+    check.Require(!key.empty() && key.size() <= 63 && value.size() <= 63, "labels." + key,
+                  "keys must be 1 to 63 characters, values at most 63");
+  }
+  CheckModel(spec.model(), check);
+  CheckDataset(spec.dataset(), check);
+  CheckOptimizer(spec.optimizer(), check);
+  const auto& schedule = spec.lr_schedule();
+  if (schedule.has_step()) {
+    check.Require(schedule.step().step_size() > 0, "lrSchedule.step.stepSize", "must be positive");
+    check.Require(schedule.step().gamma() > 0, "lrSchedule.step.gamma", "must be positive");
+  }
+  if (schedule.has_cosine()) {
+    check.Require(schedule.cosine().period_steps() >= 0, "lrSchedule.cosine.periodSteps",
+                  "must not be negative");
+    check.Require(schedule.cosine().min_lr() >= 0, "lrSchedule.cosine.minLr",
+                  "must not be negative");
+  }
+  check.Require(schedule.warmup_steps() >= 0, "lrSchedule.warmupSteps", "must not be negative");
+  check.Require(spec.batch_size_per_rank() > 0, "batchSizePerRank", "must be positive");
+  check.Require(spec.grad_accumulation_steps() >= 0, "gradAccumulationSteps",
+                "must not be negative");
+  check.Require(spec.max_steps() >= 0, "maxSteps", "must not be negative");
+  check.Require(spec.max_epochs() >= 0, "maxEpochs", "must not be negative");
+  check.Require(spec.max_steps() > 0 || spec.max_epochs() > 0, "maxSteps",
+                "set maxSteps or maxEpochs");
+  check.Require(spec.eval_every_steps() >= 0, "evalEverySteps", "must not be negative");
+  check.Require(spec.log_every_steps() >= 0, "logEverySteps", "must not be negative");
+  check.Require(spec.grad_clip_norm() >= 0, "gradClipNorm", "must not be negative");
+  const auto& distributed = spec.distributed();
+  check.Require(distributed.world_size() >= 0 && distributed.world_size() <= limits.max_world_size,
+                "distributed.worldSize",
+                "must be between 1 and " + std::to_string(limits.max_world_size));
+  check.Require(distributed.ranks_per_node() >= 0, "distributed.ranksPerNode",
+                "must not be negative");
+  check.Require(distributed.bucket_cap_mb() >= 0 && distributed.bucket_cap_mb() <= 1024,
+                "distributed.bucketCapMb", "must be between 0 and 1024");
+  check.Require(spec.checkpoint().every_steps() >= 0, "checkpoint.everySteps",
+                "must not be negative");
+  check.Require(spec.checkpoint().keep_last() >= 0, "checkpoint.keepLast", "must not be negative");
+  check.Require(spec.max_restarts().infrastructure() >= 0, "maxRestarts.infrastructure",
+                "must not be negative");
+  check.Require(spec.max_restarts().job() >= 0, "maxRestarts.job", "must not be negative");
+  check.Require(spec.hang_timeout_seconds() >= 0, "hangTimeoutSeconds", "must not be negative");
+  return check.Take();
+}
+
+void CheckJobSpec(const v1::JobSpec& spec, const SpecLimits& limits) {
+  std::vector<SpecIssue> issues = ValidateJobSpec(spec, limits);
+  if (issues.empty()) return;
+  std::string message = "invalid job spec:";
+  for (const SpecIssue& issue : issues) message += "\n  " + issue.field + ": " + issue.message;
+  throw UserError("", message);
+}
+
+v1::JobSpec WithDefaults(v1::JobSpec spec) {
+  auto* distributed = spec.mutable_distributed();
+  if (distributed->world_size() == 0) distributed->set_world_size(1);
+  if (distributed->bucket_cap_mb() == 0) distributed->set_bucket_cap_mb(25);
+  if (spec.grad_accumulation_steps() == 0) spec.set_grad_accumulation_steps(1);
+  if (spec.log_every_steps() == 0) spec.set_log_every_steps(10);
+  if (spec.hang_timeout_seconds() == 0) spec.set_hang_timeout_seconds(600);
+  if (spec.checkpoint().keep_last() == 0) spec.mutable_checkpoint()->set_keep_last(3);
+  if (spec.dataset().prefetch_batches() == 0) spec.mutable_dataset()->set_prefetch_batches(2);
+  return spec;
+}
+
+}  // namespace gradhub

@@ -1,0 +1,131 @@
+// gradhub-trainer: one rank of a training job. Started by the node agent, or by hand:
+//   gradhub-trainer --spec job.yaml --rank 0 --world-size 2 --store file:/tmp/rdzv
+#include <iostream>
+#include <memory>
+
+#include "gpu_worker/common/user_error.h"
+#include "gpu_worker/ddp/comm/work.h"
+#include "gpu_worker/ddp/store/file_store.h"
+#include "gpu_worker/ddp/store/in_memory_store.h"
+#include "gpu_worker/ddp/store/prefix_store.h"
+#include "gpu_worker/trainer/exit_codes.h"
+#include "gpu_worker/trainer/job_spec.h"
+#include "gpu_worker/trainer/local_checkpoint_sink.h"
+#include "gpu_worker/trainer/trainer.h"
+#include "services/common/flags.h"
+
+namespace {
+
+using namespace gradhub;
+
+struct TrainerConfig {
+  std::string spec;
+  int64_t rank = 0;
+  int64_t world_size = 1;
+  int64_t local_rank = -1;
+  int64_t local_world_size = 0;
+  std::string store;
+  std::string job_id = "local";
+  int64_t attempt = 1;
+  std::string checkpoint_dir;
+  int64_t threads = 0;
+  absl::Duration collective_timeout = absl::Seconds(60);
+
+  void Register(Flags& flags) {
+    flags.String("spec", "GRADHUB_SPEC", &spec, "Job spec file (YAML or JSON, proto3 JSON names)")
+        .Int("rank", "GRADHUB_RANK", &rank, "This process's rank, 0 <= rank < world size")
+        .Int("world-size", "GRADHUB_WORLD_SIZE", &world_size, "Number of ranks")
+        .Int("local-rank", "GRADHUB_LOCAL_RANK", &local_rank,
+             "Rank among this node's ranks; -1 = same as --rank")
+        .Int("local-world-size", "GRADHUB_LOCAL_WORLD_SIZE", &local_world_size,
+             "Ranks on this node; 0 = --world-size")
+        .String("store", "GRADHUB_STORE", &store,
+                "Rendezvous store: file:/dir for ranks on one machine; empty for world size 1")
+        .String("job-id", "GRADHUB_JOB_ID", &job_id, "Job id, scopes rendezvous keys")
+        .Int("attempt", "GRADHUB_ATTEMPT", &attempt, "Attempt number, scopes rendezvous keys")
+        .String("checkpoint-dir", "GRADHUB_CHECKPOINT_DIR", &checkpoint_dir,
+                "Directory for checkpoints; resumes from the newest one there. Empty = none")
+        .Int("threads", "GRADHUB_THREADS", &threads,
+             "Intra-op threads; 0 = cores divided by local ranks")
+        .Duration("collective-timeout", "GRADHUB_COLLECTIVE_TIMEOUT", &collective_timeout,
+                  "A collective that does not complete in this time fails the rank");
+  }
+};
+
+std::shared_ptr<ddp::Store> OpenStore(const TrainerConfig& config) {
+  std::shared_ptr<ddp::Store> store;
+  if (config.store.rfind("file:", 0) == 0) {
+    store = std::make_shared<ddp::FileStore>(config.store.substr(5));
+  } else if (config.store.empty() && config.world_size == 1) {
+    store = std::make_shared<ddp::InMemoryStore>();
+  } else {
+    throw UserError("--store", "'" + config.store + "' is not a store address (file:/dir)");
+  }
+  return std::make_shared<ddp::PrefixStore>(
+      store, "jobs/" + config.job_id + "/attempts/" + std::to_string(config.attempt));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  TrainerConfig config;
+  Flags flags("gradhub-trainer",
+              "gradhub-trainer: one rank of a gradhub training job.\n\n"
+              "Prints one JSON object per progress interval on stdout (rank 0) and a readable "
+              "log on stderr.\nExit codes: 0 done, 2 usage, 10 user error (spec, data), 11 "
+              "training failure (NaN), 12 infrastructure (peers, store).");
+  config.Register(flags);
+  auto parsed = flags.Parse(argc, argv);
+  if (!parsed.ok()) {
+    std::cerr << "gradhub-trainer: " << parsed.status().message() << "\n";
+    return trainer::kExitUsage;
+  }
+  if (parsed->help) {
+    std::cout << flags.Usage();
+    return trainer::kExitSuccess;
+  }
+  const std::string who = "gradhub-trainer (rank " + std::to_string(config.rank) + "): ";
+  try {
+    if (config.spec.empty()) throw UserError("--spec", "is required");
+    if (config.world_size < 1 || config.rank < 0 || config.rank >= config.world_size) {
+      throw UserError("--rank", std::to_string(config.rank) + " is not in [0, " +
+                                    std::to_string(config.world_size) + ")");
+    }
+    v1::JobSpec spec = LoadJobSpec(config.spec);
+    trainer::TrainerOptions options;
+    options.rank = static_cast<int>(config.rank);
+    options.world_size = static_cast<int>(config.world_size);
+    options.local_rank = static_cast<int>(config.local_rank >= 0 ? config.local_rank : config.rank);
+    options.local_world_size =
+        static_cast<int>(config.local_world_size > 0 ? config.local_world_size : config.world_size);
+    options.store = OpenStore(config);
+    options.threads = static_cast<int>(config.threads);
+    options.collective_timeout = absl::ToChronoMilliseconds(config.collective_timeout);
+    if (!config.checkpoint_dir.empty()) {
+      options.checkpoints = std::make_shared<trainer::LocalCheckpointSink>(
+          config.checkpoint_dir, WithDefaults(spec).checkpoint().keep_last());
+    }
+    options.progress = &std::cout;
+    options.log = &std::cerr;
+    trainer::Train(spec, options);
+    return trainer::kExitSuccess;
+  } catch (const UserError& error) {
+    std::cerr << who << error.what() << "\n";
+    return trainer::kExitUserError;
+  } catch (const trainer::TrainingFailure& error) {
+    std::cerr << who << "training failed: " << error.what() << "\n";
+    return trainer::kExitTrainingFailure;
+  } catch (const ddp::CommError& error) {
+    std::cerr << who << "lost its peers: " << error.what() << "\n";
+    return trainer::kExitInfrastructure;
+  } catch (const ddp::StoreError& error) {
+    std::cerr << who << "rendezvous failed: " << error.what() << "\n";
+    return trainer::kExitInfrastructure;
+  } catch (const ddp::StoreTimeoutError& error) {
+    std::cerr << who << "rendezvous timed out: " << error.what() << "\n";
+    return trainer::kExitInfrastructure;
+  } catch (const std::exception& error) {
+    std::cerr << who << "failed: " << error.what() << "\n";
+    return trainer::kExitTrainingFailure;
+  }
+}

@@ -1,0 +1,241 @@
+// gradhub-trainer as users and agents run it: real processes, real data, real rendezvous.
+#include <gtest/gtest.h>
+
+#include <signal.h>
+
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <thread>
+
+#include "tests/support/subprocess.h"
+
+namespace gradhub {
+namespace {
+
+using testing::BinaryPath;
+using testing::RunResult;
+using testing::Subprocess;
+using testing::TempDir;
+
+constexpr char kDigits[] = "/usr/lib/python3/dist-packages/sklearn/datasets/data/digits.csv.gz";
+
+std::string WriteFile(const std::string& path, const std::string& text) {
+  std::ofstream(path) << text;
+  return path;
+}
+
+// The value of `key` in the trainer's final {"event":"done",...} line.
+std::string DoneField(const std::string& out, const std::string& key) {
+  std::smatch match;
+  std::regex done(R"(\{"event":"done".*\})");
+  if (!std::regex_search(out, match, done)) return "";
+  std::string line = match.str();
+  std::regex field("\"" + key + "\":\"?([^,\"}]*)");
+  return std::regex_search(line, match, field) ? match[1].str() : "";
+}
+
+// Runs `world` trainer processes of one job and returns each rank's result.
+std::vector<RunResult> RunJob(const std::string& spec, int world, const std::string& scratch,
+                              const std::vector<std::string>& extra = {}) {
+  std::vector<std::unique_ptr<Subprocess>> ranks;
+  for (int rank = 0; rank < world; ++rank) {
+    std::vector<std::string> argv = {BinaryPath("gradhub-trainer"), "--spec", spec,
+                                     "--rank", std::to_string(rank),
+                                     "--world-size", std::to_string(world),
+                                     "--threads", "1"};
+    if (world > 1) {
+      argv.push_back("--store");
+      argv.push_back("file:" + scratch + "/rdzv");
+    }
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    ranks.push_back(std::make_unique<Subprocess>(argv));
+  }
+  std::vector<RunResult> results;
+  for (auto& rank : ranks) {
+    RunResult result;
+    result.exit_code = rank->Wait(std::chrono::minutes(5));
+    result.out = rank->out();
+    result.err = rank->err();
+    results.push_back(result);
+  }
+  std::filesystem::remove_all(scratch + "/rdzv");
+  return results;
+}
+
+std::string DigitsSpec(const std::string& dir, const std::string& model = "mlp: {layers: [64, 128, 10]}",
+                       const std::string& extra = "maxEpochs: 25\n") {
+  return WriteFile(dir + "/digits.yaml", "model: {" + model + "}\n"
+                   "dataset: {csv: {path: " + std::string(kDigits) + ", normalize: standard},"
+                   " validationFraction: 0.2}\n"
+                   "optimizer: {sgd: {lr: 0.05, momentum: 0.9}}\n"
+                   "batchSizePerRank: 32\n"
+                   "logEverySteps: 50\n"
+                   "seed: 1\n" + extra);
+}
+
+class TrainerE2eTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!std::filesystem::exists(kDigits)) GTEST_SKIP() << kDigits << " missing (python3-sklearn)";
+  }
+  TempDir dir_;
+};
+
+TEST_F(TrainerE2eTest, DigitsReach95PercentAtWorldSize1And2) {
+  const std::string spec = DigitsSpec(dir_.path());
+  double accuracy[3] = {0, 0, 0};
+  for (int world : {1, 2}) {
+    const auto start = std::chrono::steady_clock::now();
+    auto results = RunJob(spec, world, dir_.path());
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    for (const auto& result : results) ASSERT_EQ(result.exit_code, 0) << result.err;
+    accuracy[world] = std::stod(DoneField(results[0].out, "eval.accuracy"));
+    EXPECT_GE(accuracy[world], 0.95) << "world " << world << "\n" << results[0].err;
+    EXPECT_LT(seconds, 60) << "world " << world;
+  }
+  EXPECT_NEAR(accuracy[1], accuracy[2], 0.01);
+}
+
+TEST_F(TrainerE2eTest, SameSeedSameParametersBitForBit) {
+  const std::string spec = DigitsSpec(dir_.path(), "mlp: {layers: [64, 64, 10], dropout: 0.1}",
+                                      "maxSteps: 150\n");
+  for (int world : {1, 2}) {
+    auto first = RunJob(spec, world, dir_.path());
+    auto second = RunJob(spec, world, dir_.path());
+    ASSERT_EQ(first[0].exit_code, 0) << first[0].err;
+    ASSERT_EQ(second[0].exit_code, 0) << second[0].err;
+    const std::string sha = DoneField(first[0].out, "parametersSha256");
+    EXPECT_EQ(sha.size(), 64u);
+    EXPECT_EQ(sha, DoneField(second[0].out, "parametersSha256")) << "world " << world;
+    if (world == 2) {
+      EXPECT_EQ(sha, DoneField(first[1].out, "parametersSha256")) << "ranks differ";
+    }
+  }
+}
+
+TEST_F(TrainerE2eTest, KilledRunResumesFromCheckpointBitForBit) {
+  const std::string spec = DigitsSpec(dir_.path(), "mlp: {layers: [64, 512, 512, 10], dropout: 0.1}",
+                                      "maxSteps: 3000\ncheckpoint: {everySteps: 100}\n");
+  auto uninterrupted = RunJob(spec, 1, dir_.path());
+  ASSERT_EQ(uninterrupted[0].exit_code, 0) << uninterrupted[0].err;
+
+  const std::string checkpoints = dir_.path() + "/ckpt";
+  const std::vector<std::string> argv = {BinaryPath("gradhub-trainer"), "--spec", spec,
+                                         "--threads", "1", "--checkpoint-dir", checkpoints};
+  {
+    Subprocess victim(argv);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(2);
+    while (!std::filesystem::exists(checkpoints + "/ckpt-200.gh") &&
+           std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    ASSERT_TRUE(victim.running()) << "finished before it could be killed: test is void";
+    victim.Kill(SIGKILL);
+    EXPECT_EQ(victim.Wait(), 128 + SIGKILL);
+  }
+  RunResult resumed = testing::Run(argv);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+  std::smatch match;
+  ASSERT_TRUE(std::regex_search(resumed.err, match, std::regex("resumed from step ([0-9]+)")))
+      << resumed.err;
+  const int64_t from = std::stoll(match[1]);
+  EXPECT_GE(from, 200);
+  EXPECT_LT(from, 3000);
+  EXPECT_EQ(DoneField(resumed.out, "parametersSha256"),
+            DoneField(uninterrupted[0].out, "parametersSha256"));
+}
+
+TEST_F(TrainerE2eTest, CorruptCheckpointIsSkipped) {
+  const std::string spec = DigitsSpec(dir_.path(), "mlp: {layers: [64, 32, 10]}",
+                                      "maxSteps: 200\ncheckpoint: {everySteps: 100, keepLast: 5}\n");
+  const std::string checkpoints = dir_.path() + "/ckpt";
+  const std::vector<std::string> argv = {BinaryPath("gradhub-trainer"), "--spec", spec,
+                                         "--threads", "1", "--checkpoint-dir", checkpoints};
+  ASSERT_EQ(testing::Run(argv).exit_code, 0);
+  // Flip a byte in the newest checkpoint: the run must fall back to the one before.
+  {
+    std::fstream file(checkpoints + "/ckpt-200.gh", std::ios::in | std::ios::out | std::ios::binary);
+    file.seekp(100);
+    file.put('\x7f');
+  }
+  RunResult again = testing::Run(argv);
+  ASSERT_EQ(again.exit_code, 0) << again.err;
+  EXPECT_NE(again.err.find("skipping corrupt checkpoint"), std::string::npos) << again.err;
+  EXPECT_NE(again.err.find("resumed from step 100"), std::string::npos) << again.err;
+}
+
+TEST_F(TrainerE2eTest, ExitCodesTellUserErrorsApart) {
+  RunResult bad_spec = testing::Run({BinaryPath("gradhub-trainer"), "--spec",
+                                     WriteFile(dir_.path() + "/bad.yaml",
+                                               "model: {mlp: {layers: [64]}}\nbatchSizePerRank: 0\n")});
+  EXPECT_EQ(bad_spec.exit_code, 10) << bad_spec.err;
+  EXPECT_NE(bad_spec.err.find("model.mlp.layers"), std::string::npos) << bad_spec.err;
+  EXPECT_NE(bad_spec.err.find("batchSizePerRank"), std::string::npos) << bad_spec.err;
+
+  RunResult missing_data = testing::Run(
+      {BinaryPath("gradhub-trainer"), "--spec",
+       WriteFile(dir_.path() + "/missing.yaml",
+                 "model: {mlp: {layers: [64, 10]}}\ndataset: {csv: {path: /nonexistent.csv}}\n"
+                 "optimizer: {sgd: {lr: 0.1}}\nbatchSizePerRank: 8\nmaxSteps: 1\n")});
+  EXPECT_EQ(missing_data.exit_code, 10) << missing_data.err;
+  EXPECT_NE(missing_data.err.find("/nonexistent.csv"), std::string::npos) << missing_data.err;
+
+  RunResult nan = testing::Run({BinaryPath("gradhub-trainer"), "--spec",
+                                DigitsSpec(dir_.path(), "mlp: {layers: [64, 10]}",
+                                           "maxSteps: 50\n"
+                                           "lrSchedule: {step: {stepSize: 1, gamma: 1e30}}\n")});
+  EXPECT_EQ(nan.exit_code, 11) << nan.err;
+  EXPECT_NE(nan.err.find("at step"), std::string::npos) << nan.err;
+}
+
+TEST_F(TrainerE2eTest, TorchScriptModelFromPythonTrains) {
+  const std::string model = dir_.path() + "/model.pt";
+  const std::string script =
+      "import torch\n"
+      "m = torch.jit.script(torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(),"
+      " torch.nn.Linear(32, 10)))\n"
+      "m.save('" + model + "')\n";
+  WriteFile(dir_.path() + "/make_model.py", script);
+  RunResult made = testing::Run({"/usr/bin/python3", dir_.path() + "/make_model.py"});
+  if (made.exit_code != 0) GTEST_SKIP() << "Debian's python3-torch unavailable: " << made.err;
+  RunResult run = testing::Run({BinaryPath("gradhub-trainer"), "--threads", "1", "--spec",
+                                DigitsSpec(dir_.path(), "torchscript: {path: " + model + "}",
+                                           "maxSteps: 300\n")});
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  std::smatch first;
+  ASSERT_TRUE(std::regex_search(run.out, first, std::regex(R"("event":"progress","step":50,[^}]*"loss":([0-9.e-]+))")))
+      << run.out;
+  const double early = std::stod(first[1]);
+  const double late = std::stod(DoneField(run.out, "loss"));
+  EXPECT_LT(late, early * 0.5) << run.out;
+  EXPECT_GE(std::stod(DoneField(run.out, "eval.accuracy")), 0.9);
+}
+
+TEST_F(TrainerE2eTest, CharacterTransformerLearnsEnglish) {
+  // Over 250 KB of English prose that every Debian machine has.
+  std::string corpus;
+  for (const auto& entry : std::filesystem::directory_iterator("/usr/share/common-licenses")) {
+    if (!entry.is_regular_file()) continue;
+    std::ifstream in(entry.path());
+    corpus.append(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  ASSERT_GE(corpus.size(), 100u * 1024);
+  const std::string text = WriteFile(dir_.path() + "/corpus.txt", corpus);
+  const std::string spec = WriteFile(
+      dir_.path() + "/lm.yaml",
+      "model: {transformer: {contextLength: 32, dModel: 64, layers: 2, heads: 4}}\n"
+      "dataset: {text: {path: " + text + "}, validationFraction: 0.02}\n"
+      "optimizer: {adamw: {lr: 0.003, weightDecay: 0.0}}\n"
+      "lrSchedule: {cosine: {minLr: 0.0003}, warmupSteps: 50}\n"
+      "batchSizePerRank: 32\nmaxSteps: 1200\nlogEverySteps: 200\nseed: 3\n");
+  RunResult run = testing::Run({BinaryPath("gradhub-trainer"), "--spec", spec, "--threads", "2"},
+                               {}, std::chrono::minutes(10));
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  const double loss = std::stod(DoneField(run.out, "eval.loss"));
+  EXPECT_LT(loss, 2.0) << run.err;
+}
+
+}  // namespace
+}  // namespace gradhub

@@ -1,0 +1,123 @@
+#include "gpu_worker/trainer/job_spec.h"
+
+#include <gtest/gtest.h>
+
+#include "gpu_worker/common/user_error.h"
+
+namespace gradhub {
+namespace {
+
+// The job of ARCHITECTURE.md, as a user writes it.
+constexpr char kDigitsYaml[] = R"(
+displayName: digits-mlp
+labels: {team: vision}
+model:
+  mlp: {layers: [64, 256, 256, 10], activation: relu, dropout: 0.1}
+dataset:
+  csv: {path: /data/digits.csv.gz, labelColumnIndex: -1, normalize: standard}
+  validationFraction: 0.2
+optimizer:
+  sgd: {lr: 0.01, momentum: 0.9, weightDecay: 0.0001}
+lrSchedule:
+  step: {stepSize: 200, gamma: 0.5}
+  warmupSteps: 50
+batchSizePerRank: 64
+maxSteps: 1000
+evalEverySteps: 100
+distributed:
+  worldSize: 2
+  ranksPerNode: 1
+  backend: AUTO
+  bucketCapMb: 25
+  commHook: NONE
+checkpoint: {everySteps: 200, keepLast: 3}
+maxRestarts: {infrastructure: 5, job: 1}
+hangTimeoutSeconds: 60
+priority: 0
+seed: 42
+)";
+
+bool HasIssue(const std::vector<SpecIssue>& issues, const std::string& field) {
+  for (const auto& issue : issues) {
+    if (issue.field == field) return true;
+  }
+  return false;
+}
+
+TEST(JobSpecTest, ParsesTheArchitectureExample) {
+  v1::JobSpec spec = ParseJobSpec(kDigitsYaml);
+  EXPECT_EQ(spec.display_name(), "digits-mlp");
+  EXPECT_EQ(spec.labels().at("team"), "vision");
+  ASSERT_EQ(spec.model().mlp().layers_size(), 4);
+  EXPECT_EQ(spec.model().mlp().layers(1), 256);
+  EXPECT_EQ(spec.model().mlp().activation(), v1::MlpModel::RELU);
+  EXPECT_FLOAT_EQ(spec.model().mlp().dropout(), 0.1f);
+  EXPECT_EQ(spec.dataset().csv().label_column_index(), -1);
+  EXPECT_EQ(spec.dataset().csv().normalize(), v1::CsvDataset::STANDARD);
+  EXPECT_DOUBLE_EQ(spec.optimizer().sgd().momentum(), 0.9);
+  EXPECT_EQ(spec.lr_schedule().step().step_size(), 200);
+  EXPECT_EQ(spec.distributed().world_size(), 2);
+  EXPECT_EQ(spec.seed(), 42u);
+  EXPECT_TRUE(ValidateJobSpec(spec).empty());
+}
+
+TEST(JobSpecTest, JsonIsAcceptedToo) {
+  v1::JobSpec spec = ParseJobSpec(R"({"displayName": "x", "seed": "7", "maxSteps": 3})");
+  EXPECT_EQ(spec.display_name(), "x");
+  EXPECT_EQ(spec.seed(), 7u);
+}
+
+TEST(JobSpecTest, QuotedNumbersStayStrings) {
+  v1::JobSpec spec = ParseJobSpec("displayName: \"123\"\n");
+  EXPECT_EQ(spec.display_name(), "123");
+}
+
+TEST(JobSpecTest, UnknownFieldsAndValuesAreNamed) {
+  try {
+    ParseJobSpec("modle: {}\n");
+    FAIL() << "accepted an unknown field";
+  } catch (const UserError& error) {
+    EXPECT_NE(std::string(error.what()).find("modle"), std::string::npos) << error.what();
+  }
+  try {
+    ParseJobSpec("distributed: {backend: MPI}\n");
+    FAIL() << "accepted an unknown enum value";
+  } catch (const UserError& error) {
+    EXPECT_NE(std::string(error.what()).find("MPI"), std::string::npos) << error.what();
+  }
+  EXPECT_THROW(ParseJobSpec("a: [unclosed\n"), UserError);
+}
+
+TEST(JobSpecTest, EveryBadFieldIsReported) {
+  v1::JobSpec spec = ParseJobSpec(R"(
+model: {transformer: {contextLength: 0, dModel: 30, layers: 2, heads: 4}}
+dataset: {csv: {path: ""}, validationFraction: 1.5}
+optimizer: {sgd: {lr: -0.1}}
+batchSizePerRank: 0
+distributed: {worldSize: 5000, bucketCapMb: 4096}
+)");
+  auto issues = ValidateJobSpec(spec);
+  for (const char* field :
+       {"model.transformer.contextLength", "model.transformer.heads", "dataset.csv.path",
+        "dataset.validationFraction", "optimizer.sgd.lr", "batchSizePerRank", "maxSteps",
+        "distributed.worldSize", "distributed.bucketCapMb"}) {
+    EXPECT_TRUE(HasIssue(issues, field)) << field;
+  }
+  EXPECT_THROW(CheckJobSpec(spec), UserError);
+  EXPECT_TRUE(HasIssue(ValidateJobSpec(v1::JobSpec()), "model"));
+  EXPECT_TRUE(HasIssue(ValidateJobSpec(v1::JobSpec()), "optimizer"));
+}
+
+TEST(JobSpecTest, DefaultsFillOnlyZeros) {
+  v1::JobSpec spec = ParseJobSpec("distributed: {worldSize: 4}\nlogEverySteps: 5\n");
+  v1::JobSpec filled = WithDefaults(spec);
+  EXPECT_EQ(filled.distributed().world_size(), 4);
+  EXPECT_EQ(filled.log_every_steps(), 5);
+  EXPECT_EQ(filled.distributed().bucket_cap_mb(), 25);
+  EXPECT_EQ(filled.grad_accumulation_steps(), 1);
+  EXPECT_EQ(filled.checkpoint().keep_last(), 3);
+  EXPECT_EQ(WithDefaults(v1::JobSpec()).distributed().world_size(), 1);
+}
+
+}  // namespace
+}  // namespace gradhub
