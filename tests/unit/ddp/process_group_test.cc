@@ -567,7 +567,7 @@ at::Tensor CudaTensor(at::ScalarType type, const at::Tensor& host) {
             cudaSuccess);
   return at::from_blob(
       device_memory, host.sizes(), [](void* p) { cudaFree(p); },
-      at::TensorOptions().dtype(type).device(at::Device(at::kCUDA, 0)), at::Device(at::kCUDA, 0));
+      at::TensorOptions().dtype(type).device(at::Device(at::kCUDA, 0)));
 }
 
 at::Tensor ToHost(const at::Tensor& device_tensor) {
