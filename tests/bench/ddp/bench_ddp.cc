@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -56,6 +57,7 @@ double RunRank(int rank, int world, const std::vector<int64_t>& widths, int64_t 
   options.rank = rank;
   options.size = world;
   options.store = std::make_shared<gradhub::ddp::FileStore>(store_dir);
+  if (const char* channels = std::getenv("GRADHUB_BENCH_CHANNELS")) options.channels = std::atoi(channels);
   torch::manual_seed(0);
   auto model = std::make_shared<Mlp>(widths);
   DistributedDataParallel ddp(model, gradhub::ddp::CreateProcessGroup(options));

@@ -1,0 +1,112 @@
+// Allreduce bus bandwidth of gradhub's GlooProcessGroup against raw Gloo (the same ring
+// algorithm, transport and loopback address), ranks as processes.
+// Prints one line: <impl> <MiB> <world> <median seconds per allreduce>.
+// Usage: bench_allreduce gloo|gradhub MIB WORLD ITERS
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <gloo/allreduce.h>
+#include <gloo/math.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/file_store.h>
+#include <gloo/transport/tcp/device.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "gpu_worker/ddp/comm/process_group.h"
+#include "gpu_worker/ddp/store/file_store.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double MedianSeconds(int iterations, const std::function<void()>& allreduce) {
+  for (int i = 0; i < 3; ++i) allreduce();  // warm-up: connections, page faults
+  std::vector<double> times;
+  for (int i = 0; i < iterations; ++i) {
+    const auto start = Clock::now();
+    allreduce();
+    times.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+  }
+  std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
+  return times[times.size() / 2];
+}
+
+double RawGloo(int rank, int world, int64_t numel, int iterations, const std::string& dir) {
+  gloo::rendezvous::FileStore store(dir);
+  gloo::transport::tcp::attr attr;
+  attr.hostname = "127.0.0.1";
+  auto device = gloo::transport::tcp::CreateDevice(attr);
+  auto context = std::make_shared<gloo::rendezvous::Context>(rank, world);
+  context->connectFullMesh(store, device);
+  std::vector<float> data(numel, 1.0f);
+  return MedianSeconds(iterations, [&] {
+    gloo::AllreduceOptions opts(context);
+    opts.setOutput(data.data(), data.size());
+    opts.setReduceFunction(
+        static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
+    gloo::allreduce(opts);
+  });
+}
+
+double Gradhub(int rank, int world, int64_t numel, int iterations, const std::string& dir) {
+  gradhub::ddp::ProcessGroupOptions options;
+  options.backend = gradhub::ddp::Backend::kGloo;
+  options.rank = rank;
+  options.size = world;
+  options.hostname = "127.0.0.1";
+  options.store = std::make_shared<gradhub::ddp::FileStore>(dir);
+  if (const char* channels = std::getenv("GRADHUB_BENCH_CHANNELS")) options.channels = std::atoi(channels);
+  auto group = gradhub::ddp::CreateProcessGroup(options);
+  at::Tensor tensor = at::ones({numel});
+  return MedianSeconds(iterations, [&] { group->AllReduce(tensor)->Wait(); });
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 5 || (std::string(argv[1]) != "gloo" && std::string(argv[1]) != "gradhub")) {
+    std::fprintf(stderr, "usage: bench_allreduce gloo|gradhub MIB WORLD ITERS\n");
+    return 2;
+  }
+  const bool raw = std::string(argv[1]) == "gloo";
+  const int64_t numel = std::stoll(argv[2]) * (1 << 20) / sizeof(float);
+  const int world = std::stoi(argv[3]);
+  const int iterations = std::stoi(argv[4]);
+  char pattern[] = "/tmp/gradhub-bench-allreduce-XXXXXX";
+  const std::string dir = mkdtemp(pattern);
+  auto run = [&](int rank) {
+    at::set_num_threads(1);
+    return raw ? RawGloo(rank, world, numel, iterations, dir)
+               : Gradhub(rank, world, numel, iterations, dir);
+  };
+  // Children are forked before any thread exists in this process.
+  std::vector<pid_t> children;
+  for (int rank = 1; rank < world; ++rank) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      run(rank);
+      _exit(0);
+    }
+    children.push_back(pid);
+  }
+  const double median = run(0);
+  int failures = 0;
+  for (pid_t child : children) {
+    int status = 0;
+    waitpid(child, &status, 0);
+    failures += !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  }
+  std::filesystem::remove_all(dir);
+  std::printf("%s %s %d %.6f\n", argv[1], argv[2], world, median);
+  return failures == 0 ? 0 : 1;
+}
