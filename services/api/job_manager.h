@@ -1,0 +1,60 @@
+// The job API's domain logic: validation, the job lifecycle and its SQL. The gRPC and REST
+// adapters both call it and add nothing but transport; every state change is one transaction
+// that checks the current state, updates the job and appends to job_events.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "gpu_worker/trainer/job_spec.h"
+#include "gradhub/v1/jobs.pb.h"
+#include "services/common/db/pool.h"
+
+namespace gradhub::api {
+
+// Whether the lifecycle in ARCHITECTURE.md allows `from -> to`.
+bool IsAllowedTransition(v1::Job::State from, v1::Job::State to);
+
+// What an event row records besides the state change itself.
+struct EventDetails {
+  std::string message;
+  v1::JobEvent::FailureKind failure_kind = v1::JobEvent::NONE;
+  int32_t rank = -1;  // -1 = not about one rank
+  std::string node;
+  int32_t exit_code = 0;
+  int32_t signal = 0;
+};
+
+class JobManager {
+ public:
+  JobManager(db::Pool* pool, SpecLimits limits) : pool_(pool), limits_(limits) {}
+
+  // INVALID_ARGUMENT naming every bad field. Idempotent per (tenant, request_id): a retry
+  // returns the job the first call made, whatever its spec.
+  absl::StatusOr<v1::Job> CreateJob(int64_t tenant_id, const v1::JobSpec& spec,
+                                    const std::string& request_id);
+
+  // `name` is "jobs/{id}". Another tenant's job is NOT_FOUND, as a job that does not exist.
+  absl::StatusOr<v1::Job> GetJob(int64_t tenant_id, const std::string& name);
+
+  // Idempotent: cancelling a cancelled job returns it unchanged. A job that already
+  // SUCCEEDED or FAILED is FAILED_PRECONDITION. Running ranks are stopped by the agents,
+  // which converge on the job's state.
+  absl::StatusOr<v1::Job> CancelJob(int64_t tenant_id, const std::string& name);
+
+  // For the scheduler and agents (no tenant check). FAILED_PRECONDITION, with nothing
+  // written, when the job's current state does not allow it.
+  absl::StatusOr<v1::Job> Transition(const std::string& name, v1::Job::State to,
+                                     const EventDetails& details = {});
+
+  // Oldest first.
+  absl::StatusOr<std::vector<v1::JobEvent>> ListJobEvents(int64_t tenant_id,
+                                                          const std::string& name);
+
+ private:
+  db::Pool* pool_;
+  SpecLimits limits_;
+};
+
+}  // namespace gradhub::api

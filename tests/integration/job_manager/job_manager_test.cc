@@ -1,0 +1,175 @@
+// JobManager against a real PostgreSQL with the shipped migrations: creation and its
+// idempotency, validation, tenant isolation, the lifecycle and its event history.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <thread>
+#include <vector>
+
+#include "services/api/job_manager.h"
+#include "tests/integration/db/db_test_util.h"
+
+namespace gradhub::api {
+namespace {
+
+using ::testing::HasSubstr;
+
+class JobManagerTest : public db::DatabaseTest {
+ protected:
+  void SetUp() override {
+    db::DatabaseTest::SetUp();
+    Migrate();
+    pool_ = MakePool(8);
+    manager_ = std::make_unique<JobManager>(pool_.get(), SpecLimits{.max_world_size = 64});
+    tenant_a_ = MakeTenant("tenant-a");
+    tenant_b_ = MakeTenant("tenant-b");
+  }
+
+  int64_t MakeTenant(const std::string& name) {
+    auto result = pool_->Exec("INSERT INTO tenants (name) VALUES ($1) RETURNING id", {name});
+    EXPECT_TRUE(result.ok()) << result.status();
+    return result->row(0).Get<int64_t>("id");
+  }
+
+  static v1::JobSpec ValidSpec() {
+    v1::JobSpec spec;
+    spec.set_display_name("digits; DROP TABLE jobs; -- 'quoted' \"too\"");
+    (*spec.mutable_labels())["team"] = "vision";
+    spec.mutable_model()->mutable_mlp()->add_layers(64);
+    spec.mutable_model()->mutable_mlp()->add_layers(10);
+    spec.mutable_dataset()->mutable_csv()->set_path("/data/digits.csv.gz");
+    spec.mutable_optimizer()->mutable_sgd()->set_lr(0.05);
+    spec.set_batch_size_per_rank(32);
+    spec.set_max_steps(100);
+    spec.mutable_distributed()->set_world_size(4);
+    return spec;
+  }
+
+  std::unique_ptr<db::Pool> pool_;
+  std::unique_ptr<JobManager> manager_;
+  int64_t tenant_a_ = 0;
+  int64_t tenant_b_ = 0;
+};
+
+TEST_F(JobManagerTest, CreatedJobIsPendingAndStoredVerbatim) {
+  auto job = manager_->CreateJob(tenant_a_, ValidSpec(), "req-1");
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_THAT(job->name(), ::testing::StartsWith("jobs/"));
+  EXPECT_EQ(job->tenant(), "tenants/tenant-a");
+  EXPECT_EQ(job->state(), v1::Job::PENDING);
+  auto again = manager_->GetJob(tenant_a_, job->name());
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->spec().display_name(), ValidSpec().display_name());
+  EXPECT_EQ(again->spec().labels().at("team"), "vision");
+  EXPECT_EQ(again->spec().distributed().world_size(), 4);
+  auto labels = pool_->Exec("SELECT labels->>'team' AS team FROM jobs");
+  ASSERT_TRUE(labels.ok()) << labels.status();
+  EXPECT_EQ(labels->row(0).Get<std::string>("team"), "vision");
+}
+
+TEST_F(JobManagerTest, RetriedRequestIdMakesOneJob) {
+  auto first = manager_->CreateJob(tenant_a_, ValidSpec(), "same");
+  auto second = manager_->CreateJob(tenant_a_, ValidSpec(), "same");
+  ASSERT_TRUE(first.ok() && second.ok());
+  EXPECT_EQ(first->name(), second->name());
+  // The same request id from another tenant is another request.
+  auto other = manager_->CreateJob(tenant_b_, ValidSpec(), "same");
+  ASSERT_TRUE(other.ok());
+  EXPECT_NE(other->name(), first->name());
+  auto count = pool_->Exec("SELECT count(*)::bigint AS n FROM jobs");
+  EXPECT_EQ(count->row(0).Get<int64_t>("n"), 2);
+}
+
+TEST_F(JobManagerTest, InvalidSpecNamesEveryFieldAndWritesNothing) {
+  v1::JobSpec spec = ValidSpec();
+  spec.mutable_distributed()->set_world_size(65);
+  spec.mutable_optimizer()->mutable_sgd()->set_lr(-1);
+  spec.mutable_dataset()->mutable_csv()->set_path("");
+  auto job = manager_->CreateJob(tenant_a_, spec, "bad");
+  ASSERT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(job.status().message(), HasSubstr("distributed.worldSize"));
+  EXPECT_THAT(job.status().message(), HasSubstr("optimizer.sgd.lr"));
+  EXPECT_THAT(job.status().message(), HasSubstr("dataset.csv.path"));
+  auto count = pool_->Exec("SELECT count(*)::bigint AS n FROM jobs");
+  EXPECT_EQ(count->row(0).Get<int64_t>("n"), 0);
+}
+
+TEST_F(JobManagerTest, OtherTenantsJobIsNotFound) {
+  auto job = manager_->CreateJob(tenant_a_, ValidSpec(), "");
+  ASSERT_TRUE(job.ok());
+  EXPECT_EQ(manager_->GetJob(tenant_b_, job->name()).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(manager_->CancelJob(tenant_b_, job->name()).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(manager_->ListJobEvents(tenant_b_, job->name()).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(manager_->GetJob(tenant_a_, "jobs/not-a-uuid").status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(manager_->GetJob(tenant_a_, job->name())->state(), v1::Job::PENDING);
+}
+
+TEST_F(JobManagerTest, LifecycleRefusesIllegalTransitionsWithoutWriting) {
+  auto job = manager_->CreateJob(tenant_a_, ValidSpec(), "");
+  ASSERT_TRUE(job.ok());
+  auto refused = manager_->Transition(job->name(), v1::Job::SUCCEEDED);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.status().message(), HasSubstr("PENDING"));
+  ASSERT_TRUE(manager_->Transition(job->name(), v1::Job::SCHEDULED).ok());
+  auto running = manager_->Transition(job->name(), v1::Job::RUNNING);
+  ASSERT_TRUE(running.ok());
+  EXPECT_TRUE(running->has_start_time());
+  EventDetails rank_failed;
+  rank_failed.message = "rank 1 exited";
+  rank_failed.failure_kind = v1::JobEvent::JOB;
+  rank_failed.rank = 1;
+  rank_failed.exit_code = 11;
+  auto failed = manager_->Transition(job->name(), v1::Job::FAILED, rank_failed);
+  ASSERT_TRUE(failed.ok());
+  EXPECT_TRUE(failed->has_end_time());
+  EXPECT_EQ(manager_->CancelJob(tenant_a_, job->name()).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+
+  auto events = manager_->ListJobEvents(tenant_a_, job->name());
+  ASSERT_TRUE(events.ok()) << events.status();
+  ASSERT_EQ(events->size(), 4u);  // submitted, scheduled, running, failed
+  const v1::JobEvent& last = events->back();
+  EXPECT_EQ(last.from_state(), v1::Job::RUNNING);
+  EXPECT_EQ(last.to_state(), v1::Job::FAILED);
+  EXPECT_EQ(last.failure_kind(), v1::JobEvent::JOB);
+  EXPECT_EQ(last.rank(), 1);
+  EXPECT_EQ(last.exit_code(), 11);
+}
+
+TEST_F(JobManagerTest, ConcurrentCancelsAndTransitionsLeaveAConsistentHistory) {
+  auto job = manager_->CreateJob(tenant_a_, ValidSpec(), "");
+  ASSERT_TRUE(job.ok());
+  std::atomic<int> cancel_ok{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 50; ++i) {
+    threads.emplace_back([&, i] {
+      if (i % 2 == 0) {
+        cancel_ok += manager_->CancelJob(tenant_a_, job->name()).ok();
+      } else {
+        (void)manager_->Transition(job->name(), i % 4 == 1 ? v1::Job::SCHEDULED : v1::Job::RUNNING);
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  EXPECT_EQ(cancel_ok.load(), 25) << "cancel is idempotent";
+  auto final_job = manager_->GetJob(tenant_a_, job->name());
+  EXPECT_EQ(final_job->state(), v1::Job::CANCELLED);
+  auto events = manager_->ListJobEvents(tenant_a_, job->name());
+  ASSERT_TRUE(events.ok());
+  // A chain: each event starts where the previous ended, every step allowed, CANCELLED once.
+  int cancelled = 0;
+  for (size_t i = 1; i < events->size(); ++i) {
+    EXPECT_EQ((*events)[i].from_state(), (*events)[i - 1].to_state()) << "event " << i;
+    EXPECT_TRUE(IsAllowedTransition((*events)[i].from_state(), (*events)[i].to_state()));
+    cancelled += (*events)[i].to_state() == v1::Job::CANCELLED;
+  }
+  EXPECT_EQ(cancelled, 1);
+  EXPECT_EQ(events->back().to_state(), v1::Job::CANCELLED);
+}
+
+}  // namespace
+}  // namespace gradhub::api
