@@ -5,6 +5,7 @@
 
 #include <regex>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "services/common/status_macros.h"
 
@@ -130,6 +131,49 @@ absl::StatusOr<v1::Job> ApplyTransition(db::Transaction& tx, const v1::Job& job,
   return ReadJob(tx, job.name(), -1, false);
 }
 
+constexpr int32_t kDefaultPageSize = 50;
+constexpr int32_t kMaxPageSize = 1000;
+
+// One term of a ListJobs filter, e.g. `state=RUNNING` or `labels.owner="Ann Lee"`.
+struct FilterTerm {
+  std::string field;
+  std::string value;
+};
+
+absl::StatusOr<std::vector<FilterTerm>> ParseFilter(const std::string& filter) {
+  std::vector<FilterTerm> terms;
+  size_t pos = 0;
+  while (pos < filter.size()) {
+    const size_t eq = filter.find('=', pos);
+    if (eq == std::string::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("filter: expected field=value at '", filter.substr(pos), "'"));
+    }
+    FilterTerm term{filter.substr(pos, eq - pos), ""};
+    size_t end;
+    if (eq + 1 < filter.size() && filter[eq + 1] == '"') {
+      const size_t close = filter.find('"', eq + 2);
+      if (close == std::string::npos) {
+        return absl::InvalidArgumentError("filter: unterminated quoted value");
+      }
+      term.value = filter.substr(eq + 2, close - eq - 2);
+      end = close + 1;
+    } else {
+      end = filter.find(' ', eq + 1);
+      if (end == std::string::npos) end = filter.size();
+      term.value = filter.substr(eq + 1, end - eq - 1);
+    }
+    terms.push_back(std::move(term));
+    if (end == filter.size()) break;
+    if (filter.compare(end, 5, " AND ") != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("filter: expected ' AND ' at '", filter.substr(end), "'"));
+    }
+    pos = end + 5;
+  }
+  return terms;
+}
+
 }  // namespace
 
 bool IsAllowedTransition(State from, State to) {
@@ -193,6 +237,68 @@ absl::StatusOr<v1::Job> JobManager::CreateJob(int64_t tenant_id, const v1::JobSp
 absl::StatusOr<v1::Job> JobManager::GetJob(int64_t tenant_id, const std::string& name) {
   return pool_->Transact(
       [&](db::Transaction& tx) { return ReadJob(tx, name, tenant_id, false); },
+      {.read_only = true});
+}
+
+absl::StatusOr<v1::ListJobsResponse> JobManager::ListJobs(int64_t tenant_id,
+                                                         const v1::ListJobsRequest& request) {
+  if (request.page_size() < 0 || request.page_size() > kMaxPageSize) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("page_size: must be between 0 and ", kMaxPageSize));
+  }
+  const int32_t page_size = request.page_size() == 0 ? kDefaultPageSize : request.page_size();
+  std::string sql = absl::StrCat("SELECT ", kJobColumns,
+                                 " FROM jobs j JOIN tenants t ON t.id = j.tenant_id"
+                                 " WHERE j.tenant_id = $1");
+  std::vector<db::Param> params = {tenant_id};
+  auto bind = [&](db::Param param) {
+    params.push_back(std::move(param));
+    return absl::StrCat("$", params.size());
+  };
+  GRADHUB_ASSIGN_OR_RETURN(std::vector<FilterTerm> terms, ParseFilter(request.filter()));
+  for (const FilterTerm& term : terms) {
+    if (term.field == "state") {
+      State state = v1::Job::STATE_UNSPECIFIED;
+      if (!v1::Job::State_Parse(term.value, &state) || state == v1::Job::STATE_UNSPECIFIED) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("filter: state '", term.value, "' is not a job state"));
+      }
+      absl::StrAppend(&sql, " AND j.state = ", bind(term.value));
+    } else if (term.field.rfind("labels.", 0) == 0 && term.field.size() > 7) {
+      absl::StrAppend(&sql, " AND j.labels @> jsonb_build_object(", bind(term.field.substr(7)),
+                      "::text, ", bind(term.value), "::text)");
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("filter: unknown field '", term.field, "' (state, labels.KEY)"));
+    }
+  }
+  if (!request.page_token().empty()) {
+    // "<create time in microseconds>/<job id>" of the last job of the previous page.
+    const std::string& token = request.page_token();
+    const size_t slash = token.find('/');
+    const std::string id = slash == std::string::npos ? "" : JobId("jobs/" + token.substr(slash + 1));
+    int64_t micros = 0;
+    if (id.empty() || !absl::SimpleAtoi(token.substr(0, slash), &micros)) {
+      return absl::InvalidArgumentError("page_token: not a token this server returned");
+    }
+    absl::StrAppend(&sql, " AND (j.create_time, j.id) < (timestamptz 'epoch' + ", bind(micros),
+                    " * interval '1 microsecond', ", bind(id), "::uuid)");
+  }
+  absl::StrAppend(&sql, " ORDER BY j.create_time DESC, j.id DESC LIMIT ", bind(page_size + 1));
+  return pool_->Transact(
+      [&](db::Transaction& tx) -> absl::StatusOr<v1::ListJobsResponse> {
+        GRADHUB_ASSIGN_OR_RETURN(db::Result rows, tx.Exec(sql, params));
+        v1::ListJobsResponse response;
+        for (int i = 0; i < rows.rows() && i < page_size; ++i) {
+          GRADHUB_ASSIGN_OR_RETURN(*response.add_jobs(), JobFromRow(rows.row(i)));
+        }
+        if (rows.rows() > page_size) {
+          const db::Row last = rows.row(page_size - 1);
+          response.set_next_page_token(absl::StrCat(last.Get<int64_t>("create_us"), "/",
+                                                    last.Get<std::string>("id")));
+        }
+        return response;
+      },
       {.read_only = true});
 }
 

@@ -38,6 +38,12 @@ class JobManager {
   // `name` is "jobs/{id}". Another tenant's job is NOT_FOUND, as a job that does not exist.
   absl::StatusOr<v1::Job> GetJob(int64_t tenant_id, const std::string& name);
 
+  // Newest first, paged by keyset (a page token names the last job returned, so pages stay
+  // stable while jobs are added). INVALID_ARGUMENT for a bad page_size, page_token or filter,
+  // naming it.
+  absl::StatusOr<v1::ListJobsResponse> ListJobs(int64_t tenant_id,
+                                                const v1::ListJobsRequest& request);
+
   // Idempotent: cancelling a cancelled job returns it unchanged. A job that already
   // SUCCEEDED or FAILED is FAILED_PRECONDITION. Running ranks are stopped by the agents,
   // which converge on the job's state.

@@ -171,5 +171,61 @@ TEST_F(JobManagerTest, ConcurrentCancelsAndTransitionsLeaveAConsistentHistory) {
   EXPECT_EQ(events->back().to_state(), v1::Job::CANCELLED);
 }
 
+TEST_F(JobManagerTest, ListPagesNewestFirstWithinTheTenant) {
+  std::vector<std::string> created;
+  for (int i = 0; i < 7; ++i) {
+    v1::JobSpec spec = ValidSpec();
+    (*spec.mutable_labels())["owner"] = i % 2 ? "Ann Lee" : "bo";
+    auto job = manager_->CreateJob(tenant_a_, spec, "");
+    ASSERT_TRUE(job.ok()) << job.status();
+    created.insert(created.begin(), job->name());  // newest first
+  }
+  ASSERT_TRUE(manager_->CreateJob(tenant_b_, ValidSpec(), "").ok());
+  ASSERT_TRUE(manager_->CancelJob(tenant_a_, created[2]).ok());
+
+  std::vector<std::string> listed;
+  v1::ListJobsRequest request;
+  request.set_page_size(3);
+  int pages = 0;
+  do {
+    auto page = manager_->ListJobs(tenant_a_, request);
+    ASSERT_TRUE(page.ok()) << page.status();
+    for (const v1::Job& job : page->jobs()) listed.push_back(job.name());
+    request.set_page_token(page->next_page_token());
+    ++pages;
+  } while (!request.page_token().empty() && pages < 10);
+  EXPECT_EQ(listed, created);
+  EXPECT_EQ(pages, 3);
+
+  v1::ListJobsRequest cancelled;
+  cancelled.set_filter("state=CANCELLED");
+  auto only = manager_->ListJobs(tenant_a_, cancelled);
+  ASSERT_TRUE(only.ok()) << only.status();
+  ASSERT_EQ(only->jobs_size(), 1);
+  EXPECT_EQ(only->jobs(0).name(), created[2]);
+
+  v1::ListJobsRequest labelled;
+  labelled.set_filter("labels.owner=\"Ann Lee\" AND labels.team=vision");
+  auto ann = manager_->ListJobs(tenant_a_, labelled);
+  ASSERT_TRUE(ann.ok()) << ann.status();
+  EXPECT_EQ(ann->jobs_size(), 3);
+}
+
+TEST_F(JobManagerTest, ListRejectsBadArgumentsNamingThem) {
+  v1::ListJobsRequest request;
+  request.set_page_size(-1);
+  EXPECT_THAT(manager_->ListJobs(tenant_a_, request).status().message(), HasSubstr("page_size"));
+  request.set_page_size(0);
+  request.set_page_token("garbage");
+  EXPECT_THAT(manager_->ListJobs(tenant_a_, request).status().message(), HasSubstr("page_token"));
+  request.clear_page_token();
+  for (const char* filter : {"color=red", "state=SLEEPING", "state", "state=RUNNING OR x=y"}) {
+    request.set_filter(filter);
+    auto status = manager_->ListJobs(tenant_a_, request).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << filter;
+    EXPECT_THAT(status.message(), HasSubstr("filter")) << filter;
+  }
+}
+
 }  // namespace
 }  // namespace gradhub::api
