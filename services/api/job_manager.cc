@@ -3,6 +3,7 @@
 #include <google/protobuf/util/json_util.h>
 #include <google/protobuf/util/time_util.h>
 
+#include <algorithm>
 #include <regex>
 
 #include "absl/strings/numbers.h"
@@ -132,6 +133,7 @@ absl::StatusOr<v1::Job> ApplyTransition(db::Transaction& tx, const v1::Job& job,
 }
 
 constexpr int32_t kDefaultPageSize = 50;
+constexpr size_t kMaxRequestIdLength = 64;
 constexpr int32_t kMaxPageSize = 1000;
 
 // One term of a ListJobs filter, e.g. `state=RUNNING` or `labels.owner="Ann Lee"`.
@@ -195,7 +197,10 @@ bool IsAllowedTransition(State from, State to) {
 
 absl::StatusOr<v1::Job> JobManager::CreateJob(int64_t tenant_id, const v1::JobSpec& spec,
                                               const std::string& request_id) {
-  const std::vector<SpecIssue> issues = ValidateJobSpec(spec, limits_);
+  std::vector<SpecIssue> issues = ValidateJobSpec(spec, limits_);
+  if (request_id.size() > kMaxRequestIdLength) {
+    issues.push_back({"request_id", absl::StrCat("at most ", kMaxRequestIdLength, " characters")});
+  }
   if (!issues.empty()) {
     std::string message = "invalid job spec:";
     for (const SpecIssue& issue : issues) absl::StrAppend(&message, " ", issue.field, ": ", issue.message, ";");
@@ -220,11 +225,17 @@ absl::StatusOr<v1::Job> JobManager::CreateJob(int64_t tenant_id, const v1::JobSp
                  stored.display_name(), json, stored.priority(),
                  stored.distributed().world_size(), stored.max_restarts().infrastructure(),
                  stored.max_restarts().job()}));
-    if (inserted.empty()) {  // a retry: the first call's job
-      GRADHUB_ASSIGN_OR_RETURN(db::Result existing,
-                       tx.Exec("SELECT id::text AS id FROM jobs WHERE tenant_id = $1 AND"
-                               " request_id = $2",
-                               {tenant_id, request_id}));
+    if (inserted.empty()) {  // a retry: the first call's job, if it asked for the same
+      GRADHUB_ASSIGN_OR_RETURN(
+          db::Result existing,
+          tx.Exec("SELECT id::text AS id, spec = $3::jsonb AS same_spec FROM jobs"
+                  " WHERE tenant_id = $1 AND request_id = $2",
+                  {tenant_id, request_id, json}));
+      if (!existing.row(0).Get<bool>("same_spec")) {
+        return absl::AlreadyExistsError(absl::StrCat(
+            "request_id '", request_id, "' was used for jobs/",
+            existing.row(0).Get<std::string>("id"), " with a different spec"));
+      }
       return ReadJob(tx, "jobs/" + existing.row(0).Get<std::string>("id"), tenant_id, false);
     }
     const std::string id = inserted.row(0).Get<std::string>("id");
@@ -242,11 +253,9 @@ absl::StatusOr<v1::Job> JobManager::GetJob(int64_t tenant_id, const std::string&
 
 absl::StatusOr<v1::ListJobsResponse> JobManager::ListJobs(int64_t tenant_id,
                                                          const v1::ListJobsRequest& request) {
-  if (request.page_size() < 0 || request.page_size() > kMaxPageSize) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("page_size: must be between 0 and ", kMaxPageSize));
-  }
-  const int32_t page_size = request.page_size() == 0 ? kDefaultPageSize : request.page_size();
+  if (request.page_size() < 0) return absl::InvalidArgumentError("page_size: must not be negative");
+  const int32_t page_size =
+      request.page_size() == 0 ? kDefaultPageSize : std::min(request.page_size(), kMaxPageSize);
   std::string sql = absl::StrCat("SELECT ", kJobColumns,
                                  " FROM jobs j JOIN tenants t ON t.id = j.tenant_id"
                                  " WHERE j.tenant_id = $1");

@@ -77,6 +77,12 @@ TEST_F(JobManagerTest, RetriedRequestIdMakesOneJob) {
   auto other = manager_->CreateJob(tenant_b_, ValidSpec(), "same");
   ASSERT_TRUE(other.ok());
   EXPECT_NE(other->name(), first->name());
+  v1::JobSpec changed = ValidSpec();
+  changed.set_max_steps(7);
+  EXPECT_EQ(manager_->CreateJob(tenant_a_, changed, "same").status().code(),
+            absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(manager_->CreateJob(tenant_a_, ValidSpec(), std::string(65, 'x')).status().message(),
+              HasSubstr("request_id"));
   auto count = pool_->Exec("SELECT count(*)::bigint AS n FROM jobs");
   EXPECT_EQ(count->row(0).Get<int64_t>("n"), 2);
 }
@@ -215,7 +221,8 @@ TEST_F(JobManagerTest, ListRejectsBadArgumentsNamingThem) {
   v1::ListJobsRequest request;
   request.set_page_size(-1);
   EXPECT_THAT(manager_->ListJobs(tenant_a_, request).status().message(), HasSubstr("page_size"));
-  request.set_page_size(0);
+  request.set_page_size(5000);  // served as 1000
+  EXPECT_TRUE(manager_->ListJobs(tenant_a_, request).ok());
   request.set_page_token("garbage");
   EXPECT_THAT(manager_->ListJobs(tenant_a_, request).status().message(), HasSubstr("page_token"));
   request.clear_page_token();
