@@ -1,0 +1,102 @@
+#include "services/api/authenticator.h"
+
+#include <openssl/crypto.h>
+#include <openssl/rand.h>
+
+#include <regex>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "services/common/db/error.h"
+#include "services/common/sha256.h"
+#include "services/common/status_macros.h"
+
+namespace gradhub::api {
+namespace {
+
+constexpr char kBearer[] = "Bearer ";
+constexpr char kTokenPrefix[] = "ghk_";
+constexpr size_t kListedPrefix = 10;  // "ghk_" and 6 hex characters
+
+absl::Status Unauthenticated() {
+  return absl::UnauthenticatedError("missing or invalid bearer token");
+}
+
+bool ConstantTimeEquals(const std::string& a, const std::string& b) {
+  return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
+}
+
+}  // namespace
+
+absl::StatusOr<Principal> Authenticator::Authenticate(const std::string& authorization) const {
+  if (authorization.rfind(kBearer, 0) != 0) return Unauthenticated();
+  const std::string token = authorization.substr(sizeof(kBearer) - 1);
+  if (token.empty()) return Unauthenticated();
+  if (!admin_token_.empty() && ConstantTimeEquals(token, admin_token_)) {
+    return Principal{Principal::Kind::kAdmin, 0, ""};
+  }
+  GRADHUB_ASSIGN_OR_RETURN(
+      db::Result rows,
+      pool_->Exec("SELECT k.kind, coalesce(k.tenant_id, 0) AS tenant_id,"
+                  " coalesce(t.name, '') AS tenant_name"
+                  " FROM api_tokens k LEFT JOIN tenants t ON t.id = k.tenant_id"
+                  " WHERE k.secret_sha256 = decode($1, 'hex') AND k.revoke_time IS NULL"
+                  " AND (k.expire_time IS NULL OR k.expire_time > now())",
+                  {Sha256Hex(token)}));
+  if (rows.empty()) return Unauthenticated();
+  const db::Row row = rows.row(0);
+  if (row.Get<std::string>("kind") == "NODE") return Principal{Principal::Kind::kNode, 0, ""};
+  return Principal{Principal::Kind::kTenant, row.Get<int64_t>("tenant_id"),
+                   row.Get<std::string>("tenant_name")};
+}
+
+absl::StatusOr<int64_t> Authenticator::CreateTenant(const std::string& name,
+                                                    const std::string& display_name) {
+  static const std::regex kName("[a-z][a-z0-9-]{0,62}");
+  if (!std::regex_match(name, kName)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("name: '", name, "' must match [a-z][a-z0-9-]{0,62}"));
+  }
+  auto rows = pool_->Exec(
+      "INSERT INTO tenants (name, display_name) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING"
+      " RETURNING id",
+      {name, display_name});
+  if (!rows.ok()) return rows.status();
+  if (rows->empty()) return absl::AlreadyExistsError(absl::StrCat("tenant '", name, "' exists"));
+  return rows->row(0).Get<int64_t>("id");
+}
+
+absl::StatusOr<NewToken> Authenticator::CreateTenantToken(const std::string& name,
+                                                          const std::string& description) {
+  GRADHUB_ASSIGN_OR_RETURN(db::Result rows,
+                           pool_->Exec("SELECT id FROM tenants WHERE name = $1", {name}));
+  if (rows.empty()) return absl::NotFoundError(absl::StrCat("tenant '", name, "' not found"));
+  return StoreToken(rows.row(0).Get<int64_t>("id"), "TENANT", description);
+}
+
+absl::StatusOr<NewToken> Authenticator::CreateNodeToken(const std::string& description) {
+  return StoreToken(std::nullopt, "NODE", description);
+}
+
+absl::StatusOr<NewToken> Authenticator::StoreToken(std::optional<int64_t> tenant_id,
+                                                   const char* kind,
+                                                   const std::string& description) {
+  unsigned char random[32];
+  if (RAND_bytes(random, sizeof(random)) != 1) {
+    return absl::InternalError("no randomness for a token (RAND_bytes failed)");
+  }
+  NewToken token;
+  token.secret = kTokenPrefix + absl::BytesToHexString(
+                                    std::string(reinterpret_cast<char*>(random), sizeof(random)));
+  token.prefix = token.secret.substr(0, kListedPrefix);
+  GRADHUB_RETURN_IF_ERROR(
+      pool_
+          ->Exec("INSERT INTO api_tokens (tenant_id, kind, secret_sha256, prefix, description)"
+                 " VALUES ($1, $2, decode($3, 'hex'), $4, $5)",
+                 {tenant_id ? db::Param(*tenant_id) : db::Param(std::nullopt), kind,
+                  Sha256Hex(token.secret), token.prefix, description})
+          .status());
+  return token;
+}
+
+}  // namespace gradhub::api
