@@ -1,0 +1,41 @@
+// gradhub.v1.JobService over gRPC: authentication from the `authorization` metadata, then a
+// call into JobManager, whose absl::Status maps one to one onto the gRPC status. The
+// synchronous API: every call is a few short SQL statements on gRPC's thread pool, which is
+// what that pool is for.
+#pragma once
+
+#include "gradhub/v1/jobs.grpc.pb.h"
+#include "services/api/authenticator.h"
+#include "services/api/job_manager.h"
+
+namespace gradhub::api {
+
+class JobService final : public v1::JobService::Service {
+ public:
+  // Not owned; both must outlive the service.
+  JobService(JobManager* jobs, const Authenticator* auth) : jobs_(jobs), auth_(auth) {}
+
+  grpc::Status CreateJob(grpc::ServerContext* context, const v1::CreateJobRequest* request,
+                         v1::Job* response) override;
+  grpc::Status GetJob(grpc::ServerContext* context, const v1::GetJobRequest* request,
+                      v1::Job* response) override;
+  grpc::Status ListJobs(grpc::ServerContext* context, const v1::ListJobsRequest* request,
+                        v1::ListJobsResponse* response) override;
+  grpc::Status CancelJob(grpc::ServerContext* context, const v1::CancelJobRequest* request,
+                         v1::Job* response) override;
+  grpc::Status ListJobEvents(grpc::ServerContext* context,
+                             const v1::ListJobEventsRequest* request,
+                             v1::ListJobEventsResponse* response) override;
+
+ private:
+  // The caller's tenant, or the status to answer with.
+  absl::StatusOr<int64_t> Tenant(const grpc::ServerContext& context) const;
+
+  JobManager* jobs_;
+  const Authenticator* auth_;
+};
+
+// absl::Status -> grpc::Status, code and message unchanged.
+grpc::Status ToGrpc(const absl::Status& status);
+
+}  // namespace gradhub::api
