@@ -12,6 +12,12 @@ struct ApiConfig {
   std::string database_url = "postgresql://gradhub@127.0.0.1:5432/gradhub";
   absl::Duration migration_lock_timeout = absl::Seconds(60);
   absl::Duration database_connect_timeout = absl::Seconds(5);
+  std::string grpc_address = "0.0.0.0:7070";
+  std::string admin_token;
+  int64_t database_connections = 16;
+  int64_t max_world_size = 1024;
+  int64_t max_request_bytes = 4 << 20;
+  absl::Duration shutdown_grace = absl::Seconds(10);
 
   void Register(Flags& flags) {
     flags.String("database-url", "GRADHUB_DATABASE_URL", &database_url,
@@ -21,6 +27,18 @@ struct ApiConfig {
                    "How long to wait for another migrator holding the migration lock");
     flags.Duration("database-connect-timeout", "GRADHUB_DATABASE_CONNECT_TIMEOUT",
                    &database_connect_timeout, "Timeout for opening a database connection");
+    flags.String("grpc-address", "GRADHUB_GRPC_ADDRESS", &grpc_address,
+                 "host:port for gRPC (JobService, StoreService); port 0 picks a free one");
+    flags.String("admin-token", "GRADHUB_ADMIN_TOKEN", &admin_token,
+                 "Bearer token with admin rights, to bootstrap tenants and tokens; empty = none");
+    flags.Int("database-connections", "GRADHUB_DATABASE_CONNECTIONS", &database_connections,
+              "Most connections the server keeps open to PostgreSQL");
+    flags.Int("max-world-size", "GRADHUB_MAX_WORLD_SIZE", &max_world_size,
+              "Largest distributed.worldSize a job may ask for");
+    flags.Int("max-request-bytes", "GRADHUB_MAX_REQUEST_BYTES", &max_request_bytes,
+              "Largest request accepted; larger ones are RESOURCE_EXHAUSTED");
+    flags.Duration("shutdown-grace", "GRADHUB_SHUTDOWN_GRACE", &shutdown_grace,
+                   "On SIGTERM, how long in-flight calls may finish before they are cancelled");
   }
 };
 

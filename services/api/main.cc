@@ -1,12 +1,25 @@
 // gradhub-api: the job API. Subcommands:
-//   migrate   bring the database schema up to date and exit
+//   serve                     migrate, then serve gRPC until SIGTERM (the default)
+//   migrate                   bring the database schema up to date and exit
+//   create-tenant NAME        bootstrap: a tenant and its first token, printed once
+//   create-node-token         bootstrap: a token for node agents, printed once
+#include <grpcpp/grpcpp.h>
+#include <signal.h>
+
 #include <cstdio>
 #include <iostream>
+#include <thread>
 
 #include "absl/strings/str_join.h"
 #include "services/api/config.h"
 #include "services/common/db/connection.h"
 #include "services/common/db/migrator.h"
+#include "services/common/db/pool.h"
+#include "services/api/authenticator.h"
+#include "services/api/job_manager.h"
+#include "services/api/job_service.h"
+#include "services/api/rendezvous_store.h"
+#include "services/api/store_service.h"
 
 namespace {
 
@@ -14,7 +27,10 @@ constexpr char kSummary[] =
     "gradhub-api: the gradhub job API.\n\n"
     "Usage: gradhub-api [flags] COMMAND\n\n"
     "Commands:\n"
-    "  migrate   apply the schema migrations compiled into this binary, then exit";
+    "  serve               apply migrations, then serve gRPC until SIGTERM (default)\n"
+    "  migrate             apply the schema migrations compiled into this binary, then exit\n"
+    "  create-tenant NAME  create a tenant and print its first token (shown once)\n"
+    "  create-node-token   print a new token for node agents (shown once)";
 
 int Migrate(const gradhub::api::ApiConfig& config) {
   gradhub::db::ConnectionOptions options;
@@ -42,6 +58,77 @@ int Migrate(const gradhub::api::ApiConfig& config) {
   return 0;
 }
 
+gradhub::db::PoolOptions PoolFor(const gradhub::api::ApiConfig& config) {
+  gradhub::db::PoolOptions options;
+  options.connection.url = config.database_url;
+  options.connection.connect_timeout = config.database_connect_timeout;
+  options.connection.application_name = "gradhub-api";
+  options.max_connections = static_cast<int>(config.database_connections);
+  return options;
+}
+
+int CreateToken(const gradhub::api::ApiConfig& config, const std::string& tenant) {
+  gradhub::db::Pool pool(PoolFor(config));
+  gradhub::api::Authenticator auth(&pool, "");
+  absl::StatusOr<gradhub::api::NewToken> token;
+  if (tenant.empty()) {
+    token = auth.CreateNodeToken("created by gradhub-api create-node-token");
+  } else {
+    auto id = auth.CreateTenant(tenant, "");
+    if (!id.ok()) {
+      std::cerr << "gradhub-api create-tenant: " << id.status().message() << "\n";
+      return 1;
+    }
+    token = auth.CreateTenantToken(tenant, "created by gradhub-api create-tenant");
+  }
+  if (!token.ok()) {
+    std::cerr << "gradhub-api: " << token.status().message() << "\n";
+    return 1;
+  }
+  std::cout << token->secret << "\n";
+  return 0;
+}
+
+int Serve(const gradhub::api::ApiConfig& config) {
+  if (int rc = Migrate(config); rc != 0) return rc;
+  // SIGTERM and SIGINT are taken by a thread that waits for them, so shutdown runs as ordinary
+  // code rather than in a signal handler.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  gradhub::db::Pool pool(PoolFor(config));
+  gradhub::api::Authenticator auth(&pool, config.admin_token);
+  gradhub::api::JobManager jobs(
+      &pool, gradhub::SpecLimits{.max_world_size = static_cast<int>(config.max_world_size)});
+  gradhub::api::JobService job_service(&jobs, &auth);
+  gradhub::api::RendezvousStore store;
+  gradhub::api::StoreService store_service(&store);
+
+  int port = 0;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(config.grpc_address, grpc::InsecureServerCredentials(), &port);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(config.max_request_bytes));
+  builder.RegisterService(&job_service);
+  builder.RegisterService(&store_service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server || port == 0) {
+    std::cerr << "gradhub-api: cannot serve gRPC on " << config.grpc_address << "\n";
+    return 1;
+  }
+  // One line a launcher can parse for the port actually bound.
+  std::cout << "gradhub-api: serving gRPC on port " << port << std::endl;
+
+  int received = 0;
+  sigwait(&signals, &received);
+  std::cerr << "gradhub-api: signal " << received << ", shutting down\n";
+  server->Shutdown(std::chrono::system_clock::now() + absl::ToChronoSeconds(config.shutdown_grace));
+  server->Wait();
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -57,9 +144,11 @@ int main(int argc, char** argv) {
     std::cout << flags.Usage();
     return 0;
   }
-  if (parsed->positional.size() == 1 && parsed->positional[0] == "migrate") {
-    return Migrate(config);
-  }
+  const auto& args = parsed->positional;
+  if (args.empty() || (args.size() == 1 && args[0] == "serve")) return Serve(config);
+  if (args.size() == 1 && args[0] == "migrate") return Migrate(config);
+  if (args.size() == 2 && args[0] == "create-tenant") return CreateToken(config, args[1]);
+  if (args.size() == 1 && args[0] == "create-node-token") return CreateToken(config, "");
   std::cerr << flags.Usage();
   return 2;
 }
