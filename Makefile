@@ -15,7 +15,7 @@ PACKAGES := \
   libgtest-dev libgmock-dev googletest \
   python3-torch python3-sklearn clang-format
 
-.PHONY: setup build test bench fmt clean
+.PHONY: setup build demo test bench fmt clean
 
 # Idempotent: installs only what is missing, and touches the network only then.
 setup:
@@ -33,6 +33,11 @@ $(BUILD_DIR)/build.ninja:
 
 build: $(BUILD_DIR)/build.ninja
 	cmake --build $(BUILD_DIR) -j $(JOBS)
+
+# The main job for now: digits trained by 2 trainer ranks on this machine (the scheduler and
+# node agents that will launch them are not built yet).
+demo: build
+	deploy/local/train-digits.sh $(BUILD_DIR)
 
 test: build
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -j $(JOBS)
