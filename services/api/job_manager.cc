@@ -314,7 +314,11 @@ absl::StatusOr<v1::ListJobsResponse> JobManager::ListJobs(int64_t tenant_id,
 absl::StatusOr<v1::Job> JobManager::CancelJob(int64_t tenant_id, const std::string& name) {
   return pool_->Transact([&](db::Transaction& tx) -> absl::StatusOr<v1::Job> {
     GRADHUB_ASSIGN_OR_RETURN(v1::Job job, ReadJob(tx, name, tenant_id, true));
-    if (job.state() == v1::Job::CANCELLED) return job;
+    // As jobs.proto says: cancelling a job that already ended returns it unchanged.
+    if (job.state() == v1::Job::CANCELLED || job.state() == v1::Job::SUCCEEDED ||
+        job.state() == v1::Job::FAILED) {
+      return job;
+    }
     GRADHUB_RETURN_IF_ERROR(tx.Exec("UPDATE jobs SET cancel_requested = true WHERE id = $1::uuid",
                             {JobId(name)})
                         .status());

@@ -44,9 +44,8 @@ class JobManager {
   absl::StatusOr<v1::ListJobsResponse> ListJobs(int64_t tenant_id,
                                                 const v1::ListJobsRequest& request);
 
-  // Idempotent: cancelling a cancelled job returns it unchanged. A job that already
-  // SUCCEEDED or FAILED is FAILED_PRECONDITION. Running ranks are stopped by the agents,
-  // which converge on the job's state.
+  // Idempotent: cancelling a job that already ended (cancelled, succeeded or failed) returns
+  // it unchanged. Running ranks are stopped by the agents, which converge on the job's state.
   absl::StatusOr<v1::Job> CancelJob(int64_t tenant_id, const std::string& name);
 
   // For the scheduler and agents (no tenant check). FAILED_PRECONDITION, with nothing
