@@ -13,6 +13,8 @@ struct ApiConfig {
   absl::Duration migration_lock_timeout = absl::Seconds(60);
   absl::Duration database_connect_timeout = absl::Seconds(5);
   std::string grpc_address = "0.0.0.0:7070";
+  std::string http_host = "0.0.0.0";
+  int64_t http_port = 8080;
   std::string admin_token;
   int64_t database_connections = 16;
   int64_t max_world_size = 1024;
@@ -29,6 +31,8 @@ struct ApiConfig {
                    &database_connect_timeout, "Timeout for opening a database connection");
     flags.String("grpc-address", "GRADHUB_GRPC_ADDRESS", &grpc_address,
                  "host:port for gRPC (JobService, StoreService); port 0 picks a free one");
+    flags.String("http-host", "GRADHUB_HTTP_HOST", &http_host, "Address REST listens on");
+    flags.Int("http-port", "GRADHUB_HTTP_PORT", &http_port, "Port for REST; 0 picks a free one");
     flags.String("admin-token", "GRADHUB_ADMIN_TOKEN", &admin_token,
                  "Bearer token with admin rights, to bootstrap tenants and tokens; empty = none");
     flags.Int("database-connections", "GRADHUB_DATABASE_CONNECTIONS", &database_connections,

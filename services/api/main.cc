@@ -19,6 +19,7 @@
 #include "services/api/job_manager.h"
 #include "services/api/job_service.h"
 #include "services/api/rendezvous_store.h"
+#include "services/api/rest_gateway.h"
 #include "services/api/store_service.h"
 
 namespace {
@@ -27,7 +28,7 @@ constexpr char kSummary[] =
     "gradhub-api: the gradhub job API.\n\n"
     "Usage: gradhub-api [flags] COMMAND\n\n"
     "Commands:\n"
-    "  serve               apply migrations, then serve gRPC until SIGTERM (default)\n"
+    "  serve               apply migrations, then serve gRPC and REST until SIGTERM (default)\n"
     "  migrate             apply the schema migrations compiled into this binary, then exit\n"
     "  create-tenant NAME  create a tenant and print its first token (shown once)\n"
     "  create-node-token   print a new token for node agents (shown once)";
@@ -118,7 +119,17 @@ int Serve(const gradhub::api::ApiConfig& config) {
     std::cerr << "gradhub-api: cannot serve gRPC on " << config.grpc_address << "\n";
     return 1;
   }
-  // One line a launcher can parse for the port actually bound.
+  gradhub::api::RestGateway rest(
+      &jobs, &auth,
+      {.max_body_bytes = static_cast<size_t>(config.max_request_bytes)});
+  const int http_port = rest.Start(config.http_host, static_cast<int>(config.http_port));
+  if (http_port < 0) {
+    std::cerr << "gradhub-api: cannot serve REST on " << config.http_host << ":"
+              << config.http_port << "\n";
+    return 1;
+  }
+  // Lines a launcher can parse for the ports actually bound.
+  std::cout << "gradhub-api: serving REST on port " << http_port << std::endl;
   std::cout << "gradhub-api: serving gRPC on port " << port << std::endl;
 
   int received = 0;
@@ -126,6 +137,7 @@ int Serve(const gradhub::api::ApiConfig& config) {
   std::cerr << "gradhub-api: signal " << received << ", shutting down\n";
   server->Shutdown(std::chrono::system_clock::now() + absl::ToChronoSeconds(config.shutdown_grace));
   server->Wait();
+  rest.Stop();
   return 0;
 }
 

@@ -23,6 +23,7 @@ using testing::Subprocess;
 int StartApi(std::unique_ptr<Subprocess>* api, const std::string& url) {
   *api = std::make_unique<Subprocess>(std::vector<std::string>{
       BinaryPath("gradhub-api"), "--database-url", url, "--grpc-address", "127.0.0.1:0",
+      "--http-host", "127.0.0.1", "--http-port", "0",
       "--shutdown-grace", "2s", "serve"});
   static const std::regex kServing("serving gRPC on port ([0-9]+)");
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);

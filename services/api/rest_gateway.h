@@ -1,0 +1,50 @@
+// The REST+JSON face of JobService (cpp-httplib): the same operations and messages in the
+// proto3 JSON mapping, at the paths jobs.proto gives next to each rpc. It calls JobManager
+// and Authenticator directly, as the gRPC adapter does; no logic of its own but transport:
+// status codes, body limits, JSON parsing.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "services/api/authenticator.h"
+#include "services/api/job_manager.h"
+
+namespace httplib {
+class Server;
+}
+
+namespace gradhub::api {
+
+struct RestGatewayOptions {
+  // Larger request bodies are refused with 413 before they are parsed.
+  size_t max_body_bytes = 4 << 20;
+};
+
+class RestGateway {
+ public:
+  RestGateway(JobManager* jobs, const Authenticator* auth, RestGatewayOptions options = {});
+  ~RestGateway();  // Stop()
+
+  // Binds host:port (0 = a free port) and serves on a background thread. Returns the port,
+  // or -1 when it cannot bind.
+  int Start(const std::string& host, int port);
+  // Stops accepting, lets in-flight requests finish, joins the thread. Idempotent.
+  void Stop();
+
+ private:
+  void Route();
+
+  JobManager* jobs_;
+  const Authenticator* auth_;
+  RestGatewayOptions options_;
+  std::unique_ptr<httplib::Server> server_;
+  std::thread thread_;
+};
+
+// google.rpc.Code -> HTTP status, as Google's API gateways map them.
+int HttpStatusFor(absl::StatusCode code);
+
+}  // namespace gradhub::api
