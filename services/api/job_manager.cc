@@ -334,6 +334,15 @@ absl::StatusOr<v1::Job> JobManager::Transition(const std::string& name, State to
   });
 }
 
+absl::Status JobManager::CheckReady() {
+  auto applied = pool_->Exec("SELECT count(*)::bigint AS n FROM schema_migrations");
+  if (!applied.ok()) return absl::UnavailableError(applied.status().message());
+  if (applied->row(0).Get<int64_t>("n") == 0) {
+    return absl::UnavailableError("no migrations applied");
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<v1::JobEvent>> JobManager::ListJobEvents(int64_t tenant_id,
                                                                     const std::string& name) {
   return pool_->Transact(

@@ -53,6 +53,9 @@ class JobManager {
   absl::StatusOr<v1::Job> Transition(const std::string& name, v1::Job::State to,
                                      const EventDetails& details = {});
 
+  // OK when the database answers and the schema has been migrated; for /readyz.
+  absl::Status CheckReady();
+
   // Oldest first.
   absl::StatusOr<std::vector<v1::JobEvent>> ListJobEvents(int64_t tenant_id,
                                                           const std::string& name);

@@ -121,6 +121,15 @@ void RestGateway::Route() {
     return principal->tenant_id;
   };
 
+  // Liveness needs nothing but this process; readiness needs the database and its schema.
+  server_->Get("/healthz", [](const httplib::Request&, httplib::Response& response) {
+    response.set_content("ok\n", "text/plain");
+  });
+  server_->Get("/readyz", [this](const httplib::Request&, httplib::Response& response) {
+    const absl::Status ready = jobs_->CheckReady();
+    if (!ready.ok()) return SendError(response, ready);
+    response.set_content("ok\n", "text/plain");
+  });
   server_->Post("/v1/jobs", [this, tenant](const httplib::Request& request, httplib::Response& response) {
     auto id = tenant(request, response);
     if (!id) return;

@@ -84,6 +84,15 @@ TEST_F(RestGatewayTest, CreateGetListCancelEvents) {
   EXPECT_THAT(events->body, HasSubstr("CANCELLED"));
 }
 
+TEST_F(RestGatewayTest, HealthAndReadiness) {
+  EXPECT_EQ(client_->Get("/healthz")->status, 200);
+  EXPECT_EQ(client_->Get("/readyz")->status, 200);
+  ASSERT_TRUE(pool_->Exec("DELETE FROM schema_migrations").ok());
+  auto not_ready = client_->Get("/readyz");
+  EXPECT_EQ(not_ready->status, 503);
+  EXPECT_THAT(not_ready->body, HasSubstr("no migrations"));
+}
+
 TEST_F(RestGatewayTest, ErrorsHaveTheRightStatus) {
   auto no_token = client_->Post("/v1/jobs", kSpec, "application/json");
   EXPECT_EQ(no_token->status, 401);
