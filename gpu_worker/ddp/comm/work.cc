@@ -48,19 +48,30 @@ void Work::MarkStarted() {
   start_time_ = Clock::now();
 }
 
+// Callbacks run before waiters are woken, so a caller whose Wait() returned sees their
+// effects. While they run, end_time_ is set but completed_ is not: a second Complete() is
+// ignored, and an OnCompletion() arriving meanwhile queues its callback, which the loop runs.
 void Work::Complete(std::exception_ptr error) {
-  std::vector<std::function<void()>> callbacks;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (completed_) return;
-    completed_ = true;
+    if (completed_ || end_time_ != Clock::time_point{}) return;
     error_ = error;
     end_time_ = Clock::now();
     if (start_time_ == Clock::time_point{}) start_time_ = end_time_;
-    callbacks.swap(callbacks_);
+  }
+  for (;;) {
+    std::vector<std::function<void()>> callbacks;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (callbacks_.empty()) {
+        completed_ = true;
+        break;
+      }
+      callbacks.swap(callbacks_);
+    }
+    for (auto& callback : callbacks) callback();
   }
   done_.notify_all();
-  for (auto& callback : callbacks) callback();
 }
 
 }  // namespace gradhub::ddp
