@@ -343,10 +343,10 @@ absl::Status JobManager::CheckReady() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<v1::JobEvent>> JobManager::ListJobEvents(int64_t tenant_id,
-                                                                    const std::string& name) {
+absl::StatusOr<v1::ListJobEventsResponse> JobManager::ListJobEvents(int64_t tenant_id,
+                                                                   const std::string& name) {
   return pool_->Transact(
-      [&](db::Transaction& tx) -> absl::StatusOr<std::vector<v1::JobEvent>> {
+      [&](db::Transaction& tx) -> absl::StatusOr<v1::ListJobEventsResponse> {
         GRADHUB_ASSIGN_OR_RETURN(v1::Job job, ReadJob(tx, name, tenant_id, false));
         GRADHUB_ASSIGN_OR_RETURN(
             db::Result rows,
@@ -357,9 +357,9 @@ absl::StatusOr<std::vector<v1::JobEvent>> JobManager::ListJobEvents(int64_t tena
                     " (extract(epoch FROM create_time) * 1e6)::bigint AS time_us"
                     " FROM job_events WHERE job_id = $1::uuid ORDER BY id",
                     {JobId(name)}));
-        std::vector<v1::JobEvent> events;
+        v1::ListJobEventsResponse events;
         for (const db::Row& row : rows) {
-          v1::JobEvent& event = events.emplace_back();
+          v1::JobEvent& event = *events.add_events();
           event.set_id(row.Get<int64_t>("id"));
           event.set_job(job.name());
           event.set_attempt(row.Get<int32_t>("attempt"));

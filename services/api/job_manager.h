@@ -57,8 +57,8 @@ class JobManager {
   absl::Status CheckReady();
 
   // Oldest first.
-  absl::StatusOr<std::vector<v1::JobEvent>> ListJobEvents(int64_t tenant_id,
-                                                          const std::string& name);
+  absl::StatusOr<v1::ListJobEventsResponse> ListJobEvents(int64_t tenant_id,
+                                                         const std::string& name);
 
  private:
   db::Pool* pool_;

@@ -5,10 +5,14 @@
 namespace gradhub::api {
 namespace {
 
-// Runs `call` (returning absl::StatusOr<T>) and stores its value in *response.
+// Authenticates the caller, runs `call(tenant_id)` (returning absl::StatusOr<T>) and stores
+// its value in *response.
 template <typename T, typename Call>
-grpc::Status Respond(T* response, Call&& call) {
-  absl::StatusOr<T> result = call();
+grpc::Status AsTenant(const JobService& service, const grpc::ServerContext& context, T* response,
+                      Call&& call) {
+  absl::StatusOr<int64_t> tenant = service.Tenant(context);
+  if (!tenant.ok()) return ToGrpc(tenant.status());
+  absl::StatusOr<T> result = call(*tenant);
   if (!result.ok()) return ToGrpc(result.status());
   *response = *std::move(result);
   return grpc::Status::OK;
@@ -36,54 +40,35 @@ absl::StatusOr<int64_t> JobService::Tenant(const grpc::ServerContext& context) c
 
 grpc::Status JobService::CreateJob(grpc::ServerContext* context,
                                    const v1::CreateJobRequest* request, v1::Job* response) {
-  return Respond(response, [&]() -> absl::StatusOr<v1::Job> {
-    absl::StatusOr<int64_t> tenant = Tenant(*context);
-    if (!tenant.ok()) return tenant.status();
-    return jobs_->CreateJob(*tenant, request->spec(), request->request_id());
+  return AsTenant(*this, *context, response, [&](int64_t tenant) {
+    return jobs_->CreateJob(tenant, request->spec(), request->request_id());
   });
 }
 
 grpc::Status JobService::GetJob(grpc::ServerContext* context, const v1::GetJobRequest* request,
                                 v1::Job* response) {
-  return Respond(response, [&]() -> absl::StatusOr<v1::Job> {
-    absl::StatusOr<int64_t> tenant = Tenant(*context);
-    if (!tenant.ok()) return tenant.status();
-    return jobs_->GetJob(*tenant, request->name());
-  });
+  return AsTenant(*this, *context, response,
+                  [&](int64_t tenant) { return jobs_->GetJob(tenant, request->name()); });
 }
 
 grpc::Status JobService::ListJobs(grpc::ServerContext* context,
                                   const v1::ListJobsRequest* request,
                                   v1::ListJobsResponse* response) {
-  return Respond(response, [&]() -> absl::StatusOr<v1::ListJobsResponse> {
-    absl::StatusOr<int64_t> tenant = Tenant(*context);
-    if (!tenant.ok()) return tenant.status();
-    return jobs_->ListJobs(*tenant, *request);
-  });
+  return AsTenant(*this, *context, response,
+                  [&](int64_t tenant) { return jobs_->ListJobs(tenant, *request); });
 }
 
 grpc::Status JobService::CancelJob(grpc::ServerContext* context,
                                    const v1::CancelJobRequest* request, v1::Job* response) {
-  return Respond(response, [&]() -> absl::StatusOr<v1::Job> {
-    absl::StatusOr<int64_t> tenant = Tenant(*context);
-    if (!tenant.ok()) return tenant.status();
-    return jobs_->CancelJob(*tenant, request->name());
-  });
+  return AsTenant(*this, *context, response,
+                  [&](int64_t tenant) { return jobs_->CancelJob(tenant, request->name()); });
 }
 
 grpc::Status JobService::ListJobEvents(grpc::ServerContext* context,
                                        const v1::ListJobEventsRequest* request,
                                        v1::ListJobEventsResponse* response) {
-  return Respond(response, [&]() -> absl::StatusOr<v1::ListJobEventsResponse> {
-    absl::StatusOr<int64_t> tenant = Tenant(*context);
-    if (!tenant.ok()) return tenant.status();
-    absl::StatusOr<std::vector<v1::JobEvent>> events =
-        jobs_->ListJobEvents(*tenant, request->parent());
-    if (!events.ok()) return events.status();
-    v1::ListJobEventsResponse page;
-    for (v1::JobEvent& event : *events) *page.add_events() = std::move(event);
-    return page;
-  });
+  return AsTenant(*this, *context, response,
+                  [&](int64_t tenant) { return jobs_->ListJobEvents(tenant, request->parent()); });
 }
 
 }  // namespace gradhub::api

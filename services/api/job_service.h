@@ -27,10 +27,10 @@ class JobService final : public v1::JobService::Service {
                              const v1::ListJobEventsRequest* request,
                              v1::ListJobEventsResponse* response) override;
 
- private:
   // The caller's tenant, or the status to answer with.
   absl::StatusOr<int64_t> Tenant(const grpc::ServerContext& context) const;
 
+ private:
   JobManager* jobs_;
   const Authenticator* auth_;
 };

@@ -167,12 +167,7 @@ void RestGateway::Route() {
   server_->Get(R"(/v1/jobs/([^/:]+)/events)", [this, tenant](const httplib::Request& request, httplib::Response& response) {
     auto id = tenant(request, response);
     if (!id) return;
-    absl::StatusOr<std::vector<v1::JobEvent>> events =
-        jobs_->ListJobEvents(*id, "jobs/" + request.matches[1].str());
-    if (!events.ok()) return SendError(response, events.status());
-    v1::ListJobEventsResponse page;
-    for (v1::JobEvent& event : *events) *page.add_events() = std::move(event);
-    SendMessage(response, page);
+    Send(response, jobs_->ListJobEvents(*id, "jobs/" + request.matches[1].str()));
   });
   // httplib answers an oversized body with 413 itself; give it the same error shape.
   server_->set_error_handler([](const httplib::Request&, httplib::Response& response) {

@@ -138,8 +138,8 @@ TEST_F(JobManagerTest, LifecycleRefusesIllegalTransitionsWithoutWriting) {
 
   auto events = manager_->ListJobEvents(tenant_a_, job->name());
   ASSERT_TRUE(events.ok()) << events.status();
-  ASSERT_EQ(events->size(), 4u);  // submitted, scheduled, running, failed
-  const v1::JobEvent& last = events->back();
+  ASSERT_EQ(events->events_size(), 4);  // submitted, scheduled, running, failed
+  const v1::JobEvent& last = events->events(events->events_size() - 1);
   EXPECT_EQ(last.from_state(), v1::Job::RUNNING);
   EXPECT_EQ(last.to_state(), v1::Job::FAILED);
   EXPECT_EQ(last.failure_kind(), v1::JobEvent::JOB);
@@ -169,13 +169,13 @@ TEST_F(JobManagerTest, ConcurrentCancelsAndTransitionsLeaveAConsistentHistory) {
   ASSERT_TRUE(events.ok());
   // A chain: each event starts where the previous ended, every step allowed, CANCELLED once.
   int cancelled = 0;
-  for (size_t i = 1; i < events->size(); ++i) {
-    EXPECT_EQ((*events)[i].from_state(), (*events)[i - 1].to_state()) << "event " << i;
-    EXPECT_TRUE(IsAllowedTransition((*events)[i].from_state(), (*events)[i].to_state()));
-    cancelled += (*events)[i].to_state() == v1::Job::CANCELLED;
+  for (int i = 1; i < events->events_size(); ++i) {
+    EXPECT_EQ(events->events(i).from_state(), events->events(i - 1).to_state()) << "event " << i;
+    EXPECT_TRUE(IsAllowedTransition(events->events(i).from_state(), events->events(i).to_state()));
+    cancelled += events->events(i).to_state() == v1::Job::CANCELLED;
   }
   EXPECT_EQ(cancelled, 1);
-  EXPECT_EQ(events->back().to_state(), v1::Job::CANCELLED);
+  EXPECT_EQ(events->events(events->events_size() - 1).to_state(), v1::Job::CANCELLED);
 }
 
 TEST_F(JobManagerTest, ListPagesNewestFirstWithinTheTenant) {
