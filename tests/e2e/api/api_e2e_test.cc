@@ -12,6 +12,7 @@
 #include "gradhub/v1/jobs.grpc.pb.h"
 #include "tests/support/postgres_server.h"
 #include "tests/support/subprocess.h"
+#include "tests/support/job_specs.h"
 
 namespace gradhub {
 namespace {
@@ -39,13 +40,7 @@ int StartApi(std::unique_ptr<Subprocess>* api, const std::string& url) {
 
 v1::CreateJobRequest DigitsJob(const std::string& request_id) {
   v1::CreateJobRequest request;
-  v1::JobSpec& spec = *request.mutable_spec();
-  spec.mutable_model()->mutable_mlp()->add_layers(64);
-  spec.mutable_model()->mutable_mlp()->add_layers(10);
-  spec.mutable_dataset()->mutable_csv()->set_path("/data/digits.csv.gz");
-  spec.mutable_optimizer()->mutable_sgd()->set_lr(0.05);
-  spec.set_batch_size_per_rank(32);
-  spec.set_max_steps(10);
+  *request.mutable_spec() = testing::MinimalJobSpec();
   request.set_request_id(request_id);
   return request;
 }

@@ -9,6 +9,7 @@
 
 #include "services/api/job_manager.h"
 #include "tests/integration/db/db_test_util.h"
+#include "tests/support/job_specs.h"
 
 namespace gradhub::api {
 namespace {
@@ -33,15 +34,9 @@ class JobManagerTest : public db::DatabaseTest {
   }
 
   static v1::JobSpec ValidSpec() {
-    v1::JobSpec spec;
+    v1::JobSpec spec = testing::MinimalJobSpec();
     spec.set_display_name("digits; DROP TABLE jobs; -- 'quoted' \"too\"");
     (*spec.mutable_labels())["team"] = "vision";
-    spec.mutable_model()->mutable_mlp()->add_layers(64);
-    spec.mutable_model()->mutable_mlp()->add_layers(10);
-    spec.mutable_dataset()->mutable_csv()->set_path("/data/digits.csv.gz");
-    spec.mutable_optimizer()->mutable_sgd()->set_lr(0.05);
-    spec.set_batch_size_per_rank(32);
-    spec.set_max_steps(100);
     spec.mutable_distributed()->set_world_size(4);
     return spec;
   }

@@ -6,6 +6,7 @@
 #include "services/api/job_service.h"
 #include "tests/integration/db/db_test_util.h"
 #include "tests/support/grpc_test_server.h"
+#include "tests/support/job_specs.h"
 
 namespace gradhub::api {
 namespace {
@@ -37,13 +38,7 @@ class JobServiceTest : public db::DatabaseTest {
 
   static v1::CreateJobRequest Create(const std::string& request_id) {
     v1::CreateJobRequest request;
-    v1::JobSpec& spec = *request.mutable_spec();
-    spec.mutable_model()->mutable_mlp()->add_layers(64);
-    spec.mutable_model()->mutable_mlp()->add_layers(10);
-    spec.mutable_dataset()->mutable_csv()->set_path("/data/digits.csv.gz");
-    spec.mutable_optimizer()->mutable_sgd()->set_lr(0.05);
-    spec.set_batch_size_per_rank(32);
-    spec.set_max_steps(10);
+    *request.mutable_spec() = testing::MinimalJobSpec();
     request.set_request_id(request_id);
     return request;
   }
