@@ -8,6 +8,7 @@
 #include "gpu_worker/ddp/store/file_store.h"
 #include "gpu_worker/ddp/store/in_memory_store.h"
 #include "gpu_worker/ddp/store/prefix_store.h"
+#include "gpu_worker/store_client/grpc_store.h"
 #include "gpu_worker/trainer/exit_codes.h"
 #include "gpu_worker/trainer/job_spec.h"
 #include "gpu_worker/trainer/local_checkpoint_sink.h"
@@ -25,6 +26,7 @@ struct TrainerConfig {
   int64_t local_rank = -1;
   int64_t local_world_size = 0;
   std::string store;
+  std::string token;
   std::string job_id = "local";
   int64_t attempt = 1;
   std::string checkpoint_dir;
@@ -40,7 +42,9 @@ struct TrainerConfig {
         .Int("local-world-size", "GRADHUB_LOCAL_WORLD_SIZE", &local_world_size,
              "Ranks on this node; 0 = --world-size")
         .String("store", "GRADHUB_STORE", &store,
-                "Rendezvous store: file:/dir for ranks on one machine; empty for world size 1")
+                "Rendezvous store: grpc://host:port (gradhub-api), file:/dir for ranks on one "
+                "machine; empty for world size 1")
+        .String("token", "GRADHUB_TOKEN", &token, "Bearer token for the grpc:// store")
         .String("job-id", "GRADHUB_JOB_ID", &job_id, "Job id, scopes rendezvous keys")
         .Int("attempt", "GRADHUB_ATTEMPT", &attempt, "Attempt number, scopes rendezvous keys")
         .String("checkpoint-dir", "GRADHUB_CHECKPOINT_DIR", &checkpoint_dir,
@@ -54,12 +58,14 @@ struct TrainerConfig {
 
 std::shared_ptr<ddp::Store> OpenStore(const TrainerConfig& config) {
   std::shared_ptr<ddp::Store> store;
-  if (config.store.rfind("file:", 0) == 0) {
+  if (std::string address = store_client::GrpcStoreAddress(config.store); !address.empty()) {
+    store = store_client::MakeGrpcStore(address, config.token);
+  } else if (config.store.rfind("file:", 0) == 0) {
     store = std::make_shared<ddp::FileStore>(config.store.substr(5));
   } else if (config.store.empty() && config.world_size == 1) {
     store = std::make_shared<ddp::InMemoryStore>();
   } else {
-    throw UserError("--store", "'" + config.store + "' is not a store address (file:/dir)");
+    throw UserError("--store", "'" + config.store + "' is not a store address (grpc://host:port, file:/dir)");
   }
   return std::make_shared<ddp::PrefixStore>(
       store, "jobs/" + config.job_id + "/attempts/" + std::to_string(config.attempt));

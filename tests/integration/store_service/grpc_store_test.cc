@@ -1,0 +1,93 @@
+// The trainer's Store client against a real StoreService on loopback: the engine's Store
+// contract (values, counters, waits, prefixes) and its two error kinds.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <thread>
+
+#include "gpu_worker/store_client/grpc_store.h"
+#include "services/api/rendezvous_store.h"
+#include "services/api/store_service.h"
+#include "tests/support/grpc_test_server.h"
+
+namespace gradhub::store_client {
+namespace {
+
+using std::chrono::milliseconds;
+
+constexpr char kPrefix[] = "jobs/j1/attempts/1/";
+
+class GrpcStoreTest : public ::testing::Test {
+ protected:
+  api::RendezvousStore rendezvous_;
+  api::StoreService service_{&rendezvous_};
+  testing::TestGrpcServer server_{{&service_}};
+  std::shared_ptr<ddp::Store> store_ = MakeGrpcStore(server_.address());
+};
+
+TEST(GrpcStoreAddressTest, AcceptsBothSpellingsAndNothingElse) {
+  EXPECT_EQ(GrpcStoreAddress("grpc://api:7070"), "api:7070");
+  EXPECT_EQ(GrpcStoreAddress("grpc:127.0.0.1:7070"), "127.0.0.1:7070");
+  EXPECT_EQ(GrpcStoreAddress("file:/tmp/x"), "");
+  EXPECT_EQ(GrpcStoreAddress(""), "");
+}
+
+TEST_F(GrpcStoreTest, SetGetAddCheckAndDeletePrefix) {
+  const std::string key = std::string(kPrefix) + "addr/0";
+  store_->Set(key, std::string("a\0b", 3));
+  EXPECT_EQ(store_->Get(key, milliseconds(1000)), std::string("a\0b", 3));
+
+  const std::string counter = std::string(kPrefix) + "arrived";
+  EXPECT_EQ(store_->Add(counter, 1), 1);
+  EXPECT_EQ(store_->Add(counter, 2), 3);
+  EXPECT_EQ(store_->Get(counter, milliseconds(1000)), "3");
+
+  EXPECT_TRUE(store_->Check({key, counter}));
+  EXPECT_FALSE(store_->Check({key, std::string(kPrefix) + "missing"}));
+  EXPECT_EQ(store_->DeletePrefix(kPrefix), 2);
+  EXPECT_FALSE(store_->Check({key}));
+}
+
+TEST_F(GrpcStoreTest, WaitReturnsWhenAnotherClientSetsTheKey) {
+  const std::string key = std::string(kPrefix) + "late";
+  auto other = MakeGrpcStore(server_.address());
+  std::thread setter([&] {
+    std::this_thread::sleep_for(milliseconds(200));
+    other->Set(key, "v");
+  });
+  const auto start = std::chrono::steady_clock::now();
+  store_->Wait({key}, milliseconds(5000));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, milliseconds(3000));
+  setter.join();
+}
+
+TEST_F(GrpcStoreTest, MissingKeyIsATimeoutNamingIt) {
+  const std::string key = std::string(kPrefix) + "never";
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    store_->Get(key, milliseconds(300));
+    FAIL() << "Get of a missing key returned";
+  } catch (const ddp::StoreTimeoutError& error) {
+    EXPECT_NE(std::string(error.what()).find("never"), std::string::npos) << error.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, milliseconds(3000));
+}
+
+TEST_F(GrpcStoreTest, KeyOutsideAnAttemptIsAStoreErrorNamingTheRule) {
+  try {
+    store_->Set("no-prefix", "v");
+    FAIL() << "Set outside an attempt's prefix succeeded";
+  } catch (const ddp::StoreError& error) {
+    EXPECT_NE(std::string(error.what()).find("attempts"), std::string::npos) << error.what();
+  }
+}
+
+TEST(GrpcStoreUnreachableTest, IsAStoreErrorNotATimeout) {
+  // Port 1 on loopback: nothing listens there.
+  auto store = MakeGrpcStore("127.0.0.1:1", "", milliseconds(500));
+  EXPECT_THROW(store->Set(std::string(kPrefix) + "k", "v"), ddp::StoreError);
+  EXPECT_THROW(store->Get(std::string(kPrefix) + "k", milliseconds(200)), ddp::StoreError);
+}
+
+}  // namespace
+}  // namespace gradhub::store_client
