@@ -9,22 +9,10 @@
 #include "absl/status/statusor.h"
 #include "gpu_worker/trainer/job_spec.h"
 #include "gradhub/v1/jobs.pb.h"
+#include "services/api/job_records.h"
 #include "services/common/db/pool.h"
 
 namespace gradhub::api {
-
-// Whether the lifecycle in ARCHITECTURE.md allows `from -> to`.
-bool IsAllowedTransition(v1::Job::State from, v1::Job::State to);
-
-// What an event row records besides the state change itself.
-struct EventDetails {
-  std::string message;
-  v1::JobEvent::FailureKind failure_kind = v1::JobEvent::NONE;
-  int32_t rank = -1;  // -1 = not about one rank
-  std::string node;
-  int32_t exit_code = 0;
-  int32_t signal = 0;
-};
 
 class JobManager {
  public:

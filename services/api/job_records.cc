@@ -1,0 +1,160 @@
+#include "services/api/job_records.h"
+
+#include <google/protobuf/util/json_util.h>
+#include <google/protobuf/util/time_util.h>
+
+#include <regex>
+
+#include "absl/strings/str_cat.h"
+#include "services/common/status_macros.h"
+
+namespace gradhub::api {
+
+using State = v1::Job::State;
+using google::protobuf::util::TimeUtil;
+
+// Columns every job read selects, timestamps as microseconds since the epoch.
+extern const char kJobColumns[] =
+    "j.id::text AS id, t.name AS tenant, j.spec::text AS spec, j.state, j.state_reason,"
+    " j.current_attempt, j.infra_restarts, j.job_restarts, j.progress_step,"
+    " j.progress_total_steps, j.progress_loss, j.progress_samples_per_second,"
+    " (extract(epoch FROM j.progress_time) * 1e6)::bigint AS progress_us, j.version,"
+    " coalesce(j.request_id, '') AS request_id,"
+    " (extract(epoch FROM j.create_time) * 1e6)::bigint AS create_us,"
+    " (extract(epoch FROM j.update_time) * 1e6)::bigint AS update_us,"
+    " (extract(epoch FROM j.start_time) * 1e6)::bigint AS start_us,"
+    " (extract(epoch FROM j.end_time) * 1e6)::bigint AS end_us";
+
+std::string JobId(const std::string& name) {
+  static const std::regex kName(
+      "jobs/([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})");
+  std::smatch match;
+  return std::regex_match(name, match, kName) ? match[1].str() : "";
+}
+
+EventDetails Because(std::string message) {
+  EventDetails details;
+  details.message = std::move(message);
+  return details;
+}
+
+absl::Status JobNotFound(const std::string& name) {
+  return absl::NotFoundError(absl::StrCat("job '", name, "' not found"));
+}
+
+google::protobuf::Timestamp MicrosColumn(const db::Row& row, const char* column) {
+  return TimeUtil::MicrosecondsToTimestamp(row.Get<int64_t>(column));
+}
+
+absl::StatusOr<v1::Job> JobFromRow(const db::Row& row) {
+  v1::Job job;
+  job.set_name("jobs/" + row.Get<std::string>("id"));
+  job.set_tenant("tenants/" + row.Get<std::string>("tenant"));
+  const auto parsed =
+      google::protobuf::util::JsonStringToMessage(row.Get<std::string>("spec"), job.mutable_spec());
+  if (!parsed.ok()) return absl::InternalError(absl::StrCat("stored spec: ", parsed.ToString()));
+  State state = v1::Job::STATE_UNSPECIFIED;
+  v1::Job::State_Parse(row.Get<std::string>("state"), &state);
+  job.set_state(state);
+  job.set_state_reason(row.Get<std::string>("state_reason"));
+  job.set_attempt(row.Get<int32_t>("current_attempt"));
+  job.set_infrastructure_restarts(row.Get<int32_t>("infra_restarts"));
+  job.set_job_restarts(row.Get<int32_t>("job_restarts"));
+  job.mutable_progress()->set_step(row.Get<int64_t>("progress_step"));
+  job.mutable_progress()->set_total_steps(row.Get<int64_t>("progress_total_steps"));
+  if (!row.IsNull("progress_loss")) job.mutable_progress()->set_loss(row.Get<double>("progress_loss"));
+  if (!row.IsNull("progress_samples_per_second")) {
+    job.mutable_progress()->set_samples_per_second(row.Get<double>("progress_samples_per_second"));
+  }
+  if (!row.IsNull("progress_us")) {
+    *job.mutable_progress()->mutable_last_report_time() = MicrosColumn(row, "progress_us");
+  }
+  job.set_request_id(row.Get<std::string>("request_id"));
+  job.set_etag(std::to_string(row.Get<int64_t>("version")));
+  *job.mutable_create_time() = MicrosColumn(row, "create_us");
+  *job.mutable_update_time() = MicrosColumn(row, "update_us");
+  if (!row.IsNull("start_us")) *job.mutable_start_time() = MicrosColumn(row, "start_us");
+  if (!row.IsNull("end_us")) *job.mutable_end_time() = MicrosColumn(row, "end_us");
+  return job;
+}
+
+absl::StatusOr<v1::Job> ReadJob(db::Transaction& tx, const std::string& name, int64_t tenant_id,
+                                bool for_update) {
+  const std::string id = JobId(name);
+  if (id.empty()) return JobNotFound(name);
+  GRADHUB_ASSIGN_OR_RETURN(db::Result result,
+                   tx.Exec(absl::StrCat("SELECT ", kJobColumns,
+                                        " FROM jobs j JOIN tenants t ON t.id = j.tenant_id"
+                                        " WHERE j.id = $1::uuid AND ($2::bigint < 0 OR"
+                                        " j.tenant_id = $2::bigint)",
+                                        for_update ? " FOR UPDATE OF j" : ""),
+                           {id, tenant_id}));
+  if (result.empty()) return JobNotFound(name);
+  return JobFromRow(result.row(0));
+}
+
+absl::Status AppendEvent(db::Transaction& tx, const std::string& job_id, int32_t attempt,
+                         v1::JobEvent::Type type, std::optional<State> from,
+                         std::optional<State> to, const EventDetails& details) {
+  const auto failure = details.failure_kind == v1::JobEvent::NONE
+                           ? std::optional<std::string>()
+                           : v1::JobEvent::FailureKind_Name(details.failure_kind);
+  return tx
+      .Exec("INSERT INTO job_events (job_id, attempt, type, from_state, to_state, message,"
+            " failure_kind, rank, node, exit_code, signal)"
+            " VALUES ($1::uuid, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+            {job_id, attempt, v1::JobEvent::Type_Name(type),
+             from ? db::Param(v1::Job::State_Name(*from)) : db::Param(std::nullopt),
+             to ? db::Param(v1::Job::State_Name(*to)) : db::Param(std::nullopt), details.message,
+             failure ? db::Param(*failure) : db::Param(std::nullopt),
+             details.rank >= 0 ? db::Param(details.rank) : db::Param(std::nullopt),
+             details.node.empty() ? db::Param(std::nullopt) : db::Param(details.node),
+             details.exit_code != 0 ? db::Param(details.exit_code) : db::Param(std::nullopt),
+             details.signal != 0 ? db::Param(details.signal) : db::Param(std::nullopt)})
+      .status();
+}
+
+absl::StatusOr<v1::Job> ApplyTransition(db::Transaction& tx, const v1::Job& job, State to,
+                                        const EventDetails& details) {
+  if (!IsAllowedTransition(job.state(), to)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(job.name(), " is ", v1::Job::State_Name(job.state()), "; it cannot become ",
+                     v1::Job::State_Name(to)));
+  }
+  const std::string id = JobId(job.name());
+  GRADHUB_RETURN_IF_ERROR(tx.Exec("UPDATE jobs SET state = $2, state_reason = $3, version = version + 1,"
+                          " update_time = now(),"
+                          " start_time = CASE WHEN $2 = 'RUNNING' THEN coalesce(start_time, now())"
+                          "   ELSE start_time END,"
+                          " end_time = CASE WHEN $2 IN ('SUCCEEDED', 'FAILED', 'CANCELLED')"
+                          "   THEN now() ELSE NULL END"
+                          " WHERE id = $1::uuid",
+                          {id, v1::Job::State_Name(to), details.message})
+                      .status());
+  GRADHUB_RETURN_IF_ERROR(AppendEvent(tx, id, job.attempt(), v1::JobEvent::STATE_CHANGED, job.state(), to,
+                              details));
+  return ReadJob(tx, job.name(), -1, false);
+}
+
+bool IsTerminal(State state) {
+  return state == v1::Job::SUCCEEDED || state == v1::Job::FAILED || state == v1::Job::CANCELLED;
+}
+
+bool IsAllowedTransition(State from, State to) {
+  switch (from) {
+    case v1::Job::PENDING:
+      return to == v1::Job::SCHEDULED || to == v1::Job::FAILED || to == v1::Job::CANCELLED;
+    case v1::Job::SCHEDULED:
+      return to == v1::Job::RUNNING || to == v1::Job::RESTARTING || to == v1::Job::FAILED ||
+             to == v1::Job::CANCELLED;
+    case v1::Job::RUNNING:
+      return to == v1::Job::SUCCEEDED || to == v1::Job::FAILED || to == v1::Job::CANCELLED ||
+             to == v1::Job::RESTARTING;
+    case v1::Job::RESTARTING:
+      return to == v1::Job::SCHEDULED || to == v1::Job::FAILED || to == v1::Job::CANCELLED;
+    default:
+      return false;
+  }
+}
+
+}  // namespace gradhub::api

@@ -1,0 +1,63 @@
+// The SQL primitives of jobs that JobManager, NodeManager and the Scheduler share: reading a
+// job row, appending to its history, and the one way a job changes state. Each runs inside a
+// caller's transaction, so a caller composes them into one atomic change.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include <google/protobuf/timestamp.pb.h>
+
+#include "absl/status/statusor.h"
+#include "gradhub/v1/jobs.pb.h"
+#include "services/common/db/pool.h"
+
+namespace gradhub::api {
+
+// What an event row records besides the state change itself.
+struct EventDetails {
+  std::string message;
+  v1::JobEvent::FailureKind failure_kind = v1::JobEvent::NONE;
+  int32_t rank = -1;  // -1 = not about one rank
+  std::string node;
+  int32_t exit_code = 0;
+  int32_t signal = 0;
+};
+
+EventDetails Because(std::string message);
+
+// Whether the lifecycle in ARCHITECTURE.md allows `from -> to`.
+bool IsAllowedTransition(v1::Job::State from, v1::Job::State to);
+
+bool IsTerminal(v1::Job::State state);
+
+// "jobs/{uuid}" -> the uuid, or "" when the name is not one (then the job does not exist: a
+// malformed id must not reach SQL as a cast error).
+std::string JobId(const std::string& name);
+
+absl::Status JobNotFound(const std::string& name);
+
+google::protobuf::Timestamp MicrosColumn(const db::Row& row, const char* column);
+
+// One job in `tx`, its row locked when `for_update`; tenant_id < 0 = any tenant. NOT_FOUND
+// for another tenant's job exactly as for a missing one.
+absl::StatusOr<v1::Job> ReadJob(db::Transaction& tx, const std::string& name, int64_t tenant_id,
+                                bool for_update);
+
+// Appends to the job's history; `to` is the new state of a STATE_CHANGED event, unset for
+// events that change no state (RANK_FAILED, NODE_LOST, ...).
+absl::Status AppendEvent(db::Transaction& tx, const std::string& job_id, int32_t attempt,
+                         v1::JobEvent::Type type, std::optional<v1::Job::State> from,
+                         std::optional<v1::Job::State> to, const EventDetails& details);
+
+// Moves `job` (read FOR UPDATE in `tx`) to `to` with its event and returns it as stored, or
+// FAILED_PRECONDITION with nothing written.
+absl::StatusOr<v1::Job> ApplyTransition(db::Transaction& tx, const v1::Job& job, v1::Job::State to,
+                                        const EventDetails& details);
+
+// SELECT list for ReadJob-compatible rows (`j` = jobs, `t` = tenants), and the conversion.
+extern const char kJobColumns[];
+absl::StatusOr<v1::Job> JobFromRow(const db::Row& row);
+
+}  // namespace gradhub::api
