@@ -20,6 +20,10 @@ struct ApiConfig {
   int64_t max_world_size = 1024;
   int64_t max_request_bytes = 4 << 20;
   absl::Duration shutdown_grace = absl::Seconds(10);
+  std::string store_address;
+  absl::Duration heartbeat_interval = absl::Seconds(1);
+  absl::Duration backfill_window = absl::Seconds(60);
+  absl::Duration scheduler_interval = absl::Milliseconds(200);
 
   void Register(Flags& flags) {
     flags.String("database-url", "GRADHUB_DATABASE_URL", &database_url,
@@ -30,7 +34,7 @@ struct ApiConfig {
     flags.Duration("database-connect-timeout", "GRADHUB_DATABASE_CONNECT_TIMEOUT",
                    &database_connect_timeout, "Timeout for opening a database connection");
     flags.String("grpc-address", "GRADHUB_GRPC_ADDRESS", &grpc_address,
-                 "host:port for gRPC (JobService, StoreService); port 0 picks a free one");
+                 "host:port for gRPC (JobService, NodeService, StoreService); port 0 picks a free one");
     flags.String("http-host", "GRADHUB_HTTP_HOST", &http_host, "Address REST listens on");
     flags.Int("http-port", "GRADHUB_HTTP_PORT", &http_port, "Port for REST; 0 picks a free one");
     flags.String("admin-token", "GRADHUB_ADMIN_TOKEN", &admin_token,
@@ -43,6 +47,15 @@ struct ApiConfig {
               "Largest request accepted; larger ones are RESOURCE_EXHAUSTED");
     flags.Duration("shutdown-grace", "GRADHUB_SHUTDOWN_GRACE", &shutdown_grace,
                    "On SIGTERM, how long in-flight calls may finish before they are cancelled");
+    flags.String("store-address", "GRADHUB_STORE_ADDRESS", &store_address,
+                 "host:port at which trainers reach this server's StoreService; empty = "
+                 "127.0.0.1 and the gRPC port");
+    flags.Duration("heartbeat-interval", "GRADHUB_HEARTBEAT_INTERVAL", &heartbeat_interval,
+                   "How often agents heartbeat; a node silent for 3 intervals is lost");
+    flags.Duration("backfill-window", "GRADHUB_BACKFILL_WINDOW", &backfill_window,
+                   "How long a job that does not fit may be passed over by smaller ones");
+    flags.Duration("scheduler-interval", "GRADHUB_SCHEDULER_INTERVAL", &scheduler_interval,
+                   "Time between scheduler passes (one also follows every rank exit)");
   }
 };
 

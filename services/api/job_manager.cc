@@ -21,46 +21,6 @@ constexpr int32_t kDefaultPageSize = 50;
 constexpr size_t kMaxRequestIdLength = 64;
 constexpr int32_t kMaxPageSize = 1000;
 
-// One term of a ListJobs filter, e.g. `state=RUNNING` or `labels.owner="Ann Lee"`.
-struct FilterTerm {
-  std::string field;
-  std::string value;
-};
-
-absl::StatusOr<std::vector<FilterTerm>> ParseFilter(const std::string& filter) {
-  std::vector<FilterTerm> terms;
-  size_t pos = 0;
-  while (pos < filter.size()) {
-    const size_t eq = filter.find('=', pos);
-    if (eq == std::string::npos) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("filter: expected field=value at '", filter.substr(pos), "'"));
-    }
-    FilterTerm term{filter.substr(pos, eq - pos), ""};
-    size_t end;
-    if (eq + 1 < filter.size() && filter[eq + 1] == '"') {
-      const size_t close = filter.find('"', eq + 2);
-      if (close == std::string::npos) {
-        return absl::InvalidArgumentError("filter: unterminated quoted value");
-      }
-      term.value = filter.substr(eq + 2, close - eq - 2);
-      end = close + 1;
-    } else {
-      end = filter.find(' ', eq + 1);
-      if (end == std::string::npos) end = filter.size();
-      term.value = filter.substr(eq + 1, end - eq - 1);
-    }
-    terms.push_back(std::move(term));
-    if (end == filter.size()) break;
-    if (filter.compare(end, 5, " AND ") != 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("filter: expected ' AND ' at '", filter.substr(end), "'"));
-    }
-    pos = end + 5;
-  }
-  return terms;
-}
-
 }  // namespace
 
 absl::StatusOr<v1::Job> JobManager::CreateJob(int64_t tenant_id, const v1::JobSpec& spec,
@@ -132,7 +92,7 @@ absl::StatusOr<v1::ListJobsResponse> JobManager::ListJobs(int64_t tenant_id,
     params.push_back(std::move(param));
     return absl::StrCat("$", params.size());
   };
-  GRADHUB_ASSIGN_OR_RETURN(std::vector<FilterTerm> terms, ParseFilter(request.filter()));
+  GRADHUB_ASSIGN_OR_RETURN(std::vector<FilterTerm> terms, ParseListFilter(request.filter()));
   for (const FilterTerm& term : terms) {
     if (term.field == "state") {
       State state = v1::Job::STATE_UNSPECIFIED;
@@ -218,7 +178,8 @@ absl::StatusOr<v1::ListJobEventsResponse> JobManager::ListJobEvents(int64_t tena
         GRADHUB_ASSIGN_OR_RETURN(v1::Job job, ReadJob(tx, name, tenant_id, false));
         GRADHUB_ASSIGN_OR_RETURN(
             db::Result rows,
-            tx.Exec("SELECT id, attempt, type, coalesce(from_state, '') AS from_state, to_state,"
+            tx.Exec("SELECT id, attempt, type, coalesce(from_state, '') AS from_state,"
+                    " coalesce(to_state, '') AS to_state,"
                     " message, coalesce(failure_kind, 'NONE') AS failure_kind,"
                     " coalesce(rank, -1) AS rank, coalesce(node, '') AS node,"
                     " coalesce(exit_code, 0) AS exit_code, coalesce(signal, 0) AS signal,"
@@ -250,6 +211,43 @@ absl::StatusOr<v1::ListJobEventsResponse> JobManager::ListJobEvents(int64_t tena
           event.set_signal(row.Get<int32_t>("signal"));
         }
         return events;
+      },
+      {.read_only = true});
+}
+
+absl::StatusOr<JobManager::LogPage> JobManager::ReadLogs(
+    int64_t tenant_id, const std::string& name, int32_t attempt, int32_t rank,
+    const std::map<int32_t, int64_t>& after_seq, int64_t after_seq_default, int32_t limit) {
+  std::string cursor = "{";
+  for (const auto& [r, seq] : after_seq) {
+    absl::StrAppend(&cursor, cursor.size() > 1 ? "," : "", "\"", r, "\":", seq);
+  }
+  cursor += "}";
+  return pool_->Transact(
+      [&](db::Transaction& tx) -> absl::StatusOr<LogPage> {
+        LogPage page;
+        GRADHUB_ASSIGN_OR_RETURN(page.job, ReadJob(tx, name, tenant_id, false));
+        page.attempt = attempt > 0 ? attempt : page.job.attempt();
+        GRADHUB_ASSIGN_OR_RETURN(
+            db::Result rows,
+            tx.Exec("SELECT rank, stream, seq, line,"
+                    " (extract(epoch FROM create_time) * 1e6)::bigint AS time_us"
+                    " FROM job_logs WHERE job_id = $1::uuid AND attempt = $2"
+                    " AND ($3 < 0 OR rank = $3)"
+                    " AND seq > coalesce(($4::jsonb ->> rank::text)::bigint, $5)"
+                    " ORDER BY create_time, rank, seq LIMIT $6",
+                    {JobId(name), page.attempt, rank, cursor, after_seq_default, limit}));
+        for (const db::Row& row : rows) {
+          v1::LogEntry& line = page.lines.emplace_back();
+          line.set_attempt(page.attempt);
+          line.set_rank(row.Get<int32_t>("rank"));
+          line.set_stream(row.Get<std::string>("stream") == "STDERR" ? v1::LogEntry::STDERR
+                                                                     : v1::LogEntry::STDOUT);
+          line.set_seq(row.Get<int64_t>("seq"));
+          *line.mutable_time() = MicrosColumn(row, "time_us");
+          line.set_text(row.Get<std::string>("line"));
+        }
+        return page;
       },
       {.read_only = true});
 }

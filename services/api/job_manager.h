@@ -4,7 +4,9 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "gpu_worker/trainer/job_spec.h"
@@ -47,6 +49,18 @@ class JobManager {
   // Oldest first.
   absl::StatusOr<v1::ListJobEventsResponse> ListJobEvents(int64_t tenant_id,
                                                          const std::string& name);
+
+  // Up to `limit` lines of one attempt (0 = the job's current one), oldest first, of one rank
+  // (rank < 0 = all), each with a seq above after_seq[rank] (missing = after_seq_default).
+  // Also returns the job, so a follower knows when it has ended.
+  struct LogPage {
+    v1::Job job;
+    int32_t attempt = 0;
+    std::vector<v1::LogEntry> lines;
+  };
+  absl::StatusOr<LogPage> ReadLogs(int64_t tenant_id, const std::string& name, int32_t attempt,
+                                   int32_t rank, const std::map<int32_t, int64_t>& after_seq,
+                                   int64_t after_seq_default, int32_t limit);
 
  private:
   db::Pool* pool_;

@@ -136,6 +136,41 @@ absl::StatusOr<v1::Job> ApplyTransition(db::Transaction& tx, const v1::Job& job,
   return ReadJob(tx, job.name(), -1, false);
 }
 
+absl::StatusOr<std::vector<FilterTerm>> ParseListFilter(const std::string& filter) {
+  std::vector<FilterTerm> terms;
+  size_t pos = 0;
+  while (pos < filter.size()) {
+    const size_t eq = filter.find('=', pos);
+    if (eq == std::string::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("filter: expected field=value at '", filter.substr(pos), "'"));
+    }
+    FilterTerm term{filter.substr(pos, eq - pos), ""};
+    size_t end;
+    if (eq + 1 < filter.size() && filter[eq + 1] == '"') {
+      const size_t close = filter.find('"', eq + 2);
+      if (close == std::string::npos) {
+        return absl::InvalidArgumentError("filter: unterminated quoted value");
+      }
+      term.value = filter.substr(eq + 2, close - eq - 2);
+      end = close + 1;
+    } else {
+      end = filter.find(' ', eq + 1);
+      if (end == std::string::npos) end = filter.size();
+      term.value = filter.substr(eq + 1, end - eq - 1);
+    }
+    terms.push_back(std::move(term));
+    if (end == filter.size()) break;
+    if (filter.compare(end, 5, " AND ") != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("filter: expected ' AND ' at '", filter.substr(end), "'"));
+    }
+    pos = end + 5;
+  }
+  return terms;
+}
+
+
 bool IsTerminal(State state) {
   return state == v1::Job::SUCCEEDED || state == v1::Job::FAILED || state == v1::Job::CANCELLED;
 }

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <google/protobuf/timestamp.pb.h>
 
@@ -59,5 +60,13 @@ absl::StatusOr<v1::Job> ApplyTransition(db::Transaction& tx, const v1::Job& job,
 // SELECT list for ReadJob-compatible rows (`j` = jobs, `t` = tenants), and the conversion.
 extern const char kJobColumns[];
 absl::StatusOr<v1::Job> JobFromRow(const db::Row& row);
+
+// One term of a List* filter (`state=RUNNING AND labels.owner="Ann Lee"`).
+struct FilterTerm {
+  std::string field;
+  std::string value;
+};
+// INVALID_ARGUMENT naming the position of a malformed filter.
+absl::StatusOr<std::vector<FilterTerm>> ParseListFilter(const std::string& filter);
 
 }  // namespace gradhub::api

@@ -18,8 +18,11 @@
 #include "services/api/authenticator.h"
 #include "services/api/job_manager.h"
 #include "services/api/job_service.h"
+#include "services/api/node_manager.h"
+#include "services/api/node_service.h"
 #include "services/api/rendezvous_store.h"
 #include "services/api/rest_gateway.h"
+#include "services/api/scheduler.h"
 #include "services/api/store_service.h"
 
 namespace {
@@ -107,6 +110,13 @@ int Serve(const gradhub::api::ApiConfig& config) {
   gradhub::api::JobService job_service(&jobs, &auth);
   gradhub::api::RendezvousStore store;
   gradhub::api::StoreService store_service(&store);
+  gradhub::api::Scheduler scheduler(
+      &pool, {.interval = config.scheduler_interval,
+              .node_lease = config.heartbeat_interval * 3,
+              .backfill_window = config.backfill_window,
+              .peer_failure_grace = std::max(absl::Seconds(3), config.heartbeat_interval * 2)});
+  gradhub::api::NodeManager nodes(&pool, {.heartbeat_interval = config.heartbeat_interval});
+  gradhub::api::NodeService node_service(&nodes, &auth, [&] { scheduler.Nudge(); });
 
   int port = 0;
   grpc::ServerBuilder builder;
@@ -114,11 +124,16 @@ int Serve(const gradhub::api::ApiConfig& config) {
   builder.SetMaxReceiveMessageSize(static_cast<int>(config.max_request_bytes));
   builder.RegisterService(&job_service);
   builder.RegisterService(&store_service);
+  builder.RegisterService(&node_service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || port == 0) {
     std::cerr << "gradhub-api: cannot serve gRPC on " << config.grpc_address << "\n";
     return 1;
   }
+  // Known only once the port is bound (it may be 0 = any).
+  nodes.set_store_address(config.store_address.empty() ? "127.0.0.1:" + std::to_string(port)
+                                                        : config.store_address);
+  scheduler.Start();
   gradhub::api::RestGateway rest(
       &jobs, &auth,
       {.max_body_bytes = static_cast<size_t>(config.max_request_bytes)});
@@ -135,6 +150,8 @@ int Serve(const gradhub::api::ApiConfig& config) {
   int received = 0;
   sigwait(&signals, &received);
   std::cerr << "gradhub-api: signal " << received << ", shutting down\n";
+  scheduler.Stop();
+  store_service.Shutdown();
   server->Shutdown(std::chrono::system_clock::now() + absl::ToChronoSeconds(config.shutdown_grace));
   server->Wait();
   rest.Stop();

@@ -1,0 +1,405 @@
+#include "services/api/node_manager.h"
+
+#include <google/protobuf/util/json_util.h>
+#include <google/protobuf/util/time_util.h>
+
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <set>
+#include <tuple>
+
+#include "absl/strings/str_cat.h"
+#include "services/api/attempts.h"
+#include "services/api/job_records.h"
+#include "services/common/status_macros.h"
+
+namespace gradhub::api {
+namespace {
+
+using google::protobuf::util::TimeUtil;
+using RankKey = std::tuple<std::string, int32_t, int32_t>;  // job id, attempt, rank
+
+constexpr char kNodeColumns[] =
+    "n.id, n.name, n.state, n.device_kind, n.slots, n.labels::text AS labels, n.address,"
+    " n.agent_version, coalesce(n.session_id::text, '') AS session_id, n.last_heartbeat_seq,"
+    " (extract(epoch FROM n.last_heartbeat_time) * 1e6)::bigint AS heartbeat_us,"
+    " (SELECT count(*) FROM rank_assignments a WHERE a.node_id = n.id"
+    "   AND a.state IN ('ASSIGNED', 'STARTING', 'RUNNING', 'STOPPING'))::int AS slots_in_use";
+
+constexpr int32_t kMaxSlots = 4096;
+constexpr int32_t kDefaultPageSize = 50;
+constexpr int32_t kMaxPageSize = 1000;
+
+absl::Status NodeNotFound(const std::string& name) {
+  return absl::NotFoundError(absl::StrCat("node '", name, "' not found"));
+}
+
+std::string LabelsJson(const google::protobuf::Map<std::string, std::string>& labels) {
+  nlohmann::json json = nlohmann::json::object();
+  for (const auto& [key, value] : labels) json[key] = value;
+  return json.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+v1::Node NodeFromRow(const db::Row& row) {
+  v1::Node node;
+  node.set_name("nodes/" + row.Get<std::string>("name"));
+  node.set_kind(row.Get<std::string>("device_kind") == "CUDA" ? v1::Node::CUDA : v1::Node::CPU);
+  node.set_slots(row.Get<int32_t>("slots"));
+  for (const auto& [key, value] : nlohmann::json::parse(row.Get<std::string>("labels")).items()) {
+    (*node.mutable_labels())[key] = value.get<std::string>();
+  }
+  node.set_address(row.Get<std::string>("address"));
+  node.set_agent_version(row.Get<std::string>("agent_version"));
+  v1::Node::State state = v1::Node::STATE_UNSPECIFIED;
+  v1::Node::State_Parse(row.Get<std::string>("state"), &state);
+  node.set_state(state);
+  if (!row.IsNull("heartbeat_us")) {
+    *node.mutable_last_heartbeat_time() = MicrosColumn(row, "heartbeat_us");
+  }
+  node.set_slots_in_use(row.Get<int32_t>("slots_in_use"));
+  return node;
+}
+
+absl::StatusOr<v1::Node> ReadNode(db::Transaction& tx, const std::string& node) {
+  GRADHUB_ASSIGN_OR_RETURN(
+      db::Result rows,
+      tx.Exec(absl::StrCat("SELECT ", kNodeColumns, " FROM nodes n WHERE n.name = $1"), {node}));
+  if (rows.empty()) return NodeNotFound("nodes/" + node);
+  return NodeFromRow(rows.row(0));
+}
+
+const char* RankStateName(v1::RankStatus::State state) {
+  switch (state) {
+    case v1::RankStatus::STARTING: return "STARTING";
+    case v1::RankStatus::RUNNING: return "RUNNING";
+    case v1::RankStatus::SUCCEEDED: return "SUCCEEDED";
+    case v1::RankStatus::FAILED: return "FAILED";
+    case v1::RankStatus::STOPPED: return "STOPPED";
+    default: return nullptr;
+  }
+}
+
+// Records one reported rank on its assignment row, if the row is this node's and still live.
+// A rank being stopped that exits, however it exits, is STOPPED: its failure is not news.
+absl::Status RecordRank(db::Transaction& tx, int64_t node_id, const v1::RankStatus& status) {
+  const char* state = RankStateName(status.state());
+  const std::string job_id = JobId(status.job());
+  if (state == nullptr || job_id.empty()) return absl::OkStatus();
+  const int64_t step_us = status.has_last_step_time()
+                              ? TimeUtil::TimestampToMicroseconds(status.last_step_time())
+                              : 0;
+  return tx
+      .Exec("UPDATE rank_assignments a SET"
+            " state = CASE"
+            "   WHEN a.state = 'STOPPING' AND $5 IN ('SUCCEEDED', 'FAILED', 'STOPPED') THEN 'STOPPED'"
+            "   WHEN a.state = 'STOPPING' THEN 'STOPPING'"
+            "   WHEN a.state = 'RUNNING' AND $5 = 'STARTING' THEN 'RUNNING'"
+            "   ELSE $5 END,"
+            " pid = nullif($6, 0), last_step = greatest(a.last_step, $7),"
+            " last_step_time = CASE WHEN $7 > a.last_step AND $8 > 0"
+            "   THEN timestamptz 'epoch' + $8 * interval '1 microsecond' ELSE a.last_step_time END,"
+            " exit_code = nullif($9, 0), signal = nullif($10, 0), message = $11,"
+            " update_time = CASE WHEN a.state = $5 THEN a.update_time ELSE now() END"
+            " WHERE a.job_id = $1::uuid AND a.attempt = $2 AND a.rank = $3 AND a.node_id = $4"
+            " AND a.state IN ('ASSIGNED', 'STARTING', 'RUNNING', 'STOPPING')",
+            {job_id, status.attempt(), status.rank(), node_id, std::string(state),
+             status.pid(), status.last_step(), step_us, status.exit_code(), status.signal(),
+             status.message()})
+      .status();
+}
+
+void SetDuration(absl::Duration duration, google::protobuf::Duration* out) {
+  *out = TimeUtil::MicrosecondsToDuration(absl::ToInt64Microseconds(duration));
+}
+
+}  // namespace
+
+std::string NodeId(const std::string& name) {
+  static const std::regex kNode("(?:nodes/)?([a-zA-Z0-9][a-zA-Z0-9._-]{0,62})");
+  std::smatch match;
+  return std::regex_match(name, match, kNode) ? match[1].str() : "";
+}
+
+void NodeManager::set_store_address(std::string address) {
+  std::lock_guard<std::mutex> lock(mu_);
+  store_address_ = std::move(address);
+}
+
+std::string NodeManager::store_address() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return store_address_;
+}
+
+absl::StatusOr<v1::RegisterNodeResponse> NodeManager::RegisterNode(
+    const v1::RegisterNodeRequest& request) {
+  const v1::Node& node = request.node();
+  const std::string name = NodeId(node.name());
+  std::string problems;
+  if (name.empty()) {
+    absl::StrAppend(&problems, " node.name: '", node.name(),
+                    "' is not nodes/NAME with NAME matching [a-zA-Z0-9][a-zA-Z0-9._-]{0,62};");
+  }
+  if (node.slots() < 0 || node.slots() > kMaxSlots) {
+    absl::StrAppend(&problems, " node.slots: ", node.slots(), " is not in [0, ", kMaxSlots, "];");
+  }
+  if (!problems.empty()) {
+    problems.pop_back();
+    return absl::InvalidArgumentError(absl::StrCat("invalid node:", problems));
+  }
+  return pool_->Transact([&](db::Transaction& tx) -> absl::StatusOr<v1::RegisterNodeResponse> {
+    GRADHUB_ASSIGN_OR_RETURN(
+        db::Result existing,
+        tx.Exec("SELECT id FROM nodes WHERE name = $1 FOR NO KEY UPDATE", {name}));
+    if (!existing.empty()) {
+      GRADHUB_RETURN_IF_ERROR(ForgetRanksOnNode(
+          tx, existing.row(0).Get<int64_t>("id"), name,
+          "the agent of nodes/" + name + " restarted; its ranks are gone"));
+    }
+    GRADHUB_ASSIGN_OR_RETURN(
+        db::Result session,
+        tx.Exec("INSERT INTO nodes (name, device_kind, slots, labels, address, agent_version,"
+                " session_id, last_heartbeat_time)"
+                " VALUES ($1, $2, $3, $4::jsonb, $5, $6, gen_random_uuid(), now())"
+                " ON CONFLICT (name) DO UPDATE SET device_kind = EXCLUDED.device_kind,"
+                " slots = EXCLUDED.slots, labels = EXCLUDED.labels, address = EXCLUDED.address,"
+                " agent_version = EXCLUDED.agent_version, session_id = EXCLUDED.session_id,"
+                " last_heartbeat_seq = 0, last_heartbeat_time = now(),"
+                " state = CASE WHEN nodes.state = 'LOST' THEN 'READY' ELSE nodes.state END"
+                " RETURNING session_id::text AS session_id",
+                {name, node.kind() == v1::Node::CUDA ? "CUDA" : "CPU", node.slots(),
+                 LabelsJson(node.labels()), node.address(), node.agent_version()}));
+    v1::RegisterNodeResponse response;
+    response.set_session_id(session.row(0).Get<std::string>("session_id"));
+    SetDuration(options_.heartbeat_interval, response.mutable_heartbeat_interval());
+    GRADHUB_ASSIGN_OR_RETURN(*response.mutable_node(), ReadNode(tx, name));
+    return response;
+  });
+}
+
+absl::StatusOr<v1::HeartbeatResponse> NodeManager::Heartbeat(const v1::HeartbeatRequest& request) {
+  const std::string name = NodeId(request.node());
+  if (name.empty()) return absl::InvalidArgumentError("node: not nodes/NAME");
+  return pool_->Transact([&](db::Transaction& tx) -> absl::StatusOr<v1::HeartbeatResponse> {
+    GRADHUB_ASSIGN_OR_RETURN(
+        db::Result rows,
+        tx.Exec("SELECT id, state, device_kind, coalesce(session_id::text, '') AS session_id,"
+                " last_heartbeat_seq FROM nodes WHERE name = $1 FOR NO KEY UPDATE",
+                {name}));
+    if (rows.empty() || rows.row(0).Get<std::string>("session_id") != request.session_id() ||
+        rows.row(0).Get<std::string>("state") == "LOST") {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "session '", request.session_id(), "' of nodes/", name,
+          " is not current (superseded, or the node was lost); stop every rank and register"));
+    }
+    const int64_t node_id = rows.row(0).Get<int64_t>("id");
+    const bool cuda = rows.row(0).Get<std::string>("device_kind") == "CUDA";
+    // A late duplicate (step 5) is answered but not recorded: a newer report already was.
+    const bool fresh = request.seq() > rows.row(0).Get<int64_t>("last_heartbeat_seq");
+    std::set<RankKey> alive;
+    if (fresh) {
+      for (const v1::RankStatus& rank : request.ranks()) {
+        GRADHUB_RETURN_IF_ERROR(RecordRank(tx, node_id, rank));
+        if (rank.state() == v1::RankStatus::STARTING || rank.state() == v1::RankStatus::RUNNING) {
+          alive.emplace(JobId(rank.job()), rank.attempt(), rank.rank());
+        }
+      }
+    }
+    GRADHUB_RETURN_IF_ERROR(
+        tx.Exec("UPDATE nodes SET last_heartbeat_time = now(),"
+                " last_heartbeat_seq = greatest(last_heartbeat_seq, $2) WHERE id = $1",
+                {node_id, request.seq()})
+            .status());
+
+    // The desired set (step 3): live ranks of the current attempt of every job in flight.
+    GRADHUB_ASSIGN_OR_RETURN(
+        db::Result desired,
+        tx.Exec("SELECT a.job_id::text AS job_id, a.attempt, a.rank, a.local_rank, a.slot,"
+                " j.world_size, j.spec::text AS spec, at.rendezvous_prefix,"
+                " (SELECT count(*) FROM rank_assignments b WHERE b.job_id = a.job_id"
+                "   AND b.attempt = a.attempt AND b.node_id = a.node_id)::int AS local_world_size"
+                " FROM rank_assignments a JOIN jobs j ON j.id = a.job_id"
+                " JOIN job_attempts at ON at.job_id = a.job_id AND at.attempt = a.attempt"
+                " WHERE a.node_id = $1 AND a.state IN ('ASSIGNED', 'STARTING', 'RUNNING')"
+                " AND j.state IN ('SCHEDULED', 'RUNNING') AND j.current_attempt = a.attempt"
+                " AND at.state IN ('SCHEDULED', 'RUNNING')"
+                " ORDER BY a.job_id, a.rank",
+                {node_id}));
+    v1::HeartbeatResponse response;
+    const std::string store_address = this->store_address();
+    std::set<RankKey> wanted;
+    for (const db::Row& row : desired) {
+      v1::RankAssignment& rank = *response.add_desired_ranks();
+      const std::string job_id = row.Get<std::string>("job_id");
+      rank.set_job("jobs/" + job_id);
+      rank.set_attempt(row.Get<int32_t>("attempt"));
+      rank.set_rank(row.Get<int32_t>("rank"));
+      rank.set_world_size(row.Get<int32_t>("world_size"));
+      rank.set_local_rank(row.Get<int32_t>("local_rank"));
+      rank.set_local_world_size(row.Get<int32_t>("local_world_size"));
+      if (cuda) rank.add_device_indices(row.Get<int32_t>("slot"));
+      rank.set_rendezvous_prefix(row.Get<std::string>("rendezvous_prefix"));
+      rank.set_store_address(store_address);
+      auto parsed = google::protobuf::util::JsonStringToMessage(row.Get<std::string>("spec"),
+                                                                rank.mutable_spec());
+      if (!parsed.ok()) return absl::InternalError(absl::StrCat("stored spec: ", parsed.ToString()));
+      wanted.emplace(job_id, rank.attempt(), rank.rank());
+    }
+    // Live rows neither wanted nor running on the agent are gone: a cancelled job's ranks that
+    // never started, or ranks the agent has stopped and dropped. That frees their slots.
+    if (fresh) {
+      GRADHUB_ASSIGN_OR_RETURN(
+          db::Result live,
+          tx.Exec("SELECT job_id::text AS job_id, attempt, rank, state FROM rank_assignments"
+                  " WHERE node_id = $1 AND state IN ('ASSIGNED', 'STARTING', 'RUNNING', 'STOPPING')",
+                  {node_id}));
+      for (const db::Row& row : live) {
+        RankKey key(row.Get<std::string>("job_id"), row.Get<int32_t>("attempt"),
+                    row.Get<int32_t>("rank"));
+        if (wanted.count(key)) continue;
+        const char* next = alive.count(key) ? "STOPPING" : "STOPPED";
+        if (row.Get<std::string>("state") == next) continue;
+        GRADHUB_RETURN_IF_ERROR(
+            tx.Exec("UPDATE rank_assignments SET state = $5, update_time = now()"
+                    " WHERE job_id = $1::uuid AND attempt = $2 AND rank = $3 AND node_id = $4",
+                    {std::get<0>(key), std::get<1>(key), std::get<2>(key), node_id,
+                     std::string(next)})
+                .status());
+      }
+    }
+    v1::Node::State state = v1::Node::STATE_UNSPECIFIED;
+    v1::Node::State_Parse(rows.row(0).Get<std::string>("state"), &state);
+    response.set_node_state(state);
+    SetDuration(options_.heartbeat_interval, response.mutable_heartbeat_interval());
+    return response;
+  });
+}
+
+absl::StatusOr<int64_t> NodeManager::StoreLogs(const v1::ReportLogsRequest& request) {
+  const std::string job_id = JobId(request.job());
+  if (job_id.empty()) return absl::InvalidArgumentError("job: not jobs/{uuid}");
+  if (request.first_seq() < 1) return absl::InvalidArgumentError("first_seq: must be at least 1");
+  const int64_t last_seq = request.first_seq() + request.lines_size() - 1;
+  if (request.lines_size() == 0) return last_seq;
+  nlohmann::json lines = nlohmann::json::array();
+  std::string progress;
+  for (std::string line : request.lines()) {
+    // PostgreSQL text cannot hold NUL.
+    line.erase(std::remove(line.begin(), line.end(), '\0'), line.end());
+    if (line.rfind("{\"event\":\"progress\"", 0) == 0) progress = line;
+    lines.push_back(std::move(line));
+  }
+  const std::string stream = request.stream() == v1::LogEntry::STDERR ? "STDERR" : "STDOUT";
+  return pool_->Transact([&](db::Transaction& tx) -> absl::StatusOr<int64_t> {
+    // Lines of an attempt that does not exist (or was purged) are dropped, as nodes.proto says.
+    GRADHUB_RETURN_IF_ERROR(
+        tx.Exec("INSERT INTO job_logs (job_id, attempt, rank, stream, seq, line)"
+                " SELECT $1::uuid, $2, $3, $4, $5 + t.i - 1, t.line"
+                " FROM jsonb_array_elements_text($6::jsonb) WITH ORDINALITY AS t(line, i)"
+                " WHERE EXISTS (SELECT 1 FROM job_attempts"
+                "   WHERE job_id = $1::uuid AND attempt = $2)"
+                " ON CONFLICT DO NOTHING",
+                {job_id, request.attempt(), request.rank(), stream, request.first_seq(),
+                 lines.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)})
+            .status());
+    // Rank 0 reports the job's progress; only its current attempt's lines count.
+    if (!progress.empty() && request.rank() == 0 && stream == "STDOUT") {
+      const nlohmann::json parsed = nlohmann::json::parse(progress, nullptr, false);
+      if (parsed.is_object() && parsed.contains("step")) {
+        GRADHUB_RETURN_IF_ERROR(
+            tx.Exec("UPDATE jobs SET progress_step = $3, progress_loss = $4,"
+                    " progress_samples_per_second = $5, progress_time = now()"
+                    " WHERE id = $1::uuid AND current_attempt = $2"
+                    " AND state IN ('SCHEDULED', 'RUNNING')",
+                    {job_id, request.attempt(), parsed.value("step", int64_t{0}),
+                     parsed.value("loss", 0.0), parsed.value("samplesPerSecond", 0.0)})
+                .status());
+      }
+    }
+    return last_seq;
+  });
+}
+
+absl::StatusOr<v1::ListNodesResponse> NodeManager::ListNodes(const v1::ListNodesRequest& request) {
+  if (request.page_size() < 0) return absl::InvalidArgumentError("page_size: must not be negative");
+  const int32_t page_size =
+      request.page_size() == 0 ? kDefaultPageSize : std::min(request.page_size(), kMaxPageSize);
+  std::string sql = absl::StrCat("SELECT ", kNodeColumns, " FROM nodes n WHERE n.name > $1");
+  std::vector<db::Param> params = {request.page_token()};
+  auto bind = [&](db::Param param) {
+    params.push_back(std::move(param));
+    return absl::StrCat("$", params.size());
+  };
+  GRADHUB_ASSIGN_OR_RETURN(std::vector<FilterTerm> terms, ParseListFilter(request.filter()));
+  for (const FilterTerm& term : terms) {
+    if (term.field == "state") {
+      v1::Node::State state;
+      if (!v1::Node::State_Parse(term.value, &state) || state == v1::Node::STATE_UNSPECIFIED) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("filter: state '", term.value, "' is not a node state"));
+      }
+      absl::StrAppend(&sql, " AND n.state = ", bind(term.value));
+    } else if (term.field == "kind") {
+      v1::Node::DeviceKind kind;
+      if (!v1::Node::DeviceKind_Parse(term.value, &kind)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("filter: kind '", term.value, "' is not CPU or CUDA"));
+      }
+      absl::StrAppend(&sql, " AND n.device_kind = ", bind(term.value));
+    } else if (term.field.rfind("labels.", 0) == 0 && term.field.size() > 7) {
+      absl::StrAppend(&sql, " AND n.labels @> jsonb_build_object(", bind(term.field.substr(7)),
+                      "::text, ", bind(term.value), "::text)");
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("filter: unknown field '", term.field, "' (state, kind, labels.KEY)"));
+    }
+  }
+  absl::StrAppend(&sql, " ORDER BY n.name LIMIT ", bind(page_size + 1));
+  GRADHUB_ASSIGN_OR_RETURN(db::Result rows, pool_->Exec(sql, params));
+  v1::ListNodesResponse response;
+  for (int i = 0; i < rows.rows() && i < page_size; ++i) {
+    *response.add_nodes() = NodeFromRow(rows.row(i));
+  }
+  if (rows.rows() > page_size) {
+    response.set_next_page_token(rows.row(page_size - 1).Get<std::string>("name"));
+  }
+  return response;
+}
+
+absl::StatusOr<v1::Node> NodeManager::GetNode(const std::string& name) {
+  const std::string node = NodeId(name);
+  if (node.empty()) return NodeNotFound(name);
+  return pool_->Transact([&](db::Transaction& tx) { return ReadNode(tx, node); },
+                         {.read_only = true});
+}
+
+absl::StatusOr<v1::Node> NodeManager::CordonNode(const std::string& name, bool cordon) {
+  const std::string node = NodeId(name);
+  if (node.empty()) return NodeNotFound(name);
+  return pool_->Transact([&](db::Transaction& tx) -> absl::StatusOr<v1::Node> {
+    GRADHUB_ASSIGN_OR_RETURN(
+        db::Result updated,
+        tx.Exec("UPDATE nodes SET state = CASE"
+                " WHEN $2 AND state = 'READY' THEN 'CORDONED'"
+                " WHEN NOT $2 AND state IN ('CORDONED', 'DRAINING') THEN 'READY'"
+                " ELSE state END WHERE name = $1 RETURNING id",
+                {node, cordon}));
+    if (updated.empty()) return NodeNotFound(name);
+    return ReadNode(tx, node);
+  });
+}
+
+absl::StatusOr<v1::Node> NodeManager::DrainNode(const std::string& name) {
+  const std::string node = NodeId(name);
+  if (node.empty()) return NodeNotFound(name);
+  return pool_->Transact([&](db::Transaction& tx) -> absl::StatusOr<v1::Node> {
+    GRADHUB_ASSIGN_OR_RETURN(
+        db::Result updated,
+        tx.Exec("UPDATE nodes SET state = CASE WHEN state IN ('READY', 'CORDONED')"
+                " THEN 'DRAINING' ELSE state END WHERE name = $1 RETURNING id",
+                {node}));
+    if (updated.empty()) return NodeNotFound(name);
+    return ReadNode(tx, node);
+  });
+}
+
+}  // namespace gradhub::api

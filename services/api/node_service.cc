@@ -1,0 +1,104 @@
+#include "services/api/node_service.h"
+
+#include "services/api/job_service.h"
+
+namespace gradhub::api {
+namespace {
+
+template <typename T>
+grpc::Status Answer(absl::StatusOr<T> result, T* response) {
+  if (!result.ok()) return ToGrpc(result.status());
+  *response = *std::move(result);
+  return grpc::Status::OK;
+}
+
+}  // namespace
+
+std::string AuthorizationOf(const grpc::ServerContext& context) {
+  const auto& metadata = context.client_metadata();
+  const auto header = metadata.find("authorization");
+  return header == metadata.end() ? "" : std::string(header->second.data(), header->second.size());
+}
+
+absl::Status NodeService::Require(const grpc::ServerContext& context, Principal::Kind kind) const {
+  absl::StatusOr<Principal> principal = auth_->Authenticate(AuthorizationOf(context));
+  if (!principal.ok()) return principal.status();
+  if (principal->kind == kind) return absl::OkStatus();
+  return absl::PermissionDeniedError(kind == Principal::Kind::kNode
+                                         ? "the agent protocol takes a node token"
+                                         : "node administration takes the admin token");
+}
+
+grpc::Status NodeService::RegisterNode(grpc::ServerContext* context,
+                                       const v1::RegisterNodeRequest* request,
+                                       v1::RegisterNodeResponse* response) {
+  if (auto status = Require(*context, Principal::Kind::kNode); !status.ok()) return ToGrpc(status);
+  grpc::Status answer = Answer(nodes_->RegisterNode(*request), response);
+  if (on_change_) on_change_();
+  return answer;
+}
+
+grpc::Status NodeService::Heartbeat(grpc::ServerContext* context,
+                                    const v1::HeartbeatRequest* request,
+                                    v1::HeartbeatResponse* response) {
+  if (auto status = Require(*context, Principal::Kind::kNode); !status.ok()) return ToGrpc(status);
+  grpc::Status answer = Answer(nodes_->Heartbeat(*request), response);
+  // A rank that exited, started or freed its slot is for the scheduler to act on now.
+  for (const v1::RankStatus& rank : request->ranks()) {
+    if (rank.state() != v1::RankStatus::RUNNING && on_change_) {
+      on_change_();
+      break;
+    }
+  }
+  return answer;
+}
+
+grpc::Status NodeService::ReportLogs(grpc::ServerContext* context,
+                                     grpc::ServerReader<v1::ReportLogsRequest>* reader,
+                                     v1::ReportLogsResponse* response) {
+  if (auto status = Require(*context, Principal::Kind::kNode); !status.ok()) return ToGrpc(status);
+  v1::ReportLogsRequest batch;
+  std::string stream_of;  // "job/attempt/rank" of the first message
+  while (reader->Read(&batch)) {
+    const std::string key =
+        batch.job() + "/" + std::to_string(batch.attempt()) + "/" + std::to_string(batch.rank());
+    if (stream_of.empty()) stream_of = key;
+    if (key != stream_of) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "one ReportLogs stream carries one rank: " + stream_of + ", not " + key);
+    }
+    absl::StatusOr<int64_t> acked = nodes_->StoreLogs(batch);
+    if (!acked.ok()) return ToGrpc(acked.status());
+    response->set_acked_seq(std::max(response->acked_seq(), *acked));
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status NodeService::ListNodes(grpc::ServerContext* context,
+                                    const v1::ListNodesRequest* request,
+                                    v1::ListNodesResponse* response) {
+  if (auto status = Require(*context, Principal::Kind::kAdmin); !status.ok()) return ToGrpc(status);
+  return Answer(nodes_->ListNodes(*request), response);
+}
+
+grpc::Status NodeService::GetNode(grpc::ServerContext* context, const v1::GetNodeRequest* request,
+                                  v1::Node* response) {
+  if (auto status = Require(*context, Principal::Kind::kAdmin); !status.ok()) return ToGrpc(status);
+  return Answer(nodes_->GetNode(request->name()), response);
+}
+
+grpc::Status NodeService::CordonNode(grpc::ServerContext* context,
+                                     const v1::CordonNodeRequest* request, v1::Node* response) {
+  if (auto status = Require(*context, Principal::Kind::kAdmin); !status.ok()) return ToGrpc(status);
+  return Answer(nodes_->CordonNode(request->name(), request->cordon()), response);
+}
+
+grpc::Status NodeService::DrainNode(grpc::ServerContext* context,
+                                    const v1::DrainNodeRequest* request, v1::Node* response) {
+  if (auto status = Require(*context, Principal::Kind::kAdmin); !status.ok()) return ToGrpc(status);
+  grpc::Status answer = Answer(nodes_->DrainNode(request->name()), response);
+  if (on_change_) on_change_();
+  return answer;
+}
+
+}  // namespace gradhub::api

@@ -1,0 +1,48 @@
+// gradhub.v1.NodeService over gRPC: the agent protocol (node token) and the operators' node
+// commands (admin token), both thin over NodeManager.
+#pragma once
+
+#include <functional>
+
+#include "gradhub/v1/nodes.grpc.pb.h"
+#include "services/api/authenticator.h"
+#include "services/api/node_manager.h"
+
+namespace gradhub::api {
+
+class NodeService final : public v1::NodeService::Service {
+ public:
+  // Not owned; both must outlive the service. `on_change` (may be empty) is called after a
+  // heartbeat that may have changed what the scheduler should do (e.g. the scheduler's Nudge).
+  NodeService(NodeManager* nodes, const Authenticator* auth, std::function<void()> on_change = {})
+      : nodes_(nodes), auth_(auth), on_change_(std::move(on_change)) {}
+
+  grpc::Status RegisterNode(grpc::ServerContext* context, const v1::RegisterNodeRequest* request,
+                            v1::RegisterNodeResponse* response) override;
+  grpc::Status Heartbeat(grpc::ServerContext* context, const v1::HeartbeatRequest* request,
+                         v1::HeartbeatResponse* response) override;
+  grpc::Status ReportLogs(grpc::ServerContext* context,
+                          grpc::ServerReader<v1::ReportLogsRequest>* reader,
+                          v1::ReportLogsResponse* response) override;
+  grpc::Status ListNodes(grpc::ServerContext* context, const v1::ListNodesRequest* request,
+                         v1::ListNodesResponse* response) override;
+  grpc::Status GetNode(grpc::ServerContext* context, const v1::GetNodeRequest* request,
+                       v1::Node* response) override;
+  grpc::Status CordonNode(grpc::ServerContext* context, const v1::CordonNodeRequest* request,
+                          v1::Node* response) override;
+  grpc::Status DrainNode(grpc::ServerContext* context, const v1::DrainNodeRequest* request,
+                         v1::Node* response) override;
+
+ private:
+  // OK when the caller holds a token of `kind`; else the status to answer with.
+  absl::Status Require(const grpc::ServerContext& context, Principal::Kind kind) const;
+
+  NodeManager* nodes_;
+  const Authenticator* auth_;
+  std::function<void()> on_change_;
+};
+
+// The `authorization` metadata of a call, "" when absent.
+std::string AuthorizationOf(const grpc::ServerContext& context);
+
+}  // namespace gradhub::api

@@ -1,0 +1,465 @@
+#include "services/api/scheduler.h"
+
+#include <algorithm>
+#include <iostream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "services/api/attempts.h"
+#include "services/api/job_records.h"
+#include "services/common/status_macros.h"
+
+namespace gradhub::api {
+namespace {
+
+// pg_advisory_xact_lock key of the scheduler: "gradhub" "sched" in ASCII, arbitrary but fixed.
+constexpr int64_t kSchedulerLock = 0x6772616468756273;
+
+constexpr char kLiveRankStates[] = "('ASSIGNED', 'STARTING', 'RUNNING', 'STOPPING')";
+
+absl::Status TakeSchedulerLock(db::Transaction& tx) {
+  return tx.Exec("SELECT pg_advisory_xact_lock($1)", {kSchedulerLock}).status();
+}
+
+double Seconds(absl::Duration d) { return absl::ToDoubleSeconds(d); }
+
+// Capacity of one node as the placement sees it.
+struct NodeCapacity {
+  int64_t id = 0;
+  std::string name;
+  bool schedulable = false;  // READY, heartbeating, of the device kind the job needs
+  bool labels_match = false;
+  std::vector<int32_t> free_slots;
+};
+
+struct RankPlacement {
+  int32_t rank, local_rank, slot;
+  const NodeCapacity* node;
+};
+
+// Packs ranks onto as few nodes as possible: nodes with the most free slots first (rank 0 on
+// the first), at most ranks_per_node on each. Empty when they do not all fit; then *why says
+// what is missing.
+std::vector<RankPlacement> Pack(const std::vector<NodeCapacity>& nodes, int32_t world_size,
+                                int32_t ranks_per_node,
+                                const google::protobuf::Map<std::string, std::string>& selector,
+                                std::string* why) {
+  std::vector<const NodeCapacity*> eligible;
+  bool any_labelled = false;
+  for (const NodeCapacity& node : nodes) {
+    any_labelled |= node.labels_match;
+    if (node.schedulable && node.labels_match && !node.free_slots.empty()) eligible.push_back(&node);
+  }
+  std::stable_sort(eligible.begin(), eligible.end(), [](const auto* a, const auto* b) {
+    return a->free_slots.size() > b->free_slots.size();
+  });
+  const size_t per_node = ranks_per_node > 0 ? static_cast<size_t>(ranks_per_node) : SIZE_MAX;
+  std::vector<RankPlacement> placed;
+  int32_t free_total = 0;
+  for (const NodeCapacity* node : eligible) {
+    const size_t take = std::min({node->free_slots.size(), per_node,
+                                  static_cast<size_t>(world_size) - placed.size()});
+    free_total += static_cast<int32_t>(std::min(node->free_slots.size(), per_node));
+    for (size_t i = 0; i < take; ++i) {
+      placed.push_back({static_cast<int32_t>(placed.size()), static_cast<int32_t>(i),
+                        node->free_slots[i], node});
+    }
+  }
+  if (placed.size() == static_cast<size_t>(world_size)) return placed;
+  if (!selector.empty() && !any_labelled) {
+    std::vector<std::string> wanted;
+    for (const auto& [key, value] : selector) wanted.push_back(key + "=" + value);
+    std::sort(wanted.begin(), wanted.end());
+    *why = absl::StrCat("no node with label ", absl::StrJoin(wanted, ","));
+  } else if (eligible.empty()) {
+    *why = absl::StrCat("needs ", world_size, " slots, no ready node has a free slot");
+  } else {
+    *why = absl::StrCat("needs ", world_size, " slots", ranks_per_node > 0
+                            ? absl::StrCat(" (at most ", ranks_per_node, " per node)") : "",
+                        ", ", free_total, " usable on ", eligible.size(), " ready nodes, ",
+                        eligible.front()->free_slots.size(), " free on the largest node");
+  }
+  return {};
+}
+
+absl::StatusOr<std::vector<NodeCapacity>> ReadCapacity(db::Transaction& tx,
+                                                       absl::Duration lease,
+                                                       const v1::JobSpec& spec) {
+  GRADHUB_ASSIGN_OR_RETURN(
+      db::Result rows,
+      tx.Exec(absl::StrCat(
+                  "SELECT n.id, n.name, n.slots, n.device_kind, n.labels::text AS labels,"
+                  " (n.state = 'READY' AND n.last_heartbeat_time > now() - $1 * interval '1 second')"
+                  "   AS ready,"
+                  " (SELECT coalesce(string_agg(a.slot::text, ','), '') FROM rank_assignments a"
+                  "   WHERE a.node_id = n.id AND a.state IN ", kLiveRankStates, ") AS used"
+                  " FROM nodes n WHERE n.state <> 'LOST' ORDER BY n.name"),
+              {Seconds(lease)}));
+  const bool needs_cuda = spec.distributed().backend() == v1::DistributedSpec::NCCL;
+  std::vector<NodeCapacity> nodes;
+  for (const db::Row& row : rows) {
+    NodeCapacity node;
+    node.id = row.Get<int64_t>("id");
+    node.name = row.Get<std::string>("name");
+    node.schedulable = row.Get<bool>("ready") &&
+                       (!needs_cuda || row.Get<std::string>("device_kind") == "CUDA");
+    const nlohmann::json labels = nlohmann::json::parse(row.Get<std::string>("labels"));
+    node.labels_match = true;
+    for (const auto& [key, value] : spec.node_selector()) {
+      node.labels_match &= labels.contains(key) && labels[key] == value;
+    }
+    std::set<int32_t> used;
+    for (absl::string_view slot : absl::StrSplit(row.Get<std::string>("used"), ',', absl::SkipEmpty())) {
+      used.insert(std::stoi(std::string(slot)));
+    }
+    for (int32_t slot = 0; slot < row.Get<int32_t>("slots"); ++slot) {
+      if (!used.count(slot)) node.free_slots.push_back(slot);
+    }
+    nodes.push_back(std::move(node));
+  }
+  return nodes;
+}
+
+absl::Status SetPendingReason(db::Transaction& tx, const v1::Job& job, const std::string& why) {
+  if (job.state_reason() == why) return absl::OkStatus();
+  return tx.Exec("UPDATE jobs SET state_reason = $2 WHERE id = $1::uuid", {JobId(job.name()), why})
+      .status();
+}
+
+// Creates the next attempt of `job` with its ranks where `placement` says, and schedules it.
+absl::Status CreateAttempt(db::Transaction& tx, v1::Job job,
+                           const std::vector<RankPlacement>& placement) {
+  const std::string id = JobId(job.name());
+  const int32_t attempt = job.attempt() + 1;
+  GRADHUB_RETURN_IF_ERROR(
+      tx.Exec("INSERT INTO job_attempts (job_id, attempt, rendezvous_prefix)"
+              " VALUES ($1::uuid, $2, $3)",
+              {id, attempt, absl::StrCat("jobs/", id, "/attempts/", attempt, "/")})
+          .status());
+  GRADHUB_RETURN_IF_ERROR(
+      tx.Exec("UPDATE jobs SET current_attempt = $2 WHERE id = $1::uuid", {id, attempt}).status());
+  std::map<std::string, std::vector<int32_t>> ranks_by_node;
+  std::vector<std::string> node_order;
+  for (const RankPlacement& rank : placement) {
+    GRADHUB_RETURN_IF_ERROR(
+        tx.Exec("INSERT INTO rank_assignments (job_id, attempt, rank, node_id, local_rank, slot)"
+                " VALUES ($1::uuid, $2, $3, $4, $5, $6)",
+                {id, attempt, rank.rank, rank.node->id, rank.local_rank, rank.slot})
+            .status());
+    if (!ranks_by_node.count(rank.node->name)) node_order.push_back(rank.node->name);
+    ranks_by_node[rank.node->name].push_back(rank.rank);
+  }
+  std::vector<std::string> where;
+  for (const std::string& node : node_order) {
+    const auto& ranks = ranks_by_node[node];
+    where.push_back(absl::StrCat("nodes/", node, " (rank", ranks.size() > 1 ? "s " : " ",
+                                 ranks.front(),
+                                 ranks.size() > 1 ? absl::StrCat("-", ranks.back()) : "", ")"));
+  }
+  job.set_attempt(attempt);
+  return ApplyTransition(tx, job, v1::Job::SCHEDULED,
+                         Because(absl::StrCat("attempt ", attempt, " placed on ",
+                                              absl::StrJoin(where, ", "))))
+      .status();
+}
+
+struct RankRow {
+  int32_t rank;
+  std::string state, node, message;
+  int32_t exit_code, signal;
+  double age_seconds;  // since its state last changed
+};
+
+}  // namespace
+
+absl::Status Scheduler::RunOnce() {
+  GRADHUB_RETURN_IF_ERROR(SweepNodes());
+  GRADHUB_RETURN_IF_ERROR(ReconcileAttempts());
+  return PlaceJobs();
+}
+
+absl::Status Scheduler::SweepNodes() {
+  return pool_->Transact([&](db::Transaction& tx) -> absl::Status {
+    GRADHUB_RETURN_IF_ERROR(TakeSchedulerLock(tx));
+    GRADHUB_ASSIGN_OR_RETURN(
+        db::Result lost,
+        tx.Exec("UPDATE nodes SET state = 'LOST', session_id = NULL WHERE state <> 'LOST'"
+                " AND last_heartbeat_time < now() - $1 * interval '1 second'"
+                " RETURNING id, name",
+                {Seconds(options_.node_lease)}));
+    for (const db::Row& row : lost) {
+      const std::string name = row.Get<std::string>("name");
+      GRADHUB_RETURN_IF_ERROR(ForgetRanksOnNode(
+          tx, row.Get<int64_t>("id"), name,
+          absl::StrCat("nodes/", name, " sent no heartbeat for ",
+                       absl::FormatDuration(options_.node_lease), ": lost")));
+    }
+    // Draining: restart the jobs that still run there; cordon once nothing is left.
+    GRADHUB_ASSIGN_OR_RETURN(
+        db::Result draining,
+        tx.Exec(absl::StrCat(
+                    "SELECT DISTINCT n.id, n.name, a.job_id::text AS job_id, a.attempt, a.rank"
+                    " FROM nodes n LEFT JOIN rank_assignments a ON a.node_id = n.id"
+                    " AND a.state IN ", kLiveRankStates, " WHERE n.state = 'DRAINING'"
+                    " ORDER BY n.id, a.rank")));
+    std::set<int64_t> busy;
+    std::set<std::string> failed_jobs;
+    for (const db::Row& row : draining) {
+      if (row.IsNull("job_id")) continue;
+      busy.insert(row.Get<int64_t>("id"));
+      const std::string job_id = row.Get<std::string>("job_id");
+      if (!failed_jobs.insert(job_id).second) continue;
+      GRADHUB_ASSIGN_OR_RETURN(v1::Job job, ReadJob(tx, "jobs/" + job_id, -1, true));
+      if (job.attempt() != row.Get<int32_t>("attempt")) continue;
+      AttemptFailure failure;
+      failure.event = v1::JobEvent::NODE_LOST;
+      failure.kind = v1::JobEvent::INFRASTRUCTURE;
+      failure.details.node = "nodes/" + row.Get<std::string>("name");
+      failure.details.rank = row.Get<int32_t>("rank");
+      failure.details.message = failure.details.node + " is being drained";
+      GRADHUB_RETURN_IF_ERROR(FailAttempt(tx, job, failure));
+    }
+    for (const db::Row& row : draining) {
+      if (busy.count(row.Get<int64_t>("id"))) continue;
+      GRADHUB_RETURN_IF_ERROR(tx.Exec("UPDATE nodes SET state = 'CORDONED' WHERE id = $1"
+                                      " AND state = 'DRAINING'",
+                                      {row.Get<int64_t>("id")})
+                                  .status());
+    }
+    return absl::OkStatus();
+  });
+}
+
+absl::Status Scheduler::ReconcileAttempts() {
+  GRADHUB_ASSIGN_OR_RETURN(
+      db::Result active,
+      pool_->Exec("SELECT job_id::text AS job_id, attempt FROM job_attempts"
+                  " WHERE state IN ('SCHEDULED', 'RUNNING') ORDER BY create_time"));
+  for (const db::Row& entry : active) {
+    const std::string name = "jobs/" + entry.Get<std::string>("job_id");
+    const int32_t attempt = entry.Get<int32_t>("attempt");
+    absl::Status status = pool_->Transact([&](db::Transaction& tx) -> absl::Status {
+      GRADHUB_RETURN_IF_ERROR(TakeSchedulerLock(tx));
+      GRADHUB_ASSIGN_OR_RETURN(v1::Job job, ReadJob(tx, name, -1, true));
+      const std::string id = JobId(name);
+      GRADHUB_ASSIGN_OR_RETURN(
+          db::Result attempt_row,
+          tx.Exec("SELECT state, extract(epoch FROM now() - greatest(create_time,"
+                  " coalesce(start_time, create_time)))::float8 AS idle_s"
+                  " FROM job_attempts WHERE job_id = $1::uuid AND attempt = $2",
+                  {id, attempt}));
+      if (attempt_row.empty()) return absl::OkStatus();
+      const std::string attempt_state = attempt_row.row(0).Get<std::string>("state");
+      if (attempt_state != "SCHEDULED" && attempt_state != "RUNNING") return absl::OkStatus();
+      // A job that ended (cancelled) or moved on takes its attempt with it.
+      if (job.attempt() != attempt || IsTerminal(job.state())) {
+        const std::string ended = job.state() == v1::Job::CANCELLED ? "CANCELLED"
+                                  : job.state() == v1::Job::SUCCEEDED ? "SUCCEEDED"
+                                                                      : "FAILED";
+        GRADHUB_RETURN_IF_ERROR(tx.Exec("UPDATE job_attempts SET state = $3, end_time = now()"
+                                        " WHERE job_id = $1::uuid AND attempt = $2",
+                                        {id, attempt, ended})
+                                    .status());
+        return tx
+            .Exec("UPDATE rank_assignments SET state = 'STOPPING', update_time = now()"
+                  " WHERE job_id = $1::uuid AND attempt = $2"
+                  " AND state IN ('ASSIGNED', 'STARTING', 'RUNNING')",
+                  {id, attempt})
+            .status();
+      }
+      GRADHUB_ASSIGN_OR_RETURN(
+          db::Result rank_rows,
+          tx.Exec("SELECT a.rank, a.state, n.name AS node, a.message,"
+                  " coalesce(a.exit_code, 0) AS exit_code, coalesce(a.signal, 0) AS signal,"
+                  " extract(epoch FROM now() - a.update_time)::float8 AS age_s,"
+                  " extract(epoch FROM now() - a.last_step_time)::float8 AS step_age_s"
+                  " FROM rank_assignments a JOIN nodes n ON n.id = a.node_id"
+                  " WHERE a.job_id = $1::uuid AND a.attempt = $2 ORDER BY a.update_time, a.rank",
+                  {id, attempt}));
+      std::vector<RankRow> ranks;
+      int started = 0, succeeded = 0;
+      std::optional<double> newest_step_age;
+      for (const db::Row& row : rank_rows) {
+        ranks.push_back({row.Get<int32_t>("rank"), row.Get<std::string>("state"),
+                         row.Get<std::string>("node"), row.Get<std::string>("message"),
+                         row.Get<int32_t>("exit_code"), row.Get<int32_t>("signal"),
+                         row.Get<double>("age_s")});
+        const std::string& state = ranks.back().state;
+        started += state == "STARTING" || state == "RUNNING" || state == "SUCCEEDED";
+        succeeded += state == "SUCCEEDED";
+        if (!row.IsNull("step_age_s")) {
+          const double age = row.Get<double>("step_age_s");
+          newest_step_age = newest_step_age ? std::min(*newest_step_age, age) : age;
+        }
+      }
+
+      // A failed rank: blame the first one that did not merely lose its peers, or, once the
+      // grace has passed without one, the first that did.
+      const RankRow* culprit = nullptr;
+      const RankRow* peer_loss = nullptr;
+      for (const RankRow& rank : ranks) {
+        if (rank.state != "FAILED" && rank.state != "STOPPED") continue;
+        const auto kind = rank.state == "STOPPED" ? v1::JobEvent::INFRASTRUCTURE
+                                                  : FailureKindOfExit(rank.exit_code, rank.signal);
+        if (kind != v1::JobEvent::INFRASTRUCTURE) {
+          culprit = &rank;
+          break;
+        }
+        if (peer_loss == nullptr) peer_loss = &rank;
+      }
+      if (culprit == nullptr && peer_loss != nullptr &&
+          (peer_loss->age_seconds >= Seconds(options_.peer_failure_grace) ||
+           started - succeeded == 0)) {
+        culprit = peer_loss;
+      }
+      if (culprit != nullptr) {
+        AttemptFailure failure;
+        failure.event = v1::JobEvent::RANK_FAILED;
+        failure.kind = culprit->state == "STOPPED"
+                           ? v1::JobEvent::INFRASTRUCTURE
+                           : FailureKindOfExit(culprit->exit_code, culprit->signal);
+        failure.details.rank = culprit->rank;
+        failure.details.node = "nodes/" + culprit->node;
+        failure.details.exit_code = culprit->exit_code;
+        failure.details.signal = culprit->signal;
+        std::string how = culprit->state == "STOPPED" ? "was stopped by its agent"
+                          : culprit->signal != 0 ? absl::StrCat("was killed by signal ", culprit->signal)
+                                                 : absl::StrCat("exited with code ", culprit->exit_code);
+        failure.details.message = absl::StrCat("rank ", culprit->rank, " ", how,
+                                               culprit->message.empty() ? "" : ": ",
+                                               culprit->message);
+        return FailAttempt(tx, job, failure);
+      }
+      if (job.state() == v1::Job::SCHEDULED && started == static_cast<int>(ranks.size())) {
+        GRADHUB_RETURN_IF_ERROR(tx.Exec("UPDATE job_attempts SET state = 'RUNNING',"
+                                        " start_time = now() WHERE job_id = $1::uuid"
+                                        " AND attempt = $2",
+                                        {id, attempt})
+                                    .status());
+        GRADHUB_ASSIGN_OR_RETURN(
+            job, ApplyTransition(tx, job, v1::Job::RUNNING,
+                                 Because(absl::StrCat("all ", ranks.size(), " ranks started"))));
+      }
+      if (succeeded == static_cast<int>(ranks.size()) && job.state() == v1::Job::RUNNING) {
+        GRADHUB_RETURN_IF_ERROR(tx.Exec("UPDATE job_attempts SET state = 'SUCCEEDED',"
+                                        " end_time = now() WHERE job_id = $1::uuid"
+                                        " AND attempt = $2",
+                                        {id, attempt})
+                                    .status());
+        return ApplyTransition(tx, job, v1::Job::SUCCEEDED,
+                               Because(absl::StrCat("all ", ranks.size(), " ranks exited 0")))
+            .status();
+      }
+      // The watchdog: no step from any rank (or no start) for hang_timeout.
+      const int32_t hang = job.spec().hang_timeout_seconds() > 0 ? job.spec().hang_timeout_seconds() : 600;
+      const double idle = newest_step_age ? std::min(*newest_step_age,
+                                                     attempt_row.row(0).Get<double>("idle_s"))
+                                          : attempt_row.row(0).Get<double>("idle_s");
+      if (idle > hang) {
+        AttemptFailure failure;
+        failure.event = v1::JobEvent::HANG_DETECTED;
+        failure.kind = v1::JobEvent::JOB;
+        failure.details.message =
+            absl::StrCat("no training step for ", static_cast<int64_t>(idle),
+                         " s (hang_timeout_seconds ", hang, ")");
+        return FailAttempt(tx, job, failure);
+      }
+      return absl::OkStatus();
+    });
+    if (!status.ok()) {
+      std::cerr << "gradhub-api: scheduler: " << name << " attempt " << attempt << ": "
+                << status << "\n";
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Scheduler::PlaceJobs() {
+  GRADHUB_ASSIGN_OR_RETURN(
+      db::Result queue,
+      pool_->Exec(absl::StrCat(
+          "SELECT j.id::text AS id, extract(epoch FROM now() - j.queued_time)::float8 AS waited_s,"
+          " EXISTS (SELECT 1 FROM rank_assignments a WHERE a.job_id = j.id AND a.state IN ",
+          kLiveRankStates, ") AS stopping"
+          " FROM jobs j WHERE j.state IN ('PENDING', 'RESTARTING')"
+          " ORDER BY j.priority DESC, j.create_time, j.id")));
+  std::optional<std::string> blocked_by;  // the first job that did not fit, once past its window
+  for (const db::Row& entry : queue) {
+    const std::string name = "jobs/" + entry.Get<std::string>("id");
+    const double waited = entry.Get<double>("waited_s");
+    absl::Status status = pool_->Transact([&](db::Transaction& tx) -> absl::Status {
+      GRADHUB_RETURN_IF_ERROR(TakeSchedulerLock(tx));
+      GRADHUB_ASSIGN_OR_RETURN(v1::Job job, ReadJob(tx, name, -1, true));
+      if (job.state() != v1::Job::PENDING && job.state() != v1::Job::RESTARTING) {
+        return absl::OkStatus();
+      }
+      if (entry.Get<bool>("stopping")) {
+        return SetPendingReason(
+            tx, job, absl::StrCat("waiting for the ranks of attempt ", job.attempt(), " to stop"));
+      }
+      if (blocked_by) {
+        return SetPendingReason(tx, job,
+                                absl::StrCat("waiting behind ", *blocked_by,
+                                             ", which comes first and has waited longer than the "
+                                             "backfill window (",
+                                             absl::FormatDuration(options_.backfill_window), ")"));
+      }
+      GRADHUB_ASSIGN_OR_RETURN(std::vector<NodeCapacity> nodes,
+                               ReadCapacity(tx, options_.node_lease, job.spec()));
+      std::string why;
+      const std::vector<RankPlacement> placement =
+          Pack(nodes, job.spec().distributed().world_size(),
+               job.spec().distributed().ranks_per_node(), job.spec().node_selector(), &why);
+      if (placement.empty()) {
+        if (waited >= Seconds(options_.backfill_window)) blocked_by = name;
+        return SetPendingReason(tx, job, why);
+      }
+      return CreateAttempt(tx, job, placement);
+    });
+    if (!status.ok()) {
+      std::cerr << "gradhub-api: scheduler: placing " << name << ": " << status << "\n";
+    }
+  }
+  return absl::OkStatus();
+}
+
+void Scheduler::Start() {
+  loop_ = std::thread([this] {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stopping_) {
+      lock.unlock();
+      if (absl::Status status = RunOnce(); !status.ok()) {
+        std::cerr << "gradhub-api: scheduler pass failed: " << status << "\n";
+      }
+      lock.lock();
+      wake_.wait_for(lock, absl::ToChronoMilliseconds(options_.interval),
+                     [this] { return stopping_ || nudged_; });
+      nudged_ = false;
+    }
+  });
+}
+
+void Scheduler::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  if (loop_.joinable()) loop_.join();
+}
+
+void Scheduler::Nudge() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    nudged_ = true;
+  }
+  wake_.notify_all();
+}
+
+}  // namespace gradhub::api

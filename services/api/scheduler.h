@@ -1,0 +1,71 @@
+// The scheduler and controller inside gradhub-api. Each pass:
+//   1. nodes: one that missed its lease becomes LOST and its ranks' attempts fail
+//      (INFRASTRUCTURE); a DRAINING node's jobs are restarted elsewhere, and it becomes
+//      CORDONED once empty;
+//   2. attempts in flight: decides what the ranks' reported states mean (every rank started:
+//      RUNNING; all exited 0: SUCCEEDED; one failed or no progress for hang_timeout: the
+//      attempt fails and the job restarts or fails, see attempts.h);
+//   3. the queue: places each PENDING or RESTARTING job, priority first, then submission
+//      order, all of its ranks at once or none (gang placement), and otherwise writes why
+//      it waits into its state_reason.
+//
+// Every step is its own transaction under one PostgreSQL advisory lock, so any number of api
+// replicas may run a scheduler and only one acts at a time; a pass interrupted by a crash is
+// simply redone by the next one.
+//
+// Backfill: a job behind a blocked one may be placed around it only while the blocked job
+// has waited less than backfill_window; after that nothing behind it starts, so the free
+// slots accumulate for it. The blocked job therefore waits at most backfill_window plus the
+// run time of the jobs that backfilled during that window.
+#pragma once
+
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "services/common/db/pool.h"
+
+namespace gradhub::api {
+
+struct SchedulerOptions {
+  absl::Duration interval = absl::Milliseconds(200);
+  // A node without a heartbeat for this long is LOST (3 x the heartbeat interval).
+  absl::Duration node_lease = absl::Seconds(3);
+  absl::Duration backfill_window = absl::Seconds(60);
+  // A rank that exits because it lost its peers is usually not the culprit: the rank that
+  // died is. Its report may come a heartbeat later from another node, so the verdict waits
+  // this long for it before blaming the infrastructure.
+  absl::Duration peer_failure_grace = absl::Seconds(3);
+};
+
+class Scheduler {
+ public:
+  Scheduler(db::Pool* pool, SchedulerOptions options) : pool_(pool), options_(options) {}
+  ~Scheduler() { Stop(); }
+
+  // One pass; for tests, and what the loop runs.
+  absl::Status RunOnce();
+
+  // Runs passes every interval (sooner after Nudge) on a thread of its own until Stop.
+  void Start();
+  void Stop();
+  // Something changed (a job was created, a rank exited): run the next pass now.
+  void Nudge();
+
+ private:
+  absl::Status SweepNodes();
+  absl::Status ReconcileAttempts();
+  absl::Status PlaceJobs();
+
+  db::Pool* pool_;
+  const SchedulerOptions options_;
+  std::mutex mu_;
+  std::condition_variable wake_;
+  bool stopping_ = false;
+  bool nudged_ = false;
+  std::thread loop_;
+};
+
+}  // namespace gradhub::api

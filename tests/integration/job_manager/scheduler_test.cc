@@ -1,0 +1,296 @@
+// The scheduler and the server side of the agent protocol against a real PostgreSQL: the test
+// plays the agents, speaking the protocol through NodeManager as NodeService does, and runs
+// scheduler passes by hand, so every step of gang placement, the job lifecycle and failure
+// handling is observed in order.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <map>
+#include <set>
+
+#include "services/api/job_manager.h"
+#include "services/api/node_manager.h"
+#include "services/api/scheduler.h"
+#include "tests/integration/db/db_test_util.h"
+#include "tests/support/job_specs.h"
+
+namespace gradhub::api {
+namespace {
+
+using ::testing::HasSubstr;
+
+class SchedulerTest : public db::DatabaseTest {
+ protected:
+  void SetUp() override {
+    db::DatabaseTest::SetUp();
+    Migrate();
+    pool_ = MakePool(8);
+    jobs_ = std::make_unique<JobManager>(pool_.get(), SpecLimits{.max_world_size = 64});
+    nodes_ = std::make_unique<NodeManager>(pool_.get(), NodeManagerOptions{});
+    nodes_->set_store_address("127.0.0.1:7070");
+    SchedulerOptions options;
+    options.backfill_window = absl::Seconds(600);
+    options.peer_failure_grace = absl::Seconds(600);
+    scheduler_ = std::make_unique<Scheduler>(pool_.get(), options);
+    auto tenant = pool_->Exec("INSERT INTO tenants (name) VALUES ('team') RETURNING id");
+    ASSERT_TRUE(tenant.ok()) << tenant.status();
+    tenant_ = tenant->row(0).Get<int64_t>("id");
+  }
+
+  // A registered agent: its session and sequence number.
+  struct Agent {
+    std::string name, session;
+    int64_t seq = 0;
+  };
+
+  Agent Register(const std::string& name, int slots) {
+    v1::RegisterNodeRequest request;
+    request.mutable_node()->set_name("nodes/" + name);
+    request.mutable_node()->set_slots(slots);
+    auto response = nodes_->RegisterNode(request);
+    EXPECT_TRUE(response.ok()) << response.status();
+    return {name, response.ok() ? response->session_id() : ""};
+  }
+
+  // One heartbeat reporting `ranks`; returns the desired set.
+  std::vector<v1::RankAssignment> Beat(Agent& agent, const std::vector<v1::RankStatus>& ranks) {
+    v1::HeartbeatRequest request;
+    request.set_node("nodes/" + agent.name);
+    request.set_session_id(agent.session);
+    request.set_seq(++agent.seq);
+    for (const auto& rank : ranks) *request.add_ranks() = rank;
+    auto response = nodes_->Heartbeat(request);
+    EXPECT_TRUE(response.ok()) << response.status();
+    if (!response.ok()) return {};
+    return {response->desired_ranks().begin(), response->desired_ranks().end()};
+  }
+
+  static v1::RankStatus Status(const v1::RankAssignment& rank, v1::RankStatus::State state,
+                               int exit_code = 0, int signal = 0) {
+    v1::RankStatus status;
+    status.set_job(rank.job());
+    status.set_attempt(rank.attempt());
+    status.set_rank(rank.rank());
+    status.set_pid(1000 + rank.rank());
+    status.set_state(state);
+    status.set_exit_code(exit_code);
+    status.set_signal(signal);
+    return status;
+  }
+
+  static std::vector<v1::RankStatus> All(const std::vector<v1::RankAssignment>& ranks,
+                                         v1::RankStatus::State state) {
+    std::vector<v1::RankStatus> out;
+    for (const auto& rank : ranks) out.push_back(Status(rank, state));
+    return out;
+  }
+
+  v1::Job Submit(int world_size, int job_restarts = 1) {
+    v1::JobSpec spec = testing::MinimalJobSpec();
+    spec.mutable_distributed()->set_world_size(world_size);
+    spec.mutable_distributed()->set_ranks_per_node(0);
+    spec.mutable_max_restarts()->set_job(job_restarts);
+    auto job = jobs_->CreateJob(tenant_, spec, "");
+    EXPECT_TRUE(job.ok()) << job.status();
+    return *job;
+  }
+
+  v1::Job Get(const v1::Job& job) { return *jobs_->GetJob(tenant_, job.name()); }
+
+  void Pass() { ASSERT_TRUE(scheduler_->RunOnce().ok()); }
+
+  std::unique_ptr<db::Pool> pool_;
+  std::unique_ptr<JobManager> jobs_;
+  std::unique_ptr<NodeManager> nodes_;
+  std::unique_ptr<Scheduler> scheduler_;
+  int64_t tenant_ = 0;
+};
+
+TEST_F(SchedulerTest, GangPlacesAcrossNodesRunsAndSucceeds) {
+  Agent a = Register("a", 2), b = Register("b", 2);
+  v1::Job job = Submit(4);
+  Pass();
+  EXPECT_EQ(Get(job).state(), v1::Job::SCHEDULED);
+  EXPECT_EQ(Get(job).attempt(), 1);
+
+  auto on_a = Beat(a, {}), on_b = Beat(b, {});
+  ASSERT_EQ(on_a.size(), 2u);
+  ASSERT_EQ(on_b.size(), 2u);
+  std::set<int> ranks;
+  for (const auto& r : on_a) ranks.insert(r.rank());
+  for (const auto& r : on_b) ranks.insert(r.rank());
+  EXPECT_EQ(ranks, (std::set<int>{0, 1, 2, 3}));
+  EXPECT_EQ(on_a[0].world_size(), 4);
+  EXPECT_EQ(on_a[0].local_world_size(), 2);
+  EXPECT_EQ(on_a[0].store_address(), "127.0.0.1:7070");
+  EXPECT_EQ(on_a[0].rendezvous_prefix(), JobId(job.name()).insert(0, "jobs/") + "/attempts/1/");
+
+  // One node's ranks started is not enough for RUNNING.
+  Beat(a, All(on_a, v1::RankStatus::STARTING));
+  Pass();
+  EXPECT_EQ(Get(job).state(), v1::Job::SCHEDULED);
+  Beat(b, All(on_b, v1::RankStatus::RUNNING));
+  Pass();
+  EXPECT_EQ(Get(job).state(), v1::Job::RUNNING);
+
+  EXPECT_EQ(Beat(a, All(on_a, v1::RankStatus::SUCCEEDED)).size(), 0u);
+  Pass();
+  EXPECT_EQ(Get(job).state(), v1::Job::RUNNING);  // b's ranks still run
+  Beat(b, All(on_b, v1::RankStatus::SUCCEEDED));
+  Pass();
+  EXPECT_EQ(Get(job).state(), v1::Job::SUCCEEDED);
+  EXPECT_EQ(nodes_->GetNode("nodes/a")->slots_in_use(), 0);
+}
+
+TEST_F(SchedulerTest, KilledRankStopsTheOthersAndTheNextAttemptWaitsForThem) {
+  Agent a = Register("a", 2), b = Register("b", 2);
+  v1::Job job = Submit(4);
+  Pass();
+  auto on_a = Beat(a, {}), on_b = Beat(b, {});
+  Beat(a, All(on_a, v1::RankStatus::RUNNING));
+  Beat(b, All(on_b, v1::RankStatus::RUNNING));
+  Pass();
+  ASSERT_EQ(Get(job).state(), v1::Job::RUNNING);
+
+  // A SIGKILLed rank on b.
+  const v1::RankAssignment killed = on_b[1];
+  auto desired_b = Beat(b, {Status(on_b[0], v1::RankStatus::RUNNING),
+                            Status(killed, v1::RankStatus::FAILED, 0, 9)});
+  Pass();
+  v1::Job restarting = Get(job);
+  EXPECT_EQ(restarting.state(), v1::Job::RESTARTING);
+  EXPECT_EQ(restarting.job_restarts(), 1);
+  auto events = jobs_->ListJobEvents(tenant_, job.name());
+  bool named = false;
+  for (const auto& e : events->events()) {
+    if (e.type() == v1::JobEvent::RANK_FAILED) {
+      named = true;
+      EXPECT_EQ(e.rank(), killed.rank());
+      EXPECT_EQ(e.node(), "nodes/b");
+      EXPECT_EQ(e.signal(), 9);
+      EXPECT_EQ(e.failure_kind(), v1::JobEvent::JOB);
+      EXPECT_THAT(e.message(), HasSubstr("killed by signal 9"));
+    }
+  }
+  EXPECT_TRUE(named);
+
+  // The survivors are no longer desired; until they are stopped, no new attempt.
+  EXPECT_TRUE(Beat(a, All(on_a, v1::RankStatus::RUNNING)).empty());
+  Pass();
+  EXPECT_EQ(Get(job).state(), v1::Job::RESTARTING);
+  EXPECT_THAT(Get(job).state_reason(), HasSubstr("to stop"));
+
+  Beat(a, All(on_a, v1::RankStatus::STOPPED));
+  Beat(b, {Status(on_b[0], v1::RankStatus::STOPPED)});
+  Pass();
+  v1::Job second = Get(job);
+  EXPECT_EQ(second.state(), v1::Job::SCHEDULED);
+  EXPECT_EQ(second.attempt(), 2);
+  auto again = Beat(a, {});
+  ASSERT_EQ(again.size(), 2u);
+  EXPECT_EQ(again[0].attempt(), 2);
+  EXPECT_THAT(again[0].rendezvous_prefix(), HasSubstr("/attempts/2/"));
+}
+
+TEST_F(SchedulerTest, UserErrorFailsAtOnceWithoutSpendingRestarts) {
+  Agent a = Register("a", 2);
+  v1::Job job = Submit(2, /*job_restarts=*/5);
+  Pass();
+  auto on_a = Beat(a, {});
+  Beat(a, {Status(on_a[0], v1::RankStatus::FAILED, 10), Status(on_a[1], v1::RankStatus::RUNNING)});
+  Pass();
+  v1::Job failed = Get(job);
+  EXPECT_EQ(failed.state(), v1::Job::FAILED);
+  EXPECT_EQ(failed.job_restarts(), 0);
+  EXPECT_THAT(failed.state_reason(), HasSubstr("USER"));
+}
+
+TEST_F(SchedulerTest, JobsThatDoNotFitWaitWithAReasonAndRunAfter) {
+  Agent a = Register("a", 2), b = Register("b", 2);
+  v1::Job first = Submit(3), second = Submit(3), huge = Submit(8);
+  Pass();
+  EXPECT_EQ(Get(first).state(), v1::Job::SCHEDULED);
+  EXPECT_EQ(Get(second).state(), v1::Job::PENDING);
+  EXPECT_THAT(Get(second).state_reason(), HasSubstr("needs 3 slots"));
+  EXPECT_THAT(Get(huge).state_reason(), HasSubstr("needs 8 slots"));
+
+  // The first finishes; its slots go to the second; the huge one waits for a third node.
+  auto on_a = Beat(a, {}), on_b = Beat(b, {});
+  Beat(a, All(on_a, v1::RankStatus::RUNNING));
+  Beat(b, All(on_b, v1::RankStatus::RUNNING));
+  Pass();
+  Beat(a, All(on_a, v1::RankStatus::SUCCEEDED));
+  Beat(b, All(on_b, v1::RankStatus::SUCCEEDED));
+  Pass();
+  EXPECT_EQ(Get(first).state(), v1::Job::SUCCEEDED);
+  EXPECT_EQ(Get(second).state(), v1::Job::SCHEDULED);
+  EXPECT_EQ(Get(huge).state(), v1::Job::PENDING);
+}
+
+TEST_F(SchedulerTest, AnAgentRestartFailsItsRanksAsInfrastructure) {
+  Agent a = Register("a", 2);
+  v1::Job job = Submit(2);
+  Pass();
+  auto on_a = Beat(a, {});
+  Beat(a, All(on_a, v1::RankStatus::RUNNING));
+  Pass();
+  ASSERT_EQ(Get(job).state(), v1::Job::RUNNING);
+  Agent old = a;
+  a = Register("a", 2);  // new session
+  v1::HeartbeatRequest stale;
+  stale.set_node("nodes/a");
+  stale.set_session_id(old.session);
+  stale.set_seq(old.seq + 1);
+  EXPECT_EQ(nodes_->Heartbeat(stale).status().code(), absl::StatusCode::kFailedPrecondition);
+  v1::Job after = Get(job);
+  // No infrastructure budget in this spec: the job fails, and says why.
+  EXPECT_EQ(after.state(), v1::Job::FAILED);
+  EXPECT_THAT(after.state_reason(), HasSubstr("restarted"));
+}
+
+TEST_F(SchedulerTest, CancelledJobsRanksAreNotDesiredAndFreeTheirSlots) {
+  Agent a = Register("a", 2);
+  v1::Job job = Submit(2);
+  Pass();
+  auto on_a = Beat(a, {});
+  ASSERT_EQ(on_a.size(), 2u);
+  Beat(a, All(on_a, v1::RankStatus::RUNNING));
+  ASSERT_TRUE(jobs_->CancelJob(tenant_, job.name()).ok());
+  EXPECT_TRUE(Beat(a, All(on_a, v1::RankStatus::RUNNING)).empty());
+  EXPECT_EQ(nodes_->GetNode("nodes/a")->slots_in_use(), 2);  // still running
+  Beat(a, All(on_a, v1::RankStatus::STOPPED));
+  EXPECT_EQ(nodes_->GetNode("nodes/a")->slots_in_use(), 0);
+}
+
+TEST_F(SchedulerTest, StaleHeartbeatIsAnsweredButNotRecorded) {
+  Agent a = Register("a", 2);
+  v1::Job job = Submit(2);
+  Pass();
+  auto on_a = Beat(a, {});
+  Beat(a, All(on_a, v1::RankStatus::RUNNING));
+  // A late duplicate of an older heartbeat claiming a failure changes nothing.
+  v1::HeartbeatRequest late;
+  late.set_node("nodes/a");
+  late.set_session_id(a.session);
+  late.set_seq(1);
+  *late.add_ranks() = Status(on_a[0], v1::RankStatus::FAILED, 11);
+  auto response = nodes_->Heartbeat(late);
+  ASSERT_TRUE(response.ok());
+  EXPECT_EQ(response->desired_ranks_size(), 2);
+  Pass();
+  EXPECT_EQ(Get(job).state(), v1::Job::RUNNING);
+}
+
+TEST_F(SchedulerTest, NodeSelectorWithoutMatchingNodeSaysSo) {
+  Register("a", 4);
+  v1::JobSpec spec = testing::MinimalJobSpec();
+  (*spec.mutable_node_selector())["gpu"] = "h200";
+  auto job = jobs_->CreateJob(tenant_, spec, "");
+  ASSERT_TRUE(job.ok());
+  Pass();
+  EXPECT_EQ(Get(*job).state(), v1::Job::PENDING);
+  EXPECT_EQ(Get(*job).state_reason(), "no node with label gpu=h200");
+}
+
+}  // namespace
+}  // namespace gradhub::api
