@@ -1,0 +1,167 @@
+#include "services/cli/invocation.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace gradhub::cli {
+
+void GlobalOptions::Register(Flags& flags) {
+  flags.String("server", "GRADHUB_SERVER", &server, "gradhub-api gRPC address, HOST:PORT")
+      .String("token", "GRADHUB_TOKEN", &token,
+              "Bearer token: a tenant token for jobs, the admin token for nodes and admin")
+      .String("output", "GRADHUB_OUTPUT", &output,
+              "text (for people) or json (the proto3 JSON mapping, for scripts)")
+      .Duration("timeout", "GRADHUB_TIMEOUT", &timeout,
+                "Deadline of each call (not of watch, logs -f: they last as long as the job)");
+}
+
+bool IsGlobalFlagWithValue(const std::string& name) {
+  return name == "server" || name == "token" || name == "output" || name == "timeout";
+}
+
+Invocation::Invocation(std::string command, std::string synopsis, std::string summary,
+                       std::vector<std::string> args, Io io)
+    : command_(std::move(command)),
+      synopsis_(synopsis),
+      args_(std::move(args)),
+      io_(io),
+      flags_("gradhub " + command_,
+             absl::StrCat("Usage: gradhub ", command_, synopsis.empty() ? "" : " ", synopsis,
+                          "\n\n", summary)) {
+  globals_.Register(flags_);
+}
+
+void Invocation::ShortFlag(const std::string& short_name, const std::string& long_name) {
+  short_flags_[short_name] = long_name;
+}
+
+void Invocation::RepeatedFlag(const std::string& name, std::vector<std::string>* values,
+                              const std::string& help) {
+  repeated_.emplace_back(name, values);
+  // Registered only so that --help lists it; the values never reach Flags.
+  repeated_help_values_.emplace_back();
+  flags_.String(name, "", &repeated_help_values_.back(), help + " (repeatable)");
+}
+
+bool Invocation::Parse(size_t min_positional, size_t max_positional) {
+  std::vector<std::string> args;
+  for (size_t i = 0; i < args_.size(); ++i) {
+    std::string arg = args_[i];
+    if (auto alias = short_flags_.find(arg); alias != short_flags_.end()) arg = alias->second;
+    bool taken = false;
+    for (auto& [name, values] : repeated_) {
+      const std::string flag = "--" + name;
+      if (arg == flag) {
+        if (i + 1 == args_.size()) {
+          UsageError("flag " + flag + " needs a value");
+          return false;
+        }
+        values->push_back(args_[++i]);
+        taken = true;
+      } else if (arg.rfind(flag + "=", 0) == 0) {
+        values->push_back(arg.substr(flag.size() + 1));
+        taken = true;
+      }
+    }
+    if (arg == "--") {
+      // Everything after `--` is positional, even what looks like a flag.
+      args.insert(args.end(), args_.begin() + i, args_.end());
+      break;
+    }
+    if (!taken) args.push_back(std::move(arg));
+  }
+
+  std::vector<const char*> argv = {"gradhub"};
+  for (const std::string& arg : args) argv.push_back(arg.c_str());
+  absl::StatusOr<Flags::Parsed> parsed = flags_.Parse(static_cast<int>(argv.size()), argv.data());
+  if (!parsed.ok()) {
+    UsageError(std::string(parsed.status().message()));
+    return false;
+  }
+  if (parsed->help) {
+    out() << flags_.Usage();
+    exit_code_ = kOk;
+    return false;
+  }
+  positional_ = std::move(parsed->positional);
+  bool after_dashes = false;
+  for (const std::string& arg : args) {
+    if (arg == "--") after_dashes = true;
+    // Flags takes any other argument starting with "-" (such as "-x") for a positional one;
+    // here that is a mistyped flag.
+    if (!after_dashes && arg.size() > 1 && arg[0] == '-' && arg[1] != '-') {
+      // (Not one that Flags consumed as a value, as in `--rank -1`.)
+      bool positional = false;
+      for (const std::string& p : positional_) positional = positional || p == arg;
+      if (positional) {
+        UsageError(absl::StrCat("unknown flag ", arg));
+        return false;
+      }
+    }
+  }
+  if (positional_.size() < min_positional || positional_.size() > max_positional) {
+    UsageError(positional_.size() < min_positional
+                   ? absl::StrCat("missing argument: gradhub ", command_, " ", synopsis_)
+                   : absl::StrCat("unexpected argument '", positional_[max_positional], "'"));
+    return false;
+  }
+  if (globals_.output == "text") {
+    format_ = Format::kText;
+  } else if (globals_.output == "json") {
+    format_ = Format::kJson;
+  } else {
+    UsageError(absl::StrCat("--output: '", globals_.output, "' is not text or json"));
+    return false;
+  }
+  if (globals_.timeout <= absl::ZeroDuration()) {
+    UsageError("--timeout: must be positive");
+    return false;
+  }
+  return true;
+}
+
+Client& Invocation::client() {
+  if (client_ == nullptr) {
+    client_ = std::make_unique<Client>(ClientOptions{
+        .server = globals_.server, .token = globals_.token, .timeout = globals_.timeout});
+  }
+  return *client_;
+}
+
+int Invocation::Fail(ExitCode code, const std::string& code_name, const std::string& message) {
+  err() << "gradhub: " << code_name << ": " << message << "\n";
+  exit_code_ = code;
+  return code;
+}
+
+int Invocation::Fail(const grpc::Status& status) {
+  std::string message = status.error_message();
+  if (message.empty()) {
+    // gRPC's own errors (a missing service on an older server, a refused connection) may come
+    // without a message; say what the code means for this call.
+    switch (status.error_code()) {
+      case grpc::StatusCode::UNIMPLEMENTED:
+        message = "the server at " + globals_.server + " does not implement this call";
+        break;
+      case grpc::StatusCode::UNAVAILABLE:
+        message = "cannot reach the server at " + globals_.server;
+        break;
+      case grpc::StatusCode::DEADLINE_EXCEEDED:
+        message = "no answer from " + globals_.server + " within --timeout";
+        break;
+      default:
+        message = "(no message)";
+    }
+  }
+  return Fail(ExitCodeFor(status.error_code()), StatusCodeName(status.error_code()), message);
+}
+
+int Invocation::UsageError(const std::string& message) {
+  // Flags' own messages already point at --help.
+  const bool has_hint = message.find("--help)") != std::string::npos;
+  return Fail(kUsage, "USAGE",
+              has_hint ? message : absl::StrCat(message, " (see gradhub ", command_, " --help)"));
+}
+
+}  // namespace gradhub::cli

@@ -1,0 +1,427 @@
+#include "services/cli/output.h"
+
+#include <google/protobuf/descriptor.h>
+#include <google/protobuf/util/json_util.h>
+#include <google/protobuf/util/time_util.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <map>
+#include <regex>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
+#include "absl/time/time.h"
+
+namespace gradhub::cli {
+namespace {
+
+using google::protobuf::FieldDescriptor;
+using google::protobuf::Message;
+using google::protobuf::Reflection;
+
+std::string Labels(const google::protobuf::Map<std::string, std::string>& labels) {
+  if (labels.empty()) return "-";
+  // Map iteration order is unspecified; sorted, the same job always prints the same.
+  const std::map<std::string, std::string> sorted(labels.begin(), labels.end());
+  return absl::StrJoin(sorted, ",", absl::PairFormatter("="));
+}
+
+std::string OrDash(const std::string& text) { return text.empty() ? "-" : text; }
+
+// `key: value` lines with the values aligned, for the single-object views.
+class Block {
+ public:
+  Block& Add(const std::string& key, const std::string& value) {
+    lines_.emplace_back(key, value);
+    return *this;
+  }
+  std::string Render() const {
+    size_t width = 0;
+    for (const auto& [key, value] : lines_) width = std::max(width, key.size());
+    std::string out;
+    for (const auto& [key, value] : lines_) {
+      absl::StrAppend(&out, key, ":", std::string(width - key.size() + 1, ' '), value, "\n");
+    }
+    return out;
+  }
+
+ private:
+  std::vector<std::pair<std::string, std::string>> lines_;
+};
+
+std::string QuoteJson(const std::string& text) {
+  std::string out = "\"";
+  for (unsigned char c : text) {
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      default:
+        if (c < 0x20) {
+          out += absl::StrFormat("\\u%04x", c);
+        } else {
+          out += static_cast<char>(c);
+        }
+    }
+  }
+  return out + "\"";
+}
+
+// A YAML scalar for a string: plain when no YAML (or ParseJobSpec) reader could take it for
+// anything else, otherwise double-quoted (YAML's double-quoted style is JSON's).
+std::string YamlString(const std::string& text) {
+  static const std::regex kPlain(R"([A-Za-z_/][A-Za-z0-9_./ -]*)");
+  static const std::regex kReserved(R"((true|false|null|yes|no|on|off|y|n))", std::regex::icase);
+  if (std::regex_match(text, kPlain) && text.back() != ' ' && !std::regex_match(text, kReserved)) {
+    return text;
+  }
+  return QuoteJson(text);
+}
+
+// Shortest text that reads back as the same value, as the JSON printer does.
+template <typename T>
+std::string Number(T value) {
+  if (std::isnan(value)) return "\"NaN\"";
+  if (std::isinf(value)) return value > 0 ? "\"Infinity\"" : "\"-Infinity\"";
+  char buffer[64];
+  const auto result = std::to_chars(buffer, buffer + sizeof(buffer), value);
+  return std::string(buffer, result.ptr);
+}
+
+std::string YamlScalar(const Message& message, const FieldDescriptor* field, int index) {
+  const Reflection* r = message.GetReflection();
+  const bool repeated = field->is_repeated();
+  switch (field->cpp_type()) {
+    case FieldDescriptor::CPPTYPE_INT32:
+      return absl::StrCat(repeated ? r->GetRepeatedInt32(message, field, index)
+                                   : r->GetInt32(message, field));
+    case FieldDescriptor::CPPTYPE_INT64:
+      return absl::StrCat(repeated ? r->GetRepeatedInt64(message, field, index)
+                                   : r->GetInt64(message, field));
+    case FieldDescriptor::CPPTYPE_UINT32:
+      return absl::StrCat(repeated ? r->GetRepeatedUInt32(message, field, index)
+                                   : r->GetUInt32(message, field));
+    case FieldDescriptor::CPPTYPE_UINT64:
+      return absl::StrCat(repeated ? r->GetRepeatedUInt64(message, field, index)
+                                   : r->GetUInt64(message, field));
+    case FieldDescriptor::CPPTYPE_DOUBLE:
+      return Number(repeated ? r->GetRepeatedDouble(message, field, index)
+                             : r->GetDouble(message, field));
+    case FieldDescriptor::CPPTYPE_FLOAT:
+      return Number(repeated ? r->GetRepeatedFloat(message, field, index)
+                             : r->GetFloat(message, field));
+    case FieldDescriptor::CPPTYPE_BOOL:
+      return (repeated ? r->GetRepeatedBool(message, field, index) : r->GetBool(message, field))
+                 ? "true"
+                 : "false";
+    case FieldDescriptor::CPPTYPE_ENUM: {
+      const int value = repeated ? r->GetRepeatedEnumValue(message, field, index)
+                                 : r->GetEnumValue(message, field);
+      const auto* named = field->enum_type()->FindValueByNumber(value);
+      return named != nullptr ? named->name() : absl::StrCat(value);
+    }
+    case FieldDescriptor::CPPTYPE_STRING: {
+      const std::string text =
+          repeated ? r->GetRepeatedString(message, field, index) : r->GetString(message, field);
+      // bytes are base64 in the JSON mapping, and so here.
+      return field->type() == FieldDescriptor::TYPE_BYTES ? QuoteJson(absl::Base64Escape(text))
+                                                          : YamlString(text);
+    }
+    case FieldDescriptor::CPPTYPE_MESSAGE:
+      break;
+  }
+  return "";
+}
+
+bool IsEmpty(const Message& message) {
+  std::vector<const FieldDescriptor*> fields;
+  message.GetReflection()->ListFields(message, &fields);
+  return fields.empty();
+}
+
+void AppendYaml(const Message& message, int indent, std::string* out) {
+  const Reflection* r = message.GetReflection();
+  const std::string pad(indent, ' ');
+  std::vector<const FieldDescriptor*> fields;
+  // ListFields: only the fields that are set, in field-number order, like the JSON mapping
+  // without defaults.
+  r->ListFields(message, &fields);
+  for (const FieldDescriptor* field : fields) {
+    const std::string key = pad + field->json_name() + ":";
+    if (field->is_map()) {
+      const FieldDescriptor* key_field = field->message_type()->map_key();
+      const FieldDescriptor* value_field = field->message_type()->map_value();
+      std::map<std::string, std::string> entries;  // sorted for a stable rendering
+      for (int i = 0; i < r->FieldSize(message, field); ++i) {
+        const Message& entry = r->GetRepeatedMessage(message, field, i);
+        entries[YamlScalar(entry, key_field, -1)] =
+            value_field->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE
+                ? absl::StrCat(
+                      "\n",
+                      absl::StripSuffix(
+                          ToYaml(entry.GetReflection()->GetMessage(entry, value_field), indent + 4),
+                          "\n"))
+                : " " + YamlScalar(entry, value_field, -1);
+      }
+      absl::StrAppend(out, key, "\n");
+      for (const auto& [k, v] : entries) absl::StrAppend(out, pad, "  ", k, ":", v, "\n");
+    } else if (field->is_repeated() && field->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {
+      absl::StrAppend(out, key, "\n");
+      for (int i = 0; i < r->FieldSize(message, field); ++i) {
+        const Message& item = r->GetRepeatedMessage(message, field, i);
+        if (IsEmpty(item)) {
+          absl::StrAppend(out, pad, "  - {}\n");
+          continue;
+        }
+        // "- " takes the place of the first line's indentation.
+        std::string rendered = ToYaml(item, indent + 4);
+        rendered.replace(indent, 4, "  - ");
+        absl::StrAppend(out, rendered);
+      }
+    } else if (field->is_repeated()) {
+      std::vector<std::string> items;
+      for (int i = 0; i < r->FieldSize(message, field); ++i) {
+        items.push_back(YamlScalar(message, field, i));
+      }
+      absl::StrAppend(out, key, " [", absl::StrJoin(items, ", "), "]\n");
+    } else if (field->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {
+      const Message& sub = r->GetMessage(message, field);
+      if (IsEmpty(sub)) {
+        // A set but empty message is meaningful (`lrSchedule: {constant: {}}`).
+        absl::StrAppend(out, key, " {}\n");
+      } else {
+        absl::StrAppend(out, key, "\n");
+        AppendYaml(sub, indent + 2, out);
+      }
+    } else {
+      absl::StrAppend(out, key, " ", YamlScalar(message, field, -1), "\n");
+    }
+  }
+}
+
+std::string Shortest(double value, int significant) {
+  return absl::StrFormat("%.*g", significant, value);
+}
+
+std::string StateName(v1::Job::State state) { return v1::Job::State_Name(state); }
+
+// "step/total". Until the trainer reports a total (it derives one from max_epochs), the
+// spec's max_steps is the best known bound; "?" when there is none.
+std::string Steps(const v1::Job& job) {
+  const int64_t total =
+      job.progress().total_steps() > 0 ? job.progress().total_steps() : job.spec().max_steps();
+  return absl::StrCat(job.progress().step(), "/", total > 0 ? absl::StrCat(total) : "?");
+}
+
+std::string EventDetail(const v1::JobEvent& event) {
+  std::vector<std::string> parts;
+  if (event.type() == v1::JobEvent::STATE_CHANGED) {
+    // A job's first event has no state before it.
+    parts.push_back(absl::StrCat(
+        event.from_state() == v1::Job::STATE_UNSPECIFIED ? "" : StateName(event.from_state()) + " ",
+        "-> ", StateName(event.to_state())));
+  }
+  if (event.rank() >= 0) parts.push_back(absl::StrCat("rank ", event.rank()));
+  if (!event.node().empty()) parts.push_back(event.node());
+  if (event.exit_code() != 0) parts.push_back(absl::StrCat("exit code ", event.exit_code()));
+  if (event.signal() != 0) parts.push_back(absl::StrCat("signal ", event.signal()));
+  if (event.failure_kind() != v1::JobEvent::NONE) {
+    parts.push_back(absl::StrCat(v1::JobEvent::FailureKind_Name(event.failure_kind()), " failure"));
+  }
+  if (!event.message().empty()) parts.push_back(event.message());
+  return parts.empty() ? "-" : absl::StrJoin(parts, "; ");
+}
+
+}  // namespace
+
+std::string ToJson(const google::protobuf::Message& message, bool pretty) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = pretty;
+  std::string json;
+  // Printing a valid message cannot fail (the failure cases are unresolvable Any types, of
+  // which the API has none).
+  (void)google::protobuf::util::MessageToJsonString(message, &json, options);
+  // add_whitespace already ends the document with a newline; a compact one gets it here.
+  if (json.empty() || json.back() != '\n') json += '\n';
+  return json;
+}
+
+std::string FormatTime(const google::protobuf::Timestamp& time) {
+  if (time.seconds() == 0 && time.nanos() == 0) return "-";
+  return absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::FromUnixSeconds(time.seconds()),
+                          absl::UTCTimeZone());
+}
+
+std::string Table::Render() const {
+  std::vector<size_t> widths;
+  for (const auto& row : rows_) {
+    if (widths.size() < row.size()) widths.resize(row.size(), 0);
+    for (size_t i = 0; i < row.size(); ++i) widths[i] = std::max(widths[i], row[i].size());
+  }
+  std::string out;
+  for (const auto& row : rows_) {
+    std::string line;
+    for (size_t i = 0; i < row.size(); ++i) {
+      if (i + 1 == row.size()) {
+        line += row[i];  // no trailing blanks after the last column
+      } else {
+        absl::StrAppend(&line, row[i], std::string(widths[i] - row[i].size() + 2, ' '));
+      }
+    }
+    absl::StrAppend(&out, line, "\n");
+  }
+  return out;
+}
+
+std::string ToYaml(const google::protobuf::Message& message, int indent) {
+  std::string out;
+  AppendYaml(message, indent, &out);
+  return out;
+}
+
+std::string JobSummary(const v1::Job& job) {
+  const v1::JobProgress& progress = job.progress();
+  std::string numbers = absl::StrCat(Steps(job), " steps");
+  if (progress.has_last_report_time()) {
+    absl::StrAppend(&numbers, ", epoch ", progress.epoch(), ", loss ", Shortest(progress.loss(), 4),
+                    ", ", Shortest(progress.samples_per_second(), 4), " samples/s, lr ",
+                    Shortest(progress.learning_rate(), 4));
+  }
+  Block block;
+  block.Add("name", job.name())
+      .Add("displayName", OrDash(job.spec().display_name()))
+      .Add("tenant", OrDash(job.tenant()))
+      .Add("state", StateName(job.state()))
+      .Add("reason", OrDash(job.state_reason()))
+      .Add("attempt", absl::StrCat(job.attempt(), " (restarts: ", job.infrastructure_restarts(),
+                                   " infrastructure, ", job.job_restarts(), " job)"))
+      .Add("progress", numbers);
+  if (!progress.eval_metrics().empty()) {
+    const std::map<std::string, double> sorted(progress.eval_metrics().begin(),
+                                               progress.eval_metrics().end());
+    std::vector<std::string> metrics;
+    for (const auto& [key, value] : sorted) metrics.push_back(key + "=" + Shortest(value, 4));
+    block.Add("eval", absl::StrJoin(metrics, ", "));
+  }
+  block.Add("labels", Labels(job.spec().labels()))
+      .Add("created", FormatTime(job.create_time()))
+      .Add("started", FormatTime(job.start_time()))
+      .Add("ended", FormatTime(job.end_time()));
+  return block.Render();
+}
+
+std::string JobsTable(const std::vector<const v1::Job*>& jobs) {
+  Table table({"NAME", "STATE", "DISPLAY NAME", "STEP", "CREATED"});
+  for (const v1::Job* job : jobs) {
+    table.AddRow({job->name(), StateName(job->state()), OrDash(job->spec().display_name()),
+                  Steps(*job), FormatTime(job->create_time())});
+  }
+  return table.Render();
+}
+
+std::string EventsTable(const std::vector<const v1::JobEvent*>& events) {
+  Table table({"TIME", "ATTEMPT", "TYPE", "DETAIL"});
+  for (const v1::JobEvent* event : events) {
+    table.AddRow({FormatTime(event->time()), absl::StrCat(event->attempt()),
+                  v1::JobEvent::Type_Name(event->type()), EventDetail(*event)});
+  }
+  return table.Render();
+}
+
+std::string ProgressLine(const v1::Job& job) {
+  const v1::JobProgress& progress = job.progress();
+  // Before the first report loss and throughput are unknown, not zero.
+  const bool reported = progress.has_last_report_time();
+  return absl::StrCat(StateName(job.state()), " ", Steps(job),
+                      " loss=", reported ? Shortest(progress.loss(), 4) : "-",
+                      " samples/s=", reported ? Shortest(progress.samples_per_second(), 4) : "-");
+}
+
+std::string ProgressBar(const v1::Job& job, int width) {
+  const int64_t total =
+      job.progress().total_steps() > 0 ? job.progress().total_steps() : job.spec().max_steps();
+  if (total <= 0) return ProgressLine(job);
+  const double fraction = std::clamp(static_cast<double>(job.progress().step()) / total, 0.0, 1.0);
+  const int filled = static_cast<int>(fraction * width);
+  return absl::StrCat("[", std::string(filled, '#'), std::string(width - filled, '-'), "] ",
+                      absl::StrFormat("%3d%%", static_cast<int>(fraction * 100)), " ",
+                      ProgressLine(job));
+}
+
+std::string LogLine(const v1::LogEntry& entry) {
+  return absl::StrCat("[rank ", entry.rank(), "] ", entry.text());
+}
+
+std::string NodeSummary(const v1::Node& node) {
+  Block block;
+  block.Add("name", node.name())
+      .Add("state", v1::Node::State_Name(node.state()))
+      .Add("kind", v1::Node::DeviceKind_Name(node.kind()))
+      .Add("slots", absl::StrCat(node.slots_in_use(), "/", node.slots(), " in use"))
+      .Add("address", OrDash(node.address()))
+      .Add("agentVersion", OrDash(node.agent_version()))
+      .Add("lastHeartbeat", FormatTime(node.last_heartbeat_time()))
+      .Add("labels", Labels(node.labels()));
+  std::string out = block.Render();
+  if (node.devices_size() > 0) {
+    Table devices({"  INDEX", "NAME", "MEMORY", "COMPUTE", "UUID"});
+    for (const v1::DeviceInfo& device : node.devices()) {
+      devices.AddRow({absl::StrCat("  ", device.index()), device.name(),
+                      absl::StrFormat("%.1f GiB", device.total_memory_bytes() / 1073741824.0),
+                      OrDash(device.compute_capability()), OrDash(device.uuid())});
+    }
+    absl::StrAppend(&out, "devices:\n", devices.Render());
+  }
+  return out;
+}
+
+std::string NodesTable(const std::vector<const v1::Node*>& nodes) {
+  Table table({"NAME", "STATE", "KIND", "SLOTS", "ADDRESS", "LAST HEARTBEAT"});
+  for (const v1::Node* node : nodes) {
+    table.AddRow({node->name(), v1::Node::State_Name(node->state()),
+                  v1::Node::DeviceKind_Name(node->kind()),
+                  absl::StrCat(node->slots_in_use(), "/", node->slots()), OrDash(node->address()),
+                  FormatTime(node->last_heartbeat_time())});
+  }
+  return table.Render();
+}
+
+std::string TenantsTable(const std::vector<const v1::Tenant*>& tenants) {
+  Table table({"NAME", "DISPLAY NAME", "CREATED"});
+  for (const v1::Tenant* tenant : tenants) {
+    table.AddRow(
+        {tenant->name(), OrDash(tenant->display_name()), FormatTime(tenant->create_time())});
+  }
+  return table.Render();
+}
+
+std::string TokenSummary(const v1::Token& token) {
+  return Block()
+      .Add("name", token.name())
+      .Add("kind", v1::Token::Kind_Name(token.kind()))
+      .Add("description", OrDash(token.description()))
+      .Add("prefix", OrDash(token.prefix()))
+      .Add("created", FormatTime(token.create_time()))
+      .Add("expires", token.has_expire_time() ? FormatTime(token.expire_time()) : "never")
+      .Add("revoked", FormatTime(token.revoke_time()))
+      .Render();
+}
+
+}  // namespace gradhub::cli

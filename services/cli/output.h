@@ -1,0 +1,64 @@
+// How the CLI prints: text for people (aligned tables, `key: value` blocks, a YAML rendering of
+// specs) and the proto3 JSON mapping for scripts. Pure functions from messages to strings, so
+// the commands decide where things go (stdout for results, stderr for notes) and tests need no
+// server.
+#pragma once
+
+#include <google/protobuf/message.h>
+#include <google/protobuf/timestamp.pb.h>
+
+#include <string>
+#include <vector>
+
+#include "gradhub/v1/jobs.pb.h"
+#include "gradhub/v1/nodes.pb.h"
+#include "gradhub/v1/tenants.pb.h"
+
+namespace gradhub::cli {
+
+enum class Format { kText, kJson };
+
+// The proto3 JSON mapping, as REST sends it (lowerCamelCase names, enums by name, int64 as
+// strings, fields with default values left out). `pretty` indents it for a single document;
+// streams print one compact document per line (newline-delimited JSON, like REST's streams).
+std::string ToJson(const google::protobuf::Message& message, bool pretty = true);
+
+// RFC 3339 in UTC to the second, or "-" for an unset timestamp.
+std::string FormatTime(const google::protobuf::Timestamp& time);
+
+// Columns separated by two spaces and padded to the widest cell; the first row is the header.
+class Table {
+ public:
+  explicit Table(std::vector<std::string> header) { rows_.push_back(std::move(header)); }
+  void AddRow(std::vector<std::string> row) { rows_.push_back(std::move(row)); }
+  std::string Render() const;
+
+ private:
+  std::vector<std::vector<std::string>> rows_;
+};
+
+// A message as block-style YAML: set fields only, lowerCamelCase names, enums by name. The
+// result parses back with ParseJobSpec, so `describe` output can be edited and resubmitted.
+std::string ToYaml(const google::protobuf::Message& message, int indent = 0);
+
+// `get`: the job's status as `key: value` lines (the spec is left to `describe`).
+std::string JobSummary(const v1::Job& job);
+// `list`: one row per job.
+std::string JobsTable(const std::vector<const v1::Job*>& jobs);
+// `describe`: one row per event, oldest first.
+std::string EventsTable(const std::vector<const v1::JobEvent*>& events);
+
+// One `watch` update for a log or a pipe: `STATE step/total loss L samples/s S`.
+std::string ProgressLine(const v1::Job& job);
+// One `watch` update for a terminal: a bar of `width` cells, then the ProgressLine.
+std::string ProgressBar(const v1::Job& job, int width = 30);
+
+// `logs`: `[rank R] text`.
+std::string LogLine(const v1::LogEntry& entry);
+
+std::string NodeSummary(const v1::Node& node);
+std::string NodesTable(const std::vector<const v1::Node*>& nodes);
+std::string TenantsTable(const std::vector<const v1::Tenant*>& tenants);
+std::string TokenSummary(const v1::Token& token);
+
+}  // namespace gradhub::cli

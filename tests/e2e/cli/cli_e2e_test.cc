@@ -1,0 +1,629 @@
+// The `gradhub` CLI as a user runs it: a real binary against a real gradhub-api on a real
+// PostgreSQL. Covers what the server implements today (CreateJob, GetJob, ListJobs, CancelJob,
+// ListJobEvents): the text and JSON output of every job command, paging, filters, and the exit
+// codes scripts rely on.
+#include <arpa/inet.h>
+#include <gmock/gmock.h>
+#include <google/protobuf/struct.pb.h>
+#include <google/protobuf/util/json_util.h>
+#include <google/protobuf/util/message_differencer.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gradhub/v1/jobs.pb.h"
+#include "tests/support/postgres_server.h"
+#include "tests/support/subprocess.h"
+
+namespace gradhub {
+namespace {
+
+using testing::BinaryPath;
+using ::testing::HasSubstr;
+using ::testing::Not;
+using testing::RunResult;
+using testing::Subprocess;
+
+constexpr char kDigitsYaml[] = R"(displayName: digits-mlp
+labels: {team: vision}
+model:
+  mlp: {layers: [64, 256, 256, 10], activation: relu, dropout: 0.1}
+dataset:
+  csv: {path: /data/digits.csv.gz, labelColumnIndex: -1, normalize: standard}
+  validationFraction: 0.2
+optimizer:
+  sgd: {lr: 0.01, momentum: 0.9, weightDecay: 0.0001}
+lrSchedule:
+  step: {stepSize: 200, gamma: 0.5}
+  warmupSteps: 50
+batchSizePerRank: 64
+maxSteps: 1000
+evalEverySteps: 100
+distributed:
+  worldSize: 2
+  ranksPerNode: 1
+  backend: AUTO
+checkpoint: {everySteps: 200, keepLast: 3}
+maxRestarts: {infrastructure: 5, job: 1}
+hangTimeoutSeconds: 60
+seed: 42
+)";
+
+// A small valid spec with the given labels (YAML flow map body, e.g. `team: vision`).
+std::string SmallSpec(const std::string& display_name, const std::string& labels) {
+  return "displayName: " + display_name + "\nlabels: {" + labels +
+         "}\n"
+         "model: {mlp: {layers: [4, 2]}}\n"
+         "dataset: {synthetic: {numSamples: 64, numFeatures: 4, numClasses: 2}}\n"
+         "optimizer: {sgd: {lr: 0.1}}\n"
+         "batchSizePerRank: 8\n"
+         "maxSteps: 5\n";
+}
+
+template <typename T>
+T ParseJson(const std::string& json) {
+  T message;
+  const auto status = google::protobuf::util::JsonStringToMessage(json, &message);
+  EXPECT_TRUE(status.ok()) << status.ToString() << "\nin:\n" << json;
+  return message;
+}
+
+// A JSON value (from a parsed Struct) back to text, to parse it as a specific message.
+std::string ValueJson(const google::protobuf::Value& value) {
+  std::string json;
+  EXPECT_TRUE(google::protobuf::util::MessageToJsonString(value, &json).ok());
+  return json;
+}
+
+std::vector<std::string> Lines(const std::string& text) {
+  std::vector<std::string> lines;
+  size_t start = 0;
+  while (start < text.size()) {
+    size_t end = text.find('\n', start);
+    if (end == std::string::npos) end = text.size();
+    lines.push_back(text.substr(start, end - start));
+    start = end + 1;
+  }
+  return lines;
+}
+
+std::vector<std::string> Names(const v1::ListJobsResponse& response) {
+  std::vector<std::string> names;
+  for (const v1::Job& job : response.jobs()) names.push_back(job.name());
+  return names;
+}
+
+// One gradhub-api (and database) for the whole binary: each test makes its own tenant, and a
+// tenant sees only its own jobs, so tests do not see each other's jobs.
+class CliE2eTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    url_ = new std::string(testing::PostgresServer::Shared().CreateDatabase());
+    api_ = new Subprocess({BinaryPath("gradhub-api"), "--database-url", *url_, "--grpc-address",
+                           "127.0.0.1:0", "--http-host", "127.0.0.1", "--http-port", "0",
+                           "--shutdown-grace", "1s", "serve"});
+    static const std::regex kServing("serving gRPC on port ([0-9]+)");
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (std::chrono::steady_clock::now() < deadline && api_->running()) {
+      std::smatch match;
+      const std::string out = api_->out();
+      if (std::regex_search(out, match, kServing)) {
+        server_ = new std::string("127.0.0.1:" + match[1].str());
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    FAIL() << "gradhub-api did not start:\n" << api_->err();
+  }
+
+  static void TearDownTestSuite() {
+    delete api_;  // SIGKILL: nothing of the server is under test here
+    delete server_;
+    delete url_;
+  }
+
+  void SetUp() override {
+    ASSERT_NE(server_, nullptr) << "no server";
+    token_ = NewTenant(&tenant_);
+  }
+
+  // A fresh tenant through the bootstrap subcommand; returns its token.
+  std::string NewTenant(std::string* tenant) {
+    static int count = 0;
+    *tenant = "cli-" + std::to_string(getpid()) + "-" + std::to_string(++count);
+    RunResult created = testing::Run(
+        {BinaryPath("gradhub-api"), "--database-url", *url_, "create-tenant", *tenant});
+    EXPECT_EQ(created.exit_code, 0) << created.err;
+    return created.out.substr(0, created.out.find('\n'));
+  }
+
+  // `gradhub ARGS` with nothing from the environment but `env`.
+  RunResult Raw(std::vector<std::string> args, std::map<std::string, std::string> env = {}) {
+    args.insert(args.begin(), BinaryPath("gradhub"));
+    // Whatever the developer's shell has must not leak into the defaults under test.
+    for (const char* name :
+         {"GRADHUB_SERVER", "GRADHUB_TOKEN", "GRADHUB_OUTPUT", "GRADHUB_TIMEOUT"}) {
+      env.emplace(name, "");
+    }
+    return testing::Run(std::move(args), env, std::chrono::seconds(60));
+  }
+
+  // `gradhub --server S --token T ARGS`, as this test's tenant.
+  RunResult Gradhub(std::vector<std::string> args) { return As(token_, std::move(args)); }
+  RunResult As(const std::string& token, std::vector<std::string> args) {
+    args.insert(args.begin(), {"--server", *server_, "--token", token});
+    return Raw(std::move(args));
+  }
+
+  std::string WriteFile(const std::string& name, const std::string& text) {
+    const std::string path = dir_.path() + "/" + name;
+    std::ofstream(path) << text;
+    return path;
+  }
+
+  // Submits a spec and returns the job's name, failing the test if that does not work.
+  std::string Submit(const std::string& spec) {
+    static int count = 0;
+    RunResult submitted =
+        Gradhub({"submit", "-f", WriteFile("spec-" + std::to_string(++count) + ".yaml", spec)});
+    EXPECT_EQ(submitted.exit_code, 0) << submitted.err;
+    return submitted.out.substr(0, submitted.out.find('\n'));
+  }
+
+  v1::Job GetJson(const std::string& job) {
+    RunResult got = Gradhub({"get", job, "--output", "json"});
+    EXPECT_EQ(got.exit_code, 0) << got.err;
+    return ParseJson<v1::Job>(got.out);
+  }
+
+  v1::ListJobsResponse ListJson(std::vector<std::string> args) {
+    args.insert(args.begin(), {"--output", "json", "list"});
+    RunResult listed = Gradhub(args);
+    EXPECT_EQ(listed.exit_code, 0) << listed.err;
+    return ParseJson<v1::ListJobsResponse>(listed.out);
+  }
+
+  static std::string* url_;
+  static std::string* server_;
+  static Subprocess* api_;
+  std::string tenant_, token_;
+  testing::TempDir dir_;
+};
+
+std::string* CliE2eTest::url_ = nullptr;
+std::string* CliE2eTest::server_ = nullptr;
+Subprocess* CliE2eTest::api_ = nullptr;
+
+TEST_F(CliE2eTest, SubmitThenGetListDescribeCancel) {
+  RunResult submitted = Gradhub({"submit", "-f", WriteFile("job.yaml", kDigitsYaml)});
+  ASSERT_EQ(submitted.exit_code, 0) << submitted.err;
+  static const std::regex kJobLine(
+      "jobs/([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})\n");
+  std::smatch match;
+  ASSERT_TRUE(std::regex_match(submitted.out, match, kJobLine)) << submitted.out;
+  const std::string name = "jobs/" + match[1].str(), uuid = match[1].str();
+
+  // get, text: the status block.
+  RunResult got = Gradhub({"get", name});
+  ASSERT_EQ(got.exit_code, 0) << got.err;
+  EXPECT_TRUE(std::regex_search(got.out, std::regex("(^|\n)name: +" + name + "\n"))) << got.out;
+  EXPECT_TRUE(std::regex_search(got.out, std::regex("\nstate: +PENDING\n"))) << got.out;
+  EXPECT_TRUE(std::regex_search(got.out, std::regex("\ndisplayName: +digits-mlp\n"))) << got.out;
+  EXPECT_TRUE(std::regex_search(got.out, std::regex("\ntenant: +tenants/" + tenant_ + "\n")))
+      << got.out;
+  EXPECT_TRUE(std::regex_search(got.out, std::regex("\nlabels: +team=vision\n"))) << got.out;
+  EXPECT_TRUE(std::regex_search(got.out, std::regex("\nprogress: +0/1000 steps\n"))) << got.out;
+
+  // get, JSON: the Job in the proto3 mapping, and the bare uuid names the same job.
+  for (const std::string& arg : {name, uuid}) {
+    const v1::Job job = GetJson(arg);
+    EXPECT_EQ(job.name(), name);
+    EXPECT_EQ(job.tenant(), "tenants/" + tenant_);
+    EXPECT_EQ(job.state(), v1::Job::PENDING);
+    EXPECT_EQ(job.spec().display_name(), "digits-mlp");
+    EXPECT_EQ(job.spec().labels().at("team"), "vision");
+    ASSERT_EQ(job.spec().model().mlp().layers_size(), 4);
+    EXPECT_EQ(job.spec().model().mlp().layers(1), 256);
+    EXPECT_EQ(job.spec().distributed().world_size(), 2);
+    EXPECT_EQ(job.spec().dataset().csv().normalize(), v1::CsvDataset::STANDARD);
+    EXPECT_EQ(job.spec().max_steps(), 1000);
+    EXPECT_TRUE(job.has_create_time());
+  }
+
+  // list: text table and JSON.
+  RunResult listed = Gradhub({"list"});
+  ASSERT_EQ(listed.exit_code, 0) << listed.err;
+  std::vector<std::string> rows = Lines(listed.out);
+  ASSERT_EQ(rows.size(), 2u) << listed.out;
+  EXPECT_TRUE(std::regex_search(rows[0], std::regex("^NAME +STATE +DISPLAY NAME +STEP +CREATED$")))
+      << rows[0];
+  EXPECT_TRUE(
+      std::regex_search(rows[1], std::regex("^" + name + " +PENDING +digits-mlp +0/1000 +20")))
+      << rows[1];
+  EXPECT_EQ(Names(ListJson({})), std::vector<std::string>{name});
+
+  // describe, text: summary, the spec as YAML, the events.
+  RunResult described = Gradhub({"describe", name});
+  ASSERT_EQ(described.exit_code, 0) << described.err;
+  const std::string& text = described.out;
+  const size_t spec_at = text.find("\nspec:\n"), events_at = text.find("\nevents:\n");
+  ASSERT_NE(spec_at, std::string::npos) << text;
+  ASSERT_NE(events_at, std::string::npos) << text;
+  const std::string spec_text = text.substr(spec_at + 7, events_at + 1 - (spec_at + 7));
+  EXPECT_THAT(spec_text, HasSubstr("  displayName: digits-mlp\n"));
+  EXPECT_THAT(spec_text, HasSubstr("      layers: [64, 256, 256, 10]\n"));
+  EXPECT_THAT(spec_text, HasSubstr("      normalize: STANDARD\n"));
+  EXPECT_THAT(spec_text, HasSubstr("  labels:\n    team: vision\n"));
+  EXPECT_TRUE(std::regex_search(text.substr(events_at), std::regex("STATE_CHANGED +-> PENDING")))
+      << text;
+
+  // The YAML that describe prints is a spec that submits again, to the same spec.
+  std::string resubmit;
+  for (const std::string& line : Lines(spec_text)) resubmit += line.substr(2) + "\n";
+  RunResult again =
+      Gradhub({"--output", "json", "submit", "-f", WriteFile("described.yaml", resubmit)});
+  ASSERT_EQ(again.exit_code, 0) << again.err << "\n" << resubmit;
+  const v1::Job copy = ParseJson<v1::Job>(again.out);
+  EXPECT_NE(copy.name(), name);
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(copy.spec(), GetJson(name).spec()))
+      << resubmit;
+
+  // describe, JSON: one document, {"job": Job, "events": [JobEvent...]}.
+  RunResult described_json = Gradhub({"describe", name, "--output", "json"});
+  ASSERT_EQ(described_json.exit_code, 0) << described_json.err;
+  const auto document = ParseJson<google::protobuf::Struct>(described_json.out);
+  ASSERT_TRUE(document.fields().count("job")) << described_json.out;
+  EXPECT_EQ(ParseJson<v1::Job>(ValueJson(document.fields().at("job"))).name(), name);
+  const auto& events = document.fields().at("events").list_value();
+  ASSERT_EQ(events.values_size(), 1) << described_json.out;
+  const auto event = ParseJson<v1::JobEvent>(ValueJson(events.values(0)));
+  EXPECT_EQ(event.type(), v1::JobEvent::STATE_CHANGED);
+  EXPECT_EQ(event.to_state(), v1::Job::PENDING);
+
+  // cancel: prints the new state; idempotent; visible in get and describe afterwards.
+  RunResult cancelled = Gradhub({"cancel", uuid, "--reason", "testing"});
+  ASSERT_EQ(cancelled.exit_code, 0) << cancelled.err;
+  EXPECT_EQ(cancelled.out, name + " CANCELLED\n");
+  RunResult cancelled_again = Gradhub({"--output", "json", "cancel", name});
+  ASSERT_EQ(cancelled_again.exit_code, 0) << cancelled_again.err;
+  EXPECT_EQ(ParseJson<v1::Job>(cancelled_again.out).state(), v1::Job::CANCELLED);
+  const v1::Job after = GetJson(name);
+  EXPECT_EQ(after.state(), v1::Job::CANCELLED);
+  EXPECT_TRUE(after.has_end_time());
+  RunResult described_after = Gradhub({"describe", name});
+  ASSERT_EQ(described_after.exit_code, 0) << described_after.err;
+  EXPECT_TRUE(std::regex_search(described_after.out, std::regex("\nstate: +CANCELLED\n")));
+  EXPECT_TRUE(
+      std::regex_search(described_after.out, std::regex("STATE_CHANGED +PENDING -> CANCELLED")))
+      << described_after.out;
+  EXPECT_TRUE(std::regex_search(described_after.out, std::regex("\nended: +20")))
+      << described_after.out;
+}
+
+TEST_F(CliE2eTest, SubmitJsonAndRequestIds) {
+  const std::string file = WriteFile("job.yaml", kDigitsYaml);
+  RunResult first = Gradhub({"--output", "json", "submit", "-f", file, "--request-id", "rid-1"});
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  const v1::Job job = ParseJson<v1::Job>(first.out);
+  EXPECT_EQ(job.name().rfind("jobs/", 0), 0u) << first.out;
+  EXPECT_EQ(job.state(), v1::Job::PENDING);
+  EXPECT_EQ(job.request_id(), "rid-1");
+
+  // Without --request-id each invocation sends a fresh random UUID.
+  RunResult defaulted = Gradhub({"submit", "-f", file, "--output", "json"});
+  ASSERT_EQ(defaulted.exit_code, 0) << defaulted.err;
+  EXPECT_TRUE(std::regex_match(
+      ParseJson<v1::Job>(defaulted.out).request_id(),
+      std::regex("[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")))
+      << defaulted.out;
+
+  // The same request id is the same job; the default (a fresh random id) is a new one.
+  RunResult retry = Gradhub({"submit", "--request-id=rid-1", "-f", file});
+  ASSERT_EQ(retry.exit_code, 0) << retry.err;
+  EXPECT_EQ(retry.out, job.name() + "\n");
+  RunResult fresh1 = Gradhub({"submit", "-f", file}), fresh2 = Gradhub({"submit", "-f", file});
+  ASSERT_EQ(fresh1.exit_code, 0) << fresh1.err;
+  ASSERT_EQ(fresh2.exit_code, 0) << fresh2.err;
+  EXPECT_NE(fresh1.out, fresh2.out);
+  EXPECT_NE(fresh1.out, retry.out);
+  EXPECT_EQ(ListJson({}).jobs_size(), 4);
+
+  // The same request id with a different spec is ALREADY_EXISTS: exit 7.
+  RunResult conflict = Gradhub(
+      {"submit", "-f", WriteFile("other.yaml", SmallSpec("other", "")), "--request-id", "rid-1"});
+  EXPECT_EQ(conflict.exit_code, 7) << conflict.err;
+  EXPECT_THAT(conflict.err, HasSubstr("gradhub: ALREADY_EXISTS: "));
+  EXPECT_EQ(conflict.out, "");
+}
+
+TEST_F(CliE2eTest, ListPagesAndAllFollowsPageTokens) {
+  std::vector<std::string> submitted;
+  for (int i = 0; i < 7; ++i)
+    submitted.push_back(Submit(SmallSpec("job-" + std::to_string(i), "")));
+  ASSERT_EQ(std::set<std::string>(submitted.begin(), submitted.end()).size(), 7u);
+  const std::vector<std::string> newest_first(submitted.rbegin(), submitted.rend());
+
+  // One page: three rows, and a hint on stderr (not stdout) saying how to get the rest.
+  RunResult page = Gradhub({"list", "--page-size", "3"});
+  ASSERT_EQ(page.exit_code, 0) << page.err;
+  EXPECT_EQ(Lines(page.out).size(), 4u) << page.out;
+  EXPECT_THAT(page.err, HasSubstr("--page-token "));
+  const v1::ListJobsResponse first = ListJson({"--page-size", "3"});
+  EXPECT_EQ(Names(first), std::vector<std::string>(newest_first.begin(), newest_first.begin() + 3));
+  ASSERT_FALSE(first.next_page_token().empty());
+
+  // --page-token continues where the first page stopped.
+  const v1::ListJobsResponse second =
+      ListJson({"--page-size", "3", "--page-token", first.next_page_token()});
+  EXPECT_EQ(Names(second),
+            std::vector<std::string>(newest_first.begin() + 3, newest_first.begin() + 6));
+
+  // --all: every job once, newest first, in one response without a next page.
+  const v1::ListJobsResponse all = ListJson({"--page-size", "3", "--all"});
+  EXPECT_EQ(Names(all), newest_first);
+  EXPECT_TRUE(all.next_page_token().empty());
+  RunResult all_text = Gradhub({"list", "--all", "--page-size=2"});
+  ASSERT_EQ(all_text.exit_code, 0) << all_text.err;
+  const std::vector<std::string> rows = Lines(all_text.out);
+  ASSERT_EQ(rows.size(), 8u) << all_text.out;
+  for (size_t i = 0; i < newest_first.size(); ++i) {
+    EXPECT_EQ(rows[i + 1].rfind(newest_first[i] + " ", 0), 0u) << rows[i + 1];
+  }
+  EXPECT_EQ(all_text.err, "");
+
+  // The page size the server's default (50) leaves in one page.
+  EXPECT_EQ(ListJson({}).jobs_size(), 7);
+}
+
+TEST_F(CliE2eTest, ListFiltersByStateAndLabels) {
+  const std::string vision1 = Submit(SmallSpec("v1", "team: vision"));
+  const std::string vision2 = Submit(SmallSpec("v2", "team: vision, owner: Ann Lee"));
+  const std::string nlp = Submit(SmallSpec("n1", "team: nlp"));
+  const std::string unlabelled = Submit(SmallSpec("u1", ""));
+  ASSERT_EQ(Gradhub({"cancel", vision1}).exit_code, 0);
+
+  auto set = [](const v1::ListJobsResponse& response) {
+    const std::vector<std::string> names = Names(response);
+    return std::set<std::string>(names.begin(), names.end());
+  };
+  using Set = std::set<std::string>;
+  EXPECT_EQ(set(ListJson({"--label", "team=vision"})), (Set{vision1, vision2}));
+  EXPECT_EQ(set(ListJson({"--label=team=nlp"})), (Set{nlp}));
+  // State names are case-insensitive on the command line.
+  EXPECT_EQ(set(ListJson({"--state", "cancelled"})), (Set{vision1}));
+  EXPECT_EQ(set(ListJson({"--state", "PENDING"})), (Set{vision2, nlp, unlabelled}));
+  EXPECT_EQ(set(ListJson({"--state", "PENDING", "--label", "team=vision"})), (Set{vision2}));
+  // A value with a space, and two labels at once (ANDed).
+  EXPECT_EQ(set(ListJson({"--label", "owner=Ann Lee"})), (Set{vision2}));
+  EXPECT_EQ(set(ListJson({"--label", "owner=Ann Lee", "--label", "team=vision"})), (Set{vision2}));
+  EXPECT_EQ(set(ListJson({"--label", "owner=Ann Lee", "--label", "team=nlp"})), Set{});
+  EXPECT_EQ(set(ListJson({"--label", "team=robotics"})), Set{});
+
+  // Text output filters the same way.
+  RunResult text = Gradhub({"list", "--label", "team=vision", "--state", "PENDING"});
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  ASSERT_EQ(Lines(text.out).size(), 2u) << text.out;
+  EXPECT_EQ(Lines(text.out)[1].rfind(vision2 + " ", 0), 0u) << text.out;
+
+  // A state the server does not know is its INVALID_ARGUMENT (4), message passed through.
+  RunResult bad_state = Gradhub({"list", "--state", "SLEEPING"});
+  EXPECT_EQ(bad_state.exit_code, 4) << bad_state.err;
+  EXPECT_THAT(bad_state.err, HasSubstr("gradhub: INVALID_ARGUMENT: "));
+  EXPECT_THAT(bad_state.err, HasSubstr("SLEEPING"));
+  // A label the filter grammar cannot carry is a usage error (2), caught before sending.
+  for (const char* label : {"novalue", "=v", "k=say \"hi\""}) {
+    RunResult bad = Gradhub({"list", "--label", label});
+    EXPECT_EQ(bad.exit_code, 2) << label << ": " << bad.err;
+    EXPECT_THAT(bad.err, HasSubstr("gradhub: USAGE: --label"));
+  }
+}
+
+TEST_F(CliE2eTest, InvalidSpecsExit4NamingTheField) {
+  // Unknown field: refused locally by the parser, nothing sent.
+  RunResult unknown =
+      Gradhub({"submit", "-f",
+               WriteFile("typo.yaml", SmallSpec("typo", "") + "distributed: {worldSizes: 2}\n")});
+  EXPECT_EQ(unknown.exit_code, 4) << unknown.err;
+  EXPECT_THAT(unknown.err, HasSubstr("gradhub: INVALID_ARGUMENT: "));
+  EXPECT_THAT(unknown.err, HasSubstr("worldSizes"));
+  EXPECT_THAT(unknown.err, HasSubstr("typo.yaml"));
+  EXPECT_EQ(unknown.out, "");
+
+  // An enum value that does not exist.
+  RunResult enum_value =
+      Gradhub({"submit", "-f",
+               WriteFile("enum.yaml", SmallSpec("enum", "") + "distributed: {backend: MPI}\n")});
+  EXPECT_EQ(enum_value.exit_code, 4) << enum_value.err;
+  EXPECT_THAT(enum_value.err, HasSubstr("backend"));
+
+  // Not YAML at all, and a file that is not there.
+  RunResult broken = Gradhub({"submit", "-f", WriteFile("broken.yaml", "model: {mlp: [1, 2\n")});
+  EXPECT_EQ(broken.exit_code, 4) << broken.err;
+  EXPECT_THAT(broken.err, HasSubstr("broken.yaml"));
+  RunResult missing = Gradhub({"submit", "-f", dir_.path() + "/nope.yaml"});
+  EXPECT_EQ(missing.exit_code, 4) << missing.err;
+  EXPECT_THAT(missing.err, HasSubstr("nope.yaml"));
+
+  // Parses, but the server's validation refuses it: its message names the field.
+  RunResult server_side =
+      Gradhub({"submit", "-f",
+               WriteFile("one-layer.yaml",
+                         "model: {mlp: {layers: [4]}}\n"
+                         "dataset: {synthetic: {numSamples: 64, numFeatures: 4, numClasses: 2}}\n"
+                         "optimizer: {sgd: {lr: 0.1}}\nbatchSizePerRank: 8\nmaxSteps: 5\n")});
+  EXPECT_EQ(server_side.exit_code, 4) << server_side.err;
+  EXPECT_THAT(server_side.err, HasSubstr("gradhub: INVALID_ARGUMENT: "));
+  EXPECT_THAT(server_side.err, HasSubstr("model.mlp.layers"));
+
+  // None of them made a job.
+  EXPECT_EQ(ListJson({}).jobs_size(), 0);
+}
+
+TEST_F(CliE2eTest, MissingJobsExit3) {
+  const std::string absent = "jobs/00000000-0000-4000-8000-000000000000";
+  for (const char* command : {"get", "describe", "cancel"}) {
+    RunResult result = Gradhub({command, absent});
+    EXPECT_EQ(result.exit_code, 3) << command << ": " << result.err;
+    EXPECT_THAT(result.err, HasSubstr("gradhub: NOT_FOUND: ")) << command;
+    EXPECT_EQ(result.out, "") << command;
+  }
+  RunResult malformed = Gradhub({"get", "not-a-uuid"});
+  EXPECT_EQ(malformed.exit_code, 3) << malformed.err;
+
+  // Another tenant's job is NOT_FOUND too.
+  const std::string mine = Submit(SmallSpec("mine", ""));
+  std::string other_tenant;
+  const std::string other = NewTenant(&other_tenant);
+  RunResult foreign = As(other, {"get", mine});
+  EXPECT_EQ(foreign.exit_code, 3) << foreign.err;
+  EXPECT_EQ(Gradhub({"get", mine}).exit_code, 0);
+}
+
+TEST_F(CliE2eTest, BadTokensExit5) {
+  for (const std::string& token : {std::string("ghk_not-a-real-token"), std::string()}) {
+    for (const std::vector<std::string>& args :
+         std::vector<std::vector<std::string>>{{"list"}, {"get", "jobs/x"}}) {
+      RunResult result = As(token, args);
+      EXPECT_EQ(result.exit_code, 5) << "token '" << token << "' " << args[0] << ": " << result.err;
+      EXPECT_THAT(result.err, HasSubstr("gradhub: UNAUTHENTICATED: "));
+      EXPECT_EQ(result.out, "");
+    }
+  }
+  RunResult submit = As("ghk_wrong", {"submit", "-f", WriteFile("job.yaml", kDigitsYaml)});
+  EXPECT_EQ(submit.exit_code, 5) << submit.err;
+}
+
+TEST_F(CliE2eTest, UnreachableServerExits6) {
+  // Nothing listens on port 1: connection refused, UNAVAILABLE.
+  RunResult refused = Raw({"--server", "127.0.0.1:1", "--token", token_, "list"});
+  EXPECT_EQ(refused.exit_code, 6) << refused.err;
+  EXPECT_THAT(refused.err, HasSubstr("gradhub: UNAVAILABLE: "));
+  EXPECT_EQ(refused.out, "");
+
+  // A socket that accepts connections but never speaks gRPC: the --timeout deadline.
+  const int listener = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+  ASSERT_EQ(listen(listener, 16), 0);
+  socklen_t length = sizeof(address);
+  ASSERT_EQ(getsockname(listener, reinterpret_cast<sockaddr*>(&address), &length), 0);
+  const std::string silent = "127.0.0.1:" + std::to_string(ntohs(address.sin_port));
+  const auto start = std::chrono::steady_clock::now();
+  RunResult silent_result =
+      Raw({"--server", silent, "--token", token_, "--timeout", "700ms", "get", "jobs/x"});
+  const auto elapsed = std::chrono::steady_clock::now() - start;
+  close(listener);
+  EXPECT_EQ(silent_result.exit_code, 6) << silent_result.err;
+  EXPECT_THAT(silent_result.err, HasSubstr("gradhub: DEADLINE_EXCEEDED: "));
+  EXPECT_LT(elapsed, std::chrono::seconds(10));
+}
+
+TEST_F(CliE2eTest, BadUsageExits2WithoutCallingTheServer) {
+  // The server is unreachable here: had any of these sent a call, the exit would be 6.
+  const std::string file = WriteFile("job.yaml", kDigitsYaml);
+  const std::vector<std::vector<std::string>> cases = {
+      {},
+      {"frobnicate"},
+      {"list", "--no-such-flag"},
+      {"list", "-x"},
+      {"list", "extra"},
+      {"list", "--page-size", "-1"},
+      {"list", "--page-size", "many"},
+      {"get"},
+      {"get", "a", "b"},
+      {"get", "nodes/x"},
+      {"submit"},
+      {"submit", file},
+      {"--output", "yaml", "list"},
+      {"list", "--output", "yaml"},
+      {"--state", "RUNNING", "list"},
+      {"--server"},
+      {"--timeout", "0s", "list"},
+      {"nodes", "explode"},
+      {"admin"},
+      {"logs", "jobs/x", "--rank", "-7"},
+      {"admin", "create-token", "t", "--kind", "root"},
+      {"admin", "revoke-token", "tenants/t"},
+  };
+  for (std::vector<std::string> args : cases) {
+    std::string shown;
+    for (const std::string& arg : args) shown += arg + " ";
+    args.insert(args.begin(), {"--server", "127.0.0.1:1", "--token", "t"});
+    // `gradhub --server` alone: the flag's value is missing, not a server.
+    if (shown == "--server ") args = {"--server"};
+    RunResult result = Raw(args);
+    EXPECT_EQ(result.exit_code, 2) << "gradhub " << shown << "\n" << result.err;
+    EXPECT_THAT(result.err, HasSubstr("gradhub: USAGE: ")) << "gradhub " << shown;
+    EXPECT_EQ(result.out, "") << "gradhub " << shown;
+  }
+
+  // --help: usage on stdout, exit 0, with every exit code listed.
+  RunResult help = Raw({"--help"});
+  EXPECT_EQ(help.exit_code, 0);
+  for (const char* line :
+       {"  0  ok", "  1  internal", "  2  usage", "  3  not found", "  4  invalid argument",
+        "  5  unauthenticated", "  6  server unavailable", "  7  failed precondition",
+        "  8  watch: the job FAILED", "  9  watch: the job was CANCELLED", "GRADHUB_SERVER",
+        "GRADHUB_TOKEN", "submit -f FILE", "nodes drain NODE", "admin create-token TENANT"}) {
+    EXPECT_THAT(help.out, HasSubstr(line));
+  }
+  for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
+           {"submit", "--help"}, {"help", "submit"}, {"--help", "submit"}}) {
+    RunResult command_help = Raw(args);
+    EXPECT_EQ(command_help.exit_code, 0) << args[0];
+    EXPECT_THAT(command_help.out, HasSubstr("Usage: gradhub submit -f FILE")) << args[0];
+    EXPECT_THAT(command_help.out, HasSubstr("--request-id")) << args[0];
+  }
+  RunResult nodes_help = Raw({"nodes", "cordon", "--help"});
+  EXPECT_EQ(nodes_help.exit_code, 0);
+  EXPECT_THAT(nodes_help.out, HasSubstr("Usage: gradhub nodes cordon NODE"));
+}
+
+TEST_F(CliE2eTest, EnvironmentFallbacksAndFlagPrecedence) {
+  const std::string job = Submit(SmallSpec("env", ""));
+  const std::map<std::string, std::string> env = {{"GRADHUB_SERVER", *server_},
+                                                  {"GRADHUB_TOKEN", token_}};
+  RunResult from_env = Raw({"get", job}, env);
+  ASSERT_EQ(from_env.exit_code, 0) << from_env.err;
+  EXPECT_TRUE(std::regex_search(from_env.out, std::regex("(^|\n)name: +" + job + "\n")));
+
+  // GRADHUB_OUTPUT too.
+  auto with = [&](std::map<std::string, std::string> extra) {
+    extra.insert(env.begin(), env.end());
+    return extra;
+  };
+  RunResult json = Raw({"get", job}, with({{"GRADHUB_OUTPUT", "json"}}));
+  ASSERT_EQ(json.exit_code, 0) << json.err;
+  EXPECT_EQ(ParseJson<v1::Job>(json.out).name(), job);
+
+  // A flag beats its variable, in both directions and on either side of the command.
+  RunResult bad_env_server =
+      Raw({"get", job, "--server", *server_}, with({{"GRADHUB_SERVER", "127.0.0.1:1"}}));
+  EXPECT_EQ(bad_env_server.exit_code, 0) << bad_env_server.err;
+  RunResult bad_env_token =
+      Raw({"--token", token_, "get", job}, with({{"GRADHUB_TOKEN", "ghk_wrong"}}));
+  EXPECT_EQ(bad_env_token.exit_code, 0) << bad_env_token.err;
+  RunResult bad_flag_token = Raw({"get", job, "--token", "ghk_wrong"}, env);
+  EXPECT_EQ(bad_flag_token.exit_code, 5) << bad_flag_token.err;
+  RunResult bad_flag_server = Raw({"--server", "127.0.0.1:1", "get", job}, env);
+  EXPECT_EQ(bad_flag_server.exit_code, 6) << bad_flag_server.err;
+  RunResult env_only_server = Raw({"get", job}, {{"GRADHUB_SERVER", *server_}});
+  EXPECT_EQ(env_only_server.exit_code, 5) << env_only_server.err;  // no token at all
+}
+
+}  // namespace
+}  // namespace gradhub
