@@ -1,0 +1,110 @@
+// Agent: the node side of the level-triggered heartbeat protocol in nodes.proto.
+//
+//   1. Run() first kills what a previous incarnation left (leftovers.h, pid files under
+//      <work-dir>/pids), then calls RegisterNode until it succeeds (backoff, never gives up)
+//      and prints "gradhub-agent: registered as nodes/<name> with N slots".
+//   2. Every heartbeat_interval (the server's latest value) it sends Heartbeat with seq + 1
+//      and a RankStatus for every rank it knows: running ones and exited ones not yet dropped.
+//   3./4. On an answer it reconciles with the desired set (reconcile.h, a pure function):
+//      starts never-seen keys, stops running undesired ranks (SIGTERM, SIGKILL after
+//      --stop-grace), drops exited undesired ones. A key once started is never started again.
+//   6. FAILED_PRECONDITION (session superseded or node LOST): stop every rank, wait for them
+//      to exit, forget them (the server already counts them as gone) and register again.
+//   7. No successful Heartbeat for 3 x interval: stop every rank on its own. Other errors
+//      (server unreachable, UNAUTHENTICATED, ...) are retried with backoff; the agent never
+//      exits because of the server.
+//
+// Threads: Run() is the protocol loop and the only thread that touches the rank table; rank
+// processes are forked, read and reaped by RankProcess's supervisor thread; the LogShipper
+// has its own thread. Output flows supervisor thread -> LineCallback -> LogShipper buffer ->
+// ReportLogs. Every RPC carries `authorization: Bearer <node token>`.
+#pragma once
+
+#include <grpcpp/support/channel_arguments.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+
+#include "absl/time/time.h"
+#include "gpu_worker/agent/config.h"
+#include "gpu_worker/agent/log_shipper.h"
+#include "gpu_worker/agent/rank_process.h"
+#include "gpu_worker/agent/reconcile.h"
+#include "gradhub/v1/nodes.grpc.pb.h"
+
+namespace gradhub::agent {
+
+inline constexpr absl::Duration kDefaultHeartbeatInterval = absl::Seconds(5);
+inline constexpr int kLeaseIntervals = 3;  // nodes.proto step 6
+
+// RankStatus for one rank process as the agent reports it.
+v1::RankStatus ToRankStatus(const RankKey& key, const RankProcessStatus& status);
+
+// Channel arguments for the agent's connection: reconnect quickly after the server comes back
+// (gRPC's default reconnect backoff grows to two minutes, longer than a lease).
+grpc::ChannelArguments AgentChannelArguments();
+
+class Agent {
+ public:
+  // `config` must be complete: absolute work_dir, trainer set (main does that). `stub` is not
+  // owned and must outlive the Agent.
+  Agent(AgentConfig config, v1::NodeService::StubInterface* stub);
+  ~Agent();
+
+  // The protocol loop (see above) until Shutdown(); then stops every rank (grace), waits for
+  // them, ships what is left of their output (--shutdown-log-flush) and returns.
+  void Run();
+  // Any thread; also from a signal-waiting thread.
+  void Shutdown();
+
+ private:
+  struct Rank {
+    v1::RankAssignment assignment;
+    std::unique_ptr<RankProcess> process;  // null if it could not be started
+    v1::RankStatus failed_to_start;        // the status reported when process is null
+    std::string stop_reason;
+  };
+
+  bool Register();
+  // kOk, kRetry (unreachable etc.) or kSessionEnded (FAILED_PRECONDITION).
+  enum class HeartbeatResult { kOk, kRetry, kSessionEnded };
+  HeartbeatResult Heartbeat();
+  void StartRank(const v1::RankAssignment& assignment);
+  void StopAll(const std::string& reason);
+  // Waits (bounded by the stop grace plus the drain time) for every rank to exit.
+  void WaitAllExited();
+  void DropAll();
+  bool AnyRunning() const;
+  // Sleeps until `deadline` or Shutdown().
+  void SleepUntil(absl::Time deadline);
+  void Context(grpc::ClientContext* context, absl::Duration timeout) const;
+
+  const AgentConfig config_;
+  v1::NodeService::StubInterface* const stub_;
+
+  std::atomic<bool> shutdown_{false};
+  std::mutex sleep_mu_;
+  std::condition_variable sleep_cv_;
+
+  // Protocol state, Run() thread only.
+  std::string node_name_;  // nodes/<name>, as the server stored it
+  std::string session_id_;
+  bool registered_ = false;
+  int64_t seq_ = 0;
+  absl::Duration interval_ = kDefaultHeartbeatInterval;
+  absl::Time last_heartbeat_ok_ = absl::InfinitePast();
+  grpc::StatusCode last_error_code_ = grpc::StatusCode::OK;
+  absl::Time last_error_print_ = absl::InfinitePast();
+
+  // Declared before ranks_: rank processes call into it until they are destroyed.
+  LogShipper shipper_;
+  std::map<RankKey, Rank> ranks_;
+  std::set<RankKey> ever_started_;
+};
+
+}  // namespace gradhub::agent

@@ -1,0 +1,54 @@
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/time/time.h"
+#include "services/common/flags.h"
+
+namespace gradhub::agent {
+
+// Every setting of gradhub-agent, with its flag, environment variable and default. Defaults
+// that depend on the machine (name, trainer) are filled in by main before Register, so --help
+// shows them.
+struct AgentConfig {
+  std::string server = "localhost:7070";
+  std::string token;
+  std::string name;  // the hostname unless set
+  int64_t slots = 1;
+  std::string labels;  // k=v,k=v
+  std::string address = "127.0.0.1";
+  std::string work_dir = "/var/lib/gradhub/agent";
+  std::string checkpoint_root;  // empty = <work-dir>/checkpoints
+  std::string trainer;          // gradhub-trainer next to this binary unless set
+  absl::Duration stop_grace = absl::Seconds(10);
+  int64_t log_buffer_bytes = int64_t{64} << 20;
+  absl::Duration shutdown_log_flush = absl::Seconds(5);
+
+  void Register(Flags& flags) {
+    flags.String("server", "GRADHUB_SERVER", &server, "host:port of the gradhub-api gRPC port")
+        .String("token", "GRADHUB_NODE_TOKEN", &token,
+                "Node token (gradhub-api create-node-token), sent as a bearer token")
+        .String("name", "GRADHUB_NODE_NAME", &name, "Node name, stable across restarts")
+        .Int("slots", "GRADHUB_SLOTS", &slots, "Ranks this CPU node runs at once")
+        .String("labels", "GRADHUB_NODE_LABELS", &labels,
+                "Node labels matched by JobSpec.nodeSelector, as k=v,k=v")
+        .String("address", "GRADHUB_NODE_ADDRESS", &address,
+                "Host or IP at which other nodes' trainers reach this node's trainers")
+        .String("work-dir", "GRADHUB_WORK_DIR", &work_dir,
+                "Per-rank working directories (jobs/<id>/attempt-<n>/rank-<r>/) and pid files")
+        .String(
+            "checkpoint-root", "GRADHUB_CHECKPOINT_ROOT", &checkpoint_root,
+            "Checkpoints go to <this>/<job id>; share it between the agents of a local "
+            "cluster so a restarted attempt resumes on any node. Empty = <work-dir>/checkpoints")
+        .String("trainer", "GRADHUB_TRAINER", &trainer, "Path of the gradhub-trainer binary")
+        .Duration("stop-grace", "GRADHUB_STOP_GRACE", &stop_grace,
+                  "Time between SIGTERM and SIGKILL when a rank is stopped")
+        .Int("log-buffer-bytes", "GRADHUB_LOG_BUFFER_BYTES", &log_buffer_bytes,
+             "Most rank output held while the server is not taking it; the oldest is dropped")
+        .Duration("shutdown-log-flush", "GRADHUB_SHUTDOWN_LOG_FLUSH", &shutdown_log_flush,
+                  "On SIGTERM, how long to try to ship the remaining output");
+  }
+};
+
+}  // namespace gradhub::agent

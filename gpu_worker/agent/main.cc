@@ -1,0 +1,107 @@
+// gradhub-agent: the node agent. Registers this node with gradhub-api, heartbeats, starts and
+// stops one gradhub-trainer per rank the server assigns here, and ships their output. The
+// protocol is described in proto/gradhub/v1/nodes.proto and gpu_worker/agent/agent.h.
+#include <grpcpp/grpcpp.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <climits>
+#include <filesystem>
+#include <iostream>
+#include <thread>
+
+#include "gpu_worker/agent/agent.h"
+#include "gpu_worker/agent/config.h"
+#include "gpu_worker/agent/node_description.h"
+
+namespace {
+
+constexpr char kSummary[] =
+    "gradhub-agent: the gradhub node agent.\n\n"
+    "Usage: gradhub-agent [flags]\n\n"
+    "Registers this node with gradhub-api (--server), then runs one gradhub-trainer process per\n"
+    "rank the scheduler places here, until SIGTERM or SIGINT: then it stops its ranks (SIGTERM,\n"
+    "SIGKILL after --stop-grace), ships the rest of their output and exits 0.";
+
+std::string Hostname() {
+  char name[HOST_NAME_MAX + 1] = {};
+  if (gethostname(name, sizeof(name) - 1) != 0) return "localhost";
+  return name;
+}
+
+// gradhub-trainer next to this binary.
+std::string DefaultTrainer() {
+  std::error_code error;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", error);
+  if (error) return "gradhub-trainer";
+  return (self.parent_path() / "gradhub-trainer").string();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  gradhub::agent::AgentConfig config;
+  config.name = Hostname();
+  config.trainer = DefaultTrainer();
+  gradhub::Flags flags("gradhub-agent", kSummary);
+  config.Register(flags);
+  auto parsed = flags.Parse(argc, argv);
+  if (!parsed.ok()) {
+    std::cerr << "gradhub-agent: " << parsed.status().message() << "\n";
+    return 2;
+  }
+  if (parsed->help) {
+    std::cout << flags.Usage();
+    return 0;
+  }
+  if (!parsed->positional.empty()) {
+    std::cerr << flags.Usage();
+    return 2;
+  }
+  if (auto node = gradhub::agent::DescribeNode(config); !node.ok()) {
+    std::cerr << "gradhub-agent: " << node.status().message() << "\n";
+    return 2;
+  }
+  std::error_code error;
+  config.work_dir = std::filesystem::absolute(config.work_dir, error).lexically_normal().string();
+  std::filesystem::create_directories(config.work_dir, error);
+  if (error) {
+    std::cerr << "gradhub-agent: --work-dir " << config.work_dir << ": " << error.message() << "\n";
+    return 1;
+  }
+  if (!config.checkpoint_root.empty()) {
+    config.checkpoint_root =
+        std::filesystem::absolute(config.checkpoint_root, error).lexically_normal().string();
+  }
+  if (access(config.trainer.c_str(), X_OK) != 0) {
+    std::cerr << "gradhub-agent: warning: --trainer " << config.trainer
+              << " is not executable; every rank started here will fail\n";
+  }
+  if (config.token.empty()) {
+    std::cerr << "gradhub-agent: warning: no --token (GRADHUB_NODE_TOKEN); the server will "
+                 "refuse this agent\n";
+  }
+
+  // SIGTERM and SIGINT are taken by a thread that waits for them, so shutdown runs as ordinary
+  // code. Blocked before any other thread exists, so every thread inherits the mask (rank
+  // processes get a clean mask again, see rank_process.h).
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  auto channel = grpc::CreateCustomChannel(config.server, grpc::InsecureChannelCredentials(),
+                                           gradhub::agent::AgentChannelArguments());
+  auto stub = gradhub::v1::NodeService::NewStub(channel);
+  gradhub::agent::Agent agent(config, stub.get());
+  std::thread signal_thread([&] {
+    int received = 0;
+    sigwait(&signals, &received);
+    std::cerr << "gradhub-agent: signal " << received << ", stopping ranks and shutting down\n";
+    agent.Shutdown();
+  });
+  agent.Run();
+  signal_thread.join();
+  return 0;
+}

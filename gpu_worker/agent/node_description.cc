@@ -1,0 +1,53 @@
+#include "gpu_worker/agent/node_description.h"
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+
+namespace gradhub::agent {
+
+absl::StatusOr<std::map<std::string, std::string>> ParseLabels(const std::string& text) {
+  std::map<std::string, std::string> labels;
+  for (absl::string_view entry : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
+    entry = absl::StripAsciiWhitespace(entry);
+    const size_t eq = entry.find('=');
+    const absl::string_view key =
+        absl::StripAsciiWhitespace(entry.substr(0, eq == absl::string_view::npos ? 0 : eq));
+    if (eq == absl::string_view::npos || key.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("--labels: '", entry, "' is not key=value"));
+    }
+    labels[std::string(key)] = std::string(absl::StripAsciiWhitespace(entry.substr(eq + 1)));
+  }
+  return labels;
+}
+
+std::string NodeResourceName(const std::string& name) {
+  return absl::StartsWith(name, "nodes/") ? name : "nodes/" + name;
+}
+
+void DescribeDevices(const AgentConfig& config, v1::Node* node) {
+  node->set_kind(v1::Node::CPU);
+  node->set_slots(static_cast<int32_t>(config.slots));
+  node->clear_devices();
+}
+
+absl::StatusOr<v1::Node> DescribeNode(const AgentConfig& config) {
+  if (config.name.empty() || config.name == "nodes/") {
+    return absl::InvalidArgumentError("--name: must not be empty");
+  }
+  if (config.slots < 1 || config.slots > 4096) {
+    return absl::InvalidArgumentError("--slots: must be in [1, 4096]");
+  }
+  auto labels = ParseLabels(config.labels);
+  if (!labels.ok()) return labels.status();
+  v1::Node node;
+  node.set_name(NodeResourceName(config.name));
+  DescribeDevices(config, &node);
+  node.mutable_labels()->insert(labels->begin(), labels->end());
+  node.set_address(config.address);
+  node.set_agent_version(kAgentVersion);
+  return node;
+}
+
+}  // namespace gradhub::agent

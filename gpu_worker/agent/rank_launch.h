@@ -1,0 +1,42 @@
+// How the agent turns a RankAssignment into a trainer process: its directory, files and
+// environment. Pure apart from PrepareRankFiles, so the contract with gradhub-trainer
+// (gpu_worker/trainer/main.cc reads these variables) is unit-tested.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "gpu_worker/agent/config.h"
+#include "gradhub/v1/nodes.pb.h"
+
+namespace gradhub::agent {
+
+struct RankLaunch {
+  std::string job_id;          // the uuid of `jobs/{job_id}`
+  std::string dir;             // <work-dir>/jobs/<job_id>/attempt-<n>/rank-<r>
+  std::string spec_path;       // <dir>/spec.json
+  std::string checkpoint_dir;  // <checkpoint-root>/<job_id>
+  std::string pid_file;        // <work-dir>/pids/<job_id>.<attempt>.<rank>.pid
+  std::vector<std::string> argv;
+  // Added to the agent's environment: assignment.env first, then the GRADHUB_* variables
+  // below, which win (a rank's identity is the agent's to set):
+  //   GRADHUB_SPEC, GRADHUB_RANK, GRADHUB_WORLD_SIZE, GRADHUB_LOCAL_RANK,
+  //   GRADHUB_LOCAL_WORLD_SIZE, GRADHUB_JOB_ID, GRADHUB_ATTEMPT,
+  //   GRADHUB_STORE=grpc://<store_address> (empty without one: a world of 1 needs none),
+  //   GRADHUB_TOKEN=<node token>, GRADHUB_CHECKPOINT_DIR, and CUDA_VISIBLE_DEVICES from
+  //   device_indices when there are any.
+  std::map<std::string, std::string> env;
+};
+
+// `config.work_dir` and `config.checkpoint_root` must be absolute (main makes them so).
+// INVALID_ARGUMENT for a job name that is not `jobs/<id>` with a path-safe id, or a negative
+// attempt or rank.
+absl::StatusOr<RankLaunch> PlanRankLaunch(const AgentConfig& config,
+                                          const v1::RankAssignment& assignment);
+
+// Creates the rank and checkpoint directories and writes the spec (proto3 JSON mapping).
+absl::Status PrepareRankFiles(const RankLaunch& launch, const v1::RankAssignment& assignment);
+
+}  // namespace gradhub::agent

@@ -1,0 +1,540 @@
+#include "gpu_worker/agent/rank_process.h"
+
+#include <fcntl.h>
+#include <google/protobuf/struct.pb.h>
+#include <google/protobuf/util/json_util.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/eventfd.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <future>
+#include <iostream>
+#include <mutex>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "gpu_worker/agent/leftovers.h"
+
+extern char** environ;
+
+namespace gradhub::agent {
+
+const char* RankStateName(RankState state) {
+  switch (state) {
+    case RankState::kStarting:
+      return "STARTING";
+    case RankState::kRunning:
+      return "RUNNING";
+    case RankState::kSucceeded:
+      return "SUCCEEDED";
+    case RankState::kFailed:
+      return "FAILED";
+    case RankState::kStopped:
+      return "STOPPED";
+  }
+  return "?";
+}
+
+// ------------------------------------------------------------------------------------------
+// UTF-8
+
+namespace {
+
+// Length of the valid UTF-8 sequence at text[i], or 0 if it is not one.
+size_t ValidSequenceLength(const std::string& text, size_t i) {
+  const auto byte = [&](size_t k) { return static_cast<unsigned char>(text[k]); };
+  const unsigned char lead = byte(i);
+  if (lead < 0x80) return 1;
+  size_t length = 0;
+  unsigned char low = 0x80, high = 0xBF;  // range of the first continuation byte
+  if (lead >= 0xC2 && lead <= 0xDF) {
+    length = 2;
+  } else if (lead >= 0xE0 && lead <= 0xEF) {
+    length = 3;
+    if (lead == 0xE0) low = 0xA0;   // no overlong forms
+    if (lead == 0xED) high = 0x9F;  // no surrogates
+  } else if (lead >= 0xF0 && lead <= 0xF4) {
+    length = 4;
+    if (lead == 0xF0) low = 0x90;
+    if (lead == 0xF4) high = 0x8F;  // nothing above U+10FFFF
+  } else {
+    return 0;
+  }
+  if (i + length > text.size()) return 0;
+  if (byte(i + 1) < low || byte(i + 1) > high) return 0;
+  for (size_t k = 2; k < length; ++k) {
+    if ((byte(i + k) & 0xC0) != 0x80) return 0;
+  }
+  return length;
+}
+
+constexpr char kReplacement[] = "\xEF\xBF\xBD";  // U+FFFD
+
+}  // namespace
+
+std::vector<std::string> SanitizeAndSplitLine(const std::string& raw, size_t max_bytes) {
+  max_bytes = std::max<size_t>(max_bytes, 4);
+  std::vector<std::string> pieces;
+  std::string current;
+  for (size_t i = 0; i < raw.size();) {
+    const size_t length = ValidSequenceLength(raw, i);
+    const size_t out_length = length == 0 ? 3 : length;
+    if (current.size() + out_length > max_bytes) {
+      pieces.push_back(std::move(current));
+      current.clear();
+    }
+    if (length == 0) {
+      current += kReplacement;
+      i += 1;
+    } else {
+      current.append(raw, i, length);
+      i += length;
+    }
+  }
+  if (!current.empty() || pieces.empty()) pieces.push_back(std::move(current));
+  return pieces;
+}
+
+// ------------------------------------------------------------------------------------------
+// The child's state, shared by the RankProcess handle and the supervisor thread.
+
+struct RankProcess::Child {
+  pid_t pid = 0;
+  std::string pid_file;
+
+  // Supervisor thread only.
+  int fds[2] = {-1, -1};  // stdout, stderr read ends; -1 once closed
+  std::string partial[2];
+  int64_t next_seq = 1;
+  bool reaped = false;
+  int wait_status = 0;
+  bool exit_unknown = false;
+  bool stopped_by_agent = false;
+  absl::Time drain_deadline = absl::InfiniteFuture();
+
+  // Guarded by mu.
+  mutable std::mutex mu;
+  mutable std::condition_variable exited_cv;
+  RankProcessStatus status;
+  // Once true the pid may belong to another process: nothing may signal it any more.
+  bool reaped_locked = false;
+  bool stop_requested = false;
+  bool kill_sent = false;
+  absl::Time kill_deadline = absl::InfiniteFuture();
+
+  // Guarded by sink_mu, held while the callback runs so the destructor can wait it out.
+  std::mutex sink_mu;
+  LineCallback on_line;
+
+  // Requires mu. SIGKILL to the group unless reaped.
+  void KillLocked() {
+    if (reaped_locked || kill_sent) return;
+    kill(-pid, SIGKILL);
+    kill_sent = true;
+  }
+};
+
+namespace {
+
+using Child = RankProcess::Child;
+
+// Everything an exec needs, built before fork: after fork only async-signal-safe calls.
+struct ExecPlan {
+  std::vector<std::string> argv_storage, env_storage;
+  std::vector<char*> argv, envp;
+  std::string working_dir;
+  std::string exec_error, chdir_error;  // messages written to stderr on failure
+};
+
+ExecPlan MakePlan(const RankProcessOptions& options) {
+  ExecPlan plan;
+  plan.argv_storage = options.argv;
+  std::map<std::string, std::string> env;
+  for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
+    const char* eq = std::strchr(*entry, '=');
+    if (eq == nullptr) continue;
+    env[std::string(*entry, eq - *entry)] = eq + 1;
+  }
+  for (const auto& [key, value] : options.env) env[key] = value;
+  for (const auto& [key, value] : env) plan.env_storage.push_back(key + "=" + value);
+  for (auto& arg : plan.argv_storage) plan.argv.push_back(arg.data());
+  plan.argv.push_back(nullptr);
+  for (auto& entry : plan.env_storage) plan.envp.push_back(entry.data());
+  plan.envp.push_back(nullptr);
+  plan.working_dir = options.working_dir;
+  plan.exec_error = "gradhub-agent: cannot exec " + options.argv[0] + ": errno ";
+  plan.chdir_error = "gradhub-agent: cannot chdir to " + options.working_dir + ": errno ";
+  return plan;
+}
+
+// Async-signal-safe: writes `message`, errno in decimal and a newline to fd 2.
+void WriteErrno(const std::string& message, int error) {
+  char digits[16];
+  int n = 0;
+  do {
+    digits[sizeof(digits) - 1 - n++] = static_cast<char>('0' + error % 10);
+    error /= 10;
+  } while (error > 0 && n < 15);
+  ssize_t ignored = write(2, message.data(), message.size());
+  ignored = write(2, digits + sizeof(digits) - n, n);
+  ignored = write(2, "\n", 1);
+  (void)ignored;
+}
+
+// In the child, between fork and exec. Never returns.
+[[noreturn]] void ExecChild(const ExecPlan& plan, pid_t parent, int stdin_fd, int out_fd,
+                            int err_fd) {
+  setpgid(0, 0);
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  // The agent may have died before prctl: then no signal will ever come.
+  if (getppid() != parent) _exit(127);
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, nullptr);
+  struct sigaction dfl;
+  std::memset(&dfl, 0, sizeof(dfl));
+  dfl.sa_handler = SIG_DFL;
+  for (int sig = 1; sig < NSIG; ++sig) {
+    if (sig != SIGKILL && sig != SIGSTOP) sigaction(sig, &dfl, nullptr);
+  }
+  dup2(stdin_fd, 0);
+  dup2(out_fd, 1);
+  dup2(err_fd, 2);
+  // Whatever else the agent has open (gRPC sockets, other ranks' pipes) stays out.
+  close_range(3, UINT_MAX, CLOSE_RANGE_CLOEXEC);
+  if (!plan.working_dir.empty() && chdir(plan.working_dir.c_str()) != 0) {
+    WriteErrno(plan.chdir_error, errno);
+    _exit(127);
+  }
+  execve(plan.argv[0], plan.argv.data(), plan.envp.data());
+  WriteErrno(plan.exec_error, errno);
+  _exit(127);
+}
+
+std::optional<int64_t> ProgressStep(const std::string& text) {
+  const size_t first = text.find_first_not_of(" \t");
+  if (first == std::string::npos || text[first] != '{') return std::nullopt;
+  google::protobuf::Struct object;
+  if (!google::protobuf::util::JsonStringToMessage(text, &object).ok()) return std::nullopt;
+  const auto it = object.fields().find("step");
+  if (it == object.fields().end() || !it->second.has_number_value()) return std::nullopt;
+  return static_cast<int64_t>(it->second.number_value());
+}
+
+// The process-wide forking, reading and reaping thread (see rank_process.h). Created on first
+// use and deliberately never destroyed: its thread must outlive every child.
+class Supervisor {
+ public:
+  static Supervisor& Get() {
+    static Supervisor* supervisor = new Supervisor();
+    return *supervisor;
+  }
+
+  absl::StatusOr<std::shared_ptr<Child>> Spawn(RankProcessOptions options) {
+    if (std::this_thread::get_id() == thread_.get_id()) {
+      return absl::FailedPreconditionError("RankProcess::Start called from a LineCallback");
+    }
+    auto request = std::make_shared<Request>();
+    request->options = std::move(options);
+    auto result = request->result.get_future();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      requests_.push_back(request);
+    }
+    Wake();
+    return result.get();
+  }
+
+  void Wake() {
+    const uint64_t one = 1;
+    ssize_t ignored = write(wake_fd_, &one, sizeof(one));
+    (void)ignored;
+  }
+
+ private:
+  struct Request {
+    RankProcessOptions options;
+    std::promise<absl::StatusOr<std::shared_ptr<Child>>> result;
+  };
+
+  Supervisor() : wake_fd_(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)), thread_([this] { Loop(); }) {}
+
+  absl::StatusOr<std::shared_ptr<Child>> DoSpawn(RankProcessOptions& options) {
+    if (options.argv.empty() || options.argv[0].empty()) {
+      return absl::InvalidArgumentError("RankProcess: empty argv");
+    }
+    ExecPlan plan = MakePlan(options);
+    int out[2], err[2];
+    if (pipe2(out, O_CLOEXEC) != 0) {
+      return absl::ResourceExhaustedError(absl::StrCat("pipe: ", std::strerror(errno)));
+    }
+    if (pipe2(err, O_CLOEXEC) != 0) {
+      close(out[0]);
+      close(out[1]);
+      return absl::ResourceExhaustedError(absl::StrCat("pipe: ", std::strerror(errno)));
+    }
+    const int devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    const pid_t parent = getpid();
+    const pid_t pid = fork();
+    if (pid == 0) ExecChild(plan, parent, devnull, out[1], err[1]);
+    const int fork_errno = errno;
+    close(out[1]);
+    close(err[1]);
+    if (devnull >= 0) close(devnull);
+    if (pid < 0) {
+      close(out[0]);
+      close(err[0]);
+      return absl::ResourceExhaustedError(absl::StrCat("fork: ", std::strerror(fork_errno)));
+    }
+    // Also in the parent, so that a Stop() right after Start() finds the group.
+    setpgid(pid, pid);
+    auto child = std::make_shared<Child>();
+    child->pid = pid;
+    child->status.pid = pid;
+    child->fds[0] = out[0];
+    child->fds[1] = err[0];
+    fcntl(out[0], F_SETFL, O_NONBLOCK);
+    fcntl(err[0], F_SETFL, O_NONBLOCK);
+    child->on_line = std::move(options.on_line);
+    child->pid_file = options.pid_file;
+    if (!child->pid_file.empty() && !WritePidFile(child->pid_file, pid)) {
+      std::cerr << "gradhub-agent: cannot write pid file " << child->pid_file << "\n";
+    }
+    children_.push_back(child);
+    return child;
+  }
+
+  void EmitLine(Child& child, int stream, const std::string& raw) {
+    for (std::string& text : SanitizeAndSplitLine(raw)) {
+      OutputLine line;
+      line.stream = stream == 0 ? OutputStream::kStdout : OutputStream::kStderr;
+      line.seq = child.next_seq++;
+      line.time = absl::Now();
+      line.text = std::move(text);
+      const std::optional<int64_t> step = stream == 0 ? ProgressStep(line.text) : std::nullopt;
+      if (step || (stream == 1 && !line.text.empty())) {
+        std::lock_guard<std::mutex> lock(child.mu);
+        if (step) {
+          child.status.last_step = std::max(child.status.last_step, *step);
+          child.status.last_step_time = line.time;
+          if (child.status.state == RankState::kStarting) child.status.state = RankState::kRunning;
+        } else {
+          child.status.last_stderr_line = SanitizeAndSplitLine(line.text, kMaxMessageBytes)[0];
+        }
+      }
+      std::lock_guard<std::mutex> lock(child.sink_mu);
+      if (child.on_line) child.on_line(line);
+    }
+  }
+
+  // Reads what is there (at most one buffer per call, for fairness between children).
+  void ReadFrom(Child& child, int stream) {
+    char buffer[64 * 1024];
+    const ssize_t n = read(child.fds[stream], buffer, sizeof(buffer));
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
+    std::string& partial = child.partial[stream];
+    if (n <= 0) {  // EOF (or a read error, which is treated the same)
+      close(child.fds[stream]);
+      child.fds[stream] = -1;
+      if (!partial.empty()) EmitLine(child, stream, partial);
+      partial.clear();
+      return;
+    }
+    partial.append(buffer, n);
+    size_t start = 0;
+    for (;;) {
+      const size_t newline = partial.find('\n', start);
+      if (newline != std::string::npos) {
+        EmitLine(child, stream, partial.substr(start, newline - start));
+        start = newline + 1;
+        continue;
+      }
+      if (partial.size() - start < kMaxLineBytes) break;
+      // A line longer than the limit: cut it, though not inside a UTF-8 sequence.
+      size_t cut = start + kMaxLineBytes;
+      for (int back = 0; back < 3 && (static_cast<unsigned char>(partial[cut]) & 0xC0) == 0x80;
+           ++back) {
+        --cut;
+      }
+      if ((static_cast<unsigned char>(partial[cut]) & 0xC0) == 0x80) cut = start + kMaxLineBytes;
+      EmitLine(child, stream, partial.substr(start, cut - start));
+      start = cut;
+    }
+    partial.erase(0, start);
+  }
+
+  // Kill deadlines, reaping and the end of draining. True when the child is finished with.
+  bool Tick(Child& child, absl::Time now) {
+    if (!child.reaped) {
+      {
+        std::lock_guard<std::mutex> lock(child.mu);
+        if (child.stop_requested && now >= child.kill_deadline) child.KillLocked();
+      }
+      siginfo_t info;
+      std::memset(&info, 0, sizeof(info));
+      // WNOWAIT: the zombie keeps the pid (and so the group id) from being reused while the
+      // rest of the group is killed.
+      const int waited = waitid(P_PID, child.pid, &info, WEXITED | WNOHANG | WNOWAIT);
+      if (waited != 0 && errno == ECHILD) {
+        // Reaped behind our back (SIGCHLD set to SIG_IGN somewhere): the status is lost.
+        child.reaped = true;
+        child.exit_unknown = true;
+      } else if (waited == 0 && info.si_pid == child.pid) {
+        kill(-child.pid, SIGKILL);
+        waitpid(child.pid, &child.wait_status, 0);
+        child.reaped = true;
+      }
+      if (child.reaped) {
+        if (!child.pid_file.empty()) unlink(child.pid_file.c_str());
+        child.drain_deadline = now + kDrainTimeout;
+        std::lock_guard<std::mutex> lock(child.mu);
+        child.reaped_locked = true;
+        child.stopped_by_agent = child.stop_requested;
+      }
+    }
+    if (!child.reaped) return false;
+    if ((child.fds[0] >= 0 || child.fds[1] >= 0) && now < child.drain_deadline) return false;
+    for (int stream = 0; stream < 2; ++stream) {
+      if (child.fds[stream] >= 0) {
+        close(child.fds[stream]);
+        child.fds[stream] = -1;
+      }
+      if (!child.partial[stream].empty()) EmitLine(child, stream, child.partial[stream]);
+      child.partial[stream].clear();
+    }
+    std::lock_guard<std::mutex> lock(child.mu);
+    RankProcessStatus& status = child.status;
+    if (child.exit_unknown) {
+      status.exit_code = -1;
+    } else if (WIFEXITED(child.wait_status)) {
+      status.exit_code = WEXITSTATUS(child.wait_status);
+    } else if (WIFSIGNALED(child.wait_status)) {
+      status.signal = WTERMSIG(child.wait_status);
+    }
+    if (child.stopped_by_agent) {
+      status.state = RankState::kStopped;
+    } else if (!child.exit_unknown && WIFEXITED(child.wait_status) && status.exit_code == 0) {
+      status.state = RankState::kSucceeded;
+    } else {
+      status.state = RankState::kFailed;
+    }
+    status.exited = true;
+    child.exited_cv.notify_all();
+    return true;
+  }
+
+  void Loop() {
+    for (;;) {
+      std::deque<std::shared_ptr<Request>> requests;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        requests.swap(requests_);
+      }
+      for (auto& request : requests) request->result.set_value(DoSpawn(request->options));
+
+      std::vector<pollfd> fds = {{wake_fd_, POLLIN, 0}};
+      std::vector<std::pair<Child*, int>> owners = {{nullptr, -1}};
+      absl::Time wake_at = absl::Now() + absl::Milliseconds(100);  // reaping is polled
+      for (const auto& child : children_) {
+        for (int stream = 0; stream < 2; ++stream) {
+          if (child->fds[stream] < 0) continue;
+          fds.push_back({child->fds[stream], POLLIN, 0});
+          owners.push_back({child.get(), stream});
+        }
+        if (child->reaped) wake_at = std::min(wake_at, child->drain_deadline);
+        std::lock_guard<std::mutex> lock(child->mu);
+        if (child->stop_requested && !child->kill_sent) {
+          wake_at = std::min(wake_at, child->kill_deadline);
+        }
+      }
+      const int64_t timeout_ms =
+          std::max<int64_t>(0, absl::ToInt64Milliseconds(wake_at - absl::Now()) + 1);
+      if (poll(fds.data(), fds.size(), static_cast<int>(timeout_ms)) > 0) {
+        if (fds[0].revents != 0) {
+          uint64_t count;
+          ssize_t ignored = read(wake_fd_, &count, sizeof(count));
+          (void)ignored;
+        }
+        for (size_t i = 1; i < fds.size(); ++i) {
+          if (fds[i].revents != 0) ReadFrom(*owners[i].first, owners[i].second);
+        }
+      }
+      const absl::Time now = absl::Now();
+      children_.erase(
+          std::remove_if(children_.begin(), children_.end(),
+                         [&](const std::shared_ptr<Child>& child) { return Tick(*child, now); }),
+          children_.end());
+    }
+  }
+
+  const int wake_fd_;
+  std::mutex mu_;
+  std::deque<std::shared_ptr<Request>> requests_;  // guarded by mu_
+  std::vector<std::shared_ptr<Child>> children_;   // supervisor thread only
+  std::thread thread_;                             // last: starts once the rest exists
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<RankProcess>> RankProcess::Start(RankProcessOptions options) {
+  auto child = Supervisor::Get().Spawn(std::move(options));
+  if (!child.ok()) return child.status();
+  return std::unique_ptr<RankProcess>(new RankProcess(*std::move(child)));
+}
+
+RankProcess::~RankProcess() {
+  {
+    std::lock_guard<std::mutex> lock(child_->sink_mu);
+    child_->on_line = nullptr;
+  }
+  std::lock_guard<std::mutex> lock(child_->mu);
+  if (!child_->status.exited) {
+    child_->stop_requested = true;
+    child_->KillLocked();
+  }
+}
+
+pid_t RankProcess::pid() const { return child_->pid; }
+
+RankProcessStatus RankProcess::Status() const {
+  std::lock_guard<std::mutex> lock(child_->mu);
+  return child_->status;
+}
+
+void RankProcess::Stop(absl::Duration grace) {
+  {
+    std::lock_guard<std::mutex> lock(child_->mu);
+    if (child_->reaped_locked) return;
+    const absl::Time deadline = absl::Now() + std::max(grace, absl::ZeroDuration());
+    if (!child_->stop_requested) {
+      child_->stop_requested = true;
+      child_->kill_deadline = deadline;
+      kill(-child_->pid, SIGTERM);
+    } else {
+      child_->kill_deadline = std::min(child_->kill_deadline, deadline);
+    }
+    if (grace <= absl::ZeroDuration()) child_->KillLocked();
+  }
+  Supervisor::Get().Wake();
+}
+
+bool RankProcess::Wait(absl::Duration timeout) const {
+  std::unique_lock<std::mutex> lock(child_->mu);
+  const auto exited = [&] { return child_->status.exited; };
+  if (timeout == absl::InfiniteDuration()) {
+    child_->exited_cv.wait(lock, exited);
+    return true;
+  }
+  return child_->exited_cv.wait_for(lock, absl::ToChronoNanoseconds(timeout), exited);
+}
+
+}  // namespace gradhub::agent

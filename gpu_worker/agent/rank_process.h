@@ -1,0 +1,139 @@
+// RankProcess: one trainer process (one rank) started and watched by the node agent.
+//
+// Process model. Every RankProcess is forked by one process-wide supervisor thread that is
+// started on first use and lives until the agent process exits. It matters which thread forks:
+// PR_SET_PDEATHSIG fires when the *thread* that forked the child exits, not when the process
+// does, so a child forked from a short-lived thread (or a gRPC callback thread) would be
+// SIGKILLed as soon as that thread ended. With one permanent forking thread, the signal fires
+// exactly when the agent dies, however it dies.
+//
+// The same thread owns everything else about the children, so nothing here ever blocks the
+// caller (the heartbeat loop) on a child:
+//   - it polls the stdout/stderr pipes of every child, splits them into lines and hands each
+//     line to the RankProcess's LineCallback (on the supervisor thread, in seq order);
+//   - it is the only caller of waitpid for these children, always for one specific pid, so it
+//     neither steals other children of the process (tests' Subprocess) nor leaves zombies;
+//   - it sends the SIGKILL that follows a Stop() once the grace period has passed.
+//
+// Child setup, between fork and exec (only async-signal-safe calls): setpgid(0, 0) so the rank
+// and anything it spawns are one process group (Stop and leftover cleanup signal the group);
+// PR_SET_PDEATHSIG(SIGKILL), then getppid() is compared with the agent's pid, because an agent
+// that died between fork and prctl would never send the signal; the signal mask and ignored
+// signals are reset (the agent blocks SIGTERM for its sigwait thread, and exec would pass that
+// on); stdin is /dev/null; chdir to the working directory; execve with the agent's environment
+// plus the given variables.
+//
+// When the leader exits, the rest of its process group is SIGKILLed (while the leader is still
+// an unreaped zombie, so the group id cannot have been reused), the pipes are drained (for at
+// most kDrainTimeout, in case something outside the group holds them), and only then does the
+// process count as exited. So once Status().exited is true, every line of its output has been
+// passed to the LineCallback.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace gradhub::agent {
+
+// Longest line passed on; longer ones are split (LogEntry.text: "Lines longer than 64 KiB are
+// split").
+inline constexpr size_t kMaxLineBytes = 64 * 1024;
+// How long the pipes are drained after the process group is gone.
+inline constexpr absl::Duration kDrainTimeout = absl::Seconds(2);
+// Longest RankStatus.message (the last stderr line of a failed rank).
+inline constexpr size_t kMaxMessageBytes = 1024;
+
+enum class OutputStream { kStdout, kStderr };
+
+// One line of a rank's output. `seq` counts lines across both streams, starting at 1 (the
+// LogEntry.seq the server deduplicates on). `text` has no trailing newline and is valid UTF-8
+// (invalid bytes become U+FFFD, since proto3 strings must be UTF-8); at most kMaxLineBytes.
+struct OutputLine {
+  OutputStream stream = OutputStream::kStdout;
+  int64_t seq = 0;
+  absl::Time time;  // when the agent read it
+  std::string text;
+};
+using LineCallback = std::function<void(const OutputLine&)>;
+
+struct RankProcessOptions {
+  // argv[0] is the program's path (no PATH lookup).
+  std::vector<std::string> argv;
+  // Added to (and overriding) the agent's own environment.
+  std::map<std::string, std::string> env;
+  // The child's working directory; must exist. Empty = the agent's.
+  std::string working_dir;
+  // If set, "pid starttime boot_id" is written here after the fork and removed once the
+  // process is reaped, so that a restarted agent can kill what it left (see leftovers.h).
+  std::string pid_file;
+  // Called on the supervisor thread for every line, in seq order. Must not block for long and
+  // must not call back into this RankProcess. May be empty.
+  LineCallback on_line;
+};
+
+// Matches RankStatus.State.
+enum class RankState { kStarting, kRunning, kSucceeded, kFailed, kStopped };
+const char* RankStateName(RankState state);
+
+struct RankProcessStatus {
+  pid_t pid = 0;
+  // kStarting until a progress line with a step is seen, then kRunning; once exited:
+  // kStopped if Stop() was called before it exited, else kSucceeded (exit 0) or kFailed.
+  RankState state = RankState::kStarting;
+  bool exited = false;
+  int exit_code = 0;  // set once exited by a normal exit
+  int signal = 0;     // set once exited by a signal
+  // From stdout lines that are JSON objects with a numeric "step" (the trainer's progress,
+  // eval and done events): the highest step seen and when its line was read.
+  int64_t last_step = 0;
+  absl::Time last_step_time = absl::InfinitePast();
+  // The last non-empty stderr line, at most kMaxMessageBytes.
+  std::string last_stderr_line;
+};
+
+// Thread-safe: every method may be called from any thread.
+class RankProcess {
+ public:
+  // Forks and execs (on the supervisor thread; returns once the child exists). An exec that
+  // fails in the child is an exit with code 127 and a line on stderr saying why.
+  static absl::StatusOr<std::unique_ptr<RankProcess>> Start(RankProcessOptions options);
+
+  // SIGKILLs the process group if it is still running; the supervisor still reaps it.
+  // No LineCallback runs after the destructor has returned.
+  ~RankProcess();
+  RankProcess(const RankProcess&) = delete;
+  RankProcess& operator=(const RankProcess&) = delete;
+
+  pid_t pid() const;
+  RankProcessStatus Status() const;
+
+  // Asks the process to stop: SIGTERM to its process group now, SIGKILL to the group after
+  // `grace` unless it has exited. Returns at once. The exit then counts as kStopped. A second
+  // call can only shorten the grace. No effect once it has exited.
+  void Stop(absl::Duration grace);
+
+  // Waits until exited (see the top comment); false after `timeout`.
+  bool Wait(absl::Duration timeout) const;
+
+  struct Child;  // shared with the supervisor thread
+
+ private:
+  explicit RankProcess(std::shared_ptr<Child> child) : child_(std::move(child)) {}
+  std::shared_ptr<Child> child_;
+};
+
+// Splits raw bytes of one line (no newline) into valid-UTF-8 pieces of at most `max_bytes`,
+// never cutting a character. Exposed for tests.
+std::vector<std::string> SanitizeAndSplitLine(const std::string& raw,
+                                              size_t max_bytes = kMaxLineBytes);
+
+}  // namespace gradhub::agent

@@ -1,0 +1,40 @@
+#include "gpu_worker/agent/reconcile.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace gradhub::agent {
+
+std::string RankKey::ToString() const {
+  return absl::StrCat(job, " attempt ", attempt, " rank ", rank);
+}
+
+RankKey KeyOf(const v1::RankAssignment& assignment) {
+  return {assignment.job(), assignment.attempt(), assignment.rank()};
+}
+
+RankKey KeyOf(const v1::RankStatus& status) {
+  return {status.job(), status.attempt(), status.rank()};
+}
+
+ReconcileActions Reconcile(const google::protobuf::RepeatedPtrField<v1::RankAssignment>& desired,
+                           const std::map<RankKey, KnownRank>& known,
+                           const std::set<RankKey>& ever_started) {
+  ReconcileActions actions;
+  std::set<RankKey> wanted;
+  for (const v1::RankAssignment& assignment : desired) {
+    const RankKey key = KeyOf(assignment);
+    if (!wanted.insert(key).second) continue;  // repeated in the desired set
+    if (ever_started.count(key) == 0 && known.count(key) == 0) actions.start.push_back(assignment);
+  }
+  for (const auto& [key, rank] : known) {
+    if (wanted.count(key) != 0) continue;
+    if (rank.exited) {
+      actions.drop.push_back(key);
+    } else if (!rank.stop_requested) {
+      actions.stop.push_back(key);
+    }
+  }
+  return actions;
+}
+
+}  // namespace gradhub::agent

@@ -1,0 +1,58 @@
+// gradhub-agent as a process, without a server: flags, SIGTERM, and step 1 (leftovers).
+// Against a real gradhub-api it is tested end to end under tests/e2e.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <filesystem>
+
+#include "absl/time/clock.h"
+#include "gpu_worker/agent/leftovers.h"
+#include "tests/support/subprocess.h"
+
+namespace gradhub::agent {
+namespace {
+
+using testing::BinaryPath;
+
+TEST(AgentBinaryTest, HelpListsEveryFlagWithItsVariable) {
+  const auto result =
+      testing::Run({BinaryPath("gradhub-agent"), "--help"}, {}, std::chrono::seconds(30));
+  EXPECT_EQ(result.exit_code, 0) << result.err;
+  for (const char* text :
+       {"--server", "GRADHUB_SERVER", "localhost:7070", "--token", "GRADHUB_NODE_TOKEN", "--name",
+        "GRADHUB_NODE_NAME", "--slots", "GRADHUB_SLOTS", "--labels", "--address", "127.0.0.1",
+        "--work-dir", "--checkpoint-root", "--trainer", "gradhub-trainer", "--stop-grace", "10s"}) {
+    EXPECT_NE(result.out.find(text), std::string::npos) << text << " missing in\n" << result.out;
+  }
+}
+
+TEST(AgentBinaryTest, BadFlagsAreUsageErrors) {
+  EXPECT_EQ(testing::Run({BinaryPath("gradhub-agent"), "--no-such-flag"}).exit_code, 2);
+  EXPECT_EQ(testing::Run({BinaryPath("gradhub-agent"), "--slots", "0"}).exit_code, 2);
+  EXPECT_EQ(testing::Run({BinaryPath("gradhub-agent"), "--labels", "oops"}).exit_code, 2);
+}
+
+// Step 1 happens before registering, so it is visible without a server; the server being
+// unreachable is retried, never fatal; SIGTERM ends the agent with 0.
+TEST(AgentBinaryTest, KillsLeftoversKeepsRetryingAndExitsZeroOnSigterm) {
+  testing::TempDir dir;
+  testing::Subprocess leftover({"/bin/sleep", "1000"});
+  std::filesystem::create_directories(dir.path() + "/pids");
+  ASSERT_TRUE(WritePidFile(dir.path() + "/pids/old.1.0.pid", leftover.pid()));
+
+  testing::Subprocess agent({BinaryPath("gradhub-agent"), "--server", "127.0.0.1:1", "--token", "t",
+                             "--name", "test-node", "--work-dir", dir.path()});
+  EXPECT_EQ(leftover.Wait(std::chrono::seconds(10)), 128 + SIGKILL) << agent.err();
+  EXPECT_FALSE(std::filesystem::exists(dir.path() + "/pids/old.1.0.pid"));
+  absl::SleepFor(absl::Seconds(1));  // a few RegisterNode attempts
+  EXPECT_TRUE(agent.running()) << agent.err();
+  agent.Kill(SIGTERM);
+  EXPECT_EQ(agent.Wait(std::chrono::seconds(10)), 0) << agent.err();
+  EXPECT_NE(agent.err().find("RegisterNode at 127.0.0.1:1 failed"), std::string::npos)
+      << agent.err();
+  EXPECT_NE(agent.err().find("killed 1 trainer(s) left by a previous agent"), std::string::npos)
+      << agent.err();
+}
+
+}  // namespace
+}  // namespace gradhub::agent

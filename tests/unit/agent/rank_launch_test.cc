@@ -1,0 +1,189 @@
+#include "gpu_worker/agent/rank_launch.h"
+
+#include <google/protobuf/util/json_util.h>
+#include <google/protobuf/util/message_differencer.h>
+#include <google/protobuf/util/time_util.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "gpu_worker/agent/agent.h"
+#include "gpu_worker/agent/node_description.h"
+#include "tests/support/subprocess.h"
+
+namespace gradhub::agent {
+namespace {
+
+AgentConfig Config(const std::string& work_dir) {
+  AgentConfig config;
+  config.work_dir = work_dir;
+  config.trainer = "/opt/gradhub/bin/gradhub-trainer";
+  config.token = "node-secret";
+  return config;
+}
+
+v1::RankAssignment Assignment() {
+  v1::RankAssignment assignment;
+  assignment.set_job("jobs/0b7c7a4e-1f4e-4d1c-9a57-2f0c1b1d3e55");
+  assignment.set_attempt(3);
+  assignment.set_rank(1);
+  assignment.set_world_size(4);
+  assignment.set_local_rank(0);
+  assignment.set_local_world_size(2);
+  assignment.set_store_address("10.0.0.1:7070");
+  assignment.set_rendezvous_prefix("jobs/0b7c7a4e-1f4e-4d1c-9a57-2f0c1b1d3e55/attempts/3/");
+  (*assignment.mutable_env())["NCCL_DEBUG"] = "INFO";
+  (*assignment.mutable_env())["GRADHUB_RANK"] = "7";  // the agent's value wins
+  v1::JobSpec& spec = *assignment.mutable_spec();
+  spec.set_display_name("digits-mlp");
+  spec.set_max_steps(1000);
+  spec.set_batch_size_per_rank(64);
+  spec.set_seed(42);
+  return assignment;
+}
+
+TEST(RankLaunchTest, DirectoriesAndEnvironmentFollowTheTrainerContract) {
+  const auto launch = PlanRankLaunch(Config("/w"), Assignment());
+  ASSERT_TRUE(launch.ok()) << launch.status();
+  const std::string id = "0b7c7a4e-1f4e-4d1c-9a57-2f0c1b1d3e55";
+  EXPECT_EQ(launch->job_id, id);
+  EXPECT_EQ(launch->dir, "/w/jobs/" + id + "/attempt-3/rank-1");
+  EXPECT_EQ(launch->spec_path, "/w/jobs/" + id + "/attempt-3/rank-1/spec.json");
+  EXPECT_EQ(launch->checkpoint_dir, "/w/checkpoints/" + id);
+  EXPECT_EQ(launch->pid_file, "/w/pids/" + id + ".3.1.pid");
+  EXPECT_EQ(launch->argv, std::vector<std::string>{"/opt/gradhub/bin/gradhub-trainer"});
+  const std::map<std::string, std::string> want = {
+      {"GRADHUB_SPEC", launch->spec_path},
+      {"GRADHUB_RANK", "1"},
+      {"GRADHUB_WORLD_SIZE", "4"},
+      {"GRADHUB_LOCAL_RANK", "0"},
+      {"GRADHUB_LOCAL_WORLD_SIZE", "2"},
+      {"GRADHUB_JOB_ID", id},
+      {"GRADHUB_ATTEMPT", "3"},
+      {"GRADHUB_STORE", "grpc://10.0.0.1:7070"},
+      {"GRADHUB_TOKEN", "node-secret"},
+      {"GRADHUB_CHECKPOINT_DIR", "/w/checkpoints/" + id},
+      {"NCCL_DEBUG", "INFO"},
+  };
+  EXPECT_EQ(launch->env, want);
+}
+
+TEST(RankLaunchTest, DevicesAndCheckpointRoot) {
+  AgentConfig config = Config("/w");
+  config.checkpoint_root = "/shared/ckpt";
+  v1::RankAssignment assignment = Assignment();
+  assignment.add_device_indices(0);
+  assignment.add_device_indices(2);
+  assignment.clear_store_address();
+  const auto launch = PlanRankLaunch(config, assignment);
+  ASSERT_TRUE(launch.ok());
+  EXPECT_EQ(launch->env.at("CUDA_VISIBLE_DEVICES"), "0,2");
+  EXPECT_EQ(launch->env.at("GRADHUB_CHECKPOINT_DIR"),
+            "/shared/ckpt/0b7c7a4e-1f4e-4d1c-9a57-2f0c1b1d3e55");
+  EXPECT_EQ(launch->env.at("GRADHUB_STORE"), "");
+}
+
+TEST(RankLaunchTest, RefusesJobNamesThatAreNotPathSafe) {
+  for (const char* job :
+       {"0b7c7a4e", "jobs/", "jobs/..", "jobs/a/../../etc", "jobs/a b", "tenants/x/jobs/y"}) {
+    v1::RankAssignment assignment = Assignment();
+    assignment.set_job(job);
+    const auto launch = PlanRankLaunch(Config("/w"), assignment);
+    EXPECT_EQ(launch.status().code(), absl::StatusCode::kInvalidArgument) << job;
+  }
+  v1::RankAssignment negative = Assignment();
+  negative.set_rank(-1);
+  EXPECT_FALSE(PlanRankLaunch(Config("/w"), negative).ok());
+}
+
+TEST(RankLaunchTest, WritesTheSpecAsProto3Json) {
+  testing::TempDir dir;
+  const v1::RankAssignment assignment = Assignment();
+  const auto launch = PlanRankLaunch(Config(dir.path()), assignment);
+  ASSERT_TRUE(launch.ok());
+  ASSERT_TRUE(PrepareRankFiles(*launch, assignment).ok());
+  EXPECT_TRUE(std::filesystem::is_directory(launch->dir));
+  EXPECT_TRUE(std::filesystem::is_directory(launch->checkpoint_dir));
+  EXPECT_TRUE(std::filesystem::is_directory(dir.path() + "/pids"));
+  std::ifstream in(launch->spec_path);
+  const std::string json((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(json.find("\"displayName\": \"digits-mlp\""), std::string::npos) << json;
+  v1::JobSpec parsed;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(json, &parsed).ok()) << json;
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(parsed, assignment.spec()));
+  // Preparing again (same key after an agent restart) overwrites.
+  EXPECT_TRUE(PrepareRankFiles(*launch, assignment).ok());
+}
+
+TEST(RankStatusTest, FromAProcessStatus) {
+  RankProcessStatus process;
+  process.pid = 4242;
+  process.state = RankState::kRunning;
+  process.last_step = 40;
+  process.last_step_time = absl::FromUnixMillis(1700000000123);
+  v1::RankStatus status = ToRankStatus({"jobs/j", 2, 1}, process);
+  EXPECT_EQ(status.job(), "jobs/j");
+  EXPECT_EQ(status.attempt(), 2);
+  EXPECT_EQ(status.rank(), 1);
+  EXPECT_EQ(status.pid(), 4242);
+  EXPECT_EQ(status.state(), v1::RankStatus::RUNNING);
+  EXPECT_EQ(status.last_step(), 40);
+  EXPECT_EQ(google::protobuf::util::TimeUtil::TimestampToMilliseconds(status.last_step_time()),
+            1700000000123);
+  EXPECT_TRUE(status.message().empty());
+
+  process = {};
+  EXPECT_FALSE(ToRankStatus({"jobs/j", 2, 1}, process).has_last_step_time());
+  EXPECT_EQ(ToRankStatus({"jobs/j", 2, 1}, process).state(), v1::RankStatus::STARTING);
+
+  process.exited = true;
+  process.state = RankState::kFailed;
+  process.exit_code = 12;
+  process.last_stderr_line = "gradhub-trainer (rank 1): lost its peers: timeout";
+  status = ToRankStatus({"jobs/j", 2, 1}, process);
+  EXPECT_EQ(status.state(), v1::RankStatus::FAILED);
+  EXPECT_EQ(status.exit_code(), 12);
+  EXPECT_EQ(status.message(), process.last_stderr_line);
+
+  process.last_stderr_line.clear();
+  process.exit_code = 0;
+  process.signal = SIGSEGV;
+  status = ToRankStatus({"jobs/j", 2, 1}, process);
+  EXPECT_EQ(status.signal(), SIGSEGV);
+  EXPECT_EQ(status.message(), "killed by signal 11");
+}
+
+TEST(NodeDescriptionTest, LabelsNameAndSlots) {
+  auto labels = ParseLabels("team=vision, zone = a ,empty=");
+  ASSERT_TRUE(labels.ok());
+  EXPECT_EQ(*labels,
+            (std::map<std::string, std::string>{{"team", "vision"}, {"zone", "a"}, {"empty", ""}}));
+  EXPECT_TRUE(ParseLabels("")->empty());
+  EXPECT_EQ(ParseLabels("novalue").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParseLabels("=x").status().code(), absl::StatusCode::kInvalidArgument);
+
+  EXPECT_EQ(NodeResourceName("cpu-1"), "nodes/cpu-1");
+  EXPECT_EQ(NodeResourceName("nodes/cpu-1"), "nodes/cpu-1");
+
+  AgentConfig config = Config("/w");
+  config.name = "cpu-1";
+  config.slots = 4;
+  config.labels = "team=vision";
+  config.address = "10.0.0.7";
+  auto node = DescribeNode(config);
+  ASSERT_TRUE(node.ok());
+  EXPECT_EQ(node->name(), "nodes/cpu-1");
+  EXPECT_EQ(node->kind(), v1::Node::CPU);
+  EXPECT_EQ(node->slots(), 4);
+  EXPECT_EQ(node->address(), "10.0.0.7");
+  EXPECT_EQ(node->labels().at("team"), "vision");
+  EXPECT_EQ(node->devices_size(), 0);
+  EXPECT_FALSE(node->agent_version().empty());
+  config.slots = 0;
+  EXPECT_EQ(DescribeNode(config).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace gradhub::agent
