@@ -5,6 +5,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <google/protobuf/util/time_util.h>
+
 #include <map>
 #include <set>
 
@@ -75,6 +77,11 @@ class SchedulerTest : public db::DatabaseTest {
     status.set_state(state);
     status.set_exit_code(exit_code);
     status.set_signal(signal);
+    if (state == v1::RankStatus::RUNNING) {  // as an agent reports a rank that made progress
+      status.set_last_step(10);
+      *status.mutable_last_step_time() =
+          google::protobuf::util::TimeUtil::GetCurrentTime();
+    }
     return status;
   }
 
