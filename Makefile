@@ -34,10 +34,10 @@ $(BUILD_DIR)/build.ninja:
 build: $(BUILD_DIR)/build.ninja
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 
-# The main job for now: digits trained by 2 trainer ranks on this machine (the scheduler and
-# node agents that will launch them are not built yet).
+# The main job: a local cluster (PostgreSQL, gradhub-api, two agents with 2 slots each) trains a
+# world-size-4 job on the digits dataset, submitted and watched with the gradhub CLI.
 demo: build
-	deploy/local/train-digits.sh $(BUILD_DIR)
+	deploy/local/cluster.sh $(BUILD_DIR)
 
 test: build
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -j $(JOBS)

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# The whole platform as plain local processes, the same topology docker-compose runs: a
+# PostgreSQL in a temporary directory, gradhub-api (job API, scheduler, rendezvous store), two
+# node agents with 2 CPU slots each, and a world-size-4 job on the digits dataset (Debian's
+# python3-sklearn) submitted and watched with the gradhub CLI. Everything stops on exit.
+# Usage: deploy/local/cluster.sh [BUILD_DIR]
+set -euo pipefail
+build_dir="$(realpath "${1:-build}")"
+bin="$build_dir/bin"
+pg_bin="$(pg_config --bindir 2>/dev/null || true)"
+[ -x "$pg_bin/initdb" ] || pg_bin=/usr/lib/postgresql/15/bin
+digits=/usr/lib/python3/dist-packages/sklearn/datasets/data/digits.csv.gz
+[ -f "$digits" ] || { echo "missing $digits: run make setup" >&2; exit 1; }
+
+work="$(mktemp -d /tmp/gradhub-cluster-XXXXXX)"
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  "$pg_bin/pg_ctl" -D "$work/pg" -m immediate stop >/dev/null 2>&1 || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+# PostgreSQL refuses to run as root; use the nobody account for it then.
+as_pg=()
+if [ "$(id -u)" = 0 ]; then chown nobody "$work"; as_pg=(runuser -u nobody --); fi
+pg_port=$((20000 + RANDOM % 20000))
+"${as_pg[@]}" "$pg_bin/initdb" -D "$work/pg" -U gradhub -A trust >/dev/null
+"${as_pg[@]}" "$pg_bin/pg_ctl" -D "$work/pg" -l "$work/pg.log" -w \
+  -o "-p $pg_port -k $work -c listen_addresses=127.0.0.1" start >/dev/null
+export GRADHUB_DATABASE_URL="postgresql://gradhub@127.0.0.1:$pg_port/postgres"
+
+"$bin/gradhub-api" migrate >/dev/null
+"$bin/gradhub-api" --grpc-address 127.0.0.1:0 --http-host 127.0.0.1 --http-port 0 serve \
+  > "$work/api.out" 2> "$work/api.err" &
+pids+=($!)
+for _ in $(seq 100); do grep -q "serving gRPC" "$work/api.out" && break; sleep 0.1; done
+grpc_port="$(sed -n 's/.*serving gRPC on port \([0-9]*\).*/\1/p' "$work/api.out")"
+http_port="$(sed -n 's/.*serving REST on port \([0-9]*\).*/\1/p' "$work/api.out")"
+export GRADHUB_SERVER="127.0.0.1:$grpc_port"
+export GRADHUB_TOKEN="$("$bin/gradhub-api" create-tenant demo)"
+node_token="$("$bin/gradhub-api" create-node-token)"
+echo "gradhub-api: gRPC $GRADHUB_SERVER, REST http://127.0.0.1:$http_port"
+
+for node in node-a node-b; do
+  "$bin/gradhub-agent" --server "$GRADHUB_SERVER" --token "$node_token" --name "$node" \
+    --slots 2 --work-dir "$work/$node" --checkpoint-root "$work/checkpoints" \
+    > "$work/$node.out" 2> "$work/$node.err" &
+  pids+=($!)
+done
+
+cat > "$work/job.yaml" <<YAML
+displayName: digits-mlp
+labels: {demo: local-cluster}
+model: {mlp: {layers: [64, 128, 10]}}
+dataset: {csv: {path: $digits, normalize: standard}, validationFraction: 0.2}
+optimizer: {sgd: {lr: 0.05, momentum: 0.9}}
+batchSizePerRank: 16
+maxEpochs: 25
+evalEverySteps: 200
+logEverySteps: 50
+checkpoint: {everySteps: 200}
+distributed: {worldSize: 4, ranksPerNode: 2}
+maxRestarts: {infrastructure: 2, job: 1}
+seed: 1
+YAML
+job="$("$bin/gradhub" submit -f "$work/job.yaml")"
+echo "submitted $job"
+status=0
+"$bin/gradhub" watch "$job" || status=$?
+"$bin/gradhub" describe "$job" | tail -n 12
+echo "validation of rank 0:"
+"$bin/gradhub" logs "$job" --rank 0 | grep -E 'validation|"event":"done"' | tail -n 3
+exit "$status"
