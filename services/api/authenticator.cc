@@ -89,14 +89,52 @@ absl::StatusOr<NewToken> Authenticator::StoreToken(std::optional<int64_t> tenant
   token.secret = kTokenPrefix + absl::BytesToHexString(
                                     std::string(reinterpret_cast<char*>(random), sizeof(random)));
   token.prefix = token.secret.substr(0, kListedPrefix);
-  GRADHUB_RETURN_IF_ERROR(
-      pool_
-          ->Exec("INSERT INTO api_tokens (tenant_id, kind, secret_sha256, prefix, description)"
-                 " VALUES ($1, $2, decode($3, 'hex'), $4, $5)",
-                 {tenant_id ? db::Param(*tenant_id) : db::Param(std::nullopt), kind,
-                  Sha256Hex(token.secret), token.prefix, description})
-          .status());
+  GRADHUB_ASSIGN_OR_RETURN(
+      db::Result rows,
+      pool_->Exec("INSERT INTO api_tokens (tenant_id, kind, secret_sha256, prefix, description)"
+                  " VALUES ($1, $2, decode($3, 'hex'), $4, $5) RETURNING id",
+                  {tenant_id ? db::Param(*tenant_id) : db::Param(std::nullopt), kind,
+                   Sha256Hex(token.secret), token.prefix, description}));
+  token.id = rows.row(0).Get<int64_t>("id");
   return token;
+}
+
+absl::StatusOr<std::vector<TenantRecord>> Authenticator::ListTenants(const std::string& after,
+                                                                     int32_t limit) {
+  GRADHUB_ASSIGN_OR_RETURN(
+      db::Result rows,
+      pool_->Exec("SELECT name, display_name,"
+                  " (extract(epoch FROM create_time) * 1e6)::bigint AS create_us"
+                  " FROM tenants WHERE name > $1 ORDER BY name LIMIT $2",
+                  {after, limit}));
+  std::vector<TenantRecord> tenants;
+  for (const db::Row& row : rows) {
+    tenants.push_back({row.Get<std::string>("name"), row.Get<std::string>("display_name"),
+                       row.Get<int64_t>("create_us")});
+  }
+  return tenants;
+}
+
+absl::StatusOr<TokenRecord> Authenticator::RevokeToken(const std::string& tenant, int64_t id) {
+  GRADHUB_ASSIGN_OR_RETURN(
+      db::Result rows,
+      pool_->Exec("UPDATE api_tokens SET revoke_time = coalesce(revoke_time, now())"
+                  " WHERE id = $1 AND ((tenant_id IS NULL AND $2 = '')"
+                  "   OR tenant_id = (SELECT id FROM tenants WHERE name = $2))"
+                  " RETURNING kind, prefix, description,"
+                  " (SELECT name FROM tenants WHERE tenants.id = api_tokens.tenant_id) AS tenant,"
+                  " (extract(epoch FROM create_time) * 1e6)::bigint AS create_us,"
+                  " (extract(epoch FROM revoke_time) * 1e6)::bigint AS revoke_us",
+                  {id, tenant}));
+  if (rows.empty()) return absl::NotFoundError(absl::StrCat("token ", id, " not found"));
+  const db::Row row = rows.row(0);
+  return TokenRecord{id,
+                     row.Get<std::optional<std::string>>("tenant").value_or(""),
+                     row.Get<std::string>("kind"),
+                     row.Get<std::string>("prefix"),
+                     row.Get<std::string>("description"),
+                     row.Get<int64_t>("create_us"),
+                     row.Get<int64_t>("revoke_us")};
 }
 
 }  // namespace gradhub::api

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "services/common/db/pool.h"
@@ -18,7 +19,21 @@ struct Principal {
   std::string tenant_name;  // kTenant only
 };
 
+struct TenantRecord {
+  std::string name, display_name;
+  int64_t create_us = 0;
+};
+
+struct TokenRecord {
+  int64_t id = 0;
+  std::string tenant;  // empty for node tokens
+  std::string kind;    // "TENANT" or "NODE"
+  std::string prefix, description;
+  int64_t create_us = 0, revoke_us = 0;
+};
+
 struct NewToken {
+  int64_t id = 0;
   std::string secret;  // "ghk_" + 64 hex characters; never stored
   std::string prefix;  // the first characters, for listings
 };
@@ -38,6 +53,10 @@ class Authenticator {
   // A token for tenant `name` (NOT_FOUND when there is none).
   absl::StatusOr<NewToken> CreateTenantToken(const std::string& name, const std::string& description);
   absl::StatusOr<NewToken> CreateNodeToken(const std::string& description);
+  // Sorted by name, names after `after`.
+  absl::StatusOr<std::vector<TenantRecord>> ListTenants(const std::string& after, int32_t limit);
+  // Idempotent; NOT_FOUND unless token `id` belongs to `tenant` ("" = a node token).
+  absl::StatusOr<TokenRecord> RevokeToken(const std::string& tenant, int64_t id);
 
  private:
   absl::StatusOr<NewToken> StoreToken(std::optional<int64_t> tenant_id, const char* kind,

@@ -15,6 +15,7 @@
 #include "services/common/db/connection.h"
 #include "services/common/db/migrator.h"
 #include "services/common/db/pool.h"
+#include "services/api/admin_service.h"
 #include "services/api/authenticator.h"
 #include "services/api/job_manager.h"
 #include "services/api/job_service.h"
@@ -117,6 +118,7 @@ int Serve(const gradhub::api::ApiConfig& config) {
               .peer_failure_grace = std::max(absl::Seconds(3), config.heartbeat_interval * 2)});
   gradhub::api::NodeManager nodes(&pool, {.heartbeat_interval = config.heartbeat_interval});
   gradhub::api::NodeService node_service(&nodes, &auth, [&] { scheduler.Nudge(); });
+  gradhub::api::AdminService admin_service(&auth);
 
   int port = 0;
   grpc::ServerBuilder builder;
@@ -125,6 +127,7 @@ int Serve(const gradhub::api::ApiConfig& config) {
   builder.RegisterService(&job_service);
   builder.RegisterService(&store_service);
   builder.RegisterService(&node_service);
+  builder.RegisterService(&admin_service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || port == 0) {
     std::cerr << "gradhub-api: cannot serve gRPC on " << config.grpc_address << "\n";

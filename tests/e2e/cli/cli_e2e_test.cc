@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "gradhub/v1/jobs.pb.h"
+#include "gradhub/v1/tenants.pb.h"
 #include "tests/support/postgres_server.h"
 #include "tests/support/subprocess.h"
 
@@ -104,6 +105,8 @@ std::vector<std::string> Names(const v1::ListJobsResponse& response) {
   return names;
 }
 
+constexpr char kAdminToken[] = "cli-e2e-admin-secret";
+
 // One gradhub-api (and database) for the whole binary: each test makes its own tenant, and a
 // tenant sees only its own jobs, so tests do not see each other's jobs.
 class CliE2eTest : public ::testing::Test {
@@ -112,7 +115,7 @@ class CliE2eTest : public ::testing::Test {
     url_ = new std::string(testing::PostgresServer::Shared().CreateDatabase());
     api_ = new Subprocess({BinaryPath("gradhub-api"), "--database-url", *url_, "--grpc-address",
                            "127.0.0.1:0", "--http-host", "127.0.0.1", "--http-port", "0",
-                           "--shutdown-grace", "1s", "serve"});
+                           "--shutdown-grace", "1s", "--admin-token", kAdminToken, "serve"});
     static const std::regex kServing("serving gRPC on port ([0-9]+)");
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
     while (std::chrono::steady_clock::now() < deadline && api_->running()) {
@@ -623,6 +626,29 @@ TEST_F(CliE2eTest, EnvironmentFallbacksAndFlagPrecedence) {
   EXPECT_EQ(bad_flag_server.exit_code, 6) << bad_flag_server.err;
   RunResult env_only_server = Raw({"get", job}, {{"GRADHUB_SERVER", *server_}});
   EXPECT_EQ(env_only_server.exit_code, 5) << env_only_server.err;  // no token at all
+}
+
+TEST_F(CliE2eTest, AdminCreatesTenantsAndTokensAndRevokesThem) {
+  const std::string tenant = "adm-" + std::to_string(getpid());
+  RunResult created = As(kAdminToken, {"admin", "create-tenant", tenant});
+  ASSERT_EQ(created.exit_code, 0) << created.err;
+  EXPECT_EQ(As(kAdminToken, {"admin", "create-tenant", tenant}).exit_code, 7);  // ALREADY_EXISTS
+  EXPECT_EQ(As(token_, {"admin", "create-tenant", "other"}).exit_code, 5);     // not the admin
+
+  RunResult listed = As(kAdminToken, {"admin", "list-tenants"});
+  ASSERT_EQ(listed.exit_code, 0) << listed.err;
+  EXPECT_NE(listed.out.find(tenant), std::string::npos) << listed.out;
+
+  RunResult token = As(kAdminToken, {"--output", "json", "admin", "create-token", tenant});
+  ASSERT_EQ(token.exit_code, 0) << token.err;
+  const auto response = ParseJson<v1::CreateTokenResponse>(token.out);
+  ASSERT_EQ(response.secret().rfind("ghk_", 0), 0u) << token.out;
+  // The new token works as its tenant, and stops working once revoked.
+  EXPECT_EQ(As(response.secret(), {"list"}).exit_code, 0);
+  RunResult revoked = As(kAdminToken, {"admin", "revoke-token", response.token().name()});
+  ASSERT_EQ(revoked.exit_code, 0) << revoked.err;
+  EXPECT_EQ(As(response.secret(), {"list"}).exit_code, 5);
+  EXPECT_EQ(As(kAdminToken, {"admin", "revoke-token", response.token().name()}).exit_code, 0);
 }
 
 }  // namespace
