@@ -17,6 +17,7 @@
 
 #include "gpu_worker/trainer/job_spec.h"
 #include "gradhub/v1/jobs.grpc.pb.h"
+#include "gradhub/v1/nodes.grpc.pb.h"
 #include "tests/support/postgres_server.h"
 #include "tests/support/subprocess.h"
 
@@ -64,6 +65,8 @@ std::vector<pid_t> TrainersOf(pid_t parent) {
   return pids;
 }
 
+constexpr char kAdmin[] = "cluster-e2e-admin";
+
 class ClusterE2eTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -71,7 +74,8 @@ class ClusterE2eTest : public ::testing::Test {
     api_ = std::make_unique<Subprocess>(std::vector<std::string>{
         BinaryPath("gradhub-api"), "--database-url", url_, "--grpc-address", "127.0.0.1:0",
         "--http-host", "127.0.0.1", "--http-port", "0", "--heartbeat-interval", "1s",
-        "--scheduler-interval", "100ms", "--shutdown-grace", "2s", "serve"});
+        "--scheduler-interval", "100ms", "--shutdown-grace", "2s", "--admin-token", kAdmin,
+        "serve"});
     const std::string port = AwaitOutput(*api_, "serving gRPC on port ([0-9]+)");
     ASSERT_FALSE(port.empty());
     server_ = "127.0.0.1:" + port;
@@ -86,6 +90,32 @@ class ClusterE2eTest : public ::testing::Test {
     StartAgent("a");
     StartAgent("b");
     stub_ = v1::JobService::NewStub(grpc::CreateChannel(server_, grpc::InsecureChannelCredentials()));
+    nodes_ = v1::NodeService::NewStub(grpc::CreateChannel(server_, grpc::InsecureChannelCredentials()));
+  }
+
+  v1::Node::State NodeState(const std::string& name) {
+    grpc::ClientContext context;
+    context.AddMetadata("authorization", std::string("Bearer ") + kAdmin);
+    v1::GetNodeRequest request;
+    request.set_name("nodes/" + name);
+    v1::Node node;
+    EXPECT_TRUE(nodes_->GetNode(&context, request, &node).ok());
+    return node.state();
+  }
+
+  void Cancel(const std::string& name) {
+    v1::CancelJobRequest request;
+    request.set_name(name);
+    v1::Job cancelled;
+    auto context = Context();
+    ASSERT_TRUE(stub_->CancelJob(context.get(), request, &cancelled).ok());
+  }
+
+  bool HasEvent(const std::string& name, v1::JobEvent::Type type, const std::string& node) {
+    for (const auto& e : Events(name)) {
+      if (e.type() == type && (node.empty() || e.node() == node)) return true;
+    }
+    return false;
   }
 
   void TearDown() override {
@@ -114,7 +144,7 @@ class ClusterE2eTest : public ::testing::Test {
     return context;
   }
 
-  v1::Job Submit(int64_t max_steps) {
+  v1::Job Submit(int64_t max_steps, int hang_timeout_seconds = 60) {
     v1::CreateJobRequest request;
     *request.mutable_spec() = ParseJobSpec(
         "model: {mlp: {layers: [32, 64, 4]}}\n"
@@ -127,7 +157,7 @@ class ClusterE2eTest : public ::testing::Test {
         "checkpoint: {everySteps: 25}\n"
         "distributed: {worldSize: 4, ranksPerNode: 2}\n"
         "maxRestarts: {infrastructure: 2, job: 2}\n"
-        "hangTimeoutSeconds: 60\n");
+        "hangTimeoutSeconds: " + std::to_string(hang_timeout_seconds) + "\n");
     v1::Job job;
     auto context = Context();
     const grpc::Status status = stub_->CreateJob(context.get(), request, &job);
@@ -176,6 +206,7 @@ class ClusterE2eTest : public ::testing::Test {
   std::unique_ptr<Subprocess> api_;
   std::map<std::string, std::unique_ptr<Subprocess>> agents_;
   std::unique_ptr<v1::JobService::Stub> stub_;
+  std::unique_ptr<v1::NodeService::Stub> nodes_;
 };
 
 bool Ended(const v1::Job& job) {
@@ -280,6 +311,61 @@ TEST_F(ClusterE2eTest, KilledTrainerRestartsTheAttemptWhichResumesFromACheckpoin
   }
   EXPECT_TRUE(TrainersOf(agents_["a"]->pid()).empty());
   EXPECT_TRUE(TrainersOf(agents_["b"]->pid()).empty());
+}
+
+TEST_F(ClusterE2eTest, KilledAgentLosesItsNodeAndTheJobRunsAgainWhenItReturns) {
+  const std::string name = Submit(100000).name();
+  ASSERT_EQ(AwaitJob(name, [](const v1::Job& j) {
+              return Ended(j) || (j.state() == v1::Job::RUNNING && j.progress().step() >= 20);
+            }).state(),
+            v1::Job::RUNNING);
+  const std::vector<pid_t> trainers = TrainersOf(agents_["b"]->pid());
+  ASSERT_EQ(trainers.size(), 2u);
+  agents_["b"]->Kill(SIGKILL);
+  agents_["b"]->Wait();
+  const auto killed = Clock::now();
+
+  // Its trainers die with it (PR_SET_PDEATHSIG) and the node is lost within the lease (3 s).
+  while (NodeState("b") != v1::Node::LOST && Clock::now() - killed < seconds(10)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_EQ(NodeState("b"), v1::Node::LOST);
+  EXPECT_LT(Clock::now() - killed, seconds(6));
+  for (pid_t pid : trainers) EXPECT_NE(kill(pid, 0), 0) << "trainer " << pid << " outlived its agent";
+  // World size 4 does not fit on node a alone: the job waits and says why.
+  const v1::Job waiting = AwaitJob(name, [](const v1::Job& j) {
+    return j.state() == v1::Job::RESTARTING &&
+           j.state_reason().find("needs 4 slots") != std::string::npos;
+  }, seconds(20));
+  EXPECT_EQ(waiting.state(), v1::Job::RESTARTING) << waiting.state_reason() << Describe(name);
+  EXPECT_EQ(waiting.infrastructure_restarts(), 1);
+
+  StartAgent("b");
+  const v1::Job again = AwaitJob(name, [](const v1::Job& j) {
+    return Ended(j) || (j.attempt() == 2 && j.state() == v1::Job::RUNNING);
+  });
+  EXPECT_EQ(again.state(), v1::Job::RUNNING) << again.state_reason() << Describe(name);
+  EXPECT_EQ(NodeState("b"), v1::Node::READY);
+  Cancel(name);
+}
+
+TEST_F(ClusterE2eTest, StoppedRankIsCaughtByTheWatchdogAndTheJobRestarts) {
+  const std::string name = Submit(100000, /*hang_timeout_seconds=*/5).name();
+  ASSERT_EQ(AwaitJob(name, [](const v1::Job& j) {
+              return Ended(j) || (j.state() == v1::Job::RUNNING && j.progress().step() >= 20);
+            }).state(),
+            v1::Job::RUNNING);
+  const std::vector<pid_t> on_b = TrainersOf(agents_["b"]->pid());
+  ASSERT_EQ(on_b.size(), 2u);
+  ASSERT_EQ(kill(on_b[0], SIGSTOP), 0);
+  const auto stopped = Clock::now();
+  const v1::Job restarted = AwaitJob(name, [](const v1::Job& j) {
+    return Ended(j) || j.attempt() == 2;
+  }, seconds(60));
+  EXPECT_EQ(restarted.attempt(), 2) << restarted.state_reason() << Describe(name);
+  EXPECT_LT(Clock::now() - stopped, seconds(5 + 5));
+  EXPECT_TRUE(HasEvent(name, v1::JobEvent::HANG_DETECTED, "")) << Describe(name);
+  Cancel(name);
 }
 
 }  // namespace
