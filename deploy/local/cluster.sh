@@ -3,9 +3,13 @@
 # PostgreSQL in a temporary directory, gradhub-api (job API, scheduler, rendezvous store), two
 # node agents with 2 CPU slots each, and a world-size-4 job on the digits dataset (Debian's
 # python3-sklearn) submitted and watched with the gradhub CLI. Everything stops on exit.
-# Usage: deploy/local/cluster.sh [BUILD_DIR]
+# Usage: deploy/local/cluster.sh [BUILD_DIR] [-- COMMAND...]
+# With a COMMAND, runs it against the cluster instead of the digits job (GRADHUB_SERVER,
+# GRADHUB_TOKEN and GRADHUB_BIN are set for it); the benchmarks use that.
 set -euo pipefail
 build_dir="$(realpath "${1:-build}")"
+shift || true
+[ "${1:-}" = "--" ] && shift
 bin="$build_dir/bin"
 pg_bin="$(pg_config --bindir 2>/dev/null || true)"
 [ -x "$pg_bin/initdb" ] || pg_bin=/usr/lib/postgresql/15/bin
@@ -49,6 +53,12 @@ for node in node-a node-b; do
     > "$work/$node.out" 2> "$work/$node.err" &
   pids+=($!)
 done
+
+for _ in $(seq 100); do
+  grep -q "registered" "$work/node-a.out" && grep -q "registered" "$work/node-b.out" && break
+  sleep 0.1
+done
+if [ $# -gt 0 ]; then GRADHUB_BIN="$bin" "$@"; exit $?; fi
 
 cat > "$work/job.yaml" <<YAML
 displayName: digits-mlp

@@ -16,6 +16,11 @@
 namespace gradhub::agent {
 namespace {
 
+// How soon after starting or stopping ranks the agent reports them: long enough for a started
+// trainer to be a running process.
+constexpr absl::Duration kReportChangesAfter = absl::Milliseconds(50);
+constexpr absl::Duration kExitPollInterval = absl::Milliseconds(20);
+
 using google::protobuf::util::TimeUtil;
 
 constexpr absl::Duration kRegisterTimeout = absl::Seconds(10);
@@ -197,6 +202,7 @@ Agent::HeartbeatResult Agent::Heartbeat() {
                   !rank.stop_reason.empty()};
   }
   const ReconcileActions actions = Reconcile(response.desired_ranks(), known, ever_started_);
+  changed_ranks_ = !actions.start.empty() || !actions.stop.empty();
   for (const RankKey& key : actions.stop) {
     Rank& rank = ranks_.at(key);
     rank.stop_reason = "no longer desired by the server";
@@ -277,6 +283,14 @@ void Agent::DropAll() {
   ranks_.clear();  // the keys stay in ever_started_: never started again
 }
 
+size_t Agent::CountExited() const {
+  size_t exited = 0;
+  for (const auto& [key, rank] : ranks_) {
+    exited += rank.process != nullptr && rank.process->Status().exited;
+  }
+  return exited;
+}
+
 bool Agent::AnyRunning() const {
   for (const auto& [key, rank] : ranks_) {
     if (rank.process != nullptr && rank.stop_reason.empty() && !rank.process->Status().exited) {
@@ -311,6 +325,7 @@ void Agent::Run() {
       case HeartbeatResult::kOk:
         heartbeat_backoff = kInitialBackoff;
         next = started + interval_;  // the interval the server just sent
+        if (changed_ranks_) next = absl::Now() + kReportChangesAfter;
         break;
       case HeartbeatResult::kSessionEnded:
         // Step 6: the server already counts this session's ranks as gone.
@@ -329,7 +344,12 @@ void Agent::Run() {
       StopAll(absl::StrCat("no successful heartbeat for ", kLeaseIntervals, " intervals of ",
                            absl::FormatDuration(interval_)));
     }
-    SleepUntil(next);
+    // Until the next heartbeat is due, or a rank exits: an exit is news the scheduler acts on
+    // (restart, finish), so it goes up at once.
+    exited_reported_ = CountExited();
+    while (!shutdown_ && absl::Now() < next && CountExited() == exited_reported_) {
+      SleepUntil(std::min(next, absl::Now() + kExitPollInterval));
+    }
   }
   StopAll("the agent is shutting down");
   WaitAllExited();

@@ -80,6 +80,8 @@ class Agent {
   void WaitAllExited();
   void DropAll();
   bool AnyRunning() const;
+  // Ranks whose process has exited; a change since the last heartbeat is reported at once.
+  size_t CountExited() const;
   // Sleeps until `deadline` or Shutdown().
   void SleepUntil(absl::Time deadline);
   void Context(grpc::ClientContext* context, absl::Duration timeout) const;
@@ -98,6 +100,10 @@ class Agent {
   int64_t seq_ = 0;
   absl::Duration interval_ = kDefaultHeartbeatInterval;
   absl::Time last_heartbeat_ok_ = absl::InfinitePast();
+  // The last reconcile started or stopped ranks: report them at once rather than an interval
+  // later, so the scheduler sees a started job (or a freed slot) without waiting.
+  bool changed_ranks_ = false;
+  size_t exited_reported_ = 0;
   grpc::StatusCode last_error_code_ = grpc::StatusCode::OK;
   absl::Time last_error_print_ = absl::InfinitePast();
 
