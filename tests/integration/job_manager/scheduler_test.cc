@@ -232,6 +232,23 @@ TEST_F(SchedulerTest, JobsThatDoNotFitWaitWithAReasonAndRunAfter) {
   EXPECT_EQ(Get(first).state(), v1::Job::SUCCEEDED);
   EXPECT_EQ(Get(second).state(), v1::Job::SCHEDULED);
   EXPECT_EQ(Get(huge).state(), v1::Job::PENDING);
+
+  // The second finishes too and a third node joins: now all 8 ranks fit, across 3 nodes.
+  on_a = Beat(a, {}), on_b = Beat(b, {});
+  Beat(a, All(on_a, v1::RankStatus::RUNNING));
+  Beat(b, All(on_b, v1::RankStatus::RUNNING));
+  Pass();
+  Beat(a, All(on_a, v1::RankStatus::SUCCEEDED));
+  Beat(b, All(on_b, v1::RankStatus::SUCCEEDED));
+  Pass();
+  EXPECT_EQ(Get(second).state(), v1::Job::SUCCEEDED);
+  EXPECT_EQ(Get(huge).state(), v1::Job::PENDING);
+  EXPECT_THAT(Get(huge).state_reason(), HasSubstr("needs 8 slots"));
+  Agent c = Register("c", 4);
+  Pass();
+  EXPECT_EQ(Get(huge).state(), v1::Job::SCHEDULED);
+  EXPECT_EQ(Beat(c, {}).size(), 4u);
+  EXPECT_EQ(Beat(a, {}).size() + Beat(b, {}).size(), 4u);
 }
 
 TEST_F(SchedulerTest, AnAgentRestartFailsItsRanksAsInfrastructure) {
