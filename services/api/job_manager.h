@@ -25,6 +25,7 @@ class JobManager {
   absl::StatusOr<v1::Job> CreateJob(int64_t tenant_id, const v1::JobSpec& spec,
                                     const std::string& request_id);
 
+  // tenant_id < 0 (the admin token) = any tenant, for every call but CreateJob.
   // `name` is "jobs/{id}". Another tenant's job is NOT_FOUND, as a job that does not exist.
   absl::StatusOr<v1::Job> GetJob(int64_t tenant_id, const std::string& name);
 

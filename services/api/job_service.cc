@@ -13,8 +13,8 @@ namespace {
 // its value in *response.
 template <typename T, typename Call>
 grpc::Status AsTenant(const JobService& service, const grpc::ServerContext& context, T* response,
-                      Call&& call) {
-  absl::StatusOr<int64_t> tenant = service.Tenant(context);
+                      Call&& call, bool admin_sees_all = true) {
+  absl::StatusOr<int64_t> tenant = service.Tenant(context, admin_sees_all);
   if (!tenant.ok()) return ToGrpc(tenant.status());
   absl::StatusOr<T> result = call(*tenant);
   if (!result.ok()) return ToGrpc(result.status());
@@ -29,9 +29,11 @@ grpc::Status ToGrpc(const absl::Status& status) {
                       std::string(status.message()));
 }
 
-absl::StatusOr<int64_t> JobService::Tenant(const grpc::ServerContext& context) const {
+absl::StatusOr<int64_t> JobService::Tenant(const grpc::ServerContext& context,
+                                           bool admin_sees_all) const {
   absl::StatusOr<Principal> principal = auth_->Authenticate(AuthorizationOf(context));
   if (!principal.ok()) return principal.status();
+  if (principal->kind == Principal::Kind::kAdmin && admin_sees_all) return kAnyTenant;
   if (principal->kind != Principal::Kind::kTenant) {
     return absl::PermissionDeniedError("jobs belong to tenants: use a tenant token");
   }
@@ -42,7 +44,7 @@ grpc::Status JobService::CreateJob(grpc::ServerContext* context,
                                    const v1::CreateJobRequest* request, v1::Job* response) {
   return AsTenant(*this, *context, response, [&](int64_t tenant) {
     return jobs_->CreateJob(tenant, request->spec(), request->request_id());
-  });
+  }, /*admin_sees_all=*/false);
 }
 
 grpc::Status JobService::GetJob(grpc::ServerContext* context, const v1::GetJobRequest* request,
@@ -74,7 +76,7 @@ grpc::Status JobService::ListJobEvents(grpc::ServerContext* context,
 grpc::Status JobService::WatchJob(grpc::ServerContext* context,
                                   const v1::WatchJobRequest* request,
                                   grpc::ServerWriter<v1::Job>* writer) {
-  absl::StatusOr<int64_t> tenant = Tenant(*context);
+  absl::StatusOr<int64_t> tenant = Tenant(*context, true);
   if (!tenant.ok()) return ToGrpc(tenant.status());
   std::string sent_etag;
   while (!context->IsCancelled()) {
@@ -93,7 +95,7 @@ grpc::Status JobService::WatchJob(grpc::ServerContext* context,
 grpc::Status JobService::GetJobLogs(grpc::ServerContext* context,
                                     const v1::GetJobLogsRequest* request,
                                     grpc::ServerWriter<v1::LogEntry>* writer) {
-  absl::StatusOr<int64_t> tenant = Tenant(*context);
+  absl::StatusOr<int64_t> tenant = Tenant(*context, true);
   if (!tenant.ok()) return ToGrpc(tenant.status());
   constexpr int32_t kPage = 1000;
   const int32_t rank = request->has_rank() ? request->rank() : -1;

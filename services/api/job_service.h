@@ -38,8 +38,12 @@ class JobService final : public v1::JobService::Service {
   grpc::Status GetJobLogs(grpc::ServerContext* context, const v1::GetJobLogsRequest* request,
                           grpc::ServerWriter<v1::LogEntry>* writer) override;
 
-  // The caller's tenant, or the status to answer with.
-  absl::StatusOr<int64_t> Tenant(const grpc::ServerContext& context) const;
+  // Reads by the admin token see every tenant's jobs.
+  static constexpr int64_t kAnyTenant = -1;
+
+  // The caller's tenant (kAnyTenant for the admin token when `admin_sees_all`), or the status
+  // to answer with.
+  absl::StatusOr<int64_t> Tenant(const grpc::ServerContext& context, bool admin_sees_all) const;
 
  private:
   JobManager* jobs_;

@@ -19,7 +19,7 @@ class JobServiceTest : public db::DatabaseTest {
     db::DatabaseTest::SetUp();
     Migrate();
     pool_ = MakePool(4);
-    auth_ = std::make_unique<Authenticator>(pool_.get(), "");
+    auth_ = std::make_unique<Authenticator>(pool_.get(), "admin-secret");
     jobs_ = std::make_unique<JobManager>(pool_.get(), SpecLimits{});
     service_ = std::make_unique<JobService>(jobs_.get(), auth_.get());
     server_ = std::make_unique<testing::TestGrpcServer>(std::vector<grpc::Service*>{service_.get()});
@@ -126,6 +126,21 @@ TEST_F(JobServiceTest, InvalidSpecIsInvalidArgumentNamingTheField) {
   grpc::Status status = stub_->CreateJob(As(token_a_).get(), request, &job);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(status.error_message(), HasSubstr("distributed.worldSize"));
+}
+
+TEST_F(JobServiceTest, AdminTokenReadsEveryTenantsJobsButCreatesNone) {
+  v1::Job job;
+  ASSERT_TRUE(stub_->CreateJob(As(token_a_).get(), Create(""), &job).ok());
+  v1::GetJobRequest get;
+  get.set_name(job.name());
+  v1::Job seen;
+  ASSERT_TRUE(stub_->GetJob(As("admin-secret").get(), get, &seen).ok());
+  EXPECT_EQ(seen.name(), job.name());
+  v1::ListJobsResponse listed;
+  ASSERT_TRUE(stub_->ListJobs(As("admin-secret").get(), v1::ListJobsRequest(), &listed).ok());
+  EXPECT_GE(listed.jobs_size(), 1);
+  EXPECT_EQ(stub_->CreateJob(As("admin-secret").get(), Create(""), &job).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
 }
 
 }  // namespace
