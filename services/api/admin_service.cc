@@ -5,6 +5,7 @@
 #include <regex>
 
 #include "absl/strings/str_cat.h"
+#include "services/api/job_records.h"
 #include "services/api/job_service.h"
 #include "services/api/node_service.h"
 
@@ -12,9 +13,6 @@ namespace gradhub::api {
 namespace {
 
 using google::protobuf::util::TimeUtil;
-
-constexpr int32_t kDefaultPageSize = 50;
-constexpr int32_t kMaxPageSize = 1000;
 
 std::string TokenName(const std::string& tenant, int64_t id) {
   return absl::StrCat("tenants/", tenant.empty() ? "-" : tenant, "/tokens/", id);
@@ -48,11 +46,9 @@ grpc::Status AdminService::ListTenants(grpc::ServerContext* context,
                                        const v1::ListTenantsRequest* request,
                                        v1::ListTenantsResponse* response) {
   if (auto status = RequireAdmin(*context); !status.ok()) return ToGrpc(status);
-  if (request->page_size() < 0) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "page_size: must not be negative");
-  }
-  const int32_t page_size =
-      request->page_size() == 0 ? kDefaultPageSize : std::min(request->page_size(), kMaxPageSize);
+  const absl::StatusOr<int32_t> page_size_or = ListPageSize(request->page_size());
+  if (!page_size_or.ok()) return ToGrpc(page_size_or.status());
+  const int32_t page_size = *page_size_or;
   auto tenants = auth_->ListTenants(request->page_token(), page_size + 1);
   if (!tenants.ok()) return ToGrpc(tenants.status());
   for (size_t i = 0; i < tenants->size() && i < static_cast<size_t>(page_size); ++i) {

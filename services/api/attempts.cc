@@ -1,7 +1,7 @@
 #include "services/api/attempts.h"
 
+#include <algorithm>
 #include <map>
-#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "gpu_worker/trainer/exit_codes.h"
@@ -25,15 +25,16 @@ absl::Status ForgetRanksOnNode(db::Transaction& tx, int64_t node_id, const std::
               " WHERE node_id = $1 AND state IN ('ASSIGNED', 'STARTING', 'RUNNING', 'STOPPING')"
               " RETURNING job_id::text AS job_id, attempt, rank",
               {node_id, why}));
-  std::set<std::pair<std::string, int32_t>> attempts;
+  // Each attempt that lost ranks here, with its lowest such rank (named in the event).
   std::map<std::pair<std::string, int32_t>, int32_t> first_rank;
   for (const db::Row& row : gone) {
-    auto key = std::make_pair(row.Get<std::string>("job_id"), row.Get<int32_t>("attempt"));
-    attempts.insert(key);
+    const auto key = std::make_pair(row.Get<std::string>("job_id"), row.Get<int32_t>("attempt"));
     const int32_t rank = row.Get<int32_t>("rank");
-    if (!first_rank.count(key) || rank < first_rank[key]) first_rank[key] = rank;
+    auto [it, inserted] = first_rank.emplace(key, rank);
+    if (!inserted) it->second = std::min(it->second, rank);
   }
-  for (const auto& [job_id, attempt] : attempts) {
+  for (const auto& [attempt_key, rank] : first_rank) {
+    const auto& [job_id, attempt] = attempt_key;
     GRADHUB_ASSIGN_OR_RETURN(v1::Job job, ReadJob(tx, "jobs/" + job_id, -1, true));
     if (job.attempt() != attempt) continue;
     AttemptFailure failure;
@@ -41,7 +42,7 @@ absl::Status ForgetRanksOnNode(db::Transaction& tx, int64_t node_id, const std::
     failure.kind = v1::JobEvent::INFRASTRUCTURE;
     failure.details.message = why;
     failure.details.node = "nodes/" + node;
-    failure.details.rank = first_rank[{job_id, attempt}];
+    failure.details.rank = rank;
     GRADHUB_RETURN_IF_ERROR(FailAttempt(tx, job, failure));
   }
   return absl::OkStatus();

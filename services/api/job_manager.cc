@@ -17,9 +17,7 @@ namespace {
 using State = v1::Job::State;
 using google::protobuf::util::TimeUtil;
 
-constexpr int32_t kDefaultPageSize = 50;
 constexpr size_t kMaxRequestIdLength = 64;
-constexpr int32_t kMaxPageSize = 1000;
 
 }  // namespace
 
@@ -81,9 +79,7 @@ absl::StatusOr<v1::Job> JobManager::GetJob(int64_t tenant_id, const std::string&
 
 absl::StatusOr<v1::ListJobsResponse> JobManager::ListJobs(int64_t tenant_id,
                                                          const v1::ListJobsRequest& request) {
-  if (request.page_size() < 0) return absl::InvalidArgumentError("page_size: must not be negative");
-  const int32_t page_size =
-      request.page_size() == 0 ? kDefaultPageSize : std::min(request.page_size(), kMaxPageSize);
+  GRADHUB_ASSIGN_OR_RETURN(const int32_t page_size, ListPageSize(request.page_size()));
   std::string sql = absl::StrCat("SELECT ", kJobColumns,
                                  " FROM jobs j JOIN tenants t ON t.id = j.tenant_id"
                                  " WHERE ($1 < 0 OR j.tenant_id = $1)");

@@ -3,6 +3,7 @@
 #include <google/protobuf/util/json_util.h>
 #include <google/protobuf/util/time_util.h>
 
+#include <algorithm>
 #include <regex>
 
 #include "absl/strings/str_cat.h"
@@ -170,6 +171,13 @@ absl::StatusOr<std::vector<FilterTerm>> ParseListFilter(const std::string& filte
   return terms;
 }
 
+
+absl::StatusOr<int32_t> ListPageSize(int32_t requested) {
+  constexpr int32_t kDefaultPageSize = 50;
+  constexpr int32_t kMaxPageSize = 1000;
+  if (requested < 0) return absl::InvalidArgumentError("page_size: must not be negative");
+  return requested == 0 ? kDefaultPageSize : std::min(requested, kMaxPageSize);
+}
 
 bool IsTerminal(State state) {
   return state == v1::Job::SUCCEEDED || state == v1::Job::FAILED || state == v1::Job::CANCELLED;

@@ -69,4 +69,7 @@ struct FilterTerm {
 // INVALID_ARGUMENT naming the position of a malformed filter.
 absl::StatusOr<std::vector<FilterTerm>> ParseListFilter(const std::string& filter);
 
+// The page size of every List* call: 0 = 50, at most 1000, negative INVALID_ARGUMENT.
+absl::StatusOr<int32_t> ListPageSize(int32_t requested);
+
 }  // namespace gradhub::api

@@ -27,8 +27,6 @@ constexpr char kNodeColumns[] =
     "   AND a.state IN ('ASSIGNED', 'STARTING', 'RUNNING', 'STOPPING'))::int AS slots_in_use";
 
 constexpr int32_t kMaxSlots = 4096;
-constexpr int32_t kDefaultPageSize = 50;
-constexpr int32_t kMaxPageSize = 1000;
 
 absl::Status NodeNotFound(const std::string& name) {
   return absl::NotFoundError(absl::StrCat("node '", name, "' not found"));
@@ -320,9 +318,7 @@ absl::StatusOr<int64_t> NodeManager::StoreLogs(const v1::ReportLogsRequest& requ
 }
 
 absl::StatusOr<v1::ListNodesResponse> NodeManager::ListNodes(const v1::ListNodesRequest& request) {
-  if (request.page_size() < 0) return absl::InvalidArgumentError("page_size: must not be negative");
-  const int32_t page_size =
-      request.page_size() == 0 ? kDefaultPageSize : std::min(request.page_size(), kMaxPageSize);
+  GRADHUB_ASSIGN_OR_RETURN(const int32_t page_size, ListPageSize(request.page_size()));
   std::string sql = absl::StrCat("SELECT ", kNodeColumns, " FROM nodes n WHERE n.name > $1");
   std::vector<db::Param> params = {request.page_token()};
   auto bind = [&](db::Param param) {
