@@ -14,6 +14,7 @@ namespace gradhub::agent {
 struct AgentConfig {
   std::string server = "localhost:7070";
   std::string token;
+  std::string tls_ca_file;
   std::string name;  // the hostname unless set
   int64_t slots = 1;
   std::string labels;  // k=v,k=v
@@ -29,6 +30,9 @@ struct AgentConfig {
     flags.String("server", "GRADHUB_SERVER", &server, "host:port of the gradhub-api gRPC port")
         .String("token", "GRADHUB_NODE_TOKEN", &token,
                 "Node token (gradhub-api create-node-token), sent as a bearer token")
+        .String("tls-ca", "GRADHUB_TLS_CA", &tls_ca_file,
+                "PEM certificates trusted for TLS to --server (its ranks get it too); "
+                "empty = plaintext")
         .String("name", "GRADHUB_NODE_NAME", &name, "Node name, stable across restarts")
         .Int("slots", "GRADHUB_SLOTS", &slots, "Ranks this CPU node runs at once")
         .String("labels", "GRADHUB_NODE_LABELS", &labels,

@@ -13,6 +13,7 @@
 #include "gpu_worker/agent/agent.h"
 #include "gpu_worker/agent/config.h"
 #include "gpu_worker/agent/node_description.h"
+#include "services/common/grpc_credentials.h"
 
 namespace {
 
@@ -91,7 +92,12 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  auto channel = grpc::CreateCustomChannel(config.server, grpc::InsecureChannelCredentials(),
+  auto credentials = gradhub::ClientCredentials(config.tls_ca_file);
+  if (!credentials.ok()) {
+    std::cerr << "gradhub-agent: " << credentials.status().message() << "\n";
+    return 2;
+  }
+  auto channel = grpc::CreateCustomChannel(config.server, *credentials,
                                            gradhub::agent::AgentChannelArguments());
   auto stub = gradhub::v1::NodeService::NewStub(channel);
   gradhub::agent::Agent agent(config, stub.get());

@@ -66,6 +66,7 @@ absl::StatusOr<RankLaunch> PlanRankLaunch(const AgentConfig& config,
   env["GRADHUB_STORE"] =
       assignment.store_address().empty() ? "" : "grpc://" + assignment.store_address();
   env["GRADHUB_TOKEN"] = config.token;
+  env["GRADHUB_TLS_CA"] = config.tls_ca_file;
   env["GRADHUB_CHECKPOINT_DIR"] = launch.checkpoint_dir;
   if (!assignment.device_indices().empty()) {
     env["CUDA_VISIBLE_DEVICES"] = absl::StrJoin(assignment.device_indices(), ",");

@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "gradhub/v1/store.grpc.pb.h"
+#include "services/common/grpc_credentials.h"
 
 namespace gradhub::store_client {
 namespace {
@@ -18,12 +19,12 @@ void SetDuration(std::chrono::milliseconds duration, google::protobuf::Duration*
 
 class GrpcStore final : public ddp::Store {
  public:
-  GrpcStore(const std::string& address, const std::string& token,
-            std::chrono::milliseconds rpc_timeout)
+  GrpcStore(const std::string& address, const GrpcStoreOptions& options,
+            std::shared_ptr<grpc::ChannelCredentials> credentials)
       : address_(address),
-        token_(token),
-        rpc_timeout_(rpc_timeout),
-        channel_(grpc::CreateChannel(address, grpc::InsecureChannelCredentials())),
+        token_(options.token),
+        rpc_timeout_(options.rpc_timeout),
+        channel_(grpc::CreateChannel(address, std::move(credentials))),
         stub_(v1::StoreService::NewStub(channel_)) {}
 
   void Set(const std::string& key, const std::string& value) override {
@@ -128,9 +129,11 @@ std::string GrpcStoreAddress(const std::string& url) {
   return "";
 }
 
-std::shared_ptr<ddp::Store> MakeGrpcStore(const std::string& address, const std::string& token,
-                                          std::chrono::milliseconds rpc_timeout) {
-  return std::make_shared<GrpcStore>(address, token, rpc_timeout);
+std::shared_ptr<ddp::Store> MakeGrpcStore(const std::string& address,
+                                          const GrpcStoreOptions& options) {
+  auto credentials = ClientCredentials(options.tls_ca_file);
+  if (!credentials.ok()) throw ddp::StoreError(std::string(credentials.status().message()));
+  return std::make_shared<GrpcStore>(address, options, *std::move(credentials));
 }
 
 }  // namespace gradhub::store_client

@@ -15,12 +15,19 @@ namespace gradhub::store_client {
 // "grpc://host:port" (or "grpc:host:port") -> "host:port"; empty when `url` is not one.
 std::string GrpcStoreAddress(const std::string& url);
 
-// `address` is host:port of StoreService; `token`, when not empty, is sent as
-// `authorization: Bearer <token>`; `rpc_timeout` bounds the calls that do not wait for keys
-// (Set, Add, Check, DeletePrefix). Thread-safe, like every Store. Errors: StoreTimeoutError when the server says the keys did
-// not come in time, StoreError for everything else (unreachable, refused, malformed).
-std::shared_ptr<ddp::Store> MakeGrpcStore(
-    const std::string& address, const std::string& token = "",
-    std::chrono::milliseconds rpc_timeout = std::chrono::seconds(30));
+struct GrpcStoreOptions {
+  // Sent as `authorization: Bearer <token>` when not empty (the api wants a node token).
+  std::string token;
+  // PEM certificates to trust for TLS to the api; empty = plaintext.
+  std::string tls_ca_file;
+  // Bounds the calls that do not wait for keys (Set, Add, Check, DeletePrefix).
+  std::chrono::milliseconds rpc_timeout = std::chrono::seconds(30);
+};
+
+// `address` is host:port of StoreService. Thread-safe, like every Store. Errors:
+// StoreTimeoutError when the server says the keys did not come in time, StoreError for
+// everything else (unreachable, refused, malformed; here already an unreadable tls_ca_file).
+std::shared_ptr<ddp::Store> MakeGrpcStore(const std::string& address,
+                                          const GrpcStoreOptions& options = {});
 
 }  // namespace gradhub::store_client

@@ -27,6 +27,7 @@ struct TrainerConfig {
   int64_t local_world_size = 0;
   std::string store;
   std::string token;
+  std::string tls_ca_file;
   std::string job_id = "local";
   int64_t attempt = 1;
   std::string checkpoint_dir;
@@ -45,6 +46,8 @@ struct TrainerConfig {
                 "Rendezvous store: grpc://host:port (gradhub-api), file:/dir for ranks on one "
                 "machine; empty for world size 1")
         .String("token", "GRADHUB_TOKEN", &token, "Bearer token for the grpc:// store")
+        .String("tls-ca", "GRADHUB_TLS_CA", &tls_ca_file,
+                "PEM certificates trusted for TLS to the grpc:// store; empty = plaintext")
         .String("job-id", "GRADHUB_JOB_ID", &job_id, "Job id, scopes rendezvous keys")
         .Int("attempt", "GRADHUB_ATTEMPT", &attempt, "Attempt number, scopes rendezvous keys")
         .String("checkpoint-dir", "GRADHUB_CHECKPOINT_DIR", &checkpoint_dir,
@@ -59,7 +62,10 @@ struct TrainerConfig {
 std::shared_ptr<ddp::Store> OpenStore(const TrainerConfig& config) {
   std::shared_ptr<ddp::Store> store;
   if (std::string address = store_client::GrpcStoreAddress(config.store); !address.empty()) {
-    store = store_client::MakeGrpcStore(address, config.token);
+    store_client::GrpcStoreOptions options;
+    options.token = config.token;
+    options.tls_ca_file = config.tls_ca_file;
+    store = store_client::MakeGrpcStore(address, options);
   } else if (config.store.rfind("file:", 0) == 0) {
     store = std::make_shared<ddp::FileStore>(config.store.substr(5));
   } else if (config.store.empty() && config.world_size == 1) {

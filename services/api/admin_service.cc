@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "services/api/job_records.h"
 #include "services/api/job_service.h"
-#include "services/api/node_service.h"
+#include "services/api/call_authorization.h"
 
 namespace gradhub::api {
 namespace {

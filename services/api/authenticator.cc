@@ -35,6 +35,14 @@ absl::StatusOr<Principal> Authenticator::Authenticate(const std::string& authori
   if (!admin_token_.empty() && ConstantTimeEquals(token, admin_token_)) {
     return Principal{Principal::Kind::kAdmin, 0, ""};
   }
+  const std::string digest = Sha256Hex(token);
+  const absl::Time now = absl::Now();
+  {
+    absl::MutexLock lock(&cache_mutex_);
+    if (auto hit = cache_.find(digest); hit != cache_.end() && hit->second.expires > now) {
+      return hit->second.principal;
+    }
+  }
   GRADHUB_ASSIGN_OR_RETURN(
       db::Result rows,
       pool_->Exec("SELECT k.kind, coalesce(k.tenant_id, 0) AS tenant_id,"
@@ -42,12 +50,40 @@ absl::StatusOr<Principal> Authenticator::Authenticate(const std::string& authori
                   " FROM api_tokens k LEFT JOIN tenants t ON t.id = k.tenant_id"
                   " WHERE k.secret_sha256 = decode($1, 'hex') AND k.revoke_time IS NULL"
                   " AND (k.expire_time IS NULL OR k.expire_time > now())",
-                  {Sha256Hex(token)}));
+                  {digest}));
   if (rows.empty()) return Unauthenticated();
   const db::Row row = rows.row(0);
-  if (row.Get<std::string>("kind") == "NODE") return Principal{Principal::Kind::kNode, 0, ""};
-  return Principal{Principal::Kind::kTenant, row.Get<int64_t>("tenant_id"),
-                   row.Get<std::string>("tenant_name")};
+  const Principal principal =
+      row.Get<std::string>("kind") == "NODE"
+          ? Principal{Principal::Kind::kNode, 0, ""}
+          : Principal{Principal::Kind::kTenant, row.Get<int64_t>("tenant_id"),
+                      row.Get<std::string>("tenant_name")};
+  // Bounded by the callers' distinct tokens; a flood of them only costs a refill.
+  constexpr size_t kMaxCachedTokens = 10000;
+  absl::MutexLock lock(&cache_mutex_);
+  if (cache_.size() >= kMaxCachedTokens) cache_.clear();
+  cache_[digest] = CachedPrincipal{principal, now + kTokenCacheTtl};
+  return principal;
+}
+
+absl::Status Authenticator::RequireNodeOrAdmin(const std::string& authorization) const {
+  GRADHUB_ASSIGN_OR_RETURN(const Principal principal, Authenticate(authorization));
+  if (principal.kind == Principal::Kind::kTenant) {
+    return absl::PermissionDeniedError("this takes a node token (or the admin token)");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> Authenticator::JobTenant(const std::string& authorization,
+                                                 JobAccess access) const {
+  GRADHUB_ASSIGN_OR_RETURN(const Principal principal, Authenticate(authorization));
+  if (principal.kind == Principal::Kind::kAdmin && access == JobAccess::kReadOrCancel) {
+    return kAnyTenant;
+  }
+  if (principal.kind != Principal::Kind::kTenant) {
+    return absl::PermissionDeniedError("jobs belong to tenants: use a tenant token");
+  }
+  return principal.tenant_id;
 }
 
 absl::StatusOr<int64_t> Authenticator::CreateTenant(const std::string& name,
@@ -127,6 +163,11 @@ absl::StatusOr<TokenRecord> Authenticator::RevokeToken(const std::string& tenant
                   " (extract(epoch FROM revoke_time) * 1e6)::bigint AS revoke_us",
                   {id, tenant}));
   if (rows.empty()) return absl::NotFoundError(absl::StrCat("token ", id, " not found"));
+  {
+    // Revoked here means refused here at once; other replicas follow within kTokenCacheTtl.
+    absl::MutexLock lock(&cache_mutex_);
+    cache_.clear();
+  }
   const db::Row row = rows.row(0);
   return TokenRecord{id,
                      row.Get<std::optional<std::string>>("tenant").value_or(""),

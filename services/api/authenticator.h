@@ -5,9 +5,12 @@
 
 #include <cstdint>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "services/common/db/pool.h"
 
 namespace gradhub::api {
@@ -38,15 +41,34 @@ struct NewToken {
   std::string prefix;  // the first characters, for listings
 };
 
+// Reads by the admin token see every tenant's jobs; JobManager takes it as a tenant id.
+inline constexpr int64_t kAnyTenant = -1;
+
+// What a caller wants to do with jobs: only a tenant creates them (they need an owner); the
+// admin token also reads, watches and cancels every tenant's.
+enum class JobAccess { kCreate, kReadOrCancel };
+
 class Authenticator {
  public:
   // `admin_token` empty = no admin access at all.
   Authenticator(db::Pool* pool, std::string admin_token)
       : pool_(pool), admin_token_(std::move(admin_token)) {}
 
+  // A token found in the database is trusted this long without asking it again, so a call costs
+  // no query; a revocation through another api replica takes effect within this time.
+  static constexpr absl::Duration kTokenCacheTtl = absl::Seconds(5);
+
   // `authorization` is the header value, "Bearer <token>". UNAUTHENTICATED, with the same
   // message for a missing, malformed, unknown, revoked or expired token.
   absl::StatusOr<Principal> Authenticate(const std::string& authorization) const;
+
+  // OK for a node token or the admin token: what infrastructure calls (the agent protocol's
+  // store, used by trainers) take. PERMISSION_DENIED for a tenant's token.
+  absl::Status RequireNodeOrAdmin(const std::string& authorization) const;
+
+  // The tenant whose jobs the caller may act on (kAnyTenant for the admin token, when `access`
+  // allows it), or UNAUTHENTICATED / PERMISSION_DENIED: the one rule both adapters apply.
+  absl::StatusOr<int64_t> JobTenant(const std::string& authorization, JobAccess access) const;
 
   // INVALID_ARGUMENT for a name that is not [a-z][a-z0-9-]{0,62}; ALREADY_EXISTS when taken.
   absl::StatusOr<int64_t> CreateTenant(const std::string& name, const std::string& display_name);
@@ -64,6 +86,14 @@ class Authenticator {
 
   db::Pool* pool_;
   std::string admin_token_;
+
+  struct CachedPrincipal {
+    Principal principal;
+    absl::Time expires;
+  };
+  mutable absl::Mutex cache_mutex_;
+  // By SHA-256 of the token; only tokens the database accepted.
+  mutable std::unordered_map<std::string, CachedPrincipal> cache_ ABSL_GUARDED_BY(cache_mutex_);
 };
 
 }  // namespace gradhub::api

@@ -24,6 +24,8 @@ struct ApiConfig {
   absl::Duration heartbeat_interval = absl::Seconds(1);
   absl::Duration backfill_window = absl::Seconds(60);
   absl::Duration scheduler_interval = absl::Milliseconds(200);
+  std::string tls_cert_file;
+  std::string tls_key_file;
 
   void Register(Flags& flags) {
     flags.String("database-url", "GRADHUB_DATABASE_URL", &database_url,
@@ -56,6 +58,9 @@ struct ApiConfig {
                    "How long a job that does not fit may be passed over by smaller ones");
     flags.Duration("scheduler-interval", "GRADHUB_SCHEDULER_INTERVAL", &scheduler_interval,
                    "Time between scheduler passes (one also follows every rank exit)");
+    flags.String("tls-cert", "GRADHUB_TLS_CERT", &tls_cert_file,
+                 "PEM certificate chain; with --tls-key, gRPC and REST serve TLS only");
+    flags.String("tls-key", "GRADHUB_TLS_KEY", &tls_key_file, "PEM private key of --tls-cert");
   }
 };
 

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <regex>
+#include <thread>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -18,6 +19,7 @@ using State = v1::Job::State;
 using google::protobuf::util::TimeUtil;
 
 constexpr size_t kMaxRequestIdLength = 64;
+constexpr size_t kMaxCancelReasonLength = 1024;
 
 }  // namespace
 
@@ -135,18 +137,25 @@ absl::StatusOr<v1::ListJobsResponse> JobManager::ListJobs(int64_t tenant_id,
       {.read_only = true});
 }
 
-absl::StatusOr<v1::Job> JobManager::CancelJob(int64_t tenant_id, const std::string& name) {
+absl::StatusOr<v1::Job> JobManager::CancelJob(int64_t tenant_id, const std::string& name,
+                                              const std::string& reason) {
+  if (reason.size() > kMaxCancelReasonLength) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("reason: at most ", kMaxCancelReasonLength, " characters"));
+  }
+  const std::string why =
+      reason.empty() ? "cancelled by the user" : absl::StrCat("cancelled by the user: ", reason);
   return pool_->Transact([&](db::Transaction& tx) -> absl::StatusOr<v1::Job> {
     GRADHUB_ASSIGN_OR_RETURN(v1::Job job, ReadJob(tx, name, tenant_id, true));
     // As jobs.proto says: cancelling a job that already ended returns it unchanged.
-    if (job.state() == v1::Job::CANCELLED || job.state() == v1::Job::SUCCEEDED ||
-        job.state() == v1::Job::FAILED) {
-      return job;
-    }
+    if (IsTerminal(job.state())) return job;
     GRADHUB_RETURN_IF_ERROR(tx.Exec("UPDATE jobs SET cancel_requested = true WHERE id = $1::uuid",
                             {JobId(name)})
                         .status());
-    return ApplyTransition(tx, job, v1::Job::CANCELLED, Because("cancelled by the user"));
+    GRADHUB_RETURN_IF_ERROR(AppendEvent(tx, JobId(name), job.attempt(),
+                                        v1::JobEvent::CANCEL_REQUESTED, std::nullopt,
+                                        std::nullopt, Because(reason)));
+    return ApplyTransition(tx, job, v1::Job::CANCELLED, Because(why));
   });
 }
 
@@ -167,23 +176,59 @@ absl::Status JobManager::CheckReady() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<v1::ListJobEventsResponse> JobManager::ListJobEvents(int64_t tenant_id,
-                                                                   const std::string& name) {
+absl::StatusOr<v1::ListJobEventsResponse> JobManager::ListJobEvents(
+    int64_t tenant_id, const v1::ListJobEventsRequest& request) {
+  GRADHUB_ASSIGN_OR_RETURN(const int32_t page_size, ListPageSize(request.page_size()));
+  std::string sql =
+      "SELECT id, attempt, type, coalesce(from_state, '') AS from_state,"
+      " coalesce(to_state, '') AS to_state,"
+      " message, coalesce(failure_kind, 'NONE') AS failure_kind,"
+      " coalesce(rank, -1) AS rank, coalesce(node, '') AS node,"
+      " coalesce(exit_code, 0) AS exit_code, coalesce(signal, 0) AS signal,"
+      " (extract(epoch FROM create_time) * 1e6)::bigint AS time_us"
+      " FROM job_events WHERE job_id = $1::uuid";
+  std::vector<db::Param> params = {JobId(request.parent())};
+  auto bind = [&](db::Param param) {
+    params.push_back(std::move(param));
+    return absl::StrCat("$", params.size());
+  };
+  GRADHUB_ASSIGN_OR_RETURN(std::vector<FilterTerm> terms, ParseListFilter(request.filter()));
+  for (const FilterTerm& term : terms) {
+    if (term.field == "type") {
+      v1::JobEvent::Type type = v1::JobEvent::TYPE_UNSPECIFIED;
+      if (!v1::JobEvent::Type_Parse(term.value, &type) || type == v1::JobEvent::TYPE_UNSPECIFIED) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("filter: type '", term.value, "' is not an event type"));
+      }
+      absl::StrAppend(&sql, " AND type = ", bind(term.value));
+    } else if (term.field == "attempt") {
+      int32_t attempt = 0;
+      if (!absl::SimpleAtoi(term.value, &attempt) || attempt < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("filter: attempt '", term.value, "' is not an attempt number"));
+      }
+      absl::StrAppend(&sql, " AND attempt = ", bind(attempt));
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("filter: unknown field '", term.field, "' (type, attempt)"));
+    }
+  }
+  if (!request.page_token().empty()) {
+    // The id of the last event of the previous page: ids only grow, so pages never shift.
+    int64_t after = 0;
+    if (!absl::SimpleAtoi(request.page_token(), &after) || after < 0) {
+      return absl::InvalidArgumentError("page_token: not a token this server returned");
+    }
+    absl::StrAppend(&sql, " AND id > ", bind(after), "::bigint");
+  }
+  absl::StrAppend(&sql, " ORDER BY id LIMIT ", bind(page_size + 1));
   return pool_->Transact(
       [&](db::Transaction& tx) -> absl::StatusOr<v1::ListJobEventsResponse> {
-        GRADHUB_ASSIGN_OR_RETURN(v1::Job job, ReadJob(tx, name, tenant_id, false));
-        GRADHUB_ASSIGN_OR_RETURN(
-            db::Result rows,
-            tx.Exec("SELECT id, attempt, type, coalesce(from_state, '') AS from_state,"
-                    " coalesce(to_state, '') AS to_state,"
-                    " message, coalesce(failure_kind, 'NONE') AS failure_kind,"
-                    " coalesce(rank, -1) AS rank, coalesce(node, '') AS node,"
-                    " coalesce(exit_code, 0) AS exit_code, coalesce(signal, 0) AS signal,"
-                    " (extract(epoch FROM create_time) * 1e6)::bigint AS time_us"
-                    " FROM job_events WHERE job_id = $1::uuid ORDER BY id",
-                    {JobId(name)}));
+        GRADHUB_ASSIGN_OR_RETURN(v1::Job job, ReadJob(tx, request.parent(), tenant_id, false));
+        GRADHUB_ASSIGN_OR_RETURN(db::Result rows, tx.Exec(sql, params));
         v1::ListJobEventsResponse events;
-        for (const db::Row& row : rows) {
+        for (int i = 0; i < rows.rows() && i < page_size; ++i) {
+          const db::Row row = rows.row(i);
           v1::JobEvent& event = *events.add_events();
           event.set_id(row.Get<int64_t>("id"));
           event.set_job(job.name());
@@ -205,6 +250,9 @@ absl::StatusOr<v1::ListJobEventsResponse> JobManager::ListJobEvents(int64_t tena
           event.set_node(row.Get<std::string>("node"));
           event.set_exit_code(row.Get<int32_t>("exit_code"));
           event.set_signal(row.Get<int32_t>("signal"));
+        }
+        if (rows.rows() > page_size) {
+          events.set_next_page_token(absl::StrCat(events.events(page_size - 1).id()));
         }
         return events;
       },
@@ -246,6 +294,48 @@ absl::StatusOr<JobManager::LogPage> JobManager::ReadLogs(
         return page;
       },
       {.read_only = true});
+}
+
+absl::Status JobManager::WatchJob(int64_t tenant_id, const std::string& name,
+                                  const std::function<bool(const v1::Job&)>& send,
+                                  const std::function<bool()>& stop) {
+  std::string sent_etag;
+  while (!stop()) {
+    GRADHUB_ASSIGN_OR_RETURN(const v1::Job job, GetJob(tenant_id, name));
+    if (job.etag() != sent_etag) {
+      if (!send(job)) return absl::CancelledError("client gone");
+      sent_etag = job.etag();
+    }
+    if (IsTerminal(job.state())) return absl::OkStatus();
+    std::this_thread::sleep_for(kPollInterval);
+  }
+  return absl::CancelledError("client cancelled");
+}
+
+absl::Status JobManager::StreamLogs(int64_t tenant_id, const v1::GetJobLogsRequest& request,
+                                    const std::function<bool(const v1::LogEntry&)>& send,
+                                    const std::function<bool()>& stop) {
+  constexpr int32_t kPage = 1000;
+  const int32_t rank = request.has_rank() ? request.rank() : -1;
+  std::map<int32_t, int64_t> after;
+  int32_t attempt = request.attempt();
+  while (!stop()) {
+    GRADHUB_ASSIGN_OR_RETURN(const LogPage page, ReadLogs(tenant_id, request.name(), attempt, rank,
+                                                          after, request.after_seq(), kPage));
+    attempt = page.attempt;
+    for (const v1::LogEntry& line : page.lines) {
+      if (!send(line)) return absl::CancelledError("client gone");
+      after[line.rank()] = line.seq();
+    }
+    if (static_cast<int32_t>(page.lines.size()) == kPage) continue;
+    // Lines arrive after the job ends (agents flush), so a follower leaves once the job has
+    // ended and a read found nothing new.
+    if (!request.follow() || (IsTerminal(page.job.state()) && page.lines.empty())) {
+      return absl::OkStatus();
+    }
+    std::this_thread::sleep_for(kPollInterval);
+  }
+  return absl::CancelledError("client cancelled");
 }
 
 }  // namespace gradhub::api

@@ -3,7 +3,9 @@
 // that checks the current state, updates the job and appends to job_events.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -37,7 +39,9 @@ class JobManager {
 
   // Idempotent: cancelling a job that already ended (cancelled, succeeded or failed) returns
   // it unchanged. Running ranks are stopped by the agents, which converge on the job's state.
-  absl::StatusOr<v1::Job> CancelJob(int64_t tenant_id, const std::string& name);
+  // `reason` (at most 1 KiB) goes into the CANCEL_REQUESTED event and the state reason.
+  absl::StatusOr<v1::Job> CancelJob(int64_t tenant_id, const std::string& name,
+                                    const std::string& reason = "");
 
   // For the scheduler and agents (no tenant check). FAILED_PRECONDITION, with nothing
   // written, when the job's current state does not allow it.
@@ -47,9 +51,9 @@ class JobManager {
   // OK when the database answers and the schema has been migrated; for /readyz.
   absl::Status CheckReady();
 
-  // Oldest first.
+  // Oldest first (id order), paged by id; filter terms: type, attempt.
   absl::StatusOr<v1::ListJobEventsResponse> ListJobEvents(int64_t tenant_id,
-                                                         const std::string& name);
+                                                         const v1::ListJobEventsRequest& request);
 
   // Up to `limit` lines of one attempt (0 = the job's current one), oldest first, of one rank
   // (rank < 0 = all), each with a seq above after_seq[rank] (missing = after_seq_default).
@@ -62,6 +66,23 @@ class JobManager {
   absl::StatusOr<LogPage> ReadLogs(int64_t tenant_id, const std::string& name, int32_t attempt,
                                    int32_t rank, const std::map<int32_t, int64_t>& after_seq,
                                    int64_t after_seq_default, int32_t limit);
+
+  // How often WatchJob and StreamLogs look for changes.
+  static constexpr std::chrono::milliseconds kPollInterval{200};
+
+  // Calls `send` with the job as it is now, then with every new version (a slow reader may
+  // skip some, never the latest), until the job ends (OK after sending it), `send` returns
+  // false or `stop()` is true (CANCELLED).
+  absl::Status WatchJob(int64_t tenant_id, const std::string& name,
+                        const std::function<bool(const v1::Job&)>& send,
+                        const std::function<bool()>& stop);
+
+  // Calls `send` with each stored line of `request`'s attempt, oldest first; with follow, also
+  // the lines that arrive later, until the attempt's job has ended and its last lines are in.
+  // The follower stays on the attempt it started with. Same returns as WatchJob.
+  absl::Status StreamLogs(int64_t tenant_id, const v1::GetJobLogsRequest& request,
+                          const std::function<bool(const v1::LogEntry&)>& send,
+                          const std::function<bool()>& stop);
 
  private:
   db::Pool* pool_;

@@ -4,8 +4,6 @@
 // what that pool is for.
 #pragma once
 
-#include <chrono>
-
 #include "gradhub/v1/jobs.grpc.pb.h"
 #include "services/api/authenticator.h"
 #include "services/api/job_manager.h"
@@ -16,9 +14,6 @@ class JobService final : public v1::JobService::Service {
  public:
   // Not owned; both must outlive the service.
   JobService(JobManager* jobs, const Authenticator* auth) : jobs_(jobs), auth_(auth) {}
-
-  // How often WatchJob and `GetJobLogs --follow` look for changes.
-  static constexpr std::chrono::milliseconds kPollInterval{200};
 
   grpc::Status CreateJob(grpc::ServerContext* context, const v1::CreateJobRequest* request,
                          v1::Job* response) override;
@@ -32,20 +27,15 @@ class JobService final : public v1::JobService::Service {
                              const v1::ListJobEventsRequest* request,
                              v1::ListJobEventsResponse* response) override;
 
-  // Streams the job whenever it changes (polling its etag), until it ends or the client goes.
+  // Streams the job whenever it changes (JobManager::WatchJob), until it ends or the client goes.
   grpc::Status WatchJob(grpc::ServerContext* context, const v1::WatchJobRequest* request,
                         grpc::ServerWriter<v1::Job>* writer) override;
   grpc::Status GetJobLogs(grpc::ServerContext* context, const v1::GetJobLogsRequest* request,
                           grpc::ServerWriter<v1::LogEntry>* writer) override;
 
-  // Reads by the admin token see every tenant's jobs.
-  static constexpr int64_t kAnyTenant = -1;
-
-  // The caller's tenant (kAnyTenant for the admin token when `admin_sees_all`), or the status
-  // to answer with.
-  absl::StatusOr<int64_t> Tenant(const grpc::ServerContext& context, bool admin_sees_all) const;
-
  private:
+  absl::StatusOr<int64_t> Tenant(const grpc::ServerContext& context, JobAccess access) const;
+
   JobManager* jobs_;
   const Authenticator* auth_;
 };

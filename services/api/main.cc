@@ -11,12 +11,15 @@
 #include <thread>
 
 #include "absl/strings/str_join.h"
+#include "services/common/grpc_credentials.h"
 #include "services/api/config.h"
 #include "services/common/db/connection.h"
 #include "services/common/db/migrator.h"
 #include "services/common/db/pool.h"
 #include "services/api/admin_service.h"
+#include "services/api/api_metrics.h"
 #include "services/api/authenticator.h"
+#include "services/api/grpc_metrics.h"
 #include "services/api/job_manager.h"
 #include "services/api/job_service.h"
 #include "services/api/node_manager.h"
@@ -95,6 +98,11 @@ int CreateToken(const gradhub::api::ApiConfig& config, const std::string& tenant
 }
 
 int Serve(const gradhub::api::ApiConfig& config) {
+  auto credentials = gradhub::ServerCredentials(config.tls_cert_file, config.tls_key_file);
+  if (!credentials.ok()) {
+    std::cerr << "gradhub-api: " << credentials.status().message() << "\n";
+    return 2;
+  }
   if (int rc = Migrate(config); rc != 0) return rc;
   // SIGTERM and SIGINT are taken by a thread that waits for them, so shutdown runs as ordinary
   // code rather than in a signal handler.
@@ -110,7 +118,9 @@ int Serve(const gradhub::api::ApiConfig& config) {
       &pool, gradhub::SpecLimits{.max_world_size = static_cast<int>(config.max_world_size)});
   gradhub::api::JobService job_service(&jobs, &auth);
   gradhub::api::RendezvousStore store;
-  gradhub::api::StoreService store_service(&store);
+  gradhub::api::StoreService store_service(&store, [&auth](const std::string& authorization) {
+    return auth.RequireNodeOrAdmin(authorization);
+  });
   gradhub::api::Scheduler scheduler(
       &pool, {.interval = config.scheduler_interval,
               .node_lease = config.heartbeat_interval * 3,
@@ -119,10 +129,14 @@ int Serve(const gradhub::api::ApiConfig& config) {
   gradhub::api::NodeManager nodes(&pool, {.heartbeat_interval = config.heartbeat_interval});
   gradhub::api::NodeService node_service(&nodes, &auth, [&] { scheduler.Nudge(); });
   gradhub::api::AdminService admin_service(&auth);
+  gradhub::api::ApiMetrics metrics(&pool);
 
   int port = 0;
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(config.grpc_address, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(config.grpc_address, *credentials, &port);
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(gradhub::api::MetricsInterceptorFactory(&metrics));
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
   builder.SetMaxReceiveMessageSize(static_cast<int>(config.max_request_bytes));
   builder.RegisterService(&job_service);
   builder.RegisterService(&store_service);
@@ -137,17 +151,19 @@ int Serve(const gradhub::api::ApiConfig& config) {
   nodes.set_store_address(config.store_address.empty() ? "127.0.0.1:" + std::to_string(port)
                                                         : config.store_address);
   scheduler.Start();
-  gradhub::api::RestGateway rest(
-      &jobs, &auth,
-      {.max_body_bytes = static_cast<size_t>(config.max_request_bytes)});
-  const int http_port = rest.Start(config.http_host, static_cast<int>(config.http_port));
-  if (http_port < 0) {
-    std::cerr << "gradhub-api: cannot serve REST on " << config.http_host << ":"
-              << config.http_port << "\n";
+  gradhub::api::RestGatewayOptions rest_options;
+  rest_options.max_body_bytes = static_cast<size_t>(config.max_request_bytes);
+  rest_options.tls_cert_file = config.tls_cert_file;
+  rest_options.tls_key_file = config.tls_key_file;
+  gradhub::api::RestGateway rest(&jobs, &auth, &metrics, rest_options);
+  const absl::StatusOr<int> http_port =
+      rest.Start(config.http_host, static_cast<int>(config.http_port));
+  if (!http_port.ok()) {
+    std::cerr << "gradhub-api: REST: " << http_port.status().message() << "\n";
     return 1;
   }
   // Lines a launcher can parse for the ports actually bound.
-  std::cout << "gradhub-api: serving REST on port " << http_port << std::endl;
+  std::cout << "gradhub-api: serving REST on port " << *http_port << std::endl;
   std::cout << "gradhub-api: serving gRPC on port " << port << std::endl;
 
   int received = 0;

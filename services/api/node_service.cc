@@ -14,12 +14,6 @@ grpc::Status Answer(absl::StatusOr<T> result, T* response) {
 
 }  // namespace
 
-std::string AuthorizationOf(const grpc::ServerContext& context) {
-  const auto& metadata = context.client_metadata();
-  const auto header = metadata.find("authorization");
-  return header == metadata.end() ? "" : std::string(header->second.data(), header->second.size());
-}
-
 absl::Status NodeService::Require(const grpc::ServerContext& context, Principal::Kind kind) const {
   absl::StatusOr<Principal> principal = auth_->Authenticate(AuthorizationOf(context));
   if (!principal.ok()) return principal.status();

@@ -6,6 +6,7 @@
 
 #include "gradhub/v1/nodes.grpc.pb.h"
 #include "services/api/authenticator.h"
+#include "services/api/call_authorization.h"
 #include "services/api/node_manager.h"
 
 namespace gradhub::api {
@@ -42,7 +43,5 @@ class NodeService final : public v1::NodeService::Service {
   std::function<void()> on_change_;
 };
 
-// The `authorization` metadata of a call, "" when absent.
-std::string AuthorizationOf(const grpc::ServerContext& context);
 
 }  // namespace gradhub::api

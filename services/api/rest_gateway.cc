@@ -3,6 +3,11 @@
 #include <google/protobuf/util/json_util.h>
 #include <httplib.h>
 
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <type_traits>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
@@ -11,42 +16,61 @@ namespace {
 
 using google::protobuf::Message;
 
-// {"error": {"code": 400, "status": "INVALID_ARGUMENT", "message": "..."}} as Google APIs do.
-void SendError(httplib::Response& response, const absl::Status& status) {
-  response.status = HttpStatusFor(status.code());
-  std::string message(status.message());
-  std::string quoted;
-  for (char c : message) {
-    if (c == '"' || c == '\\') {
-      quoted += '\\';
-      quoted += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      quoted += ' ';
-    } else {
-      quoted += c;
-    }
+// A watcher that sees no change for this long gets a blank line, so a client that went away
+// is noticed (the write fails) and its thread freed. NDJSON readers such as jq skip it.
+constexpr absl::Duration kStreamKeepAlive = absl::Seconds(15);
+
+// What the metrics record of the request this thread serves. httplib serves a request from
+// routing to its last byte on one thread and calls the logger after the last byte (streams
+// included), so thread-local state carries it from the route to the logger.
+struct RequestRecord {
+  absl::Time start = absl::Now();
+  const char* method = "unrouted";
+  absl::StatusCode code = absl::StatusCode::kOk;
+};
+thread_local RequestRecord current_request;
+
+absl::StatusCode CodeForHttp(int status) {
+  switch (status) {
+    case 400: return absl::StatusCode::kInvalidArgument;
+    case 401: return absl::StatusCode::kUnauthenticated;
+    case 403: return absl::StatusCode::kPermissionDenied;
+    case 404: return absl::StatusCode::kNotFound;
+    case 413: return absl::StatusCode::kResourceExhausted;
+    default: return status < 400 ? absl::StatusCode::kOk : absl::StatusCode::kUnknown;
   }
-  response.set_content(absl::StrCat("{\"error\":{\"code\":", response.status, ",\"status\":\"",
-                                    absl::StatusCodeToString(status.code()), "\",\"message\":\"",
-                                    quoted, "\"}}\n"),
-                       "application/json");
 }
 
-void SendMessage(httplib::Response& response, const Message& message) {
+// {"error": {"code": 400, "status": "INVALID_ARGUMENT", "message": "..."}} as Google APIs do.
+std::string ErrorJson(const absl::Status& status) {
+  const nlohmann::json body = {{"error",
+                                {{"code", HttpStatusFor(status.code())},
+                                 {"status", absl::StatusCodeToString(status.code())},
+                                 {"message", std::string(status.message())}}}};
+  // Replace, not throw, on invalid UTF-8: a message may quote a client's bytes.
+  return body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+void SendError(httplib::Response& response, const absl::Status& status) {
+  current_request.code = status.code();
+  response.status = HttpStatusFor(status.code());
+  response.set_content(ErrorJson(status) + "\n", "application/json");
+}
+
+std::string ToJson(const Message& message) {
   std::string json;
-  google::protobuf::util::JsonPrintOptions options;
-  (void)google::protobuf::util::MessageToJsonString(message, &json, options);
-  response.status = 200;
-  response.set_content(json + "\n", "application/json");
+  (void)google::protobuf::util::MessageToJsonString(message, &json, {});
+  return json;
 }
 
 template <typename T>
 void Send(httplib::Response& response, const absl::StatusOr<T>& result) {
-  if (result.ok()) {
-    SendMessage(response, *result);
-  } else {
-    SendError(response, result.status());
+  if (!result.ok()) return SendError(response, result.status());
+  if constexpr (std::is_same_v<T, v1::Job>) {
+    response.set_header("ETag", absl::StrCat("\"", result->etag(), "\""));
   }
+  response.status = 200;
+  response.set_content(ToJson(*result) + "\n", "application/json");
 }
 
 // An empty body is the empty message; otherwise proto3 JSON, unknown fields refused.
@@ -60,6 +84,35 @@ absl::Status ParseBody(const httplib::Request& request, Message* message) {
   }
   return absl::OkStatus();
 }
+
+// An integer query parameter, left unchanged when absent; INVALID_ARGUMENT naming it.
+template <typename Int>
+absl::Status IntParam(const httplib::Request& request, const char* name, Int* value) {
+  if (!request.has_param(name)) return absl::OkStatus();
+  if (!absl::SimpleAtoi(request.get_param_value(name), value)) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": not an integer"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status BoolParam(const httplib::Request& request, const char* name, bool* value) {
+  if (!request.has_param(name)) return absl::OkStatus();
+  const std::string text = request.get_param_value(name);
+  if (text == "true" || text == "1") {
+    *value = true;
+  } else if (text == "false" || text == "0") {
+    *value = false;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": expected true or false"));
+  }
+  return absl::OkStatus();
+}
+
+std::string JobName(const httplib::Request& request) { return "jobs/" + request.matches[1].str(); }
+
+// A JobManager stream (WatchJob, StreamLogs) taking `send(message)` and `stop()`.
+using Stream = std::function<absl::Status(const std::function<bool(const Message&)>& send,
+                                          const std::function<bool()>& stop)>;
 
 }  // namespace
 
@@ -83,18 +136,34 @@ int HttpStatusFor(absl::StatusCode code) {
   }
 }
 
-RestGateway::RestGateway(JobManager* jobs, const Authenticator* auth, RestGatewayOptions options)
-    : jobs_(jobs), auth_(auth), options_(options), server_(std::make_unique<httplib::Server>()) {
+RestGateway::RestGateway(JobManager* jobs, const Authenticator* auth, ApiMetrics* metrics,
+                         RestGatewayOptions options)
+    : jobs_(jobs), auth_(auth), metrics_(metrics), options_(std::move(options)) {
+  if (!options_.tls_cert_file.empty() || !options_.tls_key_file.empty()) {
+    server_ = std::make_unique<httplib::SSLServer>(options_.tls_cert_file.c_str(),
+                                                   options_.tls_key_file.c_str());
+  } else {
+    server_ = std::make_unique<httplib::Server>();
+  }
   server_->set_payload_max_length(options_.max_body_bytes);
+  const int threads = options_.max_concurrent_requests;
+  server_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   Route();
 }
 
 RestGateway::~RestGateway() { Stop(); }
 
-int RestGateway::Start(const std::string& host, int port) {
+absl::StatusOr<int> RestGateway::Start(const std::string& host, int port) {
+  if (!server_->is_valid()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tls: cannot load the certificate '", options_.tls_cert_file, "' with the key '",
+        options_.tls_key_file, "' (both PEM files, the key matching the certificate)"));
+  }
   const int bound = port == 0 ? server_->bind_to_any_port(host.c_str())
                               : (server_->bind_to_port(host.c_str(), port) ? port : -1);
-  if (bound < 0) return -1;
+  if (bound < 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", host, ":", port));
+  }
   thread_ = std::thread([this] { server_->listen_after_bind(); });
   // The socket listens from bind on: requests queue in its backlog until the loop runs.
   return bound;
@@ -102,24 +171,66 @@ int RestGateway::Start(const std::string& host, int port) {
 
 void RestGateway::Stop() {
   if (!thread_.joinable()) return;
+  stopping_ = true;
   server_->stop();
   thread_.join();
 }
 
 void RestGateway::Route() {
-  // The caller's tenant from the Authorization header; on failure the response is written.
-  auto tenant = [this](const httplib::Request& request,
-                       httplib::Response& response) -> std::optional<int64_t> {
-    absl::StatusOr<Principal> principal = auth_->Authenticate(request.get_header_value("Authorization"));
-    if (principal.ok() && principal->kind != Principal::Kind::kTenant) {
-      principal = absl::PermissionDeniedError("jobs belong to tenants: use a tenant token");
-    }
-    if (!principal.ok()) {
-      SendError(response, principal.status());
+  // Whose jobs the caller may act on; on failure the response is written.
+  auto tenant = [this](const httplib::Request& request, httplib::Response& response,
+                       JobAccess access) -> std::optional<int64_t> {
+    absl::StatusOr<int64_t> id = auth_->JobTenant(request.get_header_value("Authorization"), access);
+    if (!id.ok()) {
+      SendError(response, id.status());
       return std::nullopt;
     }
-    return principal->tenant_id;
+    return *id;
   };
+  // Labels the request with its rpc's name for the metrics, then handles it.
+  auto rpc = [](const char* method, httplib::Server::Handler handler) {
+    return [method, handler = std::move(handler)](const httplib::Request& request,
+                                                  httplib::Response& response) {
+      current_request.method = method;
+      handler(request, response);
+    };
+  };
+  // Answers 200 with newline-delimited JSON, one message per line, written by `stream` on
+  // this thread. The status line is gone by the first line, so a later error is sent as a
+  // last line of the same {"error": ...} shape.
+  auto stream_lines = [this](httplib::Response& response, Stream stream) {
+    response.set_chunked_content_provider(
+        "application/x-ndjson", [this, stream](size_t, httplib::DataSink& sink) {
+          absl::Time last_write = absl::Now();
+          auto write = [&](const std::string& text) {
+            if (!sink.write(text.data(), text.size())) return false;
+            last_write = absl::Now();
+            return true;
+          };
+          auto send = [&](const Message& message) { return write(ToJson(message) + "\n"); };
+          auto stop = [&] {
+            if (stopping_) return true;
+            return absl::Now() - last_write > kStreamKeepAlive && !write("\n");
+          };
+          const absl::Status status = stream(send, stop);
+          if (!status.ok() && !absl::IsCancelled(status)) write(ErrorJson(status) + "\n");
+          current_request.code = status.code();
+          sink.done();
+          return true;
+        });
+  };
+
+  server_->set_pre_routing_handler([](const httplib::Request&, httplib::Response&) {
+    current_request = RequestRecord{};
+    return httplib::Server::HandlerResponse::Unhandled;
+  });
+  server_->set_logger([this](const httplib::Request&, const httplib::Response& response) {
+    const absl::StatusCode code = current_request.code != absl::StatusCode::kOk
+                                      ? current_request.code
+                                      : CodeForHttp(response.status);
+    metrics_->RecordRequest("rest", current_request.method, code,
+                            absl::Now() - current_request.start);
+  });
 
   // Liveness needs nothing but this process; readiness needs the database and its schema.
   server_->Get("/healthz", [](const httplib::Request&, httplib::Response& response) {
@@ -130,45 +241,96 @@ void RestGateway::Route() {
     if (!ready.ok()) return SendError(response, ready);
     response.set_content("ok\n", "text/plain");
   });
-  server_->Post("/v1/jobs", [this, tenant](const httplib::Request& request, httplib::Response& response) {
-    auto id = tenant(request, response);
+  server_->Get("/metrics", [this](const httplib::Request&, httplib::Response& response) {
+    response.set_content(metrics_->Scrape(), "text/plain; version=0.0.4");
+  });
+
+  server_->Post("/v1/jobs", rpc("JobService.CreateJob", [=](const httplib::Request& request,
+                                                            httplib::Response& response) {
+    auto id = tenant(request, response, JobAccess::kCreate);
     if (!id) return;
     v1::JobSpec spec;
     if (auto parsed = ParseBody(request, &spec); !parsed.ok()) return SendError(response, parsed);
     Send(response, jobs_->CreateJob(*id, spec, request.get_param_value("requestId")));
-  });
-  server_->Get("/v1/jobs", [this, tenant](const httplib::Request& request, httplib::Response& response) {
-    auto id = tenant(request, response);
+  }));
+  server_->Get("/v1/jobs", rpc("JobService.ListJobs", [=](const httplib::Request& request,
+                                                          httplib::Response& response) {
+    auto id = tenant(request, response, JobAccess::kReadOrCancel);
     if (!id) return;
     v1::ListJobsRequest list;
-    if (request.has_param("pageSize")) {
-      int32_t size = 0;
-      if (!absl::SimpleAtoi(request.get_param_value("pageSize"), &size)) {
-        return SendError(response, absl::InvalidArgumentError("pageSize: not an integer"));
-      }
-      list.set_page_size(size);
-    }
+    int32_t page_size = 0;
+    if (auto ok = IntParam(request, "pageSize", &page_size); !ok.ok()) return SendError(response, ok);
+    list.set_page_size(page_size);
     list.set_page_token(request.get_param_value("pageToken"));
     list.set_filter(request.get_param_value("filter"));
     Send(response, jobs_->ListJobs(*id, list));
-  });
-  server_->Get(R"(/v1/jobs/([^/:]+))", [this, tenant](const httplib::Request& request, httplib::Response& response) {
-    auto id = tenant(request, response);
+  }));
+  server_->Get(R"(/v1/jobs/([^/:]+))", rpc("JobService.GetJob", [=](const httplib::Request& request,
+                                                                    httplib::Response& response) {
+    auto id = tenant(request, response, JobAccess::kReadOrCancel);
     if (!id) return;
-    Send(response, jobs_->GetJob(*id, "jobs/" + request.matches[1].str()));
-  });
-  server_->Post(R"(/v1/jobs/([^/:]+):cancel)", [this, tenant](const httplib::Request& request, httplib::Response& response) {
-    auto id = tenant(request, response);
+    Send(response, jobs_->GetJob(*id, JobName(request)));
+  }));
+  server_->Post(R"(/v1/jobs/([^/:]+):cancel)", rpc("JobService.CancelJob", [=](
+      const httplib::Request& request, httplib::Response& response) {
+    auto id = tenant(request, response, JobAccess::kReadOrCancel);
     if (!id) return;
     v1::CancelJobRequest cancel;
     if (auto parsed = ParseBody(request, &cancel); !parsed.ok()) return SendError(response, parsed);
-    Send(response, jobs_->CancelJob(*id, "jobs/" + request.matches[1].str()));
-  });
-  server_->Get(R"(/v1/jobs/([^/:]+)/events)", [this, tenant](const httplib::Request& request, httplib::Response& response) {
-    auto id = tenant(request, response);
+    Send(response, jobs_->CancelJob(*id, JobName(request), cancel.reason()));
+  }));
+  server_->Get(R"(/v1/jobs/([^/:]+)/events)", rpc("JobService.ListJobEvents", [=](
+      const httplib::Request& request, httplib::Response& response) {
+    auto id = tenant(request, response, JobAccess::kReadOrCancel);
     if (!id) return;
-    Send(response, jobs_->ListJobEvents(*id, "jobs/" + request.matches[1].str()));
-  });
+    v1::ListJobEventsRequest list;
+    list.set_parent(JobName(request));
+    int32_t page_size = 0;
+    if (auto ok = IntParam(request, "pageSize", &page_size); !ok.ok()) return SendError(response, ok);
+    list.set_page_size(page_size);
+    list.set_page_token(request.get_param_value("pageToken"));
+    list.set_filter(request.get_param_value("filter"));
+    Send(response, jobs_->ListJobEvents(*id, list));
+  }));
+  server_->Get(R"(/v1/jobs/([^/:]+):watch)", rpc("JobService.WatchJob", [=](
+      const httplib::Request& request, httplib::Response& response) {
+    auto id = tenant(request, response, JobAccess::kReadOrCancel);
+    if (!id) return;
+    // A missing job is a 404, not a stream that ends at once.
+    if (auto job = jobs_->GetJob(*id, JobName(request)); !job.ok()) {
+      return SendError(response, job.status());
+    }
+    stream_lines(response, [this, tenant_id = *id, name = JobName(request)](
+                               const auto& send, const auto& stop) {
+      return jobs_->WatchJob(tenant_id, name, send, stop);
+    });
+  }));
+  server_->Get(R"(/v1/jobs/([^/:]+)/logs)", rpc("JobService.GetJobLogs", [=](
+      const httplib::Request& request, httplib::Response& response) {
+    auto id = tenant(request, response, JobAccess::kReadOrCancel);
+    if (!id) return;
+    v1::GetJobLogsRequest logs;
+    logs.set_name(JobName(request));
+    int32_t attempt = 0, rank = -1;
+    int64_t after_seq = 0;
+    bool follow = false;
+    for (absl::Status parsed :
+         {IntParam(request, "attempt", &attempt), IntParam(request, "rank", &rank),
+          IntParam(request, "afterSeq", &after_seq), BoolParam(request, "follow", &follow)}) {
+      if (!parsed.ok()) return SendError(response, parsed);
+    }
+    logs.set_attempt(attempt);
+    if (request.has_param("rank")) logs.set_rank(rank);
+    logs.set_after_seq(after_seq);
+    logs.set_follow(follow);
+    if (auto job = jobs_->GetJob(*id, logs.name()); !job.ok()) {
+      return SendError(response, job.status());
+    }
+    stream_lines(response, [this, tenant_id = *id, logs](const auto& send, const auto& stop) {
+      return jobs_->StreamLogs(tenant_id, logs, send, stop);
+    });
+  }));
+
   // httplib answers an oversized body with 413 itself; give it the same error shape.
   server_->set_error_handler([](const httplib::Request&, httplib::Response& response) {
     if (response.status == 413 && response.body.empty()) {

@@ -1,14 +1,18 @@
 // The REST+JSON face of JobService (cpp-httplib): the same operations and messages in the
 // proto3 JSON mapping, at the paths jobs.proto gives next to each rpc. It calls JobManager
 // and Authenticator directly, as the gRPC adapter does; no logic of its own but transport:
-// status codes, body limits, JSON parsing.
+// status codes, body limits, JSON parsing, newline-delimited JSON for streams. Also serves
+// /healthz, /readyz and /metrics.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <thread>
 
+#include "absl/status/statusor.h"
+#include "services/api/api_metrics.h"
 #include "services/api/authenticator.h"
 #include "services/api/job_manager.h"
 
@@ -21,17 +25,24 @@ namespace gradhub::api {
 struct RestGatewayOptions {
   // Larger request bodies are refused with 413 before they are parsed.
   size_t max_body_bytes = 4 << 20;
+  // Requests served at once. A watch or a followed log holds one for its whole life.
+  int max_concurrent_requests = 64;
+  // Both set = HTTPS only (PEM files).
+  std::string tls_cert_file;
+  std::string tls_key_file;
 };
 
 class RestGateway {
  public:
-  RestGateway(JobManager* jobs, const Authenticator* auth, RestGatewayOptions options = {});
+  // Not owned; all must outlive the gateway.
+  RestGateway(JobManager* jobs, const Authenticator* auth, ApiMetrics* metrics,
+              RestGatewayOptions options = {});
   ~RestGateway();  // Stop()
 
-  // Binds host:port (0 = a free port) and serves on a background thread. Returns the port,
-  // or -1 when it cannot bind.
-  int Start(const std::string& host, int port);
-  // Stops accepting, lets in-flight requests finish, joins the thread. Idempotent.
+  // Binds host:port (0 = a free port) and serves on a background thread. Returns the port.
+  absl::StatusOr<int> Start(const std::string& host, int port);
+  // Stops accepting, ends streams, lets in-flight requests finish, joins the thread.
+  // Idempotent.
   void Stop();
 
  private:
@@ -39,8 +50,10 @@ class RestGateway {
 
   JobManager* jobs_;
   const Authenticator* auth_;
+  ApiMetrics* metrics_;
   RestGatewayOptions options_;
   std::unique_ptr<httplib::Server> server_;
+  std::atomic<bool> stopping_{false};
   std::thread thread_;
 };
 

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "services/api/call_authorization.h"
 
 namespace gradhub::api {
 namespace {
@@ -69,10 +70,20 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
 }
 
-StoreService::StoreService(RendezvousStore* store) : store_(store) {}
+StoreService::StoreService(RendezvousStore* store, Authorizer authorize)
+    : store_(store), authorize_(std::move(authorize)) {}
+
+grpc::ServerUnaryReactor* StoreService::Refused(grpc::CallbackServerContext* context) const {
+  const absl::Status allowed = authorize_(AuthorizationOf(*context));
+  if (allowed.ok()) return nullptr;
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(allowed));
+  return reactor;
+}
 
 grpc::ServerUnaryReactor* StoreService::Set(grpc::CallbackServerContext* context,
                                             const SetRequest* request, SetResponse* response) {
+  if (grpc::ServerUnaryReactor* refused = Refused(context)) return refused;
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(ToGrpcStatus(store_->Set(request->key(), request->value())));
   return reactor;
@@ -80,6 +91,7 @@ grpc::ServerUnaryReactor* StoreService::Set(grpc::CallbackServerContext* context
 
 grpc::ServerUnaryReactor* StoreService::Add(grpc::CallbackServerContext* context,
                                             const AddRequest* request, AddResponse* response) {
+  if (grpc::ServerUnaryReactor* refused = Refused(context)) return refused;
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   absl::StatusOr<int64_t> value = store_->Add(request->key(), request->delta());
   if (value.ok()) response->set_value(*value);
@@ -90,6 +102,7 @@ grpc::ServerUnaryReactor* StoreService::Add(grpc::CallbackServerContext* context
 grpc::ServerUnaryReactor* StoreService::Check(grpc::CallbackServerContext* context,
                                               const CheckRequest* request,
                                               CheckResponse* response) {
+  if (grpc::ServerUnaryReactor* refused = Refused(context)) return refused;
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   absl::StatusOr<bool> ready =
       store_->Check(std::vector<std::string>(request->keys().begin(), request->keys().end()));
@@ -101,6 +114,7 @@ grpc::ServerUnaryReactor* StoreService::Check(grpc::CallbackServerContext* conte
 grpc::ServerUnaryReactor* StoreService::DeletePrefix(grpc::CallbackServerContext* context,
                                                      const DeletePrefixRequest* request,
                                                      DeletePrefixResponse* response) {
+  if (grpc::ServerUnaryReactor* refused = Refused(context)) return refused;
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   absl::StatusOr<int64_t> deleted = store_->DeletePrefix(request->prefix());
   if (deleted.ok()) response->set_deleted(*deleted);
@@ -110,6 +124,7 @@ grpc::ServerUnaryReactor* StoreService::DeletePrefix(grpc::CallbackServerContext
 
 grpc::ServerUnaryReactor* StoreService::Get(grpc::CallbackServerContext* context,
                                             const GetRequest* request, GetResponse* response) {
+  if (grpc::ServerUnaryReactor* refused = Refused(context)) return refused;
   auto* reactor = new BlockingReactor(store_);
   // `response` lives until OnDone, i.e. past the Finish below.
   reactor->set_waiter(store_->Get(request->key(),
@@ -123,6 +138,7 @@ grpc::ServerUnaryReactor* StoreService::Get(grpc::CallbackServerContext* context
 
 grpc::ServerUnaryReactor* StoreService::Wait(grpc::CallbackServerContext* context,
                                              const WaitRequest* request, WaitResponse* response) {
+  if (grpc::ServerUnaryReactor* refused = Refused(context)) return refused;
   auto* reactor = new BlockingReactor(store_);
   reactor->set_waiter(
       store_->Wait(std::vector<std::string>(request->keys().begin(), request->keys().end()),

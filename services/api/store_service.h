@@ -17,11 +17,16 @@
 // gRPC's default 4 MiB message size. A server given a larger max_value_bytes must raise
 // ServerBuilder::SetMaxReceiveMessageSize (and clients their receive limit) to match.
 //
+// Every call is first put to the service's Authorizer (gradhub-api: a node token, which the
+// agent hands to its trainers, or the admin token).
+//
 // Thread-safe: gRPC calls the handlers from any thread; Shutdown() and pending_waiters() may
 // be called from any thread.
 #pragma once
 
 #include <cstddef>
+#include <functional>
+#include <string>
 
 #include <grpcpp/grpcpp.h>
 
@@ -36,8 +41,12 @@ grpc::Status ToGrpcStatus(const absl::Status& status);
 
 class StoreService final : public gradhub::v1::StoreService::CallbackService {
  public:
+  // OK when a call with this `authorization` metadata ("" when absent) may use the store;
+  // otherwise the status the call fails with. Called on gRPC's callback threads: keep it fast.
+  using Authorizer = std::function<absl::Status(const std::string& authorization)>;
+
   // `store` is not owned and must outlive the service and every call it serves.
-  explicit StoreService(RendezvousStore* store);
+  StoreService(RendezvousStore* store, Authorizer authorize);
 
   grpc::ServerUnaryReactor* Set(grpc::CallbackServerContext* context,
                                 const gradhub::v1::SetRequest* request,
@@ -66,7 +75,11 @@ class StoreService final : public gradhub::v1::StoreService::CallbackService {
   size_t pending_waiters() const;
 
  private:
+  // A reactor finished with the Authorizer's error, or nullptr when the call may proceed.
+  grpc::ServerUnaryReactor* Refused(grpc::CallbackServerContext* context) const;
+
   RendezvousStore* const store_;
+  const Authorizer authorize_;
 };
 
 }  // namespace gradhub::api

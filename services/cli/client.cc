@@ -6,9 +6,9 @@ namespace gradhub::cli {
 
 Client::Client(ClientOptions options)
     : options_(std::move(options)),
-      // The server speaks plaintext gRPC (InsecureServerCredentials); TLS, where it is used, is
-      // terminated in front of it.
-      channel_(grpc::CreateChannel(options_.server, grpc::InsecureChannelCredentials())),
+      channel_(grpc::CreateChannel(options_.server, options_.credentials != nullptr
+                                                        ? options_.credentials
+                                                        : grpc::InsecureChannelCredentials())),
       jobs_(v1::JobService::NewStub(channel_)),
       nodes_(v1::NodeService::NewStub(channel_)),
       admin_(v1::AdminService::NewStub(channel_)) {}

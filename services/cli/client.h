@@ -17,6 +17,8 @@ namespace gradhub::cli {
 struct ClientOptions {
   // host:port of gradhub-api's gRPC listener.
   std::string server = "localhost:7070";
+  // Plaintext unless set (gradhub::ClientCredentials).
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
   // Bearer secret; empty sends no authorization header (the server answers UNAUTHENTICATED).
   std::string token;
   // Deadline of each unary call. Without one a call to a host that drops packets would hang.

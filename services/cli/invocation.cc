@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "services/common/grpc_credentials.h"
 
 namespace gradhub::cli {
 
@@ -10,6 +11,9 @@ void GlobalOptions::Register(Flags& flags) {
   flags.String("server", "GRADHUB_SERVER", &server, "gradhub-api gRPC address, HOST:PORT")
       .String("token", "GRADHUB_TOKEN", &token,
               "Bearer token: a tenant token for jobs, the admin token for nodes and admin")
+      .String("tls-ca", "GRADHUB_TLS_CA", &tls_ca_file,
+              "PEM certificates trusted for TLS to --server (its own certificate, or its CA); "
+              "empty = plaintext")
       .String("output", "GRADHUB_OUTPUT", &output,
               "text (for people) or json (the proto3 JSON mapping, for scripts)")
       .Duration("timeout", "GRADHUB_TIMEOUT", &timeout,
@@ -17,7 +21,8 @@ void GlobalOptions::Register(Flags& flags) {
 }
 
 bool IsGlobalFlagWithValue(const std::string& name) {
-  return name == "server" || name == "token" || name == "output" || name == "timeout";
+  return name == "server" || name == "token" || name == "tls-ca" || name == "output" ||
+         name == "timeout";
 }
 
 Invocation::Invocation(std::string command, std::string synopsis, std::string summary,
@@ -118,13 +123,21 @@ bool Invocation::Parse(size_t min_positional, size_t max_positional) {
     UsageError("--timeout: must be positive");
     return false;
   }
+  auto credentials = ClientCredentials(globals_.tls_ca_file);
+  if (!credentials.ok()) {
+    UsageError(absl::StrCat("--tls-ca: ", credentials.status().message()));
+    return false;
+  }
+  credentials_ = *std::move(credentials);
   return true;
 }
 
 Client& Invocation::client() {
   if (client_ == nullptr) {
-    client_ = std::make_unique<Client>(ClientOptions{
-        .server = globals_.server, .token = globals_.token, .timeout = globals_.timeout});
+    client_ = std::make_unique<Client>(ClientOptions{.server = globals_.server,
+                                                     .credentials = credentials_,
+                                                     .token = globals_.token,
+                                                     .timeout = globals_.timeout});
   }
   return *client_;
 }

@@ -26,6 +26,7 @@ namespace gradhub::cli {
 struct GlobalOptions {
   std::string server = "localhost:7070";
   std::string token;
+  std::string tls_ca_file;
   std::string output = "text";
   absl::Duration timeout = absl::Seconds(30);
 
@@ -94,6 +95,7 @@ class Invocation {
   std::vector<std::string> positional_;
   Format format_ = Format::kText;
   int exit_code_ = kOk;
+  std::shared_ptr<grpc::ChannelCredentials> credentials_;  // from --tls-ca, set by Parse
   std::unique_ptr<Client> client_;
 };
 

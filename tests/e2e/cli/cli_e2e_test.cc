@@ -8,6 +8,7 @@
 #include <google/protobuf/util/json_util.h>
 #include <google/protobuf/util/message_differencer.h>
 #include <gtest/gtest.h>
+#include <httplib.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -156,7 +157,8 @@ class CliE2eTest : public ::testing::Test {
     args.insert(args.begin(), BinaryPath("gradhub"));
     // Whatever the developer's shell has must not leak into the defaults under test.
     for (const char* name :
-         {"GRADHUB_SERVER", "GRADHUB_TOKEN", "GRADHUB_OUTPUT", "GRADHUB_TIMEOUT"}) {
+         {"GRADHUB_SERVER", "GRADHUB_TOKEN", "GRADHUB_TLS_CA", "GRADHUB_OUTPUT",
+          "GRADHUB_TIMEOUT"}) {
       env.emplace(name, "");
     }
     return testing::Run(std::move(args), env, std::chrono::seconds(60));
@@ -533,6 +535,48 @@ TEST_F(CliE2eTest, UnreachableServerExits6) {
   EXPECT_EQ(silent_result.exit_code, 6) << silent_result.err;
   EXPECT_THAT(silent_result.err, HasSubstr("gradhub: DEADLINE_EXCEEDED: "));
   EXPECT_LT(elapsed, std::chrono::seconds(10));
+}
+
+// A second gradhub-api on the same database, serving TLS on both ports: the CLI reaches it
+// only with --tls-ca, and its /metrics (over HTTPS) counts the CLI's gRPC calls.
+TEST_F(CliE2eTest, TlsServerIsReachedWithTheCaAndCountsCallsInMetrics) {
+  const std::string cert = dir_.path() + "/cert.pem", key = dir_.path() + "/key.pem";
+  RunResult made = testing::Run({"/usr/bin/openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes",
+                                 "-days", "1", "-subj", "/CN=localhost", "-addext",
+                                 "subjectAltName=IP:127.0.0.1,DNS:localhost", "-keyout", key,
+                                 "-out", cert});
+  ASSERT_EQ(made.exit_code, 0) << made.err;
+  Subprocess api({BinaryPath("gradhub-api"), "--database-url", *url_, "--grpc-address",
+                  "127.0.0.1:0", "--http-host", "127.0.0.1", "--http-port", "0",
+                  "--shutdown-grace", "1s", "--tls-cert", cert, "--tls-key", key, "serve"});
+  static const std::regex kPorts("serving REST on port ([0-9]+)\\n.*serving gRPC on port ([0-9]+)");
+  std::smatch ports;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  std::string out;
+  while (std::chrono::steady_clock::now() < deadline && api.running()) {
+    out = api.out();
+    if (std::regex_search(out, ports, kPorts)) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_EQ(ports.size(), 3u) << api.err();
+  const std::string server = "127.0.0.1:" + ports[2].str();
+
+  RunResult listed = Raw({"--server", server, "--token", token_, "--tls-ca", cert, "list"});
+  EXPECT_EQ(listed.exit_code, 0) << listed.err;
+  RunResult plaintext = Raw({"--server", server, "--token", token_, "--timeout", "2s", "list"});
+  EXPECT_EQ(plaintext.exit_code, 6) << plaintext.err;
+  RunResult no_ca =
+      Raw({"--server", server, "--token", token_, "--tls-ca", dir_.path() + "/none.pem", "list"});
+  EXPECT_EQ(no_ca.exit_code, 2) << no_ca.err;
+  EXPECT_THAT(no_ca.err, HasSubstr("--tls-ca"));
+
+  httplib::SSLClient https("127.0.0.1", std::stoi(ports[1].str()));
+  https.set_ca_cert_path(cert.c_str());
+  https.enable_server_certificate_verification(true);
+  auto metrics = https.Get("/metrics");
+  ASSERT_TRUE(metrics) << httplib::to_string(metrics.error());
+  EXPECT_THAT(metrics->body, HasSubstr(R"(gradhub_api_requests_total{code="OK",method="JobService.ListJobs",transport="grpc"} 1)"));
+  EXPECT_THAT(metrics->body, HasSubstr(R"(gradhub_api_request_duration_seconds_count{method="JobService.ListJobs",transport="grpc"} 1)"));
 }
 
 TEST_F(CliE2eTest, BadUsageExits2WithoutCallingTheServer) {

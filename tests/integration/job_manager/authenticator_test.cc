@@ -60,6 +60,33 @@ TEST_F(AuthenticatorTest, MissingWrongRevokedAndMalformedAreUnauthenticated) {
   EXPECT_EQ(no_admin.Authenticate("Bearer ").status().code(), absl::StatusCode::kUnauthenticated);
 }
 
+TEST_F(AuthenticatorTest, RevokingThroughTheAuthenticatorTakesEffectAtOnceDespiteTheCache) {
+  ASSERT_TRUE(auth_->CreateTenant("team-a", "").ok());
+  auto token = auth_->CreateTenantToken("team-a", "");
+  ASSERT_TRUE(token.ok());
+  const std::string header = "Bearer " + token->secret;
+  ASSERT_TRUE(auth_->Authenticate(header).ok());
+  // Behind the cache's back (another replica revoking): trusted until the entry expires...
+  ASSERT_TRUE(pool_->Exec("UPDATE api_tokens SET revoke_time = now()").ok());
+  EXPECT_TRUE(auth_->Authenticate(header).ok()) << "cached for kTokenCacheTtl";
+  Authenticator other_replica(pool_.get(), "");
+  EXPECT_EQ(other_replica.Authenticate(header).status().code(), absl::StatusCode::kUnauthenticated);
+  // ...but a revocation through this instance is refused here at once.
+  ASSERT_TRUE(auth_->RevokeToken("team-a", token->id).ok());
+  EXPECT_EQ(auth_->Authenticate(header).status().code(), absl::StatusCode::kUnauthenticated);
+}
+
+TEST_F(AuthenticatorTest, InfrastructureCallsTakeANodeOrTheAdminToken) {
+  ASSERT_TRUE(auth_->CreateTenant("team-a", "").ok());
+  auto tenant = auth_->CreateTenantToken("team-a", "");
+  auto node = auth_->CreateNodeToken("agents");
+  EXPECT_TRUE(auth_->RequireNodeOrAdmin("Bearer " + node->secret).ok());
+  EXPECT_TRUE(auth_->RequireNodeOrAdmin("Bearer admin-secret").ok());
+  EXPECT_EQ(auth_->RequireNodeOrAdmin("Bearer " + tenant->secret).code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(auth_->RequireNodeOrAdmin("").code(), absl::StatusCode::kUnauthenticated);
+}
+
 TEST_F(AuthenticatorTest, SecretsAreNotStoredInClear) {
   ASSERT_TRUE(auth_->CreateTenant("team-a", "").ok());
   auto token = auth_->CreateTenantToken("team-a", "laptop");

@@ -102,7 +102,7 @@ TEST_F(JobManagerTest, OtherTenantsJobIsNotFound) {
   EXPECT_EQ(manager_->GetJob(tenant_b_, job->name()).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(manager_->CancelJob(tenant_b_, job->name()).status().code(),
             absl::StatusCode::kNotFound);
-  EXPECT_EQ(manager_->ListJobEvents(tenant_b_, job->name()).status().code(),
+  EXPECT_EQ(manager_->ListJobEvents(tenant_b_, testing::EventsOf(job->name())).status().code(),
             absl::StatusCode::kNotFound);
   EXPECT_EQ(manager_->GetJob(tenant_a_, "jobs/not-a-uuid").status().code(),
             absl::StatusCode::kNotFound);
@@ -131,7 +131,7 @@ TEST_F(JobManagerTest, LifecycleRefusesIllegalTransitionsWithoutWriting) {
   ASSERT_TRUE(cancel_after_end.ok()) << cancel_after_end.status();
   EXPECT_EQ(cancel_after_end->state(), v1::Job::FAILED) << "unchanged";
 
-  auto events = manager_->ListJobEvents(tenant_a_, job->name());
+  auto events = manager_->ListJobEvents(tenant_a_, testing::EventsOf(job->name()));
   ASSERT_TRUE(events.ok()) << events.status();
   ASSERT_EQ(events->events_size(), 4);  // submitted, scheduled, running, failed
   const v1::JobEvent& last = events->events(events->events_size() - 1);
@@ -140,6 +140,60 @@ TEST_F(JobManagerTest, LifecycleRefusesIllegalTransitionsWithoutWriting) {
   EXPECT_EQ(last.failure_kind(), v1::JobEvent::JOB);
   EXPECT_EQ(last.rank(), 1);
   EXPECT_EQ(last.exit_code(), 11);
+}
+
+TEST_F(JobManagerTest, EventsArePagedByIdAndFilteredAndCancelKeepsItsReason) {
+  auto job = manager_->CreateJob(tenant_a_, ValidSpec(), "");
+  ASSERT_TRUE(job.ok());
+  ASSERT_TRUE(manager_->Transition(job->name(), v1::Job::SCHEDULED).ok());
+  ASSERT_TRUE(manager_->Transition(job->name(), v1::Job::RUNNING).ok());
+  EXPECT_EQ(manager_->CancelJob(tenant_a_, job->name(), std::string(1025, 'x')).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  auto cancelled = manager_->CancelJob(tenant_a_, job->name(), "wrong learning rate");
+  ASSERT_TRUE(cancelled.ok()) << cancelled.status();
+  EXPECT_THAT(cancelled->state_reason(), HasSubstr("wrong learning rate"));
+
+  auto all = manager_->ListJobEvents(tenant_a_, testing::EventsOf(job->name()));
+  ASSERT_TRUE(all.ok()) << all.status();
+  ASSERT_EQ(all->events_size(), 5);  // pending, scheduled, running, cancel requested, cancelled
+  EXPECT_TRUE(all->next_page_token().empty());
+  std::vector<int64_t> paged;
+  v1::ListJobEventsRequest request = testing::EventsOf(job->name());
+  request.set_page_size(2);
+  for (int page = 0; page < 10; ++page) {
+    auto events = manager_->ListJobEvents(tenant_a_, request);
+    ASSERT_TRUE(events.ok()) << events.status();
+    EXPECT_LE(events->events_size(), 2);
+    for (const v1::JobEvent& event : events->events()) paged.push_back(event.id());
+    if (events->next_page_token().empty()) break;
+    request.set_page_token(events->next_page_token());
+  }
+  std::vector<int64_t> ids;
+  for (const v1::JobEvent& event : all->events()) ids.push_back(event.id());
+  EXPECT_EQ(paged, ids);
+
+  auto requested =
+      manager_->ListJobEvents(tenant_a_, testing::EventsOf(job->name(), "type=CANCEL_REQUESTED"));
+  ASSERT_TRUE(requested.ok());
+  ASSERT_EQ(requested->events_size(), 1);
+  EXPECT_EQ(requested->events(0).message(), "wrong learning rate");
+  // Transition() alone never starts an attempt (the scheduler does), so all are attempt 0.
+  auto changes = manager_->ListJobEvents(
+      tenant_a_, testing::EventsOf(job->name(), "type=STATE_CHANGED AND attempt=0"));
+  ASSERT_TRUE(changes.ok()) << changes.status();
+  EXPECT_EQ(changes->events_size(), 4);
+  EXPECT_EQ(manager_->ListJobEvents(tenant_a_, testing::EventsOf(job->name(), "attempt=3"))
+                ->events_size(),
+            0);
+
+  for (const char* bad_filter : {"kind=RANK_FAILED", "type=EXPLODED", "attempt=-1"}) {
+    auto refused = manager_->ListJobEvents(tenant_a_, testing::EventsOf(job->name(), bad_filter));
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << bad_filter;
+    EXPECT_THAT(refused.status().message(), HasSubstr("filter")) << bad_filter;
+  }
+  request.set_page_token("not-a-token");
+  EXPECT_THAT(manager_->ListJobEvents(tenant_a_, request).status().message(),
+              HasSubstr("page_token"));
 }
 
 TEST_F(JobManagerTest, ConcurrentCancelsAndTransitionsLeaveAConsistentHistory) {
@@ -160,8 +214,12 @@ TEST_F(JobManagerTest, ConcurrentCancelsAndTransitionsLeaveAConsistentHistory) {
   EXPECT_EQ(cancel_ok.load(), 25) << "cancel is idempotent";
   auto final_job = manager_->GetJob(tenant_a_, job->name());
   EXPECT_EQ(final_job->state(), v1::Job::CANCELLED);
-  auto events = manager_->ListJobEvents(tenant_a_, job->name());
+  auto events =
+      manager_->ListJobEvents(tenant_a_, testing::EventsOf(job->name(), "type=STATE_CHANGED"));
   ASSERT_TRUE(events.ok());
+  auto requested =
+      manager_->ListJobEvents(tenant_a_, testing::EventsOf(job->name(), "type=CANCEL_REQUESTED"));
+  EXPECT_EQ(requested->events_size(), 1) << "only the cancel that took effect is recorded";
   // A chain: each event starts where the previous ended, every step allowed, CANCELLED once.
   int cancelled = 0;
   for (int i = 1; i < events->events_size(); ++i) {

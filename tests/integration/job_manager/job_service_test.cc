@@ -82,17 +82,21 @@ TEST_F(JobServiceTest, CreateGetListCancelEvents) {
 
   v1::CancelJobRequest cancel;
   cancel.set_name(job.name());
+  cancel.set_reason("superseded by a bigger run");
   v1::Job cancelled;
   ASSERT_TRUE(stub_->CancelJob(As(token_a_).get(), cancel, &cancelled).ok());
   EXPECT_EQ(cancelled.state(), v1::Job::CANCELLED);
+  EXPECT_THAT(cancelled.state_reason(), HasSubstr("superseded by a bigger run"));
   ASSERT_TRUE(stub_->CancelJob(As(token_a_).get(), cancel, &cancelled).ok()) << "idempotent";
 
   v1::ListJobEventsRequest events;
   events.set_parent(job.name());
   v1::ListJobEventsResponse history;
   ASSERT_TRUE(stub_->ListJobEvents(As(token_a_).get(), events, &history).ok());
-  ASSERT_EQ(history.events_size(), 2);
-  EXPECT_EQ(history.events(1).to_state(), v1::Job::CANCELLED);
+  ASSERT_EQ(history.events_size(), 3);  // submitted, cancel requested, cancelled
+  EXPECT_EQ(history.events(1).type(), v1::JobEvent::CANCEL_REQUESTED);
+  EXPECT_EQ(history.events(1).message(), "superseded by a bigger run");
+  EXPECT_EQ(history.events(2).to_state(), v1::Job::CANCELLED);
 }
 
 TEST_F(JobServiceTest, TokensAndTenantsAreEnforced) {

@@ -1,10 +1,17 @@
 // The REST gateway over real HTTP on loopback, backed by a real PostgreSQL.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <google/protobuf/util/json_util.h>
 #include <httplib.h>
+#include <stdlib.h>
 
+#include <cstdlib>
+#include <filesystem>
 #include <regex>
+#include <sstream>
+#include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "services/api/rest_gateway.h"
 #include "tests/integration/db/db_test_util.h"
 
@@ -22,19 +29,33 @@ constexpr char kSpec[] = R"({
   "maxSteps": 10
 })";
 
+constexpr char kAdminToken[] = "admin-secret-for-tests";
+
+// The lines of a newline-delimited JSON body, blank (keep-alive) lines dropped.
+std::vector<std::string> Lines(const std::string& body) {
+  std::vector<std::string> lines;
+  std::stringstream in(body);
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty()) lines.push_back(line);
+  }
+  return lines;
+}
+
 class RestGatewayTest : public db::DatabaseTest {
  protected:
   void SetUp() override {
     db::DatabaseTest::SetUp();
     Migrate();
     pool_ = MakePool(4);
-    auth_ = std::make_unique<Authenticator>(pool_.get(), "");
+    auth_ = std::make_unique<Authenticator>(pool_.get(), kAdminToken);
     jobs_ = std::make_unique<JobManager>(pool_.get(), SpecLimits{});
-    gateway_ = std::make_unique<RestGateway>(jobs_.get(), auth_.get(),
-                                             RestGatewayOptions{.max_body_bytes = 64 * 1024});
-    const int port = gateway_->Start("127.0.0.1", 0);
-    ASSERT_GT(port, 0);
-    client_ = std::make_unique<httplib::Client>("127.0.0.1", port);
+    metrics_ = std::make_unique<ApiMetrics>(pool_.get());
+    RestGatewayOptions options;
+    options.max_body_bytes = 64 * 1024;
+    gateway_ = std::make_unique<RestGateway>(jobs_.get(), auth_.get(), metrics_.get(), options);
+    const absl::StatusOr<int> port = gateway_->Start("127.0.0.1", 0);
+    ASSERT_TRUE(port.ok()) << port.status();
+    client_ = std::make_unique<httplib::Client>("127.0.0.1", *port);
     for (const char* name : {"team-a", "team-b"}) ASSERT_TRUE(auth_->CreateTenant(name, "").ok());
     headers_a_ = {{"Authorization", "Bearer " + auth_->CreateTenantToken("team-a", "")->secret}};
     headers_b_ = {{"Authorization", "Bearer " + auth_->CreateTenantToken("team-b", "")->secret}};
@@ -52,9 +73,17 @@ class RestGatewayTest : public db::DatabaseTest {
   std::unique_ptr<db::Pool> pool_;
   std::unique_ptr<Authenticator> auth_;
   std::unique_ptr<JobManager> jobs_;
+  std::unique_ptr<ApiMetrics> metrics_;
   std::unique_ptr<RestGateway> gateway_;
   std::unique_ptr<httplib::Client> client_;
   httplib::Headers headers_a_, headers_b_;
+  const httplib::Headers admin_ = {{"Authorization", std::string("Bearer ") + kAdminToken}};
+
+  std::string Create() {
+    auto created = client_->Post("/v1/jobs", headers_a_, kSpec, "application/json");
+    EXPECT_EQ(created->status, 200) << created->body;
+    return NameIn(created->body);
+  }
 };
 
 TEST_F(RestGatewayTest, CreateGetListCancelEvents) {
@@ -116,6 +145,152 @@ TEST_F(RestGatewayTest, ErrorsHaveTheRightStatus) {
   EXPECT_EQ(other_tenant->status, 404);
   auto bad_page = client_->Get("/v1/jobs?pageSize=ten", headers_a_);
   EXPECT_EQ(bad_page->status, 400);
+}
+
+TEST_F(RestGatewayTest, WatchStreamsEveryChangeAsJsonLinesUntilTheJobEnds) {
+  const std::string name = Create();
+  EXPECT_EQ(client_->Get(("/v1/" + name + ":watch").c_str(), headers_b_)->status, 404);
+  EXPECT_EQ(client_->Get(("/v1/" + name + ":watch").c_str())->status, 401);
+
+  std::thread lifecycle([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    ASSERT_TRUE(jobs_->Transition(name, v1::Job::SCHEDULED).ok());
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    ASSERT_TRUE(jobs_->Transition(name, v1::Job::RUNNING).ok());
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    ASSERT_TRUE(jobs_->CancelJob(-1, name, "enough").ok());
+  });
+  auto watched = client_->Get(("/v1/" + name + ":watch").c_str(), headers_a_);
+  lifecycle.join();
+  ASSERT_TRUE(watched);
+  ASSERT_EQ(watched->status, 200) << watched->body;
+  EXPECT_EQ(watched->get_header_value("Content-Type"), "application/x-ndjson");
+  std::vector<std::string> states;
+  for (const std::string& line : Lines(watched->body)) {
+    v1::Job job;
+    ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(line, &job).ok()) << line;
+    EXPECT_EQ(job.name(), name);
+    states.push_back(v1::Job::State_Name(job.state()));
+  }
+  EXPECT_THAT(states, ::testing::ElementsAre("PENDING", "SCHEDULED", "RUNNING", "CANCELLED"));
+}
+
+TEST_F(RestGatewayTest, LogsStreamAsJsonLinesPerRankAndAfterSeq) {
+  const std::string name = Create();
+  const std::string id = name.substr(5);
+  for (int rank = 0; rank < 2; ++rank) {
+    for (int seq = 1; seq <= 3; ++seq) {
+      ASSERT_TRUE(pool_->Exec("INSERT INTO job_logs (job_id, attempt, rank, stream, seq, line)"
+                              " VALUES ($1::uuid, 0, $2, 'STDOUT', $3, $4)",
+                              {id, rank, seq, absl::StrCat("rank ", rank, " line ", seq)})
+                      .ok());
+    }
+  }
+  auto all = client_->Get(("/v1/" + name + "/logs").c_str(), headers_a_);
+  ASSERT_EQ(all->status, 200) << all->body;
+  EXPECT_EQ(Lines(all->body).size(), 6u);
+  auto rank1 = client_->Get(("/v1/" + name + "/logs?rank=1&afterSeq=1").c_str(), headers_a_);
+  ASSERT_EQ(rank1->status, 200);
+  const std::vector<std::string> lines = Lines(rank1->body);
+  ASSERT_EQ(lines.size(), 2u) << rank1->body;
+  v1::LogEntry entry;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(lines[0], &entry).ok());
+  EXPECT_EQ(entry.rank(), 1);
+  EXPECT_EQ(entry.seq(), 2);
+  EXPECT_EQ(entry.text(), "rank 1 line 2");
+  EXPECT_EQ(client_->Get(("/v1/" + name + "/logs?follow=maybe").c_str(), headers_a_)->status, 400);
+  EXPECT_EQ(client_->Get(("/v1/" + name + "/logs").c_str(), headers_b_)->status, 404);
+}
+
+TEST_F(RestGatewayTest, EventsArePagedAndFilteredAndCancelKeepsItsReason) {
+  const std::string name = Create();
+  auto cancelled = client_->Post(("/v1/" + name + ":cancel").c_str(), headers_a_,
+                                 R"({"reason": "wrong dataset"})", "application/json");
+  ASSERT_EQ(cancelled->status, 200) << cancelled->body;
+  EXPECT_THAT(cancelled->body, HasSubstr("wrong dataset"));
+  EXPECT_FALSE(cancelled->get_header_value("ETag").empty());
+
+  auto first = client_->Get(("/v1/" + name + "/events?pageSize=1").c_str(), headers_a_);
+  ASSERT_EQ(first->status, 200) << first->body;
+  v1::ListJobEventsResponse page;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(first->body, &page).ok());
+  ASSERT_EQ(page.events_size(), 1);
+  ASSERT_FALSE(page.next_page_token().empty());
+  auto rest = client_->Get(
+      ("/v1/" + name + "/events?pageSize=10&pageToken=" + page.next_page_token()).c_str(),
+      headers_a_);
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(rest->body, &page).ok());
+  EXPECT_EQ(page.events_size(), 2);  // cancel requested, cancelled
+  EXPECT_TRUE(page.next_page_token().empty());
+  auto requested = client_->Get(
+      ("/v1/" + name + "/events?filter=type%3DCANCEL_REQUESTED").c_str(), headers_a_);
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(requested->body, &page).ok());
+  ASSERT_EQ(page.events_size(), 1);
+  EXPECT_EQ(page.events(0).message(), "wrong dataset");
+  auto bad = client_->Get(("/v1/" + name + "/events?filter=colour%3Dred").c_str(), headers_a_);
+  EXPECT_EQ(bad->status, 400);
+  EXPECT_THAT(bad->body, HasSubstr("colour"));
+}
+
+TEST_F(RestGatewayTest, AdminTokenReadsEveryTenantsJobsButCreatesNone) {
+  const std::string name = Create();
+  auto got = client_->Get(("/v1/" + name).c_str(), admin_);
+  ASSERT_EQ(got->status, 200) << got->body;
+  EXPECT_THAT(got->body, HasSubstr("tenants/team-a"));
+  auto listed = client_->Get("/v1/jobs", admin_);
+  EXPECT_THAT(listed->body, HasSubstr(name));
+  auto created = client_->Post("/v1/jobs", admin_, kSpec, "application/json");
+  EXPECT_EQ(created->status, 403);
+  EXPECT_THAT(created->body, HasSubstr("tenant token"));
+}
+
+TEST_F(RestGatewayTest, MetricsCountRequestsByMethodAndCodeAndJobsByState) {
+  Create();
+  Create();
+  ASSERT_EQ(client_->Post("/v1/jobs", kSpec, "application/json")->status, 401);
+  auto scraped = client_->Get("/metrics");
+  ASSERT_EQ(scraped->status, 200);
+  const std::string& text = scraped->body;
+  EXPECT_THAT(text, HasSubstr(R"(gradhub_api_requests_total{code="OK",method="JobService.CreateJob",transport="rest"} 2)"));
+  EXPECT_THAT(text, HasSubstr(R"(gradhub_api_requests_total{code="UNAUTHENTICATED",method="JobService.CreateJob",transport="rest"} 1)"));
+  EXPECT_THAT(text, HasSubstr(R"(gradhub_api_request_duration_seconds_count{method="JobService.CreateJob",transport="rest"} 3)"));
+  EXPECT_THAT(text, HasSubstr(R"(gradhub_jobs{state="PENDING"} 2)"));
+  EXPECT_THAT(text, HasSubstr(R"(gradhub_jobs{state="RUNNING"} 0)"));
+  EXPECT_THAT(text, HasSubstr("gradhub_api_database_up 1"));
+}
+
+TEST_F(RestGatewayTest, ServesHttpsWithTheGivenCertificateAndRefusesAnUnusableOne) {
+  char dir_template[] = "/tmp/gradhub-tls-XXXXXX";
+  ASSERT_NE(mkdtemp(dir_template), nullptr);
+  const std::filesystem::path dir = dir_template;
+  const std::string cert = dir / "cert.pem", key = dir / "key.pem";
+  const std::string command = absl::StrCat(
+      "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=localhost"
+      " -addext subjectAltName=IP:127.0.0.1 -keyout ", key, " -out ", cert, " 2>/dev/null");
+  ASSERT_EQ(std::system(command.c_str()), 0) << command;
+
+  RestGatewayOptions options;
+  options.tls_cert_file = cert;
+  options.tls_key_file = key;
+  RestGateway tls(jobs_.get(), auth_.get(), metrics_.get(), options);
+  const absl::StatusOr<int> port = tls.Start("127.0.0.1", 0);
+  ASSERT_TRUE(port.ok()) << port.status();
+  httplib::SSLClient verified("127.0.0.1", *port);
+  verified.set_ca_cert_path(cert.c_str());
+  verified.enable_server_certificate_verification(true);
+  auto health = verified.Get("/healthz");
+  ASSERT_TRUE(health) << httplib::to_string(health.error());
+  EXPECT_EQ(health->status, 200);
+  httplib::Client plain("127.0.0.1", *port);
+  auto refused = plain.Get("/healthz");
+  EXPECT_TRUE(!refused || refused->status != 200) << "plain HTTP on the TLS port";
+
+  options.tls_key_file = cert;  // not a key
+  RestGateway unusable(jobs_.get(), auth_.get(), metrics_.get(), options);
+  const absl::StatusOr<int> failed = unusable.Start("127.0.0.1", 0);
+  EXPECT_EQ(failed.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(failed.status().message(), HasSubstr("tls"));
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

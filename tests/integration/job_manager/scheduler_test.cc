@@ -167,7 +167,7 @@ TEST_F(SchedulerTest, KilledRankStopsTheOthersAndTheNextAttemptWaitsForThem) {
   v1::Job restarting = Get(job);
   EXPECT_EQ(restarting.state(), v1::Job::RESTARTING);
   EXPECT_EQ(restarting.job_restarts(), 1);
-  auto events = jobs_->ListJobEvents(tenant_, job.name());
+  auto events = jobs_->ListJobEvents(tenant_, testing::EventsOf(job.name()));
   bool named = false;
   for (const auto& e : events->events()) {
     if (e.type() == v1::JobEvent::RANK_FAILED) {

@@ -17,12 +17,25 @@ using std::chrono::milliseconds;
 
 constexpr char kPrefix[] = "jobs/j1/attempts/1/";
 
+constexpr char kNodeToken[] = "node-secret";
+
+GrpcStoreOptions WithToken(const std::string& token) {
+  GrpcStoreOptions options;
+  options.token = token;
+  return options;
+}
+
 class GrpcStoreTest : public ::testing::Test {
  protected:
   api::RendezvousStore rendezvous_;
-  api::StoreService service_{&rendezvous_};
+  // As gradhub-api's, but one fixed token stands for "a node token".
+  api::StoreService service_{&rendezvous_, [](const std::string& authorization) {
+    return authorization == std::string("Bearer ") + kNodeToken
+               ? absl::OkStatus()
+               : absl::UnauthenticatedError("missing or invalid bearer token");
+  }};
   testing::TestGrpcServer server_{{&service_}};
-  std::shared_ptr<ddp::Store> store_ = MakeGrpcStore(server_.address());
+  std::shared_ptr<ddp::Store> store_ = MakeGrpcStore(server_.address(), WithToken(kNodeToken));
 };
 
 TEST(GrpcStoreAddressTest, AcceptsBothSpellingsAndNothingElse) {
@@ -48,9 +61,26 @@ TEST_F(GrpcStoreTest, SetGetAddCheckAndDeletePrefix) {
   EXPECT_FALSE(store_->Check({key}));
 }
 
+TEST_F(GrpcStoreTest, SendsItsTokenAndAWrongOneIsAStoreError) {
+  store_->Set(std::string(kPrefix) + "k", "v");
+  for (const char* token : {"", "not-the-node-token"}) {
+    auto stranger = MakeGrpcStore(server_.address(), WithToken(token));
+    try {
+      stranger->Get(std::string(kPrefix) + "k", milliseconds(1000));
+      ADD_FAILURE() << "read the store with token '" << token << "'";
+    } catch (const ddp::StoreError& error) {
+      EXPECT_NE(std::string(error.what()).find("bearer token"), std::string::npos)
+          << error.what();
+    }
+  }
+  GrpcStoreOptions unreadable_ca = WithToken(kNodeToken);
+  unreadable_ca.tls_ca_file = "/nonexistent/ca.pem";
+  EXPECT_THROW(MakeGrpcStore(server_.address(), unreadable_ca), ddp::StoreError);
+}
+
 TEST_F(GrpcStoreTest, WaitReturnsWhenAnotherClientSetsTheKey) {
   const std::string key = std::string(kPrefix) + "late";
-  auto other = MakeGrpcStore(server_.address());
+  auto other = MakeGrpcStore(server_.address(), WithToken(kNodeToken));
   std::thread setter([&] {
     std::this_thread::sleep_for(milliseconds(200));
     other->Set(key, "v");
@@ -84,7 +114,9 @@ TEST_F(GrpcStoreTest, KeyOutsideAnAttemptIsAStoreErrorNamingTheRule) {
 
 TEST(GrpcStoreUnreachableTest, IsAStoreErrorNotATimeout) {
   // Port 1 on loopback: nothing listens there.
-  auto store = MakeGrpcStore("127.0.0.1:1", "", milliseconds(500));
+  GrpcStoreOptions options;
+  options.rpc_timeout = milliseconds(500);
+  auto store = MakeGrpcStore("127.0.0.1:1", options);
   EXPECT_THROW(store->Set(std::string(kPrefix) + "k", "v"), ddp::StoreError);
   EXPECT_THROW(store->Get(std::string(kPrefix) + "k", milliseconds(200)), ddp::StoreError);
 }

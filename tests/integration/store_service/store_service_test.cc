@@ -33,6 +33,9 @@ constexpr char kPrefix[] = "jobs/j1/attempts/1/";
 
 std::string Key(const std::string& name) { return kPrefix + name; }
 
+// Who may call is gradhub-api's Authenticator, tested with it; here every caller may.
+absl::Status AnyCaller(const std::string&) { return absl::OkStatus(); }
+
 // Polls `predicate` until it holds or `limit` passes.
 bool Eventually(const std::function<bool()>& predicate, milliseconds limit = milliseconds(5000)) {
   const auto deadline = Clock::now() + limit;
@@ -206,7 +209,7 @@ class StoreServiceTest : public ::testing::Test {
   static constexpr int kServerThreads = 4;
 
   StoreServiceTest()
-      : service_(&store_),
+      : service_(&store_, AnyCaller),
         server_(std::make_unique<testing::TestGrpcServer>(
             std::vector<grpc::Service*>{&service_},
             testing::TestGrpcServerOptions{/*max_threads=*/kServerThreads})),
@@ -529,9 +532,53 @@ TEST_F(StoreServiceTest, ServerShutdownAloneCancelsWaiters) {
   EXPECT_EQ(service_.pending_waiters(), 0u);
 }
 
+TEST(StoreServiceAuthorizationTest, EveryCallIsPutToTheAuthorizerFirst) {
+  RendezvousStore store;
+  std::atomic<int> asked{0};
+  StoreService service(&store, [&asked](const std::string& authorization) {
+    ++asked;
+    return authorization == "Bearer node"
+               ? absl::OkStatus()
+               : absl::PermissionDeniedError("this takes a node token");
+  });
+  testing::TestGrpcServer server({&service});
+  auto stub = v1::StoreService::NewStub(server.NewChannel());
+  auto call = [&](const std::string& token, auto method, const auto& request, auto* response) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    if (!token.empty()) context.AddMetadata("authorization", "Bearer " + token);
+    return ((*stub).*method)(&context, request, response);
+  };
+  v1::SetRequest set;
+  set.set_key(Key("k"));
+  set.set_value("v");
+  v1::SetResponse set_response;
+  v1::GetRequest get;
+  get.set_key(Key("k"));
+  v1::GetResponse get_response;
+  v1::WaitRequest wait;
+  wait.add_keys(Key("never"));
+  v1::WaitResponse wait_response;
+  for (const std::string token : {"", "tenant"}) {
+    EXPECT_EQ(call(token, &v1::StoreService::Stub::Set, set, &set_response).error_code(),
+              grpc::StatusCode::PERMISSION_DENIED);
+    // Refused at once, not parked as a waiter until the key comes.
+    EXPECT_EQ(call(token, &v1::StoreService::Stub::Get, get, &get_response).error_code(),
+              grpc::StatusCode::PERMISSION_DENIED);
+    EXPECT_EQ(call(token, &v1::StoreService::Stub::Wait, wait, &wait_response).error_code(),
+              grpc::StatusCode::PERMISSION_DENIED);
+  }
+  EXPECT_EQ(service.pending_waiters(), 0u);
+  EXPECT_FALSE(*store.Check({Key("k")})) << "a refused Set wrote nothing";
+  ASSERT_TRUE(call("node", &v1::StoreService::Stub::Set, set, &set_response).ok());
+  ASSERT_TRUE(call("node", &v1::StoreService::Stub::Get, get, &get_response).ok());
+  EXPECT_EQ(get_response.value(), "v");
+  EXPECT_EQ(asked.load(), 8);
+}
+
 TEST(TestGrpcServerTest, ServersGetDistinctFreePorts) {
   RendezvousStore store;
-  StoreService service(&store);
+  StoreService service(&store, AnyCaller);
   testing::TestGrpcServer a({&service});
   testing::TestGrpcServer b({&service});
   EXPECT_GT(a.port(), 0);

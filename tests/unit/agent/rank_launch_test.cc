@@ -21,6 +21,7 @@ AgentConfig Config(const std::string& work_dir) {
   config.work_dir = work_dir;
   config.trainer = "/opt/gradhub/bin/gradhub-trainer";
   config.token = "node-secret";
+  config.tls_ca_file = "/etc/gradhub/ca.pem";
   return config;
 }
 
@@ -64,6 +65,7 @@ TEST(RankLaunchTest, DirectoriesAndEnvironmentFollowTheTrainerContract) {
       {"GRADHUB_ATTEMPT", "3"},
       {"GRADHUB_STORE", "grpc://10.0.0.1:7070"},
       {"GRADHUB_TOKEN", "node-secret"},
+      {"GRADHUB_TLS_CA", "/etc/gradhub/ca.pem"},
       {"GRADHUB_CHECKPOINT_DIR", "/w/checkpoints/" + id},
       {"NCCL_DEBUG", "INFO"},
   };
