@@ -1,5 +1,7 @@
 #include "services/api/scheduler.h"
 
+#include <google/protobuf/util/json_util.h>
+
 #include <algorithm>
 #include <iostream>
 #include <map>
@@ -88,9 +90,17 @@ std::vector<RankPlacement> Pack(const std::vector<NodeCapacity>& nodes, int32_t 
   return {};
 }
 
-absl::StatusOr<std::vector<NodeCapacity>> ReadCapacity(db::Transaction& tx,
-                                                       absl::Duration lease,
-                                                       const v1::JobSpec& spec) {
+// A node as the scheduler sees it, before any job's needs are applied.
+struct NodeRecord {
+  int64_t id = 0;
+  std::string name;
+  bool ready = false;  // READY and heartbeating
+  std::string device_kind;
+  nlohmann::json labels;
+  std::vector<int32_t> free_slots;
+};
+
+absl::StatusOr<std::vector<NodeRecord>> ReadNodes(db::Transaction& tx, absl::Duration lease) {
   GRADHUB_ASSIGN_OR_RETURN(
       db::Result rows,
       tx.Exec(absl::StrCat(
@@ -101,19 +111,14 @@ absl::StatusOr<std::vector<NodeCapacity>> ReadCapacity(db::Transaction& tx,
                   "   WHERE a.node_id = n.id AND a.state IN ", kLiveRankStates, ") AS used"
                   " FROM nodes n WHERE n.state <> 'LOST' ORDER BY n.name"),
               {Seconds(lease)}));
-  const bool needs_cuda = spec.distributed().backend() == v1::DistributedSpec::NCCL;
-  std::vector<NodeCapacity> nodes;
+  std::vector<NodeRecord> nodes;
   for (const db::Row& row : rows) {
-    NodeCapacity node;
+    NodeRecord node;
     node.id = row.Get<int64_t>("id");
     node.name = row.Get<std::string>("name");
-    node.schedulable = row.Get<bool>("ready") &&
-                       (!needs_cuda || row.Get<std::string>("device_kind") == "CUDA");
-    const nlohmann::json labels = nlohmann::json::parse(row.Get<std::string>("labels"));
-    node.labels_match = true;
-    for (const auto& [key, value] : spec.node_selector()) {
-      node.labels_match &= labels.contains(key) && labels[key] == value;
-    }
+    node.ready = row.Get<bool>("ready");
+    node.device_kind = row.Get<std::string>("device_kind");
+    node.labels = nlohmann::json::parse(row.Get<std::string>("labels"));
     std::set<int32_t> used;
     for (absl::string_view slot : absl::StrSplit(row.Get<std::string>("used"), ',', absl::SkipEmpty())) {
       used.insert(std::stoi(std::string(slot)));
@@ -121,6 +126,25 @@ absl::StatusOr<std::vector<NodeCapacity>> ReadCapacity(db::Transaction& tx,
     for (int32_t slot = 0; slot < row.Get<int32_t>("slots"); ++slot) {
       if (!used.count(slot)) node.free_slots.push_back(slot);
     }
+    nodes.push_back(std::move(node));
+  }
+  return nodes;
+}
+
+std::vector<NodeCapacity> CapacityFor(const std::vector<NodeRecord>& records,
+                                      const v1::JobSpec& spec) {
+  const bool needs_cuda = spec.distributed().backend() == v1::DistributedSpec::NCCL;
+  std::vector<NodeCapacity> nodes;
+  for (const NodeRecord& record : records) {
+    NodeCapacity node;
+    node.id = record.id;
+    node.name = record.name;
+    node.schedulable = record.ready && (!needs_cuda || record.device_kind == "CUDA");
+    node.labels_match = true;
+    for (const auto& [key, value] : spec.node_selector()) {
+      node.labels_match &= record.labels.contains(key) && record.labels[key] == value;
+    }
+    node.free_slots = record.free_slots;
     nodes.push_back(std::move(node));
   }
   return nodes;
@@ -381,46 +405,85 @@ absl::Status Scheduler::ReconcileAttempts() {
 }
 
 absl::Status Scheduler::PlaceJobs() {
+  // The queue and the nodes are read once per pass without locks. A job that cannot be placed
+  // in that snapshot and already says why is left alone: taking its row lock would make every
+  // waiting job a durable commit on every pass. A placement, or a new reason, is decided again
+  // in a transaction under the scheduler lock from what it reads there.
+  // Of each job only what placement reads: a long queue is read on every pass.
   GRADHUB_ASSIGN_OR_RETURN(
       db::Result queue,
       pool_->Exec(absl::StrCat(
-          "SELECT j.id::text AS id, extract(epoch FROM now() - j.queued_time)::float8 AS waited_s,"
+          "SELECT 'jobs/' || j.id::text AS name, j.state_reason, j.current_attempt,"
+          " jsonb_build_object('distributed', j.spec -> 'distributed',"
+          "   'nodeSelector', coalesce(j.spec -> 'nodeSelector', '{}'))::text AS placement_spec,"
+          " extract(epoch FROM now() - j.queued_time)::float8 AS waited_s,"
           " EXISTS (SELECT 1 FROM rank_assignments a WHERE a.job_id = j.id AND a.state IN ",
           kLiveRankStates, ") AS stopping"
           " FROM jobs j WHERE j.state IN ('PENDING', 'RESTARTING')"
           " ORDER BY j.priority DESC, j.create_time, j.id")));
+  GRADHUB_ASSIGN_OR_RETURN(
+      const std::vector<NodeRecord> snapshot,
+      pool_->Transact([&](db::Transaction& tx) { return ReadNodes(tx, options_.node_lease); },
+                      {.read_only = true}));
+
   std::optional<std::string> blocked_by;  // the first job that did not fit, once past its window
+  // Where `job` goes on `nodes`, or why it waits (then `blocked` may be set).
+  struct Decision {
+    std::vector<NodeCapacity> capacity;  // what `placement` points into
+    std::vector<RankPlacement> placement;
+    std::string why;
+  };
+  auto decide = [&](const std::string& name, int32_t attempt, const v1::JobSpec& spec,
+                    const std::vector<NodeRecord>& nodes, bool stopping, double waited,
+                    std::optional<std::string>& blocked) {
+    Decision decision;
+    if (stopping) {
+      decision.why = absl::StrCat("waiting for the ranks of attempt ", attempt, " to stop");
+    } else if (blocked) {
+      decision.why = absl::StrCat(
+          "waiting behind ", *blocked,
+          ", which comes first and has waited longer than the backfill window (",
+          absl::FormatDuration(options_.backfill_window), ")");
+    } else {
+      decision.capacity = CapacityFor(nodes, spec);
+      decision.placement = Pack(decision.capacity, spec.distributed().world_size(),
+                                spec.distributed().ranks_per_node(), spec.node_selector(),
+                                &decision.why);
+      if (decision.placement.empty() && waited >= Seconds(options_.backfill_window)) {
+        blocked = name;
+      }
+    }
+    return decision;
+  };
+
   for (const db::Row& entry : queue) {
-    const std::string name = "jobs/" + entry.Get<std::string>("id");
+    const std::string name = entry.Get<std::string>("name");
+    const bool stopping = entry.Get<bool>("stopping");
     const double waited = entry.Get<double>("waited_s");
+    v1::JobSpec placement_spec;
+    // Unreadable here means decided in the transaction, from the whole stored job.
+    if (google::protobuf::util::JsonStringToMessage(entry.Get<std::string>("placement_spec"),
+                                                    &placement_spec)
+            .ok()) {
+      std::optional<std::string> blocked_in_snapshot = blocked_by;
+      const Decision guess = decide(name, entry.Get<int32_t>("current_attempt"), placement_spec,
+                                    snapshot, stopping, waited, blocked_in_snapshot);
+      if (guess.placement.empty() && guess.why == entry.Get<std::string>("state_reason")) {
+        blocked_by = blocked_in_snapshot;
+        continue;
+      }
+    }
     absl::Status status = pool_->Transact([&](db::Transaction& tx) -> absl::Status {
       GRADHUB_RETURN_IF_ERROR(TakeSchedulerLock(tx));
       GRADHUB_ASSIGN_OR_RETURN(v1::Job job, ReadJob(tx, name, -1, true));
       if (job.state() != v1::Job::PENDING && job.state() != v1::Job::RESTARTING) {
         return absl::OkStatus();
       }
-      if (entry.Get<bool>("stopping")) {
-        return SetPendingReason(
-            tx, job, absl::StrCat("waiting for the ranks of attempt ", job.attempt(), " to stop"));
-      }
-      if (blocked_by) {
-        return SetPendingReason(tx, job,
-                                absl::StrCat("waiting behind ", *blocked_by,
-                                             ", which comes first and has waited longer than the "
-                                             "backfill window (",
-                                             absl::FormatDuration(options_.backfill_window), ")"));
-      }
-      GRADHUB_ASSIGN_OR_RETURN(std::vector<NodeCapacity> nodes,
-                               ReadCapacity(tx, options_.node_lease, job.spec()));
-      std::string why;
-      const std::vector<RankPlacement> placement =
-          Pack(nodes, job.spec().distributed().world_size(),
-               job.spec().distributed().ranks_per_node(), job.spec().node_selector(), &why);
-      if (placement.empty()) {
-        if (waited >= Seconds(options_.backfill_window)) blocked_by = name;
-        return SetPendingReason(tx, job, why);
-      }
-      return CreateAttempt(tx, job, placement);
+      GRADHUB_ASSIGN_OR_RETURN(std::vector<NodeRecord> nodes, ReadNodes(tx, options_.node_lease));
+      const Decision decision =
+          decide(job.name(), job.attempt(), job.spec(), nodes, stopping, waited, blocked_by);
+      if (decision.placement.empty()) return SetPendingReason(tx, job, decision.why);
+      return CreateAttempt(tx, job, decision.placement);
     });
     if (!status.ok()) {
       std::cerr << "gradhub-api: scheduler: placing " << name << ": " << status << "\n";

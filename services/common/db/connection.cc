@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "services/common/db/error.h"
+#include "services/common/status_macros.h"
 
 namespace gradhub::db {
 
@@ -31,14 +32,35 @@ absl::StatusOr<std::unique_ptr<Connection>> Connection::Open(const ConnectionOpt
 
 Connection::~Connection() { PQfinish(conn_); }
 
+absl::StatusOr<std::string> Connection::Prepared(const std::string& sql, int params) {
+  if (params == 0) return std::string();
+  if (auto found = prepared_.find(sql); found != prepared_.end()) return found->second;
+  if (prepared_.size() >= kMaxPreparedStatements) return std::string();
+  std::string name = absl::StrCat("gradhub_", prepared_.size() + 1);
+  // Parameter types are inferred from the SQL, exactly as PQexecParams does with no types.
+  Result prepared(PQprepare(conn_, name.c_str(), sql.c_str(), params, /*paramTypes=*/nullptr));
+  if (!prepared.raw() || PQresultStatus(prepared.raw()) != PGRES_COMMAND_OK) {
+    return StatusFromResult(prepared.raw(), conn_, sql);
+  }
+  prepared_.emplace(sql, name);
+  return name;
+}
+
 absl::StatusOr<Result> Connection::Exec(std::string_view sql, absl::Span<const Param> params) {
   std::vector<const char*> values;
   values.reserve(params.size());
   for (const Param& param : params) values.push_back(param.c_str());
-  std::string statement(sql);
-  Result result(PQexecParams(conn_, statement.c_str(), static_cast<int>(values.size()),
-                             /*paramTypes=*/nullptr, values.data(), /*paramLengths=*/nullptr,
-                             /*paramFormats=*/nullptr, /*resultFormat=text*/ 0));
+  const std::string statement(sql);
+  GRADHUB_ASSIGN_OR_RETURN(const std::string name,
+                           Prepared(statement, static_cast<int>(values.size())));
+  Result result(name.empty()
+                    ? PQexecParams(conn_, statement.c_str(), static_cast<int>(values.size()),
+                                   /*paramTypes=*/nullptr, values.data(),
+                                   /*paramLengths=*/nullptr, /*paramFormats=*/nullptr,
+                                   /*resultFormat=text*/ 0)
+                    : PQexecPrepared(conn_, name.c_str(), static_cast<int>(values.size()),
+                                     values.data(), /*paramLengths=*/nullptr,
+                                     /*paramFormats=*/nullptr, /*resultFormat=text*/ 0));
   ExecStatusType status = result.raw() ? PQresultStatus(result.raw()) : PGRES_FATAL_ERROR;
   if (status != PGRES_COMMAND_OK && status != PGRES_TUPLES_OK) {
     return StatusFromResult(result.raw(), conn_, sql);

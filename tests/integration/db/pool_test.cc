@@ -3,6 +3,8 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "services/common/db/connection.h"
 #include "services/common/db/error.h"
 #include "tests/integration/db/db_test_util.h"
 
@@ -29,6 +31,37 @@ TEST_F(PoolTest, TypedValuesRoundTrip) {
   EXPECT_TRUE(std::isnan(row.Get<double>("nan")));
   EXPECT_THROW(row.Get<std::string>("missing"), std::logic_error);
   EXPECT_THROW(row.Get<int64_t>("no_such_column"), std::logic_error);
+}
+
+TEST_F(PoolTest, StatementsWithParametersArePreparedOncePerConnection) {
+  ConnectionOptions options;
+  options.url = url_;
+  auto connection = Connection::Open(options);
+  ASSERT_TRUE(connection.ok()) << connection.status();
+  Connection& db = **connection;
+  auto prepared = [&] {
+    return db.Exec("SELECT count(*)::bigint AS n FROM pg_prepared_statements")
+        ->row(0)
+        .Get<int64_t>("n");
+  };
+  for (int i = 0; i < 3; ++i) {
+    auto doubled = db.Exec("SELECT $1::int * 2 AS v", {i});
+    ASSERT_TRUE(doubled.ok()) << doubled.status();
+    EXPECT_EQ(doubled->row(0).Get<int32_t>("v"), 2 * i) << "the values of each call, not the first";
+  }
+  EXPECT_EQ(prepared(), 1);
+  ASSERT_TRUE(db.Exec("BEGIN").ok());
+  ASSERT_TRUE(db.Exec("COMMIT").ok());
+  EXPECT_EQ(prepared(), 1) << "statements without parameters are not prepared";
+  // A statement that fails to prepare is an error like any other, and nothing is cached.
+  auto bad = db.Exec("SELECT $1::int FROM no_such_table", {1});
+  EXPECT_EQ(SqlStateOf(bad.status()), "42P01");
+  EXPECT_EQ(prepared(), 1);
+  for (size_t i = 0; i < Connection::kMaxPreparedStatements + 10; ++i) {
+    ASSERT_TRUE(db.Exec(absl::StrCat("SELECT $1::int + ", i, " AS v"), {1}).ok());
+  }
+  EXPECT_EQ(prepared(), static_cast<int64_t>(Connection::kMaxPreparedStatements))
+      << "past the bound, statements run unprepared";
 }
 
 TEST_F(PoolTest, ErrorsCarryTheSqlState) {
