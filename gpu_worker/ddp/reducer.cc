@@ -105,11 +105,16 @@ at::Tensor Reducer::GradientView(size_t index) const {
 
 void Reducer::LinkGradient(size_t index) {
   at::Tensor& parameter = parameters_[index];
-  at::Tensor view = GradientView(index);
   const at::Tensor& grad = parameter.grad();
-  if (grad.defined() && grad.data_ptr() == view.data_ptr() && grad.sizes() == view.sizes()) return;
+  // Checked by address, without building a view: this runs for every parameter twice a step.
+  const Slot& slot = slots_[index];
+  const at::Tensor& buffer = buckets_[slot.bucket]->buffer;
+  const void* expected =
+      static_cast<const char*>(buffer.data_ptr()) + slot.offset * buffer.element_size();
+  if (grad.defined() && grad.data_ptr() == expected && grad.sizes() == parameter.sizes()) return;
   // An optimizer that sets grads to None, or a user who replaced .grad, broke the link: the
   // view starts from zero, as a fresh .grad would.
+  at::Tensor view = GradientView(index);
   view.zero_();
   parameter.mutable_grad() = view;
 }

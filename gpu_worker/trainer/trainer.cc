@@ -1,5 +1,6 @@
 #include "gpu_worker/trainer/trainer.h"
 
+#include <dlfcn.h>
 #include <torch/torch.h>
 
 #include <cmath>
@@ -21,6 +22,16 @@
 
 namespace gradhub::trainer {
 namespace {
+
+// at::set_num_threads does not reach OpenBLAS's own thread pool (Debian's libtorch links the
+// pthreads build), so ranks sharing a machine would each run a BLAS thread per core and spin
+// against each other in sched_yield. Set it too, when OpenBLAS is the BLAS in this process.
+void LimitBlasThreads(int threads) {
+  using SetThreads = void (*)(int);
+  if (auto set = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) {
+    set(threads);
+  }
+}
 
 using Clock = std::chrono::steady_clock;
 
@@ -184,6 +195,7 @@ TrainResult Train(const v1::JobSpec& user_spec, const TrainerOptions& options) {
           : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) /
                             std::max(1, options.local_world_size));
   at::set_num_threads(threads);
+  LimitBlasThreads(threads);
   at::manual_seed(spec.seed());
 
   const int64_t context = spec.model().has_transformer() ? spec.model().transformer().context_length() : 0;

@@ -31,8 +31,10 @@ struct ProcessGroupOptions {
   std::chrono::milliseconds timeout = kDefaultCollectiveTimeout;
   // Gloo: independent connections (each with its own thread), so that collectives issued
   // back to back — gradient buckets — run concurrently. Collective i uses channel
-  // i % channels, which every rank computes the same way.
-  int channels = 2;
+  // i % channels, which every rank computes the same way. One by default: a second made a
+  // lone 1 MiB allreduce ~0.7 ms slower on loopback (each collective then lands on a cold
+  // connection and threads) and DDP steps no faster (tests/bench/allreduce, tests/bench/ddp).
+  int channels = 1;
   // Gloo: address this rank listens on for its peers; "" = the machine's hostname, or
   // 127.0.0.1 when it does not resolve.
   std::string hostname;

@@ -1,18 +1,31 @@
 #!/usr/bin/env bash
 # DDP step time, gradhub against PyTorch DDP (Debian's python3-torch, gloo), same machine and
-# run, one thread per rank, PyTorch measured first. Usage: run.sh BUILD_DIR
+# run, one thread per rank, PyTorch measured first. Each configuration is measured
+# GRADHUB_BENCH_REPEATS times, the two interleaved, and each column is the median of its
+# repeats: one run apiece swings by +-30% on a shared machine. Usage: run.sh BUILD_DIR
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 bench="$1/bin/bench_ddp"
 steps=${GRADHUB_BENCH_STEPS:-60}
-median() { awk '{print $3}'; }
+repeats=${GRADHUB_BENCH_REPEATS:-3}
+# One thread per rank means one BLAS thread too: Debian's libtorch uses the pthreads build of
+# OpenBLAS, whose pool at::set_num_threads / torch.set_num_threads do not resize, so without
+# this each rank runs its GEMMs on every core and spins in sched_yield between them, on both
+# sides of the comparison.
+export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
+median() { tr ' ' '\n' | grep . | sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
 printf '%-22s %5s %6s %12s %12s %7s\n' model batch world pytorch_ms gradhub_ms ratio
 declare -A ours
 for config in "784-1024-1024-10 64" "784-2048-2048-2048-2048-10 32"; do
   set -- $config
   for world in 1 2; do
-    ref=$(/usr/bin/python3 "$here/pytorch_ddp.py" "$1" "$2" "$world" "$steps" | median)
-    mine=$("$bench" "$1" "$2" "$world" "$steps" | median)
+    refs="" mines=""
+    for _ in $(seq "$repeats"); do
+      refs+="$(/usr/bin/python3 "$here/pytorch_ddp.py" "$1" "$2" "$world" "$steps" | awk '{print $3}') "
+      mines+="$("$bench" "$1" "$2" "$world" "$steps" | awk '{print $3}') "
+    done
+    ref=$(echo "$refs" | median)
+    mine=$(echo "$mines" | median)
     ours[$1/$world]=$mine
     awk -v m="$1" -v b="$2" -v w="$world" -v r="$ref" -v g="$mine" \
       'BEGIN { printf "%-22s %5s %6s %12.2f %12.2f %7.2f\n", m, b, w, r*1000, g*1000, g/r }'

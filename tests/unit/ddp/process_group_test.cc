@@ -328,7 +328,9 @@ TEST(GlooProcessGroupTest, BarrierWaitsForTheLateRank) {
 TEST(GlooProcessGroupTest, BarrierCompletesAfterEarlierCollectives) {
   auto store = std::make_shared<InMemoryStore>();
   spawnThreads(2, [&](int rank) {
-    auto pg = CreateProcessGroup(GlooOptions(rank, 2, store));
+    ProcessGroupOptions options = GlooOptions(rank, 2, store);
+    options.channels = 2;
+    auto pg = CreateProcessGroup(options);
     std::vector<at::Tensor> tensors;
     std::vector<std::shared_ptr<Work>> works;
     for (int k = 0; k < 4; ++k) {  // spread over both channels
@@ -488,7 +490,7 @@ TEST(GlooProcessGroupTest, DefaultHostnameFallsBackToSomethingPeersReach) {
     auto* gloo = dynamic_cast<GlooProcessGroup*>(pg.get());
     ASSERT_NE(gloo, nullptr);
     EXPECT_FALSE(gloo->listen_hostname().empty());
-    EXPECT_EQ(gloo->channels(), 2);
+    EXPECT_EQ(gloo->channels(), ProcessGroupOptions{}.channels);
     pg->Barrier()->Wait();
   });
 }

@@ -41,6 +41,14 @@ template <typename T>
 struct Min {
   static T Apply(T a, T b) { return std::min(a, b); }
 };
+// kAverage over two ranks, done in the reduction itself to save a second pass over the buffer.
+// With two contributions each output element comes from exactly one call of the reduce
+// function on the two ranks' values (a correct sum admits no other, as gloo adds no identity
+// elements), so halving there is the whole average. Integers truncate, as sum-then-divide does.
+template <typename T>
+struct MeanOfTwo {
+  static T Apply(T a, T b) { return (a + b) / T(2); }
+};
 
 template <typename T, template <typename> class Op>
 void ReduceNative(void* out, const void* a, const void* b, size_t n) {
@@ -69,18 +77,25 @@ constexpr ReduceFn PickReduce() {
   }
 }
 
+// Whether kAverage needs no DivideInPlace after the allreduce (see MeanOfTwo).
+bool AveragesInReduce(ReduceOp op, int group_size) {
+  return op == ReduceOp::kAverage && group_size == 2;
+}
+
 template <typename T>
-ReduceFn ReduceFor(ReduceOp op) {
+ReduceFn ReduceFor(ReduceOp op, int group_size) {
   switch (op) {
-    case ReduceOp::kSum:
-    case ReduceOp::kAverage: return PickReduce<T, Plus>();
+    case ReduceOp::kSum: return PickReduce<T, Plus>();
+    case ReduceOp::kAverage:
+      return AveragesInReduce(op, group_size) ? PickReduce<T, MeanOfTwo>()
+                                              : PickReduce<T, Plus>();
     case ReduceOp::kMax: return PickReduce<T, Max>();
     case ReduceOp::kMin: return PickReduce<T, Min>();
   }
   throw std::invalid_argument("unknown ReduceOp");
 }
 
-// kAverage's second step. Integers: exact (truncating) integer division.
+// kAverage's second step for group sizes other than two. Integers: exact (truncating) integer division.
 template <typename T>
 void DivideInPlace(void* data, size_t n, int divisor) {
   T* p = static_cast<T*>(data);
@@ -388,11 +403,13 @@ std::shared_ptr<Work> GlooProcessGroup::AllReduce(at::Tensor tensor, ReduceOp op
                     const size_t n = static_cast<size_t>(tensor.numel());
                     gloo::AllreduceOptions opts(context);
                     opts.setOutput(data, n);  // in place: the output doubles as input
-                    opts.setReduceFunction(ReduceFor<T>(op));
+                    opts.setReduceFunction(ReduceFor<T>(op, group_size));
                     opts.setTag(tag);
                     opts.setTimeout(timeout);
                     gloo::allreduce(opts);
-                    if (op == ReduceOp::kAverage) DivideInPlace<T>(data, n, group_size);
+                    if (op == ReduceOp::kAverage && !AveragesInReduce(op, group_size)) {
+                      DivideInPlace<T>(data, n, group_size);
+                    }
                   });
                 });
 }

@@ -39,9 +39,10 @@ namespace gradhub::ddp {
 //     stale addresses.
 //  3. The k-th collective issued (k = 0, 1, ...; every rank counts the same) is queued on
 //     channel k % channels, whose own thread runs its queue in FIFO order, with gloo tag k
-//     and gloo timeout options.timeout. Back-to-back gradient buckets therefore run
-//     concurrently on different connections. Collectives of size 0 complete at once without
-//     touching the network (they still take a number, so every rank stays in step).
+//     and gloo timeout options.timeout. With several channels, back-to-back gradient buckets
+//     therefore run concurrently on different connections. Collectives of size 0 complete at
+//     once without touching the network (they still take a number, so every rank stays in
+//     step).
 //  4. Barrier first waits (locally) for every collective issued before it, then runs
 //     gloo::barrier: when it completes, all earlier collectives of this rank have completed
 //     and every rank has reached the barrier.
