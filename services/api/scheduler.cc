@@ -457,6 +457,7 @@ absl::Status Scheduler::PlaceJobs() {
   };
 
   for (const db::Row& entry : queue) {
+    if (stopping_) break;  // SIGTERM: the next api picks the queue up where this one left it
     const std::string name = entry.Get<std::string>("name");
     const bool stopping = entry.Get<bool>("stopping");
     const double waited = entry.Get<double>("waited_s");

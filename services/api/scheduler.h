@@ -19,6 +19,7 @@
 // run time of the jobs that backfilled during that window.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
@@ -63,7 +64,8 @@ class Scheduler {
   const SchedulerOptions options_;
   std::mutex mu_;
   std::condition_variable wake_;
-  bool stopping_ = false;
+  // Atomic as well as guarded: a pass over a long queue reads it without the lock, to end early.
+  std::atomic<bool> stopping_{false};
   bool nudged_ = false;
   std::thread loop_;
 };
