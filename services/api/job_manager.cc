@@ -88,11 +88,7 @@ absl::StatusOr<v1::ListJobsResponse> JobManager::ListJobs(int64_t tenant_id,
   std::string sql = absl::StrCat("SELECT ", kJobColumns,
                                  " FROM jobs j JOIN tenants t ON t.id = j.tenant_id"
                                  " WHERE ($1 < 0 OR j.tenant_id = $1)");
-  std::vector<db::Param> params = {tenant_id};
-  auto bind = [&](db::Param param) {
-    params.push_back(std::move(param));
-    return absl::StrCat("$", params.size());
-  };
+  db::ParamList params = {tenant_id};
   GRADHUB_ASSIGN_OR_RETURN(std::vector<FilterTerm> terms, ParseListFilter(request.filter()));
   for (const FilterTerm& term : terms) {
     if (term.field == "state") {
@@ -101,10 +97,9 @@ absl::StatusOr<v1::ListJobsResponse> JobManager::ListJobs(int64_t tenant_id,
         return absl::InvalidArgumentError(
             absl::StrCat("filter: state '", term.value, "' is not a job state"));
       }
-      absl::StrAppend(&sql, " AND j.state = ", bind(term.value));
-    } else if (term.field.rfind("labels.", 0) == 0 && term.field.size() > 7) {
-      absl::StrAppend(&sql, " AND j.labels @> jsonb_build_object(", bind(term.field.substr(7)),
-                      "::text, ", bind(term.value), "::text)");
+      absl::StrAppend(&sql, " AND j.state = ", params.Bind(term.value));
+    } else if (auto labels = LabelCondition(term, "j.labels", params)) {
+      absl::StrAppend(&sql, " AND ", *labels);
     } else {
       return absl::InvalidArgumentError(
           absl::StrCat("filter: unknown field '", term.field, "' (state, labels.KEY)"));
@@ -119,13 +114,15 @@ absl::StatusOr<v1::ListJobsResponse> JobManager::ListJobs(int64_t tenant_id,
     if (id.empty() || !absl::SimpleAtoi(token.substr(0, slash), &micros)) {
       return absl::InvalidArgumentError("page_token: not a token this server returned");
     }
-    absl::StrAppend(&sql, " AND (j.create_time, j.id) < (timestamptz 'epoch' + ", bind(micros),
-                    " * interval '1 microsecond', ", bind(id), "::uuid)");
+    absl::StrAppend(&sql, " AND (j.create_time, j.id) < (timestamptz 'epoch' + ",
+                    params.Bind(micros), " * interval '1 microsecond', ", params.Bind(id),
+                    "::uuid)");
   }
-  absl::StrAppend(&sql, " ORDER BY j.create_time DESC, j.id DESC LIMIT ", bind(page_size + 1));
+  absl::StrAppend(&sql, " ORDER BY j.create_time DESC, j.id DESC LIMIT ",
+                  params.Bind(page_size + 1));
   return pool_->Transact(
       [&](db::Transaction& tx) -> absl::StatusOr<v1::ListJobsResponse> {
-        GRADHUB_ASSIGN_OR_RETURN(db::Result rows, tx.Exec(sql, params));
+        GRADHUB_ASSIGN_OR_RETURN(db::Result rows, tx.Exec(sql, params.values()));
         v1::ListJobsResponse response;
         for (int i = 0; i < rows.rows() && i < page_size; ++i) {
           GRADHUB_ASSIGN_OR_RETURN(*response.add_jobs(), JobFromRow(rows.row(i)));
@@ -190,11 +187,7 @@ absl::StatusOr<v1::ListJobEventsResponse> JobManager::ListJobEvents(
       " coalesce(exit_code, 0) AS exit_code, coalesce(signal, 0) AS signal,"
       " (extract(epoch FROM create_time) * 1e6)::bigint AS time_us"
       " FROM job_events WHERE job_id = $1::uuid";
-  std::vector<db::Param> params = {JobId(request.parent())};
-  auto bind = [&](db::Param param) {
-    params.push_back(std::move(param));
-    return absl::StrCat("$", params.size());
-  };
+  db::ParamList params = {JobId(request.parent())};
   GRADHUB_ASSIGN_OR_RETURN(std::vector<FilterTerm> terms, ParseListFilter(request.filter()));
   for (const FilterTerm& term : terms) {
     if (term.field == "type") {
@@ -203,14 +196,14 @@ absl::StatusOr<v1::ListJobEventsResponse> JobManager::ListJobEvents(
         return absl::InvalidArgumentError(
             absl::StrCat("filter: type '", term.value, "' is not an event type"));
       }
-      absl::StrAppend(&sql, " AND type = ", bind(term.value));
+      absl::StrAppend(&sql, " AND type = ", params.Bind(term.value));
     } else if (term.field == "attempt") {
       int32_t attempt = 0;
       if (!absl::SimpleAtoi(term.value, &attempt) || attempt < 0) {
         return absl::InvalidArgumentError(
             absl::StrCat("filter: attempt '", term.value, "' is not an attempt number"));
       }
-      absl::StrAppend(&sql, " AND attempt = ", bind(attempt));
+      absl::StrAppend(&sql, " AND attempt = ", params.Bind(attempt));
     } else {
       return absl::InvalidArgumentError(
           absl::StrCat("filter: unknown field '", term.field, "' (type, attempt)"));
@@ -222,13 +215,13 @@ absl::StatusOr<v1::ListJobEventsResponse> JobManager::ListJobEvents(
     if (!absl::SimpleAtoi(request.page_token(), &after) || after < 0) {
       return absl::InvalidArgumentError("page_token: not a token this server returned");
     }
-    absl::StrAppend(&sql, " AND id > ", bind(after), "::bigint");
+    absl::StrAppend(&sql, " AND id > ", params.Bind(after), "::bigint");
   }
-  absl::StrAppend(&sql, " ORDER BY id LIMIT ", bind(page_size + 1));
+  absl::StrAppend(&sql, " ORDER BY id LIMIT ", params.Bind(page_size + 1));
   return pool_->Transact(
       [&](db::Transaction& tx) -> absl::StatusOr<v1::ListJobEventsResponse> {
         GRADHUB_ASSIGN_OR_RETURN(v1::Job job, ReadJob(tx, request.parent(), tenant_id, false));
-        GRADHUB_ASSIGN_OR_RETURN(db::Result rows, tx.Exec(sql, params));
+        GRADHUB_ASSIGN_OR_RETURN(db::Result rows, tx.Exec(sql, params.values()));
         v1::ListJobEventsResponse events;
         for (int i = 0; i < rows.rows() && i < page_size; ++i) {
           const db::Row row = rows.row(i);

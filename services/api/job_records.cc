@@ -172,6 +172,17 @@ absl::StatusOr<std::vector<FilterTerm>> ParseListFilter(const std::string& filte
 }
 
 
+std::optional<std::string> LabelCondition(const FilterTerm& term, const std::string& column,
+                                          db::ParamList& params) {
+  constexpr std::string_view kPrefix = "labels.";
+  if (term.field.rfind(kPrefix, 0) != 0 || term.field.size() == kPrefix.size()) {
+    return std::nullopt;
+  }
+  return absl::StrCat(column, " @> jsonb_build_object(",
+                      params.Bind(term.field.substr(kPrefix.size())), "::text, ",
+                      params.Bind(term.value), "::text)");
+}
+
 absl::StatusOr<int32_t> ListPageSize(int32_t requested) {
   constexpr int32_t kDefaultPageSize = 50;
   constexpr int32_t kMaxPageSize = 1000;

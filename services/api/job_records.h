@@ -69,6 +69,11 @@ struct FilterTerm {
 // INVALID_ARGUMENT naming the position of a malformed filter.
 absl::StatusOr<std::vector<FilterTerm>> ParseListFilter(const std::string& filter);
 
+// For a `labels.KEY=VALUE` term, the condition on the jsonb `column` (e.g. "j.labels") with its
+// values bound in `params`; nullopt for a term about another field.
+std::optional<std::string> LabelCondition(const FilterTerm& term, const std::string& column,
+                                          db::ParamList& params);
+
 // The page size of every List* call: 0 = 50, at most 1000, negative INVALID_ARGUMENT.
 absl::StatusOr<int32_t> ListPageSize(int32_t requested);
 

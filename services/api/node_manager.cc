@@ -320,11 +320,7 @@ absl::StatusOr<int64_t> NodeManager::StoreLogs(const v1::ReportLogsRequest& requ
 absl::StatusOr<v1::ListNodesResponse> NodeManager::ListNodes(const v1::ListNodesRequest& request) {
   GRADHUB_ASSIGN_OR_RETURN(const int32_t page_size, ListPageSize(request.page_size()));
   std::string sql = absl::StrCat("SELECT ", kNodeColumns, " FROM nodes n WHERE n.name > $1");
-  std::vector<db::Param> params = {request.page_token()};
-  auto bind = [&](db::Param param) {
-    params.push_back(std::move(param));
-    return absl::StrCat("$", params.size());
-  };
+  db::ParamList params = {request.page_token()};
   GRADHUB_ASSIGN_OR_RETURN(std::vector<FilterTerm> terms, ParseListFilter(request.filter()));
   for (const FilterTerm& term : terms) {
     if (term.field == "state") {
@@ -333,24 +329,23 @@ absl::StatusOr<v1::ListNodesResponse> NodeManager::ListNodes(const v1::ListNodes
         return absl::InvalidArgumentError(
             absl::StrCat("filter: state '", term.value, "' is not a node state"));
       }
-      absl::StrAppend(&sql, " AND n.state = ", bind(term.value));
+      absl::StrAppend(&sql, " AND n.state = ", params.Bind(term.value));
     } else if (term.field == "kind") {
       v1::Node::DeviceKind kind;
       if (!v1::Node::DeviceKind_Parse(term.value, &kind)) {
         return absl::InvalidArgumentError(
             absl::StrCat("filter: kind '", term.value, "' is not CPU or CUDA"));
       }
-      absl::StrAppend(&sql, " AND n.device_kind = ", bind(term.value));
-    } else if (term.field.rfind("labels.", 0) == 0 && term.field.size() > 7) {
-      absl::StrAppend(&sql, " AND n.labels @> jsonb_build_object(", bind(term.field.substr(7)),
-                      "::text, ", bind(term.value), "::text)");
+      absl::StrAppend(&sql, " AND n.device_kind = ", params.Bind(term.value));
+    } else if (auto labels = LabelCondition(term, "n.labels", params)) {
+      absl::StrAppend(&sql, " AND ", *labels);
     } else {
       return absl::InvalidArgumentError(
           absl::StrCat("filter: unknown field '", term.field, "' (state, kind, labels.KEY)"));
     }
   }
-  absl::StrAppend(&sql, " ORDER BY n.name LIMIT ", bind(page_size + 1));
-  GRADHUB_ASSIGN_OR_RETURN(db::Result rows, pool_->Exec(sql, params));
+  absl::StrAppend(&sql, " ORDER BY n.name LIMIT ", params.Bind(page_size + 1));
+  GRADHUB_ASSIGN_OR_RETURN(db::Result rows, pool_->Exec(sql, params.values()));
   v1::ListNodesResponse response;
   for (int i = 0; i < rows.rows() && i < page_size; ++i) {
     *response.add_nodes() = NodeFromRow(rows.row(i));

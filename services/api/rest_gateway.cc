@@ -30,14 +30,14 @@ struct RequestRecord {
 };
 thread_local RequestRecord current_request;
 
-absl::StatusCode CodeForHttp(int status) {
+// The errors httplib answers by itself (no route, oversized body, malformed request), as the
+// status the same error would have had from a handler.
+absl::Status StatusForHttpError(int status) {
   switch (status) {
-    case 400: return absl::StatusCode::kInvalidArgument;
-    case 401: return absl::StatusCode::kUnauthenticated;
-    case 403: return absl::StatusCode::kPermissionDenied;
-    case 404: return absl::StatusCode::kNotFound;
-    case 413: return absl::StatusCode::kResourceExhausted;
-    default: return status < 400 ? absl::StatusCode::kOk : absl::StatusCode::kUnknown;
+    case 404: return absl::NotFoundError("no such resource");
+    case 413: return absl::ResourceExhaustedError("request body is over the size limit");
+    case 400: return absl::InvalidArgumentError("malformed HTTP request");
+    default: return absl::UnknownError(absl::StrCat("HTTP ", status));
   }
 }
 
@@ -105,6 +105,17 @@ absl::Status BoolParam(const httplib::Request& request, const char* name, bool* 
   } else {
     return absl::InvalidArgumentError(absl::StrCat(name, ": expected true or false"));
   }
+  return absl::OkStatus();
+}
+
+// pageSize, pageToken and filter into any List*Request; INVALID_ARGUMENT naming a bad one.
+template <typename ListRequest>
+absl::Status ParseListParams(const httplib::Request& request, ListRequest* list) {
+  int32_t page_size = 0;
+  if (absl::Status parsed = IntParam(request, "pageSize", &page_size); !parsed.ok()) return parsed;
+  list->set_page_size(page_size);
+  list->set_page_token(request.get_param_value("pageToken"));
+  list->set_filter(request.get_param_value("filter"));
   return absl::OkStatus();
 }
 
@@ -224,11 +235,8 @@ void RestGateway::Route() {
     current_request = RequestRecord{};
     return httplib::Server::HandlerResponse::Unhandled;
   });
-  server_->set_logger([this](const httplib::Request&, const httplib::Response& response) {
-    const absl::StatusCode code = current_request.code != absl::StatusCode::kOk
-                                      ? current_request.code
-                                      : CodeForHttp(response.status);
-    metrics_->RecordRequest("rest", current_request.method, code,
+  server_->set_logger([this](const httplib::Request&, const httplib::Response&) {
+    metrics_->RecordRequest("rest", current_request.method, current_request.code,
                             absl::Now() - current_request.start);
   });
 
@@ -258,11 +266,7 @@ void RestGateway::Route() {
     auto id = tenant(request, response, JobAccess::kReadOrCancel);
     if (!id) return;
     v1::ListJobsRequest list;
-    int32_t page_size = 0;
-    if (auto ok = IntParam(request, "pageSize", &page_size); !ok.ok()) return SendError(response, ok);
-    list.set_page_size(page_size);
-    list.set_page_token(request.get_param_value("pageToken"));
-    list.set_filter(request.get_param_value("filter"));
+    if (auto parsed = ParseListParams(request, &list); !parsed.ok()) return SendError(response, parsed);
     Send(response, jobs_->ListJobs(*id, list));
   }));
   server_->Get(R"(/v1/jobs/([^/:]+))", rpc("JobService.GetJob", [=](const httplib::Request& request,
@@ -285,11 +289,7 @@ void RestGateway::Route() {
     if (!id) return;
     v1::ListJobEventsRequest list;
     list.set_parent(JobName(request));
-    int32_t page_size = 0;
-    if (auto ok = IntParam(request, "pageSize", &page_size); !ok.ok()) return SendError(response, ok);
-    list.set_page_size(page_size);
-    list.set_page_token(request.get_param_value("pageToken"));
-    list.set_filter(request.get_param_value("filter"));
+    if (auto parsed = ParseListParams(request, &list); !parsed.ok()) return SendError(response, parsed);
     Send(response, jobs_->ListJobEvents(*id, list));
   }));
   server_->Get(R"(/v1/jobs/([^/:]+):watch)", rpc("JobService.WatchJob", [=](
@@ -331,14 +331,13 @@ void RestGateway::Route() {
     });
   }));
 
-  // httplib answers an oversized body with 413 itself; give it the same error shape.
+  // httplib's own errors get the same shape (and metrics code) as the handlers' errors. Runs
+  // for every status >= 400; a handler's error already has its body.
   server_->set_error_handler([](const httplib::Request&, httplib::Response& response) {
-    if (response.status == 413 && response.body.empty()) {
-      SendError(response, absl::ResourceExhaustedError("request body is over the size limit"));
-      response.status = 413;
-    } else if (response.status == 404 && response.body.empty()) {
-      SendError(response, absl::NotFoundError("no such resource"));
-    }
+    if (!response.body.empty()) return;
+    const int status = response.status;
+    SendError(response, StatusForHttpError(status));
+    response.status = status;
   });
 }
 

@@ -4,6 +4,8 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <initializer_list>
+#include <vector>
 
 namespace gradhub::db {
 
@@ -32,6 +34,21 @@ class Param {
 
  private:
   std::optional<std::string> text_;
+};
+
+// The parameters of SQL assembled piece by piece (filters, page tokens): Bind appends one and
+// returns its placeholder, so each condition is written next to its value.
+class ParamList {
+ public:
+  ParamList(std::initializer_list<Param> first = {}) : params_(first) {}
+  std::string Bind(Param param) {
+    params_.push_back(std::move(param));
+    return "$" + std::to_string(params_.size());
+  }
+  const std::vector<Param>& values() const { return params_; }
+
+ private:
+  std::vector<Param> params_;
 };
 
 }  // namespace gradhub::db

@@ -248,12 +248,16 @@ TEST_F(RestGatewayTest, MetricsCountRequestsByMethodAndCodeAndJobsByState) {
   Create();
   Create();
   ASSERT_EQ(client_->Post("/v1/jobs", kSpec, "application/json")->status, 401);
+  auto unrouted = client_->Get("/v2/nothing");
+  ASSERT_EQ(unrouted->status, 404);
+  EXPECT_THAT(unrouted->body, HasSubstr("NOT_FOUND")) << "httplib's own errors, same shape";
   auto scraped = client_->Get("/metrics");
   ASSERT_EQ(scraped->status, 200);
   const std::string& text = scraped->body;
   EXPECT_THAT(text, HasSubstr(R"(gradhub_api_requests_total{code="OK",method="JobService.CreateJob",transport="rest"} 2)"));
   EXPECT_THAT(text, HasSubstr(R"(gradhub_api_requests_total{code="UNAUTHENTICATED",method="JobService.CreateJob",transport="rest"} 1)"));
   EXPECT_THAT(text, HasSubstr(R"(gradhub_api_request_duration_seconds_count{method="JobService.CreateJob",transport="rest"} 3)"));
+  EXPECT_THAT(text, HasSubstr(R"(gradhub_api_requests_total{code="NOT_FOUND",method="unrouted",transport="rest"} 1)"));
   EXPECT_THAT(text, HasSubstr(R"(gradhub_jobs{state="PENDING"} 2)"));
   EXPECT_THAT(text, HasSubstr(R"(gradhub_jobs{state="RUNNING"} 0)"));
   EXPECT_THAT(text, HasSubstr("gradhub_api_database_up 1"));
