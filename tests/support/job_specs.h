@@ -8,6 +8,35 @@
 
 namespace gradhub::testing {
 
+// The full job spec of ARCHITECTURE.md, every section set, as a user writes it.
+inline constexpr char kArchitectureExampleYaml[] = R"(displayName: digits-mlp
+labels: {team: vision}
+model:
+  mlp: {layers: [64, 256, 256, 10], activation: relu, dropout: 0.1}
+dataset:
+  csv: {path: /data/digits.csv.gz, labelColumnIndex: -1, normalize: standard}
+  validationFraction: 0.2
+optimizer:
+  sgd: {lr: 0.01, momentum: 0.9, weightDecay: 0.0001}
+lrSchedule:
+  step: {stepSize: 200, gamma: 0.5}
+  warmupSteps: 50
+batchSizePerRank: 64
+maxSteps: 1000
+evalEverySteps: 100
+distributed:
+  worldSize: 2
+  ranksPerNode: 1
+  backend: AUTO
+  bucketCapMb: 25
+  commHook: NONE
+checkpoint: {everySteps: 200, keepLast: 3}
+maxRestarts: {infrastructure: 5, job: 1}
+hangTimeoutSeconds: 60
+priority: 0
+seed: 42
+)";
+
 inline v1::JobSpec MinimalJobSpec() {
   v1::JobSpec spec;
   spec.mutable_model()->mutable_mlp()->add_layers(64);

@@ -25,6 +25,7 @@
 
 #include "gradhub/v1/jobs.pb.h"
 #include "gradhub/v1/tenants.pb.h"
+#include "tests/support/job_specs.h"
 #include "tests/support/postgres_server.h"
 #include "tests/support/subprocess.h"
 
@@ -36,31 +37,6 @@ using ::testing::HasSubstr;
 using ::testing::Not;
 using testing::RunResult;
 using testing::Subprocess;
-
-constexpr char kDigitsYaml[] = R"(displayName: digits-mlp
-labels: {team: vision}
-model:
-  mlp: {layers: [64, 256, 256, 10], activation: relu, dropout: 0.1}
-dataset:
-  csv: {path: /data/digits.csv.gz, labelColumnIndex: -1, normalize: standard}
-  validationFraction: 0.2
-optimizer:
-  sgd: {lr: 0.01, momentum: 0.9, weightDecay: 0.0001}
-lrSchedule:
-  step: {stepSize: 200, gamma: 0.5}
-  warmupSteps: 50
-batchSizePerRank: 64
-maxSteps: 1000
-evalEverySteps: 100
-distributed:
-  worldSize: 2
-  ranksPerNode: 1
-  backend: AUTO
-checkpoint: {everySteps: 200, keepLast: 3}
-maxRestarts: {infrastructure: 5, job: 1}
-hangTimeoutSeconds: 60
-seed: 42
-)";
 
 // A small valid spec with the given labels (YAML flow map body, e.g. `team: vision`).
 std::string SmallSpec(const std::string& display_name, const std::string& labels) {
@@ -211,7 +187,7 @@ std::string* CliE2eTest::server_ = nullptr;
 Subprocess* CliE2eTest::api_ = nullptr;
 
 TEST_F(CliE2eTest, SubmitThenGetListDescribeCancel) {
-  RunResult submitted = Gradhub({"submit", "-f", WriteFile("job.yaml", kDigitsYaml)});
+  RunResult submitted = Gradhub({"submit", "-f", WriteFile("job.yaml", testing::kArchitectureExampleYaml)});
   ASSERT_EQ(submitted.exit_code, 0) << submitted.err;
   static const std::regex kJobLine(
       "jobs/([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})\n");
@@ -317,7 +293,7 @@ TEST_F(CliE2eTest, SubmitThenGetListDescribeCancel) {
 }
 
 TEST_F(CliE2eTest, SubmitJsonAndRequestIds) {
-  const std::string file = WriteFile("job.yaml", kDigitsYaml);
+  const std::string file = WriteFile("job.yaml", testing::kArchitectureExampleYaml);
   RunResult first = Gradhub({"--output", "json", "submit", "-f", file, "--request-id", "rid-1"});
   ASSERT_EQ(first.exit_code, 0) << first.err;
   const v1::Job job = ParseJson<v1::Job>(first.out);
@@ -505,7 +481,7 @@ TEST_F(CliE2eTest, BadTokensExit5) {
       EXPECT_EQ(result.out, "");
     }
   }
-  RunResult submit = As("ghk_wrong", {"submit", "-f", WriteFile("job.yaml", kDigitsYaml)});
+  RunResult submit = As("ghk_wrong", {"submit", "-f", WriteFile("job.yaml", testing::kArchitectureExampleYaml)});
   EXPECT_EQ(submit.exit_code, 5) << submit.err;
 }
 
@@ -581,7 +557,7 @@ TEST_F(CliE2eTest, TlsServerIsReachedWithTheCaAndCountsCallsInMetrics) {
 
 TEST_F(CliE2eTest, BadUsageExits2WithoutCallingTheServer) {
   // The server is unreachable here: had any of these sent a call, the exit would be 6.
-  const std::string file = WriteFile("job.yaml", kDigitsYaml);
+  const std::string file = WriteFile("job.yaml", testing::kArchitectureExampleYaml);
   const std::vector<std::vector<std::string>> cases = {
       {},
       {"frobnicate"},

@@ -3,39 +3,10 @@
 #include <gtest/gtest.h>
 
 #include "gpu_worker/common/user_error.h"
+#include "tests/support/job_specs.h"
 
 namespace gradhub {
 namespace {
-
-// The job of ARCHITECTURE.md, as a user writes it.
-constexpr char kDigitsYaml[] = R"(
-displayName: digits-mlp
-labels: {team: vision}
-model:
-  mlp: {layers: [64, 256, 256, 10], activation: relu, dropout: 0.1}
-dataset:
-  csv: {path: /data/digits.csv.gz, labelColumnIndex: -1, normalize: standard}
-  validationFraction: 0.2
-optimizer:
-  sgd: {lr: 0.01, momentum: 0.9, weightDecay: 0.0001}
-lrSchedule:
-  step: {stepSize: 200, gamma: 0.5}
-  warmupSteps: 50
-batchSizePerRank: 64
-maxSteps: 1000
-evalEverySteps: 100
-distributed:
-  worldSize: 2
-  ranksPerNode: 1
-  backend: AUTO
-  bucketCapMb: 25
-  commHook: NONE
-checkpoint: {everySteps: 200, keepLast: 3}
-maxRestarts: {infrastructure: 5, job: 1}
-hangTimeoutSeconds: 60
-priority: 0
-seed: 42
-)";
 
 bool HasIssue(const std::vector<SpecIssue>& issues, const std::string& field) {
   for (const auto& issue : issues) {
@@ -45,7 +16,7 @@ bool HasIssue(const std::vector<SpecIssue>& issues, const std::string& field) {
 }
 
 TEST(JobSpecTest, ParsesTheArchitectureExample) {
-  v1::JobSpec spec = ParseJobSpec(kDigitsYaml);
+  v1::JobSpec spec = ParseJobSpec(testing::kArchitectureExampleYaml);
   EXPECT_EQ(spec.display_name(), "digits-mlp");
   EXPECT_EQ(spec.labels().at("team"), "vision");
   ASSERT_EQ(spec.model().mlp().layers_size(), 4);
