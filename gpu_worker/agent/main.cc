@@ -13,6 +13,7 @@
 #include "gpu_worker/agent/agent.h"
 #include "gpu_worker/agent/config.h"
 #include "gpu_worker/agent/node_description.h"
+#include "services/common/abseil_mode.h"
 #include "services/common/grpc_credentials.h"
 
 namespace {
@@ -41,6 +42,7 @@ std::string DefaultTrainer() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  gradhub::TurnOffMutexDeadlockDetection();
   gradhub::agent::AgentConfig config;
   config.name = Hostname();
   config.trainer = DefaultTrainer();

@@ -13,6 +13,7 @@
 #include "gpu_worker/trainer/job_spec.h"
 #include "gpu_worker/trainer/local_checkpoint_sink.h"
 #include "gpu_worker/trainer/trainer.h"
+#include "services/common/abseil_mode.h"
 #include "services/common/flags.h"
 
 namespace {
@@ -80,6 +81,7 @@ std::shared_ptr<ddp::Store> OpenStore(const TrainerConfig& config) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  gradhub::TurnOffMutexDeadlockDetection();
   TrainerConfig config;
   Flags flags("gradhub-trainer",
               "gradhub-trainer: one rank of a gradhub training job.\n\n"

@@ -42,38 +42,17 @@ absl::StatusOr<v1::Job> JobManager::CreateJob(int64_t tenant_id, const v1::JobSp
   if (auto status = google::protobuf::util::MessageToJsonString(stored, &json, print); !status.ok()) {
     return absl::InternalError(status.ToString());
   }
-  // The job, its first event and the job as stored come from one statement: a create is one
-  // round trip inside its transaction.
-  static const std::string kInsert = absl::StrCat(
-      "WITH j AS (INSERT INTO jobs (tenant_id, request_id, display_name, labels, spec, priority,"
-      " world_size, max_infra_restarts, max_job_restarts)"
-      " VALUES ($1, $2, $3, coalesce($4::jsonb -> 'labels', '{}'), $4::jsonb, $5, $6, $7, $8)"
-      " ON CONFLICT (tenant_id, request_id) DO NOTHING RETURNING *),"
-      " submitted AS (INSERT INTO job_events (job_id, attempt, type, to_state, message)"
-      " SELECT id, 0, 'STATE_CHANGED', 'PENDING', 'submitted' FROM j)"
-      " SELECT ", kJobColumns, " FROM j JOIN tenants t ON t.id = j.tenant_id");
-  return pool_->Transact([&](db::Transaction& tx) -> absl::StatusOr<v1::Job> {
-    GRADHUB_ASSIGN_OR_RETURN(
-        db::Result inserted,
-        tx.Exec(kInsert,
-                {tenant_id, request_id.empty() ? db::Param(std::nullopt) : db::Param(request_id),
-                 stored.display_name(), json, stored.priority(),
-                 stored.distributed().world_size(), stored.max_restarts().infrastructure(),
-                 stored.max_restarts().job()}));
-    if (!inserted.empty()) return JobFromRow(inserted.row(0));
-    // A retry: the first call's job, if it asked for the same.
-    GRADHUB_ASSIGN_OR_RETURN(
-        db::Result existing,
-        tx.Exec("SELECT id::text AS id, spec = $3::jsonb AS same_spec FROM jobs"
-                " WHERE tenant_id = $1 AND request_id = $2",
-                {tenant_id, request_id, json}));
-    if (!existing.row(0).Get<bool>("same_spec")) {
-      return absl::AlreadyExistsError(absl::StrCat(
-          "request_id '", request_id, "' was used for jobs/",
-          existing.row(0).Get<std::string>("id"), " with a different spec"));
-    }
-    return ReadJob(tx, "jobs/" + existing.row(0).Get<std::string>("id"), tenant_id, false);
-  });
+  NewJob row;
+  row.tenant_id = tenant_id;
+  row.request_id = request_id;
+  row.display_name = stored.display_name();
+  row.spec = stored;
+  row.spec_json = std::move(json);
+  row.priority = stored.priority();
+  row.world_size = stored.distributed().world_size();
+  row.max_infra_restarts = stored.max_restarts().infrastructure();
+  row.max_job_restarts = stored.max_restarts().job();
+  return inserter_.Insert(row);
 }
 
 absl::StatusOr<v1::Job> JobManager::GetJob(int64_t tenant_id, const std::string& name) {

@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "gpu_worker/trainer/job_spec.h"
 #include "gradhub/v1/jobs.pb.h"
+#include "services/api/job_inserter.h"
 #include "services/api/job_records.h"
 #include "services/common/db/pool.h"
 
@@ -20,10 +21,12 @@ namespace gradhub::api {
 
 class JobManager {
  public:
-  JobManager(db::Pool* pool, SpecLimits limits) : pool_(pool), limits_(limits) {}
+  JobManager(db::Pool* pool, SpecLimits limits, JobInserterOptions inserts = {})
+      : pool_(pool), limits_(limits), inserter_(pool, inserts) {}
 
   // INVALID_ARGUMENT naming every bad field. Idempotent per (tenant, request_id): a retry
-  // returns the job the first call made, whatever its spec.
+  // returns the job the first call made, and ALREADY_EXISTS when it asks for another spec.
+  // Concurrent creates share a commit (JobInserter).
   absl::StatusOr<v1::Job> CreateJob(int64_t tenant_id, const v1::JobSpec& spec,
                                     const std::string& request_id);
 
@@ -87,6 +90,7 @@ class JobManager {
  private:
   db::Pool* pool_;
   SpecLimits limits_;
+  JobInserter inserter_;
 };
 
 }  // namespace gradhub::api

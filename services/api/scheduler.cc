@@ -203,6 +203,7 @@ struct RankRow {
 }  // namespace
 
 absl::Status Scheduler::RunOnce() {
+  std::lock_guard<std::mutex> one_pass_at_a_time(pass_mu_);
   GRADHUB_RETURN_IF_ERROR(SweepNodes());
   GRADHUB_RETURN_IF_ERROR(ReconcileAttempts());
   return PlaceJobs();
@@ -414,13 +415,12 @@ absl::Status Scheduler::PlaceJobs() {
       db::Result queue,
       pool_->Exec(absl::StrCat(
           "SELECT 'jobs/' || j.id::text AS name, j.state_reason, j.current_attempt,"
-          " jsonb_build_object('distributed', j.spec -> 'distributed',"
-          "   'nodeSelector', coalesce(j.spec -> 'nodeSelector', '{}'))::text AS placement_spec,"
           " extract(epoch FROM now() - j.queued_time)::float8 AS waited_s,"
           " EXISTS (SELECT 1 FROM rank_assignments a WHERE a.job_id = j.id AND a.state IN ",
           kLiveRankStates, ") AS stopping"
           " FROM jobs j WHERE j.state IN ('PENDING', 'RESTARTING')"
           " ORDER BY j.priority DESC, j.create_time, j.id")));
+  GRADHUB_RETURN_IF_ERROR(ReadPlacementSpecs(queue));
   GRADHUB_ASSIGN_OR_RETURN(
       const std::vector<NodeRecord> snapshot,
       pool_->Transact([&](db::Transaction& tx) { return ReadNodes(tx, options_.node_lease); },
@@ -456,21 +456,26 @@ absl::Status Scheduler::PlaceJobs() {
     return decision;
   };
 
+  // Reasons are written together at the end of the pass, one statement per distinct reason:
+  // a burst of submissions to a full cluster would otherwise cost one more durable commit per
+  // new job. They are only advice to the user, so the snapshot is good enough for them; a
+  // placement is still decided under the lock.
+  std::map<std::string, std::vector<std::string>> new_reasons;  // why -> job ids
   for (const db::Row& entry : queue) {
     if (stopping_) break;  // SIGTERM: the next api picks the queue up where this one left it
     const std::string name = entry.Get<std::string>("name");
     const bool stopping = entry.Get<bool>("stopping");
     const double waited = entry.Get<double>("waited_s");
-    v1::JobSpec placement_spec;
-    // Unreadable here means decided in the transaction, from the whole stored job.
-    if (google::protobuf::util::JsonStringToMessage(entry.Get<std::string>("placement_spec"),
-                                                    &placement_spec)
-            .ok()) {
+    // Unreadable (not cached) means decided in the transaction, from the whole stored job.
+    if (auto cached = placement_specs_.find(name); cached != placement_specs_.end()) {
       std::optional<std::string> blocked_in_snapshot = blocked_by;
-      const Decision guess = decide(name, entry.Get<int32_t>("current_attempt"), placement_spec,
+      const Decision guess = decide(name, entry.Get<int32_t>("current_attempt"), cached->second,
                                     snapshot, stopping, waited, blocked_in_snapshot);
-      if (guess.placement.empty() && guess.why == entry.Get<std::string>("state_reason")) {
+      if (guess.placement.empty()) {
         blocked_by = blocked_in_snapshot;
+        if (guess.why != entry.Get<std::string>("state_reason")) {
+          new_reasons[guess.why].push_back(JobId(name));
+        }
         continue;
       }
     }
@@ -490,7 +495,51 @@ absl::Status Scheduler::PlaceJobs() {
       std::cerr << "gradhub-api: scheduler: placing " << name << ": " << status << "\n";
     }
   }
+  return SetPendingReasons(new_reasons);
+}
+
+absl::Status Scheduler::ReadPlacementSpecs(const db::Result& queue) {
+  std::set<std::string> queued;
+  std::vector<std::string> missing;  // job ids
+  for (const db::Row& entry : queue) {
+    const std::string name = entry.Get<std::string>("name");
+    if (placement_specs_.count(name) == 0) missing.push_back(JobId(name));
+    queued.insert(name);
+  }
+  for (auto it = placement_specs_.begin(); it != placement_specs_.end();) {
+    it = queued.count(it->first) ? std::next(it) : placement_specs_.erase(it);
+  }
+  if (missing.empty()) return absl::OkStatus();
+  GRADHUB_ASSIGN_OR_RETURN(
+      db::Result specs,
+      pool_->Exec("SELECT 'jobs/' || j.id::text AS name,"
+                  " jsonb_build_object('distributed', j.spec -> 'distributed',"
+                  "   'nodeSelector', coalesce(j.spec -> 'nodeSelector', '{}'))::text AS spec"
+                  " FROM jobs j WHERE j.id = ANY($1::uuid[])",
+                  {absl::StrCat("{", absl::StrJoin(missing, ","), "}")}));
+  for (const db::Row& row : specs) {
+    v1::JobSpec spec;
+    if (google::protobuf::util::JsonStringToMessage(row.Get<std::string>("spec"), &spec).ok()) {
+      placement_specs_.emplace(row.Get<std::string>("name"), std::move(spec));
+    }
+  }
   return absl::OkStatus();
+}
+
+absl::Status Scheduler::SetPendingReasons(
+    const std::map<std::string, std::vector<std::string>>& reasons) {
+  if (reasons.empty()) return absl::OkStatus();
+  return pool_->Transact([&](db::Transaction& tx) -> absl::Status {
+    for (const auto& [why, ids] : reasons) {
+      // A job placed or cancelled since the snapshot keeps the state_reason it has now.
+      GRADHUB_RETURN_IF_ERROR(
+          tx.Exec("UPDATE jobs SET state_reason = $1 WHERE id = ANY($2::uuid[])"
+                  " AND state IN ('PENDING', 'RESTARTING') AND state_reason <> $1",
+                  {why, absl::StrCat("{", absl::StrJoin(ids, ","), "}")})
+              .status());
+    }
+    return absl::OkStatus();
+  });
 }
 
 void Scheduler::Start() {

@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "gradhub/v1/jobs.grpc.pb.h"
+#include "services/common/abseil_mode.h"
 #include "services/common/flags.h"
 #include "tests/support/job_specs.h"
 
@@ -209,6 +210,7 @@ double Percentile(const std::vector<int64_t>& sorted, double p) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  gradhub::TurnOffMutexDeadlockDetection();
   Options options;
   gradhub::Flags flags("bench_create_jobs",
                        "CreateJob load against gradhub-api: closed loop (--rate 0) or a fixed "

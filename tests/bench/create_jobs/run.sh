@@ -101,7 +101,17 @@ bench=("$bin/bench_create_jobs" --server "$server" --token "$token" --clients "$
 # 2. Closed loop, then 3. the fixed rate.
 [ "$statements" = 1 ] && "${psql[@]}" -c 'CREATE EXTENSION pg_stat_statements' -c 'SELECT pg_stat_statements_reset()' >/dev/null
 "${psql[@]}" -c "SELECT pg_stat_reset_shared('wal')" >/dev/null
-"${bench[@]}" --rate 0 > "$work/closed.out"
+# CPU seconds each party spent in the closed loop: unlike the rates, the CPU a create costs
+# hardly moves when other work shares the machine. Clock ticks from /proc; PostgreSQL is the
+# postmaster and its children (the api's pooled backends live through the phase).
+cpu_ticks() { for pid in "$@"; do awk '{print $14 + $15}' "/proc/$pid/stat" 2>/dev/null; done | awk '{t += $1} END {print t + 0}'; }
+postgres_pids() { local pm; pm="$(head -1 "$work/pg/postmaster.pid")"; echo "$pm" $(pgrep -P "$pm"); }
+api_ticks0="$(cpu_ticks "$api_pid")" pg_ticks0="$(cpu_ticks $(postgres_pids))" start_ns="$(date +%s%N)"
+TIMEFORMAT='%U %S'
+{ time "${bench[@]}" --rate 0 > "$work/closed.out"; } 2> "$work/closed.time"
+api_ticks="$(( $(cpu_ticks "$api_pid") - api_ticks0 ))" pg_ticks="$(( $(cpu_ticks $(postgres_pids)) - pg_ticks0 ))"
+closed_wall="$(awk -v a="$start_ns" -v b="$(date +%s%N)" 'BEGIN {print (b - a) / 1e9}')"
+client_cpu="$(awk '{print $1 + $2}' "$work/closed.time")"
 wal_syncs="$("${psql[@]}" -c 'SELECT wal_sync FROM pg_stat_wal')"
 if [ "$statements" = 1 ]; then
   "${psql[@]}" -P footer=off -F ' | ' -c "SELECT calls, round(total_exec_time::numeric, 0) AS total_ms,
@@ -116,7 +126,8 @@ echo "clients $clients, $seconds s measured after $warmup s warmup per CreateJob
 echo "pgbench INSERT ceiling: $ceiling commits/s, mean latency $ceiling_ms ms; WAL fsyncs during the closed loop: $wal_syncs"
 cat "$work/closed.out"
 tail -n +2 "$work/open.out"
-awk -v ceiling="$ceiling" -v rate="$rate" '
+awk -v ceiling="$ceiling" -v rate="$rate" -v hz="$(getconf CLK_TCK)" -v wall="$closed_wall" \
+    -v api="$api_ticks" -v pg="$pg_ticks" -v client="$client_cpu" '
   FNR == 1 { for (i = 1; i <= NF; i++) col[$i] = i }  # bench_create_jobs header names the fields
   FNR == 2 && FILENAME ~ /closed/ { c_rate = $col["ok_per_s"]; c_p50 = $col["p50_ms"]; c_p99 = $col["p99_ms"]; c_err = $col["errors"] }
   FNR == 2 && FILENAME ~ /open/ {
@@ -130,6 +141,11 @@ awk -v ceiling="$ceiling" -v rate="$rate" '
     printf "%-44s %10.3f %8s %7s\n", "  as a fraction of the INSERT ceiling", (ceiling > 0 ? c_rate / ceiling : 0), "-", "-"
     printf "%-44s %10.2f %8s %7s\n", "  closed loop p50 ms", c_p50, "-", "-"
     printf "%-44s %10.2f %8s %7s\n", "  closed loop p99 ms", c_p99, "-", "-"
+    # CPU per create = CPU seconds per wall second of the phase (warmup included) over its rate.
+    per = wall > 0 && c_rate > 0 ? 1000 / (wall * c_rate) : 0
+    printf "%-44s %10.3f %8s %7s\n", "  CPU ms per create: gradhub-api", api / hz * per, "-", "-"
+    printf "%-44s %10.3f %8s %7s\n", "  CPU ms per create: PostgreSQL", pg / hz * per, "-", "-"
+    printf "%-44s %10.3f %8s %7s\n", "  CPU ms per create: benchmark client", client * per, "-", "-"
     printf "%-44s %10.1f %8s %7s\n", "CreateJob at " rate "/s, achieved creates/s", o_rate, rate, verdict(o_rate >= 0.99 * rate)
     printf "%-44s %10.2f %8s %7s\n", "  p50 ms (from scheduled send)", o_p50, "-", "-"
     printf "%-44s %10.2f %8s %7s\n", "  p90 ms", o_p90, "-", "-"
