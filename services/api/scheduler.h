@@ -54,7 +54,8 @@ class Scheduler {
   // One pass; for tests, and what the loop runs.
   absl::Status RunOnce();
 
-  // Runs passes every interval (sooner after Nudge) on a thread of its own until Stop.
+  // Runs passes every interval (sooner after Nudge, but never closer than three times the last
+  // pass took) on a thread of its own until Stop.
   void Start();
   void Stop();
   // Something changed (a job was created, a rank exited): run the next pass now.
