@@ -1,7 +1,9 @@
-// Allreduce bus bandwidth of gradhub's GlooProcessGroup against raw Gloo (the same ring
-// algorithm, transport and loopback address), ranks as processes.
+// Allreduce bus bandwidth of gradhub's GlooProcessGroup against raw Gloo, ranks as processes.
+// Implementations: gloo (raw Gloo: ring allreduce over TCP on loopback), tcp (gradhub over the
+// same ring, transport and address: shared memory off), shm (gradhub's default on one host:
+// its shared-memory allreduce).
 // Prints one line: <impl> <MiB> <world> <median seconds per allreduce>.
-// Usage: bench_allreduce gloo|gradhub MIB WORLD ITERS
+// Usage: bench_allreduce gloo|tcp|shm MIB WORLD ITERS
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -22,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu_worker/ddp/comm/gloo/gloo_process_group.h"
 #include "gpu_worker/ddp/comm/process_group.h"
 #include "gpu_worker/ddp/store/file_store.h"
 
@@ -58,15 +61,21 @@ double RawGloo(int rank, int world, int64_t numel, int iterations, const std::st
   });
 }
 
-double Gradhub(int rank, int world, int64_t numel, int iterations, const std::string& dir) {
+double Gradhub(int rank, int world, int64_t numel, int iterations, const std::string& dir,
+               bool shared_memory) {
   gradhub::ddp::ProcessGroupOptions options;
   options.backend = gradhub::ddp::Backend::kGloo;
   options.rank = rank;
   options.size = world;
   options.hostname = "127.0.0.1";
   options.store = std::make_shared<gradhub::ddp::FileStore>(dir);
-  if (const char* channels = std::getenv("GRADHUB_BENCH_CHANNELS")) options.channels = std::atoi(channels);
+  options.shared_memory = shared_memory;
   auto group = gradhub::ddp::CreateProcessGroup(options);
+  if (dynamic_cast<gradhub::ddp::GlooProcessGroup&>(*group).uses_shared_memory() != shared_memory) {
+    std::fprintf(stderr, "bench_allreduce: rank %d: shared memory %s, wanted %s\n", rank,
+                 shared_memory ? "unavailable" : "used", shared_memory ? "on" : "off");
+    std::exit(1);
+  }
   at::Tensor tensor = at::ones({numel});
   return MedianSeconds(iterations, [&] { group->AllReduce(tensor)->Wait(); });
 }
@@ -74,11 +83,11 @@ double Gradhub(int rank, int world, int64_t numel, int iterations, const std::st
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 5 || (std::string(argv[1]) != "gloo" && std::string(argv[1]) != "gradhub")) {
-    std::fprintf(stderr, "usage: bench_allreduce gloo|gradhub MIB WORLD ITERS\n");
+  const std::string impl = argc == 5 ? argv[1] : "";
+  if (impl != "gloo" && impl != "tcp" && impl != "shm") {
+    std::fprintf(stderr, "usage: bench_allreduce gloo|tcp|shm MIB WORLD ITERS\n");
     return 2;
   }
-  const bool raw = std::string(argv[1]) == "gloo";
   const int64_t numel = std::stoll(argv[2]) * (1 << 20) / sizeof(float);
   const int world = std::stoi(argv[3]);
   const int iterations = std::stoi(argv[4]);
@@ -86,8 +95,8 @@ int main(int argc, char** argv) {
   const std::string dir = mkdtemp(pattern);
   auto run = [&](int rank) {
     at::set_num_threads(1);
-    return raw ? RawGloo(rank, world, numel, iterations, dir)
-               : Gradhub(rank, world, numel, iterations, dir);
+    return impl == "gloo" ? RawGloo(rank, world, numel, iterations, dir)
+                          : Gradhub(rank, world, numel, iterations, dir, impl == "shm");
   };
   // Children are forked before any thread exists in this process.
   std::vector<pid_t> children;

@@ -1,5 +1,7 @@
-// Step time of gradhub's DDP on MLPs at world size 1 and 2, ranks as processes on loopback,
-// one thread each. Prints one line per run: <model> <world_size> <median step seconds>.
+// Step time of gradhub's DDP on MLPs at world size 1 and 2, ranks as processes on one host,
+// one thread each; allreduces through shared memory (the default on one host), or over
+// loopback TCP with GRADHUB_BENCH_SHARED_MEMORY=0.
+// Prints one line per run: <model> <world_size> <median step seconds>.
 // Usage: bench_ddp MODEL BATCH WORLD STEPS   (MODEL like 784-1024-1024-10)
 #include <sys/wait.h>
 #include <unistd.h>
@@ -58,6 +60,9 @@ double RunRank(int rank, int world, const std::vector<int64_t>& widths, int64_t 
   options.size = world;
   options.store = std::make_shared<gradhub::ddp::FileStore>(store_dir);
   if (const char* channels = std::getenv("GRADHUB_BENCH_CHANNELS")) options.channels = std::atoi(channels);
+  if (const char* shm = std::getenv("GRADHUB_BENCH_SHARED_MEMORY")) {
+    options.shared_memory = std::string(shm) != "0";
+  }
   torch::manual_seed(0);
   auto model = std::make_shared<Mlp>(widths);
   DistributedDataParallel ddp(model, gradhub::ddp::CreateProcessGroup(options));

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # DDP step time, gradhub against PyTorch DDP (Debian's python3-torch, gloo), same machine and
-# run, one thread per rank, PyTorch measured first. Each configuration is measured
-# GRADHUB_BENCH_REPEATS times, the two interleaved, and each column is the median of its
-# repeats: one run apiece swings by +-30% on a shared machine. Usage: run.sh BUILD_DIR
+# run, one thread per rank, PyTorch measured first. gradhub runs as by default on one host,
+# allreducing through shared memory (gradhub_ms, ratio); at world size 2 also over loopback TCP
+# (tcp_ms, tcp_ratio), which is what PyTorch's gloo backend uses. Each configuration is
+# measured GRADHUB_BENCH_REPEATS times, the variants interleaved, and each column is the median
+# of its repeats: one run apiece swings by +-30% on a shared machine. Usage: run.sh BUILD_DIR
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 bench="$1/bin/bench_ddp"
@@ -14,21 +16,26 @@ repeats=${GRADHUB_BENCH_REPEATS:-3}
 # sides of the comparison.
 export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
 median() { tr ' ' '\n' | grep . | sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
-printf '%-22s %5s %6s %12s %12s %7s\n' model batch world pytorch_ms gradhub_ms ratio
+printf '%-28s %5s %6s %11s %11s %7s %9s %9s\n' model batch world pytorch_ms gradhub_ms ratio tcp_ms tcp_ratio
 declare -A ours
 for config in "784-1024-1024-10 64" "784-2048-2048-2048-2048-10 32"; do
   set -- $config
   for world in 1 2; do
-    refs="" mines=""
+    refs="" mines="" tcps=""
     for _ in $(seq "$repeats"); do
       refs+="$(/usr/bin/python3 "$here/pytorch_ddp.py" "$1" "$2" "$world" "$steps" | awk '{print $3}') "
       mines+="$("$bench" "$1" "$2" "$world" "$steps" | awk '{print $3}') "
+      if [ "$world" -gt 1 ]; then
+        tcps+="$(GRADHUB_BENCH_SHARED_MEMORY=0 "$bench" "$1" "$2" "$world" "$steps" | awk '{print $3}') "
+      fi
     done
     ref=$(echo "$refs" | median)
     mine=$(echo "$mines" | median)
     ours[$1/$world]=$mine
-    awk -v m="$1" -v b="$2" -v w="$world" -v r="$ref" -v g="$mine" \
-      'BEGIN { printf "%-22s %5s %6s %12.2f %12.2f %7.2f\n", m, b, w, r*1000, g*1000, g/r }'
+    if [ -n "$tcps" ]; then tcp=$(echo "$tcps" | median); else tcp=""; fi
+    awk -v m="$1" -v b="$2" -v w="$world" -v r="$ref" -v g="$mine" -v t="$tcp" 'BEGIN {
+      tcp = (t == "") ? sprintf("%9s %9s", "-", "-") : sprintf("%9.2f %9.2f", t*1000, t/r)
+      printf "%-28s %5s %6s %11.2f %11.2f %7.2f %s\n", m, b, w, r*1000, g*1000, g/r, tcp }'
   done
   # Scaling efficiency: world-2 throughput over twice world-1 throughput (same batch per rank).
   awk -v m="$1" -v one="${ours[$1/1]}" -v two="${ours[$1/2]}" \

@@ -6,11 +6,15 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "gpu_worker/ddp/comm/gloo/gloo_process_group.h"
@@ -34,7 +38,7 @@ using Clock = std::chrono::steady_clock;
 constexpr int64_t kMiB = 1 << 20;
 
 ProcessGroupOptions GlooOptions(int rank, int size, std::shared_ptr<Store> store,
-                                std::string name = "default") {
+                                std::string name = "default", bool shared_memory = true) {
   ProcessGroupOptions options;
   options.backend = Backend::kGloo;
   options.rank = rank;
@@ -43,7 +47,27 @@ ProcessGroupOptions GlooOptions(int rank, int size, std::shared_ptr<Store> store
   options.name = std::move(name);
   // Short, so that a failing rank leaves its peers waiting seconds, not a minute.
   options.timeout = std::chrono::seconds(30);
+  options.shared_memory = shared_memory;
   return options;
+}
+
+bool UsesSharedMemory(const std::shared_ptr<ProcessGroup>& pg) {
+  auto* gloo = dynamic_cast<GlooProcessGroup*>(pg.get());
+  return gloo != nullptr && gloo->uses_shared_memory();
+}
+
+// Fills `tensor` with reproducible values that are not small integers, so that rounding in
+// the reduction shows (in float16 and bfloat16 especially).
+void FillRandom(at::Tensor& tensor, int seed) {
+  at::Generator generator = at::detail::createCPUGenerator(seed);
+  at::Tensor values = at::randn({tensor.numel()}, generator, at::kDouble) * 100;
+  if (tensor.scalar_type() == at::kLong) values = values.round();
+  tensor.copy_(values);
+}
+
+bool BitwiseEqual(const at::Tensor& a, const at::Tensor& b) {
+  return a.scalar_type() == b.scalar_type() && a.nbytes() == b.nbytes() &&
+         std::memcmp(a.data_ptr(), b.data_ptr(), a.nbytes()) == 0;
 }
 
 double ToDouble(float v) { return v; }
@@ -124,27 +148,43 @@ double Min(int64_t i, int n) {
 int64_t ElementSize(at::ScalarType type) { return c10::elementSize(type); }
 
 // ---------------------------------------------------------------------------------------
-// Collective correctness: every dtype, 2 and 3 ranks, sizes 0, 1, 7 and 1 MiB.
+// Collective correctness: every dtype, 2 and 3 ranks, sizes 0, 1, 7 and 1 MiB; allreduce both
+// through shared memory and over TCP (the other collectives always go over TCP).
 
 struct WorldAndType {
   int world;
   at::ScalarType type;
 };
 
+std::string Name(const WorldAndType& param) {
+  return std::to_string(param.world) + "ranks_" + c10::toString(param.type);
+}
 std::string ParamName(const ::testing::TestParamInfo<WorldAndType>& info) {
-  std::string type = c10::toString(info.param.type);
-  return std::to_string(info.param.world) + "ranks_" + type;
+  return Name(info.param);
 }
 
-class GlooCollectivesTest : public ::testing::TestWithParam<WorldAndType> {};
+const auto kWorldsAndTypes = ::testing::Values(
+    WorldAndType{2, at::kFloat}, WorldAndType{2, at::kDouble}, WorldAndType{2, at::kHalf},
+    WorldAndType{2, at::kBFloat16}, WorldAndType{2, at::kLong}, WorldAndType{3, at::kFloat},
+    WorldAndType{3, at::kDouble}, WorldAndType{3, at::kHalf}, WorldAndType{3, at::kBFloat16},
+    WorldAndType{3, at::kLong});
 
-TEST_P(GlooCollectivesTest, AllReduceSumAverageMaxMin) {
-  const int n = GetParam().world;
-  const at::ScalarType type = GetParam().type;
+std::string PathName(bool shared_memory) { return shared_memory ? "shm" : "tcp"; }
+
+class GlooAllReduceTest
+    : public ::testing::TestWithParam<std::tuple<WorldAndType, bool /*shared_memory*/>> {};
+
+TEST_P(GlooAllReduceTest, SumAverageMaxMin) {
+  const int n = std::get<0>(GetParam()).world;
+  const at::ScalarType type = std::get<0>(GetParam()).type;
+  const bool shared_memory = std::get<1>(GetParam());
   auto store = std::make_shared<InMemoryStore>();
   spawnThreads(n, [&](int rank) {
-    auto pg = CreateProcessGroup(GlooOptions(rank, n, store));
-    for (int64_t numel : {int64_t{0}, int64_t{1}, int64_t{7}, kMiB / ElementSize(type)}) {
+    auto pg = CreateProcessGroup(GlooOptions(rank, n, store, "default", shared_memory));
+    EXPECT_EQ(UsesSharedMemory(pg), shared_memory);
+    // 1 MiB + 7 elements: in shared memory, two full chunks and a ragged one.
+    for (int64_t numel : {int64_t{0}, int64_t{1}, int64_t{7}, kMiB / ElementSize(type),
+                          kMiB / ElementSize(type) + 7}) {
       SCOPED_TRACE(::testing::Message() << "rank " << rank << ", " << numel << " elements");
       auto input = [&](int64_t i) { return Value(i, rank, n); };
 
@@ -166,6 +206,65 @@ TEST_P(GlooCollectivesTest, AllReduceSumAverageMaxMin) {
     }
   });
 }
+
+INSTANTIATE_TEST_SUITE_P(
+    AllDtypes, GlooAllReduceTest, ::testing::Combine(kWorldsAndTypes, ::testing::Bool()),
+    [](const auto& info) {
+      return Name(std::get<0>(info.param)) + "_" + PathName(std::get<1>(info.param));
+    });
+
+// Both paths reduce with the same kernels: for two ranks the results are the same bit for
+// bit, rounding included, and on every rank; for three, shared memory sums in rank order.
+class SharedMemoryMatchesTcpTest : public ::testing::TestWithParam<at::ScalarType> {};
+
+TEST_P(SharedMemoryMatchesTcpTest, BitForBitOnEveryRank) {
+  const at::ScalarType type = GetParam();
+  const int64_t numel = kMiB / ElementSize(type) + 7;
+  for (int n : {2, 3}) {
+    SCOPED_TRACE(::testing::Message() << n << " ranks");
+    const std::vector<ReduceOp> ops = {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMax,
+                                       ReduceOp::kMin};
+    // results[path][rank][op]
+    std::vector<std::vector<std::vector<at::Tensor>>> results(
+        2, std::vector<std::vector<at::Tensor>>(n));
+    std::vector<at::Tensor> inputs(n);
+    auto store = std::make_shared<InMemoryStore>();
+    spawnThreads(n, [&](int rank) {
+      inputs[rank] = at::empty({numel}, at::TensorOptions().dtype(type));
+      FillRandom(inputs[rank], 1000 + rank);
+      for (bool shared_memory : {true, false}) {
+        auto pg = CreateProcessGroup(
+            GlooOptions(rank, n, store, PathName(shared_memory), shared_memory));
+        ASSERT_EQ(UsesSharedMemory(pg), shared_memory);
+        for (ReduceOp op : ops) {
+          at::Tensor tensor = inputs[rank].clone();
+          pg->AllReduce(tensor, op)->Wait();
+          results[shared_memory][rank].push_back(tensor);
+        }
+      }
+    });
+    for (size_t k = 0; k < ops.size(); ++k) {
+      SCOPED_TRACE(::testing::Message() << "op " << static_cast<int>(ops[k]));
+      for (int rank = 1; rank < n; ++rank) {
+        EXPECT_TRUE(BitwiseEqual(results[1][rank][k], results[1][0][k])) << "rank " << rank;
+      }
+      if (n == 2) {
+        EXPECT_TRUE(BitwiseEqual(results[1][0][k], results[0][0][k])) << "shared memory vs TCP";
+      }
+    }
+    // ATen adds float16 and bfloat16 through float too, one rounding per addition.
+    at::Tensor sum = inputs[0];
+    for (int rank = 1; rank < n; ++rank) sum = sum + inputs[rank];
+    EXPECT_TRUE(BitwiseEqual(results[1][0][0], sum));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllDtypes, SharedMemoryMatchesTcpTest,
+                         ::testing::Values(at::kFloat, at::kDouble, at::kHalf, at::kBFloat16,
+                                           at::kLong),
+                         [](const auto& info) { return std::string(c10::toString(info.param)); });
+
+class GlooCollectivesTest : public ::testing::TestWithParam<WorldAndType> {};
 
 TEST_P(GlooCollectivesTest, BroadcastFromFirstAndLastRoot) {
   const int n = GetParam().world;
@@ -217,26 +316,20 @@ TEST_P(GlooCollectivesTest, AllGatherIntoSeparateAndAdjacentOutputs) {
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    AllDtypes, GlooCollectivesTest,
-    ::testing::Values(WorldAndType{2, at::kFloat}, WorldAndType{2, at::kDouble},
-                      WorldAndType{2, at::kHalf}, WorldAndType{2, at::kBFloat16},
-                      WorldAndType{2, at::kLong}, WorldAndType{3, at::kFloat},
-                      WorldAndType{3, at::kDouble}, WorldAndType{3, at::kHalf},
-                      WorldAndType{3, at::kBFloat16}, WorldAndType{3, at::kLong}),
-    ParamName);
+INSTANTIATE_TEST_SUITE_P(AllDtypes, GlooCollectivesTest, kWorldsAndTypes, ParamName);
 
 // ---------------------------------------------------------------------------------------
 // 100 MiB: the size of a few gradient buckets; gloo splits it into many segments.
 
-class GlooLargeTest : public ::testing::TestWithParam<int> {};
+class GlooLargeAllReduceTest : public ::testing::TestWithParam<std::tuple<int, bool>> {};
 
-TEST_P(GlooLargeTest, AllReduce100MiBFloat32SumAndAverage) {
-  const int n = GetParam();
+TEST_P(GlooLargeAllReduceTest, Float32SumAndAverage) {
+  const int n = std::get<0>(GetParam());
+  const bool shared_memory = std::get<1>(GetParam());
   const int64_t numel = 100 * kMiB / 4;
   auto store = std::make_shared<InMemoryStore>();
   spawnThreads(n, [&](int rank) {
-    auto pg = CreateProcessGroup(GlooOptions(rank, n, store));
+    auto pg = CreateProcessGroup(GlooOptions(rank, n, store, "default", shared_memory));
     at::Tensor tensor = MakeTensor(at::kFloat, numel, [&](int64_t i) { return Value(i, rank, n); });
     pg->AllReduce(tensor, ReduceOp::kSum)->Wait();
     EXPECT_TRUE(HasValues(tensor, [&](int64_t i) { return Sum(i, n); })) << "rank " << rank;
@@ -245,6 +338,15 @@ TEST_P(GlooLargeTest, AllReduce100MiBFloat32SumAndAverage) {
     EXPECT_TRUE(HasValues(tensor, [&](int64_t i) { return Sum(i, n); })) << "rank " << rank;
   });
 }
+
+INSTANTIATE_TEST_SUITE_P(TwoAndThreeRanks, GlooLargeAllReduceTest,
+                         ::testing::Combine(::testing::Values(2, 3), ::testing::Bool()),
+                         [](const auto& info) {
+                           return std::to_string(std::get<0>(info.param)) + "ranks_" +
+                                  PathName(std::get<1>(info.param));
+                         });
+
+class GlooLargeTest : public ::testing::TestWithParam<int> {};
 
 TEST_P(GlooLargeTest, Broadcast100MiBFloat32FromLastRank) {
   const int n = GetParam();
@@ -492,6 +594,117 @@ TEST(GlooProcessGroupTest, DefaultHostnameFallsBackToSomethingPeersReach) {
     EXPECT_FALSE(gloo->listen_hostname().empty());
     EXPECT_EQ(gloo->channels(), ProcessGroupOptions{}.channels);
     pg->Barrier()->Wait();
+  });
+}
+
+// ---------------------------------------------------------------------------------------
+// Choosing shared memory: every rank on one host and willing, and the segment set up
+// everywhere; otherwise every rank uses TCP.
+
+TEST(GlooSharedMemoryTest, UsedByDefaultOnOneHostNotForAWorldOfOne) {
+  for (int n : {2, 3}) {
+    auto store = std::make_shared<InMemoryStore>();
+    spawnThreads(n, [&](int rank) {
+      auto pg = CreateProcessGroup(GlooOptions(rank, n, store));
+      EXPECT_TRUE(UsesSharedMemory(pg)) << "rank " << rank << " of " << n;
+    });
+  }
+  auto alone = CreateProcessGroup(GlooOptions(0, 1, std::make_shared<InMemoryStore>()));
+  EXPECT_FALSE(UsesSharedMemory(alone));
+}
+
+TEST(GlooSharedMemoryTest, OneRankWithoutItMakesEveryRankUseTcp) {
+  auto store = std::make_shared<InMemoryStore>();
+  spawnThreads(3, [&](int rank) {
+    auto pg = CreateProcessGroup(
+        GlooOptions(rank, 3, store, "default", /*shared_memory=*/rank != 1));
+    EXPECT_FALSE(UsesSharedMemory(pg)) << "rank " << rank;
+    at::Tensor tensor = at::full({kMiB}, static_cast<double>(rank));
+    pg->AllReduce(tensor)->Wait();
+    EXPECT_TRUE(HasValues(tensor, [](int64_t) { return 3.0; }));
+  });
+}
+
+TEST(GlooSharedMemoryTest, SegmentThatCannotBeCreatedFallsBackToTcpAndSaysWhyOnce) {
+  // Only rank 0 creates the segment, so only its directory matters; one that does not exist
+  // fails as a missing /dev/shm would.
+  auto store = std::make_shared<InMemoryStore>();
+  ::testing::internal::CaptureStderr();
+  spawnThreads(2, [&](int rank) {
+    auto options = GlooOptions(rank, 2, store);
+    if (rank == 0) options.shared_memory_dir = "/nonexistent-gradhub-shm-dir";
+    auto pg = CreateProcessGroup(options);
+    EXPECT_FALSE(UsesSharedMemory(pg)) << "rank " << rank;
+    at::Tensor tensor = at::full({7}, 1.5);
+    pg->AllReduce(tensor)->Wait();
+    EXPECT_TRUE(HasValues(tensor, [](int64_t) { return 3.0; }));
+  });
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_THAT(log, HasSubstr("process group 'default' rank 0/2: shared-memory allreduce "
+                             "unavailable, using TCP: rank 0: creating "
+                             "/nonexistent-gradhub-shm-dir/gradhub-"));
+  EXPECT_THAT(log, HasSubstr("No such file or directory"));
+  EXPECT_EQ(log.find("using TCP"), log.rfind("using TCP")) << "logged more than once: " << log;
+}
+
+TEST(GlooSharedMemoryTest, NoSegmentFileOutlivesConstruction) {
+  // A directory of its own (on /dev/shm, a tmpfs like in production), so other test
+  // processes' segments cannot show up in it.
+  char pattern[] = "/dev/shm/gradhub_pg_test_XXXXXX";
+  ASSERT_NE(mkdtemp(pattern), nullptr);
+  const std::string dir = pattern;
+  auto store = std::make_shared<InMemoryStore>();
+  spawnThreads(2, [&](int rank) {
+    auto options = GlooOptions(rank, 2, store);
+    options.shared_memory_dir = dir;
+    options.channels = 2;  // a segment per channel
+    auto pg = CreateProcessGroup(options);
+    EXPECT_TRUE(UsesSharedMemory(pg)) << "rank " << rank;
+    pg->Barrier()->Wait();  // both constructed
+    EXPECT_TRUE(std::filesystem::is_empty(dir)) << "rank " << rank;
+    std::vector<at::Tensor> tensors = {at::ones({kMiB}), at::ones({kMiB})};
+    auto first = pg->AllReduce(tensors[0]);  // channel 0
+    auto second = pg->AllReduce(tensors[1]);  // channel 1
+    first->Wait();
+    second->Wait();
+    EXPECT_TRUE(HasValues(tensors[0], [](int64_t) { return 2.0; }));
+    EXPECT_TRUE(HasValues(tensors[1], [](int64_t) { return 2.0; }));
+  });
+  std::filesystem::remove_all(dir);
+}
+
+TEST(GlooSharedMemoryTest, PeerThatNeverComesTimesOutAndBreaksTheGroup) {
+  auto store = std::make_shared<InMemoryStore>();
+  std::atomic<bool> survivor_done{false};
+  spawnThreads(2, [&](int rank) {
+    auto options = GlooOptions(rank, 2, store);
+    options.timeout = std::chrono::milliseconds(500);
+    auto pg = CreateProcessGroup(options);
+    ASSERT_TRUE(UsesSharedMemory(pg));
+    if (rank == 1) {  // alive, but never joins the allreduce
+      while (!survivor_done.load()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      return;
+    }
+    const auto start = Clock::now();
+    auto work = pg->AllReduce(at::ones({kMiB}));
+    try {
+      work->Wait(std::chrono::seconds(10));
+      ADD_FAILURE() << "allreduce without its peer completed";
+    } catch (const CommError& e) {
+      EXPECT_THAT(e.what(), HasSubstr("allreduce #0 (float32, 1048576 elements, sum) in group "
+                                      "'default' rank 0/2: timed out after 500 ms waiting for "
+                                      "rank 1"));
+    }
+    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    EXPECT_GE(seconds, 0.45);
+    EXPECT_LT(seconds, 2.0);
+    try {
+      pg->AllReduce(at::ones({3}))->Wait();
+      ADD_FAILURE() << "a broken group ran an allreduce";
+    } catch (const CommError& e) {
+      EXPECT_THAT(e.what(), HasSubstr("unusable after an earlier failure"));
+    }
+    survivor_done = true;
   });
 }
 

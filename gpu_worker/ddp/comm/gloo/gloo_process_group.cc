@@ -13,100 +13,22 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <stdexcept>
 #include <utility>
 
 #include "gpu_worker/ddp/comm/checks.h"
 #include "gpu_worker/ddp/comm/gloo/gloo_store_adapter.h"
+#include "gpu_worker/ddp/comm/reduce_kernels.h"
 
 namespace gradhub::ddp {
 namespace {
 
 using detail::StrCat;
-using ReduceFn = void (*)(void*, const void*, const void*, size_t);
 
-// Element-wise reductions handed to gloo (AllreduceOptions::setReduceFunction). gloo may pass
-// `out` equal to `a`. float16 and bfloat16 go through float: gloo has no bfloat16 type, and
-// doing both the same way keeps their rounding alike (one rounding per pairwise step).
-template <typename T>
-struct Plus {
-  static T Apply(T a, T b) { return a + b; }
-};
-template <typename T>
-struct Max {
-  static T Apply(T a, T b) { return std::max(a, b); }
-};
-template <typename T>
-struct Min {
-  static T Apply(T a, T b) { return std::min(a, b); }
-};
-// kAverage over two ranks, done in the reduction itself to save a second pass over the buffer.
-// With two contributions each output element comes from exactly one call of the reduce
-// function on the two ranks' values (a correct sum admits no other, as gloo adds no identity
-// elements), so halving there is the whole average. Integers truncate, as sum-then-divide does.
-template <typename T>
-struct MeanOfTwo {
-  static T Apply(T a, T b) { return (a + b) / T(2); }
-};
-
-template <typename T, template <typename> class Op>
-void ReduceNative(void* out, const void* a, const void* b, size_t n) {
-  T* o = static_cast<T*>(out);
-  const T* x = static_cast<const T*>(a);
-  const T* y = static_cast<const T*>(b);
-  for (size_t i = 0; i < n; ++i) o[i] = Op<T>::Apply(x[i], y[i]);
-}
-
-template <typename T, template <typename> class Op>
-void ReduceViaFloat(void* out, const void* a, const void* b, size_t n) {
-  T* o = static_cast<T*>(out);
-  const T* x = static_cast<const T*>(a);
-  const T* y = static_cast<const T*>(b);
-  for (size_t i = 0; i < n; ++i) {
-    o[i] = T(Op<float>::Apply(static_cast<float>(x[i]), static_cast<float>(y[i])));
-  }
-}
-
-template <typename T, template <typename> class Op>
-constexpr ReduceFn PickReduce() {
-  if constexpr (std::is_same_v<T, at::Half> || std::is_same_v<T, at::BFloat16>) {
-    return &ReduceViaFloat<T, Op>;
-  } else {
-    return &ReduceNative<T, Op>;
-  }
-}
-
-// Whether kAverage needs no DivideInPlace after the allreduce (see MeanOfTwo).
-bool AveragesInReduce(ReduceOp op, int group_size) {
-  return op == ReduceOp::kAverage && group_size == 2;
-}
-
-template <typename T>
-ReduceFn ReduceFor(ReduceOp op, int group_size) {
-  switch (op) {
-    case ReduceOp::kSum: return PickReduce<T, Plus>();
-    case ReduceOp::kAverage:
-      return AveragesInReduce(op, group_size) ? PickReduce<T, MeanOfTwo>()
-                                              : PickReduce<T, Plus>();
-    case ReduceOp::kMax: return PickReduce<T, Max>();
-    case ReduceOp::kMin: return PickReduce<T, Min>();
-  }
-  throw std::invalid_argument("unknown ReduceOp");
-}
-
-// kAverage's second step for group sizes other than two. Integers: exact (truncating) integer division.
-template <typename T>
-void DivideInPlace(void* data, size_t n, int divisor) {
-  T* p = static_cast<T*>(data);
-  if constexpr (std::is_same_v<T, at::Half> || std::is_same_v<T, at::BFloat16>) {
-    for (size_t i = 0; i < n; ++i) p[i] = T(static_cast<float>(p[i]) / divisor);
-  } else {
-    for (size_t i = 0; i < n; ++i) p[i] = p[i] / static_cast<T>(divisor);
-  }
-}
-
-// Calls fn.template operator()<T>() with the C++ type of `type` (one of the supported five).
+// Calls fn(T{}) with the C++ type of `type` (one of the supported five): gloo takes typed
+// buffers.
 template <typename Fn>
 void DispatchDtype(at::ScalarType type, Fn&& fn) {
   switch (type) {
@@ -208,6 +130,31 @@ GlooProcessGroup::GlooProcessGroup(const ProcessGroupOptions& options)
     }
     channels_.push_back(std::move(channel));
   }
+
+  SharedMemorySetup::Options shm;
+  shm.store = options.store;
+  shm.prefix = name() + "/shm/";
+  shm.rank = rank();
+  shm.size = size();
+  shm.segments = options.channels;
+  shm.enabled = options.shared_memory;
+  shm.directory = options.shared_memory_dir;
+  shm.timeout = timeout_;
+  SharedMemorySetup setup;
+  try {
+    setup = SharedMemorySetup::Establish(shm);
+  } catch (const std::exception& e) {
+    throw CommError(StrCat(who, ": shared-memory setup (store keys '", shm.prefix, "*') failed: ",
+                           e.what()));
+  }
+  if (rank() == 0 && !setup.failure.empty()) {
+    std::fprintf(stderr, "%s: shared-memory allreduce unavailable, using TCP: %s\n", who.c_str(),
+                 setup.failure.c_str());
+  }
+  for (size_t i = 0; i < setup.segments.size(); ++i) {
+    channels_[i]->shared_memory = std::move(setup.segments[i]);
+  }
+
   for (auto& channel : channels_) {
     Channel* raw = channel.get();
     raw->thread = std::thread([this, raw] { RunChannel(*raw); });
@@ -234,9 +181,9 @@ std::string GlooProcessGroup::Describe(const char* kind, uint64_t seq,
                 name(), "' rank ", rank(), "/", size());
 }
 
-std::shared_ptr<Work> GlooProcessGroup::Submit(
-    const char* kind, const std::string& detail, bool empty, bool after_prior,
-    std::function<void(const std::shared_ptr<gloo::Context>&, uint32_t)> run) {
+std::shared_ptr<Work> GlooProcessGroup::Submit(const char* kind, const std::string& detail,
+                                               bool empty, bool after_prior,
+                                               std::function<void(Channel&, uint32_t)> run) {
   std::lock_guard<std::mutex> lock(issue_mu_);
   const uint64_t seq = next_seq_++;
   auto work = std::make_shared<Work>(Describe(kind, seq, detail), timeout_);
@@ -287,7 +234,7 @@ void GlooProcessGroup::RunChannel(Channel& channel) {
     op->work->MarkStarted();
     try {
       WaitForPrior(*op);
-      op->run(channel.context, static_cast<uint32_t>(op->seq));
+      op->run(channel, static_cast<uint32_t>(op->seq));
       op->work->Complete();
     } catch (...) {
       const std::string message =
@@ -299,7 +246,7 @@ void GlooProcessGroup::RunChannel(Channel& channel) {
 }
 
 void GlooProcessGroup::WaitForPrior(const Op& op) const {
-  // Protocol step 4. These ops were issued earlier, so they sit ahead of this one in their
+  // Protocol step 5. These ops were issued earlier, so they sit ahead of this one in their
   // channels' queues and never wait for it: no cycle. A failed one has broken the group, and
   // this op then fails as well.
   const auto deadline = Work::Clock::now() + timeout_;
@@ -353,9 +300,9 @@ std::shared_ptr<Work> GlooProcessGroup::Broadcast(std::vector<at::Tensor> tensor
   const auto timeout = timeout_;
   return Submit("broadcast", detail, total_bytes == 0, /*after_prior=*/false,
                 [tensors = std::move(tensors), root, total_bytes, my_rank, timeout](
-                    const std::shared_ptr<gloo::Context>& context, uint32_t tag) {
+                    Channel& channel, uint32_t tag) {
                   auto run = [&](void* data, size_t bytes) {
-                    gloo::BroadcastOptions opts(context);
+                    gloo::BroadcastOptions opts(channel.context);
                     opts.setOutput(static_cast<uint8_t*>(data), bytes);
                     opts.setRoot(root);
                     opts.setTag(tag);
@@ -391,26 +338,29 @@ std::shared_ptr<Work> GlooProcessGroup::AllReduce(at::Tensor tensor, ReduceOp op
   detail::CheckTensorArg(where, "tensor", tensor, c10::Device(c10::kCPU));
   const std::string detail = StrCat(detail::DtypeName(tensor.scalar_type()), ", ",
                                     tensor.numel(), " elements, ", OpName(op));
+  const detail::ReduceKernel kernel = detail::KernelFor(tensor.scalar_type(), op, size());
   const int group_size = size();
   const auto timeout = timeout_;
   const bool empty = tensor.numel() == 0;
   return Submit("allreduce", detail, empty, /*after_prior=*/false,
-                [tensor = std::move(tensor), op, group_size, timeout](
-                    const std::shared_ptr<gloo::Context>& context, uint32_t tag) {
+                [tensor = std::move(tensor), kernel, group_size, timeout](Channel& channel,
+                                                                          uint32_t tag) {
+                  void* data = tensor.data_ptr();
+                  const size_t n = static_cast<size_t>(tensor.numel());
+                  if (channel.shared_memory != nullptr) {
+                    channel.shared_memory->AllReduce(data, n, kernel, timeout);
+                    return;
+                  }
                   DispatchDtype(tensor.scalar_type(), [&](auto type_tag) {
                     using T = decltype(type_tag);
-                    T* data = static_cast<T*>(tensor.data_ptr());
-                    const size_t n = static_cast<size_t>(tensor.numel());
-                    gloo::AllreduceOptions opts(context);
-                    opts.setOutput(data, n);  // in place: the output doubles as input
-                    opts.setReduceFunction(ReduceFor<T>(op, group_size));
+                    gloo::AllreduceOptions opts(channel.context);
+                    opts.setOutput(static_cast<T*>(data), n);  // in place: output doubles as input
+                    opts.setReduceFunction(kernel.reduce);
                     opts.setTag(tag);
                     opts.setTimeout(timeout);
                     gloo::allreduce(opts);
-                    if (op == ReduceOp::kAverage && !AveragesInReduce(op, group_size)) {
-                      DivideInPlace<T>(data, n, group_size);
-                    }
                   });
+                  if (kernel.divide != nullptr) kernel.divide(data, n, group_size);
                 });
 }
 
@@ -435,7 +385,7 @@ std::shared_ptr<Work> GlooProcessGroup::AllGather(std::vector<at::Tensor> output
   const bool empty = input.numel() == 0;
   return Submit("allgather", detail, empty, /*after_prior=*/false,
                 [outputs = std::move(outputs), input = std::move(input), timeout](
-                    const std::shared_ptr<gloo::Context>& context, uint32_t tag) {
+                    Channel& channel, uint32_t tag) {
                   const size_t bytes = input.nbytes();
                   // gloo gathers into one buffer; use the outputs directly when they already
                   // are one (slices of a flat tensor), else a temporary.
@@ -450,7 +400,7 @@ std::shared_ptr<Work> GlooProcessGroup::AllGather(std::vector<at::Tensor> output
                     temporary.resize(bytes * outputs.size());
                     gathered = temporary.data();
                   }
-                  gloo::AllgatherOptions opts(context);
+                  gloo::AllgatherOptions opts(channel.context);
                   opts.setInput(static_cast<uint8_t*>(input.data_ptr()), bytes);
                   opts.setOutput(gathered, bytes * outputs.size());
                   opts.setTag(tag);
@@ -467,8 +417,8 @@ std::shared_ptr<Work> GlooProcessGroup::AllGather(std::vector<at::Tensor> output
 std::shared_ptr<Work> GlooProcessGroup::Barrier() {
   const auto timeout = timeout_;
   return Submit("barrier", "", false, /*after_prior=*/true,
-                [timeout](const std::shared_ptr<gloo::Context>& context, uint32_t tag) {
-                  gloo::BarrierOptions opts(context);
+                [timeout](Channel& channel, uint32_t tag) {
+                  gloo::BarrierOptions opts(channel.context);
                   opts.setTag(tag);
                   opts.setTimeout(timeout);
                   gloo::barrier(opts);

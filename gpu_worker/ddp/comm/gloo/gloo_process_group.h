@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "gpu_worker/ddp/comm/gloo/shared_memory_allreduce.h"
 #include "gpu_worker/ddp/comm/process_group.h"
 
 namespace gloo {
@@ -37,18 +38,26 @@ namespace gradhub::ddp {
 //     options.timeout makes the constructor throw CommError. Group names must be unique per
 //     store: a second group with the same name on the same store would read the first one's
 //     stale addresses.
-//  3. The k-th collective issued (k = 0, 1, ...; every rank counts the same) is queued on
+//  3. The ranks agree through the store whether allreduces go through a shared-memory segment
+//     (all on one host, options.shared_memory on every rank; see SharedMemorySetup), one per
+//     channel. A failure to set it up on any rank makes every rank use TCP, logged once by
+//     rank 0 on stderr.
+//  4. The k-th collective issued (k = 0, 1, ...; every rank counts the same) is queued on
 //     channel k % channels, whose own thread runs its queue in FIFO order, with gloo tag k
-//     and gloo timeout options.timeout. With several channels, back-to-back gradient buckets
+//     and gloo timeout options.timeout (an allreduce on a channel with a segment runs there, with
+//     the same timeout, instead). With several channels, back-to-back gradient buckets
 //     therefore run concurrently on different connections. Collectives of size 0 complete at
 //     once without touching the network (they still take a number, so every rank stays in
 //     step).
-//  4. Barrier first waits (locally) for every collective issued before it, then runs
+//  5. Barrier first waits (locally) for every collective issued before it, then runs
 //     gloo::barrier: when it completes, all earlier collectives of this rank have completed
 //     and every rank has reached the barrier.
-//  5. The first collective that fails (peer closed, I/O error, timeout) breaks the group:
+//  6. The first collective that fails (peer closed, I/O error, timeout) breaks the group:
 //     queued and later collectives fail at once with CommError "process group 'x' is
 //     unusable after an earlier failure: <first error>". The job is expected to restart.
+//
+// A dead peer fails a shared-memory allreduce as soon as its process is gone (checked every
+// 100 ms while waiting), else at the timeout, with the same CommError as over TCP.
 //
 // Collectives in flight at the same time may run concurrently, so a tensor must not be
 // passed to a second collective before the first one's Work completed.
@@ -72,20 +81,25 @@ class GlooProcessGroup final : public ProcessGroup {
   // The address peers connect to (after the fallback of step 1), for logs.
   const std::string& listen_hostname() const { return hostname_; }
   int channels() const { return static_cast<int>(channels_.size()); }
+  // Whether allreduces go through shared memory (step 3); the same on every rank.
+  bool uses_shared_memory() const { return channels_.front()->shared_memory != nullptr; }
 
  private:
-  // One queued collective. `run` does the transfer on the channel's context with the tag.
+  struct Channel;
+  // One queued collective. `run` does the transfer on the channel with the tag.
   struct Op {
     uint64_t seq = 0;
     std::shared_ptr<Work> work;
     // Barrier only: collectives issued before it that were not complete at issue time.
     std::vector<std::shared_ptr<Work>> prior;
-    std::function<void(const std::shared_ptr<gloo::Context>&, uint32_t tag)> run;
+    std::function<void(Channel&, uint32_t tag)> run;
   };
   struct Channel {
     int index = 0;
     std::shared_ptr<gloo::transport::Device> device;
     std::shared_ptr<gloo::rendezvous::Context> context;
+    // Null when the group uses TCP for allreduce.
+    std::unique_ptr<SharedMemoryAllReduce> shared_memory;
     std::mutex mu;
     std::condition_variable wake;
     std::deque<std::unique_ptr<Op>> queue;
@@ -97,9 +111,7 @@ class GlooProcessGroup final : public ProcessGroup {
   // once when the group is broken or `empty`. `detail` describes the operands; with
   // `after_prior` the op first waits for every collective issued before it (Barrier).
   std::shared_ptr<Work> Submit(const char* kind, const std::string& detail, bool empty,
-                               bool after_prior,
-                               std::function<void(const std::shared_ptr<gloo::Context>&,
-                                                  uint32_t)> run);
+                               bool after_prior, std::function<void(Channel&, uint32_t)> run);
   std::string Describe(const char* kind, uint64_t seq, const std::string& detail) const;
   void RunChannel(Channel& channel);
   void WaitForPrior(const Op& op) const;

@@ -1,0 +1,122 @@
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gpu_worker/ddp/comm/reduce_kernels.h"
+#include "gpu_worker/ddp/store.h"
+
+namespace gradhub::ddp {
+
+// Allreduce through one shared-memory segment mapped by every rank of a group on one host
+// (what NCCL's SHM transport and c10d's intra-node paths do): no sockets, so no kernel copies
+// and no loopback TCP stack, which on a small machine is most of a TCP allreduce's cost.
+//
+// Segment layout (sized in the .cc; ~3 MiB for two ranks):
+//   header | one control line per rank | slots[rank][3] of chunk_bytes each.
+// A rank's control line holds its barrier counter (a futex word), how many peers sleep on it,
+// and its pid (to notice a peer that died instead of waiting out the timeout).
+//
+// Algorithm, per chunk k of the tensor (chunk_bytes at most), in buffer b = k % 3:
+//   CI(k) copy-in:  rank r copies its chunk into slots[r][b].
+//   R(k)  reduce:   rank r reduces its sub-slice r of the chunk over slots[0..n-1][b], in rank
+//                   order, into slots[0][b] (then divides, for an average over n != 2), so
+//                   every rank ends with bitwise-identical results.
+//   CO(k) copy-out: every rank copies the chunk's result from slots[0][b] into its tensor.
+// Each needs the previous step of the same chunk done by every rank, so they are pipelined
+// with one barrier per phase: phase p runs CO(p-2), R(p-1), CI(p), then a barrier. The three
+// touch three different buffers, and a buffer is rewritten only three chunks later, after every
+// rank passed a barrier that follows its last reader: K chunks take K + 1 barriers, not 2K.
+// Chunks are numbered across calls, so a call may start while a peer still copies out the
+// previous one's last chunk.
+//
+// A barrier: each rank stores the barrier's number into its counter (FUTEX_WAKE when a peer
+// sleeps on it), then waits for every peer's counter to reach the number: a short spin, then
+// FUTEX_WAIT (shared, not private: the waiters are in other processes) in slices, between
+// which it checks that the peer's process still exists.
+//
+// Not thread-safe: one caller at a time (a GlooProcessGroup channel thread), and every rank
+// must call AllReduce with the same count and kernel, in the same order.
+class SharedMemoryAllReduce {
+ public:
+  ~SharedMemoryAllReduce();
+  SharedMemoryAllReduce(const SharedMemoryAllReduce&) = delete;
+  SharedMemoryAllReduce& operator=(const SharedMemoryAllReduce&) = delete;
+
+  // Reduces `count` elements at `data` across the ranks in place, with `kernel` (see
+  // reduce_kernels.h). Throws CommError when a peer does not arrive within `timeout` or its
+  // process is gone; the segment is then out of step and must not be used again.
+  void AllReduce(void* data, size_t count, const detail::ReduceKernel& kernel,
+                 std::chrono::milliseconds timeout);
+
+  size_t chunk_bytes() const { return chunk_bytes_; }
+
+ private:
+  friend struct SharedMemorySetup;
+  SharedMemoryAllReduce(void* base, size_t bytes, int rank, int size, size_t chunk_bytes);
+
+  uint8_t* Slot(int rank, uint64_t chunk) const;
+  void Barrier(std::chrono::steady_clock::time_point deadline, std::chrono::milliseconds timeout,
+               size_t index, size_t count);
+
+  void* const base_;
+  const size_t bytes_;
+  const int rank_, size_;
+  const size_t chunk_bytes_;
+  const size_t slots_offset_;
+  uint32_t barriers_ = 0;  // barriers passed so far: the next one's number is barriers_ + 1
+  uint64_t chunks_ = 0;    // chunks reduced so far, by every call (picks the buffer)
+};
+
+// The one-time agreement, through the store, on whether a group uses shared memory, and its
+// segments (one per channel). Run by every rank right after the gloo rendezvous; every rank
+// ends with the same decision.
+//
+// Protocol (keys under `prefix`, e.g. "default/shm/"):
+//  1. Every rank sets "host/<r>" to its host identity (hostname, boot id, pid and mount
+//     namespaces), or "" when options.shared_memory is false on it, and reads every rank's.
+//     Unless all are equal and non-empty (and size >= 2), the group uses TCP; that is a choice
+//     or a multi-host group, not a failure, and is not logged.
+//  2. Rank 0 creates each segment: a file "gradhub-<random 64-bit hex>" in `directory`
+//     (/dev/shm by default, which is what shm_open uses), O_EXCL, mode 0600, sized with
+//     posix_fallocate (with ftruncate alone a full tmpfs -- Docker's /dev/shm is 64 MiB -- is
+//     found only by SIGBUS on first touch), mapped, and its header written. It sets
+//     "segments" to the paths, or to "!" + the reason it failed.
+//  3. Every other rank reads "segments" and, unless it is a failure, opens and maps each path
+//     and checks its size and header. Every rank writes its pid into its control lines and
+//     sets "mapped/<r>" to "" or to the reason it failed.
+//  4. Every rank reads every "mapped/<s>". Rank 0 then unlinks the files (each rank holds its
+//     mapping, so from here a crash leaks nothing); it also unlinks them whenever it leaves
+//     steps 2-4 by a failure. Any reason makes every rank unmap and use TCP, and rank 0 logs
+//     it once on stderr.
+// Every key a rank waits for is written by its owner on every path, so no rank waits for a key
+// that will not come; a rank that does not come in time makes the store throw, and this
+// throws CommError.
+struct SharedMemorySetup {
+  struct Options {
+    std::shared_ptr<Store> store;
+    std::string prefix;
+    int rank = 0;
+    int size = 1;
+    int segments = 1;
+    bool enabled = true;
+    std::string directory = "/dev/shm";
+    std::chrono::milliseconds timeout{0};
+    // Names the group and rank in the reason and in errors.
+    std::string who;
+  };
+
+  // Empty when the group uses TCP.
+  std::vector<std::unique_ptr<SharedMemoryAllReduce>> segments;
+  // Why the group uses TCP although every rank asked for shared memory on one host; empty
+  // otherwise.
+  std::string failure;
+
+  static SharedMemorySetup Establish(const Options& options);
+};
+
+}  // namespace gradhub::ddp
