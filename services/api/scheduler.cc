@@ -151,6 +151,11 @@ std::vector<NodeCapacity> CapacityFor(const std::vector<NodeRecord>& records,
   return nodes;
 }
 
+// A uuid[] parameter in PostgreSQL's array syntax (uuids need no quoting).
+std::string UuidArray(const std::vector<std::string>& ids) {
+  return absl::StrCat("{", absl::StrJoin(ids, ","), "}");
+}
+
 absl::Status SetPendingReason(db::Transaction& tx, const v1::Job& job, const std::string& why) {
   if (job.state_reason() == why) return absl::OkStatus();
   return tx.Exec("UPDATE jobs SET state_reason = $2 WHERE id = $1::uuid", {JobId(job.name()), why})
@@ -517,7 +522,7 @@ absl::Status Scheduler::ReadPlacementSpecs(const db::Result& queue) {
                   " jsonb_build_object('distributed', j.spec -> 'distributed',"
                   "   'nodeSelector', coalesce(j.spec -> 'nodeSelector', '{}'))::text AS spec"
                   " FROM jobs j WHERE j.id = ANY($1::uuid[])",
-                  {absl::StrCat("{", absl::StrJoin(missing, ","), "}")}));
+                  {UuidArray(missing)}));
   for (const db::Row& row : specs) {
     v1::JobSpec spec;
     if (google::protobuf::util::JsonStringToMessage(row.Get<std::string>("spec"), &spec).ok()) {
@@ -536,7 +541,7 @@ absl::Status Scheduler::SetPendingReasons(
       GRADHUB_RETURN_IF_ERROR(
           tx.Exec("UPDATE jobs SET state_reason = $1 WHERE id = ANY($2::uuid[])"
                   " AND state IN ('PENDING', 'RESTARTING') AND state_reason <> $1",
-                  {why, absl::StrCat("{", absl::StrJoin(ids, ","), "}")})
+                  {why, UuidArray(ids)})
               .status());
     }
     return absl::OkStatus();

@@ -58,6 +58,25 @@ class JobInserterTest : public db::DatabaseTest {
     ASSERT_TRUE(condition());
   }
 
+  // Inserts `first` while a table lock makes its batch wait, queues `queued` behind it one by
+  // one (so in this order), then releases the lock. Returns first's result, then queued's.
+  std::vector<absl::StatusOr<v1::Job>> InsertBehindOneBatch(JobInserter& inserter, NewJob first,
+                                                            std::vector<NewJob> queued) {
+    JobsTableLock lock(*pool_);
+    std::vector<absl::StatusOr<v1::Job>> results(queued.size() + 1,
+                                                 absl::UnknownError("not run"));
+    std::vector<std::thread> threads;
+    threads.emplace_back([&] { results[0] = inserter.Insert(first); });
+    WaitUntil([&] { return inserter.stats().batches == 1; });
+    for (size_t i = 0; i < queued.size(); ++i) {
+      threads.emplace_back([&, i] { results[i + 1] = inserter.Insert(queued[i]); });
+      WaitUntil([&] { return inserter.stats().queued == static_cast<int64_t>(i + 1); });
+    }
+    lock.Release();
+    for (auto& thread : threads) thread.join();
+    return results;
+  }
+
   int64_t Count(const std::string& sql) {
     auto result = pool_->Exec(sql);
     EXPECT_TRUE(result.ok()) << result.status();
@@ -70,22 +89,13 @@ class JobInserterTest : public db::DatabaseTest {
 
 TEST_F(JobInserterTest, QueuedCreatesShareOneStatementAndEachGetsItsOwnJob) {
   JobInserter inserter(pool_.get(), {.max_batch = 32, .max_concurrent_batches = 1});
-  JobsTableLock lock(*pool_);
-  std::vector<absl::StatusOr<v1::Job>> results(25, absl::UnknownError("not run"));
-  std::vector<std::thread> threads;
-  // The first batch (one job) waits on the lock; the next 24 queue behind it.
-  threads.emplace_back([&] { results[0] = inserter.Insert(Job("job-0", "req-0")); });
-  WaitUntil([&] { return inserter.stats().batches == 1; });
+  // The first batch (one job) waits on the lock; the next 24 queue behind it, every other one
+  // without a request_id: those rows have no key but their id.
+  std::vector<NewJob> queued;
   for (int i = 1; i < 25; ++i) {
-    // Every other one without a request_id: those rows have no key but their id.
-    threads.emplace_back([&, i] {
-      const std::string name = "job-" + std::to_string(i);
-      results[i] = inserter.Insert(Job(name, i % 2 ? "" : "req-" + std::to_string(i)));
-    });
+    queued.push_back(Job("job-" + std::to_string(i), i % 2 ? "" : "req-" + std::to_string(i)));
   }
-  WaitUntil([&] { return inserter.stats().queued == 24; });
-  lock.Release();
-  for (auto& thread : threads) thread.join();
+  const auto results = InsertBehindOneBatch(inserter, Job("job-0", "req-0"), queued);
 
   std::set<std::string> names;
   for (int i = 0; i < 25; ++i) {
@@ -112,21 +122,10 @@ TEST_F(JobInserterTest, QueuedCreatesShareOneStatementAndEachGetsItsOwnJob) {
 
 TEST_F(JobInserterTest, ARefusedRowFailsAloneAndTheRestOfItsBatchIsWritten) {
   JobInserter inserter(pool_.get(), {.max_batch = 32, .max_concurrent_batches = 1});
-  JobsTableLock lock(*pool_);
-  std::vector<absl::StatusOr<v1::Job>> results(11, absl::UnknownError("not run"));
-  std::vector<std::thread> threads;
-  threads.emplace_back([&] { results[0] = inserter.Insert(Job("first")); });
-  WaitUntil([&] { return inserter.stats().batches == 1; });
-  for (int i = 1; i < 11; ++i) {
-    threads.emplace_back([&, i] {
-      NewJob job = Job("job-" + std::to_string(i));
-      if (i == 5) job.tenant_id = tenant_ + 1000;  // no such tenant: a foreign key violation
-      results[i] = inserter.Insert(job);
-    });
-  }
-  WaitUntil([&] { return inserter.stats().queued == 10; });
-  lock.Release();
-  for (auto& thread : threads) thread.join();
+  std::vector<NewJob> queued;
+  for (int i = 1; i < 11; ++i) queued.push_back(Job("job-" + std::to_string(i)));
+  queued[4].tenant_id = tenant_ + 1000;  // no such tenant: a foreign key violation
+  const auto results = InsertBehindOneBatch(inserter, Job("first"), queued);
 
   for (int i = 0; i < 11; ++i) {
     if (i == 5) {
@@ -143,20 +142,10 @@ TEST_F(JobInserterTest, ARefusedRowFailsAloneAndTheRestOfItsBatchIsWritten) {
 
 TEST_F(JobInserterTest, ARequestIdRepeatedInsideOneBatchMakesOneJob) {
   JobInserter inserter(pool_.get(), {.max_batch = 32, .max_concurrent_batches = 1});
-  JobsTableLock lock(*pool_);
-  std::vector<absl::StatusOr<v1::Job>> results(8, absl::UnknownError("not run"));
-  std::vector<std::thread> threads;
-  threads.emplace_back([&] { results[0] = inserter.Insert(Job("first")); });
-  WaitUntil([&] { return inserter.stats().batches == 1; });
-  for (int i = 1; i < 7; ++i) {
-    threads.emplace_back([&, i] { results[i] = inserter.Insert(Job("retried", "same")); });
-  }
-  WaitUntil([&] { return inserter.stats().queued == 6; });
-  // Queued last, so the batch meets the same request_id with this other spec after the rest.
-  threads.emplace_back([&] { results[7] = inserter.Insert(Job("changed", "same")); });
-  WaitUntil([&] { return inserter.stats().queued == 7; });
-  lock.Release();
-  for (auto& thread : threads) thread.join();
+  // The batch meets the same request_id six times, then with another spec.
+  std::vector<NewJob> queued(6, Job("retried", "same"));
+  queued.push_back(Job("changed", "same"));
+  const auto results = InsertBehindOneBatch(inserter, Job("first"), queued);
 
   ASSERT_TRUE(results[1].ok()) << results[1].status();
   for (int i = 1; i < 7; ++i) {
