@@ -148,7 +148,7 @@ int Serve(const gradhub::api::ApiConfig& config) {
   builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS,
                               kMaxIdleRpcThreads);
   builder.RegisterService(&job_service);
-  builder.RegisterService(&store_service);
+  store_service.AddTo(builder);
   builder.RegisterService(&node_service);
   builder.RegisterService(&admin_service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
@@ -156,6 +156,7 @@ int Serve(const gradhub::api::ApiConfig& config) {
     std::cerr << "gradhub-api: cannot serve gRPC on " << config.grpc_address << "\n";
     return 1;
   }
+  store_service.Start();
   // Known only once the port is bound (it may be 0 = any).
   nodes.set_store_address(config.store_address.empty() ? "127.0.0.1:" + std::to_string(port)
                                                         : config.store_address);
@@ -182,6 +183,7 @@ int Serve(const gradhub::api::ApiConfig& config) {
   store_service.Shutdown();
   server->Shutdown(std::chrono::system_clock::now() + absl::ToChronoSeconds(config.shutdown_grace));
   server->Wait();
+  store_service.Stop();
   rest.Stop();
   return 0;
 }

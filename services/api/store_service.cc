@@ -6,6 +6,8 @@
 #include <utility>
 #include <vector>
 
+#include <grpcpp/alarm.h>
+
 #include "absl/time/time.h"
 #include "services/api/call_authorization.h"
 
@@ -25,31 +27,8 @@ using gradhub::v1::SetResponse;
 using gradhub::v1::WaitRequest;
 using gradhub::v1::WaitResponse;
 
-// The reactor of a blocked Get/Wait. Lifetime: created by the handler, deleted in OnDone,
-// which gRPC calls only after the handler has returned it, Finish() has completed and any
-// OnCancel has run. Finish() is called exactly once, from the store's completion callback
-// (the store guarantees exactly once); OnCancel only asks the store to complete the waiter,
-// so a cancel racing with a Set cannot finish the call twice.
-class BlockingReactor final : public grpc::ServerUnaryReactor {
- public:
-  explicit BlockingReactor(RendezvousStore* store) : store_(store) {}
-
-  // Set by the handler before it returns the reactor, hence before OnCancel can run.
-  void set_waiter(RendezvousStore::WaiterId id) { waiter_ = id; }
-
-  void OnCancel() override {
-    if (waiter_ != RendezvousStore::kNoWaiter) store_->CancelWait(waiter_);
-  }
-  void OnDone() override { delete this; }
-
- private:
-  RendezvousStore* const store_;
-  RendezvousStore::WaiterId waiter_ = RendezvousStore::kNoWaiter;
-};
-
 // request.timeout, with the store's default and cap, and never past the call's deadline.
-absl::Duration BlockingTimeout(const RendezvousStore& store,
-                               const grpc::CallbackServerContext& context,
+absl::Duration BlockingTimeout(const RendezvousStore& store, const grpc::ServerContext& context,
                                const google::protobuf::Duration& requested) {
   absl::Duration timeout = store.EffectiveTimeout(absl::Seconds(requested.seconds()) +
                                                   absl::Nanoseconds(requested.nanos()));
@@ -70,81 +49,248 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
 }
 
+// One call of one method, from the request for it to its end. The queue's tags are the
+// addresses of its Event members, so the queue thread knows the call and which event came back.
+//
+// Life of a call, every step on the queue thread but the answer:
+//   1. kRequested: gRPC has matched a client's call to this record (ok), or the server is
+//      shutting down (not ok: no call began and no done event follows; deleted at once). A
+//      fresh record is requested for the next call of the method, the caller is authorized
+//      and the handler runs.
+//   2. The handler, or later any thread that completes the store's waiter, hands over the
+//      answer (Answer); an alarm set to the past brings it back to the queue thread as
+//      kAnswered, where it is sent. So only the queue thread ever touches the gRPC call, and
+//      the record cannot be deleted under a thread still answering.
+//   3. kFinished (the answer sent or not) and kDone (gRPC's notification that the call is
+//      over, finished or cancelled) come back in either order; on kDone of a cancelled call
+//      the store's waiter is cancelled, which answers it CANCELLED. Deleted after both.
+class StoreService::Call {
+ public:
+  enum class Kind { kRequested, kAnswered, kFinished, kDone };
+  struct Event {
+    Call* call;
+    Kind kind;
+  };
+
+  virtual ~Call() { service_->CountRecords(-1); }
+
+  // Asks gRPC for the next call of this record's method.
+  virtual void RequestCall() = 0;
+
+  // On the queue thread, for each event of this call.
+  void Proceed(Kind kind, bool ok) {
+    switch (kind) {
+      case Kind::kRequested:
+        if (!ok) {
+          delete this;
+          return;
+        }
+        if (!service_->stopping_) Another()->RequestCall();
+        events_due_ = 2;  // kFinished and kDone
+        if (const absl::Status allowed = service_->authorize_(AuthorizationOf(context_));
+            !allowed.ok()) {
+          Answer(ToGrpcStatus(allowed));
+        } else {
+          waiter_ = Handle();
+        }
+        return;
+      case Kind::kAnswered:
+        SendAnswer(answer_);
+        return;
+      case Kind::kDone:
+        if (context_.IsCancelled() && waiter_ != RendezvousStore::kNoWaiter) {
+          service_->store_->CancelWait(waiter_);
+        }
+        break;
+      case Kind::kFinished:
+        break;
+    }
+    if (--events_due_ == 0) delete this;
+  }
+
+ protected:
+  explicit Call(StoreService* service) : service_(service) {
+    service_->CountRecords(+1);
+    context_.AsyncNotifyWhenDone(&done_);
+  }
+
+  // A fresh record of the same method.
+  virtual Call* Another() const = 0;
+  // Runs the method's handler; returns the waiter it parked, if any.
+  virtual RendezvousStore::WaiterId Handle() = 0;
+  // Sends the answer, finishing the call with kFinished.
+  virtual void SendAnswer(const grpc::Status& status) = 0;
+
+  // From any thread, once: the call's answer (its response already filled).
+  void Answer(grpc::Status status) {
+    answer_ = std::move(status);
+    answer_alarm_.Set(service_->queue_.get(), gpr_time_0(GPR_CLOCK_MONOTONIC), &answered_);
+  }
+
+  StoreService* const service_;
+  grpc::ServerContext context_;
+  Event requested_{this, Kind::kRequested};
+  Event finished_{this, Kind::kFinished};
+
+ private:
+  Event answered_{this, Kind::kAnswered};
+  Event done_{this, Kind::kDone};
+  grpc::Alarm answer_alarm_;
+  grpc::Status answer_;
+  RendezvousStore::WaiterId waiter_ = RendezvousStore::kNoWaiter;
+  int events_due_ = 0;
+};
+
+template <typename Request, typename Response>
+class StoreService::UnaryCall final : public Call {
+ public:
+  using RequestMethod = void (v1::StoreService::AsyncService::*)(
+      grpc::ServerContext*, Request*, grpc::ServerAsyncResponseWriter<Response>*,
+      grpc::CompletionQueue*, grpc::ServerCompletionQueue*, void*);
+  using Handler = RendezvousStore::WaiterId (StoreService::*)(const grpc::ServerContext&,
+                                                              const Request&, Response*, Finish);
+
+  UnaryCall(StoreService* service, RequestMethod request_method, Handler handler)
+      : Call(service), request_method_(request_method), handler_(handler) {}
+
+  void RequestCall() override {
+    grpc::ServerCompletionQueue* queue = service_->queue_.get();
+    (service_->service_.*request_method_)(&context_, &request_, &responder_, queue, queue,
+                                          &requested_);
+  }
+
+ private:
+  Call* Another() const override { return new UnaryCall(service_, request_method_, handler_); }
+
+  RendezvousStore::WaiterId Handle() override {
+    return (service_->*handler_)(context_, request_, &response_,
+                                 [this](const grpc::Status& status) { Answer(status); });
+  }
+
+  void SendAnswer(const grpc::Status& status) override {
+    responder_.Finish(response_, status, &finished_);
+  }
+
+  const RequestMethod request_method_;
+  const Handler handler_;
+  Request request_;
+  Response response_;
+  grpc::ServerAsyncResponseWriter<Response> responder_{&context_};
+};
+
 StoreService::StoreService(RendezvousStore* store, Authorizer authorize)
     : store_(store), authorize_(std::move(authorize)) {}
 
-grpc::ServerUnaryReactor* StoreService::Refused(grpc::CallbackServerContext* context) const {
-  const absl::Status allowed = authorize_(AuthorizationOf(*context));
-  if (allowed.ok()) return nullptr;
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(allowed));
-  return reactor;
+StoreService::~StoreService() { Stop(); }
+
+void StoreService::AddTo(grpc::ServerBuilder& builder) {
+  builder.RegisterService(&service_);
+  queue_ = builder.AddCompletionQueue();
 }
 
-grpc::ServerUnaryReactor* StoreService::Set(grpc::CallbackServerContext* context,
-                                            const SetRequest* request, SetResponse* response) {
-  if (grpc::ServerUnaryReactor* refused = Refused(context)) return refused;
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(store_->Set(request->key(), request->value())));
-  return reactor;
+void StoreService::Start() {
+  using Service = v1::StoreService::AsyncService;
+  (new UnaryCall<SetRequest, SetResponse>(this, &Service::RequestSet, &StoreService::Set))
+      ->RequestCall();
+  (new UnaryCall<GetRequest, GetResponse>(this, &Service::RequestGet, &StoreService::Get))
+      ->RequestCall();
+  (new UnaryCall<AddRequest, AddResponse>(this, &Service::RequestAdd, &StoreService::Add))
+      ->RequestCall();
+  (new UnaryCall<WaitRequest, WaitResponse>(this, &Service::RequestWait, &StoreService::Wait))
+      ->RequestCall();
+  (new UnaryCall<CheckRequest, CheckResponse>(this, &Service::RequestCheck, &StoreService::Check))
+      ->RequestCall();
+  (new UnaryCall<DeletePrefixRequest, DeletePrefixResponse>(this, &Service::RequestDeletePrefix,
+                                                            &StoreService::DeletePrefix))
+      ->RequestCall();
+  thread_ = std::thread([this] { Serve(); });
 }
 
-grpc::ServerUnaryReactor* StoreService::Add(grpc::CallbackServerContext* context,
-                                            const AddRequest* request, AddResponse* response) {
-  if (grpc::ServerUnaryReactor* refused = Refused(context)) return refused;
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  absl::StatusOr<int64_t> value = store_->Add(request->key(), request->delta());
+void StoreService::Stop() {
+  if (queue_ == nullptr || stopped_) return;
+  stopped_ = true;
+  stopping_ = true;
+  {
+    // The server's shutdown hands back the requested records (not ok) and cancels the started
+    // calls, which the queue thread then finishes.
+    std::unique_lock lock(records_mu_);
+    no_records_.wait(lock, [this] { return records_ == 0; });
+  }
+  queue_->Shutdown();
+  if (thread_.joinable()) {
+    thread_.join();
+  } else {
+    Serve();  // never started: only drains
+  }
+}
+
+void StoreService::CountRecords(int delta) {
+  std::lock_guard lock(records_mu_);
+  records_ += delta;
+  if (records_ == 0) no_records_.notify_all();
+}
+
+void StoreService::Serve() {
+  void* tag = nullptr;
+  bool ok = false;
+  while (queue_->Next(&tag, &ok)) {
+    const auto* event = static_cast<const Call::Event*>(tag);
+    event->call->Proceed(event->kind, ok);
+  }
+}
+
+RendezvousStore::WaiterId StoreService::Set(const grpc::ServerContext&, const SetRequest& request,
+                                            SetResponse*, Finish finish) {
+  finish(ToGrpcStatus(store_->Set(request.key(), request.value())));
+  return RendezvousStore::kNoWaiter;
+}
+
+RendezvousStore::WaiterId StoreService::Add(const grpc::ServerContext&, const AddRequest& request,
+                                            AddResponse* response, Finish finish) {
+  absl::StatusOr<int64_t> value = store_->Add(request.key(), request.delta());
   if (value.ok()) response->set_value(*value);
-  reactor->Finish(ToGrpcStatus(value.status()));
-  return reactor;
+  finish(ToGrpcStatus(value.status()));
+  return RendezvousStore::kNoWaiter;
 }
 
-grpc::ServerUnaryReactor* StoreService::Check(grpc::CallbackServerContext* context,
-                                              const CheckRequest* request,
-                                              CheckResponse* response) {
-  if (grpc::ServerUnaryReactor* refused = Refused(context)) return refused;
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+RendezvousStore::WaiterId StoreService::Check(const grpc::ServerContext&,
+                                              const CheckRequest& request, CheckResponse* response,
+                                              Finish finish) {
   absl::StatusOr<bool> ready =
-      store_->Check(std::vector<std::string>(request->keys().begin(), request->keys().end()));
+      store_->Check(std::vector<std::string>(request.keys().begin(), request.keys().end()));
   if (ready.ok()) response->set_ready(*ready);
-  reactor->Finish(ToGrpcStatus(ready.status()));
-  return reactor;
+  finish(ToGrpcStatus(ready.status()));
+  return RendezvousStore::kNoWaiter;
 }
 
-grpc::ServerUnaryReactor* StoreService::DeletePrefix(grpc::CallbackServerContext* context,
-                                                     const DeletePrefixRequest* request,
-                                                     DeletePrefixResponse* response) {
-  if (grpc::ServerUnaryReactor* refused = Refused(context)) return refused;
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  absl::StatusOr<int64_t> deleted = store_->DeletePrefix(request->prefix());
+RendezvousStore::WaiterId StoreService::DeletePrefix(const grpc::ServerContext&,
+                                                     const DeletePrefixRequest& request,
+                                                     DeletePrefixResponse* response,
+                                                     Finish finish) {
+  absl::StatusOr<int64_t> deleted = store_->DeletePrefix(request.prefix());
   if (deleted.ok()) response->set_deleted(*deleted);
-  reactor->Finish(ToGrpcStatus(deleted.status()));
-  return reactor;
+  finish(ToGrpcStatus(deleted.status()));
+  return RendezvousStore::kNoWaiter;
 }
 
-grpc::ServerUnaryReactor* StoreService::Get(grpc::CallbackServerContext* context,
-                                            const GetRequest* request, GetResponse* response) {
-  if (grpc::ServerUnaryReactor* refused = Refused(context)) return refused;
-  auto* reactor = new BlockingReactor(store_);
-  // `response` lives until OnDone, i.e. past the Finish below.
-  reactor->set_waiter(store_->Get(request->key(),
-                                  BlockingTimeout(*store_, *context, request->timeout()),
-                                  [reactor, response](absl::StatusOr<std::string> value) {
-                                    if (value.ok()) response->set_value(std::move(*value));
-                                    reactor->Finish(ToGrpcStatus(value.status()));
-                                  }));
-  return reactor;
+RendezvousStore::WaiterId StoreService::Get(const grpc::ServerContext& context,
+                                            const GetRequest& request, GetResponse* response,
+                                            Finish finish) {
+  // `response` lives until the call's record is deleted, after the answer is sent.
+  return store_->Get(request.key(), BlockingTimeout(*store_, context, request.timeout()),
+                     [response, finish = std::move(finish)](absl::StatusOr<std::string> value) {
+                       if (value.ok()) response->set_value(std::move(*value));
+                       finish(ToGrpcStatus(value.status()));
+                     });
 }
 
-grpc::ServerUnaryReactor* StoreService::Wait(grpc::CallbackServerContext* context,
-                                             const WaitRequest* request, WaitResponse* response) {
-  if (grpc::ServerUnaryReactor* refused = Refused(context)) return refused;
-  auto* reactor = new BlockingReactor(store_);
-  reactor->set_waiter(
-      store_->Wait(std::vector<std::string>(request->keys().begin(), request->keys().end()),
-                   BlockingTimeout(*store_, *context, request->timeout()),
-                   [reactor](absl::Status status) { reactor->Finish(ToGrpcStatus(status)); }));
-  return reactor;
+RendezvousStore::WaiterId StoreService::Wait(const grpc::ServerContext& context,
+                                             const WaitRequest& request, WaitResponse*,
+                                             Finish finish) {
+  return store_->Wait(
+      std::vector<std::string>(request.keys().begin(), request.keys().end()),
+      BlockingTimeout(*store_, context, request.timeout()),
+      [finish = std::move(finish)](absl::Status status) { finish(ToGrpcStatus(status)); });
 }
 
 void StoreService::Shutdown() { store_->Shutdown(); }

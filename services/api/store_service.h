@@ -1,11 +1,12 @@
 // gRPC adapter of the rendezvous store: gradhub.v1.StoreService (proto/gradhub/v1/store.proto)
 // over a RendezvousStore. Proto in, grpc::Status out; the rules live in rendezvous_store.h.
 //
-// Built on gRPC's callback API: a blocked Get/Wait is a grpc::ServerUnaryReactor parked in
-// the store's waiter list, not a server thread, so a job whose 256 ranks all wait at once
-// costs 256 small records. The reactor finishes when the store completes its waiter: the
-// keys arrived, the timeout passed, the client cancelled (OnCancel -> CancelWait), or
-// Shutdown().
+// Built on gRPC's asynchronous API (see services/common/async_grpc_service.h for why not the
+// callback API): one completion queue with one thread of its own, which runs every handler. A
+// blocked Get/Wait is a small call record parked in the store's waiter list, not a server
+// thread, so a job whose 256 ranks all wait at once costs 256 records. The call finishes when
+// the store completes its waiter: the keys arrived, the timeout passed, the client cancelled
+// (gRPC's done notification -> CancelWait), or Shutdown().
 //
 // Timeout of a blocking call: request.timeout (unset or <= 0 = the store's default, 300 s),
 // capped by the store's maximum and by the call's gRPC deadline.
@@ -20,66 +21,98 @@
 // Every call is first put to the service's Authorizer (gradhub-api: a node token, which the
 // agent hands to its trainers, or the admin token).
 //
-// Thread-safe: gRPC calls the handlers from any thread; Shutdown() and pending_waiters() may
-// be called from any thread.
+// Thread-safe: Shutdown() and pending_waiters() may be called from any thread.
 #pragma once
 
+#include <atomic>
+#include <condition_variable>
 #include <cstddef>
 #include <functional>
+#include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 
 #include <grpcpp/grpcpp.h>
 
 #include "absl/status/status.h"
 #include "gradhub/v1/store.grpc.pb.h"
 #include "services/api/rendezvous_store.h"
+#include "services/common/async_grpc_service.h"
 
 namespace gradhub::api {
 
 // The one conversion from the services' error model to the wire: same code, same message.
 grpc::Status ToGrpcStatus(const absl::Status& status);
 
-class StoreService final : public gradhub::v1::StoreService::CallbackService {
+class StoreService final : public AsyncGrpcService {
  public:
   // OK when a call with this `authorization` metadata ("" when absent) may use the store;
-  // otherwise the status the call fails with. Called on gRPC's callback threads: keep it fast.
+  // otherwise the status the call fails with. Runs on the service's one thread, before every
+  // call: keep it fast.
   using Authorizer = std::function<absl::Status(const std::string& authorization)>;
 
   // `store` is not owned and must outlive the service and every call it serves.
   StoreService(RendezvousStore* store, Authorizer authorize);
+  // Stop(): when the service was added to a server, that server must still exist.
+  ~StoreService() override;
+  StoreService(const StoreService&) = delete;
+  StoreService& operator=(const StoreService&) = delete;
 
-  grpc::ServerUnaryReactor* Set(grpc::CallbackServerContext* context,
-                                const gradhub::v1::SetRequest* request,
-                                gradhub::v1::SetResponse* response) override;
-  grpc::ServerUnaryReactor* Get(grpc::CallbackServerContext* context,
-                                const gradhub::v1::GetRequest* request,
-                                gradhub::v1::GetResponse* response) override;
-  grpc::ServerUnaryReactor* Add(grpc::CallbackServerContext* context,
-                                const gradhub::v1::AddRequest* request,
-                                gradhub::v1::AddResponse* response) override;
-  grpc::ServerUnaryReactor* Wait(grpc::CallbackServerContext* context,
-                                 const gradhub::v1::WaitRequest* request,
-                                 gradhub::v1::WaitResponse* response) override;
-  grpc::ServerUnaryReactor* Check(grpc::CallbackServerContext* context,
-                                  const gradhub::v1::CheckRequest* request,
-                                  gradhub::v1::CheckResponse* response) override;
-  grpc::ServerUnaryReactor* DeletePrefix(grpc::CallbackServerContext* context,
-                                         const gradhub::v1::DeletePrefixRequest* request,
-                                         gradhub::v1::DeletePrefixResponse* response) override;
+  void AddTo(grpc::ServerBuilder& builder) override;
+  void Start() override;
+  void Stop() override;
 
   // Finishes every blocked Get/Wait with UNAVAILABLE and makes later ones fail at once.
-  // Call before grpc::Server::Shutdown().
+  // Call before grpc::Server::Shutdown(), which would otherwise wait out its deadline for them.
   void Shutdown();
 
   // Blocked Get/Wait calls, for tests and metrics.
   size_t pending_waiters() const;
 
  private:
-  // A reactor finished with the Authorizer's error, or nullptr when the call may proceed.
-  grpc::ServerUnaryReactor* Refused(grpc::CallbackServerContext* context) const;
+  class Call;
+  template <typename Request, typename Response>
+  class UnaryCall;
 
+  // Handlers, one per method, run on the service's thread once the call is authorized. Each
+  // fills *response and calls finish(status) exactly once, at once or later from any thread, and
+  // returns the store waiter to cancel if the client gives up first (kNoWaiter when none).
+  using Finish = std::function<void(const grpc::Status&)>;
+  RendezvousStore::WaiterId Set(const grpc::ServerContext& context, const v1::SetRequest& request,
+                                v1::SetResponse* response, Finish finish);
+  RendezvousStore::WaiterId Get(const grpc::ServerContext& context, const v1::GetRequest& request,
+                                v1::GetResponse* response, Finish finish);
+  RendezvousStore::WaiterId Add(const grpc::ServerContext& context, const v1::AddRequest& request,
+                                v1::AddResponse* response, Finish finish);
+  RendezvousStore::WaiterId Wait(const grpc::ServerContext& context, const v1::WaitRequest& request,
+                                 v1::WaitResponse* response, Finish finish);
+  RendezvousStore::WaiterId Check(const grpc::ServerContext& context,
+                                  const v1::CheckRequest& request, v1::CheckResponse* response,
+                                  Finish finish);
+  RendezvousStore::WaiterId DeletePrefix(const grpc::ServerContext& context,
+                                         const v1::DeletePrefixRequest& request,
+                                         v1::DeletePrefixResponse* response, Finish finish);
+
+  // Polls the queue until it is shut down and drained.
+  void Serve();
+  // Counts the call records alive (+1 made, -1 deleted).
+  void CountRecords(int delta);
+
+  bool stopped_ = false;
+  // Set by Stop(): no further call is requested.
+  std::atomic<bool> stopping_{false};
+  // Call records alive: requested, or started and not yet over. The queue may be shut down only
+  // once there are none, for a record alive could still begin an operation on it (gRPC aborts
+  // the process then), and grpc::Server::Shutdown() does not wait for them.
+  std::mutex records_mu_;
+  std::condition_variable no_records_;
+  int records_ = 0;
   RendezvousStore* const store_;
   const Authorizer authorize_;
+  v1::StoreService::AsyncService service_;
+  std::unique_ptr<grpc::ServerCompletionQueue> queue_;
+  std::thread thread_;
 };
 
 }  // namespace gradhub::api

@@ -6,8 +6,9 @@
 namespace gradhub::testing {
 
 TestGrpcServer::TestGrpcServer(std::vector<grpc::Service*> services,
+                               std::vector<AsyncGrpcService*> async_services,
                                TestGrpcServerOptions options)
-    : options_(options) {
+    : options_(options), async_services_(std::move(async_services)) {
   grpc::ServerBuilder builder;
   // Port 0: the OS picks a free port, so parallel test binaries never collide. No
   // SO_REUSEPORT: a second server must not silently share a port with us.
@@ -16,6 +17,10 @@ TestGrpcServer::TestGrpcServer(std::vector<grpc::Service*> services,
   for (grpc::Service* service : services) {
     if (service == nullptr) throw std::runtime_error("TestGrpcServer: null service");
     builder.RegisterService(service);
+  }
+  for (AsyncGrpcService* service : async_services_) {
+    if (service == nullptr) throw std::runtime_error("TestGrpcServer: null service");
+    service->AddTo(builder);
   }
   if (options_.max_threads > 0) {
     grpc::ResourceQuota quota("gradhub-test-server");
@@ -32,6 +37,7 @@ TestGrpcServer::TestGrpcServer(std::vector<grpc::Service*> services,
     throw std::runtime_error(
         "TestGrpcServer: could not bind 127.0.0.1:0 or start the server (see gRPC's log)");
   }
+  for (AsyncGrpcService* service : async_services_) service->Start();
 }
 
 TestGrpcServer::~TestGrpcServer() { Shutdown(kDefaultShutdownDeadline); }
@@ -56,6 +62,7 @@ void TestGrpcServer::Shutdown(std::chrono::milliseconds deadline) {
   shut_down_ = true;
   server_->Shutdown(std::chrono::system_clock::now() + deadline);
   server_->Wait();
+  for (AsyncGrpcService* service : async_services_) service->Stop();
 }
 
 }  // namespace gradhub::testing

@@ -2,10 +2,12 @@
 // real channels, so that tests exercise serialization, deadlines, cancellation and shutdown as
 // clients will see them.
 //
-//   gradhub::api::RendezvousStore store;
-//   gradhub::api::StoreService service(&store);
+//   gradhub::api::JobService service(&jobs, &auth);
 //   gradhub::testing::TestGrpcServer server({&service});
-//   auto stub = gradhub::v1::StoreService::NewStub(server.NewChannel());
+//   auto stub = gradhub::v1::JobService::NewStub(server.NewChannel());
+//
+// A service on the asynchronous API (services/common/async_grpc_service.h), such as the
+// StoreService, goes in a list of its own: TestGrpcServer server({&store_service});
 //
 // Declare the server after the services it serves so that it is destroyed first.
 #pragma once
@@ -14,9 +16,12 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <grpcpp/grpcpp.h>
+
+#include "services/common/async_grpc_service.h"
 
 namespace gradhub::testing {
 
@@ -38,10 +43,15 @@ class TestGrpcServer {
 
   // Registers `services` (not owned; they must outlive the server), binds 127.0.0.1:0 (the OS
   // picks the port), starts, and returns when serving. Throws std::runtime_error when it cannot
-  // bind or start. grpc::CallbackService derives from grpc::Service, so callback services go
-  // in the same list.
-  explicit TestGrpcServer(std::vector<grpc::Service*> services,
-                          TestGrpcServerOptions options = {});
+  // bind or start.
+  explicit TestGrpcServer(std::vector<grpc::Service*> services, TestGrpcServerOptions options = {})
+      : TestGrpcServer(std::move(services), {}, options) {}
+  // The same for services on the asynchronous API: each is added to the builder, started once
+  // the server runs and stopped by Shutdown(). Each must outlive the server, and serves this
+  // server only.
+  explicit TestGrpcServer(std::vector<AsyncGrpcService*> services,
+                          TestGrpcServerOptions options = {})
+      : TestGrpcServer({}, std::move(services), options) {}
   // Shutdown(kDefaultShutdownDeadline) unless already shut down.
   ~TestGrpcServer();
   TestGrpcServer(const TestGrpcServer&) = delete;
@@ -60,7 +70,11 @@ class TestGrpcServer {
   void Shutdown(std::chrono::milliseconds deadline);
 
  private:
+  TestGrpcServer(std::vector<grpc::Service*> services,
+                 std::vector<AsyncGrpcService*> async_services, TestGrpcServerOptions options);
+
   const TestGrpcServerOptions options_;
+  const std::vector<AsyncGrpcService*> async_services_;
   int port_ = 0;
   std::unique_ptr<grpc::Server> server_;
   std::mutex shutdown_mu_;

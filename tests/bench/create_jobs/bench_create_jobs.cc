@@ -22,6 +22,12 @@
 // latency percentiles are over the successful calls; ok_per_s counts the successful calls
 // that completed inside the measured window. Output: a header line, one data line
 // (the fields run.sh reads), then one "error" line per status code seen.
+//
+// --trace FILE writes every counted call as "<ms> <latency ms> <status code>", <ms> being when
+// it was due (open loop) or sent (closed loop) from the start of the measured window, in that
+// order. Percentiles say how slow the tail is; the trace says when: a tail made of stalls that
+// recur at a fixed period points at a timer somewhere, as the 100 ms every 1.1 s of gRPC's
+// callback threads did (services/common/async_grpc_service.h).
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
@@ -65,12 +71,20 @@ struct Options {
   int64_t warmup = 3;
   int64_t rate = 0;  // requests/s; 0 = closed loop
   std::string label;
+  std::string trace;  // file for the per-call trace; "" = none
 };
 
 // What one client saw in the measured window. Owned by its thread until the join.
 struct ClientStats {
   std::vector<int64_t> latency_ns;  // successful calls only
-  std::map<int, int64_t> errors;    // grpc::StatusCode (or kBadResponse) -> count
+  struct Traced {
+    Clock::time_point start;  // due (open loop) or sent (closed loop)
+    Clock::duration latency;
+    int code;
+  };
+  bool tracing = false;           // --trace given
+  std::vector<Traced> trace;      // every counted call, when tracing
+  std::map<int, int64_t> errors;  // grpc::StatusCode (or kBadResponse) -> count
   std::map<int, std::string> first_message;
   int64_t requests = 0;
   // Successful calls that completed inside the measured window: the served rate. In the open
@@ -153,9 +167,10 @@ class Client {
   int64_t sequence_ = 0;
 };
 
-void Record(ClientStats* stats, int code, const std::string& message, Clock::duration latency,
-            bool done_in_window) {
+void Record(ClientStats* stats, int code, const std::string& message, Clock::time_point start,
+            Clock::duration latency, bool done_in_window) {
   ++stats->requests;
+  if (stats->tracing) stats->trace.push_back({start, latency, code});
   if (code == 0) {
     if (done_in_window) ++stats->ok_in_window;
     stats->latency_ns.push_back(
@@ -174,7 +189,7 @@ void RunClosed(Client* client, Clock::time_point measure, Clock::time_point end,
     if (sent >= end) break;
     const int code = client->Call(&message);
     const Clock::time_point done = Clock::now();
-    if (done >= measure && done <= end) Record(stats, code, message, done - sent, true);
+    if (done >= measure && done <= end) Record(stats, code, message, sent, done - sent, true);
   }
 }
 
@@ -190,14 +205,31 @@ void RunOpen(Client* client, int index, const Options& options, Clock::time_poin
         std::chrono::nanoseconds(static_cast<int64_t>(static_cast<double>(k) * interval_ns));
     if (due >= end) break;
     if (Clock::now() > end + kOpenLoopDrain) {
-      if (due >= measure) Record(stats, kNotSent, "more than 5 s behind the timetable", {}, false);
+      if (due >= measure)
+        Record(stats, kNotSent, "more than 5 s behind the timetable", due, {}, false);
       continue;
     }
     std::this_thread::sleep_until(due);  // returns at once when this client is late
     const int code = client->Call(&message);
     const Clock::time_point done = Clock::now();
-    if (due >= measure) Record(stats, code, message, done - due, done <= end);
+    if (due >= measure) Record(stats, code, message, due, done - due, done <= end);
   }
+}
+
+bool WriteTrace(const std::string& path, const std::vector<ClientStats>& stats,
+                Clock::time_point measure) {
+  std::vector<ClientStats::Traced> calls;
+  for (const ClientStats& s : stats) calls.insert(calls.end(), s.trace.begin(), s.trace.end());
+  std::sort(calls.begin(), calls.end(),
+            [](const auto& a, const auto& b) { return a.start < b.start; });
+  FILE* file = std::fopen(path.c_str(), "w");
+  if (file == nullptr) return false;
+  using Ms = std::chrono::duration<double, std::milli>;
+  for (const ClientStats::Traced& call : calls) {
+    std::fprintf(file, "%.3f %.3f %d\n", Ms(call.start - measure).count(), Ms(call.latency).count(),
+                 call.code);
+  }
+  return std::fclose(file) == 0;
 }
 
 double Percentile(const std::vector<int64_t>& sorted, double p) {
@@ -224,7 +256,10 @@ int main(int argc, char** argv) {
       .Int("warmup", "", &options.warmup, "seconds run first and not counted")
       .Int("rate", "", &options.rate, "requests/s on a fixed timetable; 0 = closed loop")
       .String("label", "", &options.label,
-              "first column of the data line; default closed or rate-R");
+              "first column of the data line; default closed or rate-R")
+      .String("trace", "", &options.trace,
+              "write every counted call to this file: ms from the window's start, latency ms, "
+              "status code");
   auto parsed = flags.Parse(argc, argv);
   if (!parsed.ok()) {
     std::cerr << "bench_create_jobs: " << parsed.status().message() << "\n";
@@ -271,6 +306,7 @@ int main(int argc, char** argv) {
   const Clock::time_point measure = start + std::chrono::seconds(options.warmup);
   const Clock::time_point end = measure + std::chrono::seconds(options.seconds);
   std::vector<ClientStats> stats(clients);
+  for (ClientStats& s : stats) s.tracing = !options.trace.empty();
   std::vector<std::thread> threads;
   for (int i = 0; i < clients; ++i) {
     threads.emplace_back([&, i] {
@@ -297,6 +333,10 @@ int main(int argc, char** argv) {
     }
   }
   std::sort(total.latency_ns.begin(), total.latency_ns.end());
+  if (!options.trace.empty() && !WriteTrace(options.trace, stats, measure)) {
+    std::cerr << "bench_create_jobs: cannot write " << options.trace << "\n";
+    return 1;
+  }
   int64_t errors = 0;
   for (const auto& [code, n] : total.errors) errors += n;
   const int64_t ok = static_cast<int64_t>(total.latency_ns.size());

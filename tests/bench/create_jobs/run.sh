@@ -21,6 +21,9 @@
 #   GRADHUB_BENCH_CEILING_SECONDS (pgbench, 10), GRADHUB_BENCH_WARMUP (3),
 #   GRADHUB_BENCH_CLIENTS (32), GRADHUB_BENCH_RATE (1000), GRADHUB_BENCH_STATEMENTS=1 (load
 #   pg_stat_statements and print the statements the closed loop spent PostgreSQL's time on);
+#   GRADHUB_BENCH_TRACE=FILE (every call of the fixed-rate phase: when it was due, its latency,
+#   its status; see bench_create_jobs.cc), GRADHUB_BENCH_PGLOG=FILE (PostgreSQL's log, which
+#   names checkpoints and autovacuum runs: two causes of a latency tail worth ruling out);
 #   GRADHUB_DATABASE_CONNECTIONS, GRADHUB_SCHEDULER_INTERVAL (e.g. 1h: the scheduler's pass
 #   over the PENDING queue out of the way) etc. reach gradhub-api as usual.
 set -euo pipefail
@@ -50,6 +53,7 @@ cleanup() {
     wait "$api_pid" 2>/dev/null || true
   fi
   "${as_pg[@]}" "$pg_bin/pg_ctl" -D "$work/pg" -m immediate stop >/dev/null 2>&1 || true
+  [ -n "${GRADHUB_BENCH_PGLOG:-}" ] && cp "$work/pg.log" "$GRADHUB_BENCH_PGLOG"
   rm -rf "$work"
 }
 as_pg=()
@@ -67,8 +71,9 @@ preload=()
 "${as_pg[@]}" "$pg_bin/initdb" -D "$work/pg" -U gradhub -A trust >/dev/null
 # fsync and synchronous_commit are PostgreSQL's defaults; said again so no site config can
 # quietly make the figure non-durable.
-"${as_pg[@]}" "$pg_bin/pg_ctl" -D "$work/pg" -l "$work/pg.log" -w \
-  -o "-p $pg_port -k $work -c listen_addresses=127.0.0.1 -c fsync=on -c synchronous_commit=on ${preload[*]}" \
+pg_options="-p $pg_port -k $work -c listen_addresses=127.0.0.1 -c fsync=on -c synchronous_commit=on"
+pg_options+=" -c log_checkpoints=on -c log_autovacuum_min_duration=0 -c log_line_prefix=%m_"
+"${as_pg[@]}" "$pg_bin/pg_ctl" -D "$work/pg" -l "$work/pg.log" -w -o "$pg_options ${preload[*]}" \
   start >/dev/null
 export GRADHUB_DATABASE_URL="postgresql://gradhub@127.0.0.1:$pg_port/postgres"
 psql=("$pg_bin/psql" -X -q -A -t -v ON_ERROR_STOP=1 -d "$GRADHUB_DATABASE_URL")
@@ -119,7 +124,7 @@ if [ "$statements" = 1 ]; then
     FROM pg_stat_statements ORDER BY total_exec_time DESC LIMIT 12" > "$work/statements.out"
 fi
 "${psql[@]}" -c 'SET client_min_messages = warning' -c 'TRUNCATE jobs CASCADE'
-"${bench[@]}" --rate "$rate" > "$work/open.out"
+"${bench[@]}" --rate "$rate" ${GRADHUB_BENCH_TRACE:+--trace "$GRADHUB_BENCH_TRACE"} > "$work/open.out"
 if ! kill -0 "$api_pid" 2>/dev/null; then echo "gradhub-api exited during the run:" >&2; tail "$work/api.err" >&2; exit 1; fi
 
 echo "clients $clients, $seconds s measured after $warmup s warmup per CreateJob phase, pgbench $ceiling_seconds s; gradhub-api database-connections $db_connections; $durability; $(nproc) cores shared by client, server and PostgreSQL"

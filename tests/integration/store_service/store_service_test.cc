@@ -12,8 +12,8 @@
 #include <thread>
 #include <vector>
 
-#include <grpcpp/grpcpp.h>
 #include <gmock/gmock.h>
+#include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
 #include "gradhub/v1/store.grpc.pb.h"
@@ -157,8 +157,7 @@ class AsyncGets {
       : calls_(keys.size()) {
     for (size_t i = 0; i < keys.size(); ++i) {
       Call& call = calls_[i];
-      call.context.set_deadline(std::chrono::system_clock::now() + timeout +
-                                milliseconds(5000));
+      call.context.set_deadline(std::chrono::system_clock::now() + timeout + milliseconds(5000));
       call.request.set_key(keys[i]);
       *call.request.mutable_timeout() = ProtoDuration(timeout);
       stub->async()->Get(&call.context, &call.request, &call.response,
@@ -211,7 +210,7 @@ class StoreServiceTest : public ::testing::Test {
   StoreServiceTest()
       : service_(&store_, AnyCaller),
         server_(std::make_unique<testing::TestGrpcServer>(
-            std::vector<grpc::Service*>{&service_},
+            std::vector<AsyncGrpcService*>{&service_},
             testing::TestGrpcServerOptions{/*max_threads=*/kServerThreads})),
         client_(server_->NewChannel()) {}
 
@@ -537,9 +536,8 @@ TEST(StoreServiceAuthorizationTest, EveryCallIsPutToTheAuthorizerFirst) {
   std::atomic<int> asked{0};
   StoreService service(&store, [&asked](const std::string& authorization) {
     ++asked;
-    return authorization == "Bearer node"
-               ? absl::OkStatus()
-               : absl::PermissionDeniedError("this takes a node token");
+    return authorization == "Bearer node" ? absl::OkStatus()
+                                          : absl::PermissionDeniedError("this takes a node token");
   });
   testing::TestGrpcServer server({&service});
   auto stub = v1::StoreService::NewStub(server.NewChannel());
@@ -578,9 +576,10 @@ TEST(StoreServiceAuthorizationTest, EveryCallIsPutToTheAuthorizerFirst) {
 
 TEST(TestGrpcServerTest, ServersGetDistinctFreePorts) {
   RendezvousStore store;
-  StoreService service(&store, AnyCaller);
-  testing::TestGrpcServer a({&service});
-  testing::TestGrpcServer b({&service});
+  StoreService service_a(&store, AnyCaller);
+  StoreService service_b(&store, AnyCaller);
+  testing::TestGrpcServer a({&service_a});
+  testing::TestGrpcServer b({&service_b});
   EXPECT_GT(a.port(), 0);
   EXPECT_NE(a.port(), b.port());
   EXPECT_EQ(a.address(), "127.0.0.1:" + std::to_string(a.port()));
@@ -696,9 +695,8 @@ TEST(RendezvousStoreTest, EveryWaiterCompletesExactlyOnceUnderConcurrency) {
           }
           default:
             ++registered;
-            store.Get(key, absl::Milliseconds(50), [&](absl::StatusOr<std::string>) {
-              ++completed;
-            });
+            store.Get(key, absl::Milliseconds(50),
+                      [&](absl::StatusOr<std::string>) { ++completed; });
         }
       }
     });
