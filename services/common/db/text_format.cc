@@ -82,6 +82,13 @@ int64_t Result::affected() const {
 }
 
 int Row::Column(std::string_view column) const {
+  // Our column names are lower-case, as PostgreSQL returns them: an exact match first, since
+  // PQfnumber copies and case-folds the name on every call (a row read column by column over a
+  // long result called it 130,000 times per scheduler pass with 27,000 jobs queued).
+  const int columns = PQnfields(result_->raw());
+  for (int i = 0; i < columns; ++i) {
+    if (column == PQfname(result_->raw(), i)) return i;
+  }
   int index = PQfnumber(result_->raw(), std::string(column).c_str());
   if (index < 0)
     throw std::logic_error(absl::StrCat("result has no column '", std::string(column), "'"));
