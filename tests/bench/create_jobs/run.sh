@@ -8,7 +8,10 @@
 #      machine;
 #   2. closed loop: 32 gRPC clients issuing CreateJob back to back (bench_create_jobs);
 #   3. open loop: 1,000 requests/s on a fixed timetable over the same 32 clients, latency from
-#      each request's scheduled send time.
+#      each request's scheduled send time;
+#   4. reference tail: pgbench's single-row INSERT on the same timetable, whose latency
+#      percentiles are the floor under CreateJob's on this disk and these cores. Last, because
+#      run just before a CreateJob phase it took a third off the closed loop's rate.
 # Targets (the issue): >= 3,000 creates/s closed loop, p99 < 20 ms at 1,000/s.
 # The client, the server and PostgreSQL share this machine's cores. Each CreateJob phase starts
 # from an empty jobs table (TRUNCATE between phases): with no agents every created job stays
@@ -126,13 +129,30 @@ fi
 "${psql[@]}" -c 'SET client_min_messages = warning' -c 'TRUNCATE jobs CASCADE'
 "${bench[@]}" --rate "$rate" ${GRADHUB_BENCH_TRACE:+--trace "$GRADHUB_BENCH_TRACE"} > "$work/open.out"
 if ! kill -0 "$api_pid" 2>/dev/null; then echo "gradhub-api exited during the run:" >&2; tail "$work/api.err" >&2; exit 1; fi
+# 4. The ceiling's INSERT on phase 3's timetable. pgbench logs each transaction's time and its
+# lag behind schedule, so this latency, like bench_create_jobs', counts from the scheduled start.
+"${psql[@]}" -c 'SET client_min_messages = warning' -c 'TRUNCATE jobs CASCADE' \
+  -c 'CREATE TABLE insert_ceiling (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, v text NOT NULL)'
+"$pg_bin/pgbench" -n -M prepared -c "$clients" -j 2 -R "$rate" -T "$((warmup + seconds))" \
+  -l --log-prefix="$work/rate" -f "$work/insert.sql" "$GRADHUB_DATABASE_URL" \
+  > "$work/pgbench_rate.out" 2>&1 || { cat "$work/pgbench_rate.out" >&2; exit 1; }
+# Fields: client transaction time_us script epoch_s epoch_us lag_us; the warmup is left out.
+cat "$work"/rate.* | awk -v warmup="$warmup" '
+  NR == 1 || $5 < first { first = $5 }
+  { start[NR] = $5; ms[NR] = ($3 + $7) / 1000 }
+  END { for (i = 1; i <= NR; i++) if (start[i] >= first + warmup) print ms[i] }' |
+  sort -g > "$work/rate.ms"
+ref_p50="$(awk '{ v[NR] = $1 } END { print v[int(NR * 0.50) + 1] }' "$work/rate.ms")"
+ref_p99="$(awk '{ v[NR] = $1 } END { print v[int(NR * 0.99) + 1] }' "$work/rate.ms")"
+"${psql[@]}" -c 'DROP TABLE insert_ceiling'
 
 echo "clients $clients, $seconds s measured after $warmup s warmup per CreateJob phase, pgbench $ceiling_seconds s; gradhub-api database-connections $db_connections; $durability; $(nproc) cores shared by client, server and PostgreSQL"
 echo "pgbench INSERT ceiling: $ceiling commits/s, mean latency $ceiling_ms ms; WAL fsyncs during the closed loop: $wal_syncs"
 cat "$work/closed.out"
 tail -n +2 "$work/open.out"
 awk -v ceiling="$ceiling" -v rate="$rate" -v hz="$(getconf CLK_TCK)" -v wall="$closed_wall" \
-    -v api="$api_ticks" -v pg="$pg_ticks" -v client="$client_cpu" '
+    -v api="$api_ticks" -v pg="$pg_ticks" -v client="$client_cpu" -v ref_p50="$ref_p50" \
+    -v ref_p99="$ref_p99" '
   FNR == 1 { for (i = 1; i <= NF; i++) col[$i] = i }  # bench_create_jobs header names the fields
   FNR == 2 && FILENAME ~ /closed/ { c_rate = $col["ok_per_s"]; c_p50 = $col["p50_ms"]; c_p99 = $col["p99_ms"]; c_err = $col["errors"] }
   FNR == 2 && FILENAME ~ /open/ {
@@ -155,6 +175,8 @@ awk -v ceiling="$ceiling" -v rate="$rate" -v hz="$(getconf CLK_TCK)" -v wall="$c
     printf "%-44s %10.2f %8s %7s\n", "  p50 ms (from scheduled send)", o_p50, "-", "-"
     printf "%-44s %10.2f %8s %7s\n", "  p90 ms", o_p90, "-", "-"
     printf "%-44s %10.2f %8s %7s\n", "  p99 ms", o_p99, "<20", verdict(o_p99 < 20)
+    printf "%-44s %10.2f %8s %7s\n", "  pgbench INSERT, same timetable, p50 ms (ref)", ref_p50, "-", "-"
+    printf "%-44s %10.2f %8s %7s\n", "  pgbench INSERT, same timetable, p99 ms (ref)", ref_p99, "-", "-"
     printf "%-44s %10.2f %8s %7s\n", "  max ms", o_max, "-", "-"
     printf "%-44s %10s %8s %7s\n", "errors (closed loop / fixed rate)", c_err "/" o_err, "0", verdict(c_err + o_err == 0)
   }' "$work/closed.out" "$work/open.out"
