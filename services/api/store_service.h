@@ -99,6 +99,12 @@ class StoreService final : public AsyncGrpcService {
   // Counts the call records alive (+1 made, -1 deleted).
   void CountRecords(int delta);
 
+  RendezvousStore* const store_;
+  const Authorizer authorize_;
+  v1::StoreService::AsyncService service_;
+  std::unique_ptr<grpc::ServerCompletionQueue> queue_;
+  std::thread thread_;
+
   bool stopped_ = false;
   // Set by Stop(): no further call is requested.
   std::atomic<bool> stopping_{false};
@@ -108,11 +114,6 @@ class StoreService final : public AsyncGrpcService {
   std::mutex records_mu_;
   std::condition_variable no_records_;
   int records_ = 0;
-  RendezvousStore* const store_;
-  const Authorizer authorize_;
-  v1::StoreService::AsyncService service_;
-  std::unique_ptr<grpc::ServerCompletionQueue> queue_;
-  std::thread thread_;
 };
 
 }  // namespace gradhub::api
