@@ -238,7 +238,7 @@ void Agent::StartRank(const v1::RankAssignment& assignment) {
     shipper_.Append(key, {OutputStream::kStderr, 1, absl::Now(), message});
     shipper_.Close(key);
   };
-  absl::StatusOr<RankLaunch> launch = PlanRankLaunch(config_, assignment);
+  absl::StatusOr<RankLaunch> launch = PlanRankLaunch(config_, session_id_, assignment);
   if (!launch.ok()) return fail(launch.status());
   if (absl::Status prepared = PrepareRankFiles(*launch, assignment); !prepared.ok()) {
     return fail(prepared);

@@ -21,6 +21,8 @@ struct AgentConfig {
   std::string address = "127.0.0.1";
   std::string work_dir = "/var/lib/gradhub/agent";
   std::string checkpoint_root;  // empty = <work-dir>/checkpoints
+  std::string checkpoint_server;
+  std::string metrics_server;
   std::string trainer;          // gradhub-trainer next to this binary unless set
   absl::Duration stop_grace = absl::Seconds(10);
   int64_t log_buffer_bytes = int64_t{64} << 20;
@@ -43,8 +45,15 @@ struct AgentConfig {
                 "Per-rank working directories (jobs/<id>/attempt-<n>/rank-<r>/) and pid files")
         .String(
             "checkpoint-root", "GRADHUB_CHECKPOINT_ROOT", &checkpoint_root,
-            "Checkpoints go to <this>/<job id>; share it between the agents of a local "
-            "cluster so a restarted attempt resumes on any node. Empty = <work-dir>/checkpoints")
+            "With --checkpoint-server: this node's cache of checkpoint blobs, <this>/<job "
+            "id>. Without: where checkpoints go (then a restart resumes only on a node that "
+            "sees the same directory). Empty = <work-dir>/checkpoints")
+        .String("checkpoint-server", "GRADHUB_CHECKPOINT_SERVER", &checkpoint_server,
+                "host:port of gradhub-checkpoint's gRPC port, handed to ranks: rank 0 saves "
+                "there and a restarted attempt resumes from it on any node")
+        .String("metrics-server", "GRADHUB_METRICS_SERVER", &metrics_server,
+                "host:port of gradhub-metrics' gRPC port, handed to ranks for telemetry; "
+                "empty = none")
         .String("trainer", "GRADHUB_TRAINER", &trainer, "Path of the gradhub-trainer binary")
         .Duration("stop-grace", "GRADHUB_STOP_GRACE", &stop_grace,
                   "Time between SIGTERM and SIGKILL when a rank is stopped")

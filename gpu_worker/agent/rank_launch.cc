@@ -27,7 +27,7 @@ bool PathSafeId(const std::string& id) {
 
 }  // namespace
 
-absl::StatusOr<RankLaunch> PlanRankLaunch(const AgentConfig& config,
+absl::StatusOr<RankLaunch> PlanRankLaunch(const AgentConfig& config, const std::string& session_id,
                                           const v1::RankAssignment& assignment) {
   if (!absl::StartsWith(assignment.job(), kJobPrefix) ||
       !PathSafeId(assignment.job().substr(sizeof(kJobPrefix) - 1))) {
@@ -68,6 +68,10 @@ absl::StatusOr<RankLaunch> PlanRankLaunch(const AgentConfig& config,
   env["GRADHUB_TOKEN"] = config.token;
   env["GRADHUB_TLS_CA"] = config.tls_ca_file;
   env["GRADHUB_CHECKPOINT_DIR"] = launch.checkpoint_dir;
+  env["GRADHUB_CHECKPOINT_SERVER"] = config.checkpoint_server;
+  env["GRADHUB_METRICS_SERVER"] = config.metrics_server;
+  env["GRADHUB_NODE_NAME"] = config.name;
+  env["GRADHUB_NODE_SESSION"] = session_id;
   if (!assignment.device_indices().empty()) {
     env["CUDA_VISIBLE_DEVICES"] = absl::StrJoin(assignment.device_indices(), ",");
   }

@@ -17,7 +17,8 @@ struct RankLaunch {
   std::string job_id;          // the uuid of `jobs/{job_id}`
   std::string dir;             // <work-dir>/jobs/<job_id>/attempt-<n>/rank-<r>
   std::string spec_path;       // <dir>/spec.json
-  std::string checkpoint_dir;  // <checkpoint-root>/<job_id>
+  std::string checkpoint_dir;  // <checkpoint-root>/<job_id>: the store's local cache, or the
+                               // checkpoints themselves when the agent has no store
   std::string pid_file;        // <work-dir>/pids/<job_id>.<attempt>.<rank>.pid
   std::vector<std::string> argv;
   // Added to the agent's environment: assignment.env first, then the GRADHUB_* variables
@@ -25,7 +26,9 @@ struct RankLaunch {
   //   GRADHUB_SPEC, GRADHUB_RANK, GRADHUB_WORLD_SIZE, GRADHUB_LOCAL_RANK,
   //   GRADHUB_LOCAL_WORLD_SIZE, GRADHUB_JOB_ID, GRADHUB_ATTEMPT,
   //   GRADHUB_STORE=grpc://<store_address> (empty without one: a world of 1 needs none),
-  //   GRADHUB_TOKEN=<node token>, GRADHUB_CHECKPOINT_DIR, and CUDA_VISIBLE_DEVICES from
+  //   GRADHUB_TOKEN=<node token>, GRADHUB_CHECKPOINT_DIR, GRADHUB_CHECKPOINT_SERVER,
+  //   GRADHUB_METRICS_SERVER, GRADHUB_NODE_NAME and GRADHUB_NODE_SESSION (which bind the
+  //   rank's calls to the checkpoint store to this node), and CUDA_VISIBLE_DEVICES from
   //   device_indices when there are any.
   std::map<std::string, std::string> env;
 };
@@ -33,7 +36,8 @@ struct RankLaunch {
 // `config.work_dir` and `config.checkpoint_root` must be absolute (main makes them so).
 // INVALID_ARGUMENT for a job name that is not `jobs/<id>` with a path-safe id, or a negative
 // attempt or rank.
-absl::StatusOr<RankLaunch> PlanRankLaunch(const AgentConfig& config,
+// `session_id` is the one the api gave this agent at Register.
+absl::StatusOr<RankLaunch> PlanRankLaunch(const AgentConfig& config, const std::string& session_id,
                                           const v1::RankAssignment& assignment);
 
 // Creates the rank and checkpoint directories and writes the spec (proto3 JSON mapping).

@@ -10,5 +10,8 @@ inline constexpr int kExitUsage = 2;             // bad command line
 inline constexpr int kExitUserError = 10;        // bad spec, unreadable data, shape mismatch
 inline constexpr int kExitTrainingFailure = 11;  // NaN/Inf loss
 inline constexpr int kExitInfrastructure = 12;   // peer lost, store unreachable, I/O
+// Stopped on request (SIGTERM: preemption, drain, cancel); rank 0 saved the last finished step
+// first when it could. Counts as infrastructure when no stop was asked of the agent.
+inline constexpr int kExitPreempted = 13;
 
 }  // namespace gradhub::trainer

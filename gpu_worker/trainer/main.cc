@@ -1,8 +1,12 @@
 // gradhub-trainer: one rank of a training job. Started by the node agent, or by hand:
 //   gradhub-trainer --spec job.yaml --rank 0 --world-size 2 --store file:/tmp/rdzv
+#include <signal.h>
+
+#include <atomic>
 #include <iostream>
 #include <memory>
 
+#include "gpu_worker/checkpoint_client/grpc_checkpoint_sink.h"
 #include "gpu_worker/common/user_error.h"
 #include "gpu_worker/ddp/comm/work.h"
 #include "gpu_worker/ddp/store/file_store.h"
@@ -32,8 +36,12 @@ struct TrainerConfig {
   std::string job_id = "local";
   int64_t attempt = 1;
   std::string checkpoint_dir;
+  std::string checkpoint_server;
+  std::string node;
+  std::string node_session;
   int64_t threads = 0;
   absl::Duration collective_timeout = absl::Seconds(60);
+  absl::Duration preempt_grace = absl::Seconds(8);
 
   void Register(Flags& flags) {
     flags.String("spec", "GRADHUB_SPEC", &spec, "Job spec file (YAML or JSON, proto3 JSON names)")
@@ -52,13 +60,61 @@ struct TrainerConfig {
         .String("job-id", "GRADHUB_JOB_ID", &job_id, "Job id, scopes rendezvous keys")
         .Int("attempt", "GRADHUB_ATTEMPT", &attempt, "Attempt number, scopes rendezvous keys")
         .String("checkpoint-dir", "GRADHUB_CHECKPOINT_DIR", &checkpoint_dir,
-                "Directory for checkpoints; resumes from the newest one there. Empty = none")
+                "Without --checkpoint-server: the directory checkpoints go to, resumed from "
+                "the newest. With it: a local cache of the store's blobs. Empty = none")
+        .String("checkpoint-server", "GRADHUB_CHECKPOINT_SERVER", &checkpoint_server,
+                "host:port of gradhub-checkpoint; rank 0 saves there and resumes from the "
+                "job's latest committed checkpoint. Empty = --checkpoint-dir only")
+        .String("node", "GRADHUB_NODE_NAME", &node,
+                "This node's name, sent to the checkpoint store (set by the agent)")
+        .String("node-session", "GRADHUB_NODE_SESSION", &node_session,
+                "The agent's session id, which binds checkpoint calls to this node (set by "
+                "the agent)")
+        .Duration("preempt-grace", "GRADHUB_PREEMPT_GRACE", &preempt_grace,
+                  "On SIGTERM, how long rank 0 may take to commit its last checkpoint")
         .Int("threads", "GRADHUB_THREADS", &threads,
              "Intra-op threads; 0 = cores divided by local ranks")
         .Duration("collective-timeout", "GRADHUB_COLLECTIVE_TIMEOUT", &collective_timeout,
                   "A collective that does not complete in this time fails the rank");
   }
 };
+
+// Set by SIGTERM; the training loop reads it between steps (see TrainerOptions).
+std::atomic<bool> g_stop_requested{false};
+
+void RequestStop(int) { g_stop_requested.store(true); }
+
+void InstallStopHandler() {
+  struct sigaction action = {};
+  action.sa_handler = RequestStop;
+  action.sa_flags = SA_RESTART;  // a blocking read in gloo or the loader resumes, not fails
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGTERM, &action, nullptr);
+}
+
+// The store when --checkpoint-server is set (the cache under --checkpoint-dir), else files in
+// --checkpoint-dir, else none. Only rank 0 reads or writes checkpoints.
+std::shared_ptr<trainer::CheckpointSink> OpenCheckpoints(const TrainerConfig& config,
+                                                         const v1::JobSpec& spec) {
+  if (config.rank != 0) return nullptr;
+  if (!config.checkpoint_server.empty()) {
+    checkpoint_client::GrpcCheckpointSinkOptions options;
+    options.address = config.checkpoint_server;
+    options.token = config.token;
+    options.tls_ca_file = config.tls_ca_file;
+    options.node = config.node;
+    options.node_session = config.node_session;
+    options.job = "jobs/" + config.job_id;
+    options.attempt = static_cast<int32_t>(config.attempt);
+    options.cache_dir = config.checkpoint_dir;
+    return checkpoint_client::MakeGrpcCheckpointSink(options);
+  }
+  if (!config.checkpoint_dir.empty()) {
+    return std::make_shared<trainer::LocalCheckpointSink>(
+        config.checkpoint_dir, WithDefaults(spec).checkpoint().keep_last());
+  }
+  return nullptr;
+}
 
 std::shared_ptr<ddp::Store> OpenStore(const TrainerConfig& config) {
   std::shared_ptr<ddp::Store> store;
@@ -87,7 +143,8 @@ int main(int argc, char** argv) {
               "gradhub-trainer: one rank of a gradhub training job.\n\n"
               "Prints one JSON object per progress interval on stdout (rank 0) and a readable "
               "log on stderr.\nExit codes: 0 done, 2 usage, 10 user error (spec, data), 11 "
-              "training failure (NaN), 12 infrastructure (peers, store).");
+              "training failure (NaN), 12 infrastructure (peers, store), 13 preempted "
+              "(SIGTERM).");
   config.Register(flags);
   auto parsed = flags.Parse(argc, argv);
   if (!parsed.ok()) {
@@ -99,6 +156,7 @@ int main(int argc, char** argv) {
     return trainer::kExitSuccess;
   }
   const std::string who = "gradhub-trainer (rank " + std::to_string(config.rank) + "): ";
+  InstallStopHandler();
   try {
     if (config.spec.empty()) throw UserError("--spec", "is required");
     if (config.world_size < 1 || config.rank < 0 || config.rank >= config.world_size) {
@@ -115,10 +173,9 @@ int main(int argc, char** argv) {
     options.store = OpenStore(config);
     options.threads = static_cast<int>(config.threads);
     options.collective_timeout = absl::ToChronoMilliseconds(config.collective_timeout);
-    if (!config.checkpoint_dir.empty()) {
-      options.checkpoints = std::make_shared<trainer::LocalCheckpointSink>(
-          config.checkpoint_dir, WithDefaults(spec).checkpoint().keep_last());
-    }
+    options.checkpoints = OpenCheckpoints(config, spec);
+    options.stop_requested = &g_stop_requested;
+    options.preempt_grace = absl::ToChronoMilliseconds(config.preempt_grace);
     options.progress = &std::cout;
     options.log = &std::cerr;
     trainer::Train(spec, options);
@@ -129,7 +186,14 @@ int main(int argc, char** argv) {
   } catch (const trainer::TrainingFailure& error) {
     std::cerr << who << "training failed: " << error.what() << "\n";
     return trainer::kExitTrainingFailure;
+  } catch (const trainer::Preempted& error) {
+    std::cerr << who << "preempted: " << error.what() << "\n";
+    return trainer::kExitPreempted;
   } catch (const ddp::CommError& error) {
+    if (g_stop_requested.load()) {  // rank 0 saved and left first, as asked
+      std::cerr << who << "preempted: peers left after the stop request\n";
+      return trainer::kExitPreempted;
+    }
     std::cerr << who << "lost its peers: " << error.what() << "\n";
     return trainer::kExitInfrastructure;
   } catch (const ddp::StoreError& error) {

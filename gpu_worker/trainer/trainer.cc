@@ -4,6 +4,8 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <cstring>
+#include <optional>
 #include <iomanip>
 #include <iostream>
 #include <limits>
@@ -16,6 +18,8 @@
 #include "gpu_worker/data/sampler.h"
 #include "gpu_worker/ddp/distributed_data_parallel.h"
 #include "gpu_worker/models/model.h"
+#include "gpu_worker/trainer/async_checkpoint_writer.h"
+#include "gpu_worker/trainer/checkpoint_state.h"
 #include "gpu_worker/trainer/job_spec.h"
 #include "gpu_worker/trainer/optimization.h"
 #include "services/common/sha256.h"
@@ -97,35 +101,6 @@ std::string ParametersSha256(torch::nn::Module& module) {
   return Sha256Hex(bytes);
 }
 
-// Everything a resumed run needs to continue bit for bit: weights and buffers, optimizer
-// state (momentum) and the step. Data order and random numbers are functions of the step.
-std::string SaveState(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
-                      int64_t step) {
-  torch::serialize::OutputArchive archive, model_archive, optimizer_archive;
-  module.save(model_archive);
-  optimizer.save(optimizer_archive);
-  archive.write("model", model_archive);
-  archive.write("optimizer", optimizer_archive);
-  archive.write("step", torch::tensor(step));
-  std::ostringstream out;
-  archive.save_to(out);
-  return out.str();
-}
-
-int64_t LoadState(const std::string& bytes, torch::nn::Module& module,
-                  torch::optim::Optimizer& optimizer) {
-  torch::serialize::InputArchive archive, model_archive, optimizer_archive;
-  std::istringstream in(bytes);
-  archive.load_from(in);
-  archive.read("model", model_archive);
-  archive.read("optimizer", optimizer_archive);
-  module.load(model_archive);
-  optimizer.load(optimizer_archive);
-  at::Tensor step;
-  archive.read("step", step);
-  return step.item<int64_t>();
-}
-
 struct EvalResult {
   double loss = 0;
   std::map<std::string, double> metrics;
@@ -172,105 +147,273 @@ EvalResult Evaluate(models::Model& model, const data::Dataset& dataset,
   return result;
 }
 
-}  // namespace
+// Sends `bytes` from rank 0 to every rank (the others pass nullopt and get rank 0's value).
+// nullopt everywhere when rank 0 has none. Two broadcasts: the length, then the bytes, padded
+// to whole int64 elements because the process groups move typed tensors.
+std::optional<std::string> BroadcastBytes(ddp::ProcessGroup& group, std::optional<std::string> bytes) {
+  at::Tensor length = torch::tensor({bytes ? static_cast<int64_t>(bytes->size()) : int64_t{-1}});
+  group.Broadcast({length}, 0)->Wait();
+  const int64_t size = length.item<int64_t>();
+  if (size < 0) return std::nullopt;
+  at::Tensor payload = torch::zeros({(size + 7) / 8}, at::kLong);
+  if (group.rank() == 0) std::memcpy(payload.data_ptr(), bytes->data(), bytes->size());
+  group.Broadcast({payload}, 0)->Wait();
+  return std::string(static_cast<const char*>(payload.data_ptr()), static_cast<size_t>(size));
+}
 
-TrainResult Train(const v1::JobSpec& user_spec, const TrainerOptions& options) {
-  std::ostream& log = options.log ? *options.log : std::cerr;
-  const bool leader = options.rank == 0;
-  CheckJobSpec(user_spec);
-  const v1::JobSpec spec = WithDefaults(user_spec);
-  // A spec that leaves worldSize unset runs at whatever size it is launched with, as torchrun.
-  if (user_spec.distributed().world_size() != 0 &&
-      user_spec.distributed().world_size() != options.world_size) {
-    throw UserError("distributed.worldSize",
-                    std::to_string(spec.distributed().world_size()) + " but the trainer runs " +
-                        std::to_string(options.world_size) + " ranks");
-  }
-  if (spec.distributed().backend() == v1::DistributedSpec::NCCL) {
-    throw UserError("distributed.backend", "NCCL needs a GPU node; this trainer runs on CPU");
-  }
-  const int threads =
-      options.threads > 0
-          ? options.threads
-          : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) /
-                            std::max(1, options.local_world_size));
-  at::set_num_threads(threads);
-  LimitBlasThreads(threads);
-  at::manual_seed(spec.seed());
+// Per-interval sums behind a progress line.
+struct Interval {
+  StepReport sums;
+  double loss = 0;
+  int64_t steps = 0;
+  Clock::time_point start = Clock::now();
+};
 
-  const int64_t context = spec.model().has_transformer() ? spec.model().transformer().context_length() : 0;
-  std::unique_ptr<data::Dataset> dataset = data::LoadDataset(spec.dataset(), spec.seed(), context);
-  const data::Split split =
-      data::SplitIndices(dataset->size(), spec.dataset().validation_fraction(), spec.seed());
-  dataset->Normalize(split.train);
-
-  ddp::ProcessGroupOptions group_options;
-  group_options.rank = options.rank;
-  group_options.size = options.world_size;
-  group_options.store = options.store;
-  group_options.timeout = options.collective_timeout;
-  std::shared_ptr<ddp::ProcessGroup> group = ddp::CreateProcessGroup(group_options);
-
-  std::unique_ptr<models::Model> model = models::BuildModel(spec.model(), dataset->shape());
-  std::shared_ptr<torch::nn::Module> module = model->module();
-  module->train();
-  std::unique_ptr<torch::optim::Optimizer> optimizer =
-      BuildOptimizer(spec.optimizer(), module->parameters());
-
-  TrainResult result;
-  int64_t step = 0;
-  if (options.checkpoints) {
-    if (std::optional<Checkpoint> checkpoint = options.checkpoints->LoadLatest()) {
-      step = LoadState(checkpoint->bytes, *module, *optimizer);
-      result.resumed_from_step = step;
-      log << "gradhub-trainer: rank " << options.rank << " resumed from step " << step << "\n";
+// One rank's training run. The constructor sets everything up; Run() resumes, then steps
+// until the end, reporting, evaluating and checkpointing between steps:
+//   setup    spec, threads, data, process group, model, optimizer, step plan
+//   resume   rank 0 loads the latest checkpoint and broadcasts it; then DDP is built
+//   step     forward/backward over the micro-batches, optimizer step
+//   report   a progress line every log_every_steps (loss averaged over ranks)
+//   evaluate every eval_every_steps and at the end
+//   checkpoint  rank 0 snapshots every checkpoint.every_steps and at the end; uploads run on
+//            a background thread
+//   preempt  on a stop request rank 0 saves the last finished step and leaves
+class TrainingRun {
+ public:
+  TrainingRun(const v1::JobSpec& user_spec, const TrainerOptions& options)
+      : options_(options),
+        log_(options.log ? *options.log : std::cerr),
+        leader_(options.rank == 0),
+        spec_(CheckedSpec(user_spec, options)) {
+    ConfigureThreads();
+    BuildData();
+    BuildModel();
+    PlanSteps();
+    if (leader_ && options_.checkpoints) {
+      writer_ = std::make_unique<AsyncCheckpointWriter>(options_.checkpoints, &log_);
     }
   }
 
-  ddp::DdpOptions ddp_options;
-  ddp_options.reducer.bucket_cap_bytes =
-      static_cast<int64_t>(spec.distributed().bucket_cap_mb() * (1 << 20));
-  ddp_options.reducer.find_unused_parameters = spec.distributed().find_unused_parameters();
-  switch (spec.distributed().comm_hook()) {
-    case v1::DistributedSpec::FP16:
+  TrainResult Run() {
+    Resume();
+    interval_ = Interval();  // throughput counts from the first step, not from setup
+    const auto loop_start = Clock::now();
+    while (step_ < total_steps_) RunEpoch();
+    loop_seconds_ = Seconds(Clock::now() - loop_start);
+    return Finish();
+  }
+
+ private:
+  // --- setup ---
+
+  static v1::JobSpec CheckedSpec(const v1::JobSpec& user_spec, const TrainerOptions& options) {
+    CheckJobSpec(user_spec);
+    v1::JobSpec spec = WithDefaults(user_spec);
+    // A spec that leaves worldSize unset runs at whatever size it is launched with, as torchrun.
+    if (user_spec.distributed().world_size() != 0 &&
+        user_spec.distributed().world_size() != options.world_size) {
+      throw UserError("distributed.worldSize",
+                      std::to_string(spec.distributed().world_size()) + " but the trainer runs " +
+                          std::to_string(options.world_size) + " ranks");
+    }
+    spec.mutable_distributed()->set_world_size(options.world_size);
+    if (spec.distributed().backend() == v1::DistributedSpec::NCCL) {
+      throw UserError("distributed.backend", "NCCL needs a GPU node; this trainer runs on CPU");
+    }
+    return spec;
+  }
+
+  void ConfigureThreads() {
+    const int threads =
+        options_.threads > 0
+            ? options_.threads
+            : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) /
+                              std::max(1, options_.local_world_size));
+    at::set_num_threads(threads);
+    LimitBlasThreads(threads);
+    at::manual_seed(spec_.seed());
+  }
+
+  void BuildData() {
+    const int64_t context =
+        spec_.model().has_transformer() ? spec_.model().transformer().context_length() : 0;
+    dataset_ = data::LoadDataset(spec_.dataset(), spec_.seed(), context);
+    split_ = data::SplitIndices(dataset_->size(), spec_.dataset().validation_fraction(), spec_.seed());
+    dataset_->Normalize(split_.train);
+  }
+
+  void BuildModel() {
+    ddp::ProcessGroupOptions group_options;
+    group_options.rank = options_.rank;
+    group_options.size = options_.world_size;
+    group_options.store = options_.store;
+    group_options.timeout = options_.collective_timeout;
+    group_ = ddp::CreateProcessGroup(group_options);
+    model_ = models::BuildModel(spec_.model(), dataset_->shape());
+    module_ = model_->module();
+    module_->train();
+    optimizer_ = BuildOptimizer(spec_.optimizer(), module_->parameters());
+  }
+
+  void PlanSteps() {
+    batch_ = spec_.batch_size_per_rank();
+    accumulation_ = spec_.grad_accumulation_steps();
+    const bool drop_last = spec_.dataset().drop_last();
+    sampler_ = std::make_unique<data::DistributedSampler>(
+        split_.train, options_.world_size, options_.rank, spec_.seed(), /*shuffle=*/true, drop_last);
+    const int64_t per_rank = sampler_->per_rank();
+    const int64_t micro_per_epoch = drop_last ? per_rank / batch_ : (per_rank + batch_ - 1) / batch_;
+    steps_per_epoch_ = micro_per_epoch / accumulation_;
+    if (steps_per_epoch_ == 0) {
+      throw UserError("batchSizePerRank",
+                      std::to_string(batch_) + " x " + std::to_string(accumulation_) +
+                          " micro-batches exceed the " + std::to_string(per_rank) +
+                          " training examples of each rank");
+    }
+    total_steps_ = spec_.max_steps();
+    if (spec_.max_epochs() > 0) {
+      const int64_t by_epochs = spec_.max_epochs() * steps_per_epoch_;
+      total_steps_ = total_steps_ > 0 ? std::min(total_steps_, by_epochs) : by_epochs;
+    }
+    if (leader_) {
+      log_ << "gradhub-trainer: " << model_->Describe() << "; " << split_.train.size()
+           << " train / " << split_.validation.size() << " validation examples; " << total_steps_
+           << " steps of " << batch_ * accumulation_ * options_.world_size << " samples\n";
+    }
+  }
+
+  // --- resume ---
+
+  // Rank 0 reads the checkpoint (one download, one hash check) and broadcasts it: every rank
+  // needs the optimizer state, and all then start from the same bytes even if they would
+  // have raced a commit. Runs on every rank whether or not it has a sink.
+  void Resume() {
+    std::optional<std::string> bytes;
+    if (leader_ && options_.checkpoints) {
+      if (std::optional<Checkpoint> latest = options_.checkpoints->LoadLatest()) {
+        bytes = std::move(latest->bytes);
+      }
+    }
+    bytes = BroadcastBytes(*group_, std::move(bytes));
+    if (bytes) {
+      step_ = RestoreState(*bytes, *module_, *optimizer_, spec_);
+      resumed_from_step_ = step_;
+      last_checkpoint_step_ = step_;
+      log_ << "gradhub-trainer: rank " << options_.rank << " resumed from step " << step_ << "\n";
+    }
+    ddp::DdpOptions ddp_options;
+    ddp_options.reducer.bucket_cap_bytes =
+        static_cast<int64_t>(spec_.distributed().bucket_cap_mb() * (1 << 20));
+    ddp_options.reducer.find_unused_parameters = spec_.distributed().find_unused_parameters();
+    if (spec_.distributed().comm_hook() == v1::DistributedSpec::FP16) {
       ddp_options.reducer.comm_hook = ddp::CommHook::kFp16;
-      break;
-    case v1::DistributedSpec::BF16:
+    } else if (spec_.distributed().comm_hook() == v1::DistributedSpec::BF16) {
       ddp_options.reducer.comm_hook = ddp::CommHook::kBf16;
-      break;
-    default:
-      break;
-  }
-  ddp::DistributedDataParallel ddp(module, group, ddp_options);
-
-  const int64_t batch = spec.batch_size_per_rank();
-  const int64_t accumulation = spec.grad_accumulation_steps();
-  const bool drop_last = spec.dataset().drop_last();
-  data::DistributedSampler sampler(split.train, options.world_size, options.rank, spec.seed(),
-                                   /*shuffle=*/true, drop_last);
-  const int64_t micro_per_epoch =
-      drop_last ? sampler.per_rank() / batch : (sampler.per_rank() + batch - 1) / batch;
-  const int64_t steps_per_epoch = micro_per_epoch / accumulation;
-  if (steps_per_epoch == 0) {
-    throw UserError("batchSizePerRank",
-                    std::to_string(batch) + " x " + std::to_string(accumulation) +
-                        " micro-batches exceed the " + std::to_string(sampler.per_rank()) +
-                        " training examples of each rank");
-  }
-  int64_t total_steps = spec.max_steps();
-  if (spec.max_epochs() > 0) {
-    const int64_t by_epochs = spec.max_epochs() * steps_per_epoch;
-    total_steps = total_steps > 0 ? std::min(total_steps, by_epochs) : by_epochs;
-  }
-  if (leader) {
-    log << "gradhub-trainer: " << model->Describe() << "; " << split.train.size() << " train / "
-        << split.validation.size() << " validation examples; " << total_steps << " steps of "
-        << batch * accumulation * options.world_size << " samples\n";
+    }
+    ddp_ = std::make_unique<ddp::DistributedDataParallel>(module_, group_, ddp_options);
   }
 
-  auto report = [&](const StepReport& r, const std::string& event) {
-    if (options.telemetry) options.telemetry->Report(r);
-    if (!leader || options.progress == nullptr) return;
+  // --- step ---
+
+  void RunEpoch() {
+    const int64_t epoch = step_ / steps_per_epoch_;
+    const int64_t first_micro = (step_ % steps_per_epoch_) * accumulation_;
+    data::BatchLoader loader(*dataset_, sampler_->EpochIndices(epoch), batch_,
+                             spec_.dataset().drop_last(), spec_.dataset().prefetch_batches(),
+                             first_micro);
+    for (int64_t in_epoch = step_ % steps_per_epoch_;
+         in_epoch < steps_per_epoch_ && step_ < total_steps_; ++in_epoch) {
+      RunStep(loader);
+      const bool last = step_ == total_steps_;
+      MaybeReport(last);
+      if (spec_.eval_every_steps() > 0 && step_ % spec_.eval_every_steps() == 0 && !last) {
+        last_eval_ = EvaluateAndReport();
+      }
+      const int64_t every = spec_.checkpoint().every_steps();
+      if ((every > 0 && step_ % every == 0) || last) SaveCheckpoint();
+      if (!last) StopIfRequested();
+    }
+  }
+
+  // One optimizer step: the micro-batches (all but the last without gradient sync), the NaN
+  // check, clipping, the scheduled learning rate, the step. Adds its timings to the interval.
+  void RunStep(data::BatchLoader& loader) {
+    const auto step_start = Clock::now();
+    at::manual_seed(StepSeed(spec_.seed(), options_.rank, step_));
+    ddp_->ZeroGrad();
+    double step_loss = 0;
+    StepReport& sums = interval_.sums;
+    at::Tensor x, y;
+    for (int64_t micro = 0; micro < accumulation_; ++micro) {
+      if (!loader.Next(&x, &y)) throw std::logic_error("data loader ended before the epoch");
+      std::optional<ddp::DistributedDataParallel::NoSyncGuard> no_sync;
+      if (micro + 1 < accumulation_) no_sync.emplace(ddp_.get());
+      at::Tensor loss = ddp_->Forward([&] { return Loss(dataset_->shape().task, model_->Forward(x), y); });
+      ddp_->Backward(loss / accumulation_);
+      step_loss += loss.item<double>() / accumulation_;
+      sums.forward_seconds += Seconds(ddp_->last_timings().forward);
+      sums.backward_seconds += Seconds(ddp_->last_timings().backward);
+      sums.allreduce_wait_seconds += Seconds(ddp_->last_timings().allreduce_wait);
+    }
+    if (!std::isfinite(step_loss)) {
+      throw TrainingFailure("loss is " + std::to_string(step_loss) + " at step " +
+                            std::to_string(step_) + " on rank " + std::to_string(options_.rank));
+    }
+    const auto optimizer_start = Clock::now();
+    if (spec_.grad_clip_norm() > 0) {
+      torch::nn::utils::clip_grad_norm_(module_->parameters(), spec_.grad_clip_norm());
+    }
+    const double lr = LearningRateAt(spec_, step_);
+    // Parameters are float32: a larger step size cannot be applied, only diverge.
+    if (!(std::abs(lr) <= std::numeric_limits<float>::max())) {
+      throw TrainingFailure("learning rate " + std::to_string(lr) + " overflows float32 at step " +
+                            std::to_string(step_));
+    }
+    SetLearningRate(*optimizer_, lr);
+    optimizer_->step();
+    const auto step_end = Clock::now();
+    ++step_;
+    last_loss_ = step_loss;
+    sums.optimizer_seconds += Seconds(step_end - optimizer_start);
+    sums.step_seconds += Seconds(step_end - step_start);
+    sums.allreduce_bytes = ddp_->last_reduction().bytes;
+    sums.buckets = ddp_->last_reduction().buckets;
+    sums.learning_rate = lr;
+    interval_.loss += step_loss;
+    ++interval_.steps;
+  }
+
+  // --- report ---
+
+  void MaybeReport(bool last) {
+    if (step_ % spec_.log_every_steps() != 0 && !last) return;
+    // The loss of all ranks, not only rank 0's shard.
+    at::Tensor mean_loss = torch::tensor({interval_.loss / interval_.steps}, at::kDouble);
+    group_->AllReduce(mean_loss, ddp::ReduceOp::kAverage)->Wait();
+    const double elapsed = Seconds(Clock::now() - interval_.start);
+    StepReport r = interval_.sums;
+    for (double* value : {&r.forward_seconds, &r.backward_seconds, &r.allreduce_wait_seconds,
+                          &r.optimizer_seconds, &r.step_seconds}) {
+      *value /= interval_.steps;
+    }
+    r.step = step_;
+    r.epoch = (step_ - 1) / steps_per_epoch_;
+    r.loss = mean_loss.item<double>();
+    r.samples_per_second =
+        elapsed > 0 ? interval_.steps * batch_ * accumulation_ * options_.world_size / elapsed : 0;
+    Emit(r, "progress");
+    if (leader_) {
+      log_ << "gradhub-trainer: step " << step_ << "/" << total_steps_ << " loss " << r.loss
+           << " lr " << r.learning_rate << " " << static_cast<int64_t>(r.samples_per_second)
+           << " samples/s\n";
+    }
+    interval_ = Interval();
+  }
+
+  void Emit(const StepReport& r, const std::string& event) {
+    if (options_.telemetry) options_.telemetry->Report(r);
+    if (!leader_ || options_.progress == nullptr) return;
     JsonLine line;
     line.Add("event", event).Add("step", r.step);
     if (r.eval_metrics.empty()) {
@@ -282,142 +425,141 @@ TrainResult Train(const v1::JobSpec& user_spec, const TrainerOptions& options) {
       line.Add("allreduceBytes", r.allreduce_bytes);
     }
     for (const auto& [name, value] : r.eval_metrics) line.Add("eval." + name, value);
-    *options.progress << line.str() << std::endl;
-  };
-  auto evaluate_and_report = [&](int64_t at_step, StepReport r) {
-    if (split.validation.empty()) return EvalResult{};
-    EvalResult eval = Evaluate(*model, *dataset, split.validation, options, *group, batch);
-    r.step = at_step;
+    *options_.progress << line.str() << std::endl;
+  }
+
+  // --- evaluate ---
+
+  EvalResult EvaluateAndReport() {
+    if (split_.validation.empty()) return EvalResult{};
+    EvalResult eval = Evaluate(*model_, *dataset_, split_.validation, options_, *group_, batch_);
+    StepReport r;
+    r.step = step_;
     r.eval_metrics = eval.metrics;
-    report(r, "eval");
-    if (leader) {
-      log << "gradhub-trainer: step " << at_step << " validation";
-      for (const auto& [name, value] : eval.metrics) log << " " << name << " " << value;
-      log << "\n";
+    Emit(r, "eval");
+    if (leader_) {
+      log_ << "gradhub-trainer: step " << step_ << " validation";
+      for (const auto& [name, value] : eval.metrics) log_ << " " << name << " " << value;
+      log_ << "\n";
     }
     return eval;
-  };
+  }
 
-  // Interval accumulators for the progress line.
-  StepReport interval;
-  double interval_loss = 0;
-  int64_t interval_steps = 0;
-  auto interval_start = Clock::now();
-  double last_loss = 0;
-  EvalResult last_eval;
+  // --- checkpoint ---
 
-  while (step < total_steps) {
-    const int64_t epoch = step / steps_per_epoch;
-    const int64_t first_micro = (step % steps_per_epoch) * accumulation;
-    data::BatchLoader loader(*dataset, sampler.EpochIndices(epoch), batch, drop_last,
-                             spec.dataset().prefetch_batches(), first_micro);
-    at::Tensor x, y;
-    for (int64_t in_epoch = step % steps_per_epoch; in_epoch < steps_per_epoch && step < total_steps;
-         ++in_epoch) {
-      const auto step_start = Clock::now();
-      at::manual_seed(StepSeed(spec.seed(), options.rank, step));
-      ddp.ZeroGrad();
-      double step_loss = 0;
-      StepReport timings;
-      for (int64_t micro = 0; micro < accumulation; ++micro) {
-        if (!loader.Next(&x, &y)) throw std::logic_error("data loader ended before the epoch");
-        auto run = [&] {
-          at::Tensor loss = ddp.Forward([&] { return Loss(dataset->shape().task, model->Forward(x), y); });
-          ddp.Backward(loss / accumulation);
-          step_loss += loss.item<double>() / accumulation;
-          timings.forward_seconds += Seconds(ddp.last_timings().forward);
-          timings.backward_seconds += Seconds(ddp.last_timings().backward);
-          timings.allreduce_wait_seconds += Seconds(ddp.last_timings().allreduce_wait);
-        };
-        if (micro + 1 < accumulation) {
-          auto no_sync = ddp.NoSync();
-          run();
-        } else {
-          run();
-        }
-      }
-      if (!std::isfinite(step_loss)) {
-        throw TrainingFailure("loss is " + std::to_string(step_loss) + " at step " +
-                              std::to_string(step) + " on rank " + std::to_string(options.rank));
-      }
-      const auto optimizer_start = Clock::now();
-      if (spec.grad_clip_norm() > 0) {
-        torch::nn::utils::clip_grad_norm_(module->parameters(), spec.grad_clip_norm());
-      }
-      const double lr = LearningRateAt(spec, step);
-      // Parameters are float32: a larger step size cannot be applied, only diverge.
-      if (!(std::abs(lr) <= std::numeric_limits<float>::max())) {
-        throw TrainingFailure("learning rate " + std::to_string(lr) + " overflows float32 at step " +
-                              std::to_string(step));
-      }
-      SetLearningRate(*optimizer, lr);
-      optimizer->step();
-      const auto step_end = Clock::now();
-      ++step;
-      last_loss = step_loss;
+  // Rank 0 only: the snapshot (the state serialized into host memory) is taken here, the
+  // upload runs on the writer's thread. The loop waits only for a previous upload still
+  // running; that wait and the snapshot are the stall a checkpoint costs.
+  void SaveCheckpoint() {
+    if (!writer_ || last_checkpoint_step_ == step_) return;
+    const auto start = Clock::now();
+    std::string bytes = SerializeState(*module_, *optimizer_, step_, spec_);
+    checkpoint_snapshot_seconds_ += Seconds(Clock::now() - start);
+    checkpoint_bytes_ = static_cast<int64_t>(bytes.size());
+    checkpoint_wait_seconds_ += writer_->Submit({step_, std::move(bytes)});
+    last_checkpoint_step_ = step_;
+    ++checkpoints_saved_;
+  }
 
-      interval.forward_seconds += timings.forward_seconds;
-      interval.backward_seconds += timings.backward_seconds;
-      interval.allreduce_wait_seconds += timings.allreduce_wait_seconds;
-      interval.optimizer_seconds += Seconds(step_end - optimizer_start);
-      interval.step_seconds += Seconds(step_end - step_start);
-      interval.allreduce_bytes = ddp.last_reduction().bytes;
-      interval.buckets = ddp.last_reduction().buckets;
-      interval.learning_rate = lr;
-      interval_loss += step_loss;
-      ++interval_steps;
-
-      const bool last = step == total_steps;
-      if (step % spec.log_every_steps() == 0 || last) {
-        // The loss of all ranks, not only rank 0's shard.
-        at::Tensor mean_loss = torch::tensor({interval_loss / interval_steps}, at::kDouble);
-        group->AllReduce(mean_loss, ddp::ReduceOp::kAverage)->Wait();
-        const double elapsed = Seconds(Clock::now() - interval_start);
-        StepReport r = interval;
-        for (double* value : {&r.forward_seconds, &r.backward_seconds, &r.allreduce_wait_seconds,
-                              &r.optimizer_seconds, &r.step_seconds}) {
-          *value /= interval_steps;
-        }
-        r.step = step;
-        r.epoch = (step - 1) / steps_per_epoch;
-        r.loss = mean_loss.item<double>();
-        r.samples_per_second =
-            elapsed > 0 ? interval_steps * batch * accumulation * options.world_size / elapsed : 0;
-        report(r, "progress");
-        if (leader) {
-          log << "gradhub-trainer: step " << step << "/" << total_steps << " loss " << r.loss
-              << " lr " << lr << " " << static_cast<int64_t>(r.samples_per_second)
-              << " samples/s\n";
-        }
-        interval = StepReport();
-        interval_loss = 0;
-        interval_steps = 0;
-        interval_start = Clock::now();
-      }
-      if (spec.eval_every_steps() > 0 && step % spec.eval_every_steps() == 0 && !last) {
-        last_eval = evaluate_and_report(step, StepReport());
-      }
-      const int64_t every = spec.checkpoint().every_steps();
-      if (options.checkpoints && leader && ((every > 0 && step % every == 0) || last)) {
-        options.checkpoints->Save({step, SaveState(*module, *optimizer, step)});
-      }
+  // Waits for the save in flight; a save that failed or did not end in time throws, so the
+  // attempt ends as an infrastructure failure and restarts from the previous checkpoint.
+  void FlushCheckpoints(std::chrono::milliseconds timeout) {
+    if (!writer_) return;
+    std::optional<SaveOutcome> outcome = writer_->Flush(timeout);
+    if (!outcome) {
+      throw std::runtime_error("checkpoint of step " + std::to_string(writer_->last_submitted_step()) +
+                               " not committed within " + std::to_string(timeout.count()) + " ms");
+    }
+    if (!outcome->error.empty()) {
+      throw std::runtime_error("checkpoint of step " + std::to_string(outcome->step) +
+                               " failed: " + outcome->error);
     }
   }
 
-  last_eval = evaluate_and_report(step, StepReport());
-  result.steps = step;
-  result.final_loss = last_loss;
-  result.eval_metrics = last_eval.metrics;
-  result.parameters_sha256 = ParametersSha256(*module);
-  // Every rank reports its end state, so a launcher can tell the ranks agree.
-  if (options.progress) {
-    JsonLine line;
-    line.Add("event", std::string("done")).Add("rank", int64_t{options.rank}).Add("step", step).Add("loss", last_loss);
-    for (const auto& [name, value] : result.eval_metrics) line.Add("eval." + name, value);
-    line.Add("parametersSha256", result.parameters_sha256);
-    *options.progress << line.str() << std::endl;
+  // --- preempt ---
+
+  void StopIfRequested() {
+    if (options_.stop_requested == nullptr || !options_.stop_requested->load()) return;
+    if (!stop_seen_) stop_seen_ = Clock::now();
+    if (leader_) {
+      SaveCheckpoint();
+      std::string saved = "no checkpoint store";
+      if (writer_) {
+        FlushCheckpoints(options_.preempt_grace);
+        saved = "checkpoint of step " + std::to_string(step_) + " committed";
+      }
+      throw Preempted("stopped after step " + std::to_string(step_) + "; " + saved);
+    }
+    // Others wait for rank 0 to save and leave; their next collective then fails.
+    if (Clock::now() - *stop_seen_ > options_.preempt_grace) {
+      throw Preempted("stopped after step " + std::to_string(step_));
+    }
   }
-  return result;
+
+  // --- finish ---
+
+  TrainResult Finish() {
+    last_eval_ = EvaluateAndReport();
+    FlushCheckpoints(std::chrono::hours(24));
+    TrainResult result;
+    result.steps = step_;
+    result.resumed_from_step = resumed_from_step_;
+    result.final_loss = last_loss_;
+    result.eval_metrics = last_eval_.metrics;
+    result.parameters_sha256 = ParametersSha256(*module_);
+    result.checkpoints_saved = checkpoints_saved_;
+    result.checkpoint_snapshot_seconds = checkpoint_snapshot_seconds_;
+    result.checkpoint_wait_seconds = checkpoint_wait_seconds_;
+    // Every rank reports its end state, so a launcher can tell the ranks agree.
+    if (options_.progress) {
+      JsonLine line;
+      line.Add("event", std::string("done")).Add("rank", int64_t{options_.rank}).Add("step", step_);
+      line.Add("loss", last_loss_).Add("trainSeconds", loop_seconds_);
+      for (const auto& [name, value] : result.eval_metrics) line.Add("eval." + name, value);
+      if (writer_) {
+        line.Add("checkpoints", checkpoints_saved_).Add("checkpointBytes", checkpoint_bytes_);
+        line.Add("checkpointSnapshotSeconds", checkpoint_snapshot_seconds_);
+        line.Add("checkpointWaitSeconds", checkpoint_wait_seconds_);
+      }
+      line.Add("parametersSha256", result.parameters_sha256);
+      *options_.progress << line.str() << std::endl;
+    }
+    return result;
+  }
+
+  const TrainerOptions& options_;
+  std::ostream& log_;
+  const bool leader_;
+  const v1::JobSpec spec_;  // with defaults, world size as launched
+
+  std::unique_ptr<data::Dataset> dataset_;
+  data::Split split_;
+  std::shared_ptr<ddp::ProcessGroup> group_;
+  std::unique_ptr<models::Model> model_;
+  std::shared_ptr<torch::nn::Module> module_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  std::unique_ptr<ddp::DistributedDataParallel> ddp_;
+  std::unique_ptr<data::DistributedSampler> sampler_;
+  std::unique_ptr<AsyncCheckpointWriter> writer_;
+
+  int64_t batch_ = 0, accumulation_ = 0, steps_per_epoch_ = 0, total_steps_ = 0;
+  int64_t step_ = 0;  // optimizer steps done
+  int64_t resumed_from_step_ = -1;
+  int64_t last_checkpoint_step_ = -1;
+  int64_t checkpoints_saved_ = 0;
+  double checkpoint_snapshot_seconds_ = 0, checkpoint_wait_seconds_ = 0;
+  int64_t checkpoint_bytes_ = 0;  // of the last snapshot
+  double loop_seconds_ = 0;  // the steps of this run, checkpoints and evaluations included
+  double last_loss_ = 0;
+  EvalResult last_eval_;
+  Interval interval_;
+  std::optional<Clock::time_point> stop_seen_;
+};
+
+}  // namespace
+
+TrainResult Train(const v1::JobSpec& spec, const TrainerOptions& options) {
+  return TrainingRun(spec, options).Run();
 }
 
 }  // namespace gradhub::trainer

@@ -11,7 +11,8 @@ namespace gradhub::api {
 
 v1::JobEvent::FailureKind FailureKindOfExit(int exit_code, int signal) {
   if (signal == 0 && exit_code == trainer::kExitUserError) return v1::JobEvent::USER;
-  if (signal == 0 && exit_code == trainer::kExitInfrastructure) {
+  if (signal == 0 &&
+      (exit_code == trainer::kExitInfrastructure || exit_code == trainer::kExitPreempted)) {
     return v1::JobEvent::INFRASTRUCTURE;
   }
   return v1::JobEvent::JOB;

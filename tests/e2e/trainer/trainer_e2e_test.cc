@@ -166,6 +166,77 @@ TEST_F(TrainerE2eTest, CorruptCheckpointIsSkipped) {
   EXPECT_NE(again.err.find("resumed from step 100"), std::string::npos) << again.err;
 }
 
+// SIGTERM to both ranks of a world-2 run (a preemption, a drain): rank 0 finishes its step,
+// commits a checkpoint of it and exits with the preempted code; rank 1 follows. The next run
+// resumes from exactly that step and ends with the uninterrupted run's parameters.
+TEST_F(TrainerE2eTest, PreemptedRunSavesItsLastStepAndResumesBitForBit) {
+  const std::string spec = DigitsSpec(dir_.path(), "mlp: {layers: [64, 256, 10], dropout: 0.1}",
+                                      "maxSteps: 1500\ncheckpoint: {everySteps: 1000}\n");
+  auto uninterrupted = RunJob(spec, 2, dir_.path());
+  ASSERT_EQ(uninterrupted[0].exit_code, 0) << uninterrupted[0].err;
+
+  const std::string checkpoints = dir_.path() + "/ckpt";
+  const std::vector<std::string> extra = {"--checkpoint-dir", checkpoints};
+  std::vector<std::unique_ptr<Subprocess>> ranks;
+  for (int rank = 0; rank < 2; ++rank) {
+    ranks.push_back(std::make_unique<Subprocess>(std::vector<std::string>{
+        BinaryPath("gradhub-trainer"), "--spec", spec, "--rank", std::to_string(rank),
+        "--world-size", "2", "--threads", "1", "--store", "file:" + dir_.path() + "/rdzv2",
+        "--checkpoint-dir", checkpoints}));
+  }
+  // Past the first progress lines, before the periodic checkpoint at 1000.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(2);
+  while (ranks[0]->out().find("\"step\":200,") == std::string::npos &&
+         std::chrono::steady_clock::now() < deadline && ranks[0]->running()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  for (auto& rank : ranks) rank->Kill(SIGTERM);
+  EXPECT_EQ(ranks[0]->Wait(), 13) << ranks[0]->err();
+  EXPECT_EQ(ranks[1]->Wait(), 13) << ranks[1]->err();
+  std::smatch match;
+  const std::string err = ranks[0]->err();
+  ASSERT_TRUE(std::regex_search(err, match, std::regex("stopped after step ([0-9]+); checkpoint")))
+      << err;
+  const std::string stopped_at = match[1];
+  EXPECT_LT(std::stoll(stopped_at), 1000) << "should have stopped long before the end";
+
+  auto resumed = RunJob(spec, 2, dir_.path(), extra);
+  ASSERT_EQ(resumed[0].exit_code, 0) << resumed[0].err;
+  EXPECT_NE(resumed[0].err.find("resumed from step " + stopped_at + "\n"), std::string::npos)
+      << resumed[0].err;
+  EXPECT_NE(resumed[1].err.find("resumed from step " + stopped_at + "\n"), std::string::npos)
+      << "rank 1 gets the state from rank 0\n" << resumed[1].err;
+  EXPECT_EQ(DoneField(resumed[0].out, "parametersSha256"),
+            DoneField(uninterrupted[0].out, "parametersSha256"));
+}
+
+// A checkpoint remembers the spec that wrote it: a change that alters the result (the
+// learning rate) is refused as a user error naming the field; a harmless one (training
+// longer, evaluating more often) resumes.
+TEST_F(TrainerE2eTest, ResumeRefusesAChangedSpecButNotAHarmlessChange) {
+  const std::string model = "mlp: {layers: [64, 32, 10]}";
+  const std::string checkpoints = dir_.path() + "/ckpt";
+  auto run = [&](const std::string& spec) {
+    return testing::Run({BinaryPath("gradhub-trainer"), "--spec", spec, "--threads", "1",
+                         "--checkpoint-dir", checkpoints});
+  };
+  ASSERT_EQ(run(DigitsSpec(dir_.path(), model, "maxSteps: 100\n")).exit_code, 0);
+
+  RunResult changed = run(WriteFile(dir_.path() + "/lr.yaml",
+                                    "model: {" + model + "}\n"
+                                    "dataset: {csv: {path: " + std::string(kDigits) +
+                                    ", normalize: standard}, validationFraction: 0.2}\n"
+                                    "optimizer: {sgd: {lr: 0.07, momentum: 0.9}}\n"
+                                    "batchSizePerRank: 32\nmaxSteps: 200\nseed: 1\n"));
+  EXPECT_EQ(changed.exit_code, 10) << changed.err;
+  EXPECT_NE(changed.err.find("spec: changed since the checkpoint"), std::string::npos) << changed.err;
+  EXPECT_NE(changed.err.find("lr"), std::string::npos) << changed.err;
+
+  RunResult longer = run(DigitsSpec(dir_.path(), model, "maxSteps: 200\nevalEverySteps: 40\n"));
+  EXPECT_EQ(longer.exit_code, 0) << longer.err;
+  EXPECT_NE(longer.err.find("resumed from step 100"), std::string::npos) << longer.err;
+}
+
 TEST_F(TrainerE2eTest, ExitCodesTellUserErrorsApart) {
   RunResult bad_spec = testing::Run({BinaryPath("gradhub-trainer"), "--spec",
                                      WriteFile(dir_.path() + "/bad.yaml",

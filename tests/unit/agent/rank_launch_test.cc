@@ -22,6 +22,9 @@ AgentConfig Config(const std::string& work_dir) {
   config.trainer = "/opt/gradhub/bin/gradhub-trainer";
   config.token = "node-secret";
   config.tls_ca_file = "/etc/gradhub/ca.pem";
+  config.name = "node-a";
+  config.checkpoint_server = "10.0.0.2:7071";
+  config.metrics_server = "10.0.0.3:7072";
   return config;
 }
 
@@ -46,7 +49,7 @@ v1::RankAssignment Assignment() {
 }
 
 TEST(RankLaunchTest, DirectoriesAndEnvironmentFollowTheTrainerContract) {
-  const auto launch = PlanRankLaunch(Config("/w"), Assignment());
+  const auto launch = PlanRankLaunch(Config("/w"), "session-1", Assignment());
   ASSERT_TRUE(launch.ok()) << launch.status();
   const std::string id = "0b7c7a4e-1f4e-4d1c-9a57-2f0c1b1d3e55";
   EXPECT_EQ(launch->job_id, id);
@@ -67,6 +70,10 @@ TEST(RankLaunchTest, DirectoriesAndEnvironmentFollowTheTrainerContract) {
       {"GRADHUB_TOKEN", "node-secret"},
       {"GRADHUB_TLS_CA", "/etc/gradhub/ca.pem"},
       {"GRADHUB_CHECKPOINT_DIR", "/w/checkpoints/" + id},
+      {"GRADHUB_CHECKPOINT_SERVER", "10.0.0.2:7071"},
+      {"GRADHUB_METRICS_SERVER", "10.0.0.3:7072"},
+      {"GRADHUB_NODE_NAME", "node-a"},
+      {"GRADHUB_NODE_SESSION", "session-1"},
       {"NCCL_DEBUG", "INFO"},
   };
   EXPECT_EQ(launch->env, want);
@@ -79,7 +86,7 @@ TEST(RankLaunchTest, DevicesAndCheckpointRoot) {
   assignment.add_device_indices(0);
   assignment.add_device_indices(2);
   assignment.clear_store_address();
-  const auto launch = PlanRankLaunch(config, assignment);
+  const auto launch = PlanRankLaunch(config, "session-1", assignment);
   ASSERT_TRUE(launch.ok());
   EXPECT_EQ(launch->env.at("CUDA_VISIBLE_DEVICES"), "0,2");
   EXPECT_EQ(launch->env.at("GRADHUB_CHECKPOINT_DIR"),
@@ -92,18 +99,18 @@ TEST(RankLaunchTest, RefusesJobNamesThatAreNotPathSafe) {
        {"0b7c7a4e", "jobs/", "jobs/..", "jobs/a/../../etc", "jobs/a b", "tenants/x/jobs/y"}) {
     v1::RankAssignment assignment = Assignment();
     assignment.set_job(job);
-    const auto launch = PlanRankLaunch(Config("/w"), assignment);
+    const auto launch = PlanRankLaunch(Config("/w"), "session-1", assignment);
     EXPECT_EQ(launch.status().code(), absl::StatusCode::kInvalidArgument) << job;
   }
   v1::RankAssignment negative = Assignment();
   negative.set_rank(-1);
-  EXPECT_FALSE(PlanRankLaunch(Config("/w"), negative).ok());
+  EXPECT_FALSE(PlanRankLaunch(Config("/w"), "session-1", negative).ok());
 }
 
 TEST(RankLaunchTest, WritesTheSpecAsProto3Json) {
   testing::TempDir dir;
   const v1::RankAssignment assignment = Assignment();
-  const auto launch = PlanRankLaunch(Config(dir.path()), assignment);
+  const auto launch = PlanRankLaunch(Config(dir.path()), "session-1", assignment);
   ASSERT_TRUE(launch.ok());
   ASSERT_TRUE(PrepareRankFiles(*launch, assignment).ok());
   EXPECT_TRUE(std::filesystem::is_directory(launch->dir));

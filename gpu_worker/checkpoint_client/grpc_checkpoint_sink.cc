@@ -1,0 +1,280 @@
+#include "gpu_worker/checkpoint_client/grpc_checkpoint_sink.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include "gradhub/v1/checkpoint.grpc.pb.h"
+#include "services/common/grpc_credentials.h"
+#include "services/common/sha256.h"
+
+namespace gradhub::checkpoint_client {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+constexpr std::chrono::milliseconds kFirstBackoff{100};
+constexpr std::chrono::milliseconds kMaxBackoff{5000};
+// Cached blobs kept per job: the newest is what a restart on this node reads.
+constexpr size_t kCachedBlobs = 2;
+
+bool Retryable(grpc::StatusCode code) {
+  switch (code) {
+    case grpc::StatusCode::UNAVAILABLE:
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+    case grpc::StatusCode::ABORTED:
+    case grpc::StatusCode::INTERNAL:
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+    case grpc::StatusCode::UNKNOWN:
+    case grpc::StatusCode::CANCELLED:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// A failure the caller should not retry through; carries the gRPC status.
+class CallFailed : public std::runtime_error {
+ public:
+  CallFailed(const std::string& what, const grpc::Status& status)
+      : std::runtime_error(what + ": " + status.error_message() + " (code " +
+                           std::to_string(status.error_code()) + ")"),
+        code(status.error_code()) {}
+  grpc::StatusCode code;
+};
+
+class GrpcCheckpointSink final : public trainer::CheckpointSink {
+ public:
+  GrpcCheckpointSink(GrpcCheckpointSinkOptions options,
+                     std::shared_ptr<grpc::ChannelCredentials> credentials)
+      : options_(std::move(options)), log_(options_.log ? *options_.log : std::cerr) {
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(-1);
+    args.SetMaxSendMessageSize(-1);
+    stub_ = v1::CheckpointService::NewStub(
+        grpc::CreateCustomChannel(options_.address, std::move(credentials), args));
+  }
+
+  void Save(const trainer::Checkpoint& checkpoint) override {
+    const std::string sha256 = Sha256Hex(checkpoint.bytes);
+    const auto deadline = Clock::now() + options_.deadline;
+    Retrying("save step " + std::to_string(checkpoint.step), deadline, [&](int try_number) {
+      SaveOnce(checkpoint, sha256, try_number);
+    });
+    Cache(sha256, checkpoint.bytes);
+  }
+
+  std::optional<trainer::Checkpoint> LoadLatest() override {
+    const auto deadline = Clock::now() + options_.deadline;
+    std::optional<trainer::Checkpoint> loaded;
+    Retrying("load the latest checkpoint", deadline, [&](int) { loaded = LoadOnce(); });
+    return loaded;
+  }
+
+ private:
+  // Calls `attempt` until it returns, backing off after retryable failures; a DATA_LOSS or
+  // NOT_FOUND thrown by `attempt` is retried too (the steps above start over).
+  template <typename Fn>
+  void Retrying(const std::string& what, Clock::time_point deadline, Fn&& attempt) {
+    auto backoff = kFirstBackoff;
+    for (int try_number = 0;; ++try_number) {
+      try {
+        attempt(try_number);
+        return;
+      } catch (const CallFailed& failure) {
+        const bool again = Retryable(failure.code) || failure.code == grpc::StatusCode::DATA_LOSS ||
+                           failure.code == grpc::StatusCode::NOT_FOUND;
+        if (!again || Clock::now() + backoff > deadline) {
+          throw std::runtime_error("checkpoint store " + options_.address + ": " + what +
+                                   " failed: " + failure.what());
+        }
+        log_ << "gradhub-trainer: checkpoint store: " << what << ": " << failure.what()
+             << "; retrying in " << backoff.count() << " ms\n";
+      }
+      std::this_thread::sleep_for(backoff);
+      backoff = std::min(backoff * 2, kMaxBackoff);
+    }
+  }
+
+  std::unique_ptr<grpc::ClientContext> Context() const {
+    auto context = std::make_unique<grpc::ClientContext>();
+    context->set_deadline(std::chrono::system_clock::now() + options_.rpc_timeout);
+    if (!options_.token.empty()) context->AddMetadata("authorization", "Bearer " + options_.token);
+    if (!options_.node.empty()) context->AddMetadata("gradhub-node", options_.node);
+    if (!options_.node_session.empty()) {
+      context->AddMetadata("gradhub-node-session", options_.node_session);
+    }
+    return context;
+  }
+
+  // Steps 1-3 of Save. ALREADY_EXISTS at the start means this step is committed already (an
+  // earlier try's commit went through but its answer was lost).
+  void SaveOnce(const trainer::Checkpoint& checkpoint, const std::string& sha256, int try_number) {
+    v1::StartUploadRequest start;
+    start.set_job(options_.job);
+    start.set_attempt(options_.attempt);
+    start.set_step(checkpoint.step);
+    start.set_size_bytes(static_cast<int64_t>(checkpoint.bytes.size()));
+    (*start.mutable_metadata())["format"] = "torch-archive";
+    // Same id on every retry of one save; a new one after DATA_LOSS, which discards the upload.
+    start.set_request_id("a" + std::to_string(options_.attempt) + "-s" +
+                         std::to_string(checkpoint.step) + "-" + sha256.substr(0, 32) + "-" +
+                         std::to_string(restarts_));
+    v1::StartUploadResponse started;
+    grpc::Status status = stub_->StartUpload(Context().get(), start, &started);
+    if (status.error_code() == grpc::StatusCode::ALREADY_EXISTS) return;
+    if (!status.ok()) throw CallFailed("StartUpload", status);
+    const int64_t held = try_number == 0 ? 0 : HeldBytes(started.upload_id());
+    SendFrom(started.upload_id(), checkpoint.bytes, held,
+             std::max<int64_t>(started.chunk_size_bytes(), 64 << 10));
+    v1::CommitCheckpointRequest commit;
+    commit.set_upload_id(started.upload_id());
+    commit.set_sha256(sha256);
+    v1::Checkpoint committed;
+    status = stub_->CommitCheckpoint(Context().get(), commit, &committed);
+    if (status.error_code() == grpc::StatusCode::DATA_LOSS) ++restarts_;
+    if (!status.ok()) throw CallFailed("CommitCheckpoint", status);
+  }
+
+  int64_t HeldBytes(const std::string& upload_id) {
+    v1::UploadChunkRequest probe;
+    probe.set_upload_id(upload_id);
+    v1::UploadChunksResponse response;
+    auto context = Context();
+    auto stream = stub_->UploadChunks(context.get(), &response);
+    stream->Write(probe);
+    stream->WritesDone();
+    grpc::Status status = stream->Finish();
+    if (!status.ok()) throw CallFailed("UploadChunks (probe)", status);
+    return response.received_bytes();
+  }
+
+  void SendFrom(const std::string& upload_id, const std::string& bytes, int64_t offset,
+                int64_t chunk) {
+    v1::UploadChunksResponse response;
+    auto context = Context();
+    auto stream = stub_->UploadChunks(context.get(), &response);
+    v1::UploadChunkRequest request;
+    request.set_upload_id(upload_id);
+    const int64_t size = static_cast<int64_t>(bytes.size());
+    while (offset < size) {
+      const int64_t n = std::min(chunk, size - offset);
+      request.set_offset(offset);
+      request.set_data(bytes.data() + offset, static_cast<size_t>(n));
+      if (!stream->Write(request)) break;  // the stream broke; Finish says why
+      offset += n;
+    }
+    stream->WritesDone();
+    grpc::Status status = stream->Finish();
+    if (!status.ok()) throw CallFailed("UploadChunks", status);
+    if (response.received_bytes() != size) {
+      throw CallFailed("UploadChunks",
+                       grpc::Status(grpc::StatusCode::ABORTED,
+                                    "server holds " + std::to_string(response.received_bytes()) +
+                                        " of " + std::to_string(size) + " bytes"));
+    }
+  }
+
+  std::optional<trainer::Checkpoint> LoadOnce() {
+    v1::GetLatestCheckpointRequest request;
+    request.set_job(options_.job);
+    v1::Checkpoint latest;
+    grpc::Status status = stub_->GetLatestCheckpoint(Context().get(), request, &latest);
+    if (status.error_code() == grpc::StatusCode::NOT_FOUND) return std::nullopt;
+    if (!status.ok()) throw CallFailed("GetLatestCheckpoint", status);
+    if (std::optional<std::string> cached = FromCache(latest.sha256())) {
+      log_ << "gradhub-trainer: checkpoint " << latest.name() << " read from the local cache\n";
+      return trainer::Checkpoint{latest.step(), *std::move(cached)};
+    }
+    std::string bytes = Download(latest);
+    Cache(latest.sha256(), bytes);
+    return trainer::Checkpoint{latest.step(), std::move(bytes)};
+  }
+
+  // Resumes a broken stream at the bytes already received; the whole blob's hash is checked
+  // at the end (the server checks it too, and says DATA_LOSS first if it differs).
+  std::string Download(const v1::Checkpoint& checkpoint) {
+    std::string bytes;
+    bytes.reserve(static_cast<size_t>(checkpoint.size_bytes()));
+    for (int broken = 0;; ++broken) {
+      v1::DownloadCheckpointRequest request;
+      request.set_name(checkpoint.name());
+      request.set_offset(static_cast<int64_t>(bytes.size()));
+      auto context = Context();
+      auto stream = stub_->DownloadCheckpoint(context.get(), request);
+      v1::DownloadCheckpointResponse chunk;
+      while (stream->Read(&chunk)) {
+        if (chunk.offset() != static_cast<int64_t>(bytes.size())) {
+          throw std::runtime_error("checkpoint store sent offset " + std::to_string(chunk.offset()) +
+                                   ", expected " + std::to_string(bytes.size()));
+        }
+        bytes += chunk.data();
+      }
+      grpc::Status status = stream->Finish();
+      if (status.ok()) break;
+      if (!Retryable(status.error_code()) || broken >= 3) throw CallFailed("DownloadCheckpoint", status);
+      log_ << "gradhub-trainer: download of " << checkpoint.name() << " broke at "
+           << bytes.size() << " bytes: " << status.error_message() << "; resuming\n";
+    }
+    if (Sha256Hex(bytes) != checkpoint.sha256()) {
+      throw CallFailed("DownloadCheckpoint",
+                       grpc::Status(grpc::StatusCode::DATA_LOSS,
+                                    checkpoint.name() + " does not match its sha256"));
+    }
+    return bytes;
+  }
+
+  std::optional<std::string> FromCache(const std::string& sha256) const {
+    if (options_.cache_dir.empty() || sha256.empty()) return std::nullopt;
+    std::ifstream in(fs::path(options_.cache_dir) / (sha256 + ".ckpt"), std::ios::binary);
+    if (!in) return std::nullopt;
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (Sha256Hex(bytes) != sha256) return std::nullopt;
+    return bytes;
+  }
+
+  // Best effort: the store is the source of truth, the cache only saves a download.
+  void Cache(const std::string& sha256, const std::string& bytes) const {
+    if (options_.cache_dir.empty()) return;
+    std::error_code error;
+    fs::create_directories(options_.cache_dir, error);
+    const fs::path path = fs::path(options_.cache_dir) / (sha256 + ".ckpt");
+    const fs::path temp = path.string() + ".tmp";
+    {
+      std::ofstream out(temp, std::ios::binary | std::ios::trunc);
+      out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+      if (!out) return;
+    }
+    fs::rename(temp, path, error);
+    std::vector<fs::directory_entry> cached;
+    for (const auto& entry : fs::directory_iterator(options_.cache_dir, error)) {
+      if (entry.path().extension() == ".ckpt") cached.push_back(entry);
+    }
+    std::sort(cached.begin(), cached.end(), [](const auto& a, const auto& b) {
+      return a.last_write_time() > b.last_write_time();
+    });
+    for (size_t i = kCachedBlobs; i < cached.size(); ++i) fs::remove(cached[i].path(), error);
+  }
+
+  const GrpcCheckpointSinkOptions options_;
+  std::ostream& log_;
+  std::unique_ptr<v1::CheckpointService::Stub> stub_;
+  int restarts_ = 0;  // DATA_LOSS restarts, part of the request id
+};
+
+}  // namespace
+
+std::shared_ptr<trainer::CheckpointSink> MakeGrpcCheckpointSink(GrpcCheckpointSinkOptions options) {
+  auto credentials = ClientCredentials(options.tls_ca_file);
+  if (!credentials.ok()) throw std::runtime_error(std::string(credentials.status().message()));
+  return std::make_shared<GrpcCheckpointSink>(std::move(options), *std::move(credentials));
+}
+
+}  // namespace gradhub::checkpoint_client

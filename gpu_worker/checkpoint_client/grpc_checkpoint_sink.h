@@ -1,0 +1,58 @@
+// The trainer's CheckpointSink over gradhub-checkpoint (proto/gradhub/v1/checkpoint.proto), so
+// that a restarted attempt resumes on any node, not only where the last one ran. gRPC only, no
+// torch: the trainer hands it to the training loop as a plain CheckpointSink.
+//
+// Save (synchronous; AsyncCheckpointWriter runs it off the training loop):
+//   1. Hash the bytes; StartUpload with a request id made of attempt, step and hash, so a
+//      retried start finds the same upload.
+//   2. Ask how many bytes the server holds (an UploadChunks stream with one empty chunk) and
+//      stream the rest in the chunk size the server announced. A broken stream goes back to
+//      step 2 after a backoff, so only the missing tail is sent again.
+//   3. CommitCheckpoint with the hash. DATA_LOSS (the server's bytes differ) starts over at
+//      step 1 under a new request id; NOT_FOUND (the upload expired) likewise.
+//   Retryable failures (UNAVAILABLE, DEADLINE_EXCEEDED, ABORTED, INTERNAL, RESOURCE_EXHAUSTED)
+//   back off exponentially until save_deadline. Anything else (FAILED_PRECONDITION: this
+//   attempt is no longer the job's current one; PERMISSION_DENIED) throws at once.
+//
+// LoadLatest:
+//   1. GetLatestCheckpoint; NOT_FOUND means start from step 0.
+//   2. A cached copy (cache_dir/<sha256>.ckpt) whose bytes still hash right is used as is.
+//   3. Otherwise download, resuming at the received offset after a broken stream, and check
+//      the hash. DATA_LOSS from the server means it found the blob corrupt and marked it BAD:
+//      back to step 1, which now names the previous good checkpoint.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <iosfwd>
+#include <memory>
+#include <string>
+
+#include "gpu_worker/trainer/sinks.h"
+
+namespace gradhub::checkpoint_client {
+
+struct GrpcCheckpointSinkOptions {
+  std::string address;  // host:port of gradhub-checkpoint
+  std::string token;    // the node token, sent as a bearer token
+  std::string tls_ca_file;  // PEM certificates to trust; empty = plaintext
+  // Sent as `gradhub-node` / `gradhub-node-session`: the server lets a node write only the
+  // jobs placed on it. Empty when the trainer runs by hand (then the token must be the admin's).
+  std::string node;
+  std::string node_session;
+  std::string job;  // "jobs/<id>"
+  int32_t attempt = 1;
+  // Blobs this node uploaded or downloaded, by hash: a restart on the same node skips the
+  // download. Empty = no cache.
+  std::string cache_dir;
+  // One Save or LoadLatest retries for at most this long, then throws.
+  std::chrono::milliseconds deadline = std::chrono::minutes(10);
+  std::chrono::milliseconds rpc_timeout = std::chrono::seconds(60);
+  std::ostream* log = nullptr;  // retries and fallbacks; null = std::cerr
+};
+
+// Thread-compatible: one caller at a time (AsyncCheckpointWriter's thread for Save, the
+// training thread for LoadLatest before training starts). Throws std::runtime_error.
+std::shared_ptr<trainer::CheckpointSink> MakeGrpcCheckpointSink(GrpcCheckpointSinkOptions options);
+
+}  // namespace gradhub::checkpoint_client

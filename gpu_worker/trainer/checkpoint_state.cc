@@ -1,0 +1,100 @@
+#include "gpu_worker/trainer/checkpoint_state.h"
+
+#include <google/protobuf/util/message_differencer.h>
+#include <torch/torch.h>
+
+#include <sstream>
+
+#include "gpu_worker/common/user_error.h"
+
+namespace gradhub::trainer {
+namespace {
+
+// Archive keys. "spec" was added with the checkpoint store; older checkpoints lack it.
+constexpr char kModel[] = "model";
+constexpr char kOptimizer[] = "optimizer";
+constexpr char kStep[] = "step";
+constexpr char kSpec[] = "spec";
+
+// Field paths (proto names) that differ, e.g. "optimizer.sgd.lr, seed".
+std::string ChangedFields(const v1::JobSpec& saved, const v1::JobSpec& now) {
+  std::string report;
+  {
+    google::protobuf::util::MessageDifferencer differ;
+    google::protobuf::io::StringOutputStream out(&report);
+    google::protobuf::util::MessageDifferencer::StreamReporter reporter(&out);
+    differ.ReportDifferencesTo(&reporter);
+    differ.Compare(saved, now);
+  }
+  // The reporter writes one "modified: a.b: x -> y" line per field; keep it short.
+  if (report.size() > 600) report = report.substr(0, 600) + "...";
+  while (!report.empty() && report.back() == '\n') report.pop_back();
+  for (char& c : report) {
+    if (c == '\n') c = ';';
+  }
+  return report;
+}
+
+}  // namespace
+
+v1::JobSpec ResumeRelevantSpec(const v1::JobSpec& spec) {
+  v1::JobSpec relevant = spec;
+  if (relevant.lr_schedule().has_cosine() && relevant.lr_schedule().cosine().period_steps() <= 0) {
+    relevant.mutable_lr_schedule()->mutable_cosine()->set_period_steps(relevant.max_steps());
+  }
+  relevant.clear_display_name();
+  relevant.clear_labels();
+  relevant.clear_max_steps();
+  relevant.clear_max_epochs();
+  relevant.clear_eval_every_steps();
+  relevant.clear_log_every_steps();
+  relevant.clear_checkpoint();
+  relevant.clear_max_restarts();
+  relevant.clear_hang_timeout_seconds();
+  relevant.clear_priority();
+  relevant.clear_node_selector();
+  relevant.mutable_distributed()->clear_ranks_per_node();
+  relevant.mutable_dataset()->clear_prefetch_batches();
+  return relevant;
+}
+
+std::string SerializeState(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
+                           int64_t step, const v1::JobSpec& spec) {
+  torch::serialize::OutputArchive archive, model_archive, optimizer_archive;
+  module.save(model_archive);
+  optimizer.save(optimizer_archive);
+  archive.write(kModel, model_archive);
+  archive.write(kOptimizer, optimizer_archive);
+  archive.write(kStep, torch::tensor(step));
+  archive.write(kSpec, c10::IValue(ResumeRelevantSpec(spec).SerializeAsString()));
+  std::ostringstream out;
+  archive.save_to(out);
+  return out.str();
+}
+
+int64_t RestoreState(const std::string& bytes, torch::nn::Module& module,
+                     torch::optim::Optimizer& optimizer, const v1::JobSpec& spec) {
+  torch::serialize::InputArchive archive, model_archive, optimizer_archive;
+  std::istringstream in(bytes);
+  archive.load_from(in);
+  c10::IValue saved_spec;
+  if (archive.try_read(kSpec, saved_spec)) {
+    v1::JobSpec saved;
+    const v1::JobSpec now = ResumeRelevantSpec(spec);
+    if (!saved.ParseFromString(saved_spec.toStringRef()) ||
+        !google::protobuf::util::MessageDifferencer::Equals(saved, now)) {
+      throw UserError("spec", "changed since the checkpoint was written, in fields that decide "
+                              "the result (" + ChangedFields(saved, now) +
+                              "); submit it as a new job, or change only harmless fields");
+    }
+  }
+  archive.read(kModel, model_archive);
+  archive.read(kOptimizer, optimizer_archive);
+  module.load(model_archive);
+  optimizer.load(optimizer_archive);
+  at::Tensor step;
+  archive.read(kStep, step);
+  return step.item<int64_t>();
+}
+
+}  // namespace gradhub::trainer
