@@ -12,7 +12,7 @@ PACKAGES := \
   libpq-dev postgresql postgresql-contrib \
   libtorch-dev libopenblas0-pthread libgloo-dev \
   prometheus-cpp-dev libcpp-httplib-dev libssl-dev openssl libyaml-cpp-dev nlohmann-json3-dev zlib1g-dev \
-  libgtest-dev libgmock-dev googletest \
+  libgtest-dev libgmock-dev googletest prometheus \
   python3-torch python3-sklearn clang-format
 
 .PHONY: setup build demo test bench fmt clean

@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # The whole platform as plain local processes, the same topology docker-compose runs: a
-# PostgreSQL in a temporary directory, gradhub-api (job API, scheduler, rendezvous store), two
-# node agents with 2 CPU slots each, and a world-size-4 job on the digits dataset (Debian's
-# python3-sklearn) submitted and watched with the gradhub CLI. Everything stops on exit.
+# PostgreSQL in a temporary directory, gradhub-api (job API, scheduler, rendezvous store),
+# gradhub-checkpoint (the checkpoint store), gradhub-metrics (training telemetry for
+# Prometheus), two node agents with 2 CPU slots each and no shared disk (each keeps only a
+# cache of checkpoints), and a world-size-4 job on the digits
+# dataset (Debian's python3-sklearn) submitted and watched with the gradhub CLI. Everything
+# stops on exit.
 # Usage: deploy/local/cluster.sh [BUILD_DIR] [-- COMMAND...]
 # With a COMMAND, runs it against the cluster instead of the digits job (GRADHUB_SERVER,
-# GRADHUB_TOKEN and GRADHUB_BIN are set for it); the benchmarks use that.
+# GRADHUB_CHECKPOINT_SERVER, GRADHUB_TOKEN and GRADHUB_BIN are set for it); the benchmarks
+# use that.
 set -euo pipefail
 build_dir="$(realpath "${1:-build}")"
 shift || true
@@ -21,13 +25,13 @@ pids=()
 cleanup() {
   for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
   wait 2>/dev/null || true
-  "$pg_bin/pg_ctl" -D "$work/pg" -m immediate stop >/dev/null 2>&1 || true
+  "${as_pg[@]}" "$pg_bin/pg_ctl" -D "$work/pg" -m immediate stop >/dev/null 2>&1 || true
   rm -rf "$work"
 }
+# PostgreSQL refuses to run as root; use the nobody account for it then (stopping too).
+as_pg=()
 trap cleanup EXIT
 
-# PostgreSQL refuses to run as root; use the nobody account for it then.
-as_pg=()
 if [ "$(id -u)" = 0 ]; then chown nobody "$work"; as_pg=(runuser -u nobody --); fi
 pg_port=$((20000 + RANDOM % 20000))
 "${as_pg[@]}" "$pg_bin/initdb" -D "$work/pg" -U gradhub -A trust >/dev/null
@@ -39,17 +43,33 @@ export GRADHUB_DATABASE_URL="postgresql://gradhub@127.0.0.1:$pg_port/postgres"
 "$bin/gradhub-api" --grpc-address 127.0.0.1:0 --http-host 127.0.0.1 --http-port 0 serve \
   > "$work/api.out" 2> "$work/api.err" &
 pids+=($!)
-for _ in $(seq 100); do grep -q "serving gRPC" "$work/api.out" && break; sleep 0.1; done
-grpc_port="$(sed -n 's/.*serving gRPC on port \([0-9]*\).*/\1/p' "$work/api.out")"
-http_port="$(sed -n 's/.*serving REST on port \([0-9]*\).*/\1/p' "$work/api.out")"
-export GRADHUB_SERVER="127.0.0.1:$grpc_port"
+"$bin/gradhub-checkpoint" --grpc-port 0 --http-port 0 --data-dir "$work/checkpoint-store" \
+  > "$work/checkpoint.out" 2> "$work/checkpoint.err" &
+pids+=($!)
+"$bin/gradhub-metrics" --grpc-port 0 --http-port 0 > "$work/metrics.out" 2> "$work/metrics.err" &
+pids+=($!)
+# Waits for a service's "serving gRPC on port N" and "serving REST|HTTP on port N" lines.
+port_of() {  # FILE KIND
+  for _ in $(seq 100); do grep -q "serving $2 on port" "$1" && break; sleep 0.1; done
+  sed -n "s/.*serving $2 on port \([0-9]*\).*/\1/p" "$1"
+}
+export GRADHUB_SERVER="127.0.0.1:$(port_of "$work/api.out" gRPC)"
+http_port="$(port_of "$work/api.out" REST)"
+export GRADHUB_CHECKPOINT_SERVER="127.0.0.1:$(port_of "$work/checkpoint.out" gRPC)"
+checkpoint_http="$(port_of "$work/checkpoint.out" REST)"
+metrics_grpc="127.0.0.1:$(port_of "$work/metrics.out" gRPC)"
+metrics_http="$(port_of "$work/metrics.out" HTTP)"
 export GRADHUB_TOKEN="$("$bin/gradhub-api" create-tenant demo)"
 node_token="$("$bin/gradhub-api" create-node-token)"
 echo "gradhub-api: gRPC $GRADHUB_SERVER, REST http://127.0.0.1:$http_port"
+echo "gradhub-checkpoint: gRPC $GRADHUB_CHECKPOINT_SERVER, REST http://127.0.0.1:$checkpoint_http"
+echo "gradhub-metrics: training telemetry at http://127.0.0.1:$metrics_http/metrics" \
+  "(Prometheus: deploy/prometheus.yml; dashboards: dashboard/)"
 
 for node in node-a node-b; do
   "$bin/gradhub-agent" --server "$GRADHUB_SERVER" --token "$node_token" --name "$node" \
-    --slots 2 --work-dir "$work/$node" --checkpoint-root "$work/checkpoints" \
+    --slots 2 --work-dir "$work/$node" --checkpoint-server "$GRADHUB_CHECKPOINT_SERVER" \
+    --metrics-server "$metrics_grpc" \
     > "$work/$node.out" 2> "$work/$node.err" &
   pids+=($!)
 done
@@ -80,6 +100,10 @@ echo "submitted $job"
 status=0
 "$bin/gradhub" watch "$job" || status=$?
 "$bin/gradhub" describe "$job" | tail -n 12
+echo "training history (also: curl http://127.0.0.1:$metrics_http/metrics | grep gradhub_):"
+"$bin/gradhub" metrics "$job" --max-points 12
+echo "checkpoints in the store:"
+"$bin/gradhub" checkpoints list "$job"
 echo "validation of rank 0:"
 "$bin/gradhub" logs "$job" --rank 0 | grep -E 'validation|"event":"done"' | tail -n 3
 exit "$status"

@@ -16,6 +16,7 @@
 #include "gpu_worker/trainer/exit_codes.h"
 #include "gpu_worker/trainer/job_spec.h"
 #include "gpu_worker/trainer/local_checkpoint_sink.h"
+#include "gpu_worker/trainer/metrics_telemetry_sink.h"
 #include "gpu_worker/trainer/trainer.h"
 #include "services/common/abseil_mode.h"
 #include "services/common/flags.h"
@@ -37,6 +38,7 @@ struct TrainerConfig {
   int64_t attempt = 1;
   std::string checkpoint_dir;
   std::string checkpoint_server;
+  std::string metrics_server;
   std::string node;
   std::string node_session;
   int64_t threads = 0;
@@ -65,6 +67,9 @@ struct TrainerConfig {
         .String("checkpoint-server", "GRADHUB_CHECKPOINT_SERVER", &checkpoint_server,
                 "host:port of gradhub-checkpoint; rank 0 saves there and resumes from the "
                 "job's latest committed checkpoint. Empty = --checkpoint-dir only")
+        .String("metrics-server", "GRADHUB_METRICS_SERVER", &metrics_server,
+                "host:port of gradhub-metrics; every rank sends each step's telemetry there "
+                "(queued, never waited for). Empty = none")
         .String("node", "GRADHUB_NODE_NAME", &node,
                 "This node's name, sent to the checkpoint store (set by the agent)")
         .String("node-session", "GRADHUB_NODE_SESSION", &node_session,
@@ -114,6 +119,19 @@ std::shared_ptr<trainer::CheckpointSink> OpenCheckpoints(const TrainerConfig& co
         config.checkpoint_dir, WithDefaults(spec).checkpoint().keep_last());
   }
   return nullptr;
+}
+
+std::shared_ptr<trainer::TelemetrySink> OpenTelemetry(const TrainerConfig& config) {
+  if (config.metrics_server.empty()) return nullptr;
+  telemetry_client::TelemetryReporterOptions options;
+  options.address = config.metrics_server;
+  options.token = config.token;
+  options.tls_ca_file = config.tls_ca_file;
+  options.job = "jobs/" + config.job_id;
+  options.attempt = static_cast<int32_t>(config.attempt);
+  options.rank = static_cast<int32_t>(config.rank);
+  options.node = config.node.empty() ? "" : "nodes/" + config.node;
+  return std::make_shared<trainer::MetricsTelemetrySink>(options);
 }
 
 std::shared_ptr<ddp::Store> OpenStore(const TrainerConfig& config) {
@@ -174,6 +192,7 @@ int main(int argc, char** argv) {
     options.threads = static_cast<int>(config.threads);
     options.collective_timeout = absl::ToChronoMilliseconds(config.collective_timeout);
     options.checkpoints = OpenCheckpoints(config, spec);
+    options.telemetry = OpenTelemetry(config);
     options.stop_requested = &g_stop_requested;
     options.preempt_grace = absl::ToChronoMilliseconds(config.preempt_grace);
     options.progress = &std::cout;

@@ -9,20 +9,29 @@
 
 namespace gradhub::trainer {
 
-// One reporting interval of rank 0 (or any rank) for telemetry.
+// One optimizer step of one rank (telemetry), or the average over a progress interval
+// (rank 0's progress lines, where loss and samples_per_second are the whole job's).
 struct StepReport {
-  int64_t step = 0;
+  int64_t step = 0;  // steps done, so the first step is 1
   int64_t epoch = 0;
   double loss = 0;
   double learning_rate = 0;
-  double samples_per_second = 0;  // global, all ranks
+  int64_t samples = 0;            // this rank's, all micro-batches
+  double samples_per_second = 0;
   double forward_seconds = 0, backward_seconds = 0, allreduce_wait_seconds = 0,
-         optimizer_seconds = 0, step_seconds = 0;  // per step, averaged over the interval
-  int64_t allreduce_bytes = 0;                     // per step
+         optimizer_seconds = 0, step_seconds = 0;
+  int64_t allreduce_bytes = 0;
+  // Sum over buckets of each allreduce's run time (overlaps backward).
+  double allreduce_seconds = 0;
   int buckets = 0;
-  std::map<std::string, double> eval_metrics;      // set on evaluation steps
+  int world_size = 1;
+  // The training time a checkpoint of this step cost (snapshot and wait); 0 when none.
+  double checkpoint_save_seconds = 0;
+  std::map<std::string, double> eval_metrics;  // set on evaluation steps
 };
 
+// Where per-step telemetry goes. Report is called once per step on every rank, from the
+// training thread: it must not block (queue and return).
 class TelemetrySink {
  public:
   virtual ~TelemetrySink() = default;

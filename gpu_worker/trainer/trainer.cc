@@ -332,7 +332,9 @@ class TrainingRun {
       }
       const int64_t every = spec_.checkpoint().every_steps();
       if ((every > 0 && step_ % every == 0) || last) SaveCheckpoint();
-      if (!last) StopIfRequested();
+      if (last) break;  // Finish() sends the last step with the final evaluation
+      SendStepTelemetry();
+      StopIfRequested();
     }
   }
 
@@ -343,7 +345,7 @@ class TrainingRun {
     at::manual_seed(StepSeed(spec_.seed(), options_.rank, step_));
     ddp_->ZeroGrad();
     double step_loss = 0;
-    StepReport& sums = interval_.sums;
+    StepReport phases;  // this step's, summed over micro-batches
     at::Tensor x, y;
     for (int64_t micro = 0; micro < accumulation_; ++micro) {
       if (!loader.Next(&x, &y)) throw std::logic_error("data loader ended before the epoch");
@@ -352,9 +354,9 @@ class TrainingRun {
       at::Tensor loss = ddp_->Forward([&] { return Loss(dataset_->shape().task, model_->Forward(x), y); });
       ddp_->Backward(loss / accumulation_);
       step_loss += loss.item<double>() / accumulation_;
-      sums.forward_seconds += Seconds(ddp_->last_timings().forward);
-      sums.backward_seconds += Seconds(ddp_->last_timings().backward);
-      sums.allreduce_wait_seconds += Seconds(ddp_->last_timings().allreduce_wait);
+      phases.forward_seconds += Seconds(ddp_->last_timings().forward);
+      phases.backward_seconds += Seconds(ddp_->last_timings().backward);
+      phases.allreduce_wait_seconds += Seconds(ddp_->last_timings().allreduce_wait);
     }
     if (!std::isfinite(step_loss)) {
       throw TrainingFailure("loss is " + std::to_string(step_loss) + " at step " +
@@ -375,13 +377,47 @@ class TrainingRun {
     const auto step_end = Clock::now();
     ++step_;
     last_loss_ = step_loss;
-    sums.optimizer_seconds += Seconds(step_end - optimizer_start);
-    sums.step_seconds += Seconds(step_end - step_start);
+    phases.optimizer_seconds = Seconds(step_end - optimizer_start);
+    phases.step_seconds = Seconds(step_end - step_start);
+    phases.learning_rate = lr;
+    phases.loss = step_loss;
+    AddToInterval(phases);
+    if (options_.telemetry) StartStepTelemetry(phases);
+  }
+
+  void AddToInterval(const StepReport& step) {
+    StepReport& sums = interval_.sums;
+    sums.forward_seconds += step.forward_seconds;
+    sums.backward_seconds += step.backward_seconds;
+    sums.allreduce_wait_seconds += step.allreduce_wait_seconds;
+    sums.optimizer_seconds += step.optimizer_seconds;
+    sums.step_seconds += step.step_seconds;
     sums.allreduce_bytes = ddp_->last_reduction().bytes;
     sums.buckets = ddp_->last_reduction().buckets;
-    sums.learning_rate = lr;
-    interval_.loss += step_loss;
+    sums.learning_rate = step.learning_rate;
+    interval_.loss += step.loss;
     ++interval_.steps;
+  }
+
+  // --- telemetry ---
+
+  // This rank's record of the step just done. Sent at the end of the step's iteration, once
+  // an evaluation and a checkpoint of the step have added theirs.
+  void StartStepTelemetry(const StepReport& phases) {
+    StepReport& r = step_telemetry_;
+    r = phases;
+    r.step = step_;
+    r.epoch = (step_ - 1) / steps_per_epoch_;
+    r.samples = batch_ * accumulation_;
+    r.samples_per_second = r.step_seconds > 0 ? r.samples / r.step_seconds : 0;
+    r.allreduce_bytes = ddp_->last_reduction().bytes;
+    r.allreduce_seconds = Seconds(ddp_->last_reduction().allreduce);
+    r.buckets = ddp_->last_reduction().buckets;
+    r.world_size = options_.world_size;
+  }
+
+  void SendStepTelemetry() {
+    if (options_.telemetry) options_.telemetry->Report(step_telemetry_);
   }
 
   // --- report ---
@@ -412,10 +448,9 @@ class TrainingRun {
   }
 
   void Emit(const StepReport& r, const std::string& event) {
-    if (options_.telemetry) options_.telemetry->Report(r);
     if (!leader_ || options_.progress == nullptr) return;
     JsonLine line;
-    line.Add("event", event).Add("step", r.step);
+    line.Add("event", event).Add("step", r.step).Add("totalSteps", total_steps_);
     if (r.eval_metrics.empty()) {
       line.Add("epoch", r.epoch).Add("loss", r.loss);
       line.Add("lr", r.learning_rate).Add("samplesPerSecond", r.samples_per_second);
@@ -433,6 +468,7 @@ class TrainingRun {
   EvalResult EvaluateAndReport() {
     if (split_.validation.empty()) return EvalResult{};
     EvalResult eval = Evaluate(*model_, *dataset_, split_.validation, options_, *group_, batch_);
+    step_telemetry_.eval_metrics = eval.metrics;
     StepReport r;
     r.step = step_;
     r.eval_metrics = eval.metrics;
@@ -456,7 +492,9 @@ class TrainingRun {
     std::string bytes = SerializeState(*module_, *optimizer_, step_, spec_);
     checkpoint_snapshot_seconds_ += Seconds(Clock::now() - start);
     checkpoint_bytes_ = static_cast<int64_t>(bytes.size());
-    checkpoint_wait_seconds_ += writer_->Submit({step_, std::move(bytes)});
+    const double waited = writer_->Submit({step_, std::move(bytes)});
+    checkpoint_wait_seconds_ += waited;
+    step_telemetry_.checkpoint_save_seconds = Seconds(Clock::now() - start);
     last_checkpoint_step_ = step_;
     ++checkpoints_saved_;
   }
@@ -485,8 +523,12 @@ class TrainingRun {
       SaveCheckpoint();
       std::string saved = "no checkpoint store";
       if (writer_) {
-        FlushCheckpoints(options_.preempt_grace);
-        saved = "checkpoint of step " + std::to_string(step_) + " committed";
+        try {
+          FlushCheckpoints(options_.preempt_grace);
+          saved = "checkpoint of step " + std::to_string(step_) + " committed";
+        } catch (const std::runtime_error& error) {  // e.g. refused: the job was cancelled
+          saved = std::string("no checkpoint: ") + error.what();
+        }
       }
       throw Preempted("stopped after step " + std::to_string(step_) + "; " + saved);
     }
@@ -500,6 +542,7 @@ class TrainingRun {
 
   TrainResult Finish() {
     last_eval_ = EvaluateAndReport();
+    if (resumed_from_step_ != step_) SendStepTelemetry();
     FlushCheckpoints(std::chrono::hours(24));
     TrainResult result;
     result.steps = step_;
@@ -514,6 +557,7 @@ class TrainingRun {
     if (options_.progress) {
       JsonLine line;
       line.Add("event", std::string("done")).Add("rank", int64_t{options_.rank}).Add("step", step_);
+      line.Add("totalSteps", total_steps_);
       line.Add("loss", last_loss_).Add("trainSeconds", loop_seconds_);
       for (const auto& [name, value] : result.eval_metrics) line.Add("eval." + name, value);
       if (writer_) {
@@ -553,6 +597,7 @@ class TrainingRun {
   double last_loss_ = 0;
   EvalResult last_eval_;
   Interval interval_;
+  StepReport step_telemetry_;  // of the step in progress of being reported
   std::optional<Clock::time_point> stop_seen_;
 };
 

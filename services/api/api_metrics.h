@@ -1,7 +1,17 @@
 // What gradhub-api exposes at /metrics (Prometheus text format): requests by transport, method
-// and status code, their latency, and jobs by state. Counters and histograms live in a
-// prometheus-cpp registry fed by the gRPC interceptor and the REST gateway; jobs by state are
-// counted in PostgreSQL at scrape time, so every replica of the api reports the same truth.
+// and status code, their latency, the scheduling latency, and the state of the cluster.
+// Counters and histograms of what this process did live in a prometheus-cpp registry fed by
+// the gRPC interceptor, the REST gateway and the scheduler. The cluster's state is read from
+// PostgreSQL at scrape time, so every replica of the api reports the same truth, and a restart
+// of the api loses nothing:
+//   gradhub_jobs{state}                      jobs in each state
+//   gradhub_job_restarts_total{reason}       restarts spent, reason = infrastructure | job (the
+//                                            budget of JobSpec.max_restarts each one used)
+//   gradhub_nodes{state}                     nodes in each state (READY, CORDONED, ...)
+//   gradhub_slots{state}                     slots: used (a live rank holds it), free (on READY
+//                                            nodes), unavailable (idle on CORDONED or DRAINING
+//                                            nodes); LOST nodes' slots are not counted
+//   gradhub_api_database_up                  1 when the scrape could read all of the above
 #pragma once
 
 #include <memory>
@@ -33,6 +43,10 @@ class ApiMetrics {
   void RecordRequest(std::string_view transport, std::string_view method, absl::StatusCode code,
                      absl::Duration latency);
 
+  // An attempt of a job had all its ranks running `latency` after the job entered the queue
+  // (submitted, or restarting): gradhub_scheduling_latency_seconds.
+  void ObserveSchedulingLatency(absl::Duration latency);
+
   // The text exposition format, version 0.0.4.
   std::string Scrape() const;
 
@@ -41,6 +55,7 @@ class ApiMetrics {
   std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Family<prometheus::Counter>* requests_;
   prometheus::Family<prometheus::Histogram>* latency_;
+  prometheus::Histogram* scheduling_latency_;
 };
 
 }  // namespace gradhub::api

@@ -9,6 +9,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "services/api/job_metrics.h"
 #include "services/api/job_records.h"
 #include "services/common/status_macros.h"
 
@@ -20,6 +21,10 @@ using google::protobuf::util::TimeUtil;
 
 constexpr size_t kMaxRequestIdLength = 64;
 constexpr size_t kMaxCancelReasonLength = 1024;
+// GetJobMetricsRequest.max_points: 0 = the default; more than the maximum is refused, not
+// capped, as jobs.proto says "at most".
+constexpr int32_t kDefaultMetricPoints = 500;
+constexpr int32_t kMaxMetricPoints = 10000;
 
 }  // namespace
 
@@ -267,6 +272,24 @@ absl::StatusOr<JobManager::LogPage> JobManager::ReadLogs(
           line.set_text(row.Get<std::string>("line"));
         }
         return page;
+      },
+      {.read_only = true});
+}
+
+absl::StatusOr<v1::JobMetrics> JobManager::GetJobMetrics(
+    int64_t tenant_id, const v1::GetJobMetricsRequest& request) {
+  if (request.max_points() < 0 || request.max_points() > kMaxMetricPoints) {
+    return absl::InvalidArgumentError(absl::StrCat("max_points: ", request.max_points(),
+                                                   " is not between 0 (the default, ",
+                                                   kDefaultMetricPoints, ") and ",
+                                                   kMaxMetricPoints));
+  }
+  const int32_t max_points =
+      request.max_points() == 0 ? kDefaultMetricPoints : request.max_points();
+  return pool_->Transact(
+      [&](db::Transaction& tx) -> absl::StatusOr<v1::JobMetrics> {
+        GRADHUB_ASSIGN_OR_RETURN(const v1::Job job, ReadJob(tx, request.name(), tenant_id, false));
+        return ReadJobMetrics(tx, job, static_cast<size_t>(max_points));
       },
       {.read_only = true});
 }

@@ -70,6 +70,11 @@ class JobManager {
                                    int32_t rank, const std::map<int32_t, int64_t>& after_seq,
                                    int64_t after_seq_default, int32_t limit);
 
+  // The job's training history (job_metrics.h), downsampled to request.max_points (0 = 500,
+  // at most 10000; INVALID_ARGUMENT naming max_points otherwise). Tenants as in GetJob.
+  absl::StatusOr<v1::JobMetrics> GetJobMetrics(int64_t tenant_id,
+                                               const v1::GetJobMetricsRequest& request);
+
   // How often WatchJob and StreamLogs look for changes.
   static constexpr std::chrono::milliseconds kPollInterval{200};
 

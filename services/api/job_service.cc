@@ -64,6 +64,13 @@ grpc::Status JobService::ListJobEvents(grpc::ServerContext* context,
                 [&](int64_t tenant) { return jobs_->ListJobEvents(tenant, *request); });
 }
 
+grpc::Status JobService::GetJobMetrics(grpc::ServerContext* context,
+                                       const v1::GetJobMetricsRequest* request,
+                                       v1::JobMetrics* response) {
+  return Answer(Tenant(*context, JobAccess::kReadOrCancel), response,
+                [&](int64_t tenant) { return jobs_->GetJobMetrics(tenant, *request); });
+}
+
 grpc::Status JobService::WatchJob(grpc::ServerContext* context,
                                   const v1::WatchJobRequest* request,
                                   grpc::ServerWriter<v1::Job>* writer) {

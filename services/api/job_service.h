@@ -26,6 +26,9 @@ class JobService final : public v1::JobService::Service {
   grpc::Status ListJobEvents(grpc::ServerContext* context,
                              const v1::ListJobEventsRequest* request,
                              v1::ListJobEventsResponse* response) override;
+  grpc::Status GetJobMetrics(grpc::ServerContext* context,
+                             const v1::GetJobMetricsRequest* request,
+                             v1::JobMetrics* response) override;
 
   // Streams the job whenever it changes (JobManager::WatchJob), until it ends or the client goes.
   grpc::Status WatchJob(grpc::ServerContext* context, const v1::WatchJobRequest* request,

@@ -125,15 +125,18 @@ int Serve(const gradhub::api::ApiConfig& config) {
   gradhub::api::StoreService store_service(&store, [&auth](const std::string& authorization) {
     return auth.RequireNodeOrAdmin(authorization);
   });
+  gradhub::api::ApiMetrics metrics(&pool);
   gradhub::api::Scheduler scheduler(
       &pool, {.interval = config.scheduler_interval,
               .node_lease = config.heartbeat_interval * 3,
               .backfill_window = config.backfill_window,
-              .peer_failure_grace = std::max(absl::Seconds(3), config.heartbeat_interval * 2)});
+              .peer_failure_grace = std::max(absl::Seconds(3), config.heartbeat_interval * 2),
+              .on_running = [&metrics](absl::Duration latency) {
+                metrics.ObserveSchedulingLatency(latency);
+              }});
   gradhub::api::NodeManager nodes(&pool, {.heartbeat_interval = config.heartbeat_interval});
   gradhub::api::NodeService node_service(&nodes, &auth, [&] { scheduler.Nudge(); });
   gradhub::api::AdminService admin_service(&auth);
-  gradhub::api::ApiMetrics metrics(&pool);
 
   int port = 0;
   grpc::ServerBuilder builder;

@@ -4,12 +4,14 @@
 #include <google/protobuf/util/time_util.h>
 
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <regex>
 #include <set>
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "services/api/attempts.h"
+#include "services/api/job_metrics.h"
 #include "services/api/job_records.h"
 #include "services/common/status_macros.h"
 
@@ -38,12 +40,27 @@ std::string LabelsJson(const google::protobuf::Map<std::string, std::string>& la
   return json.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
+// A progress line's numbers: the trainer writes null for a non-finite value, and a line of
+// another shape must not fail the shipment (the agent would resend it forever).
+std::optional<double> NumberField(const nlohmann::json& line, const char* key) {
+  const auto it = line.find(key);
+  if (it == line.end() || !it->is_number()) return std::nullopt;
+  return it->get<double>();
+}
+
+int64_t IntegerField(const nlohmann::json& line, const char* key) {
+  const auto it = line.find(key);
+  return it != line.end() && it->is_number_integer() ? it->get<int64_t>() : 0;
+}
+
 v1::Node NodeFromRow(const db::Row& row) {
   v1::Node node;
   node.set_name("nodes/" + row.Get<std::string>("name"));
   node.set_kind(row.Get<std::string>("device_kind") == "CUDA" ? v1::Node::CUDA : v1::Node::CPU);
   node.set_slots(row.Get<int32_t>("slots"));
-  for (const auto& [key, value] : nlohmann::json::parse(row.Get<std::string>("labels")).items()) {
+  // Named: a range-for over parse(...).items() would iterate a destroyed temporary.
+  const nlohmann::json labels = nlohmann::json::parse(row.Get<std::string>("labels"));
+  for (const auto& [key, value] : labels.items()) {
     (*node.mutable_labels())[key] = value.get<std::string>();
   }
   node.set_address(row.Get<std::string>("address"));
@@ -280,13 +297,19 @@ absl::StatusOr<int64_t> NodeManager::StoreLogs(const v1::ReportLogsRequest& requ
   if (request.lines_size() == 0) return last_seq;
   nlohmann::json lines = nlohmann::json::array();
   std::string progress;
+  const std::string stream = request.stream() == v1::LogEntry::STDERR ? "STDERR" : "STDOUT";
+  // Rank 0's progress and evaluation lines are also the job's history (job_metrics.h).
+  const bool history = request.rank() == 0 && stream == "STDOUT";
+  std::vector<MetricLine> points;
   for (std::string line : request.lines()) {
     // PostgreSQL text cannot hold NUL.
     line.erase(std::remove(line.begin(), line.end(), '\0'), line.end());
     if (line.rfind("{\"event\":\"progress\"", 0) == 0) progress = line;
+    if (history) {
+      if (std::optional<MetricLine> point = ParseMetricLine(line)) points.push_back(*point);
+    }
     lines.push_back(std::move(line));
   }
-  const std::string stream = request.stream() == v1::LogEntry::STDERR ? "STDERR" : "STDOUT";
   return pool_->Transact([&](db::Transaction& tx) -> absl::StatusOr<int64_t> {
     // Lines of an attempt that does not exist (or was purged) are dropped, as nodes.proto says.
     GRADHUB_RETURN_IF_ERROR(
@@ -304,15 +327,23 @@ absl::StatusOr<int64_t> NodeManager::StoreLogs(const v1::ReportLogsRequest& requ
       const nlohmann::json parsed = nlohmann::json::parse(progress, nullptr, false);
       if (parsed.is_object() && parsed.contains("step")) {
         GRADHUB_RETURN_IF_ERROR(
+            // A job that already SUCCEEDED still takes its last lines (shipped after the
+            // exit), so its progress ends at its last step, not an earlier one.
             tx.Exec("UPDATE jobs SET progress_step = $3, progress_loss = $4,"
-                    " progress_samples_per_second = $5, progress_time = now()"
+                    " progress_samples_per_second = $5,"
+                    " progress_total_steps = CASE WHEN $6::bigint > 0 THEN $6::bigint ELSE progress_total_steps END,"
+                    " progress_time = now()"
                     " WHERE id = $1::uuid AND current_attempt = $2"
-                    " AND state IN ('SCHEDULED', 'RUNNING')",
-                    {job_id, request.attempt(), parsed.value("step", int64_t{0}),
-                     parsed.value("loss", 0.0), parsed.value("samplesPerSecond", 0.0)})
+                    " AND (state IN ('SCHEDULED', 'RUNNING')"
+                    "      OR (state = 'SUCCEEDED' AND progress_step <= $3))",
+                    {job_id, request.attempt(), IntegerField(parsed, "step"),
+                     NumberField(parsed, "loss"),
+                     NumberField(parsed, "samplesPerSecond").value_or(0.0),
+                     IntegerField(parsed, "totalSteps")})
                 .status());
       }
     }
+    GRADHUB_RETURN_IF_ERROR(RecordMetricPoints(tx, job_id, request.attempt(), points));
     return last_seq;
   });
 }

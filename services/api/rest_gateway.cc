@@ -292,6 +292,19 @@ void RestGateway::Route() {
     if (auto parsed = ParseListParams(request, &list); !parsed.ok()) return SendError(response, parsed);
     Send(response, jobs_->ListJobEvents(*id, list));
   }));
+  server_->Get(R"(/v1/jobs/([^/:]+)/metrics)", rpc("JobService.GetJobMetrics", [=](
+      const httplib::Request& request, httplib::Response& response) {
+    auto id = tenant(request, response, JobAccess::kReadOrCancel);
+    if (!id) return;
+    v1::GetJobMetricsRequest metrics;
+    metrics.set_name(JobName(request));
+    int32_t max_points = 0;
+    if (auto parsed = IntParam(request, "maxPoints", &max_points); !parsed.ok()) {
+      return SendError(response, parsed);
+    }
+    metrics.set_max_points(max_points);
+    Send(response, jobs_->GetJobMetrics(*id, metrics));
+  }));
   server_->Get(R"(/v1/jobs/([^/:]+):watch)", rpc("JobService.WatchJob", [=](
       const httplib::Request& request, httplib::Response& response) {
     auto id = tenant(request, response, JobAccess::kReadOrCancel);

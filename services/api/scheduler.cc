@@ -305,7 +305,9 @@ absl::Status Scheduler::ReconcileAttempts() {
   for (const db::Row& entry : active) {
     const std::string name = "jobs/" + entry.Get<std::string>("job_id");
     const int32_t attempt = entry.Get<int32_t>("attempt");
+    std::optional<double> queued_seconds;  // set when this pass makes the job RUNNING
     absl::Status status = pool_->Transact([&](db::Transaction& tx) -> absl::Status {
+      queued_seconds.reset();  // a retried transaction starts over
       GRADHUB_RETURN_IF_ERROR(TakeSchedulerLock(tx));
       GRADHUB_ASSIGN_OR_RETURN(v1::Job job, ReadJob(tx, name, -1, true));
       const std::string id = JobId(name);
@@ -398,11 +400,14 @@ absl::Status Scheduler::ReconcileAttempts() {
         return FailAttempt(tx, job, failure);
       }
       if (job.state() == v1::Job::SCHEDULED && started == static_cast<int>(ranks.size())) {
-        GRADHUB_RETURN_IF_ERROR(tx.Exec("UPDATE job_attempts SET state = 'RUNNING',"
-                                        " start_time = now() WHERE job_id = $1::uuid"
-                                        " AND attempt = $2",
-                                        {id, attempt})
-                                    .status());
+        GRADHUB_ASSIGN_OR_RETURN(
+            db::Result started_row,
+            tx.Exec("UPDATE job_attempts SET state = 'RUNNING', start_time = now()"
+                    " WHERE job_id = $1::uuid AND attempt = $2 RETURNING (SELECT"
+                    " extract(epoch FROM now() - j.queued_time)::float8 FROM jobs j"
+                    " WHERE j.id = $1::uuid) AS queued_s",
+                    {id, attempt}));
+        if (!started_row.empty()) queued_seconds = started_row.row(0).Get<double>("queued_s");
         GRADHUB_ASSIGN_OR_RETURN(
             job, ApplyTransition(tx, job, v1::Job::RUNNING,
                                  Because(absl::StrCat("all ", ranks.size(), " ranks started"))));
@@ -436,6 +441,8 @@ absl::Status Scheduler::ReconcileAttempts() {
     if (!status.ok()) {
       std::cerr << "gradhub-api: scheduler: " << name << " attempt " << attempt << ": "
                 << status << "\n";
+    } else if (queued_seconds && options_.on_running) {
+      options_.on_running(absl::Seconds(*queued_seconds));
     }
   }
   return absl::OkStatus();

@@ -22,6 +22,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -46,6 +47,9 @@ struct SchedulerOptions {
   // died is. Its report may come a heartbeat later from another node, so the verdict waits
   // this long for it before blaming the infrastructure.
   absl::Duration peer_failure_grace = absl::Seconds(3);
+  // Called once a pass has committed a job's move to RUNNING, with the time since the job
+  // entered the queue (submitted, or restarting): its scheduling latency. Empty = not reported.
+  std::function<void(absl::Duration)> on_running;
 };
 
 class Scheduler {

@@ -13,7 +13,7 @@ namespace {
 
 // Commands that are a group word plus a subcommand ("nodes cordon").
 const std::set<std::string>& Groups() {
-  static const auto* const kGroups = new std::set<std::string>{"nodes", "admin"};
+  static const auto* const kGroups = new std::set<std::string>{"nodes", "admin", "checkpoints"};
   return *kGroups;
 }
 

@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include "services/checkpoint/checkpoint_limits.h"
+
 namespace gradhub::cli {
 
 Client::Client(ClientOptions options)
@@ -11,7 +13,19 @@ Client::Client(ClientOptions options)
                                                         : grpc::InsecureChannelCredentials())),
       jobs_(v1::JobService::NewStub(channel_)),
       nodes_(v1::NodeService::NewStub(channel_)),
-      admin_(v1::AdminService::NewStub(channel_)) {}
+      admin_(v1::AdminService::NewStub(channel_)) {
+  grpc::ChannelArguments args;
+  // Downloads are streams without a deadline (they last as long as the bytes do); keepalive
+  // pings notice a server or network that went away mid-stream.
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 20000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
+  args.SetMaxReceiveMessageSize(checkpoint::kMaxChunkBytes + checkpoint::kMessageOverheadBytes);
+  checkpoint_channel_ = grpc::CreateCustomChannel(
+      options_.checkpoint_server,
+      options_.credentials != nullptr ? options_.credentials : grpc::InsecureChannelCredentials(),
+      args);
+  checkpoints_ = v1::CheckpointService::NewStub(checkpoint_channel_);
+}
 
 std::unique_ptr<grpc::ClientContext> Client::StreamContext() const {
   auto context = std::make_unique<grpc::ClientContext>();

@@ -1,5 +1,5 @@
-// The CLI's connection to gradhub-api: one channel, a stub per service, and the two things
-// every call needs, the bearer token and a deadline.
+// The CLI's connections to gradhub-api and gradhub-checkpoint: a channel each, a stub per
+// service, and the two things every call needs, the bearer token and a deadline.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
@@ -8,6 +8,7 @@
 #include <string>
 
 #include "absl/time/time.h"
+#include "gradhub/v1/checkpoint.grpc.pb.h"
 #include "gradhub/v1/jobs.grpc.pb.h"
 #include "gradhub/v1/nodes.grpc.pb.h"
 #include "gradhub/v1/tenants.grpc.pb.h"
@@ -17,6 +18,8 @@ namespace gradhub::cli {
 struct ClientOptions {
   // host:port of gradhub-api's gRPC listener.
   std::string server = "localhost:7070";
+  // host:port of gradhub-checkpoint's gRPC listener.
+  std::string checkpoint_server = "localhost:7071";
   // Plaintext unless set (gradhub::ClientCredentials).
   std::shared_ptr<grpc::ChannelCredentials> credentials;
   // Bearer secret; empty sends no authorization header (the server answers UNAUTHENTICATED).
@@ -33,6 +36,7 @@ class Client {
   v1::JobService::StubInterface& jobs() { return *jobs_; }
   v1::NodeService::StubInterface& nodes() { return *nodes_; }
   v1::AdminService::StubInterface& admin() { return *admin_; }
+  v1::CheckpointService::StubInterface& checkpoints() { return *checkpoints_; }
 
   // A fresh context for one call (gRPC contexts are single-use) carrying the token and the
   // deadline.
@@ -47,6 +51,8 @@ class Client {
   std::unique_ptr<v1::JobService::StubInterface> jobs_;
   std::unique_ptr<v1::NodeService::StubInterface> nodes_;
   std::unique_ptr<v1::AdminService::StubInterface> admin_;
+  std::shared_ptr<grpc::Channel> checkpoint_channel_;
+  std::unique_ptr<v1::CheckpointService::StubInterface> checkpoints_;
 };
 
 }  // namespace gradhub::cli

@@ -14,6 +14,7 @@
 #include "absl/strings/strip.h"
 #include "gpu_worker/common/user_error.h"
 #include "gpu_worker/trainer/job_spec.h"
+#include "services/cli/checkpoint_commands.h"
 
 namespace gradhub::cli {
 namespace {
@@ -379,6 +380,43 @@ int Logs(Invocation& inv) {
   return status.ok() ? kOk : inv.Fail(status);
 }
 
+int Metrics(Invocation& inv) {
+  int64_t max_points = 0;
+  inv.flags().Int("max-points", "", &max_points,
+                  "Points at most, evenly spread over the steps (the first, the last and every "
+                  "evaluation kept); 0 = the server's default (500), at most 10000");
+  if (!inv.Parse(1, 1)) return inv.exit_code();
+  const std::string name = JobArg(inv);
+  if (name.empty()) return inv.exit_code();
+  // The upper bound is the server's to name; only what an int32 cannot carry is refused here.
+  if (max_points < 0 || max_points > std::numeric_limits<int32_t>::max()) {
+    return inv.UsageError(
+        absl::StrCat("--max-points: ", max_points, " is not between 0 and 10000"));
+  }
+  v1::GetJobMetricsRequest request;
+  request.set_name(name);
+  request.set_max_points(static_cast<int32_t>(max_points));
+  v1::JobMetrics metrics;
+  grpc::Status status =
+      inv.client().jobs().GetJobMetrics(inv.client().UnaryContext().get(), request, &metrics);
+  if (!status.ok()) return inv.Fail(status);
+  if (inv.format() == Format::kJson) {
+    inv.out() << ToJson(metrics);
+    return kOk;
+  }
+  // The plot below the table, so that it is what a long table leaves on the screen.
+  inv.out() << MetricsTable(metrics);
+  if (const std::string plot = LossPlot(metrics); !plot.empty()) inv.out() << "\n" << plot;
+  // Notes on stderr, so that stdout stays the table and the plot.
+  if (metrics.points_size() == 0) {
+    inv.err() << "(no points yet: rank 0 reports every logEverySteps steps once training runs)\n";
+  } else if (metrics.recorded_points() > metrics.points_size()) {
+    inv.err() << "(" << metrics.points_size() << " of " << metrics.recorded_points()
+              << " recorded points, evenly spread over the steps; --max-points shows more)\n";
+  }
+  return kOk;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Nodes (the admin token).
 
@@ -638,10 +676,21 @@ const std::vector<Command>& AllCommands() {
       {"describe", "JOB", "Show a job, its spec and its events.", Describe},
       {"cancel", "JOB [--reason R]", "Cancel a job (idempotent).", Cancel},
       {"watch", "JOB",
-       "Follow a job until it ends; exit 0 if it SUCCEEDED, 8 if it FAILED, 9 if CANCELLED.",
+       "Follow a job until it ends (on a terminal: a progress bar with the time left); exit 0 "
+       "if it SUCCEEDED, 8 if it FAILED, 9 if CANCELLED.",
        Watch},
       {"logs", "JOB [-f] [--rank R] [--attempt A]",
        "Print a job's output as `[rank R] line`; -f follows it.", Logs},
+      {"metrics", "JOB [--max-points N]",
+       "Show a job's training history by step (loss, lr, samples/s, evaluations) and plot its "
+       "loss.",
+       Metrics},
+      {"checkpoints list", "JOB [--state S] [--page-size N] [--all]",
+       "List a job's checkpoints, newest step first (from --checkpoint-server).",
+       CheckpointsList},
+      {"checkpoints download", "NAME -o FILE",
+       "Download checkpoint jobs/<id>/checkpoints/<step> into FILE, verifying its sha256.",
+       CheckpointsDownload},
       {"nodes list", "[--state S] [--kind K] [--label K=V]... [--all]",
        "List nodes (admin token). `gradhub nodes` alone does the same.", NodesList},
       {"nodes get", "NODE", "Show a node and its devices (admin token).", NodesGet},

@@ -9,6 +9,8 @@ namespace gradhub::cli {
 
 void GlobalOptions::Register(Flags& flags) {
   flags.String("server", "GRADHUB_SERVER", &server, "gradhub-api gRPC address, HOST:PORT")
+      .String("checkpoint-server", "GRADHUB_CHECKPOINT_SERVER", &checkpoint_server,
+              "gradhub-checkpoint gRPC address, HOST:PORT (for `checkpoints`)")
       .String("token", "GRADHUB_TOKEN", &token,
               "Bearer token: a tenant token for jobs, the admin token for nodes and admin")
       .String("tls-ca", "GRADHUB_TLS_CA", &tls_ca_file,
@@ -21,8 +23,8 @@ void GlobalOptions::Register(Flags& flags) {
 }
 
 bool IsGlobalFlagWithValue(const std::string& name) {
-  return name == "server" || name == "token" || name == "tls-ca" || name == "output" ||
-         name == "timeout";
+  return name == "server" || name == "checkpoint-server" || name == "token" ||
+         name == "tls-ca" || name == "output" || name == "timeout";
 }
 
 Invocation::Invocation(std::string command, std::string synopsis, std::string summary,
@@ -135,6 +137,7 @@ bool Invocation::Parse(size_t min_positional, size_t max_positional) {
 Client& Invocation::client() {
   if (client_ == nullptr) {
     client_ = std::make_unique<Client>(ClientOptions{.server = globals_.server,
+                                                     .checkpoint_server = globals_.checkpoint_server,
                                                      .credentials = credentials_,
                                                      .token = globals_.token,
                                                      .timeout = globals_.timeout});
@@ -148,20 +151,21 @@ int Invocation::Fail(ExitCode code, const std::string& code_name, const std::str
   return code;
 }
 
-int Invocation::Fail(const grpc::Status& status) {
+int Invocation::Fail(const grpc::Status& status, const std::string& server) {
+  const std::string& address = server.empty() ? globals_.server : server;
   std::string message = status.error_message();
   if (message.empty()) {
     // gRPC's own errors (a missing service on an older server, a refused connection) may come
     // without a message; say what the code means for this call.
     switch (status.error_code()) {
       case grpc::StatusCode::UNIMPLEMENTED:
-        message = "the server at " + globals_.server + " does not implement this call";
+        message = "the server at " + address + " does not implement this call";
         break;
       case grpc::StatusCode::UNAVAILABLE:
-        message = "cannot reach the server at " + globals_.server;
+        message = "cannot reach the server at " + address;
         break;
       case grpc::StatusCode::DEADLINE_EXCEEDED:
-        message = "no answer from " + globals_.server + " within --timeout";
+        message = "no answer from " + address + " within --timeout";
         break;
       default:
         message = "(no message)";

@@ -25,6 +25,7 @@ namespace gradhub::cli {
 // Flags that every command accepts, before or after the command words.
 struct GlobalOptions {
   std::string server = "localhost:7070";
+  std::string checkpoint_server = "localhost:7071";
   std::string token;
   std::string tls_ca_file;
   std::string output = "text";
@@ -77,8 +78,10 @@ class Invocation {
   bool out_is_terminal() const { return io_.out_is_terminal; }
   const std::string& command() const { return command_; }
 
-  // Report and return the exit code to end with.
-  int Fail(const grpc::Status& status);
+  // Report and return the exit code to end with. `server` is the address the failed call went
+  // to, named when gRPC gave no message ("" = --server).
+  int Fail(const grpc::Status& status, const std::string& server = "");
+  const std::string& checkpoint_server() const { return globals_.checkpoint_server; }
   int Fail(ExitCode code, const std::string& code_name, const std::string& message);
   int UsageError(const std::string& message);
 

@@ -10,6 +10,7 @@
 #include <map>
 #include <regex>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -222,11 +223,19 @@ std::string Shortest(double value, int significant) {
 
 std::string StateName(v1::Job::State state) { return v1::Job::State_Name(state); }
 
-// "step/total". Until the trainer reports a total (it derives one from max_epochs), the
-// spec's max_steps is the best known bound; "?" when there is none.
+bool HasEnded(v1::Job::State state) {
+  return state == v1::Job::SUCCEEDED || state == v1::Job::FAILED || state == v1::Job::CANCELLED;
+}
+
+// Until the trainer reports a total (it derives one from max_epochs), the spec's max_steps is
+// the best known bound; 0 when there is none.
+int64_t TotalSteps(const v1::Job& job) {
+  return job.progress().total_steps() > 0 ? job.progress().total_steps() : job.spec().max_steps();
+}
+
+// "step/total", "?" for a total that is not known (TotalSteps).
 std::string Steps(const v1::Job& job) {
-  const int64_t total =
-      job.progress().total_steps() > 0 ? job.progress().total_steps() : job.spec().max_steps();
+  const int64_t total = TotalSteps(job);
   return absl::StrCat(job.progress().step(), "/", total > 0 ? absl::StrCat(total) : "?");
 }
 
@@ -355,14 +364,108 @@ std::string ProgressLine(const v1::Job& job) {
 }
 
 std::string ProgressBar(const v1::Job& job, int width) {
-  const int64_t total =
-      job.progress().total_steps() > 0 ? job.progress().total_steps() : job.spec().max_steps();
+  const int64_t total = TotalSteps(job);
   if (total <= 0) return ProgressLine(job);
   const double fraction = std::clamp(static_cast<double>(job.progress().step()) / total, 0.0, 1.0);
   const int filled = static_cast<int>(fraction * width);
+  std::string eta;
+  if (!HasEnded(job.state())) {
+    const std::optional<absl::Duration> left = TimeLeft(job);
+    eta = absl::StrCat(" ETA ", left ? ShortDuration(*left) : "?");
+  }
   return absl::StrCat("[", std::string(filled, '#'), std::string(width - filled, '-'), "] ",
-                      absl::StrFormat("%3d%%", static_cast<int>(fraction * 100)), " ",
+                      absl::StrFormat("%3d%%", static_cast<int>(fraction * 100)), eta, " ",
                       ProgressLine(job));
+}
+
+std::optional<absl::Duration> TimeLeft(const v1::Job& job) {
+  const v1::JobProgress& progress = job.progress();
+  const v1::JobSpec& spec = job.spec();
+  const int64_t total = TotalSteps(job);
+  const int64_t samples_per_step = int64_t{spec.batch_size_per_rank()} *
+                                   std::max(1, spec.distributed().world_size()) *
+                                   std::max(1, spec.grad_accumulation_steps());
+  if (HasEnded(job.state()) || !progress.has_last_report_time() || total <= 0 ||
+      samples_per_step <= 0 || !(progress.samples_per_second() > 0)) {
+    return std::nullopt;
+  }
+  const int64_t steps_left = std::max<int64_t>(0, total - progress.step());
+  return absl::Seconds(static_cast<double>(steps_left) * samples_per_step /
+                       progress.samples_per_second());
+}
+
+std::string ShortDuration(absl::Duration duration) {
+  const int64_t seconds = std::max<int64_t>(0, absl::ToInt64Seconds(duration));
+  if (seconds < 60) return absl::StrCat(seconds, "s");
+  if (seconds < 3600) return absl::StrFormat("%dm%02ds", seconds / 60, seconds % 60);
+  if (seconds < 86400) return absl::StrFormat("%dh%02dm", seconds / 3600, seconds % 3600 / 60);
+  return absl::StrFormat("%dd%02dh", seconds / 86400, seconds % 86400 / 3600);
+}
+
+std::string MetricsTable(const v1::JobMetrics& metrics) {
+  Table table({"STEP", "ATTEMPT", "LOSS", "LR", "SAMPLES/S", "EVAL"});
+  for (const v1::JobMetricPoint& point : metrics.points()) {
+    const std::map<std::string, double> eval(point.eval_metrics().begin(),
+                                             point.eval_metrics().end());
+    std::vector<std::string> named;
+    for (const auto& [name, value] : eval) named.push_back(name + "=" + Shortest(value, 4));
+    table.AddRow({absl::StrCat(point.step()), absl::StrCat(point.attempt()),
+                  point.has_loss() ? Shortest(point.loss(), 4) : "-",
+                  point.has_learning_rate() ? Shortest(point.learning_rate(), 4) : "-",
+                  point.has_samples_per_second() ? Shortest(point.samples_per_second(), 4) : "-",
+                  named.empty() ? "-" : absl::StrJoin(named, " ")});
+  }
+  return table.Render();
+}
+
+std::string LossPlot(const v1::JobMetrics& metrics, int width, int height) {
+  std::vector<std::pair<int64_t, double>> points;  // step, loss
+  for (const v1::JobMetricPoint& point : metrics.points()) {
+    if (point.has_loss() && std::isfinite(point.loss())) {
+      points.emplace_back(point.step(), point.loss());
+    }
+  }
+  if (points.empty() || width < 2 || height < 2) return "";
+  auto by_step = [](const auto& a, const auto& b) { return a.first < b.first; };
+  auto by_loss = [](const auto& a, const auto& b) { return a.second < b.second; };
+  const auto [low_step, high_step] = std::minmax_element(points.begin(), points.end(), by_step);
+  const auto [low_loss, high_loss] = std::minmax_element(points.begin(), points.end(), by_loss);
+  const int64_t first = low_step->first, last = high_step->first;
+  const double bottom = low_loss->second, top = high_loss->second;
+  // Row 0 is the top. A flat loss sits on the middle row; a single step in the first column.
+  std::vector<std::string> grid(height, std::string(width, ' '));
+  for (const auto& [step, loss] : points) {
+    const double x = last == first ? 0 : static_cast<double>(step - first) / (last - first);
+    const double y = top == bottom ? 0 : (top - loss) / (top - bottom);
+    const int column = static_cast<int>(std::lround(x * (width - 1)));
+    const int row = top == bottom ? height / 2 : static_cast<int>(std::lround(y * (height - 1)));
+    grid[row][column] = '*';
+  }
+  // Each labelled row shows the loss its cells stand for; a flat loss has but one.
+  std::map<int, std::string> labels;
+  if (top == bottom) {
+    labels[height / 2] = Shortest(top, 4);
+  } else {
+    for (int row : {0, (height - 1) / 2, height - 1}) {
+      labels[row] = Shortest(top - (top - bottom) * row / (height - 1), 4);
+    }
+  }
+  size_t label_width = 0;
+  for (const auto& [row, label] : labels) label_width = std::max(label_width, label.size());
+  std::string out = "loss by step\n";
+  for (int row = 0; row < height; ++row) {
+    const std::string label = labels.count(row) ? labels[row] : "";
+    absl::StrAppend(&out, std::string(label_width - label.size(), ' '), label, " |",
+                    absl::StripTrailingAsciiWhitespace(grid[row]), "\n");
+  }
+  const std::string pad(label_width + 1, ' ');
+  absl::StrAppend(&out, pad, "+", std::string(width, '-'), "\n");
+  // The first step under the first column, the last one ending under the last column.
+  const std::string left = absl::StrCat(first), right = absl::StrCat(last);
+  const size_t used = left.size() + right.size();
+  const std::string gap(static_cast<size_t>(width) > used ? width - used : 1, ' ');
+  absl::StrAppend(&out, pad, " ", left, first == last ? "" : gap + right, " step\n");
+  return out;
 }
 
 std::string LogLine(const v1::LogEntry& entry) {
@@ -422,6 +525,28 @@ std::string TokenSummary(const v1::Token& token) {
       .Add("expires", token.has_expire_time() ? FormatTime(token.expire_time()) : "never")
       .Add("revoked", FormatTime(token.revoke_time()))
       .Render();
+}
+
+std::string HumanBytes(int64_t bytes) {
+  static constexpr const char* kUnits[] = {"KiB", "MiB", "GiB", "TiB"};
+  if (bytes < 1024) return absl::StrCat(bytes, " B");
+  double value = static_cast<double>(bytes) / 1024;
+  size_t unit = 0;
+  while (value >= 1024 && unit + 1 < sizeof(kUnits) / sizeof(kUnits[0])) {
+    value /= 1024;
+    ++unit;
+  }
+  return absl::StrFormat("%.1f %s", value, kUnits[unit]);
+}
+
+std::string CheckpointsTable(const std::vector<const v1::Checkpoint*>& checkpoints) {
+  Table table({"NAME", "STEP", "ATTEMPT", "STATE", "SIZE", "SHA256", "COMMITTED"});
+  for (const v1::Checkpoint* c : checkpoints) {
+    table.AddRow({c->name(), absl::StrCat(c->step()), absl::StrCat(c->attempt()),
+                  v1::Checkpoint::State_Name(c->state()), HumanBytes(c->size_bytes()),
+                  OrDash(c->sha256().substr(0, 12)), FormatTime(c->commit_time())});
+  }
+  return table.Render();
 }
 
 }  // namespace gradhub::cli

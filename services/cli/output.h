@@ -7,9 +7,12 @@
 #include <google/protobuf/message.h>
 #include <google/protobuf/timestamp.pb.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/time/time.h"
+#include "gradhub/v1/checkpoint.pb.h"
 #include "gradhub/v1/jobs.pb.h"
 #include "gradhub/v1/nodes.pb.h"
 #include "gradhub/v1/tenants.pb.h"
@@ -50,8 +53,23 @@ std::string EventsTable(const std::vector<const v1::JobEvent*>& events);
 
 // One `watch` update for a log or a pipe: `STATE step/total loss L samples/s S`.
 std::string ProgressLine(const v1::Job& job);
-// One `watch` update for a terminal: a bar of `width` cells, then the ProgressLine.
+// One `watch` update for a terminal: a bar of `width` cells, the percent done, the time left
+// (TimeLeft; `ETA ?` while unknown, nothing once the job has ended), then the ProgressLine.
 std::string ProgressBar(const v1::Job& job, int width = 30);
+// The steps still to run at the last reported throughput: samples_per_second over the
+// spec's global batch (batch per rank x world size x accumulation). nullopt before the first
+// report, without a total or a throughput, and once the job has ended.
+std::optional<absl::Duration> TimeLeft(const v1::Job& job);
+// Whole seconds, two units at most: "45s", "2m05s", "1h02m", "3d04h".
+std::string ShortDuration(absl::Duration duration);
+
+// `metrics`: one row per point, in step order (step, attempt, loss, learning rate, samples/s,
+// evaluation metrics by name); `-` for what a point does not have.
+std::string MetricsTable(const v1::JobMetrics& metrics);
+// `metrics`: the training loss against the step as plain ASCII, `width` x `height` cells of
+// `*` between a loss axis (labelled at the top, middle and bottom rows) and a step axis
+// (first and last step). "" when no point has a loss.
+std::string LossPlot(const v1::JobMetrics& metrics, int width = 60, int height = 15);
 
 // `logs`: `[rank R] text`.
 std::string LogLine(const v1::LogEntry& entry);
@@ -60,5 +78,11 @@ std::string NodeSummary(const v1::Node& node);
 std::string NodesTable(const std::vector<const v1::Node*>& nodes);
 std::string TenantsTable(const std::vector<const v1::Tenant*>& tenants);
 std::string TokenSummary(const v1::Token& token);
+
+// `checkpoints list`: one row per checkpoint (name, step, attempt, state, size, the sha256's
+// first 12 characters, commit time).
+std::string CheckpointsTable(const std::vector<const v1::Checkpoint*>& checkpoints);
+// 1536 -> "1.5 KiB"; below 1 KiB in bytes ("512 B").
+std::string HumanBytes(int64_t bytes);
 
 }  // namespace gradhub::cli

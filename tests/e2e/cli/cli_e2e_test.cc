@@ -1,12 +1,13 @@
 // The `gradhub` CLI as a user runs it: a real binary against a real gradhub-api on a real
 // PostgreSQL. Covers what the server implements today (CreateJob, GetJob, ListJobs, CancelJob,
-// ListJobEvents): the text and JSON output of every job command, paging, filters, and the exit
-// codes scripts rely on.
+// ListJobEvents, GetJobMetrics): the text and JSON output of every job command, paging,
+// filters, and the exit codes scripts rely on.
 #include <arpa/inet.h>
 #include <gmock/gmock.h>
 #include <google/protobuf/struct.pb.h>
 #include <google/protobuf/util/json_util.h>
 #include <google/protobuf/util/message_differencer.h>
+#include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <netinet/in.h>
@@ -24,6 +25,7 @@
 #include <vector>
 
 #include "gradhub/v1/jobs.pb.h"
+#include "gradhub/v1/nodes.grpc.pb.h"
 #include "gradhub/v1/tenants.pb.h"
 #include "tests/support/job_specs.h"
 #include "tests/support/postgres_server.h"
@@ -581,6 +583,9 @@ TEST_F(CliE2eTest, BadUsageExits2WithoutCallingTheServer) {
       {"logs", "jobs/x", "--rank", "-7"},
       {"admin", "create-token", "t", "--kind", "root"},
       {"admin", "revoke-token", "tenants/t"},
+      {"metrics"},
+      {"metrics", "jobs/x", "--max-points", "-1"},
+      {"metrics", "jobs/x", "--max-points", "lots"},
   };
   for (std::vector<std::string> args : cases) {
     std::string shown;
@@ -669,6 +674,171 @@ TEST_F(CliE2eTest, AdminCreatesTenantsAndTokensAndRevokesThem) {
   ASSERT_EQ(revoked.exit_code, 0) << revoked.err;
   EXPECT_EQ(As(response.secret(), {"list"}).exit_code, 5);
   EXPECT_EQ(As(kAdminToken, {"admin", "revoke-token", response.token().name()}).exit_code, 0);
+}
+
+// One node agent's side of the protocol, for a test that needs a job's rank 0 to have run:
+// registers a node of one slot, heartbeats until the scheduler has placed `job` there, and
+// ships rank 0's stdout lines as an agent does.
+class FakeAgent {
+ public:
+  FakeAgent(const std::string& server, std::string token, std::string name)
+      : stub_(v1::NodeService::NewStub(
+            grpc::CreateChannel(server, grpc::InsecureChannelCredentials()))),
+        token_(std::move(token)),
+        name_(std::move(name)) {}
+
+  bool Register() {
+    v1::RegisterNodeRequest request;
+    request.mutable_node()->set_name("nodes/" + name_);
+    request.mutable_node()->set_slots(1);
+    v1::RegisterNodeResponse response;
+    const grpc::Status status = stub_->RegisterNode(Context().get(), request, &response);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    session_ = response.session_id();
+    return status.ok();
+  }
+
+  // The attempt of `job` placed here, or 0 when none was within 30 s.
+  int32_t AwaitPlacement(const std::string& job) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (std::chrono::steady_clock::now() < deadline) {
+      const v1::HeartbeatResponse beat = Heartbeat({});
+      for (const v1::RankAssignment& rank : beat.desired_ranks()) {
+        if (rank.job() == job && rank.rank() == 0) return rank.attempt();
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return 0;
+  }
+
+  v1::HeartbeatResponse Heartbeat(const std::vector<v1::RankStatus>& ranks) {
+    v1::HeartbeatRequest request;
+    request.set_node("nodes/" + name_);
+    request.set_session_id(session_);
+    request.set_seq(++seq_);
+    for (const v1::RankStatus& rank : ranks) *request.add_ranks() = rank;
+    v1::HeartbeatResponse response;
+    const grpc::Status status = stub_->Heartbeat(Context().get(), request, &response);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    return response;
+  }
+
+  bool ShipStdout(const std::string& job, int32_t attempt, const std::vector<std::string>& lines) {
+    v1::ReportLogsRequest batch;
+    batch.set_job(job);
+    batch.set_attempt(attempt);
+    batch.set_rank(0);
+    batch.set_stream(v1::LogEntry::STDOUT);
+    batch.set_first_seq(1);
+    for (const std::string& line : lines) batch.add_lines(line);
+    auto context = Context();
+    v1::ReportLogsResponse response;
+    std::unique_ptr<grpc::ClientWriter<v1::ReportLogsRequest>> writer =
+        stub_->ReportLogs(context.get(), &response);
+    const bool written = writer->Write(batch);
+    writer->WritesDone();
+    const grpc::Status status = writer->Finish();
+    EXPECT_TRUE(written && status.ok()) << status.error_message();
+    return status.ok() && response.acked_seq() == static_cast<int64_t>(lines.size());
+  }
+
+ private:
+  std::unique_ptr<grpc::ClientContext> Context() const {
+    auto context = std::make_unique<grpc::ClientContext>();
+    context->AddMetadata("authorization", "Bearer " + token_);
+    context->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    return context;
+  }
+
+  std::unique_ptr<v1::NodeService::Stub> stub_;
+  std::string token_, name_, session_;
+  int64_t seq_ = 0;
+};
+
+// Last in this file: its node takes jobs, which no other case here expects of the server.
+TEST_F(CliE2eTest, MetricsPrintsTheHistoryAsATableAPlotAndJson) {
+  // The job first, above every other case's pending job, so that the node's one slot is this
+  // job's. (No node labels and selector: NodeManager's NodeFromRow reads a node's labels from a
+  // destroyed temporary, and RegisterNode fails for a node with labels.)
+  const std::string label = "metrics-" + std::to_string(getpid());
+  const std::string job = Submit(SmallSpec("metrics", "") + "priority: 1000\n");
+  RunResult node_token = testing::Run(
+      {BinaryPath("gradhub-api"), "--database-url", *url_, "create-node-token"});
+  ASSERT_EQ(node_token.exit_code, 0) << node_token.err;
+  FakeAgent agent(*server_, node_token.out.substr(0, node_token.out.find('\n')), label);
+  ASSERT_TRUE(agent.Register());
+  const int32_t attempt = agent.AwaitPlacement(job);
+  ASSERT_GT(attempt, 0) << "the scheduler did not place " << job;
+  v1::RankStatus running;
+  running.set_job(job);
+  running.set_attempt(attempt);
+  running.set_rank(0);
+  running.set_pid(4242);
+  running.set_state(v1::RankStatus::RUNNING);
+  agent.Heartbeat({running});
+  // Rank 0's stdout as gradhub-trainer prints it.
+  std::vector<std::string> lines = {"gradhub-trainer: starting"};
+  for (int step = 10; step <= 40; step += 10) {
+    lines.push_back("{\"event\":\"progress\",\"step\":" + std::to_string(step) +
+                    ",\"totalSteps\":40,\"epoch\":0,\"loss\":" + std::to_string(4.0 / step) +
+                    ",\"lr\":0.1,\"samplesPerSecond\":640}");
+    if (step % 20 == 0) {
+      lines.push_back("{\"event\":\"eval\",\"step\":" + std::to_string(step) +
+                      ",\"totalSteps\":40,\"eval.accuracy\":" + std::to_string(step / 50.0) + "}");
+    }
+  }
+  ASSERT_TRUE(agent.ShipStdout(job, attempt, lines));
+
+  // Text: the table, then the plot below it.
+  RunResult text = Gradhub({"metrics", job});
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_EQ(text.err, "");
+  const std::vector<std::string> rows = Lines(text.out);
+  ASSERT_GE(rows.size(), 5u + 1 + 15 + 3) << text.out;
+  EXPECT_TRUE(std::regex_match(rows[0], std::regex("STEP +ATTEMPT +LOSS +LR +SAMPLES/S +EVAL")))
+      << rows[0];
+  EXPECT_TRUE(std::regex_match(rows[1], std::regex("10 +1 +0.4 +0.1 +640 +-"))) << rows[1];
+  EXPECT_TRUE(std::regex_match(rows[2], std::regex("20 +1 +0.2 +0.1 +640 +accuracy=0.4")))
+      << rows[2];
+  EXPECT_TRUE(std::regex_match(rows[4], std::regex("40 +1 +0.1 +0.1 +640 +accuracy=0.8")))
+      << rows[4];
+  EXPECT_EQ(rows[5], "");
+  EXPECT_EQ(rows[6], "loss by step");
+  EXPECT_TRUE(std::regex_match(rows[7], std::regex(" *0\\.4 \\|\\*"))) << text.out;
+  EXPECT_THAT(text.out, HasSubstr("+" + std::string(60, '-') + "\n"));
+  EXPECT_TRUE(std::regex_search(text.out, std::regex(" 10 +40 step\n$"))) << text.out;
+
+  // JSON: the JobMetrics message.
+  RunResult json = Gradhub({"--output", "json", "metrics", job});
+  ASSERT_EQ(json.exit_code, 0) << json.err;
+  const auto metrics = ParseJson<v1::JobMetrics>(json.out);
+  EXPECT_EQ(metrics.name(), job);
+  EXPECT_EQ(metrics.recorded_points(), 4);
+  EXPECT_EQ(metrics.total_steps(), 40);
+  ASSERT_EQ(metrics.points_size(), 4);
+  EXPECT_EQ(metrics.points(3).eval_metrics().at("accuracy"), 0.8);
+
+  // Fewer points: the first and the last stay; a note on stderr says there are more.
+  RunResult few = Gradhub({"metrics", job, "--max-points", "2"});
+  ASSERT_EQ(few.exit_code, 0) << few.err;
+  EXPECT_EQ(Lines(few.out)[1].substr(0, 3), "10 ");
+  EXPECT_EQ(Lines(few.out)[2].substr(0, 3), "40 ");
+  EXPECT_THAT(few.err, HasSubstr("2 of 4 recorded points"));
+  RunResult too_many = Gradhub({"metrics", job, "--max-points", "20000"});
+  EXPECT_EQ(too_many.exit_code, 4) << too_many.err;
+  EXPECT_THAT(too_many.err, HasSubstr("max_points"));
+  std::string other_tenant;
+  EXPECT_EQ(As(NewTenant(&other_tenant), {"metrics", job}).exit_code, 3);
+
+  // A job without a history yet: the header, no plot, a note.
+  RunResult empty = Gradhub({"metrics", Submit(SmallSpec("quiet", ""))});
+  ASSERT_EQ(empty.exit_code, 0) << empty.err;
+  EXPECT_EQ(Lines(empty.out).size(), 1u) << empty.out;
+  EXPECT_THAT(empty.err, HasSubstr("no points yet"));
+
+  // Leave nothing running: the job cancelled, the node cordoned (it goes LOST without beats).
+  EXPECT_EQ(Gradhub({"cancel", job}).exit_code, 0);
+  EXPECT_EQ(As(kAdminToken, {"nodes", "cordon", label}).exit_code, 0);
 }
 
 }  // namespace

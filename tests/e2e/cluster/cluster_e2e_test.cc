@@ -1,153 +1,42 @@
-// The whole local cluster as real processes: PostgreSQL, gradhub-api (scheduler inside), two
-// gradhub-agents with two CPU slots each, and the trainers they start, doing real Gloo
-// allreduce and rendezvous through the api's StoreService.
-#include <dirent.h>
+// The whole local cluster as real processes: PostgreSQL, gradhub-api (scheduler inside),
+// gradhub-checkpoint, two gradhub-agents with two CPU slots each and their own checkpoint
+// caches, and the trainers they start, doing real Gloo allreduce and rendezvous through the
+// api's StoreService.
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 
 #include <algorithm>
 #include <chrono>
-#include <fstream>
 #include <map>
 #include <regex>
 #include <set>
-#include <sstream>
 #include <string>
 #include <thread>
 
 #include "gpu_worker/trainer/job_spec.h"
 #include "gradhub/v1/jobs.grpc.pb.h"
 #include "gradhub/v1/nodes.grpc.pb.h"
-#include "tests/support/postgres_server.h"
-#include "tests/support/subprocess.h"
+#include "tests/support/local_cluster.h"
 
 namespace gradhub {
 namespace {
 
 using std::chrono::seconds;
-using testing::BinaryPath;
-using testing::Subprocess;
+using testing::Ended;
 using Clock = std::chrono::steady_clock;
-
-// Waits for `pattern` in the process's stdout; returns its first group.
-std::string AwaitOutput(Subprocess& process, const std::string& pattern, seconds limit = seconds(30)) {
-  const std::regex re(pattern);
-  const auto deadline = Clock::now() + limit;
-  while (Clock::now() < deadline && process.running()) {
-    std::smatch match;
-    const std::string out = process.out();
-    if (std::regex_search(out, match, re)) return match.size() > 1 ? match[1].str() : match[0].str();
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  ADD_FAILURE() << "no '" << pattern << "' in output:\n" << process.out() << "\n" << process.err();
-  return "";
-}
-
-// Pids of the gradhub-trainer processes whose parent is `parent`.
-std::vector<pid_t> TrainersOf(pid_t parent) {
-  std::vector<pid_t> pids;
-  DIR* proc = opendir("/proc");
-  while (dirent* entry = readdir(proc)) {
-    const pid_t pid = atoi(entry->d_name);
-    if (pid <= 0) continue;
-    std::ifstream stat("/proc/" + std::string(entry->d_name) + "/stat");
-    std::string line;
-    std::getline(stat, line);
-    const size_t close = line.rfind(')');
-    if (close == std::string::npos || line.find("(gradhub-traine") == std::string::npos) continue;
-    std::istringstream rest(line.substr(close + 2));
-    std::string state;
-    pid_t ppid = 0;
-    rest >> state >> ppid;
-    if (ppid == parent && state != "Z") pids.push_back(pid);
-  }
-  closedir(proc);
-  return pids;
-}
-
-constexpr char kAdmin[] = "cluster-e2e-admin";
 
 class ClusterE2eTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    url_ = testing::PostgresServer::Shared().CreateDatabase();
-    api_ = std::make_unique<Subprocess>(std::vector<std::string>{
-        BinaryPath("gradhub-api"), "--database-url", url_, "--grpc-address", "127.0.0.1:0",
-        "--http-host", "127.0.0.1", "--http-port", "0", "--heartbeat-interval", "1s",
-        "--scheduler-interval", "100ms", "--shutdown-grace", "2s", "--admin-token", kAdmin,
-        "serve"});
-    const std::string port = AwaitOutput(*api_, "serving gRPC on port ([0-9]+)");
-    ASSERT_FALSE(port.empty());
-    server_ = "127.0.0.1:" + port;
-    auto tenant = testing::Run({BinaryPath("gradhub-api"), "--database-url", url_,
-                                "create-tenant", "team"});
-    ASSERT_EQ(tenant.exit_code, 0) << tenant.err;
-    token_ = tenant.out.substr(0, tenant.out.find('\n'));
-    auto node = testing::Run({BinaryPath("gradhub-api"), "--database-url", url_,
-                              "create-node-token"});
-    ASSERT_EQ(node.exit_code, 0) << node.err;
-    node_token_ = node.out.substr(0, node.out.find('\n'));
-    StartAgent("a");
-    StartAgent("b");
-    stub_ = v1::JobService::NewStub(grpc::CreateChannel(server_, grpc::InsecureChannelCredentials()));
-    nodes_ = v1::NodeService::NewStub(grpc::CreateChannel(server_, grpc::InsecureChannelCredentials()));
-  }
-
-  v1::Node::State NodeState(const std::string& name) {
-    grpc::ClientContext context;
-    context.AddMetadata("authorization", std::string("Bearer ") + kAdmin);
-    v1::GetNodeRequest request;
-    request.set_name("nodes/" + name);
-    v1::Node node;
-    EXPECT_TRUE(nodes_->GetNode(&context, request, &node).ok());
-    return node.state();
-  }
-
-  void Cancel(const std::string& name) {
-    v1::CancelJobRequest request;
-    request.set_name(name);
-    v1::Job cancelled;
-    auto context = Context();
-    ASSERT_TRUE(stub_->CancelJob(context.get(), request, &cancelled).ok());
-  }
-
-  bool HasEvent(const std::string& name, v1::JobEvent::Type type, const std::string& node) {
-    for (const auto& e : Events(name)) {
-      if (e.type() == type && (node.empty() || e.node() == node)) return true;
-    }
-    return false;
-  }
-
-  void TearDown() override {
-    if (!HasFailure()) return;
-    for (const auto& [name, agent] : agents_) {
-      const std::string err = agent->err();
-      std::cerr << "--- agent " << name << " stderr (tail):\n"
-                << err.substr(err.size() > 4000 ? err.size() - 4000 : 0) << "\n";
-    }
-    const std::string err = api_->err();
-    std::cerr << "--- api stderr (tail):\n" << err.substr(err.size() > 3000 ? err.size() - 3000 : 0) << "\n";
-  }
-
-  void StartAgent(const std::string& name) {
-    agents_[name] = std::make_unique<Subprocess>(std::vector<std::string>{
-        BinaryPath("gradhub-agent"), "--server", server_, "--token", node_token_, "--name", name,
-        "--slots", "2", "--work-dir", dir_.path() + "/agent-" + name, "--checkpoint-root",
-        dir_.path() + "/checkpoints", "--stop-grace", "2s"});
-    ASSERT_FALSE(AwaitOutput(*agents_[name], "registered as nodes/" + name).empty());
-  }
-
-  std::unique_ptr<grpc::ClientContext> Context() {
-    auto context = std::make_unique<grpc::ClientContext>();
-    context->AddMetadata("authorization", "Bearer " + token_);
-    context->set_deadline(std::chrono::system_clock::now() + seconds(10));
-    return context;
+    testing::LocalClusterOptions options;
+    options.checkpoint_service = true;
+    cluster_ = std::make_unique<testing::LocalCluster>(options);
+    ASSERT_TRUE(cluster_->Start());
   }
 
   v1::Job Submit(int64_t max_steps, int hang_timeout_seconds = 60) {
-    v1::CreateJobRequest request;
-    *request.mutable_spec() = ParseJobSpec(
+    return cluster_->Submit(ParseJobSpec(
         "model: {mlp: {layers: [32, 64, 4]}}\n"
         "dataset: {synthetic: {numSamples: 4096, numFeatures: 32, numClasses: 4, noise: 0.5},"
         " validationFraction: 0.1}\n"
@@ -158,62 +47,25 @@ class ClusterE2eTest : public ::testing::Test {
         "checkpoint: {everySteps: 25}\n"
         "distributed: {worldSize: 4, ranksPerNode: 2}\n"
         "maxRestarts: {infrastructure: 2, job: 2}\n"
-        "hangTimeoutSeconds: " + std::to_string(hang_timeout_seconds) + "\n");
-    v1::Job job;
-    auto context = Context();
-    const grpc::Status status = stub_->CreateJob(context.get(), request, &job);
-    EXPECT_TRUE(status.ok()) << status.error_message();
-    return job;
+        "hangTimeoutSeconds: " + std::to_string(hang_timeout_seconds) + "\n"));
   }
 
-  v1::Job Get(const std::string& name) {
-    v1::GetJobRequest request;
-    request.set_name(name);
-    v1::Job job;
-    auto context = Context();
-    EXPECT_TRUE(stub_->GetJob(context.get(), request, &job).ok());
-    return job;
+  bool HasEvent(const std::string& name, v1::JobEvent::Type type, const std::string& node) {
+    for (const auto& e : cluster_->Events(name)) {
+      if (e.type() == type && (node.empty() || e.node() == node)) return true;
+    }
+    return false;
   }
 
-  // Polls until `done(job)` or the limit; returns the last job seen.
   v1::Job AwaitJob(const std::string& name, const std::function<bool(const v1::Job&)>& done,
                    seconds limit = seconds(120)) {
-    const auto deadline = Clock::now() + limit;
-    v1::Job job = Get(name);
-    while (!done(job) && Clock::now() < deadline) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      job = Get(name);
-    }
-    return job;
+    return cluster_->AwaitJob(name, done, limit);
   }
+  std::string Describe(const std::string& name) { return cluster_->Describe(name); }
+  std::vector<v1::JobEvent> Events(const std::string& name) { return cluster_->Events(name); }
 
-  std::vector<v1::JobEvent> Events(const std::string& name) {
-    v1::ListJobEventsRequest request;
-    request.set_parent(name);
-    v1::ListJobEventsResponse response;
-    auto context = Context();
-    EXPECT_TRUE(stub_->ListJobEvents(context.get(), request, &response).ok());
-    return {response.events().begin(), response.events().end()};
-  }
-
-  std::string Describe(const std::string& name) {
-    std::string text;
-    for (const auto& e : Events(name)) text += e.DebugString() + "\n";
-    return text;
-  }
-
-  testing::TempDir dir_;
-  std::string url_, server_, token_, node_token_;
-  std::unique_ptr<Subprocess> api_;
-  std::map<std::string, std::unique_ptr<Subprocess>> agents_;
-  std::unique_ptr<v1::JobService::Stub> stub_;
-  std::unique_ptr<v1::NodeService::Stub> nodes_;
+  std::unique_ptr<testing::LocalCluster> cluster_;
 };
-
-bool Ended(const v1::Job& job) {
-  return job.state() == v1::Job::SUCCEEDED || job.state() == v1::Job::FAILED ||
-         job.state() == v1::Job::CANCELLED;
-}
 
 TEST_F(ClusterE2eTest, WorldFourJobSpansBothNodesSucceedsAndKeepsLogsPerRank) {
   const v1::Job job = AwaitJob(Submit(200).name(), Ended);
@@ -233,8 +85,8 @@ TEST_F(ClusterE2eTest, WorldFourJobSpansBothNodesSucceedsAndKeepsLogsPerRank) {
   while (done_ranks.size() < 4 && Clock::now() < deadline) {
     v1::GetJobLogsRequest request;
     request.set_name(job.name());
-    auto context = Context();
-    auto reader = stub_->GetJobLogs(context.get(), request);
+    auto context = cluster_->TenantContext();
+    auto reader = cluster_->jobs().GetJobLogs(context.get(), request);
     v1::LogEntry line;
     while (reader->Read(&line)) {
       if (line.text().find("\"event\":\"done\"") != std::string::npos) done_ranks.insert(line.rank());
@@ -243,6 +95,11 @@ TEST_F(ClusterE2eTest, WorldFourJobSpansBothNodesSucceedsAndKeepsLogsPerRank) {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
   EXPECT_EQ(done_ranks, (std::set<int>{0, 1, 2, 3}));
+  // The progress of a finished job is its last step, of a known total.
+  const v1::Job final = AwaitJob(job.name(), [](const v1::Job& j) { return j.progress().step() == 200; },
+                                 seconds(10));
+  EXPECT_EQ(final.progress().step(), 200);
+  EXPECT_EQ(final.progress().total_steps(), 200);
 }
 
 TEST_F(ClusterE2eTest, KilledTrainerRestartsTheAttemptWhichResumesFromACheckpoint) {
@@ -251,7 +108,7 @@ TEST_F(ClusterE2eTest, KilledTrainerRestartsTheAttemptWhichResumesFromACheckpoin
     return Ended(j) || (j.state() == v1::Job::RUNNING && j.progress().step() >= 60);
   });
   ASSERT_EQ(running.state(), v1::Job::RUNNING) << running.state_reason();
-  std::vector<pid_t> on_b = TrainersOf(agents_["b"]->pid());
+  std::vector<pid_t> on_b = cluster_->TrainersOf("b");
   ASSERT_EQ(on_b.size(), 2u);
   ASSERT_EQ(kill(on_b[1], SIGKILL), 0);
 
@@ -270,7 +127,7 @@ TEST_F(ClusterE2eTest, KilledTrainerRestartsTheAttemptWhichResumesFromACheckpoin
   }
   EXPECT_TRUE(named) << Describe(name);
   // Every trainer of the first attempt on b is gone; b runs only attempt 2's two ranks.
-  const std::vector<pid_t> now_on_b = TrainersOf(agents_["b"]->pid());
+  const std::vector<pid_t> now_on_b = cluster_->TrainersOf("b");
   EXPECT_EQ(now_on_b.size(), 2u);
   for (pid_t pid : on_b) {
     EXPECT_EQ(std::count(now_on_b.begin(), now_on_b.end(), pid), 0) << "attempt 1 rank " << pid;
@@ -284,8 +141,8 @@ TEST_F(ClusterE2eTest, KilledTrainerRestartsTheAttemptWhichResumesFromACheckpoin
     request.set_name(name);
     request.set_attempt(2);
     request.set_rank(0);
-    auto context = Context();
-    auto reader = stub_->GetJobLogs(context.get(), request);
+    auto context = cluster_->TenantContext();
+    auto reader = cluster_->jobs().GetJobLogs(context.get(), request);
     v1::LogEntry line;
     std::smatch match;
     static const std::regex kResumed("resumed from step ([0-9]+)");
@@ -303,16 +160,16 @@ TEST_F(ClusterE2eTest, KilledTrainerRestartsTheAttemptWhichResumesFromACheckpoin
     v1::CancelJobRequest request;
     request.set_name(name);
     v1::Job cancelled;
-    auto context = Context();
-    ASSERT_TRUE(stub_->CancelJob(context.get(), request, &cancelled).ok());
+    auto context = cluster_->TenantContext();
+    ASSERT_TRUE(cluster_->jobs().CancelJob(context.get(), request, &cancelled).ok());
   }
   const auto gone_by = Clock::now() + seconds(10);
-  while ((!TrainersOf(agents_["a"]->pid()).empty() || !TrainersOf(agents_["b"]->pid()).empty()) &&
+  while ((!cluster_->TrainersOf("a").empty() || !cluster_->TrainersOf("b").empty()) &&
          Clock::now() < gone_by) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
-  EXPECT_TRUE(TrainersOf(agents_["a"]->pid()).empty());
-  EXPECT_TRUE(TrainersOf(agents_["b"]->pid()).empty());
+  EXPECT_TRUE(cluster_->TrainersOf("a").empty());
+  EXPECT_TRUE(cluster_->TrainersOf("b").empty());
 }
 
 TEST_F(ClusterE2eTest, KilledAgentLosesItsNodeAndTheJobRunsAgainWhenItReturns) {
@@ -321,17 +178,16 @@ TEST_F(ClusterE2eTest, KilledAgentLosesItsNodeAndTheJobRunsAgainWhenItReturns) {
               return Ended(j) || (j.state() == v1::Job::RUNNING && j.progress().step() >= 20);
             }).state(),
             v1::Job::RUNNING);
-  const std::vector<pid_t> trainers = TrainersOf(agents_["b"]->pid());
+  const std::vector<pid_t> trainers = cluster_->TrainersOf("b");
   ASSERT_EQ(trainers.size(), 2u);
-  agents_["b"]->Kill(SIGKILL);
-  agents_["b"]->Wait();
+  cluster_->KillAgent("b", SIGKILL);
   const auto killed = Clock::now();
 
   // Its trainers die with it (PR_SET_PDEATHSIG) and the node is lost within the lease (3 s).
-  while (NodeState("b") != v1::Node::LOST && Clock::now() - killed < seconds(10)) {
+  while (cluster_->NodeState("b") != v1::Node::LOST && Clock::now() - killed < seconds(10)) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
-  EXPECT_EQ(NodeState("b"), v1::Node::LOST);
+  EXPECT_EQ(cluster_->NodeState("b"), v1::Node::LOST);
   EXPECT_LT(Clock::now() - killed, seconds(6));
   for (pid_t pid : trainers) EXPECT_NE(kill(pid, 0), 0) << "trainer " << pid << " outlived its agent";
   // World size 4 does not fit on node a alone: the job waits and says why.
@@ -342,13 +198,13 @@ TEST_F(ClusterE2eTest, KilledAgentLosesItsNodeAndTheJobRunsAgainWhenItReturns) {
   EXPECT_EQ(waiting.state(), v1::Job::RESTARTING) << waiting.state_reason() << Describe(name);
   EXPECT_EQ(waiting.infrastructure_restarts(), 1);
 
-  StartAgent("b");
+  ASSERT_TRUE(cluster_->StartAgent("b"));
   const v1::Job again = AwaitJob(name, [](const v1::Job& j) {
     return Ended(j) || (j.attempt() == 2 && j.state() == v1::Job::RUNNING);
   });
   EXPECT_EQ(again.state(), v1::Job::RUNNING) << again.state_reason() << Describe(name);
-  EXPECT_EQ(NodeState("b"), v1::Node::READY);
-  Cancel(name);
+  EXPECT_EQ(cluster_->NodeState("b"), v1::Node::READY);
+  cluster_->Cancel(name);
 }
 
 TEST_F(ClusterE2eTest, StoppedRankIsCaughtByTheWatchdogAndTheJobRestarts) {
@@ -357,7 +213,7 @@ TEST_F(ClusterE2eTest, StoppedRankIsCaughtByTheWatchdogAndTheJobRestarts) {
               return Ended(j) || (j.state() == v1::Job::RUNNING && j.progress().step() >= 20);
             }).state(),
             v1::Job::RUNNING);
-  const std::vector<pid_t> on_b = TrainersOf(agents_["b"]->pid());
+  const std::vector<pid_t> on_b = cluster_->TrainersOf("b");
   ASSERT_EQ(on_b.size(), 2u);
   ASSERT_EQ(kill(on_b[0], SIGSTOP), 0);
   const auto stopped = Clock::now();
@@ -367,7 +223,7 @@ TEST_F(ClusterE2eTest, StoppedRankIsCaughtByTheWatchdogAndTheJobRestarts) {
   EXPECT_EQ(restarted.attempt(), 2) << restarted.state_reason() << Describe(name);
   EXPECT_LT(Clock::now() - stopped, seconds(5 + 5));
   EXPECT_TRUE(HasEvent(name, v1::JobEvent::HANG_DETECTED, "")) << Describe(name);
-  Cancel(name);
+  cluster_->Cancel(name);
 }
 
 }  // namespace

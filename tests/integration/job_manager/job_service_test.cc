@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "services/api/job_records.h"
 #include "services/api/job_service.h"
 #include "tests/integration/db/db_test_util.h"
 #include "tests/support/grpc_test_server.h"
@@ -145,6 +146,36 @@ TEST_F(JobServiceTest, AdminTokenReadsEveryTenantsJobsButCreatesNone) {
   EXPECT_GE(listed.jobs_size(), 1);
   EXPECT_EQ(stub_->CreateJob(As("admin-secret").get(), Create(""), &job).error_code(),
             grpc::StatusCode::PERMISSION_DENIED);
+}
+
+TEST_F(JobServiceTest, GetJobMetricsChecksTokensTenantsAndMaxPoints) {
+  v1::Job job;
+  ASSERT_TRUE(stub_->CreateJob(As(token_a_).get(), Create(""), &job).ok());
+  ASSERT_TRUE(pool_->Exec("INSERT INTO job_metric_points"
+                          " (job_id, step, attempt, loss, eval_metrics)"
+                          " VALUES ($1::uuid, 10, 1, 2.5, NULL),"
+                          " ($1::uuid, 20, 1, 1.5, '{\"accuracy\": 0.5}')",
+                          {JobId(job.name())})
+                  .ok());
+  v1::GetJobMetricsRequest request;
+  request.set_name(job.name());
+  v1::JobMetrics metrics;
+  ASSERT_TRUE(stub_->GetJobMetrics(As(token_a_).get(), request, &metrics).ok());
+  EXPECT_EQ(metrics.name(), job.name());
+  EXPECT_EQ(metrics.recorded_points(), 2);
+  ASSERT_EQ(metrics.points_size(), 2);
+  EXPECT_DOUBLE_EQ(metrics.points(0).loss(), 2.5);
+  EXPECT_DOUBLE_EQ(metrics.points(1).eval_metrics().at("accuracy"), 0.5);
+  ASSERT_TRUE(stub_->GetJobMetrics(As("admin-secret").get(), request, &metrics).ok());
+
+  EXPECT_EQ(stub_->GetJobMetrics(As(token_b_).get(), request, &metrics).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(stub_->GetJobMetrics(As("").get(), request, &metrics).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  request.set_max_points(-5);
+  const grpc::Status invalid = stub_->GetJobMetrics(As(token_a_).get(), request, &metrics);
+  EXPECT_EQ(invalid.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(invalid.error_message(), HasSubstr("max_points"));
 }
 
 }  // namespace

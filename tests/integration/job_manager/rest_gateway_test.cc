@@ -244,6 +244,48 @@ TEST_F(RestGatewayTest, AdminTokenReadsEveryTenantsJobsButCreatesNone) {
   EXPECT_THAT(created->body, HasSubstr("tenant token"));
 }
 
+TEST_F(RestGatewayTest, JobMetricsAreDownsampledAsJson) {
+  const std::string name = Create();
+  // 1..100, an evaluation at 50: what NodeManager records from rank 0's lines.
+  ASSERT_TRUE(pool_->Exec("INSERT INTO job_metric_points (job_id, step, attempt, loss,"
+                          " learning_rate, samples_per_second, eval_metrics)"
+                          " SELECT $1::uuid, s, 1, 1.0 / s, 0.1, 250,"
+                          "   CASE WHEN s = 50 THEN '{\"accuracy\": 0.9}'::jsonb END"
+                          " FROM generate_series(1, 100) AS s",
+                          {name.substr(5)})
+                  .ok());
+  auto got = client_->Get(("/v1/" + name + "/metrics?maxPoints=10").c_str(), headers_a_);
+  ASSERT_EQ(got->status, 200) << got->body;
+  EXPECT_EQ(got->get_header_value("Content-Type"), "application/json");
+  v1::JobMetrics metrics;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(got->body, &metrics).ok()) << got->body;
+  EXPECT_EQ(metrics.name(), name);
+  EXPECT_EQ(metrics.recorded_points(), 100);
+  ASSERT_LE(metrics.points_size(), 10);
+  ASSERT_GE(metrics.points_size(), 3);
+  EXPECT_EQ(metrics.points(0).step(), 1);
+  EXPECT_EQ(metrics.points(metrics.points_size() - 1).step(), 100);
+  EXPECT_THAT(got->body, HasSubstr(R"("evalMetrics":{"accuracy":0.9})"));
+  EXPECT_THAT(got->body, HasSubstr(R"("samplesPerSecond":250)"));
+  // Without maxPoints: the default (500), so all of them here.
+  auto all = client_->Get(("/v1/" + name + "/metrics").c_str(), headers_a_);
+  ASSERT_EQ(all->status, 200) << all->body;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(all->body, &metrics).ok());
+  EXPECT_EQ(metrics.points_size(), 100);
+
+  EXPECT_EQ(client_->Get(("/v1/" + name + "/metrics").c_str(), headers_b_)->status, 404);
+  EXPECT_EQ(client_->Get(("/v1/" + name + "/metrics").c_str())->status, 401);
+  EXPECT_EQ(client_->Get(("/v1/" + name + "/metrics").c_str(), admin_)->status, 200);
+  auto negative = client_->Get(("/v1/" + name + "/metrics?maxPoints=-1").c_str(), headers_a_);
+  EXPECT_EQ(negative->status, 400);
+  EXPECT_THAT(negative->body, HasSubstr("max_points"));
+  auto huge = client_->Get(("/v1/" + name + "/metrics?maxPoints=10001").c_str(), headers_a_);
+  EXPECT_EQ(huge->status, 400);
+  auto words = client_->Get(("/v1/" + name + "/metrics?maxPoints=ten").c_str(), headers_a_);
+  EXPECT_EQ(words->status, 400);
+  EXPECT_THAT(words->body, HasSubstr("maxPoints"));
+}
+
 TEST_F(RestGatewayTest, MetricsCountRequestsByMethodAndCodeAndJobsByState) {
   Create();
   Create();

@@ -1,0 +1,240 @@
+#include "gpu_worker/telemetry_client/telemetry_reporter.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <iostream>
+#include <stdexcept>
+
+#include "services/common/grpc_credentials.h"
+
+namespace gradhub::telemetry_client {
+namespace {
+
+// gRPC's own reconnect backoff (up to 120 s by default) would keep a restarted service waiting
+// long after our backoff asked for it; the channel follows ours instead. Keepalive notices a
+// service that vanished while the stream was idle; gradhub-metrics allows pings this often.
+grpc::ChannelArguments ChannelArgs(const TelemetryReporterOptions& options) {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, static_cast<int>(options.min_backoff.count()));
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, static_cast<int>(options.min_backoff.count()));
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, static_cast<int>(options.max_backoff.count()));
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
+  return args;
+}
+
+}  // namespace
+
+TelemetryReporter::TelemetryReporter(TelemetryReporterOptions options)
+    : options_(std::move(options)), backoff_(options_.min_backoff) {
+  if (options_.address.empty()) throw std::invalid_argument("telemetry: no metrics server address");
+  auto credentials = ClientCredentials(options_.tls_ca_file);
+  if (!credentials.ok()) throw std::invalid_argument(std::string(credentials.status().message()));
+  channel_ = grpc::CreateCustomChannel(options_.address, *credentials, ChannelArgs(options_));
+  stub_ = v1::TelemetryService::NewStub(channel_);
+  next_send_ = Clock::now() + options_.batch_interval;
+  sender_ = std::thread([this] { Run(); });
+}
+
+TelemetryReporter::~TelemetryReporter() { Close(Clock::now()); }
+
+void TelemetryReporter::Report(v1::StepTelemetry step) noexcept {
+  try {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.reported;
+    if (closing_) {
+      ++stats_.dropped;
+      return;
+    }
+    if (queue_.size() >= options_.queue_capacity) {
+      queue_.pop_front();
+      ++stats_.dropped;
+    }
+    queue_.push_back(std::move(step));
+    if (queue_.size() == options_.batch_steps) wake_.notify_one();
+  } catch (...) {  // out of memory: the step is lost, the trainer is not
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.dropped;
+  }
+}
+
+TelemetryReporterStats TelemetryReporter::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+void TelemetryReporter::Log(const std::string& message) const {
+  if (options_.log) {
+    options_.log(message);
+  } else {
+    std::cerr << "gradhub telemetry: " << message << std::endl;
+  }
+}
+
+bool TelemetryReporter::Close(Clock::time_point deadline) noexcept {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (close_called_) {
+    done_.wait(lock, [this] { return finished_; });
+    return closed_result_;
+  }
+  close_called_ = true;
+  closing_ = true;
+  close_deadline_ = deadline;
+  wake_.notify_all();
+  if (!done_.wait_until(lock, deadline, [this] { return finished_; })) {
+    // The deadline passed mid-stream (a slow or vanished service): cancel, and open no other.
+    cancelled_ = true;
+    if (context_ != nullptr) context_->TryCancel();
+  }
+  lock.unlock();
+  if (sender_.joinable()) sender_.join();
+  lock.lock();
+  return closed_result_;
+}
+
+void TelemetryReporter::Run() {
+  while (WaitForWork()) {
+    if (writer_ == nullptr && !OpenStream()) {
+      Backoff();
+      continue;
+    }
+    std::vector<v1::StepTelemetry> steps = TakeBatch();
+    if (steps.empty()) continue;
+    if (!WriteBatch(steps)) {
+      Requeue(steps);
+      EndBrokenStream();
+      Backoff();
+    }
+  }
+  const bool finished = FinishStream();
+  std::lock_guard<std::mutex> lock(mu_);
+  closed_result_ = finished && queue_.empty();
+  stats_.dropped += static_cast<int64_t>(queue_.size());
+  queue_.clear();
+  finished_ = true;
+  done_.notify_all();
+}
+
+// Protocol step 1. False when the sender should stop: closing, and nothing left to send or no
+// time left to send it.
+bool TelemetryReporter::WaitForWork() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    const Clock::time_point now = Clock::now();
+    if (closing_) return !queue_.empty() && now < close_deadline_ && !cancelled_;
+    if (queue_.size() >= options_.batch_steps) return true;
+    if (now >= next_send_) {
+      next_send_ = now + options_.batch_interval;
+      if (!queue_.empty()) return true;
+    }
+    wake_.wait_until(lock, next_send_);
+  }
+}
+
+// Protocol step 2: a new stream. The stream has no deadline (it lives as long as the
+// trainer); Close() cancels it.
+bool TelemetryReporter::OpenStream() {
+  auto context = std::make_unique<grpc::ClientContext>();
+  if (!options_.token.empty()) context->AddMetadata("authorization", "Bearer " + options_.token);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (cancelled_) return false;
+    context_ = std::move(context);
+    ++stats_.streams;
+  }
+  response_.Clear();
+  // Fails at once (not wait_for_ready) when the channel cannot connect: the batch stays queued.
+  writer_ = stub_->ReportTelemetry(context_.get(), &response_);
+  return true;
+}
+
+std::vector<v1::StepTelemetry> TelemetryReporter::TakeBatch() {
+  std::lock_guard<std::mutex> lock(mu_);
+  const size_t n = std::min(queue_.size(), options_.batch_steps);
+  std::vector<v1::StepTelemetry> steps;
+  steps.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    steps.push_back(std::move(queue_.front()));
+    queue_.pop_front();
+  }
+  return steps;
+}
+
+// Protocol step 3.
+bool TelemetryReporter::WriteBatch(std::vector<v1::StepTelemetry>& steps) {
+  v1::TelemetryBatch batch;
+  batch.set_job(options_.job);
+  batch.set_attempt(options_.attempt);
+  batch.set_rank(options_.rank);
+  batch.set_node(options_.node);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    batch.set_dropped_steps(stats_.dropped);
+  }
+  for (v1::StepTelemetry& step : steps) batch.add_steps()->Swap(&step);
+  if (!writer_->Write(batch)) {
+    // Give the steps back for Requeue, in order.
+    for (size_t i = 0; i < steps.size(); ++i)
+      steps[i].Swap(batch.mutable_steps(static_cast<int>(i)));
+    return false;
+  }
+  backoff_ = options_.min_backoff;
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.sent += static_cast<int64_t>(steps.size());
+  if (!reachable_) {
+    reachable_ = true;
+    Log(options_.address + ": sending again (" + std::to_string(stats_.dropped) +
+        " steps dropped so far)");
+  }
+  return true;
+}
+
+void TelemetryReporter::Requeue(std::vector<v1::StepTelemetry>& steps) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto it = steps.rbegin(); it != steps.rend(); ++it) queue_.push_front(std::move(*it));
+  while (queue_.size() > options_.queue_capacity) {
+    queue_.pop_front();
+    ++stats_.dropped;
+  }
+}
+
+void TelemetryReporter::EndBrokenStream() {
+  const grpc::Status status = writer_->Finish();
+  writer_.reset();
+  std::lock_guard<std::mutex> lock(mu_);
+  context_.reset();
+  ++stats_.failures;
+  if (reachable_) {
+    reachable_ = false;
+    Log(options_.address + ": " + (status.ok() ? "stream ended" : status.error_message()) +
+        "; retrying, and dropping the oldest steps beyond " +
+        std::to_string(options_.queue_capacity) + " meanwhile");
+  }
+}
+
+// Protocol step 4's end: half-close, and learn how many steps the server accepted. False when
+// the stream did not end cleanly (what was written on it may be lost).
+bool TelemetryReporter::FinishStream() {
+  if (writer_ == nullptr) return true;
+  const bool half_closed = writer_->WritesDone();
+  const grpc::Status status = writer_->Finish();
+  writer_.reset();
+  std::lock_guard<std::mutex> lock(mu_);
+  context_.reset();
+  if (!half_closed || !status.ok()) return false;
+  stats_.accepted += response_.accepted_steps();
+  return true;
+}
+
+// Sleeps the backoff (cut short by the first Close(), and never past its deadline), then
+// doubles it.
+void TelemetryReporter::Backoff() {
+  std::unique_lock<std::mutex> lock(mu_);
+  const bool was_closing = closing_;
+  const Clock::time_point until = std::min(Clock::now() + backoff_, close_deadline_);
+  wake_.wait_until(lock, until, [&] { return closing_ != was_closing || cancelled_; });
+  backoff_ = std::min(backoff_ * 2, options_.max_backoff);
+}
+
+}  // namespace gradhub::telemetry_client

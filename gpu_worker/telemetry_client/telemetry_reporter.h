@@ -1,0 +1,134 @@
+// A trainer's per-step telemetry to gradhub-metrics (proto/gradhub/v1/telemetry.proto), sent
+// so that it never slows a step: Report() only queues; a thread of the reporter's own sends.
+// gRPC only, no torch, like store_client: the trainer links it beside the engine.
+//
+// The sender thread, in order:
+//   1. Waits until batch_steps steps are queued, batch_interval has passed since the last
+//      batch, or Close() was called.
+//   2. Without an open ReportTelemetry stream, opens one. When that fails (the service is
+//      down, restarting, or refused the token) it waits a backoff that doubles from
+//      min_backoff to max_backoff, and goes back to 1; meanwhile steps keep queueing, and once
+//      queue_capacity are queued each new one pushes out the oldest, which is counted dropped.
+//   3. Takes at most batch_steps steps off the queue and writes them as one TelemetryBatch.
+//      A failed write puts them back at the head of the queue (the server drops steps it
+//      already has, so resending is harmless), ends the stream, and goes to 2's backoff.
+//   4. On Close(deadline): sends what is queued while the deadline allows, half-closes the
+//      stream and reads the server's count of accepted steps. At the deadline an unfinished
+//      stream is cancelled and what was not sent is counted dropped.
+// Every batch carries the count dropped so far (TelemetryBatch.dropped_steps, cumulative), so
+// the service exports it as gradhub_telemetry_dropped_total{reason="trainer_queue_full"}.
+//
+// Thread-safe: Report(), stats() and Close() may be called from any thread.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gradhub/v1/telemetry.grpc.pb.h"
+
+namespace gradhub::telemetry_client {
+
+struct TelemetryReporterOptions {
+  // host:port of gradhub-metrics' gRPC port.
+  std::string address;
+  // Sent as `authorization: Bearer <token>` when not empty (a node token).
+  std::string token;
+  // PEM certificates to trust for TLS; empty = plaintext.
+  std::string tls_ca_file;
+  // Who is reporting: "jobs/<id>", the attempt (>= 1), the rank, "nodes/<name>".
+  std::string job;
+  int32_t attempt = 1;
+  int32_t rank = 0;
+  std::string node;
+  // Steps held while the service is slow or down; beyond it the oldest are dropped.
+  size_t queue_capacity = 4096;
+  // A batch goes out when this many steps are queued, or batch_interval after the last one.
+  size_t batch_steps = 32;
+  std::chrono::milliseconds batch_interval{1000};
+  std::chrono::milliseconds min_backoff{100};
+  std::chrono::milliseconds max_backoff{5000};
+  // Where the reporter says that the service became unreachable and came back (once per
+  // change, not per retry). Empty = stderr.
+  std::function<void(const std::string&)> log;
+};
+
+struct TelemetryReporterStats {
+  int64_t reported = 0;  // Report() calls
+  int64_t sent = 0;      // steps written to a stream (a broken stream may have lost some)
+  int64_t dropped = 0;   // pushed out of a full queue, or unsent at Close()
+  int64_t accepted = 0;  // the server's count, from streams that ended cleanly
+  int64_t streams = 0;   // streams opened
+  int64_t failures = 0;  // failed stream openings and broken streams
+};
+
+class TelemetryReporter {
+ public:
+  // Starts the sender thread. std::invalid_argument for an empty address or an unreadable
+  // tls_ca_file: nothing else is checked here, and nothing waits for the service.
+  explicit TelemetryReporter(TelemetryReporterOptions options);
+  // Close(now): what was not sent by then is dropped.
+  ~TelemetryReporter();
+  TelemetryReporter(const TelemetryReporter&) = delete;
+  TelemetryReporter& operator=(const TelemetryReporter&) = delete;
+
+  // Queues one step. Never blocks on the network and never throws; after Close() the step is
+  // counted dropped.
+  void Report(v1::StepTelemetry step) noexcept;
+
+  // Flushes and stops (protocol step 4). True when everything still queued was sent and the
+  // last stream ended cleanly; what was lost before (drops, a broken stream) is in stats().
+  // Later calls return the first call's answer.
+  bool Close(std::chrono::steady_clock::time_point deadline) noexcept;
+
+  TelemetryReporterStats stats() const;
+
+ private:
+  using Clock = std::chrono::steady_clock;
+
+  void Run();
+  bool WaitForWork();
+  bool OpenStream();
+  bool WriteBatch(std::vector<v1::StepTelemetry>& steps);
+  bool FinishStream();
+  void EndBrokenStream();
+  void Backoff();
+  void Requeue(std::vector<v1::StepTelemetry>& steps);
+  std::vector<v1::StepTelemetry> TakeBatch();
+  void Log(const std::string& message) const;
+
+  const TelemetryReporterOptions options_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::TelemetryService::Stub> stub_;
+
+  // Sender thread only.
+  std::unique_ptr<grpc::ClientContext> context_;
+  std::unique_ptr<grpc::ClientWriter<v1::TelemetryBatch>> writer_;
+  v1::ReportTelemetryResponse response_;
+  std::chrono::milliseconds backoff_;
+  bool reachable_ = true;  // as last logged
+
+  mutable std::mutex mu_;
+  std::condition_variable wake_;  // the sender: work, or Close()
+  std::condition_variable done_;  // Close(): the sender finished
+  std::deque<v1::StepTelemetry> queue_;
+  TelemetryReporterStats stats_;
+  Clock::time_point next_send_;
+  bool closing_ = false;
+  Clock::time_point close_deadline_ = Clock::time_point::max();
+  bool cancelled_ = false;  // the close deadline passed: open no stream
+  bool finished_ = false;   // the sender thread is done
+  bool closed_result_ = false;
+  bool close_called_ = false;
+
+  std::thread sender_;  // last: starts once the members above exist
+};
+
+}  // namespace gradhub::telemetry_client

@@ -1,0 +1,148 @@
+#include "services/checkpoint/checkpoint_access.h"
+
+#include "absl/strings/str_cat.h"
+#include "services/api/job_records.h"
+#include "services/common/status_macros.h"
+
+namespace gradhub::checkpoint {
+namespace {
+
+using Kind = api::Principal::Kind;
+
+constexpr char kActiveRankStates[] = "('ASSIGNED', 'STARTING', 'RUNNING', 'STOPPING')";
+
+const char* LockClause(JobLock lock) {
+  switch (lock) {
+    case JobLock::kShare:
+      return " FOR SHARE";
+    case JobLock::kNoKeyUpdate:
+      return " FOR NO KEY UPDATE";
+    case JobLock::kNone:
+      break;
+  }
+  return "";
+}
+
+absl::StatusOr<JobRow> ReadJob(db::Transaction& tx, const std::string& job_id, JobLock lock) {
+  if (job_id.empty()) return absl::NotFoundError("job not found");
+  GRADHUB_ASSIGN_OR_RETURN(
+      db::Result rows,
+      tx.Exec(absl::StrCat("SELECT tenant_id, state, current_attempt,"
+                           " coalesce((spec #>> '{checkpoint,keepLast}')::int, 0) AS keep_last"
+                           " FROM jobs WHERE id = $1::uuid",
+                           LockClause(lock)),
+              {job_id}));
+  if (rows.empty()) return api::JobNotFound("jobs/" + job_id);
+  const db::Row row = rows.row(0);
+  JobRow job;
+  job.id = job_id;
+  job.tenant_id = row.Get<int64_t>("tenant_id");
+  v1::Job::State_Parse(row.Get<std::string>("state"), &job.state);
+  job.current_attempt = row.Get<int32_t>("current_attempt");
+  const int32_t keep_last = row.Get<int32_t>("keep_last");
+  job.keep_last = keep_last > 0 ? keep_last : 3;
+  return job;
+}
+
+// What the node named in the call may do with one job.
+struct NodeFacts {
+  std::string node;
+  bool placed = false;              // an active rank of the job on this node
+  bool placed_for_attempt = false;  // ... of the attempt asked about
+};
+
+// PERMISSION_DENIED unless the node named in the call holds the session it claims and is not
+// LOST; then what ranks of the job it runs.
+absl::StatusOr<NodeFacts> CheckNodeSession(db::Transaction& tx, const Caller& caller,
+                                           const std::string& job_id, int32_t attempt) {
+  NodeFacts facts;
+  facts.node = caller.node.rfind("nodes/", 0) == 0 ? caller.node.substr(6) : caller.node;
+  if (facts.node.empty() || caller.node_session.empty()) {
+    return absl::PermissionDeniedError(
+        "a node token must come with gradhub-node and gradhub-node-session metadata");
+  }
+  GRADHUB_ASSIGN_OR_RETURN(
+      db::Result rows,
+      tx.Exec(absl::StrCat("SELECT n.state, coalesce(n.session_id::text, '') = $2 AS current,"
+                           " coalesce(bool_or(a.job_id IS NOT NULL), false) AS placed,"
+                           " coalesce(bool_or(a.attempt = $4::int), false) AS placed_for_attempt"
+                           " FROM nodes n LEFT JOIN rank_assignments a ON a.node_id = n.id"
+                           "   AND a.job_id = $3::uuid AND a.state IN ",
+                           kActiveRankStates, " WHERE n.name = $1 GROUP BY n.id"),
+              {facts.node, caller.node_session, job_id, attempt}));
+  if (rows.empty() || !rows.row(0).Get<bool>("current") ||
+      rows.row(0).Get<std::string>("state") == "LOST") {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "nodes/", facts.node, ": not a current session of that node (the agent must re-register)"));
+  }
+  facts.placed = rows.row(0).Get<bool>("placed");
+  facts.placed_for_attempt = rows.row(0).Get<bool>("placed_for_attempt");
+  return facts;
+}
+
+}  // namespace
+
+absl::StatusOr<JobRow> ReadJobRow(db::Transaction& tx, const std::string& job_id, JobLock lock) {
+  return ReadJob(tx, job_id, lock);
+}
+
+absl::StatusOr<Caller> IdentifyCaller(const api::Authenticator& auth,
+                                      const std::string& authorization, std::string node,
+                                      std::string node_session) {
+  GRADHUB_ASSIGN_OR_RETURN(api::Principal principal, auth.Authenticate(authorization));
+  return Caller{std::move(principal), std::move(node), std::move(node_session)};
+}
+
+absl::Status CheckKind(const Caller& caller, Access access) {
+  const Kind kind = caller.principal.kind;
+  if (kind == Kind::kTenant && access == Access::kUpload) {
+    return absl::PermissionDeniedError("uploads take a node token (or the admin token)");
+  }
+  if (kind == Kind::kNode && access == Access::kManage) {
+    return absl::PermissionDeniedError("listing and deleting take a tenant or the admin token");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<JobRow> AuthorizeJob(db::Transaction& tx, const Caller& caller,
+                                    const std::string& job_id, Access access, int32_t attempt,
+                                    JobLock lock) {
+  GRADHUB_RETURN_IF_ERROR(CheckKind(caller, access));
+  GRADHUB_ASSIGN_OR_RETURN(JobRow job, ReadJob(tx, job_id, lock));
+  const Kind kind = caller.principal.kind;
+  if (kind == Kind::kTenant && job.tenant_id != caller.principal.tenant_id) {
+    return api::JobNotFound("jobs/" + job_id);
+  }
+  // A node's session first: who the caller is comes before what state the job is in.
+  NodeFacts node;
+  if (kind == Kind::kNode) {
+    GRADHUB_ASSIGN_OR_RETURN(node, CheckNodeSession(tx, caller, job_id, attempt));
+  }
+  if (access == Access::kUpload) {
+    GRADHUB_RETURN_IF_ERROR(CheckAttemptMaySave(job, attempt));
+  }
+  const bool placed = access == Access::kUpload ? node.placed_for_attempt : node.placed;
+  if (kind == Kind::kNode && !placed) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "nodes/", node.node, " runs no rank of jobs/", job_id,
+        access == Access::kUpload ? absl::StrCat(" attempt ", attempt) : std::string()));
+  }
+  return job;
+}
+
+absl::Status CheckAttemptMaySave(const JobRow& job, int32_t attempt) {
+  if (attempt != job.current_attempt) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("attempt ", attempt, " of jobs/", job.id, " is not its current attempt (",
+                     job.current_attempt, "); only the current attempt saves checkpoints"));
+  }
+  if (job.state != v1::Job::SCHEDULED && job.state != v1::Job::RUNNING &&
+      job.state != v1::Job::RESTARTING) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("jobs/", job.id, " is ", v1::Job::State_Name(job.state),
+                     "; checkpoints are saved only while it is SCHEDULED, RUNNING or RESTARTING"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace gradhub::checkpoint

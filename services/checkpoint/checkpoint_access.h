@@ -1,0 +1,82 @@
+// Who may do what with checkpoints: the rules at the top of proto/gradhub/v1/checkpoint.proto,
+// as checks against the job's, the node's and the ranks' rows.
+//
+//   - Trainers: a node token plus the call's `gradhub-node` and `gradhub-node-session`
+//     metadata. The session must be the node's current one (nodes.session_id) and the node not
+//     LOST; node tokens are shared by every agent, so the session is what binds a call to one
+//     node. Uploads also need a rank of the upload's attempt on that node in an active state
+//     (ASSIGNED, STARTING, RUNNING, STOPPING); reads need an active rank of the job.
+//   - The admin token may do everything.
+//   - Tenants list, read and delete their own jobs' checkpoints; another tenant's job is
+//     NOT_FOUND, exactly like a job that does not exist.
+// Whoever uploads, only the job's current attempt may, while the job is SCHEDULED, RUNNING or
+// RESTARTING (rank 0 of an attempt being stopped saves its last step): a straggler of a failed
+// attempt gets FAILED_PRECONDITION.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "gradhub/v1/jobs.pb.h"
+#include "services/api/authenticator.h"
+#include "services/common/db/pool.h"
+
+namespace gradhub::checkpoint {
+
+// The caller of one request, as the adapters learn it from the call's metadata (gRPC) or
+// headers (REST).
+struct Caller {
+  api::Principal principal;
+  std::string node;          // `gradhub-node`: the node's name ("nodes/" prefix optional)
+  std::string node_session;  // `gradhub-node-session`
+};
+
+// The caller behind `authorization` ("Bearer ..."); UNAUTHENTICATED as the Authenticator says.
+absl::StatusOr<Caller> IdentifyCaller(const api::Authenticator& auth,
+                                      const std::string& authorization, std::string node,
+                                      std::string node_session);
+
+enum class Access {
+  kUpload,  // StartUpload, UploadChunks, CommitCheckpoint: trainers (for one attempt), admin
+  kRead,    // GetLatestCheckpoint, DownloadCheckpoint: trainers, the job's tenant, admin
+  kManage,  // ListCheckpoints, DeleteCheckpoint: the job's tenant, admin
+};
+
+// What the store needs of a job's row.
+struct JobRow {
+  std::string id;  // uuid
+  int64_t tenant_id = 0;
+  v1::Job::State state = v1::Job::STATE_UNSPECIFIED;
+  int32_t current_attempt = 0;
+  int32_t keep_last = 3;  // spec checkpoint.keepLast, 0 or absent = 3
+};
+
+// OK when `attempt` may save (start or commit) checkpoints of `job`: it is the current attempt
+// and the job is SCHEDULED, RUNNING or RESTARTING (an attempt being stopped, for a drain or a
+// peer's failure, whose rank 0 saves the last step it finished on SIGTERM; the next attempt
+// starts only once every rank of this one has stopped, so it resumes from that save).
+// FAILED_PRECONDITION saying why not.
+absl::Status CheckAttemptMaySave(const JobRow& job, int32_t attempt);
+
+// How AuthorizeJob locks the job's row for the rest of the caller's transaction.
+enum class JobLock { kNone, kShare, kNoKeyUpdate };
+
+// Job `job_id` (a uuid, or "" for a malformed name) in `tx`, or NOT_FOUND. No access check.
+absl::StatusOr<JobRow> ReadJobRow(db::Transaction& tx, const std::string& job_id, JobLock lock);
+
+// Reads job `job_id` (a uuid, or "" for a malformed name) in `tx` and checks that `caller` may
+// `access` it; `attempt` is the attempt of the upload (kUpload only). NOT_FOUND for a missing
+// job or another tenant's; PERMISSION_DENIED for a token of the wrong kind, a node session that
+// is not current, or a node without a rank of the job; FAILED_PRECONDITION for an upload of an
+// attempt that is not the current one, or while the job is not SCHEDULED, RUNNING or
+// RESTARTING.
+absl::StatusOr<JobRow> AuthorizeJob(db::Transaction& tx, const Caller& caller,
+                                    const std::string& job_id, Access access, int32_t attempt,
+                                    JobLock lock = JobLock::kNone);
+
+// PERMISSION_DENIED when the caller's kind of token may never `access` (a tenant uploading, a
+// node listing), checked before any row is read so that it reveals nothing about jobs.
+absl::Status CheckKind(const Caller& caller, Access access);
+
+}  // namespace gradhub::checkpoint

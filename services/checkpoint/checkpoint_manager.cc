@@ -1,0 +1,644 @@
+#include "services/checkpoint/checkpoint_manager.h"
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+#include <optional>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "services/api/job_records.h"
+#include "services/common/db/migrator.h"
+#include "services/common/status_macros.h"
+
+namespace gradhub::checkpoint {
+
+namespace {
+
+constexpr size_t kMaxRequestIdLength = 64;
+constexpr int kMaxMetadataEntries = 64;
+constexpr size_t kMaxMetadataBytes = 16 << 10;
+
+absl::Status ValidateStart(const v1::StartUploadRequest& request) {
+  std::string problems;
+  if (request.attempt() < 1) absl::StrAppend(&problems, " attempt: must be at least 1;");
+  if (request.step() < 0) absl::StrAppend(&problems, " step: must not be negative;");
+  if (request.size_bytes() < 0) absl::StrAppend(&problems, " size_bytes: must not be negative;");
+  if (request.request_id().size() > kMaxRequestIdLength) {
+    absl::StrAppend(&problems, " request_id: at most ", kMaxRequestIdLength, " characters;");
+  }
+  size_t metadata_bytes = 0;
+  for (const auto& [key, value] : request.metadata()) metadata_bytes += key.size() + value.size();
+  if (request.metadata_size() > kMaxMetadataEntries || metadata_bytes > kMaxMetadataBytes) {
+    absl::StrAppend(&problems, " metadata: at most ", kMaxMetadataEntries, " entries and ",
+                    kMaxMetadataBytes, " bytes;");
+  }
+  if (problems.empty()) return absl::OkStatus();
+  problems.pop_back();
+  return absl::InvalidArgumentError(absl::StrCat("invalid upload:", problems));
+}
+
+std::string MetadataJson(const google::protobuf::Map<std::string, std::string>& metadata) {
+  nlohmann::json json = nlohmann::json::object();
+  for (const auto& [key, value] : metadata) json[key] = value;
+  return json.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+absl::StatusOr<std::optional<CheckpointRow>> FindByRequestId(db::Transaction& tx,
+                                                             const std::string& job_id,
+                                                             const std::string& request_id) {
+  GRADHUB_ASSIGN_OR_RETURN(
+      db::Result rows, tx.Exec(absl::StrCat("SELECT ", kCheckpointColumns, " FROM checkpoints c",
+                                            " WHERE c.job_id = $1::uuid AND c.request_id = $2"),
+                               {job_id, request_id}));
+  if (rows.empty()) return std::nullopt;
+  GRADHUB_ASSIGN_OR_RETURN(CheckpointRow row, CheckpointFromRow(rows.row(0)));
+  return row;
+}
+
+// The row of a retried StartUpload, or ALREADY_EXISTS when the request_id named another upload.
+absl::StatusOr<CheckpointRow> SameUpload(const CheckpointRow& row,
+                                         const v1::StartUploadRequest& request) {
+  if (row.attempt != request.attempt() || row.step != request.step() ||
+      row.size_bytes != request.size_bytes()) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        "request_id '", request.request_id(), "' was used for another upload (attempt ",
+        row.attempt, ", step ", row.step, ", ", row.size_bytes, " bytes)"));
+  }
+  return row;
+}
+
+// Step 1 in `tx`, once the caller may upload: the upload's row, new or that of a retry.
+absl::StatusOr<CheckpointRow> InsertUpload(db::Transaction& tx, const std::string& job_id,
+                                           const v1::StartUploadRequest& request) {
+  const std::string& request_id = request.request_id();
+  if (!request_id.empty()) {
+    GRADHUB_ASSIGN_OR_RETURN(auto earlier, FindByRequestId(tx, job_id, request_id));
+    if (earlier) return SameUpload(*earlier, request);
+  }
+  GRADHUB_ASSIGN_OR_RETURN(db::Result committed,
+                           tx.Exec("SELECT 1 FROM checkpoints WHERE job_id = $1::uuid AND step = $2"
+                                   " AND state = 'COMMITTED'",
+                                   {job_id, request.step()}));
+  if (!committed.empty()) {
+    return absl::AlreadyExistsError(absl::StrCat("jobs/", job_id,
+                                                 " already has a committed "
+                                                 "checkpoint at step ",
+                                                 request.step()));
+  }
+  // The blob key embeds the upload id, so both come from one generated value.
+  GRADHUB_ASSIGN_OR_RETURN(
+      db::Result inserted,
+      tx.Exec(absl::StrCat(
+                  "WITH fresh AS (SELECT gen_random_uuid() AS upload_id, $1::uuid AS job_id,"
+                  "   $3::bigint AS step)"
+                  " INSERT INTO checkpoints AS c (job_id, attempt, step, size_bytes, metadata,"
+                  "   request_id, upload_id, blob_path)"
+                  " SELECT fresh.job_id, $2, fresh.step, $4, $5::jsonb, nullif($6, ''),"
+                  "   fresh.upload_id,"
+                  "   fresh.job_id::text || '/' || fresh.step::text || '-' || fresh.upload_id::text"
+                  " FROM fresh"
+                  " ON CONFLICT (job_id, request_id) DO NOTHING RETURNING ",
+                  kCheckpointColumns),
+              {job_id, request.attempt(), request.step(), request.size_bytes(),
+               MetadataJson(request.metadata()), request_id}));
+  if (!inserted.empty()) return CheckpointFromRow(inserted.row(0));
+  // A concurrent call with the same request_id inserted first; this statement saw it commit.
+  GRADHUB_ASSIGN_OR_RETURN(auto concurrent, FindByRequestId(tx, job_id, request_id));
+  if (!concurrent) return absl::AbortedError("concurrent StartUpload; try again");
+  return SameUpload(*concurrent, request);
+}
+
+absl::Status UploadNotFound(const std::string& upload_id) {
+  return absl::NotFoundError(absl::StrCat("upload '", upload_id, "' not found"));
+}
+
+}  // namespace
+
+std::string CleanupReport::ToString() const {
+  return absl::StrCat("orphan upload files removed: ", orphan_uploads,
+                      "; stale uploads discarded: ", stale_uploads,
+                      "; blobs without a committed row removed: ", orphan_blobs,
+                      "; committed checkpoints with a missing blob marked BAD: ", missing_blobs,
+                      "; checkpoints marked for deletion removed: ", deleted_rows);
+}
+
+std::string ScrubReport::ToString() const {
+  return absl::StrCat("checkpoints checked: ", checked, " (", bytes, " bytes); marked BAD: ", bad);
+}
+
+CheckpointManager::CheckpointManager(db::Pool* pool, BlobStore* blobs, CheckpointMetrics* metrics,
+                                     CheckpointManagerOptions options)
+    : pool_(pool), blobs_(blobs), metrics_(metrics), options_(std::move(options)) {}
+
+CheckpointManager::~CheckpointManager() = default;
+
+void CheckpointManager::Failure(std::string_view reason) {
+  if (metrics_ != nullptr) metrics_->RecordFailure(reason);
+}
+
+void CheckpointManager::FoundBad(std::string_view found_by) {
+  if (metrics_ != nullptr) metrics_->RecordBad(found_by);
+}
+
+std::shared_ptr<CheckpointManager::UploadState> CheckpointManager::State(
+    const std::string& upload_id) {
+  absl::MutexLock lock(&states_mu_);
+  std::shared_ptr<UploadState>& state = states_[upload_id];
+  if (state == nullptr) state = std::make_shared<UploadState>();
+  return state;
+}
+
+void CheckpointManager::ForgetState(const std::string& upload_id) {
+  absl::MutexLock lock(&states_mu_);
+  states_.erase(upload_id);
+}
+
+absl::StatusOr<CheckpointRow> CheckpointManager::ReadUpload(const std::string& upload_id) {
+  if (!IsUuid(upload_id)) return UploadNotFound(upload_id);
+  GRADHUB_ASSIGN_OR_RETURN(
+      db::Result rows, pool_->Exec(absl::StrCat("SELECT ", kCheckpointColumns,
+                                                " FROM checkpoints c WHERE c.upload_id = $1::uuid"
+                                                " AND c.state <> 'DELETED'"),
+                                   {upload_id}));
+  if (rows.empty()) return UploadNotFound(upload_id);
+  return CheckpointFromRow(rows.row(0));
+}
+
+absl::StatusOr<v1::StartUploadResponse> CheckpointManager::StartUpload(
+    const Caller& caller, const v1::StartUploadRequest& request) {
+  GRADHUB_RETURN_IF_ERROR(CheckKind(caller, Access::kUpload));
+  GRADHUB_RETURN_IF_ERROR(ValidateStart(request));
+  const std::string job_id = api::JobId(request.job());
+  GRADHUB_ASSIGN_OR_RETURN(
+      const CheckpointRow row,
+      pool_->Transact([&](db::Transaction& tx) -> absl::StatusOr<CheckpointRow> {
+        // FOR SHARE: the job cannot move to another attempt until this upload is recorded.
+        GRADHUB_RETURN_IF_ERROR(
+            AuthorizeJob(tx, caller, job_id, Access::kUpload, request.attempt(), JobLock::kShare)
+                .status());
+        return InsertUpload(tx, job_id, request);
+      }));
+  v1::StartUploadResponse response;
+  response.set_upload_id(row.upload_id);
+  response.set_chunk_size_bytes(options_.chunk_size_bytes);
+  return response;
+}
+
+absl::StatusOr<std::unique_ptr<UploadWriter>> CheckpointManager::OpenUpload(
+    const Caller& caller, const std::string& upload_id) {
+  GRADHUB_RETURN_IF_ERROR(CheckKind(caller, Access::kUpload));
+  GRADHUB_ASSIGN_OR_RETURN(CheckpointRow row, ReadUpload(upload_id));
+  if (row.state != "UPLOADING" && row.state != "COMMITTED") {
+    return absl::FailedPreconditionError(absl::StrCat("upload '", upload_id, "' is ", row.state));
+  }
+  GRADHUB_RETURN_IF_ERROR(pool_->Transact(
+      [&](db::Transaction& tx) {
+        return AuthorizeJob(tx, caller, row.job_id,
+                            row.state == "UPLOADING" ? Access::kUpload : Access::kRead, row.attempt)
+            .status();
+      },
+      {.read_only = true}));
+  // A committed upload only answers probes: it needs no state of its own in the map.
+  std::shared_ptr<UploadState> state =
+      row.state == "UPLOADING" ? State(upload_id) : std::make_shared<UploadState>();
+  return std::unique_ptr<UploadWriter>(new UploadWriter(this, std::move(row), std::move(state)));
+}
+
+absl::StatusOr<int64_t> UploadWriter::Write(int64_t offset, std::string_view data) {
+  UploadState& state = *state_;
+  absl::MutexLock lock(&state.mu);
+  if (state.discarded) return UploadNotFound(row_.upload_id);
+  if (state.committed || row_.state == "COMMITTED") {
+    if (data.empty()) return row_.size_bytes;
+    return absl::FailedPreconditionError(
+        absl::StrCat("upload '", row_.upload_id, "' is already committed"));
+  }
+  BlobStore& blobs = *manager_->blobs_;
+  if (!state.loaded) {
+    GRADHUB_ASSIGN_OR_RETURN(const int64_t held, blobs.UploadedBytes(row_.upload_id));
+    state.Reload(held);
+  }
+  if (data.empty()) return state.held;
+  const int64_t end = offset + static_cast<int64_t>(data.size());
+  if (offset < 0 || end > row_.size_bytes) {
+    manager_->Failure("out_of_range");
+    return absl::OutOfRangeError(absl::StrCat("bytes ", offset, "..", end, " are outside the ",
+                                              row_.size_bytes, " bytes declared at StartUpload"));
+  }
+  if (offset > state.held) {
+    manager_->Failure("gap");
+    return absl::OutOfRangeError(absl::StrCat("offset ", offset, " is beyond the ", state.held,
+                                              " bytes received; resume at ", state.held));
+  }
+  absl::StatusOr<int64_t> held = blobs.Append(row_.upload_id, offset, data);
+  if (!held.ok()) {
+    state.loaded = false;  // a failed write may have stored part of the chunk
+    manager_->Failure("write_error");
+    return held.status();
+  }
+  if (*held > state.held) {
+    if (state.hashed == state.held) {
+      state.sha.Update(data.substr(static_cast<size_t>(state.held - offset)));
+      state.hashed = *held;
+    }
+    if (manager_->metrics_ != nullptr) manager_->metrics_->RecordReceived(*held - state.held);
+    state.held = *held;
+    state.last_write = absl::Now();
+  }
+  return state.held;
+}
+
+absl::Status CheckpointManager::Discard(const CheckpointRow& row, UploadState& state) {
+  state.discarded = true;
+  ForgetState(row.upload_id);
+  // The row first: once it is gone nothing refers to the bytes, and bytes left behind by a
+  // failure below are orphans that Cleanup removes.
+  GRADHUB_RETURN_IF_ERROR(
+      pool_->Exec("DELETE FROM checkpoints WHERE id = $1 AND state = 'UPLOADING'", {row.id})
+          .status());
+  GRADHUB_RETURN_IF_ERROR(blobs_->Abort(row.upload_id));
+  return blobs_->Delete(row.blob_key);
+}
+
+absl::StatusOr<v1::Checkpoint> CheckpointManager::Commit(
+    const Caller& caller, const v1::CommitCheckpointRequest& request) {
+  const absl::Time start = absl::Now();
+  GRADHUB_RETURN_IF_ERROR(CheckKind(caller, Access::kUpload));
+  if (!IsSha256Hex(request.sha256())) {
+    return absl::InvalidArgumentError("sha256: must be 64 lowercase hex characters");
+  }
+  GRADHUB_ASSIGN_OR_RETURN(CheckpointRow row, ReadUpload(request.upload_id()));
+  // Only an upload in progress has (and needs) in-memory state and its lock.
+  std::shared_ptr<UploadState> state;
+  std::optional<absl::MutexLock> lock;
+  if (row.state == "UPLOADING") {
+    state = State(row.upload_id);
+    lock.emplace(&state->mu);
+    if (state->discarded) return UploadNotFound(row.upload_id);
+    // Read again under the upload's lock: a concurrent commit of it may have finished meanwhile.
+    GRADHUB_ASSIGN_OR_RETURN(row, ReadUpload(row.upload_id));
+    if (row.state != "UPLOADING") ForgetState(row.upload_id);
+  }
+  if (row.state == "COMMITTED") {
+    GRADHUB_RETURN_IF_ERROR(pool_->Transact(
+        [&](db::Transaction& tx) {
+          return AuthorizeJob(tx, caller, row.job_id, Access::kRead, 0).status();
+        },
+        {.read_only = true}));
+    if (row.sha256 != request.sha256()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "upload '", row.upload_id, "' is already committed with sha256 ", row.sha256));
+    }
+    return row.proto;  // idempotent
+  }
+  if (row.state != "UPLOADING") {
+    return absl::FailedPreconditionError(
+        absl::StrCat("upload '", row.upload_id, "' is ", row.state));
+  }
+  GRADHUB_RETURN_IF_ERROR(pool_->Transact(
+      [&](db::Transaction& tx) {
+        return AuthorizeJob(tx, caller, row.job_id, Access::kUpload, row.attempt).status();
+      },
+      {.read_only = true}));
+  absl::StatusOr<v1::Checkpoint> committed = CommitLocked(row, request.sha256(), *state);
+  if (committed.ok() && metrics_ != nullptr) metrics_->RecordCommit(absl::Now() - start);
+  return committed;
+}
+
+// Step 3 under the upload's lock, once the caller may commit it.
+absl::StatusOr<v1::Checkpoint> CheckpointManager::CommitLocked(const CheckpointRow& row,
+                                                               const std::string& sha256,
+                                                               UploadState& state) {
+  // 1. All bytes received? An earlier commit that failed after step 3 left the bytes as the
+  //    blob already, with no upload: then go on from the blob.
+  GRADHUB_ASSIGN_OR_RETURN(const int64_t held, blobs_->UploadedBytes(row.upload_id));
+  state.Reload(held);
+  bool in_store = false;
+  if (state.held < row.size_bytes || row.size_bytes == 0) {
+    absl::StatusOr<int64_t> blob_size = blobs_->BlobSize(row.blob_key);
+    in_store = blob_size.ok();
+    if (!in_store && state.held < row.size_bytes) {
+      Failure("incomplete");
+      return absl::FailedPreconditionError(
+          absl::StrCat("received ", state.held, " of the ", row.size_bytes,
+                       " bytes declared; keep uploading from offset ", state.held));
+    }
+  }
+  // 2. The hash this process kept while the bytes arrived, when it saw all of them.
+  const bool hashed = !in_store && state.hashed == row.size_bytes;
+  if (hashed && state.sha.Hex() != sha256) {
+    Failure("sha256_mismatch");
+    GRADHUB_RETURN_IF_ERROR(Discard(row, state));
+    return absl::DataLossError(absl::StrCat("sha256 ", sha256,
+                                            " does not match the bytes received (", state.sha.Hex(),
+                                            "); the upload is discarded, start a new one"));
+  }
+  // 3. Durable and visible under the blob key.
+  if (!in_store) {
+    if (row.size_bytes == 0) GRADHUB_RETURN_IF_ERROR(blobs_->Append(row.upload_id, 0, "").status());
+    GRADHUB_RETURN_IF_ERROR(blobs_->Commit(row.upload_id, row.blob_key));
+  }
+  // 4. Without the running hash (a restart during the upload), the blob is hashed instead;
+  //    no row says COMMITTED yet, so a mismatch is still an upload to discard.
+  if (!hashed) {
+    Sha256Stream sha;
+    GRADHUB_ASSIGN_OR_RETURN(const int64_t size, HashBlob(row.blob_key, &sha));
+    if (size != row.size_bytes || sha.Hex() != sha256) {
+      Failure("sha256_mismatch");
+      GRADHUB_RETURN_IF_ERROR(Discard(row, state));
+      return absl::DataLossError(absl::StrCat("sha256 ", sha256, " does not match the ", size,
+                                              " bytes received; the upload is discarded, start "
+                                              "a new one"));
+    }
+  }
+  // 5. The row, its event and retention in one transaction; then the retired blobs.
+  std::vector<CheckpointRow> retired;
+  absl::StatusOr<v1::Checkpoint> committed = WriteCommittedRow(row, sha256, &retired);
+  if (absl::IsFailedPrecondition(committed.status()) || absl::IsAlreadyExists(committed.status())) {
+    // The attempt ended or the step was committed by another upload: this one never will be.
+    Failure(absl::IsAlreadyExists(committed.status()) ? "step_exists" : "not_current_attempt");
+    GRADHUB_RETURN_IF_ERROR(Discard(row, state));
+  }
+  if (!committed.ok()) return committed.status();
+  state.committed = true;
+  ForgetState(row.upload_id);
+  RemoveDeleted(retired);
+  return committed;
+}
+
+absl::StatusOr<int64_t> CheckpointManager::HashBlob(const std::string& blob_key,
+                                                    Sha256Stream* sha) {
+  GRADHUB_ASSIGN_OR_RETURN(std::unique_ptr<BlobReader> reader, blobs_->Open(blob_key, 0));
+  std::string chunk;
+  int64_t size = 0;
+  while (true) {
+    GRADHUB_RETURN_IF_ERROR(reader->Read(static_cast<size_t>(options_.chunk_size_bytes), &chunk));
+    if (chunk.empty()) return size;
+    sha->Update(chunk);
+    size += static_cast<int64_t>(chunk.size());
+  }
+}
+
+absl::StatusOr<v1::Checkpoint> CheckpointManager::WriteCommittedRow(
+    const CheckpointRow& row, const std::string& sha256, std::vector<CheckpointRow>* retired) {
+  return pool_->Transact([&](db::Transaction& tx) -> absl::StatusOr<v1::Checkpoint> {
+    retired->clear();
+    // The job's row locked: commits of one job (and its retention) run one at a time, and the
+    // job cannot move to another attempt until this one's checkpoint is in.
+    GRADHUB_ASSIGN_OR_RETURN(const JobRow job, ReadJobRow(tx, row.job_id, JobLock::kNoKeyUpdate));
+    GRADHUB_RETURN_IF_ERROR(CheckAttemptMaySave(job, row.attempt));
+    GRADHUB_ASSIGN_OR_RETURN(
+        db::Result taken, tx.Exec("SELECT 1 FROM checkpoints WHERE job_id = $1::uuid AND step = $2"
+                                  " AND state = 'COMMITTED'",
+                                  {row.job_id, row.step}));
+    if (!taken.empty()) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "jobs/", row.job_id, " already has a committed checkpoint at step ", row.step));
+    }
+    GRADHUB_ASSIGN_OR_RETURN(
+        db::Result updated,
+        tx.Exec(absl::StrCat("UPDATE checkpoints c SET state = 'COMMITTED',"
+                             " sha256 = decode($2, 'hex'), commit_time = now()"
+                             " WHERE c.id = $1 AND c.state = 'UPLOADING' RETURNING ",
+                             kCheckpointColumns),
+                {row.id, sha256}));
+    if (updated.empty()) return UploadNotFound(row.upload_id);  // discarded meanwhile
+    GRADHUB_ASSIGN_OR_RETURN(const CheckpointRow done, CheckpointFromRow(updated.row(0)));
+    GRADHUB_RETURN_IF_ERROR(api::AppendEvent(
+        tx, row.job_id, row.attempt, v1::JobEvent::CHECKPOINT_COMMITTED, std::nullopt, std::nullopt,
+        api::Because(absl::StrCat("checkpoint at step ", row.step, " committed: ", row.size_bytes,
+                                  " bytes, sha256 ", sha256.substr(0, 12)))));
+    // Retention: the keep_last committed checkpoints with the highest steps stay.
+    GRADHUB_ASSIGN_OR_RETURN(
+        db::Result old,
+        tx.Exec(absl::StrCat("UPDATE checkpoints c SET state = 'DELETED'"
+                             " WHERE c.job_id = $1::uuid AND c.state = 'COMMITTED'"
+                             " AND c.id NOT IN (SELECT id FROM checkpoints WHERE job_id = $1::uuid"
+                             "   AND state = 'COMMITTED' ORDER BY step DESC, id DESC LIMIT $2)"
+                             " RETURNING ",
+                             kCheckpointColumns),
+                {row.job_id, job.keep_last}));
+    for (const db::Row& r : old) {
+      GRADHUB_ASSIGN_OR_RETURN(CheckpointRow gone, CheckpointFromRow(r));
+      retired->push_back(std::move(gone));
+    }
+    return done.proto;
+  });
+}
+
+int CheckpointManager::RemoveDeleted(const std::vector<CheckpointRow>& rows) {
+  int removed = 0;
+  for (const CheckpointRow& row : rows) {
+    // Blob first: a row marked DELETED is how Cleanup finds a blob left behind.
+    if (!blobs_->Delete(row.blob_key).ok()) continue;
+    if (pool_->Exec("DELETE FROM checkpoints WHERE id = $1 AND state = 'DELETED'", {row.id}).ok()) {
+      ++removed;
+    }
+  }
+  return removed;
+}
+
+absl::StatusOr<std::unique_ptr<CheckpointDownload>> CheckpointManager::OpenDownload(
+    const Caller& caller, const std::string& name, int64_t offset) {
+  GRADHUB_RETURN_IF_ERROR(CheckKind(caller, Access::kRead));
+  GRADHUB_ASSIGN_OR_RETURN(const ParsedName parsed, ParseCheckpointName(name));
+  if (offset < 0) return absl::InvalidArgumentError("offset: must not be negative");
+  GRADHUB_ASSIGN_OR_RETURN(
+      CheckpointRow row,
+      pool_->Transact(
+          [&](db::Transaction& tx) -> absl::StatusOr<CheckpointRow> {
+            GRADHUB_RETURN_IF_ERROR(
+                AuthorizeJob(tx, caller, parsed.job_id, Access::kRead, 0).status());
+            // The committed one of the step, else the newest BAD one (to say why).
+            GRADHUB_ASSIGN_OR_RETURN(
+                db::Result rows,
+                tx.Exec(absl::StrCat("SELECT ", kCheckpointColumns, " FROM checkpoints c",
+                                     " WHERE c.job_id = $1::uuid AND c.step = $2",
+                                     " AND c.state IN ('COMMITTED', 'BAD')",
+                                     " ORDER BY c.state = 'COMMITTED' DESC, c.id DESC LIMIT 1"),
+                        {parsed.job_id, parsed.step}));
+            if (rows.empty())
+              return absl::NotFoundError(absl::StrCat("checkpoint '", name, "' not found"));
+            return CheckpointFromRow(rows.row(0));
+          },
+          {.read_only = true}));
+  if (row.state == "BAD") {
+    return absl::DataLossError(absl::StrCat("checkpoint '", name, "' is BAD (", row.bad_reason,
+                                            "); ask GetLatestCheckpoint for another"));
+  }
+  if (offset > row.size_bytes) {
+    return absl::OutOfRangeError(
+        absl::StrCat("offset ", offset, " is beyond the checkpoint's ", row.size_bytes, " bytes"));
+  }
+  absl::StatusOr<std::unique_ptr<BlobReader>> reader = blobs_->Open(row.blob_key, 0);
+  if (!reader.ok() && !absl::IsNotFound(reader.status())) return reader.status();
+  auto download = std::unique_ptr<CheckpointDownload>(
+      new CheckpointDownload(this, std::move(row), reader.ok() ? *std::move(reader) : nullptr));
+  if (download->reader_ == nullptr) return download->Corrupt("its blob is missing");
+  if (download->reader_->size() != download->row_.size_bytes) {
+    return download->Corrupt(absl::StrCat("its blob has ", download->reader_->size(),
+                                          " bytes instead of ", download->row_.size_bytes));
+  }
+  GRADHUB_RETURN_IF_ERROR(download->Skip(offset));
+  return download;
+}
+
+absl::Status CheckpointDownload::Skip(int64_t offset) {
+  std::string chunk;
+  while (position_ < offset) {
+    const size_t want = static_cast<size_t>(
+        std::min<int64_t>(manager_->options_.chunk_size_bytes, offset - position_));
+    GRADHUB_RETURN_IF_ERROR(reader_->Read(want, &chunk));
+    if (chunk.empty()) return Corrupt("its blob ended early");
+    sha_.Update(chunk);
+    position_ += static_cast<int64_t>(chunk.size());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckpointDownload::Next(std::string* data) {
+  data->clear();
+  const int64_t size = row_.size_bytes;
+  if (position_ < size) {
+    const size_t want = static_cast<size_t>(
+        std::min<int64_t>(manager_->options_.chunk_size_bytes, size - position_));
+    GRADHUB_RETURN_IF_ERROR(reader_->Read(want, data));
+    if (data->empty()) return Corrupt("its blob ended early");
+    sha_.Update(*data);
+    position_ += static_cast<int64_t>(data->size());
+    if (position_ < size) return absl::OkStatus();
+  } else if (verified_) {
+    return absl::OkStatus();  // the end, already checked
+  }
+  // The whole blob was read: the last chunk goes out only if it matched.
+  verified_ = true;
+  if (sha_.Hex() != row_.sha256) {
+    data->clear();
+    return Corrupt("its blob no longer matches its sha256");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckpointDownload::Corrupt(const std::string& reason) {
+  manager_->Failure("corrupt_blob");
+  absl::StatusOr<bool> marked = MarkBad(*manager_->pool_, row_.id, reason);
+  if (marked.ok() && *marked) manager_->FoundBad("download");
+  return absl::DataLossError(absl::StrCat("checkpoint '", row_.proto.name(), "': ", reason,
+                                          "; it is marked BAD: ask GetLatestCheckpoint for "
+                                          "the previous one"));
+}
+
+absl::StatusOr<v1::ListCheckpointsResponse> CheckpointManager::List(
+    const Caller& caller, const v1::ListCheckpointsRequest& request) {
+  GRADHUB_RETURN_IF_ERROR(CheckKind(caller, Access::kManage));
+  GRADHUB_ASSIGN_OR_RETURN(const int32_t page_size, api::ListPageSize(request.page_size()));
+  const std::string job_id = api::JobId(request.parent());
+  std::string sql = absl::StrCat("SELECT ", kCheckpointColumns, " FROM checkpoints c",
+                                 " WHERE c.job_id = $1::uuid AND c.state <> 'DELETED'");
+  db::ParamList params = {job_id};
+  GRADHUB_ASSIGN_OR_RETURN(std::vector<api::FilterTerm> terms,
+                           api::ParseListFilter(request.filter()));
+  for (const api::FilterTerm& term : terms) {
+    v1::Checkpoint::State state = v1::Checkpoint::STATE_UNSPECIFIED;
+    if (term.field != "state") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("filter: unknown field '", term.field, "' (state)"));
+    }
+    if (!v1::Checkpoint::State_Parse(term.value, &state) ||
+        state == v1::Checkpoint::STATE_UNSPECIFIED) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("filter: state '", term.value, "' is not a checkpoint state"));
+    }
+    absl::StrAppend(&sql, " AND c.state = ", params.Bind(term.value));
+  }
+  if (!request.page_token().empty()) {
+    // "<step>/<id>" of the last checkpoint of the previous page.
+    const std::string& token = request.page_token();
+    const size_t slash = token.find('/');
+    int64_t step = 0, id = 0;
+    if (slash == std::string::npos || !absl::SimpleAtoi(token.substr(0, slash), &step) ||
+        !absl::SimpleAtoi(token.substr(slash + 1), &id)) {
+      return absl::InvalidArgumentError("page_token: not a token this server returned");
+    }
+    absl::StrAppend(&sql, " AND (c.step, c.id) < (", params.Bind(step), "::bigint, ",
+                    params.Bind(id), "::bigint)");
+  }
+  absl::StrAppend(&sql, " ORDER BY c.step DESC, c.id DESC LIMIT ", params.Bind(page_size + 1));
+  return pool_->Transact(
+      [&](db::Transaction& tx) -> absl::StatusOr<v1::ListCheckpointsResponse> {
+        GRADHUB_RETURN_IF_ERROR(AuthorizeJob(tx, caller, job_id, Access::kManage, 0).status());
+        GRADHUB_ASSIGN_OR_RETURN(db::Result rows, tx.Exec(sql, params.values()));
+        v1::ListCheckpointsResponse response;
+        for (int i = 0; i < rows.rows() && i < page_size; ++i) {
+          GRADHUB_ASSIGN_OR_RETURN(CheckpointRow row, CheckpointFromRow(rows.row(i)));
+          *response.add_checkpoints() = std::move(row.proto);
+          if (i == page_size - 1 && rows.rows() > page_size) {
+            response.set_next_page_token(absl::StrCat(row.step, "/", row.id));
+          }
+        }
+        return response;
+      },
+      {.read_only = true});
+}
+
+absl::StatusOr<v1::Checkpoint> CheckpointManager::GetLatest(const Caller& caller,
+                                                            const std::string& job) {
+  GRADHUB_RETURN_IF_ERROR(CheckKind(caller, Access::kRead));
+  const std::string job_id = api::JobId(job);
+  return pool_->Transact(
+      [&](db::Transaction& tx) -> absl::StatusOr<v1::Checkpoint> {
+        GRADHUB_RETURN_IF_ERROR(AuthorizeJob(tx, caller, job_id, Access::kRead, 0).status());
+        GRADHUB_ASSIGN_OR_RETURN(
+            db::Result rows,
+            tx.Exec(absl::StrCat("SELECT ", kCheckpointColumns, " FROM checkpoints c",
+                                 " WHERE c.job_id = $1::uuid AND c.state = 'COMMITTED'"
+                                 " ORDER BY c.step DESC LIMIT 1"),
+                    {job_id}));
+        if (rows.empty()) {
+          return absl::NotFoundError(absl::StrCat(job, " has no committed checkpoint"));
+        }
+        GRADHUB_ASSIGN_OR_RETURN(CheckpointRow row, CheckpointFromRow(rows.row(0)));
+        return row.proto;
+      },
+      {.read_only = true});
+}
+
+absl::Status CheckpointManager::Delete(const Caller& caller, const std::string& name) {
+  GRADHUB_RETURN_IF_ERROR(CheckKind(caller, Access::kManage));
+  GRADHUB_ASSIGN_OR_RETURN(const ParsedName parsed, ParseCheckpointName(name));
+  GRADHUB_ASSIGN_OR_RETURN(
+      const std::vector<CheckpointRow> rows,
+      pool_->Transact([&](db::Transaction& tx) -> absl::StatusOr<std::vector<CheckpointRow>> {
+        GRADHUB_RETURN_IF_ERROR(
+            AuthorizeJob(tx, caller, parsed.job_id, Access::kManage, 0).status());
+        GRADHUB_ASSIGN_OR_RETURN(
+            db::Result marked,
+            tx.Exec(absl::StrCat("UPDATE checkpoints c SET state = 'DELETED'"
+                                 " WHERE c.job_id = $1::uuid AND c.step = $2"
+                                 " AND c.state IN ('COMMITTED', 'BAD') RETURNING ",
+                                 kCheckpointColumns),
+                    {parsed.job_id, parsed.step}));
+        if (marked.empty()) {
+          return absl::NotFoundError(absl::StrCat("checkpoint '", name, "' not found"));
+        }
+        std::vector<CheckpointRow> out;
+        for (const db::Row& r : marked) {
+          GRADHUB_ASSIGN_OR_RETURN(CheckpointRow row, CheckpointFromRow(r));
+          out.push_back(std::move(row));
+        }
+        return out;
+      }));
+  // Marked in the transaction above: what is not removed now, Cleanup removes later.
+  RemoveDeleted(rows);
+  return absl::OkStatus();
+}
+
+absl::Status CheckpointManager::CheckReady() {
+  absl::StatusOr<db::Pool::Lease> lease = pool_->Acquire();
+  if (!lease.ok()) return absl::UnavailableError(lease.status().message());
+  absl::Status migrated = db::Migrator().CheckUpToDate(**lease);
+  if (!migrated.ok()) return absl::UnavailableError(migrated.message());
+  return absl::OkStatus();
+}
+
+}  // namespace gradhub::checkpoint

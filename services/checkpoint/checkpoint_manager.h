@@ -1,0 +1,233 @@
+// The checkpoint store's domain logic: the upload protocol, downloads that verify what they
+// send, retention, and the cleanup and scrub that keep rows and blobs in agreement. Rows live in
+// PostgreSQL (table checkpoints), bytes in a BlobStore. The gRPC and REST adapters only
+// authenticate, make one call here, and map the status.
+//
+// Saving one checkpoint (checkpoint.proto, steps 1-3):
+//   1. StartUpload: the caller's right to upload for that attempt (checkpoint_access.h), then
+//      one UPLOADING row with a fresh upload_id (or the row of an earlier call with the same
+//      request_id).
+//   2. OpenUpload + UploadWriter::Write per chunk: bytes go to the BlobStore's upload without
+//      gaps, and into a SHA-256 kept for the upload in memory as they arrive, so the commit
+//      need not read the upload back.
+//   3. Commit: size check; sha256 check against the in-memory hash (a mismatch discards the
+//      upload: DATA_LOSS); BlobStore::Commit makes the blob durable and visible; when this
+//      process did not see every byte (it restarted during the upload), the committed blob is
+//      hashed instead, before any row says COMMITTED. Then ONE transaction: the row COMMITTED,
+//      a CHECKPOINT_COMMITTED job event, and retention marking the job's committed checkpoints
+//      beyond keepLast DELETED; after it, their blobs and rows are removed (a crash in between
+//      is finished by Cleanup).
+//
+// Thread-safe: every method may be called from any thread. Calls on one upload are serialized
+// by a lock of that upload; everything else is PostgreSQL's concurrency.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "gradhub/v1/checkpoint.pb.h"
+#include "services/checkpoint/blob_store.h"
+#include "services/checkpoint/checkpoint_access.h"
+#include "services/checkpoint/checkpoint_metrics.h"
+#include "services/checkpoint/checkpoint_records.h"
+#include "services/checkpoint/sha256_stream.h"
+#include "services/common/db/pool.h"
+
+namespace gradhub::checkpoint {
+
+struct CheckpointManagerOptions {
+  // Announced by StartUpload: the most data one UploadChunkRequest may carry; also the size of
+  // download chunks.
+  int32_t chunk_size_bytes = 1 << 20;
+  // Uploads without a commit and without a written byte for this long are discarded.
+  absl::Duration upload_ttl = absl::Hours(1);
+};
+
+// What one Cleanup pass did, for the log.
+struct CleanupReport {
+  int orphan_uploads = 0;  // upload files without an UPLOADING row, removed
+  int stale_uploads = 0;   // uploads past the TTL, discarded with their rows
+  int orphan_blobs = 0;    // blobs without a COMMITTED row (crash before the row, BAD), removed
+  int missing_blobs = 0;   // COMMITTED rows whose blob was gone, marked BAD
+  int deleted_rows = 0;    // rows marked DELETED whose blobs and rows were removed
+  std::string ToString() const;
+};
+
+struct ScrubReport {
+  int checked = 0;
+  int64_t bytes = 0;
+  int bad = 0;  // marked BAD (mismatch or missing)
+  std::string ToString() const;
+};
+
+class CheckpointManager;
+
+// One UploadChunks stream's writes to one upload, authorized once when opened. Not
+// thread-safe; one per stream.
+class UploadWriter {
+ public:
+  // Writes `data` at `offset` and returns the contiguous bytes held afterwards. Empty data
+  // only asks for that number. OUT_OF_RANGE for a gap or for bytes beyond the declared size;
+  // FAILED_PRECONDITION once the upload is committed (a probe then answers its size);
+  // NOT_FOUND once it was discarded.
+  absl::StatusOr<int64_t> Write(int64_t offset, std::string_view data);
+  const std::string& upload_id() const { return row_.upload_id; }
+
+ private:
+  friend class CheckpointManager;
+  // What this process knows of one upload beyond its row: the bytes the blob store holds and
+  // a SHA-256 over the ones this process wrote. `mu` serializes the upload's writes, its commit
+  // and its discarding.
+  struct UploadState {
+    absl::Mutex mu;
+    bool loaded = false;  // `held` was read from the blob store
+    int64_t held = 0;
+    // `sha` covers bytes [0, hashed). While hashed == held the hash follows every append; after
+    // a restart (or a failed write) it stops, and the commit hashes the blob instead.
+    Sha256Stream sha;
+    int64_t hashed = 0;
+    bool committed = false;
+    bool discarded = false;
+    absl::Time last_write = absl::InfinitePast();  // of this process's last append
+
+    // What the blob store says it holds. Bytes this process did not hash (a restart, a failed
+    // write, an upload started over) void the running hash for good: hashed = -1 never
+    // matches, and the commit hashes the blob.
+    void Reload(int64_t bytes) {
+      held = bytes;
+      loaded = true;
+      if (hashed != held) hashed = -1;
+    }
+  };
+  UploadWriter(CheckpointManager* manager, CheckpointRow row, std::shared_ptr<UploadState> state)
+      : manager_(manager), row_(std::move(row)), state_(std::move(state)) {}
+  CheckpointManager* manager_;
+  CheckpointRow row_;
+  std::shared_ptr<UploadState> state_;
+};
+
+// One download of one committed checkpoint. Not thread-safe; one per call.
+class CheckpointDownload {
+ public:
+  const v1::Checkpoint& checkpoint() const { return row_.proto; }
+  // Where the next chunk starts.
+  int64_t offset() const { return position_; }
+  // The next chunk (at most the chunk size) into *data, empty at the end. Every byte of the
+  // blob is hashed, those before the starting offset included; the last chunk is handed out
+  // only once the whole blob matched its sha256: otherwise DATA_LOSS, and the checkpoint is
+  // marked BAD with a CHECKPOINT_CORRUPT event.
+  absl::Status Next(std::string* data);
+
+ private:
+  friend class CheckpointManager;
+  CheckpointDownload(CheckpointManager* manager, CheckpointRow row,
+                     std::unique_ptr<BlobReader> reader)
+      : manager_(manager), row_(std::move(row)), reader_(std::move(reader)) {}
+  // Hashes [0, offset) without handing it out (a resumed download).
+  absl::Status Skip(int64_t offset);
+  absl::Status Corrupt(const std::string& reason);
+
+  CheckpointManager* manager_;
+  CheckpointRow row_;
+  std::unique_ptr<BlobReader> reader_;
+  Sha256Stream sha_;
+  int64_t position_ = 0;
+  bool verified_ = false;  // the whole blob was hashed and matched
+};
+
+class CheckpointManager {
+ public:
+  // Not owned; all must outlive the manager. `metrics` may be null.
+  CheckpointManager(db::Pool* pool, BlobStore* blobs, CheckpointMetrics* metrics,
+                    CheckpointManagerOptions options = {});
+  ~CheckpointManager();
+
+  // Step 1. INVALID_ARGUMENT naming a bad field; ALREADY_EXISTS for a step already committed
+  // or a request_id used for another upload; access as in checkpoint_access.h.
+  absl::StatusOr<v1::StartUploadResponse> StartUpload(const Caller& caller,
+                                                      const v1::StartUploadRequest& request);
+
+  // Step 2: a writer for `upload_id`. NOT_FOUND for an unknown or discarded upload.
+  absl::StatusOr<std::unique_ptr<UploadWriter>> OpenUpload(const Caller& caller,
+                                                           const std::string& upload_id);
+
+  // Step 3, as CommitCheckpoint in checkpoint.proto. Idempotent.
+  absl::StatusOr<v1::Checkpoint> Commit(const Caller& caller,
+                                        const v1::CommitCheckpointRequest& request);
+
+  // The COMMITTED checkpoint `name` from `offset`. NOT_FOUND when there is none; DATA_LOSS for
+  // one marked BAD; OUT_OF_RANGE for an offset beyond its end.
+  absl::StatusOr<std::unique_ptr<CheckpointDownload>> OpenDownload(const Caller& caller,
+                                                                   const std::string& name,
+                                                                   int64_t offset);
+
+  // Newest step first, paged like ListJobs; filter `state=UPLOADING|COMMITTED|BAD`.
+  absl::StatusOr<v1::ListCheckpointsResponse> List(const Caller& caller,
+                                                   const v1::ListCheckpointsRequest& request);
+
+  // The COMMITTED checkpoint with the highest step, or NOT_FOUND.
+  absl::StatusOr<v1::Checkpoint> GetLatest(const Caller& caller, const std::string& job);
+
+  // Deletes the committed (or BAD) checkpoint `name`, row and blob. NOT_FOUND if absent.
+  absl::Status Delete(const Caller& caller, const std::string& name);
+
+  // Brings rows and blobs into agreement after a crash, and discards stale uploads; at start-up
+  // and then periodically (checkpoint_maintenance.cc).
+  absl::StatusOr<CleanupReport> Cleanup();
+
+  // Hashes every COMMITTED blob and marks those that do not match (or are missing) BAD.
+  // Returns early, with what it did, once `stop()` is true (checked between blobs).
+  absl::StatusOr<ScrubReport> Scrub(const std::function<bool()>& stop = [] { return false; });
+
+  // OK when the database answers and the schema is migrated (for /readyz).
+  absl::Status CheckReady();
+
+  const CheckpointManagerOptions& options() const { return options_; }
+
+ private:
+  friend class UploadWriter;
+  friend class CheckpointDownload;
+  using UploadState = UploadWriter::UploadState;
+
+  // The in-memory state of an upload, made on first use.
+  std::shared_ptr<UploadState> State(const std::string& upload_id);
+  void ForgetState(const std::string& upload_id);
+  absl::StatusOr<CheckpointRow> ReadUpload(const std::string& upload_id);
+  // Removes an upload for good: row, upload bytes, blob (if committed to the store already).
+  absl::Status Discard(const CheckpointRow& row, UploadState& state);
+  absl::StatusOr<v1::Checkpoint> CommitLocked(const CheckpointRow& row, const std::string& sha256,
+                                              UploadState& state);
+  // Hashes a committed blob into *sha; returns its size.
+  absl::StatusOr<int64_t> HashBlob(const std::string& blob_key, Sha256Stream* sha);
+  absl::StatusOr<v1::Checkpoint> WriteCommittedRow(const CheckpointRow& row,
+                                                   const std::string& sha256,
+                                                   std::vector<CheckpointRow>* retired);
+  // Removes the blobs and rows of checkpoints marked DELETED.
+  int RemoveDeleted(const std::vector<CheckpointRow>& rows);
+  void Failure(std::string_view reason);
+  void FoundBad(std::string_view found_by);
+
+  // Cleanup steps (checkpoint_maintenance.cc).
+  absl::Status CleanupUploads(CleanupReport* report);
+  absl::Status CleanupBlobs(CleanupReport* report);
+  absl::Status CleanupDeleted(CleanupReport* report);
+  absl::Status ScrubOne(const CheckpointRow& row, ScrubReport* report);
+
+  db::Pool* pool_;
+  BlobStore* blobs_;
+  CheckpointMetrics* metrics_;
+  const CheckpointManagerOptions options_;
+
+  absl::Mutex states_mu_;
+  std::unordered_map<std::string, std::shared_ptr<UploadState>> states_ ABSL_GUARDED_BY(states_mu_);
+};
+
+}  // namespace gradhub::checkpoint

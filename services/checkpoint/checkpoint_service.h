@@ -1,0 +1,55 @@
+// gradhub.v1.CheckpointService over gRPC: the caller from the call's metadata (`authorization`,
+// `gradhub-node`, `gradhub-node-session`), one CheckpointManager call, its absl::Status mapped
+// one to one onto the gRPC status. The synchronous API: a stream of chunks is a loop of blocking
+// reads and writes on one of gRPC's threads, which is what that pool is for (and a sync server
+// must not also carry callback services: see services/common/async_grpc_service.h).
+#pragma once
+
+#include "gradhub/v1/checkpoint.grpc.pb.h"
+#include "services/api/authenticator.h"
+#include "services/checkpoint/checkpoint_manager.h"
+#include "services/checkpoint/checkpoint_metrics.h"
+
+namespace gradhub::checkpoint {
+
+// Metadata keys by which a trainer names its node (checkpoint.proto).
+inline constexpr char kNodeMetadata[] = "gradhub-node";
+inline constexpr char kNodeSessionMetadata[] = "gradhub-node-session";
+
+class CheckpointService final : public v1::CheckpointService::Service {
+ public:
+  // Not owned; all must outlive the service. `metrics` may be null.
+  CheckpointService(CheckpointManager* manager, const api::Authenticator* auth,
+                    CheckpointMetrics* metrics)
+      : manager_(manager), auth_(auth), metrics_(metrics) {}
+
+  grpc::Status StartUpload(grpc::ServerContext* context, const v1::StartUploadRequest* request,
+                           v1::StartUploadResponse* response) override;
+  grpc::Status UploadChunks(grpc::ServerContext* context,
+                            grpc::ServerReader<v1::UploadChunkRequest>* reader,
+                            v1::UploadChunksResponse* response) override;
+  grpc::Status CommitCheckpoint(grpc::ServerContext* context,
+                                const v1::CommitCheckpointRequest* request,
+                                v1::Checkpoint* response) override;
+  grpc::Status DownloadCheckpoint(
+      grpc::ServerContext* context, const v1::DownloadCheckpointRequest* request,
+      grpc::ServerWriter<v1::DownloadCheckpointResponse>* writer) override;
+  grpc::Status ListCheckpoints(grpc::ServerContext* context,
+                               const v1::ListCheckpointsRequest* request,
+                               v1::ListCheckpointsResponse* response) override;
+  grpc::Status GetLatestCheckpoint(grpc::ServerContext* context,
+                                   const v1::GetLatestCheckpointRequest* request,
+                                   v1::Checkpoint* response) override;
+  grpc::Status DeleteCheckpoint(grpc::ServerContext* context,
+                                const v1::DeleteCheckpointRequest* request,
+                                google::protobuf::Empty* response) override;
+
+ private:
+  absl::StatusOr<Caller> CallerOf(const grpc::ServerContext& context) const;
+
+  CheckpointManager* manager_;
+  const api::Authenticator* auth_;
+  CheckpointMetrics* metrics_;
+};
+
+}  // namespace gradhub::checkpoint

@@ -1,0 +1,70 @@
+#pragma once
+
+#include <string>
+
+#include "absl/time/time.h"
+#include "services/common/flags.h"
+
+namespace gradhub::checkpoint {
+
+// Every setting of gradhub-checkpoint, with its flag, environment variable and default.
+struct CheckpointConfig {
+  std::string database_url = "postgresql://gradhub@127.0.0.1:5432/gradhub";
+  absl::Duration database_connect_timeout = absl::Seconds(5);
+  absl::Duration migration_lock_timeout = absl::Seconds(60);
+  int64_t database_connections = 8;
+  std::string grpc_host = "0.0.0.0";
+  int64_t grpc_port = 7071;
+  std::string http_host = "0.0.0.0";
+  int64_t http_port = 8081;
+  std::string data_dir = "/var/lib/gradhub/checkpoints";
+  std::string admin_token;
+  int64_t chunk_bytes = 1 << 20;
+  absl::Duration upload_ttl = absl::Hours(1);
+  absl::Duration cleanup_interval = absl::Minutes(10);
+  absl::Duration scrub_interval = absl::Hours(24);
+  absl::Duration shutdown_grace = absl::Seconds(30);
+  std::string tls_cert_file;
+  std::string tls_key_file;
+
+  void Register(Flags& flags) {
+    flags.String("database-url", "GRADHUB_DATABASE_URL", &database_url,
+                 "PostgreSQL connection URL (libpq syntax)");
+    flags.Duration("database-connect-timeout", "GRADHUB_DATABASE_CONNECT_TIMEOUT",
+                   &database_connect_timeout, "Timeout for opening a database connection");
+    flags.Duration("migration-lock-timeout", "GRADHUB_MIGRATION_LOCK_TIMEOUT",
+                   &migration_lock_timeout,
+                   "How long to wait for another migrator holding the migration lock");
+    flags.Int("database-connections", "GRADHUB_CHECKPOINT_DATABASE_CONNECTIONS",
+              &database_connections, "Most connections the server keeps open to PostgreSQL");
+    flags.String("grpc-host", "GRADHUB_CHECKPOINT_GRPC_HOST", &grpc_host,
+                 "Address gRPC (CheckpointService) listens on");
+    flags.Int("grpc-port", "GRADHUB_CHECKPOINT_GRPC_PORT", &grpc_port,
+              "Port for gRPC; 0 picks a free one (printed at start)");
+    flags.String("http-host", "GRADHUB_CHECKPOINT_HTTP_HOST", &http_host,
+                 "Address REST, /healthz, /readyz and /metrics listen on");
+    flags.Int("http-port", "GRADHUB_CHECKPOINT_HTTP_PORT", &http_port,
+              "Port for REST; 0 picks a free one (printed at start)");
+    flags.String("data-dir", "GRADHUB_CHECKPOINT_DATA_DIR", &data_dir,
+                 "Directory of the blobs and uploads in progress (one filesystem)");
+    flags.String("admin-token", "GRADHUB_ADMIN_TOKEN", &admin_token,
+                 "Bearer token with admin rights (the api's); empty = none");
+    flags.Int("chunk-bytes", "GRADHUB_CHECKPOINT_CHUNK_BYTES", &chunk_bytes,
+              "Largest data of one UploadChunkRequest (announced by StartUpload) and of one "
+              "download message; at most 3 MiB");
+    flags.Duration("upload-ttl", "GRADHUB_CHECKPOINT_UPLOAD_TTL", &upload_ttl,
+                   "Uploads neither committed nor written to for this long are discarded");
+    flags.Duration("cleanup-interval", "GRADHUB_CHECKPOINT_CLEANUP_INTERVAL", &cleanup_interval,
+                   "Time between cleanups (stale uploads, orphan files, deletions left "
+                   "unfinished); one also runs at start; 0 = only at start");
+    flags.Duration("scrub-interval", "GRADHUB_CHECKPOINT_SCRUB_INTERVAL", &scrub_interval,
+                   "Time between scrubs, which re-hash every committed blob; 0 = never");
+    flags.Duration("shutdown-grace", "GRADHUB_SHUTDOWN_GRACE", &shutdown_grace,
+                   "On SIGTERM, how long in-flight calls may finish before they are cancelled");
+    flags.String("tls-cert", "GRADHUB_TLS_CERT", &tls_cert_file,
+                 "PEM certificate chain; with --tls-key, gRPC and REST serve TLS only");
+    flags.String("tls-key", "GRADHUB_TLS_KEY", &tls_key_file, "PEM private key of --tls-cert");
+  }
+};
+
+}  // namespace gradhub::checkpoint

@@ -1,0 +1,196 @@
+// gradhub-checkpoint: the checkpoint store. Subcommands:
+//   serve     migrate, clean up, then serve gRPC and REST until SIGTERM (the default)
+//   migrate   bring the database schema up to date and exit
+#include <grpcpp/grpcpp.h>
+#include <signal.h>
+
+#include <iostream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "services/api/authenticator.h"
+#include "services/checkpoint/checkpoint_limits.h"
+#include "services/checkpoint/checkpoint_manager.h"
+#include "services/checkpoint/checkpoint_metrics.h"
+#include "services/checkpoint/checkpoint_rest.h"
+#include "services/checkpoint/checkpoint_service.h"
+#include "services/checkpoint/config.h"
+#include "services/checkpoint/local_blob_store.h"
+#include "services/checkpoint/periodic_task.h"
+#include "services/common/abseil_mode.h"
+#include "services/common/db/migrator.h"
+#include "services/common/db/pool.h"
+#include "services/common/grpc_credentials.h"
+
+namespace {
+
+using gradhub::checkpoint::CheckpointConfig;
+
+constexpr char kSummary[] =
+    "gradhub-checkpoint: the gradhub checkpoint store (blobs on disk, rows in PostgreSQL).\n\n"
+    "Usage: gradhub-checkpoint [flags] COMMAND\n\n"
+    "Commands:\n"
+    "  serve     apply migrations, clean up, then serve gRPC and REST until SIGTERM (default)\n"
+    "  migrate   apply the schema migrations compiled into this binary, then exit";
+
+constexpr int kMaxIdleRpcThreads = 32;
+using gradhub::checkpoint::kMessageOverheadBytes;
+
+void Log(const std::string& line) { std::cerr << "gradhub-checkpoint: " << line << std::endl; }
+
+int Migrate(const CheckpointConfig& config) {
+  gradhub::db::ConnectionOptions options;
+  options.url = config.database_url;
+  options.connect_timeout = config.database_connect_timeout;
+  options.application_name = "gradhub-checkpoint migrate";
+  options.statement_timeout = absl::ZeroDuration();  // a migration may rewrite large tables
+  auto connection = gradhub::db::Connection::Open(options);
+  if (!connection.ok()) {
+    Log(absl::StrCat("migrate: ", connection.status().message()));
+    return 1;
+  }
+  gradhub::db::Migrator migrator(gradhub::db::BuiltinMigrations(), config.migration_lock_timeout);
+  auto report = migrator.Apply(**connection);
+  if (!report.ok()) {
+    Log(absl::StrCat("migrate: ", report.status().message()));
+    return 1;
+  }
+  Log(report->applied.empty()
+          ? absl::StrCat("schema up to date at version ", report->current_version)
+          : absl::StrCat("applied migrations ", absl::StrJoin(report->applied, ", "),
+                         "; schema at version ", report->current_version));
+  return 0;
+}
+
+gradhub::db::PoolOptions PoolFor(const CheckpointConfig& config) {
+  gradhub::db::PoolOptions options;
+  options.connection.url = config.database_url;
+  options.connection.connect_timeout = config.database_connect_timeout;
+  options.connection.application_name = "gradhub-checkpoint";
+  options.max_connections = static_cast<int>(config.database_connections);
+  return options;
+}
+
+void RunCleanup(gradhub::checkpoint::CheckpointManager& manager) {
+  auto report = manager.Cleanup();
+  Log(report.ok() ? "cleanup: " + report->ToString()
+                  : absl::StrCat("cleanup failed: ", report.status().message()));
+}
+
+void RunScrub(gradhub::checkpoint::CheckpointManager& manager,
+              const gradhub::checkpoint::PeriodicTask& task) {
+  // A scrub reads every blob: a SIGTERM must not wait for all of them.
+  auto report = manager.Scrub([&task] { return task.stopping(); });
+  Log(report.ok() ? "scrub: " + report->ToString()
+                  : absl::StrCat("scrub failed: ", report.status().message()));
+}
+
+std::unique_ptr<grpc::Server> StartGrpc(const CheckpointConfig& config,
+                                        std::shared_ptr<grpc::ServerCredentials> credentials,
+                                        grpc::Service* service, int* port) {
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(absl::StrCat(config.grpc_host, ":", config.grpc_port), credentials,
+                           port);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(config.chunk_bytes) + kMessageOverheadBytes);
+  builder.SetMaxSendMessageSize(static_cast<int>(config.chunk_bytes) + kMessageOverheadBytes);
+  // As gradhub-api: keep idle threads for the next burst instead of one thread made per call.
+  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS,
+                              kMaxIdleRpcThreads);
+  builder.RegisterService(service);
+  return builder.BuildAndStart();
+}
+
+int Serve(const CheckpointConfig& config) {
+  if (config.chunk_bytes < gradhub::checkpoint::kMinChunkBytes ||
+      config.chunk_bytes > gradhub::checkpoint::kMaxChunkBytes) {
+    Log(absl::StrCat("--chunk-bytes: must be between ", gradhub::checkpoint::kMinChunkBytes,
+                     " and ", gradhub::checkpoint::kMaxChunkBytes));
+    return 2;
+  }
+  auto credentials = gradhub::ServerCredentials(config.tls_cert_file, config.tls_key_file);
+  if (!credentials.ok()) {
+    Log(std::string(credentials.status().message()));
+    return 2;
+  }
+  auto blobs = gradhub::checkpoint::LocalBlobStore::Open(config.data_dir);
+  if (!blobs.ok()) {
+    Log(absl::StrCat("--data-dir: ", blobs.status().message()));
+    return 2;
+  }
+  if (int rc = Migrate(config); rc != 0) return rc;
+  // SIGTERM and SIGINT are taken by sigwait below, so shutdown runs as ordinary code.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  gradhub::db::Pool pool(PoolFor(config));
+  gradhub::api::Authenticator auth(&pool, config.admin_token);
+  gradhub::checkpoint::CheckpointMetrics metrics(&pool);
+  gradhub::checkpoint::CheckpointManager manager(
+      &pool, blobs->get(), &metrics,
+      {.chunk_size_bytes = static_cast<int32_t>(config.chunk_bytes),
+       .upload_ttl = config.upload_ttl});
+  // Before the first call: what a crash left half done is finished or removed.
+  RunCleanup(manager);
+
+  gradhub::checkpoint::CheckpointService service(&manager, &auth, &metrics);
+  int port = 0;
+  std::unique_ptr<grpc::Server> server = StartGrpc(config, *credentials, &service, &port);
+  if (!server || port == 0) {
+    Log(absl::StrCat("cannot serve gRPC on ", config.grpc_host, ":", config.grpc_port));
+    return 1;
+  }
+  gradhub::checkpoint::CheckpointRest rest(
+      &manager, &auth, &metrics,
+      {.tls_cert_file = config.tls_cert_file, .tls_key_file = config.tls_key_file});
+  const absl::StatusOr<int> http_port =
+      rest.Start(config.http_host, static_cast<int>(config.http_port));
+  if (!http_port.ok()) {
+    Log(absl::StrCat("REST: ", http_port.status().message()));
+    return 1;
+  }
+  // Lines a launcher can parse for the ports actually bound.
+  std::cout << "gradhub-checkpoint: serving REST on port " << *http_port << std::endl;
+  std::cout << "gradhub-checkpoint: serving gRPC on port " << port << std::endl;
+
+  gradhub::checkpoint::PeriodicTask cleanup(config.cleanup_interval, [&] { RunCleanup(manager); });
+  gradhub::checkpoint::PeriodicTask scrub(config.scrub_interval, [&] { RunScrub(manager, scrub); });
+  cleanup.Start();
+  scrub.Start();
+
+  int received = 0;
+  sigwait(&signals, &received);
+  Log(absl::StrCat("signal ", received, ", shutting down"));
+  // Stop accepting; calls in flight (an upload's stream, a commit) may finish within the grace.
+  server->Shutdown(std::chrono::system_clock::now() + absl::ToChronoSeconds(config.shutdown_grace));
+  server->Wait();
+  rest.Stop();
+  cleanup.Stop();
+  scrub.Stop();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  gradhub::TurnOffMutexDeadlockDetection();
+  CheckpointConfig config;
+  gradhub::Flags flags("gradhub-checkpoint", kSummary);
+  config.Register(flags);
+  auto parsed = flags.Parse(argc, argv);
+  if (!parsed.ok()) {
+    Log(std::string(parsed.status().message()));
+    return 2;
+  }
+  if (parsed->help) {
+    std::cout << flags.Usage();
+    return 0;
+  }
+  const auto& args = parsed->positional;
+  if (args.empty() || (args.size() == 1 && args[0] == "serve")) return Serve(config);
+  if (args.size() == 1 && args[0] == "migrate") return Migrate(config);
+  std::cerr << flags.Usage();
+  return 2;
+}

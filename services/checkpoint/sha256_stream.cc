@@ -1,0 +1,38 @@
+#include "services/checkpoint/sha256_stream.h"
+
+#include <stdexcept>
+
+namespace gradhub::checkpoint {
+
+// OpenSSL fails these only when out of memory or misconfigured; as Sha256Hex does
+// (services/common/sha256.cc), that is an exception, not a status every caller must carry.
+Sha256Stream::Sha256Stream() : context_(EVP_MD_CTX_new()) {
+  if (!context_ || EVP_DigestInit_ex(context_.get(), EVP_sha256(), nullptr) != 1) {
+    throw std::runtime_error("EVP_DigestInit_ex(sha256) failed");
+  }
+}
+
+void Sha256Stream::Update(std::string_view data) {
+  if (EVP_DigestUpdate(context_.get(), data.data(), data.size()) != 1) {
+    throw std::runtime_error("EVP_DigestUpdate(sha256) failed");
+  }
+}
+
+std::string Sha256Stream::Hex() const {
+  std::unique_ptr<EVP_MD_CTX, Free> copy(EVP_MD_CTX_new());
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int length = 0;
+  if (!copy || EVP_MD_CTX_copy_ex(copy.get(), context_.get()) != 1 ||
+      EVP_DigestFinal_ex(copy.get(), digest, &length) != 1) {
+    throw std::runtime_error("EVP_DigestFinal_ex(sha256) failed");
+  }
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string hex(2 * length, '0');
+  for (unsigned int i = 0; i < length; ++i) {
+    hex[2 * i] = kHex[digest[i] >> 4];
+    hex[2 * i + 1] = kHex[digest[i] & 0xf];
+  }
+  return hex;
+}
+
+}  // namespace gradhub::checkpoint

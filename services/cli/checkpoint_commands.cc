@@ -1,0 +1,182 @@
+#include "services/cli/checkpoint_commands.h"
+
+#include <google/protobuf/struct.pb.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <regex>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "services/checkpoint/sha256_stream.h"
+#include "services/cli/commands.h"
+
+namespace gradhub::cli {
+namespace {
+
+// What one download has written so far.
+struct Progress {
+  explicit Progress(std::ofstream* out) : file(out) {}
+  std::ofstream* file;
+  checkpoint::Sha256Stream sha;
+  int64_t written = 0;
+  std::string announced_sha256;
+};
+
+// One DownloadCheckpoint stream from progress->written; its final status.
+grpc::Status StreamInto(Invocation& inv, const std::string& name, Progress* progress) {
+  std::unique_ptr<grpc::ClientContext> context = inv.client().StreamContext();
+  v1::DownloadCheckpointRequest request;
+  request.set_name(name);
+  request.set_offset(progress->written);
+  auto reader = inv.client().checkpoints().DownloadCheckpoint(context.get(), request);
+  v1::DownloadCheckpointResponse message;
+  while (reader->Read(&message)) {
+    if (!message.sha256().empty()) progress->announced_sha256 = message.sha256();
+    if (message.offset() != progress->written) {
+      context->TryCancel();
+      reader->Finish();
+      return grpc::Status(grpc::StatusCode::INTERNAL,
+                          absl::StrCat("the server sent offset ", message.offset(), " where ",
+                                       progress->written, " was expected"));
+    }
+    progress->file->write(message.data().data(),
+                          static_cast<std::streamsize>(message.data().size()));
+    if (!*progress->file) {
+      context->TryCancel();
+      reader->Finish();
+      return grpc::Status(grpc::StatusCode::INTERNAL, "cannot write the output file");
+    }
+    progress->sha.Update(message.data());
+    progress->written += static_cast<int64_t>(message.data().size());
+  }
+  return reader->Finish();
+}
+
+// A broken stream, worth one more try from where it stopped.
+bool Resumable(const grpc::Status& status) {
+  switch (status.error_code()) {
+    case grpc::StatusCode::UNAVAILABLE:
+    case grpc::StatusCode::UNKNOWN:
+    case grpc::StatusCode::ABORTED:
+    case grpc::StatusCode::INTERNAL:
+      return true;
+    default:
+      return false;
+  }
+}
+
+void PrintDownloaded(Invocation& inv, const std::string& name, const std::string& file,
+                     const Progress& progress) {
+  if (inv.format() == Format::kJson) {
+    google::protobuf::Struct result;
+    auto& fields = *result.mutable_fields();
+    fields["name"].set_string_value(name);
+    fields["file"].set_string_value(file);
+    fields["sizeBytes"].set_string_value(absl::StrCat(progress.written));
+    fields["sha256"].set_string_value(progress.announced_sha256);
+    inv.out() << ToJson(result);
+  } else {
+    inv.out() << file << "\n";
+    inv.err() << "downloaded " << name << ": " << HumanBytes(progress.written) << ", sha256 "
+              << progress.announced_sha256 << " verified\n";
+  }
+}
+
+}  // namespace
+
+std::string CheckpointName(const std::string& arg) {
+  static const std::regex kName("jobs/[^/]+/checkpoints/[0-9]+");
+  return std::regex_match(arg, kName) ? arg : "";
+}
+
+int CheckpointsList(Invocation& inv) {
+  std::string state, page_token;
+  int64_t page_size = 0;
+  bool all = false;
+  inv.flags()
+      .String("state", "", &state, "Only checkpoints in this state (UPLOADING, COMMITTED, BAD)")
+      .Int("page-size", "", &page_size, "Checkpoints per call; 0 = the server's default (50)")
+      .Bool("all", "", &all, "Every page, not only the first")
+      .String("page-token", "", &page_token, "Continue after the page that returned this token");
+  if (!inv.Parse(1, 1)) return inv.exit_code();
+  const std::string job = JobName(inv.positional()[0]);
+  if (job.empty()) return inv.UsageError("JOB must be jobs/<id> or <id>");
+  if (page_size < 0 || page_size > std::numeric_limits<int32_t>::max()) {
+    return inv.UsageError("--page-size: must be between 0 and 2^31-1");
+  }
+  absl::StatusOr<std::string> filter = BuildFilter({{"state", absl::AsciiStrToUpper(state)}}, {});
+  if (!filter.ok()) return inv.UsageError(std::string(filter.status().message()));
+  v1::ListCheckpointsRequest request;
+  request.set_parent(job);
+  request.set_page_size(static_cast<int32_t>(page_size));
+  request.set_page_token(page_token);
+  request.set_filter(*filter);
+  v1::ListCheckpointsResponse listed;
+  while (true) {
+    v1::ListCheckpointsResponse page;
+    const grpc::Status status = inv.client().checkpoints().ListCheckpoints(
+        inv.client().UnaryContext().get(), request, &page);
+    if (!status.ok()) return inv.Fail(status, inv.checkpoint_server());
+    for (v1::Checkpoint& c : *page.mutable_checkpoints()) *listed.add_checkpoints() = std::move(c);
+    listed.set_next_page_token(page.next_page_token());
+    if (!all || page.next_page_token().empty() || page.next_page_token() == request.page_token())
+      break;
+    request.set_page_token(page.next_page_token());
+  }
+  if (inv.format() == Format::kJson) {
+    inv.out() << ToJson(listed);
+    return kOk;
+  }
+  std::vector<const v1::Checkpoint*> rows;
+  for (const v1::Checkpoint& c : listed.checkpoints()) rows.push_back(&c);
+  inv.out() << CheckpointsTable(rows);
+  if (!listed.next_page_token().empty()) {
+    inv.err() << "(more results: add --all, or --page-token " << listed.next_page_token() << ")\n";
+  }
+  return kOk;
+}
+
+int CheckpointsDownload(Invocation& inv) {
+  std::string file;
+  inv.ShortFlag("-o", "--file");
+  inv.flags().String("file", "", &file, "-o: where to write the checkpoint (required)");
+  if (!inv.Parse(1, 1)) return inv.exit_code();
+  const std::string name = CheckpointName(inv.positional()[0]);
+  if (name.empty()) return inv.UsageError("NAME must be jobs/<id>/checkpoints/<step>");
+  if (file.empty()) return inv.UsageError("download needs -o FILE");
+  const std::string partial = file + ".tmp";
+  std::ofstream out(partial, std::ios::binary | std::ios::trunc);
+  if (!out) return inv.Fail(kInternal, "INTERNAL", "cannot create " + partial);
+  Progress progress(&out);
+  // 1. and 2.: one stream, and one more from where it broke.
+  grpc::Status status = StreamInto(inv, name, &progress);
+  if (Resumable(status)) {
+    inv.err() << "gradhub: the download broke at byte " << progress.written << " ("
+              << status.error_message() << "); resuming\n";
+    status = StreamInto(inv, name, &progress);
+  }
+  out.close();
+  auto fail = [&](const grpc::Status& why) {
+    std::remove(partial.c_str());
+    return inv.Fail(why, inv.checkpoint_server());
+  };
+  if (!status.ok()) return fail(status);
+  // 3. The bytes as written against the sha256 the server announced.
+  if (progress.announced_sha256.empty() || progress.sha.Hex() != progress.announced_sha256) {
+    return fail(grpc::Status(
+        grpc::StatusCode::DATA_LOSS,
+        absl::StrCat("the ", progress.written, " bytes received hash to ", progress.sha.Hex(),
+                     ", not to the announced ", progress.announced_sha256)));
+  }
+  // 4.
+  std::error_code error;
+  std::filesystem::rename(partial, file, error);
+  if (error) return fail(grpc::Status(grpc::StatusCode::INTERNAL, "rename: " + error.message()));
+  PrintDownloaded(inv, name, file, progress);
+  return kOk;
+}
+
+}  // namespace gradhub::cli

@@ -1,0 +1,26 @@
+// `gradhub checkpoints ...`: the commands that talk to gradhub-checkpoint
+// (--checkpoint-server) rather than gradhub-api. Listed in AllCommands (commands.cc).
+#pragma once
+
+#include <string>
+
+#include "services/cli/invocation.h"
+
+namespace gradhub::cli {
+
+// `checkpoints list JOB`: a job's checkpoints, newest step first.
+int CheckpointsList(Invocation& inv);
+
+// `checkpoints download NAME -o FILE`:
+//   1. stream the checkpoint into FILE.tmp, hashing it as it arrives;
+//   2. when the stream breaks (UNAVAILABLE, a reset connection), ask once more from the offset
+//      already written, so a large download does not start over;
+//   3. compare the sha256 the server announced with the bytes written; a mismatch (or the
+//      server's DATA_LOSS) removes FILE.tmp and fails;
+//   4. rename FILE.tmp to FILE, so FILE is either absent or a whole, verified checkpoint.
+int CheckpointsDownload(Invocation& inv);
+
+// NAME as users type it: `jobs/<id>/checkpoints/<step>`. Empty for anything else.
+std::string CheckpointName(const std::string& arg);
+
+}  // namespace gradhub::cli

@@ -1,0 +1,167 @@
+// The metrics service's state: trainers' per-step telemetry turned into Prometheus series, with
+// the rules that keep them truthful and few. No gRPC, no HTTP: TelemetryService feeds it,
+// the HTTP endpoint scrapes it.
+//
+// Series (prometheus-cpp families; `job_id` is the job's uuid, not `job`, which Prometheus gives
+// every scraped series as the name of its scrape job):
+//   gradhub_training_step{job_id,rank}                       last step reported
+//   gradhub_training_loss{job_id,rank}                       that step's loss on the rank
+//   gradhub_learning_rate{job_id}
+//   gradhub_samples_per_second{job_id,rank}                  the rank's; the job's is the sum
+//   gradhub_samples_total{job_id,rank}
+//   gradhub_step_phase_seconds{job_id,rank,phase}            summary (count and sum only):
+//       phase = forward|backward|allreduce_wait|optimizer|step; rate(_sum)/rate(_count) is the
+//       exact mean of a phase over any window, so phases stack to the step time and ranks
+//       compare for stragglers, at 2 series per rank and phase (a histogram takes 10+)
+//   gradhub_allreduce_seconds{job_id}                        histogram of steps' allreduce time
+//   gradhub_allreduce_bytes_total{job_id}                    summed over ranks
+//   gradhub_allreduce_bus_bandwidth_bytes_per_second{job_id,rank}  last batch's mean
+//   gradhub_checkpoint_save_seconds{job_id}                  histogram
+//   gradhub_eval_metric{job_id,name}                         last evaluation
+//   gradhub_telemetry_dropped_total{reason}                  steps lost: by trainers
+//       (trainer_queue_full) or refused here (duplicate_step, stale_attempt, unknown_job,
+//       finished_job, job_limit, invalid, unavailable)
+//   gradhub_telemetry_steps_total, gradhub_telemetry_jobs    accepted steps, jobs with series
+//   gradhub_telemetry_streams                                open ReportTelemetry streams
+//
+// Rules, in the order a batch meets them:
+//   1. The job must exist (JobDirectory), and a rank must be below its world size.
+//   2. A job without series gets them only while it has not ended and fewer than max_jobs
+//      jobs have series; otherwise its steps are refused (and the refusal remembered for
+//      refusal_ttl, so a trainer that keeps sending costs no query per batch).
+//   3. Only the job's current attempt counts: a batch of an older attempt is dropped; one of a
+//      newer attempt than known makes the job be read again.
+//   4. Per rank, a step not above the last accepted one of the same attempt is a duplicate
+//      (a reporter resending after a broken stream).
+// Sweep() rereads every job with series: one ended finished_job_ttl ago, or silent for
+// idle_job_ttl, loses its series.
+//
+// Thread-safe.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "gradhub/v1/telemetry.pb.h"
+#include "services/metrics/job_directory.h"
+
+namespace prometheus {
+class Registry;
+template <typename T>
+class Family;
+class Counter;
+class Gauge;
+class Histogram;
+}  // namespace prometheus
+
+namespace gradhub::metrics {
+
+struct TrainingMetricsOptions {
+  // Jobs with series at once; steps of further jobs are refused (reason job_limit).
+  int max_jobs = 200;
+  // How long a job's series stay after it ended (for dashboards to show its end).
+  absl::Duration finished_job_ttl = absl::Minutes(10);
+  // A job without telemetry for this long loses its series, whatever its state.
+  absl::Duration idle_job_ttl = absl::Hours(1);
+  // How long a refused job stays refused without asking the directory again.
+  absl::Duration refusal_ttl = absl::Seconds(30);
+  // Distinct evaluation metric names kept per job; further names are ignored.
+  int max_eval_metrics_per_job = 32;
+};
+
+// Why steps were dropped; the `reason` label of gradhub_telemetry_dropped_total.
+enum class DropReason {
+  kTrainerQueueFull,
+  kDuplicateStep,
+  kStaleAttempt,
+  kUnknownJob,
+  kFinishedJob,
+  kJobLimit,
+  kInvalid,
+  kUnavailable,
+};
+inline constexpr int kDropReasons = 8;
+const char* DropReasonLabel(DropReason reason);
+
+struct BatchOutcome {
+  int64_t accepted = 0;
+  int64_t dropped = 0;
+};
+
+class TrainingMetrics {
+ public:
+  // `directory` is not owned and must outlive this.
+  TrainingMetrics(JobDirectory* directory, TrainingMetricsOptions options);
+  ~TrainingMetrics();
+
+  // Records a batch whose job name, attempt and rank the caller has validated (JobIdOf is
+  // not empty, attempt >= 1, rank >= 0). May read the directory; never holds the lock then.
+  BatchOutcome Record(const v1::TelemetryBatch& batch, absl::Time now = absl::Now());
+
+  // Rereads the jobs with series and removes those whose time is up (see the rules above).
+  // An error when the directory cannot be read; idle jobs are removed even then.
+  absl::Status Sweep(absl::Time now = absl::Now());
+
+  // Steps lost for `reason` that did not come through Record (e.g. a stream the service
+  // refused as a whole).
+  void CountDropped(DropReason reason, int64_t steps);
+
+  // Open telemetry streams (gradhub_telemetry_streams) go up or down by `delta`.
+  void AddStreams(int delta);
+
+  // Prometheus text exposition format 0.0.4 of every series.
+  std::string Scrape() const;
+
+  int live_jobs() const;
+
+ private:
+  struct RankSeries;
+  struct JobSeries;
+  enum class Admission { kAdmitted, kRefused, kRetry };
+
+  // Rules 1-3: the job's series, or nullptr with *refused set.
+  JobSeries* Admit(const std::string& id, int32_t attempt, absl::Time now,
+                   std::unique_lock<std::mutex>& lock, DropReason* refused);
+  Admission AdmitLocked(const std::string& id, int32_t attempt, absl::Time now,
+                        const JobStatus* status, JobSeries** series, DropReason* refused);
+  void Refuse(const std::string& id, DropReason reason, absl::Time now);
+  RankSeries& Rank(const std::string& id, JobSeries& job, int32_t rank);
+  void Apply(const std::string& id, JobSeries& job, RankSeries& rank,
+             const v1::StepTelemetry& step);
+  void SetEvalMetrics(const std::string& id, JobSeries& job, const v1::StepTelemetry& step);
+  void RemoveSeries(JobSeries& job);
+  void Drop(DropReason reason, int64_t steps);
+
+  JobDirectory* const directory_;
+  const TrainingMetricsOptions options_;
+  std::shared_ptr<prometheus::Registry> registry_;
+  prometheus::Family<prometheus::Gauge>* step_;
+  prometheus::Family<prometheus::Gauge>* loss_;
+  prometheus::Family<prometheus::Gauge>* learning_rate_;
+  prometheus::Family<prometheus::Gauge>* samples_per_second_;
+  prometheus::Family<prometheus::Counter>* samples_;
+  prometheus::Family<prometheus::Histogram>* allreduce_seconds_;
+  prometheus::Family<prometheus::Counter>* allreduce_bytes_;
+  prometheus::Family<prometheus::Gauge>* bus_bandwidth_;
+  prometheus::Family<prometheus::Histogram>* checkpoint_save_seconds_;
+  prometheus::Family<prometheus::Gauge>* eval_metric_;
+  prometheus::Counter* accepted_steps_;
+  prometheus::Gauge* streams_;
+  std::array<prometheus::Counter*, kDropReasons> dropped_{};
+
+  struct Refusal {
+    DropReason reason;
+    absl::Time until;
+  };
+  mutable std::mutex mu_;
+  std::map<std::string, std::unique_ptr<JobSeries>> jobs_;  // by job id; guarded by mu_
+  std::map<std::string, Refusal> refused_;                  // by job id; guarded by mu_
+};
+
+}  // namespace gradhub::metrics

@@ -1,0 +1,153 @@
+// bench_checkpoint: one checkpoint through a running gradhub-checkpoint (see run.sh beside it),
+// as a trainer moves it: one gRPC stream of chunks of the size the server announces.
+//
+//   upload:   StartUpload, UploadChunks, CommitCheckpoint (the server's hash check, fsync,
+//             rename, transaction); timed from StartUpload to the commit's answer. The client's
+//             sha256 of the blob is computed before the clock starts (a trainer hashes as it
+//             serializes; that is the trainer's cost, not the store's).
+//   download: DownloadCheckpoint of the checkpoint uploaded before, from offset 0, hashing what
+//             arrives and checking it against the announced sha256, as `gradhub checkpoints
+//             download` does; timed from the call to the last byte verified.
+//
+// Output: one line, "<mode> <seconds> <bytes> <name>", for run.sh.
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <string>
+
+#include "gradhub/v1/checkpoint.grpc.pb.h"
+#include "services/checkpoint/sha256_stream.h"
+#include "services/common/abseil_mode.h"
+#include "services/common/flags.h"
+#include "services/common/sha256.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+namespace v1 = gradhub::v1;
+
+struct Options {
+  std::string server = "127.0.0.1:7071";
+  std::string token;
+  std::string mode = "upload";
+  std::string job;   // jobs/<id>, for upload
+  int64_t step = 1;  // for upload
+  int64_t mib = 256;
+  std::string name;  // for download
+};
+
+std::unique_ptr<grpc::ClientContext> Context(const Options& options) {
+  auto context = std::make_unique<grpc::ClientContext>();
+  context->AddMetadata("authorization", "Bearer " + options.token);
+  return context;
+}
+
+int Fail(const char* what, const grpc::Status& status) {
+  std::cerr << "bench_checkpoint: " << what << ": " << status.error_code() << " "
+            << status.error_message() << "\n";
+  return 1;
+}
+
+int Upload(v1::CheckpointService::Stub& stub, const Options& options) {
+  // Not zeros: a filesystem or a link that compressed zeros would flatter the figure.
+  std::string data(static_cast<size_t>(options.mib) << 20, '\0');
+  uint64_t x = 88172645463325252ull;
+  for (size_t i = 0; i + 8 <= data.size(); i += 8) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    std::memcpy(&data[i], &x, 8);
+  }
+  const std::string sha256 = gradhub::Sha256Hex(data);
+  const Clock::time_point start = Clock::now();
+  v1::StartUploadRequest begin;
+  begin.set_job(options.job);
+  begin.set_attempt(1);
+  begin.set_step(options.step);
+  begin.set_size_bytes(static_cast<int64_t>(data.size()));
+  v1::StartUploadResponse started;
+  if (auto s = stub.StartUpload(Context(options).get(), begin, &started); !s.ok()) {
+    return Fail("StartUpload", s);
+  }
+  const size_t chunk = static_cast<size_t>(started.chunk_size_bytes());
+  auto context = Context(options);
+  v1::UploadChunksResponse received;
+  auto writer = stub.UploadChunks(context.get(), &received);
+  v1::UploadChunkRequest request;
+  request.set_upload_id(started.upload_id());
+  for (size_t offset = 0; offset < data.size(); offset += chunk) {
+    request.set_offset(static_cast<int64_t>(offset));
+    request.set_data(data.data() + offset, std::min(chunk, data.size() - offset));
+    if (!writer->Write(request)) break;
+    request.clear_upload_id();
+  }
+  writer->WritesDone();
+  if (auto s = writer->Finish(); !s.ok()) return Fail("UploadChunks", s);
+  const Clock::time_point streamed = Clock::now();
+  v1::CommitCheckpointRequest commit;
+  commit.set_upload_id(started.upload_id());
+  commit.set_sha256(sha256);
+  v1::Checkpoint checkpoint;
+  if (auto s = stub.CommitCheckpoint(Context(options).get(), commit, &checkpoint); !s.ok()) {
+    return Fail("CommitCheckpoint", s);
+  }
+  const Clock::time_point end = Clock::now();
+  const double seconds = std::chrono::duration<double>(end - start).count();
+  std::printf("upload %.4f %zu %s\n", seconds, data.size(), checkpoint.name().c_str());
+  std::fprintf(stderr, "upload phases: stream %.4f s, commit %.4f s\n",
+               std::chrono::duration<double>(streamed - start).count(),
+               std::chrono::duration<double>(end - streamed).count());
+  return 0;
+}
+
+int Download(v1::CheckpointService::Stub& stub, const Options& options) {
+  const Clock::time_point start = Clock::now();
+  auto context = Context(options);
+  v1::DownloadCheckpointRequest request;
+  request.set_name(options.name);
+  auto reader = stub.DownloadCheckpoint(context.get(), request);
+  v1::DownloadCheckpointResponse message;
+  gradhub::checkpoint::Sha256Stream sha;
+  std::string announced;
+  size_t bytes = 0;
+  while (reader->Read(&message)) {
+    if (!message.sha256().empty()) announced = message.sha256();
+    sha.Update(message.data());
+    bytes += message.data().size();
+  }
+  if (auto s = reader->Finish(); !s.ok()) return Fail("DownloadCheckpoint", s);
+  if (sha.Hex() != announced) {
+    std::cerr << "bench_checkpoint: the download does not match its sha256\n";
+    return 1;
+  }
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  std::printf("download %.4f %zu %s\n", seconds, bytes, options.name.c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  gradhub::TurnOffMutexDeadlockDetection();
+  Options options;
+  gradhub::Flags flags("bench_checkpoint", "One checkpoint through gradhub-checkpoint.");
+  flags.String("server", "", &options.server, "gradhub-checkpoint gRPC address")
+      .String("token", "", &options.token, "Admin token")
+      .String("mode", "", &options.mode, "upload or download")
+      .String("job", "", &options.job, "upload: jobs/<id> (RUNNING at attempt 1)")
+      .Int("step", "", &options.step, "upload: the checkpoint's step")
+      .Int("mib", "", &options.mib, "upload: size in MiB")
+      .String("name", "", &options.name, "download: jobs/<id>/checkpoints/<step>");
+  auto parsed = flags.Parse(argc, argv);
+  if (!parsed.ok() || parsed->help) {
+    std::cerr << (parsed.ok() ? "" : std::string(parsed.status().message()) + "\n")
+              << flags.Usage();
+    return parsed.ok() ? 0 : 2;
+  }
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(8 << 20);
+  auto stub = v1::CheckpointService::NewStub(
+      grpc::CreateCustomChannel(options.server, grpc::InsecureChannelCredentials(), args));
+  return options.mode == "upload" ? Upload(*stub, options) : Download(*stub, options);
+}

@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# Upload and download of one 256 MiB checkpoint through gradhub-checkpoint, against dd on the
+# same disk in the same run:
+#   write reference: dd if=/dev/zero of=FILE bs=1M count=256 conv=fsync (data in page cache,
+#                    then one fsync: what any durable write of 256 MiB costs on this disk);
+#   upload:          StartUpload + UploadChunks (one gRPC stream) + CommitCheckpoint, timed
+#                    to the commit's answer, i.e. durable (fsync, rename, fsync of the directory)
+#                    and recorded in PostgreSQL (bench_checkpoint.cc);
+#   read reference:  dd if=FILE of=/dev/null bs=1M;
+#   download:        DownloadCheckpoint of that checkpoint, the client checking its sha256.
+# The server's data directory and the dd file sit in one directory, so on one filesystem. Reads
+# are from the page cache for both unless GRADHUB_BENCH_DROP_CACHES=1 (root only: drops the
+# page cache before each read, which slows everything else on the machine for a moment).
+# Each measure runs GRADHUB_BENCH_ROUNDS times (default 3), the phases interleaved so that
+# background load hits both sides alike; the table shows medians.
+# Target (the issue): upload >= 0.8x the dd write reference.
+# Usage: tests/bench/checkpoint/run.sh [BUILD_DIR]
+# Environment: GRADHUB_BENCH_ROUNDS (3), GRADHUB_BENCH_MIB (256), GRADHUB_BENCH_DIR (parent of
+#   the work directory, /tmp), GRADHUB_BENCH_DROP_CACHES (0), GRADHUB_CHECKPOINT_CHUNK_BYTES
+#   etc. reach gradhub-checkpoint as usual.
+set -euo pipefail
+build_dir="$(realpath "${1:-build}")"
+bin="$build_dir/bin"
+rounds="${GRADHUB_BENCH_ROUNDS:-3}"
+mib="${GRADHUB_BENCH_MIB:-256}"
+drop_caches="${GRADHUB_BENCH_DROP_CACHES:-0}"
+pg_bin="$(pg_config --bindir 2>/dev/null || true)"
+[ -x "$pg_bin/initdb" ] || pg_bin=/usr/lib/postgresql/15/bin
+for program in "$bin/gradhub-checkpoint" "$bin/bench_checkpoint" "$pg_bin/initdb"; do
+  [ -x "$program" ] || { echo "missing $program (build gradhub-checkpoint and bench_checkpoint)" >&2; exit 1; }
+done
+
+work="$(mktemp -d "${GRADHUB_BENCH_DIR:-/tmp}/gradhub-bench-checkpoint-XXXXXX")"
+server_pid=""
+as_pg=()
+cleanup() {
+  if [ -n "$server_pid" ]; then
+    kill "$server_pid" 2>/dev/null || true
+    wait "$server_pid" 2>/dev/null || true
+  fi
+  "${as_pg[@]}" "$pg_bin/pg_ctl" -D "$work/pg" -m immediate stop >/dev/null 2>&1 || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+free_port() {
+  /usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+drop() {
+  if [ "$drop_caches" = 1 ]; then sync; echo 3 > /proc/sys/vm/drop_caches; fi
+}
+
+# PostgreSQL refuses to run as root: as deploy/local/cluster.sh, use the nobody account then.
+mkdir -p "$work/pg"
+if [ "$(id -u)" = 0 ]; then chmod 755 "$work"; chown nobody "$work/pg"; as_pg=(runuser -u nobody --); fi
+pg_port="$(free_port)"
+"${as_pg[@]}" "$pg_bin/initdb" -D "$work/pg" -U gradhub -A trust >/dev/null
+"${as_pg[@]}" "$pg_bin/pg_ctl" -D "$work/pg" -l "$work/pg/server.log" -w \
+  -o "-p $pg_port -k $work/pg -c listen_addresses=127.0.0.1" start >/dev/null
+export GRADHUB_DATABASE_URL="postgresql://gradhub@127.0.0.1:$pg_port/postgres"
+psql=("$pg_bin/psql" -X -q -A -t -v ON_ERROR_STOP=1 -d "$GRADHUB_DATABASE_URL")
+
+token="bench-admin-$RANDOM$RANDOM"
+"$bin/gradhub-checkpoint" --grpc-host 127.0.0.1 --grpc-port 0 --http-host 127.0.0.1 \
+  --http-port 0 --data-dir "$work/data" --admin-token "$token" serve \
+  > "$work/server.out" 2> "$work/server.err" &
+server_pid=$!
+for _ in $(seq 100); do grep -q "serving gRPC" "$work/server.out" && break; sleep 0.1; done
+grpc_port="$(sed -n 's/.*serving gRPC on port \([0-9]*\).*/\1/p' "$work/server.out")"
+[ -n "$grpc_port" ] || { echo "gradhub-checkpoint did not start:" >&2; cat "$work/server.err" >&2; exit 1; }
+chunk="$("$bin/gradhub-checkpoint" --help | grep -A1 -- '--chunk-bytes ' | sed -n 's/.*(default \([0-9]*\)).*/\1/p')"
+chunk="${GRADHUB_CHECKPOINT_CHUNK_BYTES:-$chunk}"
+
+# A tenant and a RUNNING job at attempt 1 for the checkpoints (keepLast 2: old rounds go).
+job="$("${psql[@]}" -c "
+  INSERT INTO tenants (name) VALUES ('bench');
+  INSERT INTO jobs (tenant_id, spec, world_size, state, current_attempt)
+    SELECT id, '{\"checkpoint\": {\"keepLast\": 2}}', 1, 'RUNNING', 1 FROM tenants
+    RETURNING id")"
+job="$(echo "$job" | tail -1)"
+"${psql[@]}" -c "INSERT INTO job_attempts (job_id, attempt, rendezvous_prefix, state)
+  VALUES ('$job', 1, 'bench/$job/1/', 'RUNNING')"
+
+bench=("$bin/bench_checkpoint" --server "127.0.0.1:$grpc_port" --token "$token")
+# CPU seconds (user + system) a process has used, in clock ticks.
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+seconds_of() { awk '/copied/ { for (i = 1; i <= NF; i++) if ($i == "s,") print $(i - 1) }'; }
+: > "$work/times"
+for round in $(seq "$rounds"); do
+  rm -f "$work/dd.bin"
+  echo "dd_write $(dd if=/dev/zero of="$work/dd.bin" bs=1M count="$mib" conv=fsync 2>&1 | seconds_of)" >> "$work/times"
+  ticks0="$(cpu_ticks "$server_pid")"
+  read -r _ seconds _ name < <("${bench[@]}" --mode upload --job "jobs/$job" --step "$round" --mib "$mib")
+  echo "upload $seconds" >> "$work/times"
+  echo "upload_cpu $(awk -v a="$ticks0" -v b="$(cpu_ticks "$server_pid")" -v hz="$(getconf CLK_TCK)" 'BEGIN {print (b - a) / hz}')" >> "$work/times"
+  drop
+  echo "dd_read $(dd if="$work/dd.bin" of=/dev/null bs=1M 2>&1 | seconds_of)" >> "$work/times"
+  drop
+  read -r _ seconds _ _ < <("${bench[@]}" --mode download --name "$name")
+  echo "download $seconds" >> "$work/times"
+done
+if ! kill -0 "$server_pid" 2>/dev/null; then echo "gradhub-checkpoint exited:" >&2; tail "$work/server.err" >&2; exit 1; fi
+
+echo "$mib MiB, $rounds rounds (medians), chunk $chunk bytes, one gRPC stream on loopback;" \
+  "fs=$(findmnt -n -o FSTYPE -T "$work" 2>/dev/null || echo '?') at $work;" \
+  "reads $([ "$drop_caches" = 1 ] && echo 'after dropping the page cache' || echo 'from the page cache');" \
+  "$(nproc) cores shared by client, server, PostgreSQL and whatever else runs"
+awk -v mib="$mib" '
+  { t[$1] = t[$1] " " $2 }
+  function median(list,   n, v, i, j, x) {
+    n = split(list, v, " ")
+    for (i = 2; i <= n; i++) { x = v[i]; for (j = i - 1; j >= 1 && v[j] > x; j--) v[j + 1] = v[j]; v[j + 1] = x }
+    return n % 2 ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2
+  }
+  END {
+    w = median(t["dd_write"]); u = median(t["upload"]); r = median(t["dd_read"]); d = median(t["download"])
+    printf "%-46s %9s %9s %8s %8s %7s\n", "measure", "seconds", "MiB/s", "vs ref", "target", "verdict"
+    printf "%-46s %9.3f %9.1f %8s %8s %7s\n", "dd write + fsync (reference)", w, mib / w, "1.00", "-", "-"
+    printf "%-46s %9.3f %9.1f %8.2f %8s %7s\n", "upload: start + chunks + commit (durable)", u, mib / u, w / u, ">=0.80", (w / u >= 0.8 ? "ok" : "MISS")
+    printf "%-46s %9.3f %9s %8s %8s %7s\n", "  gradhub-checkpoint CPU seconds per upload", median(t["upload_cpu"]), "-", "-", "-", "-"
+    printf "%-46s %9.3f %9.1f %8s %8s %7s\n", "dd read (reference)", r, mib / r, "1.00", "-", "-"
+    printf "%-46s %9.3f %9.1f %8.2f %8s %7s\n", "download with sha256 check", d, mib / d, r / d, "-", "-"
+    printf "all rounds (s): dd write%s | upload%s | dd read%s | download%s\n", t["dd_write"], t["upload"], t["dd_read"], t["download"]
+  }' "$work/times"

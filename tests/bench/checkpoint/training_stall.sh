@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# What a checkpoint costs the training loop, on the local cluster (deploy/local/cluster.sh):
+# the same world-1 job (an MLP whose state is ~TARGET_MB) trained twice, checkpointing every
+# EVERY steps into gradhub-checkpoint, and only at the end. The stall per checkpoint is the
+# difference in loop time divided by the checkpoints taken; it is set against the snapshot
+# (serializing the state into host memory, measured by the trainer) and against a plain copy
+# of the same number of bytes (torch clone, Debian's python3-torch) in the same run.
+# Usage: tests/bench/checkpoint/training_stall.sh [BUILD_DIR] [STEPS] [EVERY]
+set -euo pipefail
+build_dir="$(realpath "${1:-build}")"
+here="$(dirname "$(realpath "$0")")"
+exec "$here/../../../deploy/local/cluster.sh" "$build_dir" -- "$here/measure_stall.sh" \
+  "${2:-120}" "${3:-20}"

@@ -1,0 +1,264 @@
+// Checkpoints through gradhub-checkpoint end to end: real PostgreSQL, api, checkpoint
+// service, two agents with separate work directories (no shared checkpoint root) and real
+// trainers. Each test ends a job whose run was broken somewhere and compares its parameters
+// with an uninterrupted run of the same spec: resume must be exact, bit for bit.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <regex>
+#include <thread>
+
+#include "gpu_worker/trainer/job_spec.h"
+#include "tests/support/local_cluster.h"
+
+namespace gradhub {
+namespace {
+
+namespace fs = std::filesystem;
+using std::chrono::seconds;
+using testing::LocalCluster;
+using Clock = std::chrono::steady_clock;
+
+constexpr int64_t kSteps = 3000;
+constexpr int64_t kCheckpointEvery = 200;
+
+// World 2 on one node; checkpoints of ~2.5 MB every 200 steps, so an upload is in flight for
+// a noticeable time. `hidden` sizes the model (and so the checkpoint and the step time).
+v1::JobSpec Spec(int hidden = 384, int64_t steps = kSteps) {
+  const std::string h = std::to_string(hidden);
+  return ParseJobSpec(
+      "model: {mlp: {layers: [32, " + h + ", " + h + ", 4]}}\n"
+      "dataset: {synthetic: {numSamples: 4096, numFeatures: 32, numClasses: 4, noise: 0.5},"
+      " validationFraction: 0.1}\n"
+      "optimizer: {sgd: {lr: 0.05, momentum: 0.9}}\n"
+      "batchSizePerRank: 16\n"
+      "maxSteps: " + std::to_string(steps) + "\n"
+      "logEverySteps: 20\n"
+      "checkpoint: {everySteps: " + std::to_string(kCheckpointEvery) + ", keepLast: 2}\n"
+      "distributed: {worldSize: 2, ranksPerNode: 2}\n"
+      "maxRestarts: {infrastructure: 5, job: 2}\n");
+}
+
+// The parametersSha256 of rank 0's "done" line in the job's last attempt.
+std::string FinalParameters(LocalCluster& cluster, const std::string& name) {
+  static const std::regex kDone("\"parametersSha256\":\"([0-9a-f]{64})\"");
+  const auto deadline = Clock::now() + seconds(15);  // agents ship logs after the exit
+  while (Clock::now() < deadline) {
+    for (const std::string& line : cluster.Logs(name, 0, 0)) {
+      std::smatch match;
+      if (std::regex_search(line, match, kDone)) return match[1].str();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  return "";
+}
+
+class CheckpointE2eTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    testing::LocalClusterOptions options;
+    options.checkpoint_service = true;
+    cluster_ = std::make_unique<LocalCluster>(options);
+    ASSERT_TRUE(cluster_->Start());
+  }
+
+  // The uninterrupted run's parameters, computed once per spec for the whole binary.
+  std::string Reference(const v1::JobSpec& spec) {
+    static std::map<std::string, std::string> known;
+    const std::string key = spec.SerializeAsString();
+    if (known.count(key)) return known[key];
+    const v1::Job job = cluster_->AwaitJob(cluster_->Submit(spec).name(), testing::Ended);
+    EXPECT_EQ(job.state(), v1::Job::SUCCEEDED) << job.state_reason();
+    EXPECT_EQ(job.attempt(), 1);
+    return known[key] = FinalParameters(*cluster_, job.name());
+  }
+
+  // Waits until the job runs attempt `attempt` at a step past `step`; returns the job.
+  v1::Job AwaitRunningPast(const std::string& name, int attempt, int64_t step) {
+    return cluster_->AwaitJob(name, [&](const v1::Job& j) {
+      return testing::Ended(j) ||
+             (j.attempt() == attempt && j.state() == v1::Job::RUNNING && j.progress().step() > step);
+    });
+  }
+
+  std::vector<v1::Checkpoint> Checkpoints(const std::string& job) {
+    v1::ListCheckpointsRequest request;
+    request.set_parent(job);
+    v1::ListCheckpointsResponse response;
+    auto context = cluster_->TenantContext();
+    const grpc::Status status = cluster_->checkpoints().ListCheckpoints(context.get(), request, &response);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    return {response.checkpoints().begin(), response.checkpoints().end()};
+  }
+
+  int Committed(const std::string& job) {
+    int n = 0;
+    for (const auto& c : Checkpoints(job)) n += c.state() == v1::Checkpoint::COMMITTED;
+    return n;
+  }
+
+  std::unique_ptr<LocalCluster> cluster_;
+};
+
+// Two agents, no shared disk: the agent running the job is SIGKILLed at a random step between
+// two checkpoints, three times; each time the job moves to the other node and resumes from
+// the store. It ends with the reference parameters.
+TEST_F(CheckpointE2eTest, ExactResumeOnTheOtherNodeAfterAgentKills) {
+  const std::string reference = Reference(Spec());
+  ASSERT_EQ(reference.size(), 64u);
+  const std::string name = cluster_->Submit(Spec()).name();
+  std::mt19937 random(std::random_device{}());
+  int64_t last_kill_step = 0;
+  for (int kill = 1; kill <= 3; ++kill) {
+    // A step past the next checkpoint, and not on one.
+    const int64_t after = last_kill_step + kCheckpointEvery +
+                          std::uniform_int_distribution<int64_t>(10, kCheckpointEvery - 40)(random);
+    const v1::Job running = AwaitRunningPast(name, kill, after);
+    ASSERT_EQ(running.state(), v1::Job::RUNNING) << running.state_reason() << cluster_->Describe(name);
+    const std::string victim = cluster_->AgentRunningTrainers();
+    ASSERT_FALSE(victim.empty());
+    last_kill_step = running.progress().step();
+    cluster_->KillAgent(victim, SIGKILL);
+    const v1::Job moved = cluster_->AwaitJob(name, [&](const v1::Job& j) {
+      return testing::Ended(j) || (j.attempt() == kill + 1 && j.state() == v1::Job::RUNNING);
+    });
+    ASSERT_EQ(moved.attempt(), kill + 1) << moved.state_reason() << cluster_->Describe(name);
+    ASSERT_TRUE(cluster_->StartAgent(victim));  // back for the next kill
+  }
+  const v1::Job done = cluster_->AwaitJob(name, testing::Ended, seconds(300));
+  ASSERT_EQ(done.state(), v1::Job::SUCCEEDED) << done.state_reason() << cluster_->Describe(name);
+  EXPECT_EQ(FinalParameters(*cluster_, name), reference);
+  // Every resume was from the store: each later attempt's rank 0 says so.
+  for (int attempt = 2; attempt <= 4; ++attempt) {
+    bool resumed = false;
+    for (const auto& line : cluster_->Logs(name, attempt, 0)) {
+      resumed |= line.find("resumed from step") != std::string::npos;
+    }
+    EXPECT_TRUE(resumed) << "attempt " << attempt;
+  }
+  // Retention: exactly keepLast committed checkpoints remain.
+  EXPECT_EQ(Committed(name), 2);
+}
+
+// A drain stops the job's ranks with SIGTERM: rank 0 finishes its step, commits a checkpoint
+// of exactly that step and leaves; the next attempt, on the other node, resumes from it (not
+// from the last periodic checkpoint) and ends with the reference parameters.
+TEST_F(CheckpointE2eTest, DrainHandsOverAtTheStepRankZeroStopped) {
+  // Long enough that the drain (a scheduler pass, a heartbeat, SIGTERM) lands mid-run.
+  const v1::JobSpec spec = Spec(384, 8000);
+  const std::string reference = Reference(spec);
+  const std::string name = cluster_->Submit(spec).name();
+  const v1::Job running = AwaitRunningPast(name, 1, kCheckpointEvery + 30);
+  ASSERT_EQ(running.state(), v1::Job::RUNNING) << running.state_reason();
+  const std::string drained = cluster_->AgentRunningTrainers();
+  ASSERT_FALSE(drained.empty());
+  ASSERT_TRUE(cluster_->Drain(drained));
+  const v1::Job done = cluster_->AwaitJob(name, testing::Ended, seconds(300));
+  ASSERT_EQ(done.state(), v1::Job::SUCCEEDED) << done.state_reason() << cluster_->Describe(name);
+  EXPECT_EQ(done.attempt(), 2) << cluster_->Describe(name);
+  EXPECT_EQ(FinalParameters(*cluster_, name), reference);
+  std::string stopped, resumed;
+  std::smatch match;
+  for (const auto& line : cluster_->Logs(name, 1, 0)) {
+    static const std::regex kStopped("stopped after step ([0-9]+); checkpoint of step [0-9]+ committed");
+    if (std::regex_search(line, match, kStopped)) stopped = match[1].str();
+  }
+  for (const auto& line : cluster_->Logs(name, 2, 0)) {
+    static const std::regex kResumed("resumed from step ([0-9]+)");
+    if (std::regex_search(line, match, kResumed)) resumed = match[1].str();
+  }
+  if (stopped.empty()) {
+    for (const auto& line : cluster_->Logs(name, 1, 0)) std::cerr << "attempt 1 rank 0: " << line << "\n";
+  }
+  ASSERT_FALSE(stopped.empty()) << "rank 0 did not save on SIGTERM";
+  EXPECT_EQ(resumed, stopped);
+}
+
+// gradhub-checkpoint SIGKILLed while rank 0 uploads, then restarted on the same data: no
+// partial checkpoint is ever listed, the upload resumes or restarts, and the job still ends
+// with the reference parameters.
+TEST_F(CheckpointE2eTest, CheckpointServiceKilledMidUploadLosesNothing) {
+  const v1::JobSpec spec = Spec(/*hidden=*/1024);  // ~17 MB checkpoints
+  const std::string reference = Reference(spec);
+  const std::string name = cluster_->Submit(spec).name();
+  // Kill as soon as an upload is seen in flight.
+  bool killed = false;
+  const auto deadline = Clock::now() + seconds(120);
+  while (!killed && Clock::now() < deadline) {
+    for (const auto& c : Checkpoints(name)) {
+      if (c.state() == v1::Checkpoint::UPLOADING) {
+        cluster_->KillCheckpointService(SIGKILL);
+        killed = true;
+        break;
+      }
+    }
+    if (testing::Ended(cluster_->Get(name))) break;
+  }
+  ASSERT_TRUE(killed) << "never saw an upload in flight";
+  std::this_thread::sleep_for(seconds(2));  // the trainer retries against a dead service
+  ASSERT_TRUE(cluster_->StartCheckpointService());
+  for (const auto& c : Checkpoints(name)) {
+    if (c.state() == v1::Checkpoint::COMMITTED) EXPECT_EQ(c.sha256().size(), 64u) << c.name();
+  }
+  const v1::Job done = cluster_->AwaitJob(name, testing::Ended, seconds(300));
+  ASSERT_EQ(done.state(), v1::Job::SUCCEEDED) << done.state_reason() << cluster_->Describe(name);
+  EXPECT_EQ(done.attempt(), 1) << "a store outage must not fail the attempt";
+  EXPECT_EQ(FinalParameters(*cluster_, name), reference);
+  for (const auto& c : Checkpoints(name)) {
+    EXPECT_NE(c.state(), v1::Checkpoint::UPLOADING) << c.name() << " left half-written";
+  }
+}
+
+// The newest committed blob has one byte flipped on disk. The next attempt (on the other
+// node, whose cache does not have it) is refused it, falls back to the previous checkpoint,
+// the job's events say so, and the job still ends with the reference parameters.
+TEST_F(CheckpointE2eTest, CorruptNewestBlobFallsBackToThePreviousCheckpoint) {
+  const std::string reference = Reference(Spec());
+  const std::string name = cluster_->Submit(Spec()).name();
+  const v1::Job running = AwaitRunningPast(name, 1, 2 * kCheckpointEvery + 20);
+  ASSERT_EQ(running.state(), v1::Job::RUNNING) << running.state_reason();
+  const std::string victim = cluster_->AgentRunningTrainers();
+  ASSERT_FALSE(victim.empty());
+  cluster_->KillAgent(victim, SIGKILL);  // nothing more is written while we look
+  std::vector<v1::Checkpoint> committed;
+  for (const auto& c : Checkpoints(name)) {
+    if (c.state() == v1::Checkpoint::COMMITTED) committed.push_back(c);
+  }
+  ASSERT_GE(committed.size(), 2u);
+  // Newest step first. The local blob store keeps it as blobs/<job id>/<step>-<upload id>.
+  fs::path newest;
+  const std::string prefix = std::to_string(committed[0].step()) + "-";
+  for (const auto& entry : fs::directory_iterator(fs::path(cluster_->checkpoint_data_dir()) /
+                                                  "blobs" / name.substr(5))) {
+    if (entry.path().filename().string().rfind(prefix, 0) == 0) newest = entry.path();
+  }
+  ASSERT_FALSE(newest.empty()) << "no blob for step " << committed[0].step();
+  {
+    std::fstream blob(newest, std::ios::in | std::ios::out | std::ios::binary);
+    blob.seekg(committed[0].size_bytes() / 2);
+    char byte = 0;
+    blob.read(&byte, 1);
+    byte ^= 0x01;
+    blob.seekp(committed[0].size_bytes() / 2);
+    blob.write(&byte, 1);
+  }
+  const v1::Job done = cluster_->AwaitJob(name, testing::Ended, seconds(300));
+  ASSERT_EQ(done.state(), v1::Job::SUCCEEDED) << done.state_reason() << cluster_->Describe(name);
+  EXPECT_EQ(FinalParameters(*cluster_, name), reference);
+  bool corrupt_event = false;
+  for (const auto& e : cluster_->Events(name)) corrupt_event |= e.type() == v1::JobEvent::CHECKPOINT_CORRUPT;
+  EXPECT_TRUE(corrupt_event) << cluster_->Describe(name);
+  std::string resumed;
+  for (const auto& line : cluster_->Logs(name, 2, 0)) {
+    std::smatch match;
+    static const std::regex kResumed("resumed from step ([0-9]+)");
+    if (std::regex_search(line, match, kResumed)) resumed = match[1].str();
+  }
+  EXPECT_EQ(resumed, std::to_string(committed[1].step())) << "should resume from the previous one";
+}
+
+}  // namespace
+}  // namespace gradhub

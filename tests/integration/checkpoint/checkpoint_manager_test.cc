@@ -1,0 +1,423 @@
+// CheckpointManager against a real PostgreSQL and a LocalBlobStore in a temp dir: the upload
+// protocol, who may do what, retention, corruption found by downloads and by the scrub, and the
+// cleanup after a crash. The gRPC and REST adapters have tests of their own.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "tests/integration/checkpoint/checkpoint_test_util.h"
+
+namespace gradhub::checkpoint::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+class CheckpointManagerTest : public CheckpointTest {
+ protected:
+  std::vector<v1::JobEvent::Type> Events(const std::string& job_id) {
+    auto rows =
+        pool_->Exec("SELECT type FROM job_events WHERE job_id = $1::uuid ORDER BY id", {job_id});
+    std::vector<v1::JobEvent::Type> types;
+    for (const db::Row& row : *rows) {
+      v1::JobEvent::Type type = v1::JobEvent::TYPE_UNSPECIFIED;
+      v1::JobEvent::Type_Parse(row.Get<std::string>("type"), &type);
+      types.push_back(type);
+    }
+    return types;
+  }
+};
+
+TEST_F(CheckpointManagerTest, UploadsInChunksCommitsAndServesIt) {
+  const std::string job = InsertJob(*pool_, tenant_a_);
+  const std::string data = Blob(300000);
+  auto upload = Start(Admin(), job, 1, 100, static_cast<int64_t>(data.size()));
+  ASSERT_TRUE(upload.ok()) << upload.status();
+  EXPECT_EQ(*Write(Admin(), *upload, data, 0, 100000), 100000);
+  EXPECT_EQ(*Write(Admin(), *upload, data, 100000, data.size()), 300000);
+  // Listed while uploading, as UPLOADING; nothing to resume from yet.
+  ASSERT_EQ(ListAll(Admin(), job).size(), 1u);
+  EXPECT_EQ(ListAll(Admin(), job)[0].state(), v1::Checkpoint::UPLOADING);
+  EXPECT_TRUE(absl::IsNotFound(manager_->GetLatest(Admin(), JobName(job)).status()));
+
+  auto committed = Commit(Admin(), *upload, Sha256Hex(data));
+  ASSERT_TRUE(committed.ok()) << committed.status();
+  EXPECT_EQ(committed->name(), JobName(job) + "/checkpoints/100");
+  EXPECT_EQ(committed->state(), v1::Checkpoint::COMMITTED);
+  EXPECT_EQ(committed->size_bytes(), 300000);
+  EXPECT_EQ(committed->sha256(), Sha256Hex(data));
+  EXPECT_EQ(committed->metadata().at("format"), "test");
+  EXPECT_TRUE(committed->has_commit_time());
+  auto latest = manager_->GetLatest(Admin(), JobName(job));
+  ASSERT_TRUE(latest.ok());
+  EXPECT_EQ(latest->name(), committed->name());
+  EXPECT_EQ(*ReadAll(Admin(), committed->name()), data);
+  EXPECT_EQ(*ReadAll(Admin(), committed->name(), 123456), data.substr(123456));
+  EXPECT_EQ(Events(job), std::vector<v1::JobEvent::Type>{v1::JobEvent::CHECKPOINT_COMMITTED});
+  auto event =
+      pool_->Exec("SELECT attempt, message FROM job_events WHERE job_id = $1::uuid", {job});
+  EXPECT_EQ(event->row(0).Get<int32_t>("attempt"), 1);
+  EXPECT_THAT(event->row(0).Get<std::string>("message"), HasSubstr("step 100"));
+  EXPECT_THAT(event->row(0).Get<std::string>("message"), HasSubstr("300000 bytes"));
+}
+
+TEST_F(CheckpointManagerTest, AGapIsOutOfRangeAndBytesBeyondTheSizeToo) {
+  const std::string job = InsertJob(*pool_, tenant_a_);
+  const std::string data = Blob(1000);
+  auto upload = Start(Admin(), job, 1, 1, 1000);
+  ASSERT_EQ(*Write(Admin(), *upload, data, 0, 400), 400);
+  auto writer = manager_->OpenUpload(Admin(), *upload);
+  ASSERT_TRUE(writer.ok());
+  EXPECT_TRUE(absl::IsOutOfRange((*writer)->Write(500, "x").status()));
+  EXPECT_TRUE(absl::IsOutOfRange((*writer)->Write(999, "xy").status()));
+  EXPECT_EQ(*(*writer)->Write(0, ""), 400);  // the probe
+  // Bytes sent again are ignored: the first copy is what the hash check sees.
+  EXPECT_EQ(*(*writer)->Write(300, data.substr(300, 200)), 500);
+  EXPECT_EQ(*Write(Admin(), *upload, data, 500, 1000), 1000);
+  EXPECT_TRUE(Commit(Admin(), *upload, Sha256Hex(data)).ok());
+}
+
+TEST_F(CheckpointManagerTest, AWrongSha256IsDataLossAndDiscardsTheUpload) {
+  const std::string job = InsertJob(*pool_, tenant_a_);
+  const std::string data = Blob(5000);
+  auto upload = Start(Admin(), job, 1, 10, 5000);
+  ASSERT_TRUE(Write(Admin(), *upload, data, 0, 5000).ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(Commit(Admin(), *upload, "not-a-sha").status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      Commit(Admin(), *upload, Sha256Hex(data).substr(0, 63) + "G").status()));
+  auto wrong = Commit(Admin(), *upload, Sha256Hex(data + "x"));
+  EXPECT_TRUE(absl::IsDataLoss(wrong.status())) << wrong.status();
+  EXPECT_TRUE(ListAll(Admin(), job).empty());
+  EXPECT_TRUE(absl::IsNotFound(Commit(Admin(), *upload, Sha256Hex(data)).status()));
+  EXPECT_TRUE(absl::IsNotFound(manager_->OpenUpload(Admin(), *upload).status()));
+  EXPECT_EQ(*blobs_->UploadedBytes(*upload), 0);
+  EXPECT_TRUE(blobs_->ListBlobs()->empty());
+}
+
+TEST_F(CheckpointManagerTest, CommitNeedsEveryByteAndIsIdempotent) {
+  const std::string job = InsertJob(*pool_, tenant_a_);
+  const std::string data = Blob(2000);
+  auto upload = Start(Admin(), job, 1, 20, 2000);
+  ASSERT_TRUE(Write(Admin(), *upload, data, 0, 1500).ok());
+  auto early = Commit(Admin(), *upload, Sha256Hex(data));
+  EXPECT_TRUE(absl::IsFailedPrecondition(early.status())) << early.status();
+  EXPECT_THAT(early.status().message(), HasSubstr("1500"));
+  ASSERT_TRUE(Write(Admin(), *upload, data, 1500, 2000).ok());
+  auto first = Commit(Admin(), *upload, Sha256Hex(data));
+  ASSERT_TRUE(first.ok()) << first.status();
+  auto again = Commit(Admin(), *upload, Sha256Hex(data));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->name(), first->name());
+  EXPECT_EQ(again->commit_time().seconds(), first->commit_time().seconds());
+  EXPECT_EQ(Events(job).size(), 1u);  // one commit, one event
+  // A probe of a committed upload answers its size; more data is refused.
+  auto writer = manager_->OpenUpload(Admin(), *upload);
+  ASSERT_TRUE(writer.ok()) << writer.status();
+  EXPECT_EQ(*(*writer)->Write(0, ""), 2000);
+  EXPECT_TRUE(absl::IsFailedPrecondition((*writer)->Write(0, "x").status()));
+}
+
+TEST_F(CheckpointManagerTest, TheSameRequestIdGetsTheSameUpload) {
+  const std::string job = InsertJob(*pool_, tenant_a_);
+  auto first = Start(Admin(), job, 1, 30, 100, "save-30");
+  auto retry = Start(Admin(), job, 1, 30, 100, "save-30");
+  ASSERT_TRUE(first.ok() && retry.ok());
+  EXPECT_EQ(*first, *retry);
+  EXPECT_TRUE(absl::IsAlreadyExists(Start(Admin(), job, 1, 31, 100, "save-30").status()));
+  EXPECT_NE(*Start(Admin(), job, 1, 30, 100), *first);  // no request_id: a new upload
+  EXPECT_TRUE(
+      absl::IsInvalidArgument(Start(Admin(), job, 1, 30, 100, std::string(65, 'r')).status()));
+  // A step already committed takes no new upload.
+  Save(job, 1, 40, Blob(10));
+  EXPECT_TRUE(absl::IsAlreadyExists(Start(Admin(), job, 1, 40, 10).status()));
+}
+
+TEST_F(CheckpointManagerTest, InvalidStartsNameTheField) {
+  const std::string job = InsertJob(*pool_, tenant_a_);
+  auto bad = Start(Admin(), job, 0, -1, -5);
+  ASSERT_TRUE(absl::IsInvalidArgument(bad.status()));
+  EXPECT_THAT(bad.status().message(), HasSubstr("attempt"));
+  EXPECT_THAT(bad.status().message(), HasSubstr("step"));
+  EXPECT_THAT(bad.status().message(), HasSubstr("size_bytes"));
+  v1::StartUploadRequest request;
+  request.set_job("jobs/not-a-uuid");
+  request.set_attempt(1);
+  EXPECT_TRUE(absl::IsNotFound(manager_->StartUpload(Admin(), request).status()));
+}
+
+TEST_F(CheckpointManagerTest, AStragglerOfAFailedAttemptCannotUploadOrCommit) {
+  const std::string job = InsertJob(*pool_, tenant_a_);
+  const std::string data = Blob(1000);
+  auto before = Start(Admin(), job, 1, 50, 1000);  // attempt 1, still current
+  ASSERT_TRUE(before.ok());
+  ASSERT_TRUE(Write(Admin(), *before, data, 0, 500).ok());
+  Restart(*pool_, job);
+
+  EXPECT_TRUE(absl::IsFailedPrecondition(Start(Admin(), job, 1, 60, 10).status()));
+  EXPECT_TRUE(absl::IsFailedPrecondition(Write(Admin(), *before, data, 500, 1000).status()));
+  auto late = Commit(Admin(), *before, Sha256Hex(data));
+  EXPECT_TRUE(absl::IsFailedPrecondition(late.status())) << late.status();
+  EXPECT_TRUE(absl::IsNotFound(manager_->GetLatest(Admin(), JobName(job)).status()));
+  // The current attempt may.
+  EXPECT_TRUE(Start(Admin(), job, 2, 60, 10).ok());
+  // An attempt being stopped (RESTARTING) still saves: its rank 0 checkpoints its last step.
+  const std::string restarting = InsertJob(*pool_, tenant_a_, "RESTARTING", 1);
+  EXPECT_TRUE(Start(Admin(), restarting, 1, 1, 10).ok());
+  // Nor does a job that is not placed (or has ended).
+  const std::string cancelled = InsertJob(*pool_, tenant_a_, "PENDING", 1);
+  auto refused = Start(Admin(), cancelled, 1, 1, 10);
+  EXPECT_TRUE(absl::IsFailedPrecondition(refused.status()));
+  EXPECT_THAT(refused.status().message(), HasSubstr("PENDING"));
+}
+
+TEST_F(CheckpointManagerTest, TrainersNeedTheirNodesCurrentSessionAndARankOfTheAttempt) {
+  const std::string job = InsertJob(*pool_, tenant_a_);
+  const Node placed = InsertNode(*pool_, "gpu-1"), idle = InsertNode(*pool_, "gpu-2");
+  PlaceRank(*pool_, job, 1, 0, placed);
+  ASSERT_TRUE(Start(Trainer(placed), job, 1, 1, 10).ok());
+  Node named_with_prefix = placed;
+  named_with_prefix.name = "nodes/gpu-1";
+  EXPECT_TRUE(Start(Trainer(named_with_prefix), job, 1, 2, 10).ok());
+
+  Node stolen = placed;
+  stolen.session = idle.session;  // another agent's session
+  EXPECT_TRUE(absl::IsPermissionDenied(Start(Trainer(stolen), job, 1, 3, 10).status()));
+  Node unnamed;
+  EXPECT_TRUE(absl::IsPermissionDenied(Start(Trainer(unnamed), job, 1, 3, 10).status()));
+  auto elsewhere = Start(Trainer(idle), job, 1, 3, 10);
+  EXPECT_TRUE(absl::IsPermissionDenied(elsewhere.status()));
+  EXPECT_THAT(elsewhere.status().message(), HasSubstr("runs no rank"));
+  // Reads take the node check without the attempt; listing is not a trainer's call.
+  Save(job, 1, 5, Blob(10));
+  EXPECT_TRUE(manager_->GetLatest(Trainer(placed), JobName(job)).ok());
+  EXPECT_TRUE(absl::IsPermissionDenied(manager_->GetLatest(Trainer(idle), JobName(job)).status()));
+  EXPECT_TRUE(ReadAll(Trainer(placed), JobName(job) + "/checkpoints/5").ok());
+  v1::ListCheckpointsRequest list;
+  list.set_parent(JobName(job));
+  EXPECT_TRUE(absl::IsPermissionDenied(manager_->List(Trainer(placed), list).status()));
+  // A LOST node, or a rank no longer active, is refused.
+  ASSERT_TRUE(pool_->Exec("UPDATE nodes SET state = 'LOST' WHERE id = $1", {placed.id}).ok());
+  EXPECT_TRUE(absl::IsPermissionDenied(Start(Trainer(placed), job, 1, 6, 10).status()));
+  ASSERT_TRUE(pool_->Exec("UPDATE nodes SET state = 'READY' WHERE id = $1", {placed.id}).ok());
+  ASSERT_TRUE(pool_->Exec("UPDATE rank_assignments SET state = 'FAILED'").ok());
+  EXPECT_TRUE(absl::IsPermissionDenied(Start(Trainer(placed), job, 1, 6, 10).status()));
+  // Tenants never upload.
+  EXPECT_TRUE(absl::IsPermissionDenied(Start(As(token_a_), job, 1, 7, 10).status()));
+}
+
+TEST_F(CheckpointManagerTest, ATenantSeesOnlyItsOwnJobsCheckpoints) {
+  const std::string job = InsertJob(*pool_, tenant_a_);
+  const v1::Checkpoint saved = Save(job, 1, 10, Blob(100));
+  const Caller a = As(token_a_), b = As(token_b_);
+  EXPECT_EQ(ListAll(a, job).size(), 1u);
+  EXPECT_TRUE(manager_->GetLatest(a, JobName(job)).ok());
+  EXPECT_EQ(*ReadAll(a, saved.name()), Blob(100));
+
+  v1::ListCheckpointsRequest list;
+  list.set_parent(JobName(job));
+  EXPECT_TRUE(absl::IsNotFound(manager_->List(b, list).status()));
+  EXPECT_TRUE(absl::IsNotFound(manager_->GetLatest(b, JobName(job)).status()));
+  EXPECT_TRUE(absl::IsNotFound(ReadAll(b, saved.name()).status()));
+  EXPECT_TRUE(absl::IsNotFound(manager_->Delete(b, saved.name())));
+  // Exactly as for a job that does not exist.
+  list.set_parent("jobs/00000000-0000-4000-8000-000000000000");
+  EXPECT_TRUE(absl::IsNotFound(manager_->List(b, list).status()));
+
+  ASSERT_TRUE(manager_->Delete(a, saved.name()).ok());
+  EXPECT_TRUE(absl::IsNotFound(manager_->Delete(a, saved.name())));
+  EXPECT_TRUE(ListAll(a, job).empty());
+  EXPECT_TRUE(blobs_->ListBlobs()->empty());
+}
+
+TEST_F(CheckpointManagerTest, RetentionKeepsExactlyKeepLastOfTheHighestSteps) {
+  const std::string job = InsertJob(*pool_, tenant_a_, "RUNNING", 1, /*keep_last=*/2);
+  for (int64_t step : {10, 30, 20, 40, 50}) Save(job, 1, step, Blob(1000, static_cast<int>(step)));
+  std::vector<int64_t> steps;
+  for (const v1::Checkpoint& c : ListAll(Admin(), job)) steps.push_back(c.step());
+  EXPECT_EQ(steps, (std::vector<int64_t>{50, 40}));
+  EXPECT_EQ(blobs_->ListBlobs()->size(), 2u);
+  EXPECT_EQ(Count("SELECT count(*)::bigint AS n FROM checkpoints"), 2);
+
+  // Without checkpoint.keepLast in the spec: 3.
+  const std::string other = InsertJob(*pool_, tenant_a_);
+  for (int64_t step = 1; step <= 5; ++step) Save(other, 1, step, Blob(10));
+  EXPECT_EQ(ListAll(Admin(), other, "state=COMMITTED").size(), 3u);
+}
+
+TEST_F(CheckpointManagerTest, ACorruptBlobIsDataLossMarkedBadAndTheOneBeforeIsLatest) {
+  const std::string job = InsertJob(*pool_, tenant_a_);
+  const std::string data = Blob(200000, 1);
+  Save(job, 1, 10, Blob(1000, 2));
+  const v1::Checkpoint newest = Save(job, 1, 20, data);
+  FlipByte(BlobPathOf(newest), 150000);
+
+  // Every chunk but the last one goes out; the last only once the whole blob matched.
+  auto download = manager_->OpenDownload(As(token_a_), newest.name(), 0);
+  ASSERT_TRUE(download.ok());
+  std::string received, chunk;
+  absl::Status status;
+  while ((status = (*download)->Next(&chunk)).ok() && !chunk.empty()) received += chunk;
+  EXPECT_TRUE(absl::IsDataLoss(status)) << status;
+  EXPECT_LT(received.size(), data.size());
+
+  const std::vector<v1::Checkpoint> listed = ListAll(Admin(), job);
+  ASSERT_EQ(listed.size(), 2u);
+  EXPECT_EQ(listed[0].state(), v1::Checkpoint::BAD);
+  EXPECT_EQ(Events(job).back(), v1::JobEvent::CHECKPOINT_CORRUPT);
+  auto event = pool_->Exec(
+      "SELECT message FROM job_events WHERE type = 'CHECKPOINT_CORRUPT' AND job_id = $1::uuid",
+      {job});
+  EXPECT_THAT(event->row(0).Get<std::string>("message"), HasSubstr("step 20"));
+  EXPECT_EQ(manager_->GetLatest(Admin(), JobName(job))->step(), 10);
+  // Never served again; the step can be saved anew.
+  EXPECT_TRUE(absl::IsDataLoss(ReadAll(Admin(), newest.name()).status()));
+  EXPECT_TRUE(Start(Admin(), job, 1, 20, 10).ok());
+}
+
+TEST_F(CheckpointManagerTest, AResumedDownloadAlsoChecksTheBytesBeforeItsOffset) {
+  const std::string job = InsertJob(*pool_, tenant_a_);
+  const v1::Checkpoint saved = Save(job, 1, 10, Blob(100000));
+  FlipByte(BlobPathOf(saved), 10);
+  EXPECT_TRUE(absl::IsDataLoss(ReadAll(Admin(), saved.name(), 90000).status()));
+  EXPECT_EQ(ListAll(Admin(), job)[0].state(), v1::Checkpoint::BAD);
+}
+
+TEST_F(CheckpointManagerTest, TheScrubFindsCorruptAndMissingBlobs) {
+  const std::string job = InsertJob(*pool_, tenant_a_, "RUNNING", 1, 5);
+  Save(job, 1, 10, Blob(5000, 1));
+  const v1::Checkpoint flipped = Save(job, 1, 20, Blob(5000, 2));
+  const v1::Checkpoint missing = Save(job, 1, 30, Blob(5000, 3));
+  auto clean = manager_->Scrub();
+  ASSERT_TRUE(clean.ok()) << clean.status();
+  EXPECT_EQ(clean->checked, 3);
+  EXPECT_EQ(clean->bad, 0);
+
+  FlipByte(BlobPathOf(flipped), 4999);
+  std::filesystem::remove(BlobPathOf(missing));
+  auto scrubbed = manager_->Scrub();
+  ASSERT_TRUE(scrubbed.ok()) << scrubbed.status();
+  EXPECT_EQ(scrubbed->bad, 2);
+  EXPECT_EQ(ListAll(Admin(), job, "state=BAD").size(), 2u);
+  EXPECT_EQ(Count("SELECT count(*)::bigint AS n FROM job_events WHERE type = 'CHECKPOINT_CORRUPT'"),
+            2);
+  EXPECT_EQ(manager_->GetLatest(Admin(), JobName(job))->step(), 10);
+  EXPECT_EQ(manager_->Scrub()->checked, 1);                     // BAD ones are not checked again
+  EXPECT_EQ(manager_->Scrub([] { return true; })->checked, 0);  // stopped before the first
+}
+
+TEST_F(CheckpointManagerTest, AnUploadResumesAfterARestartAndTheCommitHashesTheBlob) {
+  const std::string job = InsertJob(*pool_, tenant_a_);
+  const std::string data = Blob(400000, 4);
+  auto upload = Start(Admin(), job, 1, 10, 400000);
+  ASSERT_TRUE(Write(Admin(), *upload, data, 0, 250000).ok());
+  NewManager();  // the server restarted: no hash in memory
+  auto writer = manager_->OpenUpload(Admin(), *upload);
+  ASSERT_TRUE(writer.ok());
+  EXPECT_EQ(*(*writer)->Write(0, ""), 250000);
+  ASSERT_TRUE(Write(Admin(), *upload, data, 250000, 400000).ok());
+  EXPECT_TRUE(absl::IsDataLoss(Commit(Admin(), *upload, Sha256Hex(data + "!")).status()));
+  EXPECT_TRUE(ListAll(Admin(), job).empty());
+  EXPECT_TRUE(blobs_->ListBlobs()->empty());  // the committed-then-refuted blob went too
+
+  auto second = Start(Admin(), job, 1, 10, 400000);
+  ASSERT_TRUE(Write(Admin(), *second, data, 0, 100000).ok());
+  NewManager();
+  ASSERT_TRUE(Write(Admin(), *second, data, 100000, 400000).ok());
+  auto committed = Commit(Admin(), *second, Sha256Hex(data));
+  ASSERT_TRUE(committed.ok()) << committed.status();
+  EXPECT_EQ(*ReadAll(Admin(), committed->name()), data);
+}
+
+TEST_F(CheckpointManagerTest, ZeroByteCheckpointsWork) {
+  const std::string job = InsertJob(*pool_, tenant_a_);
+  auto upload = Start(Admin(), job, 1, 0, 0);
+  ASSERT_TRUE(upload.ok());
+  auto committed = Commit(Admin(), *upload, Sha256Hex(""));
+  ASSERT_TRUE(committed.ok()) << committed.status();
+  EXPECT_EQ(*ReadAll(Admin(), committed->name()), "");
+}
+
+TEST_F(CheckpointManagerTest, ListPagesNewestStepFirstAndFilters) {
+  const std::string job = InsertJob(*pool_, tenant_a_, "RUNNING", 1, 10);
+  for (int64_t step = 1; step <= 5; ++step) Save(job, 1, step * 10, Blob(10));
+  ASSERT_TRUE(Start(Admin(), job, 1, 60, 10).ok());
+  v1::ListCheckpointsRequest request;
+  request.set_parent(JobName(job));
+  request.set_page_size(4);
+  auto first = manager_->List(Admin(), request);
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_EQ(first->checkpoints_size(), 4);
+  EXPECT_EQ(first->checkpoints(0).step(), 60);
+  EXPECT_EQ(first->checkpoints(0).state(), v1::Checkpoint::UPLOADING);
+  EXPECT_EQ(first->checkpoints(3).step(), 30);
+  request.set_page_token(first->next_page_token());
+  auto second = manager_->List(Admin(), request);
+  ASSERT_EQ(second->checkpoints_size(), 2);
+  EXPECT_EQ(second->checkpoints(1).step(), 10);
+  EXPECT_TRUE(second->next_page_token().empty());
+
+  EXPECT_EQ(ListAll(Admin(), job, "state=UPLOADING").size(), 1u);
+  EXPECT_EQ(ListAll(Admin(), job, "state=COMMITTED").size(), 5u);
+  request.set_page_token("");
+  for (const char* bad : {"state=DELETED", "step=3", "state"}) {
+    request.set_filter(bad);
+    EXPECT_TRUE(absl::IsInvalidArgument(manager_->List(Admin(), request).status())) << bad;
+  }
+  request.set_filter("");
+  request.set_page_token("garbage");
+  EXPECT_TRUE(absl::IsInvalidArgument(manager_->List(Admin(), request).status()));
+}
+
+TEST_F(CheckpointManagerTest, CleanupAfterACrashRemovesWhatNoRowNeedsAndMarksWhatIsMissing) {
+  const std::string job = InsertJob(*pool_, tenant_a_, "RUNNING", 1, 10);
+  const v1::Checkpoint kept = Save(job, 1, 10, Blob(100, 1));
+  const v1::Checkpoint lost = Save(job, 1, 20, Blob(100, 2));
+  std::filesystem::remove(BlobPathOf(lost));
+  // An upload file of no row, and a blob of no row (a crash between rename and row).
+  ASSERT_TRUE(blobs_->Append("0badf11e-0000-4000-8000-000000000000", 0, "orphan").ok());
+  ASSERT_TRUE(blobs_->Append("tmp", 0, "orphan").ok());
+  ASSERT_TRUE(blobs_->Commit("tmp", job + "/99-orphan").ok());
+  // A stale upload: started two hours ago, last written as long ago.
+  auto stale = Start(Admin(), job, 1, 30, 100);
+  ASSERT_TRUE(Write(Admin(), *stale, Blob(100), 0, 50).ok());
+  ASSERT_TRUE(pool_
+                  ->Exec("UPDATE checkpoints SET create_time = now() - interval '2 hours'"
+                         " WHERE upload_id = $1::uuid",
+                         {*stale})
+                  .ok());
+  const auto two_hours_ago = std::filesystem::file_time_type::clock::now() - std::chrono::hours(2);
+  std::filesystem::last_write_time(blobs_->UploadPath(*stale), two_hours_ago);
+  // A fresh upload stays.
+  auto fresh = Start(Admin(), job, 1, 40, 100);
+  ASSERT_TRUE(Write(Admin(), *fresh, Blob(100), 0, 50).ok());
+  // A deletion marked but not finished.
+  const std::string marked_blob = BlobPathOf(Save(job, 1, 50, Blob(100, 5)));
+  ASSERT_TRUE(pool_->Exec("UPDATE checkpoints SET state = 'DELETED' WHERE step = 50").ok());
+
+  NewManager({.chunk_size_bytes = 64 << 10, .upload_ttl = absl::Hours(1)});
+  auto report = manager_->Cleanup();
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->orphan_uploads, 1) << report->ToString();
+  EXPECT_EQ(report->stale_uploads, 1) << report->ToString();
+  EXPECT_EQ(report->orphan_blobs, 1) << report->ToString();
+  EXPECT_EQ(report->missing_blobs, 1) << report->ToString();
+  EXPECT_EQ(report->deleted_rows, 1) << report->ToString();
+
+  std::vector<std::pair<int64_t, v1::Checkpoint::State>> rows;
+  for (const v1::Checkpoint& c : ListAll(Admin(), job)) rows.emplace_back(c.step(), c.state());
+  EXPECT_EQ(rows, (std::vector<std::pair<int64_t, v1::Checkpoint::State>>{
+                      {40, v1::Checkpoint::UPLOADING},
+                      {20, v1::Checkpoint::BAD},
+                      {10, v1::Checkpoint::COMMITTED}}));
+  EXPECT_TRUE(absl::IsNotFound(Commit(Admin(), *stale, Sha256Hex(Blob(100))).status()));
+  EXPECT_EQ(*ReadAll(Admin(), kept.name()), Blob(100, 1));
+  EXPECT_FALSE(std::filesystem::exists(marked_blob));
+  EXPECT_EQ(Events(job).back(), v1::JobEvent::CHECKPOINT_CORRUPT);
+  // A second pass finds nothing more to do (the BAD row's blob was already missing).
+  auto again = manager_->Cleanup();
+  EXPECT_EQ(again->ToString(), CleanupReport().ToString());
+}
+
+}  // namespace
+}  // namespace gradhub::checkpoint::testing

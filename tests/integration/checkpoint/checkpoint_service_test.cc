@@ -1,0 +1,222 @@
+// CheckpointService over real gRPC on loopback, as a trainer and a tenant use it: chunked
+// uploads with node metadata, a stream broken half way and resumed from the server's count,
+// gaps, downloads, and tenant isolation.
+#include "services/checkpoint/checkpoint_service.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "tests/integration/checkpoint/checkpoint_test_util.h"
+#include "tests/support/grpc_test_server.h"
+
+namespace gradhub::checkpoint::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int32_t kChunk = 64 << 10;
+
+class CheckpointServiceTest : public CheckpointTest {
+ protected:
+  void SetUp() override {
+    CheckpointTest::SetUp();
+    NewManager({.chunk_size_bytes = kChunk});
+    service_ = std::make_unique<CheckpointService>(manager_.get(), auth_.get(), metrics_.get());
+    server_ = std::make_unique<gradhub::testing::TestGrpcServer>(
+        std::vector<grpc::Service*>{service_.get()},
+        gradhub::testing::TestGrpcServerOptions{.max_message_bytes = 4 * kChunk});
+    stub_ = v1::CheckpointService::NewStub(server_->NewChannel());
+    job_ = InsertJob(*pool_, tenant_a_);
+    node_ = InsertNode(*pool_, "gpu-1");
+    PlaceRank(*pool_, job_, 1, 0, node_);
+    trainer_ = {node_token_, node_.name, node_.session};
+  }
+  void TearDown() override {
+    server_.reset();
+    CheckpointTest::TearDown();
+  }
+
+  v1::StartUploadResponse StartOverGrpc(int64_t step, int64_t size) {
+    auto context = Context(trainer_);
+    v1::StartUploadRequest request;
+    request.set_job(JobName(job_));
+    request.set_attempt(1);
+    request.set_step(step);
+    request.set_size_bytes(size);
+    v1::StartUploadResponse response;
+    const grpc::Status status = stub_->StartUpload(context.get(), request, &response);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    return response;
+  }
+
+  grpc::Status CommitOverGrpc(const std::string& upload_id, const std::string& sha256,
+                              v1::Checkpoint* checkpoint) {
+    auto context = Context(trainer_);
+    v1::CommitCheckpointRequest request;
+    request.set_upload_id(upload_id);
+    request.set_sha256(sha256);
+    return stub_->CommitCheckpoint(context.get(), request, checkpoint);
+  }
+
+  std::unique_ptr<CheckpointService> service_;
+  std::unique_ptr<gradhub::testing::TestGrpcServer> server_;
+  std::unique_ptr<v1::CheckpointService::Stub> stub_;
+  std::string job_;
+  Node node_;
+  CallAs trainer_;
+};
+
+TEST_F(CheckpointServiceTest, ATrainerUploadsInChunksCommitsAndDownloads) {
+  const std::string data = Blob(5 * kChunk + 123);
+  const v1::StartUploadResponse started = StartOverGrpc(100, static_cast<int64_t>(data.size()));
+  EXPECT_EQ(started.chunk_size_bytes(), kChunk);
+  int64_t received = 0;
+  ASSERT_TRUE(
+      SendChunks(*stub_, trainer_, started.upload_id(), data, 0, data.size(), kChunk, &received)
+          .ok());
+  EXPECT_EQ(received, static_cast<int64_t>(data.size()));
+  v1::Checkpoint checkpoint;
+  const grpc::Status committed = CommitOverGrpc(started.upload_id(), Sha256Hex(data), &checkpoint);
+  ASSERT_TRUE(committed.ok()) << committed.error_message();
+  EXPECT_EQ(checkpoint.state(), v1::Checkpoint::COMMITTED);
+
+  auto context = Context(trainer_);
+  v1::GetLatestCheckpointRequest latest_request;
+  latest_request.set_job(JobName(job_));
+  v1::Checkpoint latest;
+  ASSERT_TRUE(stub_->GetLatestCheckpoint(context.get(), latest_request, &latest).ok());
+  EXPECT_EQ(latest.name(), checkpoint.name());
+  std::string downloaded, sha256;
+  ASSERT_TRUE(Download(*stub_, trainer_, latest.name(), 0, &downloaded, &sha256).ok());
+  EXPECT_EQ(sha256, Sha256Hex(data));
+  EXPECT_TRUE(downloaded == data);
+  ASSERT_TRUE(Download(*stub_, trainer_, latest.name(), 3 * kChunk + 5, &downloaded).ok());
+  EXPECT_TRUE(downloaded == data.substr(3 * kChunk + 5));
+}
+
+TEST_F(CheckpointServiceTest, ABrokenStreamResumesWhereTheServerStopped) {
+  const std::string data = Blob(8 * kChunk, 7);
+  const v1::StartUploadResponse started = StartOverGrpc(200, static_cast<int64_t>(data.size()));
+  {
+    // Three chunks written, then the connection is cut without WritesDone.
+    auto context = Context(trainer_);
+    v1::UploadChunksResponse response;
+    auto writer = stub_->UploadChunks(context.get(), &response);
+    for (int i = 0; i < 3; ++i) {
+      v1::UploadChunkRequest chunk;
+      chunk.set_upload_id(started.upload_id());
+      chunk.set_offset(i * kChunk);
+      chunk.set_data(data.substr(i * kChunk, kChunk));
+      ASSERT_TRUE(writer->Write(chunk));
+    }
+    // Until the server has stored what was sent, then the client goes away.
+    for (int i = 0; i < 200 && *blobs_->UploadedBytes(started.upload_id()) < 3 * kChunk; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    context->TryCancel();
+    EXPECT_FALSE(writer->Finish().ok());
+  }
+  const int64_t held = Probe(*stub_, trainer_, started.upload_id());
+  EXPECT_EQ(held, 3 * kChunk);
+  int64_t received = 0;
+  ASSERT_TRUE(SendChunks(*stub_, trainer_, started.upload_id(), data, static_cast<size_t>(held),
+                         data.size(), kChunk, &received)
+                  .ok());
+  EXPECT_EQ(received, static_cast<int64_t>(data.size()));
+  v1::Checkpoint checkpoint;
+  ASSERT_TRUE(CommitOverGrpc(started.upload_id(), Sha256Hex(data), &checkpoint).ok());
+  std::string downloaded;
+  ASSERT_TRUE(Download(*stub_, trainer_, checkpoint.name(), 0, &downloaded).ok());
+  EXPECT_TRUE(downloaded == data);
+}
+
+TEST_F(CheckpointServiceTest, AGapEndsTheStreamWithOutOfRange) {
+  const std::string data = Blob(4 * kChunk);
+  const v1::StartUploadResponse started = StartOverGrpc(300, static_cast<int64_t>(data.size()));
+  ASSERT_TRUE(SendChunks(*stub_, trainer_, started.upload_id(), data, 0, kChunk, kChunk).ok());
+  const grpc::Status gap =
+      SendChunks(*stub_, trainer_, started.upload_id(), data, 2 * kChunk, 3 * kChunk, kChunk);
+  EXPECT_EQ(gap.error_code(), grpc::StatusCode::OUT_OF_RANGE);
+  EXPECT_THAT(gap.error_message(), HasSubstr("resume at 65536"));
+  EXPECT_EQ(Probe(*stub_, trainer_, started.upload_id()), kChunk);
+  // Oversized chunks are refused before they are written.
+  const grpc::Status big =
+      SendChunks(*stub_, trainer_, started.upload_id(), data, kChunk, 3 * kChunk, 2 * kChunk);
+  EXPECT_EQ(big.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+TEST_F(CheckpointServiceTest, AWrongShaIsDataLossAndAStragglerIsFailedPrecondition) {
+  const std::string data = Blob(1000);
+  const v1::StartUploadResponse started = StartOverGrpc(1, 1000);
+  ASSERT_TRUE(SendChunks(*stub_, trainer_, started.upload_id(), data, 0, 1000, kChunk).ok());
+  v1::Checkpoint checkpoint;
+  EXPECT_EQ(CommitOverGrpc(started.upload_id(), Sha256Hex("other"), &checkpoint).error_code(),
+            grpc::StatusCode::DATA_LOSS);
+
+  const v1::StartUploadResponse next = StartOverGrpc(2, 1000);
+  Restart(*pool_, job_);
+  EXPECT_EQ(SendChunks(*stub_, trainer_, next.upload_id(), data, 0, 1000, kChunk).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+}
+
+TEST_F(CheckpointServiceTest, AnotherTenantsCheckpointsAreNotFound) {
+  const v1::Checkpoint saved = Save(job_, 1, 10, Blob(100));
+  const CallAs other{token_b_, "", ""}, owner{token_a_, "", ""};
+  {
+    auto context = Context(other);
+    v1::ListCheckpointsRequest request;
+    request.set_parent(JobName(job_));
+    v1::ListCheckpointsResponse response;
+    EXPECT_EQ(stub_->ListCheckpoints(context.get(), request, &response).error_code(),
+              grpc::StatusCode::NOT_FOUND);
+  }
+  std::string data;
+  EXPECT_EQ(Download(*stub_, other, saved.name(), 0, &data).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+  {
+    auto context = Context(other);
+    v1::DeleteCheckpointRequest request;
+    request.set_name(saved.name());
+    google::protobuf::Empty empty;
+    EXPECT_EQ(stub_->DeleteCheckpoint(context.get(), request, &empty).error_code(),
+              grpc::StatusCode::NOT_FOUND);
+  }
+  {
+    auto context = Context(owner);
+    v1::ListCheckpointsRequest request;
+    request.set_parent(JobName(job_));
+    v1::ListCheckpointsResponse response;
+    ASSERT_TRUE(stub_->ListCheckpoints(context.get(), request, &response).ok());
+    EXPECT_EQ(response.checkpoints_size(), 1);
+  }
+  EXPECT_TRUE(Download(*stub_, owner, saved.name(), 0, &data).ok());
+  {
+    auto context = Context(owner);
+    v1::DeleteCheckpointRequest request;
+    request.set_name(saved.name());
+    google::protobuf::Empty empty;
+    EXPECT_TRUE(stub_->DeleteCheckpoint(context.get(), request, &empty).ok());
+  }
+  // No token at all.
+  auto context = std::make_unique<grpc::ClientContext>();
+  v1::GetLatestCheckpointRequest request;
+  request.set_job(JobName(job_));
+  v1::Checkpoint latest;
+  EXPECT_EQ(stub_->GetLatestCheckpoint(context.get(), request, &latest).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+}
+
+TEST_F(CheckpointServiceTest, ACorruptBlobEndsTheDownloadWithDataLoss) {
+  const std::string data = Blob(3 * kChunk);
+  const v1::Checkpoint saved = Save(job_, 1, 10, data);
+  FlipByte(BlobPathOf(saved), 5);
+  std::string downloaded;
+  EXPECT_EQ(Download(*stub_, trainer_, saved.name(), 0, &downloaded).error_code(),
+            grpc::StatusCode::DATA_LOSS);
+  EXPECT_LT(downloaded.size(), data.size());  // the last chunk never went out
+}
+
+}  // namespace
+}  // namespace gradhub::checkpoint::testing

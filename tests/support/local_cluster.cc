@@ -1,0 +1,255 @@
+#include "tests/support/local_cluster.h"
+
+#include <dirent.h>
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <iostream>
+#include <regex>
+#include <sstream>
+#include <thread>
+
+#include "tests/support/postgres_server.h"
+
+namespace gradhub::testing {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::seconds;
+
+std::string Tail(const std::string& text, size_t bytes) {
+  return text.substr(text.size() > bytes ? text.size() - bytes : 0);
+}
+
+// Pids of the gradhub-trainer processes whose parent is `parent`.
+std::vector<pid_t> TrainerChildren(pid_t parent) {
+  std::vector<pid_t> pids;
+  DIR* proc = opendir("/proc");
+  while (dirent* entry = readdir(proc)) {
+    const pid_t pid = atoi(entry->d_name);
+    if (pid <= 0) continue;
+    std::ifstream stat("/proc/" + std::string(entry->d_name) + "/stat");
+    std::string line;
+    std::getline(stat, line);
+    const size_t close = line.rfind(')');
+    if (close == std::string::npos || line.find("(gradhub-traine") == std::string::npos) continue;
+    std::istringstream rest(line.substr(close + 2));
+    std::string state;
+    pid_t ppid = 0;
+    rest >> state >> ppid;
+    if (ppid == parent && state != "Z") pids.push_back(pid);
+  }
+  closedir(proc);
+  return pids;
+}
+
+std::unique_ptr<grpc::ClientContext> ContextWith(const std::string& token) {
+  auto context = std::make_unique<grpc::ClientContext>();
+  context->AddMetadata("authorization", "Bearer " + token);
+  context->set_deadline(std::chrono::system_clock::now() + seconds(10));
+  return context;
+}
+
+}  // namespace
+
+std::string AwaitOutput(Subprocess& process, const std::string& pattern, seconds limit) {
+  const std::regex re(pattern);
+  const auto deadline = Clock::now() + limit;
+  while (Clock::now() < deadline && process.running()) {
+    std::smatch match;
+    const std::string out = process.out();
+    if (std::regex_search(out, match, re)) return match.size() > 1 ? match[1].str() : match[0].str();
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ADD_FAILURE() << "no '" << pattern << "' in output:\n" << process.out() << "\n" << process.err();
+  return "";
+}
+
+bool Ended(const v1::Job& job) {
+  return job.state() == v1::Job::SUCCEEDED || job.state() == v1::Job::FAILED ||
+         job.state() == v1::Job::CANCELLED;
+}
+
+LocalCluster::LocalCluster(LocalClusterOptions options) : options_(std::move(options)) {}
+
+LocalCluster::~LocalCluster() {
+  if (!::testing::Test::HasFailure()) return;
+  for (const auto& [name, agent] : agents_) {
+    std::cerr << "--- agent " << name << " stderr (tail):\n" << Tail(agent->err(), 4000) << "\n";
+  }
+  if (checkpoint_) {
+    std::cerr << "--- checkpoint stdout+stderr (tail):\n"
+              << Tail(checkpoint_->out(), 2000) << Tail(checkpoint_->err(), 3000) << "\n";
+  }
+  if (api_) std::cerr << "--- api stderr (tail):\n" << Tail(api_->err(), 3000) << "\n";
+}
+
+bool LocalCluster::Start() {
+  url_ = PostgresServer::Shared().CreateDatabase();
+  api_ = std::make_unique<Subprocess>(std::vector<std::string>{
+      BinaryPath("gradhub-api"), "--database-url", url_, "--grpc-address", "127.0.0.1:0",
+      "--http-host", "127.0.0.1", "--http-port", "0", "--heartbeat-interval", "1s",
+      "--scheduler-interval", "100ms", "--shutdown-grace", "2s", "--admin-token", kAdminToken,
+      "serve"});
+  const std::string port = AwaitOutput(*api_, "serving gRPC on port ([0-9]+)");
+  if (port.empty()) return false;
+  api_address_ = "127.0.0.1:" + port;
+  auto tenant = Run({BinaryPath("gradhub-api"), "--database-url", url_, "create-tenant", "team"});
+  auto node = Run({BinaryPath("gradhub-api"), "--database-url", url_, "create-node-token"});
+  EXPECT_EQ(tenant.exit_code, 0) << tenant.err;
+  EXPECT_EQ(node.exit_code, 0) << node.err;
+  token_ = tenant.out.substr(0, tenant.out.find('\n'));
+  node_token_ = node.out.substr(0, node.out.find('\n'));
+  auto channel = grpc::CreateChannel(api_address_, grpc::InsecureChannelCredentials());
+  jobs_ = v1::JobService::NewStub(channel);
+  nodes_ = v1::NodeService::NewStub(channel);
+  checkpoint_data_ = dir() + "/checkpoint-store";
+  if (options_.checkpoint_service && !StartCheckpointService()) return false;
+  for (const std::string& name : options_.agents) {
+    if (!StartAgent(name)) return false;
+  }
+  return true;
+}
+
+// The first start takes free ports; a restart keeps them, as a real restart would.
+bool LocalCluster::StartCheckpointService() {
+  checkpoint_ = std::make_unique<Subprocess>(std::vector<std::string>{
+      BinaryPath("gradhub-checkpoint"), "--database-url", url_, "--data-dir", checkpoint_data_,
+      "--grpc-port", std::to_string(checkpoint_grpc_port_), "--http-port",
+      std::to_string(checkpoint_http_port_), "--admin-token", kAdminToken});
+  const std::string grpc_port = AwaitOutput(*checkpoint_, "serving gRPC on port ([0-9]+)");
+  const std::string http_port = AwaitOutput(*checkpoint_, "serving (?:REST|HTTP) on port ([0-9]+)");
+  if (grpc_port.empty() || http_port.empty()) return false;
+  checkpoint_grpc_port_ = std::stoi(grpc_port);
+  checkpoint_http_port_ = std::stoi(http_port);
+  checkpoint_address_ = "127.0.0.1:" + grpc_port;
+  if (!checkpoints_) {
+    checkpoints_ = v1::CheckpointService::NewStub(
+        grpc::CreateChannel(checkpoint_address_, grpc::InsecureChannelCredentials()));
+  }
+  return true;
+}
+
+void LocalCluster::KillCheckpointService(int signal) {
+  checkpoint_->Kill(signal);
+  checkpoint_->Wait();
+}
+
+bool LocalCluster::StartAgent(const std::string& name) {
+  const std::string work = dir() + "/agent-" + name;
+  std::vector<std::string> argv = {
+      BinaryPath("gradhub-agent"), "--server", api_address_, "--token", node_token_, "--name", name,
+      "--slots", std::to_string(options_.slots), "--work-dir", work, "--stop-grace",
+      options_.agent_stop_grace, "--checkpoint-root",
+      options_.checkpoint_service ? work + "/checkpoints" : dir() + "/checkpoints"};
+  if (options_.checkpoint_service) {
+    argv.insert(argv.end(), {"--checkpoint-server", checkpoint_address_});
+  }
+  if (!options_.metrics_server.empty()) {
+    argv.insert(argv.end(), {"--metrics-server", options_.metrics_server});
+  }
+  agents_[name] = std::make_unique<Subprocess>(argv);
+  return !AwaitOutput(*agents_[name], "registered as nodes/" + name).empty();
+}
+
+void LocalCluster::KillAgent(const std::string& name, int signal) {
+  agents_.at(name)->Kill(signal);
+  agents_.at(name)->Wait();
+}
+
+std::vector<pid_t> LocalCluster::TrainersOf(const std::string& name) const {
+  return TrainerChildren(agents_.at(name)->pid());
+}
+
+std::string LocalCluster::AgentRunningTrainers() const {
+  for (const auto& [name, agent] : agents_) {
+    if (agent->running() && !TrainerChildren(agent->pid()).empty()) return name;
+  }
+  return "";
+}
+
+std::unique_ptr<grpc::ClientContext> LocalCluster::TenantContext() const { return ContextWith(token_); }
+std::unique_ptr<grpc::ClientContext> LocalCluster::AdminContext() const { return ContextWith(kAdminToken); }
+
+v1::Job LocalCluster::Submit(const v1::JobSpec& spec) {
+  v1::CreateJobRequest request;
+  *request.mutable_spec() = spec;
+  v1::Job job;
+  const grpc::Status status = jobs_->CreateJob(TenantContext().get(), request, &job);
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  return job;
+}
+
+v1::Job LocalCluster::Get(const std::string& name) {
+  v1::GetJobRequest request;
+  request.set_name(name);
+  v1::Job job;
+  EXPECT_TRUE(jobs_->GetJob(TenantContext().get(), request, &job).ok());
+  return job;
+}
+
+v1::Job LocalCluster::AwaitJob(const std::string& name,
+                               const std::function<bool(const v1::Job&)>& done, seconds limit) {
+  const auto deadline = Clock::now() + limit;
+  v1::Job job = Get(name);
+  while (!done(job) && Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    job = Get(name);
+  }
+  return job;
+}
+
+void LocalCluster::Cancel(const std::string& name) {
+  v1::CancelJobRequest request;
+  request.set_name(name);
+  v1::Job cancelled;
+  EXPECT_TRUE(jobs_->CancelJob(TenantContext().get(), request, &cancelled).ok());
+}
+
+std::vector<v1::JobEvent> LocalCluster::Events(const std::string& name) {
+  v1::ListJobEventsRequest request;
+  request.set_parent(name);
+  request.set_page_size(1000);
+  v1::ListJobEventsResponse response;
+  EXPECT_TRUE(jobs_->ListJobEvents(TenantContext().get(), request, &response).ok());
+  return {response.events().begin(), response.events().end()};
+}
+
+std::string LocalCluster::Describe(const std::string& name) {
+  std::string text;
+  for (const auto& e : Events(name)) text += e.ShortDebugString() + "\n";
+  return text;
+}
+
+std::vector<std::string> LocalCluster::Logs(const std::string& name, int attempt, int rank) {
+  v1::GetJobLogsRequest request;
+  request.set_name(name);
+  request.set_attempt(attempt);
+  request.set_rank(rank);
+  auto context = TenantContext();
+  auto reader = jobs_->GetJobLogs(context.get(), request);
+  std::vector<std::string> lines;
+  v1::LogEntry line;
+  while (reader->Read(&line)) lines.push_back(line.text());
+  reader->Finish();
+  return lines;
+}
+
+v1::Node::State LocalCluster::NodeState(const std::string& name) {
+  v1::GetNodeRequest request;
+  request.set_name("nodes/" + name);
+  v1::Node node;
+  EXPECT_TRUE(nodes_->GetNode(AdminContext().get(), request, &node).ok());
+  return node.state();
+}
+
+bool LocalCluster::Drain(const std::string& name) {
+  v1::DrainNodeRequest request;
+  request.set_name("nodes/" + name);
+  v1::Node node;
+  const grpc::Status status = nodes_->DrainNode(AdminContext().get(), request, &node);
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  return status.ok();
+}
+
+}  // namespace gradhub::testing

@@ -1,0 +1,103 @@
+// The whole platform as real processes for end-to-end tests: a database on the shared test
+// PostgreSQL, gradhub-api (scheduler inside), optionally gradhub-checkpoint, and node agents
+// whose trainers do real allreduce. One place for what every e2e suite used to start by hand.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gradhub/v1/checkpoint.grpc.pb.h"
+#include "gradhub/v1/jobs.grpc.pb.h"
+#include "gradhub/v1/nodes.grpc.pb.h"
+#include "tests/support/subprocess.h"
+
+namespace gradhub::testing {
+
+struct LocalClusterOptions {
+  // Agents, started by Start() with `slots` CPU slots each.
+  std::vector<std::string> agents = {"a", "b"};
+  int slots = 2;
+  // Start gradhub-checkpoint and hand it to the agents; each agent then keeps its own cache
+  // (<dir>/agent-<name>/checkpoints). Without it, the agents share <dir>/checkpoints.
+  bool checkpoint_service = false;
+  // Handed to the agents as --metrics-server when not empty.
+  std::string metrics_server;
+  std::string agent_stop_grace = "2s";
+};
+
+class LocalCluster {
+ public:
+  static constexpr char kAdminToken[] = "local-cluster-admin";
+
+  explicit LocalCluster(LocalClusterOptions options = {});
+  ~LocalCluster();  // prints the services' stderr tails when the test failed
+
+  // Starts everything; ADD_FAILUREs (and returns false) when something does not come up.
+  bool Start();
+  bool StartAgent(const std::string& name);
+  void KillAgent(const std::string& name, int signal);
+  bool StartCheckpointService();
+  void KillCheckpointService(int signal);
+
+  // Pids of the gradhub-trainer processes that agent `name` started.
+  std::vector<pid_t> TrainersOf(const std::string& name) const;
+  // The agent whose trainers run job ranks now ("" if none).
+  std::string AgentRunningTrainers() const;
+
+  v1::Job Submit(const v1::JobSpec& spec);
+  v1::Job Get(const std::string& name);
+  // Polls until `done(job)` or the limit; returns the last job seen.
+  v1::Job AwaitJob(const std::string& name, const std::function<bool(const v1::Job&)>& done,
+                   std::chrono::seconds limit = std::chrono::seconds(120));
+  void Cancel(const std::string& name);
+  std::vector<v1::JobEvent> Events(const std::string& name);
+  std::string Describe(const std::string& name);  // every event, for failure messages
+  // Every log line so far of one rank of one attempt (0 = the latest attempt).
+  std::vector<std::string> Logs(const std::string& name, int attempt, int rank);
+  v1::Node::State NodeState(const std::string& name);
+  // DrainNode as an operator would (admin token); false with a test failure if refused.
+  bool Drain(const std::string& name);
+
+  // Contexts carrying the tenant's or the admin's token, with a 10 s deadline.
+  std::unique_ptr<grpc::ClientContext> TenantContext() const;
+  std::unique_ptr<grpc::ClientContext> AdminContext() const;
+
+  const std::string& database_url() const { return url_; }
+  const std::string& api_address() const { return api_address_; }
+  const std::string& checkpoint_address() const { return checkpoint_address_; }
+  const std::string& checkpoint_data_dir() const { return checkpoint_data_; }
+  int checkpoint_http_port() const { return checkpoint_http_port_; }
+  const std::string& tenant_token() const { return token_; }
+  const std::string& node_token() const { return node_token_; }
+  const std::string& dir() const { return dir_.path(); }
+  v1::JobService::Stub& jobs() { return *jobs_; }
+  v1::CheckpointService::Stub& checkpoints() { return *checkpoints_; }
+  Subprocess* checkpoint_process() { return checkpoint_.get(); }
+
+ private:
+  LocalClusterOptions options_;
+  TempDir dir_;
+  std::string url_, api_address_, token_, node_token_;
+  std::string checkpoint_address_, checkpoint_data_;
+  int checkpoint_grpc_port_ = 0, checkpoint_http_port_ = 0;
+  std::unique_ptr<Subprocess> api_, checkpoint_;
+  std::map<std::string, std::unique_ptr<Subprocess>> agents_;
+  std::unique_ptr<v1::JobService::Stub> jobs_;
+  std::unique_ptr<v1::NodeService::Stub> nodes_;
+  std::unique_ptr<v1::CheckpointService::Stub> checkpoints_;
+};
+
+// Waits for `pattern` in the process's stdout; returns its first group ("" and a test
+// failure after `limit`).
+std::string AwaitOutput(Subprocess& process, const std::string& pattern,
+                        std::chrono::seconds limit = std::chrono::seconds(30));
+
+bool Ended(const v1::Job& job);
+
+}  // namespace gradhub::testing
