@@ -67,9 +67,18 @@ std::string SerializeState(torch::nn::Module& module, torch::optim::Optimizer& o
   archive.write(kOptimizer, optimizer_archive);
   archive.write(kStep, torch::tensor(step));
   archive.write(kSpec, c10::IValue(ResumeRelevantSpec(spec).SerializeAsString()));
-  std::ostringstream out;
-  archive.save_to(out);
-  return out.str();
+  // Appended straight into one string reserved for the whole state: an ostringstream would
+  // copy every byte again on each growth and once more in str().
+  std::string bytes;
+  int64_t state_bytes = 0;
+  for (const at::Tensor& t : module.parameters()) state_bytes += t.nbytes();
+  for (const at::Tensor& t : module.buffers()) state_bytes += t.nbytes();
+  bytes.reserve(static_cast<size_t>(state_bytes) * 3 + (1 << 20));  // momentum, Adam's moments
+  archive.save_to([&bytes](const void* data, size_t size) {
+    bytes.append(static_cast<const char*>(data), size);
+    return size;
+  });
+  return bytes;
 }
 
 int64_t RestoreState(const std::string& bytes, torch::nn::Module& module,

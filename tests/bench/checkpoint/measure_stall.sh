@@ -27,7 +27,7 @@ run_job() {
   job="$("$gradhub" submit -f "$spec")"
   "$gradhub" watch "$job" >/dev/null 2>&1 || true
   for _ in $(seq 50); do
-    line="$("$gradhub" logs "$job" --rank 0 | grep '"event":"done"' || true)"
+    line="$("$gradhub" logs "$job" --rank 0 | grep '"event":"done"' | sed 's/^[^{]*//' || true)"
     [ -n "$line" ] && { echo "$line"; return 0; }
     sleep 0.2
   done

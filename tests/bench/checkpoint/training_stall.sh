@@ -5,7 +5,11 @@
 # difference in loop time divided by the checkpoints taken; it is set against the snapshot
 # (serializing the state into host memory, measured by the trainer) and against a plain copy
 # of the same number of bytes (torch clone, Debian's python3-torch) in the same run.
-# Usage: tests/bench/checkpoint/training_stall.sh [BUILD_DIR] [STEPS] [EVERY]
+# The upload (client hash, gRPC, and here also the server's hash, write and fsync) runs beside
+# training; with every core training (the default) it slows the loop by taking CPU, not by
+# blocking it. GRADHUB_THREADS=1 (inherited by the trainer through the agent) leaves a core to
+# it, as a GPU node's host CPUs would.
+# Usage: [GRADHUB_THREADS=N] tests/bench/checkpoint/training_stall.sh [BUILD_DIR] [STEPS] [EVERY]
 set -euo pipefail
 build_dir="$(realpath "${1:-build}")"
 here="$(dirname "$(realpath "$0")")"
