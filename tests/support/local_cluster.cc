@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <gtest/gtest.h>
+#include <httplib.h>
 
 #include <fstream>
 #include <iostream>
@@ -77,6 +78,9 @@ LocalCluster::~LocalCluster() {
   for (const auto& [name, agent] : agents_) {
     std::cerr << "--- agent " << name << " stderr (tail):\n" << Tail(agent->err(), 4000) << "\n";
   }
+  if (metrics_) {
+    std::cerr << "--- metrics stderr (tail):\n" << Tail(metrics_->err(), 3000) << "\n";
+  }
   if (checkpoint_) {
     std::cerr << "--- checkpoint stdout+stderr (tail):\n"
               << Tail(checkpoint_->out(), 2000) << Tail(checkpoint_->err(), 3000) << "\n";
@@ -105,6 +109,7 @@ bool LocalCluster::Start() {
   nodes_ = v1::NodeService::NewStub(channel);
   checkpoint_data_ = dir() + "/checkpoint-store";
   if (options_.checkpoint_service && !StartCheckpointService()) return false;
+  if (options_.metrics_service && !StartMetricsService()) return false;
   for (const std::string& name : options_.agents) {
     if (!StartAgent(name)) return false;
   }
@@ -135,6 +140,32 @@ void LocalCluster::KillCheckpointService(int signal) {
   checkpoint_->Wait();
 }
 
+// As the checkpoint service: free ports first, the same ones on a restart.
+bool LocalCluster::StartMetricsService() {
+  metrics_ = std::make_unique<Subprocess>(std::vector<std::string>{
+      BinaryPath("gradhub-metrics"), "--database-url", url_, "--grpc-port",
+      std::to_string(metrics_grpc_port_), "--http-port", std::to_string(metrics_http_port_),
+      "--admin-token", kAdminToken});
+  const std::string grpc_port = AwaitOutput(*metrics_, "serving gRPC on port ([0-9]+)");
+  const std::string http_port = AwaitOutput(*metrics_, "serving HTTP on port ([0-9]+)");
+  if (grpc_port.empty() || http_port.empty()) return false;
+  metrics_grpc_port_ = std::stoi(grpc_port);
+  metrics_http_port_ = std::stoi(http_port);
+  return true;
+}
+
+void LocalCluster::KillMetricsService(int signal) {
+  metrics_->Kill(signal);
+  metrics_->Wait();
+}
+
+std::string LocalCluster::ScrapeMetrics() const {
+  httplib::Client client("127.0.0.1", metrics_http_port_);
+  client.set_read_timeout(5, 0);
+  auto response = client.Get("/metrics");
+  return response && response->status == 200 ? response->body : "";
+}
+
 bool LocalCluster::StartAgent(const std::string& name) {
   const std::string work = dir() + "/agent-" + name;
   std::vector<std::string> argv = {
@@ -145,8 +176,8 @@ bool LocalCluster::StartAgent(const std::string& name) {
   if (options_.checkpoint_service) {
     argv.insert(argv.end(), {"--checkpoint-server", checkpoint_address_});
   }
-  if (!options_.metrics_server.empty()) {
-    argv.insert(argv.end(), {"--metrics-server", options_.metrics_server});
+  if (options_.metrics_service) {
+    argv.insert(argv.end(), {"--metrics-server", "127.0.0.1:" + std::to_string(metrics_grpc_port_)});
   }
   agents_[name] = std::make_unique<Subprocess>(argv);
   return !AwaitOutput(*agents_[name], "registered as nodes/" + name).empty();

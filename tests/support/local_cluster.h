@@ -26,8 +26,8 @@ struct LocalClusterOptions {
   // Start gradhub-checkpoint and hand it to the agents; each agent then keeps its own cache
   // (<dir>/agent-<name>/checkpoints). Without it, the agents share <dir>/checkpoints.
   bool checkpoint_service = false;
-  // Handed to the agents as --metrics-server when not empty.
-  std::string metrics_server;
+  // Start gradhub-metrics and hand it to the agents.
+  bool metrics_service = false;
   std::string agent_stop_grace = "2s";
 };
 
@@ -44,6 +44,10 @@ class LocalCluster {
   void KillAgent(const std::string& name, int signal);
   bool StartCheckpointService();
   void KillCheckpointService(int signal);
+  bool StartMetricsService();
+  void KillMetricsService(int signal);
+  // GET of gradhub-metrics' /metrics (Prometheus text); "" when it does not answer.
+  std::string ScrapeMetrics() const;
 
   // Pids of the gradhub-trainer processes that agent `name` started.
   std::vector<pid_t> TrainersOf(const std::string& name) const;
@@ -86,7 +90,8 @@ class LocalCluster {
   std::string url_, api_address_, token_, node_token_;
   std::string checkpoint_address_, checkpoint_data_;
   int checkpoint_grpc_port_ = 0, checkpoint_http_port_ = 0;
-  std::unique_ptr<Subprocess> api_, checkpoint_;
+  int metrics_grpc_port_ = 0, metrics_http_port_ = 0;
+  std::unique_ptr<Subprocess> api_, checkpoint_, metrics_;
   std::map<std::string, std::unique_ptr<Subprocess>> agents_;
   std::unique_ptr<v1::JobService::Stub> jobs_;
   std::unique_ptr<v1::NodeService::Stub> nodes_;
