@@ -91,6 +91,9 @@ std::unique_ptr<grpc::Server> StartGrpc(const CheckpointConfig& config,
   grpc::ServerBuilder builder;
   builder.AddListeningPort(absl::StrCat(config.grpc_host, ":", config.grpc_port), credentials,
                            port);
+  // A second server on the same port must fail to start, not share it (gRPC's default): two
+  // stores with different data directories behind one address would lose uploads.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.SetMaxReceiveMessageSize(static_cast<int>(config.chunk_bytes) + kMessageOverheadBytes);
   builder.SetMaxSendMessageSize(static_cast<int>(config.chunk_bytes) + kMessageOverheadBytes);
   // As gradhub-api: keep idle threads for the next burst instead of one thread made per call.

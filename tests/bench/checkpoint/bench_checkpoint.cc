@@ -9,7 +9,8 @@
 //             arrives and checking it against the announced sha256, as `gradhub checkpoints
 //             download` does; timed from the call to the last byte verified.
 //
-// Output: one line, "<mode> <seconds> <bytes> <name>", for run.sh.
+// Output: one line, "<mode> <seconds> <bytes> <name>", for run.sh; an upload's line ends with
+// the seconds of its CommitCheckpoint alone.
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
@@ -93,11 +94,9 @@ int Upload(v1::CheckpointService::Stub& stub, const Options& options) {
     return Fail("CommitCheckpoint", s);
   }
   const Clock::time_point end = Clock::now();
-  const double seconds = std::chrono::duration<double>(end - start).count();
-  std::printf("upload %.4f %zu %s\n", seconds, data.size(), checkpoint.name().c_str());
-  std::fprintf(stderr, "upload phases: stream %.4f s, commit %.4f s\n",
-               std::chrono::duration<double>(streamed - start).count(),
-               std::chrono::duration<double>(end - streamed).count());
+  std::printf("upload %.4f %zu %s %.4f\n", std::chrono::duration<double>(end - start).count(),
+              data.size(), checkpoint.name().c_str(),
+              std::chrono::duration<double>(end - streamed).count());
   return 0;
 }
 

@@ -90,8 +90,9 @@ for round in $(seq "$rounds"); do
   rm -f "$work/dd.bin"
   echo "dd_write $(dd if=/dev/zero of="$work/dd.bin" bs=1M count="$mib" conv=fsync 2>&1 | seconds_of)" >> "$work/times"
   ticks0="$(cpu_ticks "$server_pid")"
-  read -r _ seconds _ name < <("${bench[@]}" --mode upload --job "jobs/$job" --step "$round" --mib "$mib")
+  read -r _ seconds _ name commit < <("${bench[@]}" --mode upload --job "jobs/$job" --step "$round" --mib "$mib")
   echo "upload $seconds" >> "$work/times"
+  echo "commit $commit" >> "$work/times"
   echo "upload_cpu $(awk -v a="$ticks0" -v b="$(cpu_ticks "$server_pid")" -v hz="$(getconf CLK_TCK)" 'BEGIN {print (b - a) / hz}')" >> "$work/times"
   drop
   echo "dd_read $(dd if="$work/dd.bin" of=/dev/null bs=1M 2>&1 | seconds_of)" >> "$work/times"
@@ -117,6 +118,7 @@ awk -v mib="$mib" '
     printf "%-46s %9s %9s %8s %8s %7s\n", "measure", "seconds", "MiB/s", "vs ref", "target", "verdict"
     printf "%-46s %9.3f %9.1f %8s %8s %7s\n", "dd write + fsync (reference)", w, mib / w, "1.00", "-", "-"
     printf "%-46s %9.3f %9.1f %8.2f %8s %7s\n", "upload: start + chunks + commit (durable)", u, mib / u, w / u, ">=0.80", (w / u >= 0.8 ? "ok" : "MISS")
+    printf "%-46s %9.3f %9s %8s %8s %7s\n", "  of which CommitCheckpoint", median(t["commit"]), "-", "-", "-", "-"
     printf "%-46s %9.3f %9s %8s %8s %7s\n", "  gradhub-checkpoint CPU seconds per upload", median(t["upload_cpu"]), "-", "-", "-", "-"
     printf "%-46s %9.3f %9.1f %8s %8s %7s\n", "dd read (reference)", r, mib / r, "1.00", "-", "-"
     printf "%-46s %9.3f %9.1f %8.2f %8s %7s\n", "download with sha256 check", d, mib / d, r / d, "-", "-"
