@@ -10,6 +10,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "services/common/http_errors.h"
 
 namespace gradhub::api {
 namespace {
@@ -41,20 +42,10 @@ absl::Status StatusForHttpError(int status) {
   }
 }
 
-// {"error": {"code": 400, "status": "INVALID_ARGUMENT", "message": "..."}} as Google APIs do.
-std::string ErrorJson(const absl::Status& status) {
-  const nlohmann::json body = {{"error",
-                                {{"code", HttpStatusFor(status.code())},
-                                 {"status", absl::StatusCodeToString(status.code())},
-                                 {"message", std::string(status.message())}}}};
-  // Replace, not throw, on invalid UTF-8: a message may quote a client's bytes.
-  return body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-}
-
 void SendError(httplib::Response& response, const absl::Status& status) {
   current_request.code = status.code();
   response.status = HttpStatusFor(status.code());
-  response.set_content(ErrorJson(status) + "\n", "application/json");
+  response.set_content(HttpErrorJson(status) + "\n", "application/json");
 }
 
 std::string ToJson(const Message& message) {
@@ -126,26 +117,6 @@ using Stream = std::function<absl::Status(const std::function<bool(const Message
                                           const std::function<bool()>& stop)>;
 
 }  // namespace
-
-int HttpStatusFor(absl::StatusCode code) {
-  switch (code) {
-    case absl::StatusCode::kOk: return 200;
-    case absl::StatusCode::kInvalidArgument:
-    case absl::StatusCode::kFailedPrecondition:
-    case absl::StatusCode::kOutOfRange: return 400;
-    case absl::StatusCode::kUnauthenticated: return 401;
-    case absl::StatusCode::kPermissionDenied: return 403;
-    case absl::StatusCode::kNotFound: return 404;
-    case absl::StatusCode::kAlreadyExists:
-    case absl::StatusCode::kAborted: return 409;
-    case absl::StatusCode::kResourceExhausted: return 429;
-    case absl::StatusCode::kCancelled: return 499;
-    case absl::StatusCode::kUnimplemented: return 501;
-    case absl::StatusCode::kUnavailable: return 503;
-    case absl::StatusCode::kDeadlineExceeded: return 504;
-    default: return 500;
-  }
-}
 
 RestGateway::RestGateway(JobManager* jobs, const Authenticator* auth, ApiMetrics* metrics,
                          RestGatewayOptions options)
@@ -224,7 +195,7 @@ void RestGateway::Route() {
             return absl::Now() - last_write > kStreamKeepAlive && !write("\n");
           };
           const absl::Status status = stream(send, stop);
-          if (!status.ok() && !absl::IsCancelled(status)) write(ErrorJson(status) + "\n");
+          if (!status.ok() && !absl::IsCancelled(status)) write(HttpErrorJson(status) + "\n");
           current_request.code = status.code();
           sink.done();
           return true;

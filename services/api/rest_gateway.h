@@ -57,7 +57,5 @@ class RestGateway {
   std::thread thread_;
 };
 
-// google.rpc.Code -> HTTP status, as Google's API gateways map them.
-int HttpStatusFor(absl::StatusCode code);
 
 }  // namespace gradhub::api

@@ -38,7 +38,7 @@
 #include "services/checkpoint/checkpoint_access.h"
 #include "services/checkpoint/checkpoint_metrics.h"
 #include "services/checkpoint/checkpoint_records.h"
-#include "services/checkpoint/sha256_stream.h"
+#include "services/common/sha256.h"
 #include "services/common/db/pool.h"
 
 namespace gradhub::checkpoint {

@@ -10,21 +10,17 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "services/checkpoint/checkpoint_service.h"
+#include "services/common/http_errors.h"
 
 namespace gradhub::checkpoint {
 namespace {
 
 constexpr char kShaHeader[] = "X-Checkpoint-Sha256";
 
-// {"error": {"code": 404, "status": "NOT_FOUND", "message": "..."}}, as gradhub-api answers.
+// The error answer gradhub-api gives too (services/common/http_errors.h).
 void SendError(httplib::Response& response, const absl::Status& status) {
-  const nlohmann::json body = {{"error",
-                                {{"code", HttpStatusFor(status.code())},
-                                 {"status", absl::StatusCodeToString(status.code())},
-                                 {"message", std::string(status.message())}}}};
   response.status = HttpStatusFor(status.code());
-  response.set_content(body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n",
-                       "application/json");
+  response.set_content(HttpErrorJson(status) + "\n", "application/json");
 }
 
 template <typename T>
@@ -57,38 +53,6 @@ std::optional<int64_t> RangeOffset(const httplib::Request& request) {
 }
 
 }  // namespace
-
-int HttpStatusFor(absl::StatusCode code) {
-  switch (code) {
-    case absl::StatusCode::kOk:
-      return 200;
-    case absl::StatusCode::kInvalidArgument:
-    case absl::StatusCode::kFailedPrecondition:
-    case absl::StatusCode::kOutOfRange:
-      return 400;
-    case absl::StatusCode::kUnauthenticated:
-      return 401;
-    case absl::StatusCode::kPermissionDenied:
-      return 403;
-    case absl::StatusCode::kNotFound:
-      return 404;
-    case absl::StatusCode::kAlreadyExists:
-    case absl::StatusCode::kAborted:
-      return 409;
-    case absl::StatusCode::kResourceExhausted:
-      return 429;
-    case absl::StatusCode::kCancelled:
-      return 499;
-    case absl::StatusCode::kUnimplemented:
-      return 501;
-    case absl::StatusCode::kUnavailable:
-      return 503;
-    case absl::StatusCode::kDeadlineExceeded:
-      return 504;
-    default:
-      return 500;
-  }
-}
 
 CheckpointRest::CheckpointRest(CheckpointManager* manager, const api::Authenticator* auth,
                                CheckpointMetrics* metrics, CheckpointRestOptions options)

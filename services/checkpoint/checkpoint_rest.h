@@ -61,7 +61,4 @@ class CheckpointRest {
   std::thread thread_;
 };
 
-// google.rpc.Code -> HTTP status, as gradhub-api's REST gateway maps them.
-int HttpStatusFor(absl::StatusCode code);
-
 }  // namespace gradhub::checkpoint

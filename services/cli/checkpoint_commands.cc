@@ -10,7 +10,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
-#include "services/checkpoint/sha256_stream.h"
+#include "services/common/sha256.h"
 #include "services/cli/commands.h"
 
 namespace gradhub::cli {
@@ -20,7 +20,7 @@ namespace {
 struct Progress {
   explicit Progress(std::ofstream* out) : file(out) {}
   std::ofstream* file;
-  checkpoint::Sha256Stream sha;
+  Sha256Stream sha;
   int64_t written = 0;
   std::string announced_sha256;
 };

@@ -7,10 +7,32 @@
 namespace gradhub {
 
 std::string Sha256Hex(std::string_view data) {
+  Sha256Stream sha;
+  sha.Update(data);
+  return sha.Hex();
+}
+
+void Sha256Stream::Free::operator()(evp_md_ctx_st* context) const { EVP_MD_CTX_free(context); }
+
+Sha256Stream::Sha256Stream() : context_(EVP_MD_CTX_new()) {
+  if (!context_ || EVP_DigestInit_ex(context_.get(), EVP_sha256(), nullptr) != 1) {
+    throw std::runtime_error("EVP_DigestInit_ex(sha256) failed");
+  }
+}
+
+void Sha256Stream::Update(std::string_view data) {
+  if (EVP_DigestUpdate(context_.get(), data.data(), data.size()) != 1) {
+    throw std::runtime_error("EVP_DigestUpdate(sha256) failed");
+  }
+}
+
+std::string Sha256Stream::Hex() const {
+  std::unique_ptr<evp_md_ctx_st, Free> copy(EVP_MD_CTX_new());
   unsigned char digest[EVP_MAX_MD_SIZE];
   unsigned int length = 0;
-  if (EVP_Digest(data.data(), data.size(), digest, &length, EVP_sha256(), nullptr) != 1) {
-    throw std::runtime_error("EVP_Digest(sha256) failed");
+  if (!copy || EVP_MD_CTX_copy_ex(copy.get(), context_.get()) != 1 ||
+      EVP_DigestFinal_ex(copy.get(), digest, &length) != 1) {
+    throw std::runtime_error("EVP_DigestFinal_ex(sha256) failed");
   }
   static constexpr char kHex[] = "0123456789abcdef";
   std::string hex(2 * length, '0');

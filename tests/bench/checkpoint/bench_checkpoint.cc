@@ -20,7 +20,7 @@
 #include <string>
 
 #include "gradhub/v1/checkpoint.grpc.pb.h"
-#include "services/checkpoint/sha256_stream.h"
+#include "services/common/sha256.h"
 #include "services/common/abseil_mode.h"
 #include "services/common/flags.h"
 #include "services/common/sha256.h"
@@ -107,7 +107,7 @@ int Download(v1::CheckpointService::Stub& stub, const Options& options) {
   request.set_name(options.name);
   auto reader = stub.DownloadCheckpoint(context.get(), request);
   v1::DownloadCheckpointResponse message;
-  gradhub::checkpoint::Sha256Stream sha;
+  gradhub::Sha256Stream sha;
   std::string announced;
   size_t bytes = 0;
   while (reader->Read(&message)) {

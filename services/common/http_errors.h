@@ -1,0 +1,18 @@
+// How every gradhub REST server answers an error: the HTTP status Google's API gateways map a
+// google.rpc code to, and the body {"error": {"code": 404, "status": "NOT_FOUND", "message":
+// "..."}} that Google APIs send. One place, so the api and the checkpoint store cannot drift.
+#pragma once
+
+#include <string>
+
+#include "absl/status/status.h"
+
+namespace gradhub {
+
+int HttpStatusFor(absl::StatusCode code);
+
+// The JSON body, without a trailing newline. Invalid UTF-8 in the message (it may quote a
+// client's bytes) is replaced, not thrown on.
+std::string HttpErrorJson(const absl::Status& status);
+
+}  // namespace gradhub
