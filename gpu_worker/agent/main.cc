@@ -15,6 +15,7 @@
 #include "gpu_worker/agent/node_description.h"
 #include "services/common/abseil_mode.h"
 #include "services/common/grpc_credentials.h"
+#include "services/common/shutdown_signals.h"
 
 namespace {
 
@@ -85,14 +86,8 @@ int main(int argc, char** argv) {
                  "refuse this agent\n";
   }
 
-  // SIGTERM and SIGINT are taken by a thread that waits for them, so shutdown runs as ordinary
-  // code. Blocked before any other thread exists, so every thread inherits the mask (rank
-  // processes get a clean mask again, see rank_process.h).
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  // Before any other thread exists (rank processes get a clean mask again, see rank_process.h).
+  const gradhub::ShutdownSignals signals;
 
   auto credentials = gradhub::ClientCredentials(config.tls_ca_file);
   if (!credentials.ok()) {
@@ -104,8 +99,7 @@ int main(int argc, char** argv) {
   auto stub = gradhub::v1::NodeService::NewStub(channel);
   gradhub::agent::Agent agent(config, stub.get());
   std::thread signal_thread([&] {
-    int received = 0;
-    sigwait(&signals, &received);
+    const int received = signals.Wait();
     std::cerr << "gradhub-agent: signal " << received << ", stopping ranks and shutting down\n";
     agent.Shutdown();
   });

@@ -10,13 +10,13 @@
 #include <iostream>
 #include <thread>
 
-#include "absl/strings/str_join.h"
 #include "services/common/abseil_mode.h"
 #include "services/common/grpc_credentials.h"
 #include "services/api/config.h"
 #include "services/common/db/connection.h"
 #include "services/common/db/migrator.h"
 #include "services/common/db/pool.h"
+#include "services/common/shutdown_signals.h"
 #include "services/api/admin_service.h"
 #include "services/api/api_metrics.h"
 #include "services/api/authenticator.h"
@@ -49,24 +49,14 @@ int Migrate(const gradhub::api::ApiConfig& config) {
   options.url = config.database_url;
   options.connect_timeout = config.database_connect_timeout;
   options.application_name = "gradhub-api migrate";
-  options.statement_timeout = absl::ZeroDuration();  // a migration may rewrite large tables
-  auto connection = gradhub::db::Connection::Open(options);
-  if (!connection.ok()) {
-    std::cerr << "gradhub-api migrate: " << connection.status().message() << "\n";
+  const gradhub::db::Migrator migrator(gradhub::db::BuiltinMigrations(),
+                                       config.migration_lock_timeout);
+  auto done = migrator.ApplyWith(options);
+  if (!done.ok()) {
+    std::cerr << "gradhub-api migrate: " << done.status().message() << "\n";
     return 1;
   }
-  gradhub::db::Migrator migrator(gradhub::db::BuiltinMigrations(), config.migration_lock_timeout);
-  auto report = migrator.Apply(**connection);
-  if (!report.ok()) {
-    std::cerr << "gradhub-api migrate: " << report.status().message() << "\n";
-    return 1;
-  }
-  if (report->applied.empty()) {
-    std::cout << "schema up to date at version " << report->current_version << "\n";
-  } else {
-    std::cout << "applied migrations " << absl::StrJoin(report->applied, ", ")
-              << "; schema at version " << report->current_version << "\n";
-  }
+  std::cout << *done << "\n";
   return 0;
 }
 
@@ -108,13 +98,7 @@ int Serve(const gradhub::api::ApiConfig& config) {
     return 2;
   }
   if (int rc = Migrate(config); rc != 0) return rc;
-  // SIGTERM and SIGINT are taken by a thread that waits for them, so shutdown runs as ordinary
-  // code rather than in a signal handler.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  const gradhub::ShutdownSignals signals;
 
   gradhub::db::Pool pool(PoolFor(config));
   gradhub::api::Authenticator auth(&pool, config.admin_token);
@@ -179,8 +163,7 @@ int Serve(const gradhub::api::ApiConfig& config) {
   std::cout << "gradhub-api: serving REST on port " << *http_port << std::endl;
   std::cout << "gradhub-api: serving gRPC on port " << port << std::endl;
 
-  int received = 0;
-  sigwait(&signals, &received);
+  const int received = signals.Wait();
   std::cerr << "gradhub-api: signal " << received << ", shutting down\n";
   scheduler.Stop();
   store_service.Shutdown();

@@ -7,7 +7,6 @@
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "services/api/authenticator.h"
 #include "services/checkpoint/checkpoint_limits.h"
 #include "services/checkpoint/checkpoint_manager.h"
@@ -21,6 +20,7 @@
 #include "services/common/db/migrator.h"
 #include "services/common/db/pool.h"
 #include "services/common/grpc_credentials.h"
+#include "services/common/shutdown_signals.h"
 
 namespace {
 
@@ -43,22 +43,14 @@ int Migrate(const CheckpointConfig& config) {
   options.url = config.database_url;
   options.connect_timeout = config.database_connect_timeout;
   options.application_name = "gradhub-checkpoint migrate";
-  options.statement_timeout = absl::ZeroDuration();  // a migration may rewrite large tables
-  auto connection = gradhub::db::Connection::Open(options);
-  if (!connection.ok()) {
-    Log(absl::StrCat("migrate: ", connection.status().message()));
+  const gradhub::db::Migrator migrator(gradhub::db::BuiltinMigrations(),
+                                       config.migration_lock_timeout);
+  auto done = migrator.ApplyWith(options);
+  if (!done.ok()) {
+    Log(absl::StrCat("migrate: ", done.status().message()));
     return 1;
   }
-  gradhub::db::Migrator migrator(gradhub::db::BuiltinMigrations(), config.migration_lock_timeout);
-  auto report = migrator.Apply(**connection);
-  if (!report.ok()) {
-    Log(absl::StrCat("migrate: ", report.status().message()));
-    return 1;
-  }
-  Log(report->applied.empty()
-          ? absl::StrCat("schema up to date at version ", report->current_version)
-          : absl::StrCat("applied migrations ", absl::StrJoin(report->applied, ", "),
-                         "; schema at version ", report->current_version));
+  Log(*done);
   return 0;
 }
 
@@ -121,12 +113,7 @@ int Serve(const CheckpointConfig& config) {
     return 2;
   }
   if (int rc = Migrate(config); rc != 0) return rc;
-  // SIGTERM and SIGINT are taken by sigwait below, so shutdown runs as ordinary code.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  const gradhub::ShutdownSignals signals;
 
   gradhub::db::Pool pool(PoolFor(config));
   gradhub::api::Authenticator auth(&pool, config.admin_token);
@@ -163,8 +150,7 @@ int Serve(const CheckpointConfig& config) {
   cleanup.Start();
   scrub.Start();
 
-  int received = 0;
-  sigwait(&signals, &received);
+  const int received = signals.Wait();
   Log(absl::StrCat("signal ", received, ", shutting down"));
   // Stop accepting; calls in flight (an upload's stream, a commit) may finish within the grace.
   server->Shutdown(std::chrono::system_clock::now() + absl::ToChronoSeconds(config.shutdown_grace));

@@ -13,6 +13,7 @@
 #include "services/common/abseil_mode.h"
 #include "services/common/db/pool.h"
 #include "services/common/grpc_credentials.h"
+#include "services/common/shutdown_signals.h"
 #include "services/metrics/config.h"
 #include "services/metrics/http_endpoint.h"
 #include "services/metrics/job_directory.h"
@@ -108,12 +109,7 @@ int Serve(const MetricsConfig& config) {
     std::cerr << "gradhub-metrics: " << credentials.status().message() << "\n";
     return 2;
   }
-  // SIGTERM and SIGINT are taken by sigwait below, so shutdown runs as ordinary code.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  const gradhub::ShutdownSignals signals;
 
   gradhub::db::Pool pool(PoolFor(config));
   gradhub::api::Authenticator auth(&pool, config.admin_token);
@@ -152,8 +148,7 @@ int Serve(const MetricsConfig& config) {
   std::cout << "gradhub-metrics: serving HTTP on port " << *http_port << std::endl;
   std::cout << "gradhub-metrics: serving gRPC on port " << grpc_port << std::endl;
 
-  int received = 0;
-  sigwait(&signals, &received);
+  const int received = signals.Wait();
   std::cerr << "gradhub-metrics: signal " << received << ", shutting down\n";
   sweeper.Stop();
   // Streams stay open for a trainer's whole life: they get the grace, then are cancelled, and

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "services/common/sha256.h"
 #include "services/common/status_macros.h"
 
@@ -154,6 +155,17 @@ absl::Status Migrator::CheckUpToDate(Connection& connection) const {
     }
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> Migrator::ApplyWith(ConnectionOptions options) const {
+  options.statement_timeout = absl::ZeroDuration();
+  GRADHUB_ASSIGN_OR_RETURN(std::unique_ptr<Connection> connection, Connection::Open(options));
+  GRADHUB_ASSIGN_OR_RETURN(const MigrationReport report, Apply(*connection));
+  if (report.applied.empty()) {
+    return absl::StrCat("schema up to date at version ", report.current_version);
+  }
+  return absl::StrCat("applied migrations ", absl::StrJoin(report.applied, ", "),
+                      "; schema at version ", report.current_version);
 }
 
 }  // namespace gradhub::db

@@ -47,6 +47,11 @@ class Migrator {
 
   absl::StatusOr<MigrationReport> Apply(Connection& connection) const;
 
+  // Opens a connection of its own with `options` (without a statement timeout: a migration may
+  // rewrite large tables), applies, and says what it did in one line: "schema up to date at
+  // version N" or "applied migrations 4, 5; schema at version N". What servers run at start.
+  absl::StatusOr<std::string> ApplyWith(ConnectionOptions options) const;
+
   // OK when every migration is applied (for /readyz); FAILED_PRECONDITION naming the first
   // missing one otherwise.
   absl::Status CheckUpToDate(Connection& connection) const;
