@@ -4,11 +4,6 @@
 
 namespace gradhub::trainer {
 
-double BusBandwidth(int64_t bytes, double seconds, int world_size) {
-  if (seconds <= 0 || world_size < 2) return 0;
-  return static_cast<double>(bytes) / seconds * 2.0 * (world_size - 1) / world_size;
-}
-
 v1::StepTelemetry ToStepTelemetry(const StepReport& r) {
   v1::StepTelemetry step;
   step.set_step(r.step);

@@ -10,10 +10,6 @@
 
 namespace gradhub::trainer {
 
-// As nccl-tests define it: the algorithm bandwidth times 2 (n - 1) / n, comparable with the
-// link's bandwidth whatever the world size. 0 without time or without peers.
-double BusBandwidth(int64_t bytes, double seconds, int world_size);
-
 v1::StepTelemetry ToStepTelemetry(const StepReport& report);
 
 class MetricsTelemetrySink : public TelemetrySink {

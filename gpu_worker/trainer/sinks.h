@@ -30,6 +30,13 @@ struct StepReport {
   std::map<std::string, double> eval_metrics;  // set on evaluation steps
 };
 
+// As nccl-tests define it: the algorithm bandwidth times 2 (n - 1) / n, comparable with the
+// link's bandwidth whatever the world size. 0 without time or without peers.
+inline double BusBandwidth(int64_t bytes, double seconds, int world_size) {
+  if (seconds <= 0 || world_size < 2) return 0;
+  return static_cast<double>(bytes) / seconds * 2.0 * (world_size - 1) / world_size;
+}
+
 // Where per-step telemetry goes. Report is called once per step on every rank, from the
 // training thread: it must not block (queue and return).
 class TelemetrySink {

@@ -386,6 +386,8 @@ class TrainingRun {
   }
 
   void AddToInterval(const StepReport& step) {
+    run_allreduce_bytes_ += ddp_->last_reduction().bytes;
+    run_allreduce_seconds_ += Seconds(ddp_->last_reduction().allreduce);
     StepReport& sums = interval_.sums;
     sums.forward_seconds += step.forward_seconds;
     sums.backward_seconds += step.backward_seconds;
@@ -559,6 +561,9 @@ class TrainingRun {
       line.Add("event", std::string("done")).Add("rank", int64_t{options_.rank}).Add("step", step_);
       line.Add("totalSteps", total_steps_);
       line.Add("loss", last_loss_).Add("trainSeconds", loop_seconds_);
+      line.Add("allreduceBytes", run_allreduce_bytes_).Add("allreduceSeconds", run_allreduce_seconds_);
+      line.Add("busBandwidthBytesPerSecond",
+               BusBandwidth(run_allreduce_bytes_, run_allreduce_seconds_, options_.world_size));
       for (const auto& [name, value] : result.eval_metrics) line.Add("eval." + name, value);
       if (writer_) {
         line.Add("checkpoints", checkpoints_saved_).Add("checkpointBytes", checkpoint_bytes_);
@@ -594,6 +599,9 @@ class TrainingRun {
   double checkpoint_snapshot_seconds_ = 0, checkpoint_wait_seconds_ = 0;
   int64_t checkpoint_bytes_ = 0;  // of the last snapshot
   double loop_seconds_ = 0;  // the steps of this run, checkpoints and evaluations included
+  // The engine's own measure of this rank's gradient allreduces over the run.
+  int64_t run_allreduce_bytes_ = 0;
+  double run_allreduce_seconds_ = 0;
   double last_loss_ = 0;
   EvalResult last_eval_;
   Interval interval_;

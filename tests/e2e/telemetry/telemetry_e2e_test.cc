@@ -32,12 +32,13 @@ v1::JobSpec Spec() {
       "distributed: {worldSize: 2, ranksPerNode: 2}\n");
 }
 
-// A number from rank 0's "done" line of the job's last attempt; -1 when absent.
-double DoneField(LocalCluster& cluster, const std::string& name, const std::string& field) {
+// A number from a rank's "done" line in the job's last attempt; -1 when absent.
+double DoneField(LocalCluster& cluster, const std::string& name, const std::string& field,
+                 int rank = 0) {
   const std::regex re("\"event\":\"done\".*\"" + field + "\":([0-9.e+-]+)");
   const auto deadline = Clock::now() + seconds(15);
   while (Clock::now() < deadline) {
-    for (const std::string& line : cluster.Logs(name, 0, 0)) {
+    for (const std::string& line : cluster.Logs(name, 0, rank)) {
       std::smatch match;
       if (std::regex_search(line, match, re)) return std::stod(match[1].str());
     }
@@ -55,6 +56,28 @@ double Sample(const std::string& text, const std::string& series) {
   return -1;
 }
 
+// The job's bus bandwidth as Prometheus reads it from gradhub-metrics (gradient bytes over
+// allreduce time, all ranks, nccl-tests' 2 (n - 1) / n) against the engine's own measure, which
+// each rank prints at the end: within 10%.
+void ExpectBusBandwidthAsTheEngineMeasuredIt(LocalCluster& cluster, const std::string& name) {
+  const double bytes = DoneField(cluster, name, "allreduceBytes", 0) +
+                       DoneField(cluster, name, "allreduceBytes", 1);
+  const double seconds = DoneField(cluster, name, "allreduceSeconds", 0) +
+                         DoneField(cluster, name, "allreduceSeconds", 1);
+  ASSERT_GT(bytes, 0);
+  ASSERT_GT(seconds, 0);
+  const double engine = bytes / seconds * 2.0 * (2 - 1) / 2;
+  const std::string id = name.substr(5);
+  const std::string text = cluster.ScrapeMetrics();
+  const double exported_bytes = Sample(text, "gradhub_allreduce_bytes_total{job_id=\"" + id + "\"}");
+  const double exported_seconds = Sample(text, "gradhub_allreduce_seconds_sum{job_id=\"" + id + "\"}");
+  ASSERT_GT(exported_seconds, 0) << text;
+  const double exported = exported_bytes / exported_seconds * 2.0 * (2 - 1) / 2;
+  EXPECT_NEAR(exported, engine, 0.10 * engine)
+      << "exported " << exported_bytes << " bytes in " << exported_seconds << " s; the ranks "
+      << bytes << " bytes in " << seconds << " s";
+}
+
 TEST(TelemetryE2eTest, MetricsServiceKilledMidJobCostsSamplesNotTrainingTime) {
   testing::LocalClusterOptions options;
   options.metrics_service = true;
@@ -67,43 +90,54 @@ TEST(TelemetryE2eTest, MetricsServiceKilledMidJobCostsSamplesNotTrainingTime) {
   const double reference_seconds = DoneField(cluster, reference, "trainSeconds");
   ASSERT_GT(reference_seconds, 0);
 
-  const std::string name = cluster.Submit(Spec()).name();
+  ExpectBusBandwidthAsTheEngineMeasuredIt(cluster, reference);
+
+  // The same job trained far longer, so that it is still running when the service is back.
+  v1::JobSpec long_spec = Spec();
+  long_spec.set_max_steps(kSteps * 50);
+  const std::string name = cluster.Submit(long_spec).name();
   const v1::Job running = cluster.AwaitJob(name, [](const v1::Job& j) {
     return testing::Ended(j) || (j.state() == v1::Job::RUNNING && j.progress().step() >= 500);
   });
   ASSERT_EQ(running.state(), v1::Job::RUNNING) << running.state_reason();
-  ASSERT_LT(running.progress().step(), kSteps / 2) << "too fast for the outage to fall mid-job";
   cluster.KillMetricsService(SIGKILL);
+  const auto killed = Clock::now();
   // Down long enough that the trainers' queues (4096 steps each) overflow.
   std::this_thread::sleep_for(seconds(8));
   const v1::Job during = cluster.Get(name);
-  ASSERT_EQ(during.state(), v1::Job::RUNNING) << "ended during the outage: make the job longer";
+  const double outage = std::chrono::duration<double>(Clock::now() - killed).count();
+  ASSERT_EQ(during.state(), v1::Job::RUNNING) << during.state_reason();
   ASSERT_TRUE(cluster.StartMetricsService());
 
-  const v1::Job done = cluster.AwaitJob(name, testing::Ended, seconds(300));
-  ASSERT_EQ(done.state(), v1::Job::SUCCEEDED) << done.state_reason() << cluster.Describe(name);
-  EXPECT_EQ(done.attempt(), 1) << "a metrics outage must not fail the attempt";
-  EXPECT_GT(during.progress().step(), running.progress().step() + 500)
-      << "training stalled while the service was down: step " << running.progress().step()
-      << " -> " << during.progress().step();
-  // Nothing blocks: the loop is as fast as with the service up (a generous bound: the
-  // machine is shared; a reporter that waited on the network would cost seconds per batch).
-  const double seconds_with_outage = DoneField(cluster, name, "trainSeconds");
-  EXPECT_LT(seconds_with_outage, reference_seconds * 1.5 + 2) << "reference " << reference_seconds;
+  // Nothing blocks: training went on at the speed it has with the service up (a generous
+  // bound, the machine is shared; a reporter that waited on the network would cost seconds per
+  // batch). Progress reaches the api every logEverySteps, so allow one interval.
+  const double reference_rate = kSteps / reference_seconds;
+  const double outage_rate = (during.progress().step() - running.progress().step() + 100) / outage;
+  EXPECT_GT(outage_rate, reference_rate / 1.5)
+      << "steps/s while the service was down " << outage_rate << ", with it up " << reference_rate;
 
   // The restarted service receives again, and hears what the trainers had to drop.
   const std::string id = name.substr(5);
+  const std::string rank0 = "gradhub_training_step{job_id=\"" + id + "\",rank=\"0\"}";
+  const std::string rank1 = "gradhub_training_step{job_id=\"" + id + "\",rank=\"1\"}";
   std::string text;
-  const auto deadline = Clock::now() + seconds(20);
+  const auto deadline = Clock::now() + seconds(30);
   while (Clock::now() < deadline) {
     text = cluster.ScrapeMetrics();
-    if (Sample(text, "gradhub_training_step{job_id=\"" + id + "\",rank=\"0\"}") == kSteps) break;
+    if (Sample(text, rank0) > during.progress().step() && Sample(text, rank1) > during.progress().step()) {
+      break;
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
   }
-  EXPECT_EQ(Sample(text, "gradhub_training_step{job_id=\"" + id + "\",rank=\"0\"}"), kSteps) << text;
-  EXPECT_EQ(Sample(text, "gradhub_training_step{job_id=\"" + id + "\",rank=\"1\"}"), kSteps);
+  EXPECT_GT(Sample(text, rank0), during.progress().step()) << text;
+  EXPECT_GT(Sample(text, rank1), during.progress().step());
   EXPECT_GT(Sample(text, "gradhub_telemetry_dropped_total{reason=\"trainer_queue_full\"}"), 0)
       << text;
+  const v1::Job still = cluster.Get(name);
+  EXPECT_EQ(still.state(), v1::Job::RUNNING) << "the outage must not fail the attempt";
+  EXPECT_EQ(still.attempt(), 1);
+  cluster.Cancel(name);
 }
 
 }  // namespace
