@@ -96,8 +96,10 @@ bool LocalCluster::Start() {
       "--scheduler-interval", "100ms", "--shutdown-grace", "2s", "--admin-token", kAdminToken,
       "serve"});
   const std::string port = AwaitOutput(*api_, "serving gRPC on port ([0-9]+)");
-  if (port.empty()) return false;
+  const std::string http_port = AwaitOutput(*api_, "serving REST on port ([0-9]+)");
+  if (port.empty() || http_port.empty()) return false;
   api_address_ = "127.0.0.1:" + port;
+  api_http_port_ = std::stoi(http_port);
   auto tenant = Run({BinaryPath("gradhub-api"), "--database-url", url_, "create-tenant", "team"});
   auto node = Run({BinaryPath("gradhub-api"), "--database-url", url_, "create-node-token"});
   EXPECT_EQ(tenant.exit_code, 0) << tenant.err;
@@ -145,7 +147,7 @@ bool LocalCluster::StartMetricsService() {
   metrics_ = std::make_unique<Subprocess>(std::vector<std::string>{
       BinaryPath("gradhub-metrics"), "--database-url", url_, "--grpc-port",
       std::to_string(metrics_grpc_port_), "--http-port", std::to_string(metrics_http_port_),
-      "--admin-token", kAdminToken});
+      "--admin-token", kAdminToken, "--job-check-interval", "1s"});
   const std::string grpc_port = AwaitOutput(*metrics_, "serving gRPC on port ([0-9]+)");
   const std::string http_port = AwaitOutput(*metrics_, "serving HTTP on port ([0-9]+)");
   if (grpc_port.empty() || http_port.empty()) return false;

@@ -74,6 +74,8 @@ class LocalCluster {
 
   const std::string& database_url() const { return url_; }
   const std::string& api_address() const { return api_address_; }
+  int api_http_port() const { return api_http_port_; }
+  int metrics_http_port() const { return metrics_http_port_; }
   const std::string& checkpoint_address() const { return checkpoint_address_; }
   const std::string& checkpoint_data_dir() const { return checkpoint_data_; }
   int checkpoint_http_port() const { return checkpoint_http_port_; }
@@ -88,6 +90,7 @@ class LocalCluster {
   LocalClusterOptions options_;
   TempDir dir_;
   std::string url_, api_address_, token_, node_token_;
+  int api_http_port_ = 0;
   std::string checkpoint_address_, checkpoint_data_;
   int checkpoint_grpc_port_ = 0, checkpoint_http_port_ = 0;
   int metrics_grpc_port_ = 0, metrics_http_port_ = 0;
