@@ -121,34 +121,14 @@ using Stream = std::function<absl::Status(const std::function<bool(const Message
 RestGateway::RestGateway(JobManager* jobs, const Authenticator* auth, ApiMetrics* metrics,
                          RestGatewayOptions options)
     : jobs_(jobs), auth_(auth), metrics_(metrics), options_(std::move(options)) {
-  if (!options_.tls_cert_file.empty() || !options_.tls_key_file.empty()) {
-    server_ = std::make_unique<httplib::SSLServer>(options_.tls_cert_file.c_str(),
-                                                   options_.tls_key_file.c_str());
-  } else {
-    server_ = std::make_unique<httplib::Server>();
-  }
-  server_->set_payload_max_length(options_.max_body_bytes);
-  const int threads = options_.max_concurrent_requests;
-  server_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  server_ = MakeHttpServer(options_);
   Route();
 }
 
 RestGateway::~RestGateway() { Stop(); }
 
 absl::StatusOr<int> RestGateway::Start(const std::string& host, int port) {
-  if (!server_->is_valid()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "tls: cannot load the certificate '", options_.tls_cert_file, "' with the key '",
-        options_.tls_key_file, "' (both PEM files, the key matching the certificate)"));
-  }
-  const int bound = port == 0 ? server_->bind_to_any_port(host.c_str())
-                              : (server_->bind_to_port(host.c_str(), port) ? port : -1);
-  if (bound < 0) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", host, ":", port));
-  }
-  thread_ = std::thread([this] { server_->listen_after_bind(); });
-  // The socket listens from bind on: requests queue in its backlog until the loop runs.
-  return bound;
+  return StartHttpServer(*server_, options_, host, port, &thread_);
 }
 
 void RestGateway::Stop() {

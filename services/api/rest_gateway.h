@@ -15,6 +15,7 @@
 #include "services/api/api_metrics.h"
 #include "services/api/authenticator.h"
 #include "services/api/job_manager.h"
+#include "services/common/http_server.h"
 
 namespace httplib {
 class Server;
@@ -22,15 +23,8 @@ class Server;
 
 namespace gradhub::api {
 
-struct RestGatewayOptions {
-  // Larger request bodies are refused with 413 before they are parsed.
-  size_t max_body_bytes = 4 << 20;
-  // Requests served at once. A watch or a followed log holds one for its whole life.
-  int max_concurrent_requests = 64;
-  // Both set = HTTPS only (PEM files).
-  std::string tls_cert_file;
-  std::string tls_key_file;
-};
+// A watch or a followed log holds one of max_concurrent_requests for its whole life.
+using RestGatewayOptions = HttpServerOptions;
 
 class RestGateway {
  public:

@@ -57,15 +57,7 @@ std::optional<int64_t> RangeOffset(const httplib::Request& request) {
 CheckpointRest::CheckpointRest(CheckpointManager* manager, const api::Authenticator* auth,
                                CheckpointMetrics* metrics, CheckpointRestOptions options)
     : manager_(manager), auth_(auth), metrics_(metrics), options_(std::move(options)) {
-  if (!options_.tls_cert_file.empty() || !options_.tls_key_file.empty()) {
-    server_ = std::make_unique<httplib::SSLServer>(options_.tls_cert_file.c_str(),
-                                                   options_.tls_key_file.c_str());
-  } else {
-    server_ = std::make_unique<httplib::Server>();
-  }
-  server_->set_payload_max_length(64 << 10);  // no route takes a body
-  const int threads = options_.max_concurrent_requests;
-  server_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  server_ = MakeHttpServer(options_);
   Route();
   RouteDownload();
 }
@@ -73,16 +65,7 @@ CheckpointRest::CheckpointRest(CheckpointManager* manager, const api::Authentica
 CheckpointRest::~CheckpointRest() { Stop(); }
 
 absl::StatusOr<int> CheckpointRest::Start(const std::string& host, int port) {
-  if (!server_->is_valid()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "tls: cannot load the certificate '", options_.tls_cert_file, "' with the key '",
-        options_.tls_key_file, "' (both PEM files, the key matching the certificate)"));
-  }
-  const int bound = port == 0 ? server_->bind_to_any_port(host.c_str())
-                              : (server_->bind_to_port(host.c_str(), port) ? port : -1);
-  if (bound < 0) return absl::UnavailableError(absl::StrCat("cannot listen on ", host, ":", port));
-  thread_ = std::thread([this] { server_->listen_after_bind(); });
-  return bound;
+  return StartHttpServer(*server_, options_, host, port, &thread_);
 }
 
 void CheckpointRest::Stop() {

@@ -22,6 +22,7 @@
 #include "services/api/authenticator.h"
 #include "services/checkpoint/checkpoint_manager.h"
 #include "services/checkpoint/checkpoint_metrics.h"
+#include "services/common/http_server.h"
 
 namespace httplib {
 class Server;
@@ -29,12 +30,13 @@ class Server;
 
 namespace gradhub::checkpoint {
 
-struct CheckpointRestOptions {
-  // Requests served at once; a download holds one for its whole transfer.
-  int max_concurrent_requests = 32;
-  // Both set = HTTPS only (PEM files).
-  std::string tls_cert_file;
-  std::string tls_key_file;
+// A download holds one of max_concurrent_requests for its whole transfer. No route takes a
+// body larger than 64 KiB.
+struct CheckpointRestOptions : HttpServerOptions {
+  CheckpointRestOptions() {
+    max_concurrent_requests = 32;
+    max_body_bytes = 64 << 10;
+  }
 };
 
 class CheckpointRest {

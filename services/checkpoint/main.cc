@@ -132,9 +132,10 @@ int Serve(const CheckpointConfig& config) {
     Log(absl::StrCat("cannot serve gRPC on ", config.grpc_host, ":", config.grpc_port));
     return 1;
   }
-  gradhub::checkpoint::CheckpointRest rest(
-      &manager, &auth, &metrics,
-      {.tls_cert_file = config.tls_cert_file, .tls_key_file = config.tls_key_file});
+  gradhub::checkpoint::CheckpointRestOptions rest_options;
+  rest_options.tls_cert_file = config.tls_cert_file;
+  rest_options.tls_key_file = config.tls_key_file;
+  gradhub::checkpoint::CheckpointRest rest(&manager, &auth, &metrics, rest_options);
   const absl::StatusOr<int> http_port =
       rest.Start(config.http_host, static_cast<int>(config.http_port));
   if (!http_port.ok()) {

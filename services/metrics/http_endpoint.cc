@@ -6,10 +6,10 @@
 
 namespace gradhub::metrics {
 
-HttpEndpoint::HttpEndpoint(HttpEndpointOptions options)
-    : options_(std::move(options)), server_(std::make_unique<httplib::Server>()) {
-  const int threads = options_.threads;
-  server_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+HttpEndpoint::HttpEndpoint(HttpEndpointOptions options) : options_(std::move(options)) {
+  server_options_.max_concurrent_requests = options_.threads;
+  server_options_.max_body_bytes = 64 << 10;  // no route takes a body
+  server_ = MakeHttpServer(server_options_);
   server_->Get("/healthz", [](const httplib::Request&, httplib::Response& response) {
     response.set_content("ok\n", "text/plain");
   });
@@ -26,11 +26,7 @@ HttpEndpoint::HttpEndpoint(HttpEndpointOptions options)
 HttpEndpoint::~HttpEndpoint() { Stop(); }
 
 absl::StatusOr<int> HttpEndpoint::Start(const std::string& host, int port) {
-  const int bound = port == 0 ? server_->bind_to_any_port(host.c_str())
-                              : (server_->bind_to_port(host.c_str(), port) ? port : -1);
-  if (bound < 0) return absl::UnavailableError(absl::StrCat("cannot listen on ", host, ":", port));
-  thread_ = std::thread([this] { server_->listen_after_bind(); });
-  return bound;
+  return StartHttpServer(*server_, server_options_, host, port, &thread_);
 }
 
 void HttpEndpoint::Stop() {

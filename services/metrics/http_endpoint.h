@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "services/common/http_server.h"
 
 namespace httplib {
 class Server;
@@ -39,6 +40,7 @@ class HttpEndpoint {
 
  private:
   HttpEndpointOptions options_;
+  HttpServerOptions server_options_;
   std::unique_ptr<httplib::Server> server_;
   std::thread thread_;
 };
