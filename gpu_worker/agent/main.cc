@@ -49,16 +49,9 @@ int main(int argc, char** argv) {
   config.trainer = DefaultTrainer();
   gradhub::Flags flags("gradhub-agent", kSummary);
   config.Register(flags);
-  auto parsed = flags.Parse(argc, argv);
-  if (!parsed.ok()) {
-    std::cerr << "gradhub-agent: " << parsed.status().message() << "\n";
-    return 2;
-  }
-  if (parsed->help) {
-    std::cout << flags.Usage();
-    return 0;
-  }
-  if (!parsed->positional.empty()) {
+  std::vector<std::string> args;
+  if (std::optional<int> exit = flags.ParseOrExitCode(argc, argv, &args)) return *exit;
+  if (!args.empty()) {
     std::cerr << flags.Usage();
     return 2;
   }

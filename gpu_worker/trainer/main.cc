@@ -164,14 +164,9 @@ int main(int argc, char** argv) {
               "training failure (NaN), 12 infrastructure (peers, store), 13 preempted "
               "(SIGTERM).");
   config.Register(flags);
-  auto parsed = flags.Parse(argc, argv);
-  if (!parsed.ok()) {
-    std::cerr << "gradhub-trainer: " << parsed.status().message() << "\n";
-    return trainer::kExitUsage;
-  }
-  if (parsed->help) {
-    std::cout << flags.Usage();
-    return trainer::kExitSuccess;
+  std::vector<std::string> args;
+  if (std::optional<int> exit = flags.ParseOrExitCode(argc, argv, &args, trainer::kExitUsage)) {
+    return *exit;
   }
   const std::string who = "gradhub-trainer (rank " + std::to_string(config.rank) + "): ";
   InstallStopHandler();

@@ -181,16 +181,8 @@ int main(int argc, char** argv) {
   gradhub::api::ApiConfig config;
   gradhub::Flags flags("gradhub-api", kSummary);
   config.Register(flags);
-  auto parsed = flags.Parse(argc, argv);
-  if (!parsed.ok()) {
-    std::cerr << "gradhub-api: " << parsed.status().message() << "\n";
-    return 2;
-  }
-  if (parsed->help) {
-    std::cout << flags.Usage();
-    return 0;
-  }
-  const auto& args = parsed->positional;
+  std::vector<std::string> args;
+  if (std::optional<int> exit = flags.ParseOrExitCode(argc, argv, &args)) return *exit;
   if (args.empty() || (args.size() == 1 && args[0] == "serve")) return Serve(config);
   if (args.size() == 1 && args[0] == "migrate") return Migrate(config);
   if (args.size() == 2 && args[0] == "create-tenant") return CreateToken(config, args[1]);

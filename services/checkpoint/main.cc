@@ -169,16 +169,8 @@ int main(int argc, char** argv) {
   CheckpointConfig config;
   gradhub::Flags flags("gradhub-checkpoint", kSummary);
   config.Register(flags);
-  auto parsed = flags.Parse(argc, argv);
-  if (!parsed.ok()) {
-    Log(std::string(parsed.status().message()));
-    return 2;
-  }
-  if (parsed->help) {
-    std::cout << flags.Usage();
-    return 0;
-  }
-  const auto& args = parsed->positional;
+  std::vector<std::string> args;
+  if (std::optional<int> exit = flags.ParseOrExitCode(argc, argv, &args)) return *exit;
   if (args.empty() || (args.size() == 1 && args[0] == "serve")) return Serve(config);
   if (args.size() == 1 && args[0] == "migrate") return Migrate(config);
   std::cerr << flags.Usage();

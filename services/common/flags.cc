@@ -1,5 +1,7 @@
 #include "services/common/flags.h"
 
+#include <iostream>
+
 #include <cstdlib>
 #include <set>
 
@@ -116,6 +118,22 @@ absl::StatusOr<Flags::Parsed> Flags::Parse(int argc, const char* const* argv) co
     }
   }
   return parsed;
+}
+
+std::optional<int> Flags::ParseOrExitCode(int argc, const char* const* argv,
+                                          std::vector<std::string>* positional,
+                                          int usage_exit) const {
+  absl::StatusOr<Parsed> parsed = Parse(argc, argv);
+  if (!parsed.ok()) {
+    std::cerr << program_ << ": " << parsed.status().message() << "\n";
+    return usage_exit;
+  }
+  if (parsed->help) {
+    std::cout << Usage();
+    return 0;
+  }
+  *positional = std::move(parsed->positional);
+  return std::nullopt;
 }
 
 std::string Flags::Usage() const {

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,13 @@ class Flags {
   // INVALID_ARGUMENT naming the flag (or variable) for an unknown flag or a malformed value.
   absl::StatusOr<Parsed> Parse(int argc, const char* const* argv) const;
   std::string Usage() const;
+
+  // What a program's main does with Parse, in one place: a bad flag prints "<program>: <why>"
+  // and --help prints Usage(); both return the exit code to leave with (`usage_exit`, 0).
+  // Otherwise nullopt, with the positional arguments in *positional.
+  std::optional<int> ParseOrExitCode(int argc, const char* const* argv,
+                                     std::vector<std::string>* positional,
+                                     int usage_exit = 2) const;
 
  private:
   enum class Kind { kString, kInt, kBool, kDuration };
