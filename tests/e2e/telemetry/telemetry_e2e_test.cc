@@ -109,12 +109,13 @@ TEST(TelemetryE2eTest, MetricsServiceKilledMidJobCostsSamplesNotTrainingTime) {
   ASSERT_EQ(during.state(), v1::Job::RUNNING) << during.state_reason();
   ASSERT_TRUE(cluster.StartMetricsService());
 
-  // Nothing blocks: training went on at the speed it has with the service up (a generous
-  // bound, the machine is shared; a reporter that waited on the network would cost seconds per
-  // batch). Progress reaches the api every logEverySteps, so allow one interval.
+  // Nothing blocks: training went on while the service was down. The bound is loose on
+  // purpose (tests share the machine; speed is measured in tests/bench/telemetry), but a
+  // reporter that waited on the network (a connect deadline per batch) would fall far below it.
+  // Progress reaches the api every logEverySteps, so allow one interval.
   const double reference_rate = kSteps / reference_seconds;
   const double outage_rate = (during.progress().step() - running.progress().step() + 100) / outage;
-  EXPECT_GT(outage_rate, reference_rate / 1.5)
+  EXPECT_GT(outage_rate, reference_rate / 5)
       << "steps/s while the service was down " << outage_rate << ", with it up " << reference_rate;
 
   // The restarted service receives again, and hears what the trainers had to drop.
