@@ -40,19 +40,6 @@ std::string LabelsJson(const google::protobuf::Map<std::string, std::string>& la
   return json.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
-// A progress line's numbers: the trainer writes null for a non-finite value, and a line of
-// another shape must not fail the shipment (the agent would resend it forever).
-std::optional<double> NumberField(const nlohmann::json& line, const char* key) {
-  const auto it = line.find(key);
-  if (it == line.end() || !it->is_number()) return std::nullopt;
-  return it->get<double>();
-}
-
-int64_t IntegerField(const nlohmann::json& line, const char* key) {
-  const auto it = line.find(key);
-  return it != line.end() && it->is_number_integer() ? it->get<int64_t>() : 0;
-}
-
 v1::Node NodeFromRow(const db::Row& row) {
   v1::Node node;
   node.set_name("nodes/" + row.Get<std::string>("name"));
@@ -296,17 +283,19 @@ absl::StatusOr<int64_t> NodeManager::StoreLogs(const v1::ReportLogsRequest& requ
   const int64_t last_seq = request.first_seq() + request.lines_size() - 1;
   if (request.lines_size() == 0) return last_seq;
   nlohmann::json lines = nlohmann::json::array();
-  std::string progress;
   const std::string stream = request.stream() == v1::LogEntry::STDERR ? "STDERR" : "STDOUT";
   // Rank 0's progress and evaluation lines are also the job's history (job_metrics.h).
   const bool history = request.rank() == 0 && stream == "STDOUT";
   std::vector<MetricLine> points;
+  std::optional<MetricLine> progress;  // the batch's last progress line: the job's progress
   for (std::string line : request.lines()) {
     // PostgreSQL text cannot hold NUL.
     line.erase(std::remove(line.begin(), line.end(), '\0'), line.end());
-    if (line.rfind("{\"event\":\"progress\"", 0) == 0) progress = line;
     if (history) {
-      if (std::optional<MetricLine> point = ParseMetricLine(line)) points.push_back(*point);
+      if (std::optional<MetricLine> point = ParseMetricLine(line)) {
+        if (point->progress) progress = point;
+        points.push_back(*std::move(point));
+      }
     }
     lines.push_back(std::move(line));
   }
@@ -322,26 +311,22 @@ absl::StatusOr<int64_t> NodeManager::StoreLogs(const v1::ReportLogsRequest& requ
                 {job_id, request.attempt(), request.rank(), stream, request.first_seq(),
                  lines.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)})
             .status());
-    // Rank 0 reports the job's progress; only its current attempt's lines count.
-    if (!progress.empty() && request.rank() == 0 && stream == "STDOUT") {
-      const nlohmann::json parsed = nlohmann::json::parse(progress, nullptr, false);
-      if (parsed.is_object() && parsed.contains("step")) {
-        GRADHUB_RETURN_IF_ERROR(
-            // A job that already SUCCEEDED still takes its last lines (shipped after the
-            // exit), so its progress ends at its last step, not an earlier one.
-            tx.Exec("UPDATE jobs SET progress_step = $3, progress_loss = $4,"
-                    " progress_samples_per_second = $5,"
-                    " progress_total_steps = CASE WHEN $6::bigint > 0 THEN $6::bigint ELSE progress_total_steps END,"
-                    " progress_time = now()"
-                    " WHERE id = $1::uuid AND current_attempt = $2"
-                    " AND (state IN ('SCHEDULED', 'RUNNING')"
-                    "      OR (state = 'SUCCEEDED' AND progress_step <= $3))",
-                    {job_id, request.attempt(), IntegerField(parsed, "step"),
-                     NumberField(parsed, "loss"),
-                     NumberField(parsed, "samplesPerSecond").value_or(0.0),
-                     IntegerField(parsed, "totalSteps")})
-                .status());
-      }
+    // Rank 0 reports the job's progress; only its current attempt's lines count. A job that
+    // already SUCCEEDED still takes its last lines (shipped after the exit), so its progress
+    // ends at its last step, not an earlier one.
+    if (progress) {
+      GRADHUB_RETURN_IF_ERROR(
+          tx.Exec("UPDATE jobs SET progress_step = $3, progress_loss = $4,"
+                  " progress_samples_per_second = $5,"
+                  " progress_total_steps = CASE WHEN $6::bigint > 0 THEN $6::bigint"
+                  "   ELSE progress_total_steps END,"
+                  " progress_time = now()"
+                  " WHERE id = $1::uuid AND current_attempt = $2"
+                  " AND (state IN ('SCHEDULED', 'RUNNING')"
+                  "      OR (state = 'SUCCEEDED' AND progress_step <= $3))",
+                  {job_id, request.attempt(), progress->step, progress->loss,
+                   progress->samples_per_second.value_or(0.0), progress->total_steps})
+              .status());
     }
     GRADHUB_RETURN_IF_ERROR(RecordMetricPoints(tx, job_id, request.attempt(), points));
     return last_seq;
