@@ -3,20 +3,18 @@
 #include <string>
 
 #include "absl/time/time.h"
+#include "services/common/db/settings.h"
 #include "services/common/flags.h"
 
 namespace gradhub::api {
 
 // Every setting of gradhub-api, with its flag, environment variable and default.
 struct ApiConfig {
-  std::string database_url = "postgresql://gradhub@127.0.0.1:5432/gradhub";
-  absl::Duration migration_lock_timeout = absl::Seconds(60);
-  absl::Duration database_connect_timeout = absl::Seconds(5);
+  db::DatabaseSettings database{.connections = 16};
   std::string grpc_address = "0.0.0.0:7070";
   std::string http_host = "0.0.0.0";
   int64_t http_port = 8080;
   std::string admin_token;
-  int64_t database_connections = 16;
   int64_t max_world_size = 1024;
   int64_t max_request_bytes = 4 << 20;
   absl::Duration shutdown_grace = absl::Seconds(10);
@@ -28,21 +26,13 @@ struct ApiConfig {
   std::string tls_key_file;
 
   void Register(Flags& flags) {
-    flags.String("database-url", "GRADHUB_DATABASE_URL", &database_url,
-                 "PostgreSQL connection URL (libpq syntax)");
-    flags.Duration("migration-lock-timeout", "GRADHUB_MIGRATION_LOCK_TIMEOUT",
-                   &migration_lock_timeout,
-                   "How long to wait for another migrator holding the migration lock");
-    flags.Duration("database-connect-timeout", "GRADHUB_DATABASE_CONNECT_TIMEOUT",
-                   &database_connect_timeout, "Timeout for opening a database connection");
+    database.Register(flags, "GRADHUB_DATABASE_CONNECTIONS", /*migrates=*/true);
     flags.String("grpc-address", "GRADHUB_GRPC_ADDRESS", &grpc_address,
                  "host:port for gRPC (JobService, NodeService, StoreService); port 0 picks a free one");
     flags.String("http-host", "GRADHUB_HTTP_HOST", &http_host, "Address REST listens on");
     flags.Int("http-port", "GRADHUB_HTTP_PORT", &http_port, "Port for REST; 0 picks a free one");
     flags.String("admin-token", "GRADHUB_ADMIN_TOKEN", &admin_token,
                  "Bearer token with admin rights, to bootstrap tenants and tokens; empty = none");
-    flags.Int("database-connections", "GRADHUB_DATABASE_CONNECTIONS", &database_connections,
-              "Most connections the server keeps open to PostgreSQL");
     flags.Int("max-world-size", "GRADHUB_MAX_WORLD_SIZE", &max_world_size,
               "Largest distributed.worldSize a job may ask for");
     flags.Int("max-request-bytes", "GRADHUB_MAX_REQUEST_BYTES", &max_request_bytes,

@@ -45,13 +45,9 @@ constexpr char kSummary[] =
 constexpr int kMaxIdleRpcThreads = 64;
 
 int Migrate(const gradhub::api::ApiConfig& config) {
-  gradhub::db::ConnectionOptions options;
-  options.url = config.database_url;
-  options.connect_timeout = config.database_connect_timeout;
-  options.application_name = "gradhub-api migrate";
   const gradhub::db::Migrator migrator(gradhub::db::BuiltinMigrations(),
-                                       config.migration_lock_timeout);
-  auto done = migrator.ApplyWith(options);
+                                       config.database.migration_lock_timeout);
+  auto done = migrator.ApplyWith(config.database.Connection("gradhub-api migrate"));
   if (!done.ok()) {
     std::cerr << "gradhub-api migrate: " << done.status().message() << "\n";
     return 1;
@@ -60,17 +56,8 @@ int Migrate(const gradhub::api::ApiConfig& config) {
   return 0;
 }
 
-gradhub::db::PoolOptions PoolFor(const gradhub::api::ApiConfig& config) {
-  gradhub::db::PoolOptions options;
-  options.connection.url = config.database_url;
-  options.connection.connect_timeout = config.database_connect_timeout;
-  options.connection.application_name = "gradhub-api";
-  options.max_connections = static_cast<int>(config.database_connections);
-  return options;
-}
-
 int CreateToken(const gradhub::api::ApiConfig& config, const std::string& tenant) {
-  gradhub::db::Pool pool(PoolFor(config));
+  gradhub::db::Pool pool(config.database.Pool("gradhub-api"));
   gradhub::api::Authenticator auth(&pool, "");
   absl::StatusOr<gradhub::api::NewToken> token;
   if (tenant.empty()) {
@@ -100,7 +87,7 @@ int Serve(const gradhub::api::ApiConfig& config) {
   if (int rc = Migrate(config); rc != 0) return rc;
   const gradhub::ShutdownSignals signals;
 
-  gradhub::db::Pool pool(PoolFor(config));
+  gradhub::db::Pool pool(config.database.Pool("gradhub-api"));
   gradhub::api::Authenticator auth(&pool, config.admin_token);
   gradhub::api::JobManager jobs(
       &pool, gradhub::SpecLimits{.max_world_size = static_cast<int>(config.max_world_size)});

@@ -3,16 +3,14 @@
 #include <string>
 
 #include "absl/time/time.h"
+#include "services/common/db/settings.h"
 #include "services/common/flags.h"
 
 namespace gradhub::checkpoint {
 
 // Every setting of gradhub-checkpoint, with its flag, environment variable and default.
 struct CheckpointConfig {
-  std::string database_url = "postgresql://gradhub@127.0.0.1:5432/gradhub";
-  absl::Duration database_connect_timeout = absl::Seconds(5);
-  absl::Duration migration_lock_timeout = absl::Seconds(60);
-  int64_t database_connections = 8;
+  db::DatabaseSettings database{.connections = 8};
   std::string grpc_host = "0.0.0.0";
   int64_t grpc_port = 7071;
   std::string http_host = "0.0.0.0";
@@ -28,15 +26,7 @@ struct CheckpointConfig {
   std::string tls_key_file;
 
   void Register(Flags& flags) {
-    flags.String("database-url", "GRADHUB_DATABASE_URL", &database_url,
-                 "PostgreSQL connection URL (libpq syntax)");
-    flags.Duration("database-connect-timeout", "GRADHUB_DATABASE_CONNECT_TIMEOUT",
-                   &database_connect_timeout, "Timeout for opening a database connection");
-    flags.Duration("migration-lock-timeout", "GRADHUB_MIGRATION_LOCK_TIMEOUT",
-                   &migration_lock_timeout,
-                   "How long to wait for another migrator holding the migration lock");
-    flags.Int("database-connections", "GRADHUB_CHECKPOINT_DATABASE_CONNECTIONS",
-              &database_connections, "Most connections the server keeps open to PostgreSQL");
+    database.Register(flags, "GRADHUB_CHECKPOINT_DATABASE_CONNECTIONS", /*migrates=*/true);
     flags.String("grpc-host", "GRADHUB_CHECKPOINT_GRPC_HOST", &grpc_host,
                  "Address gRPC (CheckpointService) listens on");
     flags.Int("grpc-port", "GRADHUB_CHECKPOINT_GRPC_PORT", &grpc_port,

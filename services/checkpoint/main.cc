@@ -39,28 +39,15 @@ using gradhub::checkpoint::kMessageOverheadBytes;
 void Log(const std::string& line) { std::cerr << "gradhub-checkpoint: " << line << std::endl; }
 
 int Migrate(const CheckpointConfig& config) {
-  gradhub::db::ConnectionOptions options;
-  options.url = config.database_url;
-  options.connect_timeout = config.database_connect_timeout;
-  options.application_name = "gradhub-checkpoint migrate";
   const gradhub::db::Migrator migrator(gradhub::db::BuiltinMigrations(),
-                                       config.migration_lock_timeout);
-  auto done = migrator.ApplyWith(options);
+                                       config.database.migration_lock_timeout);
+  auto done = migrator.ApplyWith(config.database.Connection("gradhub-checkpoint migrate"));
   if (!done.ok()) {
     Log(absl::StrCat("migrate: ", done.status().message()));
     return 1;
   }
   Log(*done);
   return 0;
-}
-
-gradhub::db::PoolOptions PoolFor(const CheckpointConfig& config) {
-  gradhub::db::PoolOptions options;
-  options.connection.url = config.database_url;
-  options.connection.connect_timeout = config.database_connect_timeout;
-  options.connection.application_name = "gradhub-checkpoint";
-  options.max_connections = static_cast<int>(config.database_connections);
-  return options;
 }
 
 void RunCleanup(gradhub::checkpoint::CheckpointManager& manager) {
@@ -115,7 +102,7 @@ int Serve(const CheckpointConfig& config) {
   if (int rc = Migrate(config); rc != 0) return rc;
   const gradhub::ShutdownSignals signals;
 
-  gradhub::db::Pool pool(PoolFor(config));
+  gradhub::db::Pool pool(config.database.Pool("gradhub-checkpoint"));
   gradhub::api::Authenticator auth(&pool, config.admin_token);
   gradhub::checkpoint::CheckpointMetrics metrics(&pool);
   gradhub::checkpoint::CheckpointManager manager(

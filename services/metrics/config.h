@@ -3,15 +3,14 @@
 #include <string>
 
 #include "absl/time/time.h"
+#include "services/common/db/settings.h"
 #include "services/common/flags.h"
 
 namespace gradhub::metrics {
 
 // Every setting of gradhub-metrics, with its flag, environment variable and default.
 struct MetricsConfig {
-  std::string database_url = "postgresql://gradhub@127.0.0.1:5432/gradhub";
-  absl::Duration database_connect_timeout = absl::Seconds(5);
-  int64_t database_connections = 4;
+  db::DatabaseSettings database{.connections = 4};
   std::string host = "0.0.0.0";
   int64_t grpc_port = 7072;
   int64_t http_port = 9464;
@@ -25,13 +24,8 @@ struct MetricsConfig {
   std::string tls_key_file;
 
   void Register(Flags& flags) {
-    flags.String("database-url", "GRADHUB_DATABASE_URL", &database_url,
-                 "PostgreSQL connection URL (libpq syntax) of the api's database: jobs' states "
-                 "and tokens are read there");
-    flags.Duration("database-connect-timeout", "GRADHUB_DATABASE_CONNECT_TIMEOUT",
-                   &database_connect_timeout, "Timeout for opening a database connection");
-    flags.Int("database-connections", "GRADHUB_METRICS_DATABASE_CONNECTIONS", &database_connections,
-              "Most connections kept open to PostgreSQL");
+    // Jobs' states and tokens are read in the api's database; this server does not migrate.
+    database.Register(flags, "GRADHUB_METRICS_DATABASE_CONNECTIONS", /*migrates=*/false);
     flags.String("host", "GRADHUB_METRICS_HOST", &host, "Address gRPC and HTTP listen on");
     flags.Int("grpc-port", "GRADHUB_METRICS_GRPC_PORT", &grpc_port,
               "Port of TelemetryService (trainers); 0 picks a free one");

@@ -84,11 +84,7 @@ class Sweeper {
 };
 
 gradhub::db::PoolOptions PoolFor(const MetricsConfig& config) {
-  gradhub::db::PoolOptions options;
-  options.connection.url = config.database_url;
-  options.connection.connect_timeout = config.database_connect_timeout;
-  options.connection.application_name = "gradhub-metrics";
-  options.max_connections = static_cast<int>(config.database_connections);
+  gradhub::db::PoolOptions options = config.database.Pool("gradhub-metrics");
   // A trainer's batch waits for a connection only when its job is new; better dropped than late.
   options.acquire_timeout = absl::Seconds(2);
   return options;
