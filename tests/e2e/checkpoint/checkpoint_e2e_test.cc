@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "gpu_worker/trainer/job_spec.h"
+#include "services/common/sha256.h"
 #include "tests/support/local_cluster.h"
 
 namespace gradhub {
@@ -92,6 +93,20 @@ class CheckpointE2eTest : public ::testing::Test {
     const grpc::Status status = cluster_->checkpoints().ListCheckpoints(context.get(), request, &response);
     EXPECT_TRUE(status.ok()) << status.error_message();
     return {response.checkpoints().begin(), response.checkpoints().end()};
+  }
+
+  // The whole blob of checkpoint `name` as the service streams it ("" on an error).
+  std::string Download(const std::string& name) {
+    v1::DownloadCheckpointRequest request;
+    request.set_name(name);
+    auto context = cluster_->TenantContext();
+    auto reader = cluster_->checkpoints().DownloadCheckpoint(context.get(), request);
+    std::string bytes;
+    v1::DownloadCheckpointResponse chunk;
+    while (reader->Read(&chunk)) bytes += chunk.data();
+    const grpc::Status status = reader->Finish();
+    EXPECT_TRUE(status.ok()) << name << ": " << status.error_message();
+    return status.ok() ? bytes : "";
   }
 
   int Committed(const std::string& job) {
@@ -200,8 +215,13 @@ TEST_F(CheckpointE2eTest, CheckpointServiceKilledMidUploadLosesNothing) {
   ASSERT_TRUE(killed) << "never saw an upload in flight";
   std::this_thread::sleep_for(seconds(2));  // the trainer retries against a dead service
   ASSERT_TRUE(cluster_->StartCheckpointService());
+  // Whatever the restarted service lists as committed is whole: served in full, matching the
+  // size and sha256 it announces.
   for (const auto& c : Checkpoints(name)) {
-    if (c.state() == v1::Checkpoint::COMMITTED) EXPECT_EQ(c.sha256().size(), 64u) << c.name();
+    if (c.state() != v1::Checkpoint::COMMITTED) continue;
+    const std::string bytes = Download(c.name());
+    EXPECT_EQ(static_cast<int64_t>(bytes.size()), c.size_bytes()) << c.name();
+    EXPECT_EQ(Sha256Hex(bytes), c.sha256()) << c.name();
   }
   const v1::Job done = cluster_->AwaitJob(name, testing::Ended, seconds(300));
   ASSERT_EQ(done.state(), v1::Job::SUCCEEDED) << done.state_reason() << cluster_->Describe(name);
