@@ -11,7 +11,7 @@
 #include "gpu_worker/agent/leftovers.h"
 #include "gpu_worker/agent/node_description.h"
 #include "gpu_worker/agent/rank_launch.h"
-#include "gpu_worker/trainer/exit_codes.h"
+#include "services/common/contract/trainer_exit_codes.h"
 
 namespace gradhub::agent {
 namespace {

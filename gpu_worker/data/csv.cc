@@ -4,7 +4,7 @@
 #include <cstdlib>
 #include <string_view>
 
-#include "gpu_worker/common/user_error.h"
+#include "services/common/contract/user_error.h"
 #include "gpu_worker/data/tensor_dataset.h"
 
 namespace gradhub::data {

@@ -1,6 +1,6 @@
 #include <ATen/ATen.h>
 
-#include "gpu_worker/common/user_error.h"
+#include "services/common/contract/user_error.h"
 #include "gpu_worker/data/tensor_dataset.h"
 
 namespace gradhub::data {

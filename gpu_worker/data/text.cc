@@ -2,7 +2,7 @@
 
 #include <array>
 
-#include "gpu_worker/common/user_error.h"
+#include "services/common/contract/user_error.h"
 #include "gpu_worker/data/tensor_dataset.h"
 
 namespace gradhub::data {

@@ -1,4 +1,4 @@
-#include "gpu_worker/common/user_error.h"
+#include "services/common/contract/user_error.h"
 #include "gpu_worker/models/architectures.h"
 
 namespace gradhub::models {

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 
-#include "gpu_worker/common/user_error.h"
+#include "services/common/contract/user_error.h"
 #include "gpu_worker/models/architectures.h"
 
 namespace gradhub::models {

@@ -1,6 +1,6 @@
 #include <cmath>
 
-#include "gpu_worker/common/user_error.h"
+#include "services/common/contract/user_error.h"
 #include "gpu_worker/models/architectures.h"
 
 namespace gradhub::models {

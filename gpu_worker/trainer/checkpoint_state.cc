@@ -5,7 +5,7 @@
 
 #include <sstream>
 
-#include "gpu_worker/common/user_error.h"
+#include "services/common/contract/user_error.h"
 
 namespace gradhub::trainer {
 namespace {

@@ -7,14 +7,14 @@
 #include <memory>
 
 #include "gpu_worker/checkpoint_client/grpc_checkpoint_sink.h"
-#include "gpu_worker/common/user_error.h"
+#include "services/common/contract/user_error.h"
 #include "gpu_worker/ddp/comm/work.h"
 #include "gpu_worker/ddp/store/file_store.h"
 #include "gpu_worker/ddp/store/in_memory_store.h"
 #include "gpu_worker/ddp/store/prefix_store.h"
 #include "gpu_worker/store_client/grpc_store.h"
-#include "gpu_worker/trainer/exit_codes.h"
-#include "gpu_worker/trainer/job_spec.h"
+#include "services/common/contract/trainer_exit_codes.h"
+#include "services/common/contract/job_spec.h"
 #include "gpu_worker/trainer/local_checkpoint_sink.h"
 #include "gpu_worker/trainer/metrics_telemetry_sink.h"
 #include "gpu_worker/trainer/trainer.h"

@@ -12,7 +12,7 @@
 #include <sstream>
 #include <thread>
 
-#include "gpu_worker/common/user_error.h"
+#include "services/common/contract/user_error.h"
 #include "gpu_worker/data/batch_loader.h"
 #include "gpu_worker/data/dataset.h"
 #include "gpu_worker/data/sampler.h"
@@ -20,7 +20,7 @@
 #include "gpu_worker/models/model.h"
 #include "gpu_worker/trainer/async_checkpoint_writer.h"
 #include "gpu_worker/trainer/checkpoint_state.h"
-#include "gpu_worker/trainer/job_spec.h"
+#include "services/common/contract/job_spec.h"
 #include "gpu_worker/trainer/optimization.h"
 #include "services/common/sha256.h"
 

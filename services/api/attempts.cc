@@ -4,7 +4,7 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
-#include "gpu_worker/trainer/exit_codes.h"
+#include "services/common/contract/trainer_exit_codes.h"
 #include "services/common/status_macros.h"
 
 namespace gradhub::api {

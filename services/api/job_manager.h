@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "gpu_worker/trainer/job_spec.h"
+#include "services/common/contract/job_spec.h"
 #include "gradhub/v1/jobs.pb.h"
 #include "services/api/job_inserter.h"
 #include "services/api/job_records.h"

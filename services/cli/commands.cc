@@ -12,8 +12,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "gpu_worker/common/user_error.h"
-#include "gpu_worker/trainer/job_spec.h"
+#include "services/common/contract/user_error.h"
+#include "services/common/contract/job_spec.h"
 #include "services/cli/checkpoint_commands.h"
 
 namespace gradhub::cli {

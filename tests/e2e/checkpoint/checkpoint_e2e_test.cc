@@ -11,7 +11,7 @@
 #include <regex>
 #include <thread>
 
-#include "gpu_worker/trainer/job_spec.h"
+#include "services/common/contract/job_spec.h"
 #include "services/common/sha256.h"
 #include "tests/support/local_cluster.h"
 

@@ -14,7 +14,7 @@
 #include <string>
 #include <thread>
 
-#include "gpu_worker/trainer/job_spec.h"
+#include "services/common/contract/job_spec.h"
 #include "gradhub/v1/jobs.grpc.pb.h"
 #include "gradhub/v1/nodes.grpc.pb.h"
 #include "tests/support/local_cluster.h"

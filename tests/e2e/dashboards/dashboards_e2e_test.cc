@@ -21,7 +21,7 @@
 #include <thread>
 
 #include "absl/strings/str_join.h"
-#include "gpu_worker/trainer/job_spec.h"
+#include "services/common/contract/job_spec.h"
 #include "gradhub/v1/jobs.grpc.pb.h"
 #include "tests/support/grafana_dashboard.h"
 #include "tests/support/local_cluster.h"

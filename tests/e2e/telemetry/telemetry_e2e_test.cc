@@ -8,7 +8,7 @@
 #include <sstream>
 #include <thread>
 
-#include "gpu_worker/trainer/job_spec.h"
+#include "services/common/contract/job_spec.h"
 #include "tests/support/local_cluster.h"
 
 namespace gradhub {

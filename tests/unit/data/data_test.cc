@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "gpu_worker/common/user_error.h"
+#include "services/common/contract/user_error.h"
 #include "gpu_worker/data/batch_loader.h"
 #include "gpu_worker/data/dataset.h"
 #include "gpu_worker/data/sampler.h"

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "gpu_worker/common/user_error.h"
+#include "services/common/contract/user_error.h"
 #include "gpu_worker/models/model.h"
 
 namespace gradhub::models {

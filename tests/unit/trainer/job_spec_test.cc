@@ -1,8 +1,8 @@
-#include "gpu_worker/trainer/job_spec.h"
+#include "services/common/contract/job_spec.h"
 
 #include <gtest/gtest.h>
 
-#include "gpu_worker/common/user_error.h"
+#include "services/common/contract/user_error.h"
 #include "tests/support/job_specs.h"
 
 namespace gradhub {

@@ -1,4 +1,4 @@
-#include "gpu_worker/trainer/job_spec.h"
+#include "services/common/contract/job_spec.h"
 
 #include <google/protobuf/util/json_util.h>
 #include <yaml-cpp/yaml.h>
@@ -8,7 +8,7 @@
 #include <regex>
 #include <sstream>
 
-#include "gpu_worker/common/user_error.h"
+#include "services/common/contract/user_error.h"
 
 namespace gradhub {
 namespace {
