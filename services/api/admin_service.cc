@@ -8,6 +8,7 @@
 #include "services/api/job_records.h"
 #include "services/api/job_service.h"
 #include "services/api/call_authorization.h"
+#include "services/common/grpc_status.h"
 
 namespace gradhub::api {
 namespace {

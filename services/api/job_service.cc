@@ -4,26 +4,9 @@
 
 #include "services/api/job_records.h"
 #include "services/api/call_authorization.h"
+#include "services/common/grpc_status.h"
 
 namespace gradhub::api {
-namespace {
-
-// Runs `call(tenant_id)` (returning absl::StatusOr<T>) and stores its value in *response.
-template <typename T, typename Call>
-grpc::Status Answer(const absl::StatusOr<int64_t>& tenant, T* response, Call&& call) {
-  if (!tenant.ok()) return ToGrpc(tenant.status());
-  absl::StatusOr<T> result = call(*tenant);
-  if (!result.ok()) return ToGrpc(result.status());
-  *response = *std::move(result);
-  return grpc::Status::OK;
-}
-
-}  // namespace
-
-grpc::Status ToGrpc(const absl::Status& status) {
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
-                      std::string(status.message()));
-}
 
 absl::StatusOr<int64_t> JobService::Tenant(const grpc::ServerContext& context,
                                            JobAccess access) const {
@@ -32,27 +15,27 @@ absl::StatusOr<int64_t> JobService::Tenant(const grpc::ServerContext& context,
 
 grpc::Status JobService::CreateJob(grpc::ServerContext* context,
                                    const v1::CreateJobRequest* request, v1::Job* response) {
-  return Answer(Tenant(*context, JobAccess::kCreate), response, [&](int64_t tenant) {
+  return AnswerFor(Tenant(*context, JobAccess::kCreate), response, [&](int64_t tenant) {
     return jobs_->CreateJob(tenant, request->spec(), request->request_id());
   });
 }
 
 grpc::Status JobService::GetJob(grpc::ServerContext* context, const v1::GetJobRequest* request,
                                 v1::Job* response) {
-  return Answer(Tenant(*context, JobAccess::kReadOrCancel), response,
+  return AnswerFor(Tenant(*context, JobAccess::kReadOrCancel), response,
                 [&](int64_t tenant) { return jobs_->GetJob(tenant, request->name()); });
 }
 
 grpc::Status JobService::ListJobs(grpc::ServerContext* context,
                                   const v1::ListJobsRequest* request,
                                   v1::ListJobsResponse* response) {
-  return Answer(Tenant(*context, JobAccess::kReadOrCancel), response,
+  return AnswerFor(Tenant(*context, JobAccess::kReadOrCancel), response,
                 [&](int64_t tenant) { return jobs_->ListJobs(tenant, *request); });
 }
 
 grpc::Status JobService::CancelJob(grpc::ServerContext* context,
                                    const v1::CancelJobRequest* request, v1::Job* response) {
-  return Answer(Tenant(*context, JobAccess::kReadOrCancel), response, [&](int64_t tenant) {
+  return AnswerFor(Tenant(*context, JobAccess::kReadOrCancel), response, [&](int64_t tenant) {
     return jobs_->CancelJob(tenant, request->name(), request->reason());
   });
 }
@@ -60,14 +43,14 @@ grpc::Status JobService::CancelJob(grpc::ServerContext* context,
 grpc::Status JobService::ListJobEvents(grpc::ServerContext* context,
                                        const v1::ListJobEventsRequest* request,
                                        v1::ListJobEventsResponse* response) {
-  return Answer(Tenant(*context, JobAccess::kReadOrCancel), response,
+  return AnswerFor(Tenant(*context, JobAccess::kReadOrCancel), response,
                 [&](int64_t tenant) { return jobs_->ListJobEvents(tenant, *request); });
 }
 
 grpc::Status JobService::GetJobMetrics(grpc::ServerContext* context,
                                        const v1::GetJobMetricsRequest* request,
                                        v1::JobMetrics* response) {
-  return Answer(Tenant(*context, JobAccess::kReadOrCancel), response,
+  return AnswerFor(Tenant(*context, JobAccess::kReadOrCancel), response,
                 [&](int64_t tenant) { return jobs_->GetJobMetrics(tenant, *request); });
 }
 

@@ -43,7 +43,5 @@ class JobService final : public v1::JobService::Service {
   const Authenticator* auth_;
 };
 
-// absl::Status -> grpc::Status, code and message unchanged.
-grpc::Status ToGrpc(const absl::Status& status);
 
 }  // namespace gradhub::api

@@ -1,18 +1,9 @@
 #include "services/api/node_service.h"
 
 #include "services/api/job_service.h"
+#include "services/common/grpc_status.h"
 
 namespace gradhub::api {
-namespace {
-
-template <typename T>
-grpc::Status Answer(absl::StatusOr<T> result, T* response) {
-  if (!result.ok()) return ToGrpc(result.status());
-  *response = *std::move(result);
-  return grpc::Status::OK;
-}
-
-}  // namespace
 
 absl::Status NodeService::Require(const grpc::ServerContext& context, Principal::Kind kind) const {
   absl::StatusOr<Principal> principal = auth_->Authenticate(AuthorizationOf(context));

@@ -10,6 +10,7 @@
 
 #include "absl/time/time.h"
 #include "services/api/call_authorization.h"
+#include "services/common/grpc_status.h"
 
 namespace gradhub::api {
 namespace {
@@ -42,12 +43,6 @@ absl::Duration BlockingTimeout(const RendezvousStore& store, const grpc::ServerC
 }
 
 }  // namespace
-
-grpc::Status ToGrpcStatus(const absl::Status& status) {
-  if (status.ok()) return grpc::Status::OK;
-  // absl::StatusCode and grpc::StatusCode share their numbering (both are google.rpc.Code).
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
-}
 
 // One call of one method, from the request for it to its end. The queue's tags are the
 // addresses of its Event members, so the queue thread knows the call and which event came back.
@@ -89,7 +84,7 @@ class StoreService::Call {
         events_due_ = 2;  // kFinished and kDone
         if (const absl::Status allowed = service_->authorize_(AuthorizationOf(context_));
             !allowed.ok()) {
-          Answer(ToGrpcStatus(allowed));
+          Answer(ToGrpc(allowed));
         } else {
           waiter_ = Handle();
         }
@@ -241,7 +236,7 @@ void StoreService::Serve() {
 
 RendezvousStore::WaiterId StoreService::Set(const grpc::ServerContext&, const SetRequest& request,
                                             SetResponse*, Finish finish) {
-  finish(ToGrpcStatus(store_->Set(request.key(), request.value())));
+  finish(ToGrpc(store_->Set(request.key(), request.value())));
   return RendezvousStore::kNoWaiter;
 }
 
@@ -249,7 +244,7 @@ RendezvousStore::WaiterId StoreService::Add(const grpc::ServerContext&, const Ad
                                             AddResponse* response, Finish finish) {
   absl::StatusOr<int64_t> value = store_->Add(request.key(), request.delta());
   if (value.ok()) response->set_value(*value);
-  finish(ToGrpcStatus(value.status()));
+  finish(ToGrpc(value.status()));
   return RendezvousStore::kNoWaiter;
 }
 
@@ -259,7 +254,7 @@ RendezvousStore::WaiterId StoreService::Check(const grpc::ServerContext&,
   absl::StatusOr<bool> ready =
       store_->Check(std::vector<std::string>(request.keys().begin(), request.keys().end()));
   if (ready.ok()) response->set_ready(*ready);
-  finish(ToGrpcStatus(ready.status()));
+  finish(ToGrpc(ready.status()));
   return RendezvousStore::kNoWaiter;
 }
 
@@ -269,7 +264,7 @@ RendezvousStore::WaiterId StoreService::DeletePrefix(const grpc::ServerContext&,
                                                      Finish finish) {
   absl::StatusOr<int64_t> deleted = store_->DeletePrefix(request.prefix());
   if (deleted.ok()) response->set_deleted(*deleted);
-  finish(ToGrpcStatus(deleted.status()));
+  finish(ToGrpc(deleted.status()));
   return RendezvousStore::kNoWaiter;
 }
 
@@ -280,7 +275,7 @@ RendezvousStore::WaiterId StoreService::Get(const grpc::ServerContext& context,
   return store_->Get(request.key(), BlockingTimeout(*store_, context, request.timeout()),
                      [response, finish = std::move(finish)](absl::StatusOr<std::string> value) {
                        if (value.ok()) response->set_value(std::move(*value));
-                       finish(ToGrpcStatus(value.status()));
+                       finish(ToGrpc(value.status()));
                      });
 }
 
@@ -290,7 +285,7 @@ RendezvousStore::WaiterId StoreService::Wait(const grpc::ServerContext& context,
   return store_->Wait(
       std::vector<std::string>(request.keys().begin(), request.keys().end()),
       BlockingTimeout(*store_, context, request.timeout()),
-      [finish = std::move(finish)](absl::Status status) { finish(ToGrpcStatus(status)); });
+      [finish = std::move(finish)](absl::Status status) { finish(ToGrpc(status)); });
 }
 
 void StoreService::Shutdown() { store_->Shutdown(); }

@@ -42,8 +42,6 @@
 
 namespace gradhub::api {
 
-// The one conversion from the services' error model to the wire: same code, same message.
-grpc::Status ToGrpcStatus(const absl::Status& status);
 
 class StoreService final : public AsyncGrpcService {
  public:

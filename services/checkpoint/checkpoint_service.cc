@@ -4,28 +4,15 @@
 
 #include "absl/strings/str_cat.h"
 #include "services/api/call_authorization.h"
+#include "services/common/grpc_status.h"
 
 namespace gradhub::checkpoint {
 namespace {
-
-grpc::Status ToGrpc(const absl::Status& status) {
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
-}
 
 std::string MetadataOf(const grpc::ServerContext& context, const char* key) {
   const auto& metadata = context.client_metadata();
   const auto found = metadata.find(key);
   return found == metadata.end() ? "" : std::string(found->second.data(), found->second.size());
-}
-
-// Runs `call(caller)` (returning absl::StatusOr<T>) and stores its value in *response.
-template <typename T, typename Call>
-grpc::Status Answer(const absl::StatusOr<Caller>& caller, T* response, Call&& call) {
-  if (!caller.ok()) return ToGrpc(caller.status());
-  absl::StatusOr<T> result = call(*caller);
-  if (!result.ok()) return ToGrpc(result.status());
-  *response = *std::move(result);
-  return grpc::Status::OK;
 }
 
 }  // namespace
@@ -38,7 +25,7 @@ absl::StatusOr<Caller> CheckpointService::CallerOf(const grpc::ServerContext& co
 grpc::Status CheckpointService::StartUpload(grpc::ServerContext* context,
                                             const v1::StartUploadRequest* request,
                                             v1::StartUploadResponse* response) {
-  return Answer(CallerOf(*context), response,
+  return AnswerFor(CallerOf(*context), response,
                 [&](const Caller& caller) { return manager_->StartUpload(caller, *request); });
 }
 
@@ -80,7 +67,7 @@ grpc::Status CheckpointService::UploadChunks(grpc::ServerContext* context,
 grpc::Status CheckpointService::CommitCheckpoint(grpc::ServerContext* context,
                                                  const v1::CommitCheckpointRequest* request,
                                                  v1::Checkpoint* response) {
-  return Answer(CallerOf(*context), response,
+  return AnswerFor(CallerOf(*context), response,
                 [&](const Caller& caller) { return manager_->Commit(caller, *request); });
 }
 
@@ -115,14 +102,14 @@ grpc::Status CheckpointService::DownloadCheckpoint(
 grpc::Status CheckpointService::ListCheckpoints(grpc::ServerContext* context,
                                                 const v1::ListCheckpointsRequest* request,
                                                 v1::ListCheckpointsResponse* response) {
-  return Answer(CallerOf(*context), response,
+  return AnswerFor(CallerOf(*context), response,
                 [&](const Caller& caller) { return manager_->List(caller, *request); });
 }
 
 grpc::Status CheckpointService::GetLatestCheckpoint(grpc::ServerContext* context,
                                                     const v1::GetLatestCheckpointRequest* request,
                                                     v1::Checkpoint* response) {
-  return Answer(CallerOf(*context), response,
+  return AnswerFor(CallerOf(*context), response,
                 [&](const Caller& caller) { return manager_->GetLatest(caller, request->job()); });
 }
 

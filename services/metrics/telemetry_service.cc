@@ -2,18 +2,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "services/api/call_authorization.h"
+#include "services/common/grpc_status.h"
 
 namespace gradhub::metrics {
-namespace {
-
-grpc::Status ToGrpc(const absl::Status& status) {
-  if (status.ok()) return grpc::Status::OK;
-  // absl::StatusCode and grpc::StatusCode share their numbering (both are google.rpc.Code).
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
-}
-
-}  // namespace
-
 absl::Status ValidateBatch(const v1::TelemetryBatch& batch) {
   if (JobIdOf(batch.job()).empty()) {
     return absl::InvalidArgumentError(
