@@ -96,15 +96,18 @@ class GrpcStore final : public ddp::Store {
 
   void Check(const grpc::Status& status, const char* op, const std::string& what) const {
     if (status.ok()) return;
-    std::string message = std::string("store ") + address_ + ": " + op + " " + what +
-                          ": " + status.error_message();
+    const std::string prefix = std::string("store ") + address_ + ": " + op;
     // A deadline on a channel that never connected is an unreachable server, not keys that
     // failed to arrive.
     if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED &&
         channel_->GetState(false) == GRPC_CHANNEL_READY) {
-      throw ddp::StoreTimeoutError(message);
+      // The server's timeout names the keys still missing, and only those (the Store
+      // contract); only when the client's own deadline fired first are all of them named.
+      const bool server_answered = status.error_message() != "Deadline Exceeded";
+      throw ddp::StoreTimeoutError(prefix + (server_answered ? "" : " " + what) + ": " +
+                                   status.error_message());
     }
-    throw ddp::StoreError(message);
+    throw ddp::StoreError(prefix + " " + what + ": " + status.error_message());
   }
 
   static std::string Join(const std::vector<std::string>& keys) {

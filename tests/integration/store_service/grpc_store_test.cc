@@ -1,14 +1,17 @@
 // The trainer's Store client against a real StoreService on loopback: the engine's Store
-// contract (values, counters, waits, prefixes) and its two error kinds.
+// contract (store_conformance.h, the suite every backend runs), then what is particular to
+// it: its token, its address spellings and its two error kinds.
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <thread>
 
+#include "gpu_worker/ddp/store/prefix_store.h"
 #include "gpu_worker/store_client/grpc_store.h"
 #include "services/api/rendezvous_store.h"
 #include "services/api/store_service.h"
 #include "tests/support/grpc_test_server.h"
+#include "tests/unit/ddp/store_conformance.h"
 
 namespace gradhub::store_client {
 namespace {
@@ -24,6 +27,26 @@ GrpcStoreOptions WithToken(const std::string& token) {
   options.token = token;
   return options;
 }
+
+// A store service of its own with a GrpcStore client on it. The rendezvous store takes only keys
+// inside an attempt, so the conformance suite sees the client through a PrefixStore on one.
+struct GrpcStoreBackend {
+  api::RendezvousStore rendezvous;
+  api::StoreService service{&rendezvous, [](const std::string&) { return absl::OkStatus(); }};
+  testing::TestGrpcServer server{{&service}};
+  std::shared_ptr<ddp::Store> store = std::make_shared<ddp::PrefixStore>(
+      MakeGrpcStore(server.address(), WithToken(kNodeToken)), "jobs/j1/attempts/1");
+};
+
+std::shared_ptr<ddp::Store> MakeGrpcStoreOnItsOwnServer() {
+  auto backend = std::make_shared<GrpcStoreBackend>();
+  return std::shared_ptr<ddp::Store>(backend, backend->store.get());
+}
+
+using ddp::StoreConformanceTest;
+INSTANTIATE_TEST_SUITE_P(Backends, StoreConformanceTest,
+                         ::testing::Values(ddp::StoreFactory{"Grpc", MakeGrpcStoreOnItsOwnServer}),
+                         ddp::StoreFactoryName);
 
 class GrpcStoreTest : public ::testing::Test {
  protected:
