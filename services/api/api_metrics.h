@@ -32,6 +32,9 @@ class Histogram;
 
 namespace gradhub::api {
 
+// Thread-safe: RecordRequest and ObserveSchedulingLatency are called from every request thread
+// and the scheduler at once (prometheus-cpp's counters and histograms are atomic); Scrape may
+// run concurrently with them and with itself (each scrape uses its own pooled connection).
 class ApiMetrics {
  public:
   // `pool` (not owned) is read at each scrape for jobs by state.

@@ -48,6 +48,9 @@ inline constexpr int64_t kAnyTenant = -1;
 // admin token also reads, watches and cancels every tenant's.
 enum class JobAccess { kCreate, kReadOrCancel };
 
+// Thread-safe: every method may be called from any thread at once (gRPC's and the REST
+// gateway's request threads). The token cache has its own lock, held only to look up or insert;
+// the database calls run outside it, each on its own pooled connection.
 class Authenticator {
  public:
   // `admin_token` empty = no admin access at all.

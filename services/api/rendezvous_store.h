@@ -2,9 +2,10 @@
 // key-value store with the semantics of PyTorch c10d's TCPStore, and the waiters blocked on it.
 //
 // No gRPC in this interface (STYLE.md "gRPC wiring apart from domain logic"): blocking calls
-// take a completion callback instead of blocking a thread, so that the gRPC adapter can
-// answer them from a callback reactor and a world-size-256 job whose ranks all wait at once
-// holds 256 small records here, not 256 server threads.
+// take a completion callback instead of blocking a thread, so that the gRPC adapter (the
+// asynchronous API on one completion-queue thread, store_service.h) can answer them later, and
+// a world-size-256 job whose ranks all wait at once holds 256 small records here, not 256
+// server threads.
 //
 // Protocol of a blocking call (Get / Wait):
 //   1. The arguments are checked; an invalid one completes the call at once.

@@ -26,6 +26,9 @@ namespace gradhub::api {
 // A watch or a followed log holds one of max_concurrent_requests for its whole life.
 using RestGatewayOptions = HttpServerOptions;
 
+// Thread-safety: Start and Stop are called by the thread that owns the gateway (Stop also from
+// the destructor), never concurrently. Requests are served on cpp-httplib's worker threads,
+// which call only thread-safe JobManager, Authenticator and ApiMetrics methods.
 class RestGateway {
  public:
   // Not owned; all must outlive the gateway.
