@@ -1,31 +1,33 @@
-// gradhub.v1.AdminService over gRPC: tenants and their tokens, for the admin token only.
+// gradhub.v1.AdminService over gRPC: tenants and their tokens, for the admin token only. An
+// adapter: authenticate the admin, one TenantManager call, its status as the gRPC status.
 #pragma once
 
 #include "gradhub/v1/tenants.grpc.pb.h"
 #include "services/api/authenticator.h"
+#include "services/api/tenant_manager.h"
 
 namespace gradhub::api {
 
 class AdminService final : public v1::AdminService::Service {
  public:
   // Not owned; must outlive the service.
-  explicit AdminService(Authenticator* auth) : auth_(auth) {}
+  explicit AdminService(Authenticator* auth) : auth_(auth), tenants_(auth) {}
 
   grpc::Status CreateTenant(grpc::ServerContext* context, const v1::CreateTenantRequest* request,
                             v1::Tenant* response) override;
   grpc::Status ListTenants(grpc::ServerContext* context, const v1::ListTenantsRequest* request,
                            v1::ListTenantsResponse* response) override;
-  // A NODE token belongs to no tenant: its parent is ignored and its name is
-  // `tenants/-/tokens/{id}`.
   grpc::Status CreateToken(grpc::ServerContext* context, const v1::CreateTokenRequest* request,
                            v1::CreateTokenResponse* response) override;
   grpc::Status RevokeToken(grpc::ServerContext* context, const v1::RevokeTokenRequest* request,
                            v1::Token* response) override;
 
  private:
-  absl::Status RequireAdmin(const grpc::ServerContext& context) const;
+  // True for the admin token; UNAUTHENTICATED or PERMISSION_DENIED otherwise.
+  absl::StatusOr<bool> RequireAdmin(const grpc::ServerContext& context) const;
 
   Authenticator* auth_;
+  TenantManager tenants_;
 };
 
 }  // namespace gradhub::api
