@@ -67,6 +67,8 @@ class DistributedDataParallel {
   ProcessGroup& group() { return *group_; }
   const StepTimings& last_timings() const { return timings_; }
   const ReductionStats& last_reduction() const { return reducer_->last_stats(); }
+  // With CommHook::kPowerSgd its state (for checkpoints); null otherwise.
+  PowerSgd* powersgd() { return reducer_->powersgd(); }
   std::vector<std::vector<size_t>> bucket_assignment() const {
     return reducer_->bucket_assignment();
   }

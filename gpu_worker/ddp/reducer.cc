@@ -14,6 +14,7 @@ struct Reducer::Bucket {
   at::Tensor buffer;               // flat gradients; .grad of each parameter is a view into it
   size_t pending = 0;              // parameters not ready yet in this step
   at::Tensor compressed;           // the fp16/bf16 copy in flight, with a comm hook
+  std::shared_ptr<PowerSgd::Pending> powersgd;  // PowerSGD's first round in flight
   std::shared_ptr<Work> work;
 };
 
@@ -38,6 +39,9 @@ Reducer::Reducer(std::vector<at::Tensor> parameters, std::vector<std::string> na
   std::vector<size_t> reverse_order(parameters_.size());
   std::iota(reverse_order.rbegin(), reverse_order.rend(), 0);
   BuildBuckets(reverse_order);
+  if (options_.comm_hook == CommHook::kPowerSgd) {
+    powersgd_ = std::make_unique<PowerSgd>(parameters_, group_, options_.powersgd);
+  }
   hooks_ = std::make_unique<GradientReadyHooks>(parameters_,
                                                 [this](size_t index) { OnGradientReady(index); });
 }
@@ -160,6 +164,7 @@ void Reducer::Prepare(const std::vector<at::Tensor>& outputs) {
   for (auto& bucket : buckets_) {
     bucket->pending = bucket->parameters.size();
     bucket->work.reset();
+    bucket->powersgd.reset();
   }
   next_bucket_ = 0;
   stats_ = ReductionStats();
@@ -187,7 +192,12 @@ void Reducer::LaunchReadyBuckets() {
   while (next_bucket_ < buckets_.size() && buckets_[next_bucket_]->pending == 0) {
     Bucket& bucket = *buckets_[next_bucket_++];
     if (group_->size() == 1) continue;  // alone, the local gradient is the average
-    if (options_.comm_hook == CommHook::kNone) {
+    if (powersgd_ && powersgd_->active()) {
+      std::vector<at::Tensor> grads;
+      for (size_t index : bucket.parameters) grads.push_back(GradientView(index));
+      stats_.bucket_start_times[next_bucket_ - 1] = ReductionStats::Clock::now();
+      bucket.powersgd = powersgd_->Launch(bucket.parameters, grads, &stats_.bytes);
+    } else if (options_.comm_hook == CommHook::kNone || powersgd_) {
       bucket.work = group_->AllReduce(bucket.buffer, ReduceOp::kAverage);
       stats_.bytes += bucket.buffer.numel() * bucket.buffer.element_size();
     } else {
@@ -215,6 +225,12 @@ void Reducer::Finalize() {
   const auto wait_start = ReductionStats::Clock::now();
   for (size_t b = 0; b < buckets_.size(); ++b) {
     Bucket& bucket = *buckets_[b];
+    if (bucket.powersgd) {
+      powersgd_->Finish(*bucket.powersgd, &stats_.bytes);
+      stats_.allreduce += ReductionStats::Clock::now() - stats_.bucket_start_times[b];
+      bucket.powersgd.reset();
+      continue;
+    }
     if (!bucket.work) continue;
     bucket.work->Wait();
     stats_.bucket_start_times[b] = bucket.work->start_time();
@@ -227,6 +243,7 @@ void Reducer::Finalize() {
   }
   stats_.wait = ReductionStats::Clock::now() - wait_start;
   stats_.buckets = static_cast<int>(buckets_.size());
+  if (powersgd_) powersgd_->EndStep();
 }
 
 }  // namespace gradhub::ddp

@@ -10,11 +10,13 @@
 
 #include "gpu_worker/ddp/autograd_hooks.h"
 #include "gpu_worker/ddp/comm/process_group.h"
+#include "gpu_worker/ddp/powersgd.h"
 
 namespace gradhub::ddp {
 
-// Compression applied to a bucket for its allreduce (cast, allreduce, cast back, average).
-enum class CommHook { kNone, kFp16, kBf16 };
+// Compression applied to a bucket for its allreduce: kFp16 / kBf16 cast, allreduce, cast back
+// and average; kPowerSgd a low-rank approximation (powersgd.h) once its start_iter has passed.
+enum class CommHook { kNone, kFp16, kBf16, kPowerSgd };
 
 struct ReducerOptions {
   // Later buckets hold up to this many bytes of gradients (PyTorch's bucket_cap_mb, 25 MiB).
@@ -22,6 +24,7 @@ struct ReducerOptions {
   // The first bucket is small so its allreduce starts early in backward.
   int64_t first_bucket_bytes = 1 << 20;
   CommHook comm_hook = CommHook::kNone;
+  PowerSgdOptions powersgd;  // with CommHook::kPowerSgd
   // Detect, each step, parameters that take no part in the loss and count them as ready, so
   // their bucket is still reduced (costs a walk over the autograd graph per step).
   bool find_unused_parameters = false;
@@ -54,7 +57,8 @@ struct ReductionStats {
 //     a bucket's last parameter is ready, buckets are launched strictly in bucket order (a
 //     ready bucket waits for its predecessors) so every rank issues the same collectives in
 //     the same order, whatever order gradients arrive in locally.
-//  3. Finalize(): wait for every bucket, undo compression; grads now hold the average.
+//  3. Finalize(): wait for every bucket, undo compression; grads now hold the average. With
+//     PowerSGD, Finalize runs each bucket's second round (Q) in bucket order.
 // After the first synchronized step, buckets are rebuilt once in the order gradients actually
 // became ready on rank 0 (broadcast, so every rank uses the same assignment).
 //
@@ -80,6 +84,8 @@ class Reducer {
   // Parameter indices per bucket, in bucket (= launch) order.
   std::vector<std::vector<size_t>> bucket_assignment() const;
   const ReductionStats& last_stats() const { return stats_; }
+  // With CommHook::kPowerSgd its state (for checkpoints); null otherwise.
+  PowerSgd* powersgd() { return powersgd_.get(); }
 
  private:
   struct Bucket;
@@ -104,6 +110,7 @@ class Reducer {
   std::vector<std::unique_ptr<Bucket>> buckets_;
   std::vector<Slot> slots_;  // by parameter index
   std::unique_ptr<GradientReadyHooks> hooks_;
+  std::unique_ptr<PowerSgd> powersgd_;
 
   // Per step.
   bool armed_ = false;

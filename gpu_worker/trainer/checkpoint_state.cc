@@ -5,6 +5,7 @@
 
 #include <sstream>
 
+#include "gpu_worker/ddp/powersgd.h"
 #include "services/common/contract/user_error.h"
 
 namespace gradhub::trainer {
@@ -15,6 +16,18 @@ constexpr char kModel[] = "model";
 constexpr char kOptimizer[] = "optimizer";
 constexpr char kStep[] = "step";
 constexpr char kSpec[] = "spec";
+// Added with sharded and per-rank state: "rank_state_<rank>", a SerializeRankState each.
+constexpr char kRankState[] = "rank_state_";
+constexpr char kPowerSgd[] = "powersgd";
+
+std::string ArchiveBytes(torch::serialize::OutputArchive& archive) {
+  std::string bytes;
+  archive.save_to([&bytes](const void* data, size_t size) {
+    bytes.append(static_cast<const char*>(data), size);
+    return size;
+  });
+  return bytes;
+}
 
 // Field paths (proto names) that differ, e.g. "optimizer.sgd.lr, seed".
 std::string ChangedFields(const v1::JobSpec& saved, const v1::JobSpec& now) {
@@ -58,21 +71,69 @@ v1::JobSpec ResumeRelevantSpec(const v1::JobSpec& spec) {
   return relevant;
 }
 
-std::string SerializeState(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
-                           int64_t step, const v1::JobSpec& spec) {
+std::string SerializeRankState(const RankStateParts& parts) {
+  torch::serialize::OutputArchive archive;
+  if (parts.module) {
+    torch::serialize::OutputArchive part;
+    parts.module->save(part);
+    archive.write(kModel, part);
+  }
+  if (parts.optimizer) {
+    torch::serialize::OutputArchive part;
+    parts.optimizer->save(part);
+    archive.write(kOptimizer, part);
+  }
+  if (parts.powersgd) {
+    torch::serialize::OutputArchive part;
+    parts.powersgd->Save(part);
+    archive.write(kPowerSgd, part);
+  }
+  return ArchiveBytes(archive);
+}
+
+void RestoreRankState(const std::string& bytes, const RankStateParts& parts) {
+  torch::serialize::InputArchive archive;
+  std::istringstream in(bytes);
+  archive.load_from(in);
+  if (parts.module) {
+    torch::serialize::InputArchive part;
+    archive.read(kModel, part);
+    parts.module->load(part);
+  }
+  if (parts.optimizer) {
+    torch::serialize::InputArchive part;
+    archive.read(kOptimizer, part);
+    parts.optimizer->load(part);
+  }
+  if (parts.powersgd) {
+    torch::serialize::InputArchive part;
+    archive.read(kPowerSgd, part);
+    parts.powersgd->Load(part);
+  }
+}
+
+std::string SerializeState(torch::nn::Module& module, torch::optim::Optimizer* optimizer,
+                           int64_t step, const v1::JobSpec& spec,
+                           const std::vector<std::string>& rank_states) {
   torch::serialize::OutputArchive archive, model_archive, optimizer_archive;
   module.save(model_archive);
-  optimizer.save(optimizer_archive);
   archive.write(kModel, model_archive);
-  archive.write(kOptimizer, optimizer_archive);
+  if (optimizer) {
+    optimizer->save(optimizer_archive);
+    archive.write(kOptimizer, optimizer_archive);
+  }
   archive.write(kStep, torch::tensor(step));
   archive.write(kSpec, c10::IValue(ResumeRelevantSpec(spec).SerializeAsString()));
+  for (size_t rank = 0; rank < rank_states.size(); ++rank) {
+    archive.write(kRankState + std::to_string(rank), c10::IValue(rank_states[rank]));
+  }
   // Appended straight into one string reserved for the whole state: an ostringstream would
   // copy every byte again on each growth and once more in str().
   std::string bytes;
   int64_t state_bytes = 0;
   for (const at::Tensor& t : module.parameters()) state_bytes += t.nbytes();
   for (const at::Tensor& t : module.buffers()) state_bytes += t.nbytes();
+  for (const std::string& rank_state : rank_states) state_bytes += rank_state.size() / 3;
   bytes.reserve(static_cast<size_t>(state_bytes) * 3 + (1 << 20));  // momentum, Adam's moments
   archive.save_to([&bytes](const void* data, size_t size) {
     bytes.append(static_cast<const char*>(data), size);
@@ -82,7 +143,8 @@ std::string SerializeState(torch::nn::Module& module, torch::optim::Optimizer& o
 }
 
 int64_t RestoreState(const std::string& bytes, torch::nn::Module& module,
-                     torch::optim::Optimizer& optimizer, const v1::JobSpec& spec) {
+                     torch::optim::Optimizer* optimizer, const v1::JobSpec& spec, int rank,
+                     std::string* rank_state) {
   torch::serialize::InputArchive archive, model_archive, optimizer_archive;
   std::istringstream in(bytes);
   archive.load_from(in);
@@ -98,9 +160,17 @@ int64_t RestoreState(const std::string& bytes, torch::nn::Module& module,
     }
   }
   archive.read(kModel, model_archive);
-  archive.read(kOptimizer, optimizer_archive);
   module.load(model_archive);
-  optimizer.load(optimizer_archive);
+  if (optimizer) {
+    archive.read(kOptimizer, optimizer_archive);
+    optimizer->load(optimizer_archive);
+  }
+  if (rank_state) {
+    c10::IValue saved;
+    *rank_state = archive.try_read(kRankState + std::to_string(rank), saved)
+                      ? saved.toStringRef()
+                      : std::string();
+  }
   at::Tensor step;
   archive.read(kStep, step);
   return step.item<int64_t>();

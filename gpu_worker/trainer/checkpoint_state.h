@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "gradhub/v1/jobs.pb.h"
 
@@ -18,7 +19,24 @@ class Optimizer;
 }
 }  // namespace torch
 
+namespace gradhub::ddp {
+class PowerSgd;
+}
+
 namespace gradhub::trainer {
+
+// What one rank holds that the others do not, saved once per rank: its optimizer shard
+// (shardOptimizerState), its replica and optimizer (localSgd: they differ between averages),
+// PowerSGD's error feedback and warm-start Q (per rank). Null parts are neither saved nor
+// loaded; save and load must name the same parts.
+struct RankStateParts {
+  torch::nn::Module* module = nullptr;
+  torch::optim::Optimizer* optimizer = nullptr;
+  ddp::PowerSgd* powersgd = nullptr;
+  bool empty() const { return !module && !optimizer && !powersgd; }
+};
+std::string SerializeRankState(const RankStateParts& parts);
+void RestoreRankState(const std::string& bytes, const RankStateParts& parts);
 
 // The spec with every field cleared that cannot change the parameters a run ends with, so two
 // specs that differ only there resume each other's checkpoints. Harmless: displayName, labels,
@@ -26,18 +44,23 @@ namespace gradhub::trainer {
 // period from maxSteps, which is then written in), evalEverySteps, logEverySteps, checkpoint,
 // maxRestarts, hangTimeoutSeconds, priority, nodeSelector, distributed.ranksPerNode and
 // dataset.prefetchBatches. Everything else (model, data, optimizer, schedule, batch, world
-// size, backend, buckets, comm hook, precision, seed) decides the result.
+// size, backend, buckets, comm hook and PowerSGD settings, local SGD, optimizer sharding,
+// precision, seed) decides the result.
 v1::JobSpec ResumeRelevantSpec(const v1::JobSpec& spec_with_defaults);
 
 // The archive's bytes (torch's zip format), a copy in host memory that training may run on
-// from while it is uploaded.
-std::string SerializeState(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
-                           int64_t step, const v1::JobSpec& spec_with_defaults);
+// from while it is uploaded. `optimizer` null: its state is in `rank_states` only (ZeRO).
+// `rank_states`: SerializeRankState of every rank, in rank order, or empty.
+std::string SerializeState(torch::nn::Module& module, torch::optim::Optimizer* optimizer,
+                           int64_t step, const v1::JobSpec& spec_with_defaults,
+                           const std::vector<std::string>& rank_states = {});
 
-// Loads the state into `module` and `optimizer` and returns its step. Throws UserError
-// ("spec") naming the changed fields when the checkpoint was written under a spec whose
-// ResumeRelevantSpec differs.
+// Loads the state into `module` and `optimizer` (unless null) and returns its step; with
+// `rank_state`, sets it to rank `rank`'s saved rank state (empty when the checkpoint has
+// none). Throws UserError ("spec") naming the changed fields when the checkpoint was written
+// under a spec whose ResumeRelevantSpec differs.
 int64_t RestoreState(const std::string& bytes, torch::nn::Module& module,
-                     torch::optim::Optimizer& optimizer, const v1::JobSpec& spec_with_defaults);
+                     torch::optim::Optimizer* optimizer, const v1::JobSpec& spec_with_defaults,
+                     int rank = 0, std::string* rank_state = nullptr);
 
 }  // namespace gradhub::trainer

@@ -17,6 +17,9 @@
 #include "gpu_worker/data/dataset.h"
 #include "gpu_worker/data/sampler.h"
 #include "gpu_worker/ddp/distributed_data_parallel.h"
+#include "gpu_worker/ddp/mixed_precision.h"
+#include "gpu_worker/ddp/model_averager.h"
+#include "gpu_worker/ddp/zero_redundancy_optimizer.h"
 #include "gpu_worker/models/model.h"
 #include "gpu_worker/trainer/async_checkpoint_writer.h"
 #include "gpu_worker/trainer/checkpoint_state.h"
@@ -106,11 +109,24 @@ struct EvalResult {
   std::map<std::string, double> metrics;
 };
 
+// Forward and loss in its scope run under autocast to bfloat16 when the spec asks for BF16;
+// nothing changes otherwise. (FP16 never gets here: CheckedSpec refuses it on CPU.)
+class PrecisionScope {
+ public:
+  explicit PrecisionScope(const v1::JobSpec& spec) {
+    if (spec.precision() == v1::JobSpec::BF16) autocast_.emplace(c10::DeviceType::CPU, at::kBFloat16);
+  }
+
+ private:
+  std::optional<ddp::AutocastGuard> autocast_;
+};
+
 // Each rank evaluates every world_size-th validation example; sums are reduced so every
 // rank reports the same numbers.
+
 EvalResult Evaluate(models::Model& model, const data::Dataset& dataset,
                     const std::vector<int64_t>& validation, const TrainerOptions& options,
-                    ddp::ProcessGroup& group, int64_t batch_size) {
+                    ddp::ProcessGroup& group, int64_t batch_size, const v1::JobSpec& spec) {
   std::vector<int64_t> mine;
   for (size_t i = options.rank; i < validation.size(); i += options.world_size) {
     mine.push_back(validation[i]);
@@ -122,6 +138,7 @@ EvalResult Evaluate(models::Model& model, const data::Dataset& dataset,
     data::BatchLoader loader(dataset, mine, batch_size, /*drop_last=*/false, /*prefetch=*/2);
     at::Tensor x, y;
     while (loader.Next(&x, &y)) {
+      PrecisionScope precision(spec);
       at::Tensor output = model.Forward(x);
       const double items = dataset.shape().task == Task::kLanguageModel
                                ? static_cast<double>(y.numel())
@@ -159,6 +176,27 @@ std::optional<std::string> BroadcastBytes(ddp::ProcessGroup& group, std::optiona
   if (group.rank() == 0) std::memcpy(payload.data_ptr(), bytes->data(), bytes->size());
   group.Broadcast({payload}, 0)->Wait();
   return std::string(static_cast<const char*>(payload.data_ptr()), static_cast<size_t>(size));
+}
+
+// Every rank's `bytes`, in rank order, on every rank: lengths first, then the bytes padded to
+// the longest (as int64 elements, which the process groups move).
+std::vector<std::string> AllGatherBytes(ddp::ProcessGroup& group, const std::string& bytes) {
+  std::vector<at::Tensor> lengths;
+  for (int r = 0; r < group.size(); ++r) lengths.push_back(torch::empty({1}, at::kLong));
+  group.AllGather(lengths, torch::tensor({static_cast<int64_t>(bytes.size())}))->Wait();
+  int64_t longest = 1;
+  for (const at::Tensor& length : lengths) longest = std::max(longest, length.item<int64_t>());
+  at::Tensor mine = torch::zeros({(longest + 7) / 8}, at::kLong);
+  std::memcpy(mine.data_ptr(), bytes.data(), bytes.size());
+  std::vector<at::Tensor> all;
+  for (int r = 0; r < group.size(); ++r) all.push_back(torch::empty_like(mine));
+  group.AllGather(all, mine)->Wait();
+  std::vector<std::string> result;
+  for (int r = 0; r < group.size(); ++r) {
+    result.emplace_back(static_cast<const char*>(all[r].data_ptr()),
+                        static_cast<size_t>(lengths[r].item<int64_t>()));
+  }
+  return result;
 }
 
 // Per-interval sums behind a progress line.
@@ -221,6 +259,12 @@ class TrainingRun {
     if (spec.distributed().backend() == v1::DistributedSpec::NCCL) {
       throw UserError("distributed.backend", "NCCL needs a GPU node; this trainer runs on CPU");
     }
+    // Validation at submission cannot know where the ranks land; the trainer does.
+    if (spec.precision() == v1::JobSpec::FP16) {
+      throw UserError("precision",
+                      "FP16 (autocast to float16 with dynamic loss scaling) needs a CUDA GPU; "
+                      "this trainer runs on CPU: use BF16 (autocast to bfloat16) or FP32");
+    }
     return spec;
   }
 
@@ -253,7 +297,44 @@ class TrainingRun {
     model_ = models::BuildModel(spec_.model(), dataset_->shape());
     module_ = model_->module();
     module_->train();
-    optimizer_ = BuildOptimizer(spec_.optimizer(), module_->parameters());
+    const auto& distributed = spec_.distributed();
+    if (distributed.shard_optimizer_state()) {
+      zero_ = std::make_unique<ddp::ZeroRedundancyOptimizer>(
+          module_->parameters(), group_, [this](std::vector<at::Tensor> parameters) {
+            return BuildOptimizer(spec_.optimizer(), std::move(parameters));
+          });
+    } else {
+      optimizer_ = BuildOptimizer(spec_.optimizer(), module_->parameters());
+    }
+    if (distributed.has_local_sgd()) {
+      ddp::LocalSgdOptions local;
+      local.period = distributed.local_sgd().period();
+      local.warmup_steps = distributed.local_sgd().warmup_steps();
+      averager_ = std::make_unique<ddp::PeriodicModelAverager>(module_->parameters(), group_, local);
+    }
+  }
+
+  // The optimizer whose learning rate is set and whose state this rank holds: with ZeRO, its
+  // shard's.
+  torch::optim::Optimizer& LocalOptimizer() { return zero_ ? zero_->local() : *optimizer_; }
+
+  // Whether ranks hold state the others lack (see RankStateParts): then checkpoints gather it
+  // from every rank, which makes saving a collective.
+  bool PerRankState() const {
+    const auto& distributed = spec_.distributed();
+    return distributed.shard_optimizer_state() || distributed.has_local_sgd() ||
+           distributed.comm_hook() == v1::DistributedSpec::POWER_SGD;
+  }
+
+  RankStateParts RankState() {
+    RankStateParts parts;
+    if (averager_) {
+      parts.module = module_.get();
+      parts.optimizer = optimizer_.get();
+    }
+    if (zero_) parts.optimizer = &zero_->local();
+    if (ddp_) parts.powersgd = ddp_->powersgd();
+    return parts;
   }
 
   void PlanSteps() {
@@ -289,6 +370,13 @@ class TrainingRun {
   // needs the optimizer state, and all then start from the same bytes even if they would
   // have raced a commit. Runs on every rank whether or not it has a sink.
   void Resume() {
+    if (PerRankState()) {
+      // Every rank takes part in saving per-rank state, so every rank must know whether
+      // rank 0 saves at all.
+      at::Tensor saves = torch::tensor({int64_t{leader_ && options_.checkpoints ? 1 : 0}});
+      group_->Broadcast({saves}, 0)->Wait();
+      checkpointing_ = saves.item<int64_t>() != 0;
+    }
     std::optional<std::string> bytes;
     if (leader_ && options_.checkpoints) {
       if (std::optional<Checkpoint> latest = options_.checkpoints->LoadLatest()) {
@@ -296,8 +384,10 @@ class TrainingRun {
       }
     }
     bytes = BroadcastBytes(*group_, std::move(bytes));
+    std::string rank_state;
     if (bytes) {
-      step_ = RestoreState(*bytes, *module_, *optimizer_, spec_);
+      step_ = RestoreState(*bytes, *module_, zero_ ? nullptr : optimizer_.get(), spec_,
+                           options_.rank, &rank_state);
       resumed_from_step_ = step_;
       last_checkpoint_step_ = step_;
       log_ << "gradhub-trainer: rank " << options_.rank << " resumed from step " << step_ << "\n";
@@ -310,8 +400,25 @@ class TrainingRun {
       ddp_options.reducer.comm_hook = ddp::CommHook::kFp16;
     } else if (spec_.distributed().comm_hook() == v1::DistributedSpec::BF16) {
       ddp_options.reducer.comm_hook = ddp::CommHook::kBf16;
+    } else if (spec_.distributed().comm_hook() == v1::DistributedSpec::POWER_SGD) {
+      const auto& p = spec_.distributed().power_sgd();
+      ddp_options.reducer.comm_hook = ddp::CommHook::kPowerSgd;
+      ddp_options.reducer.powersgd.matrix_approximation_rank = p.matrix_approximation_rank();
+      ddp_options.reducer.powersgd.start_iter = p.start_step();
+      ddp_options.reducer.powersgd.min_compression_rate = p.min_compression_rate();
+      ddp_options.reducer.powersgd.error_feedback = p.error_feedback();
+      ddp_options.reducer.powersgd.warm_start = p.warm_start();
+      ddp_options.reducer.powersgd.seed = spec_.seed();
     }
     ddp_ = std::make_unique<ddp::DistributedDataParallel>(module_, group_, ddp_options);
+    // After DDP's broadcast of rank 0's parameters: a local SGD replica gets its own back.
+    if (bytes && PerRankState()) {
+      if (rank_state.empty()) {
+        throw std::runtime_error("the checkpoint of step " + std::to_string(step_) +
+                                 " holds no state of rank " + std::to_string(options_.rank));
+      }
+      RestoreRankState(rank_state, RankState());
+    }
   }
 
   // --- step ---
@@ -347,11 +454,16 @@ class TrainingRun {
     double step_loss = 0;
     StepReport phases;  // this step's, summed over micro-batches
     at::Tensor x, y;
+    // A local SGD step sends nothing: every micro-batch runs without gradient sync.
+    const bool local = averager_ && !averager_->Synchronous(step_);
     for (int64_t micro = 0; micro < accumulation_; ++micro) {
       if (!loader.Next(&x, &y)) throw std::logic_error("data loader ended before the epoch");
       std::optional<ddp::DistributedDataParallel::NoSyncGuard> no_sync;
-      if (micro + 1 < accumulation_) no_sync.emplace(ddp_.get());
-      at::Tensor loss = ddp_->Forward([&] { return Loss(dataset_->shape().task, model_->Forward(x), y); });
+      if (local || micro + 1 < accumulation_) no_sync.emplace(ddp_.get());
+      at::Tensor loss = ddp_->Forward([&] {
+        PrecisionScope precision(spec_);
+        return Loss(dataset_->shape().task, model_->Forward(x), y);
+      });
       ddp_->Backward(loss / accumulation_);
       step_loss += loss.item<double>() / accumulation_;
       phases.forward_seconds += Seconds(ddp_->last_timings().forward);
@@ -372,8 +484,15 @@ class TrainingRun {
       throw TrainingFailure("learning rate " + std::to_string(lr) + " overflows float32 at step " +
                             std::to_string(step_));
     }
-    SetLearningRate(*optimizer_, lr);
-    optimizer_->step();
+    SetLearningRate(LocalOptimizer(), lr);
+    if (zero_) {
+      zero_->Step();
+    } else {
+      optimizer_->step();
+    }
+    step_bytes_ = local ? 0 : ddp_->last_reduction().bytes;
+    step_allreduce_seconds_ = local ? 0 : Seconds(ddp_->last_reduction().allreduce);
+    if (averager_) step_bytes_ += averager_->AfterStep(step_);
     const auto step_end = Clock::now();
     ++step_;
     last_loss_ = step_loss;
@@ -386,15 +505,15 @@ class TrainingRun {
   }
 
   void AddToInterval(const StepReport& step) {
-    run_allreduce_bytes_ += ddp_->last_reduction().bytes;
-    run_allreduce_seconds_ += Seconds(ddp_->last_reduction().allreduce);
+    run_allreduce_bytes_ += step_bytes_;
+    run_allreduce_seconds_ += step_allreduce_seconds_;
     StepReport& sums = interval_.sums;
     sums.forward_seconds += step.forward_seconds;
     sums.backward_seconds += step.backward_seconds;
     sums.allreduce_wait_seconds += step.allreduce_wait_seconds;
     sums.optimizer_seconds += step.optimizer_seconds;
     sums.step_seconds += step.step_seconds;
-    sums.allreduce_bytes = ddp_->last_reduction().bytes;
+    sums.allreduce_bytes = step_bytes_;
     sums.buckets = ddp_->last_reduction().buckets;
     sums.learning_rate = step.learning_rate;
     interval_.loss += step.loss;
@@ -412,8 +531,8 @@ class TrainingRun {
     r.epoch = (step_ - 1) / steps_per_epoch_;
     r.samples = batch_ * accumulation_;
     r.samples_per_second = r.step_seconds > 0 ? r.samples / r.step_seconds : 0;
-    r.allreduce_bytes = ddp_->last_reduction().bytes;
-    r.allreduce_seconds = Seconds(ddp_->last_reduction().allreduce);
+    r.allreduce_bytes = step_bytes_;
+    r.allreduce_seconds = step_allreduce_seconds_;
     r.buckets = ddp_->last_reduction().buckets;
     r.world_size = options_.world_size;
   }
@@ -469,7 +588,7 @@ class TrainingRun {
 
   EvalResult EvaluateAndReport() {
     if (split_.validation.empty()) return EvalResult{};
-    EvalResult eval = Evaluate(*model_, *dataset_, split_.validation, options_, *group_, batch_);
+    EvalResult eval = Evaluate(*model_, *dataset_, split_.validation, options_, *group_, batch_, spec_);
     step_telemetry_.eval_metrics = eval.metrics;
     StepReport r;
     r.step = step_;
@@ -488,10 +607,21 @@ class TrainingRun {
   // Rank 0 only: the snapshot (the state serialized into host memory) is taken here, the
   // upload runs on the writer's thread. The loop waits only for a previous upload still
   // running; that wait and the snapshot are the stall a checkpoint costs.
-  void SaveCheckpoint() {
-    if (!writer_ || last_checkpoint_step_ == step_) return;
+  // With per-rank state every rank calls it at the same steps (it gathers each rank's state
+  // to rank 0), except on a stop request, which only rank 0 acts on: then it saves nothing
+  // and returns false.
+  bool SaveCheckpoint(bool stopping = false) {
+    if (last_checkpoint_step_ == step_) return true;
+    std::vector<std::string> rank_states;
     const auto start = Clock::now();
-    std::string bytes = SerializeState(*module_, *optimizer_, step_, spec_);
+    if (PerRankState()) {
+      if (!checkpointing_ || stopping) return false;
+      rank_states = AllGatherBytes(*group_, SerializeRankState(RankState()));
+      last_checkpoint_step_ = step_;
+    }
+    if (!writer_) return false;
+    std::string bytes =
+        SerializeState(*module_, zero_ ? nullptr : optimizer_.get(), step_, spec_, rank_states);
     checkpoint_snapshot_seconds_ += Seconds(Clock::now() - start);
     checkpoint_bytes_ = static_cast<int64_t>(bytes.size());
     const double waited = writer_->Submit({step_, std::move(bytes)});
@@ -499,6 +629,7 @@ class TrainingRun {
     step_telemetry_.checkpoint_save_seconds = Seconds(Clock::now() - start);
     last_checkpoint_step_ = step_;
     ++checkpoints_saved_;
+    return true;
   }
 
   // Waits for the save in flight; a save that failed or did not end in time throws, so the
@@ -522,12 +653,17 @@ class TrainingRun {
     if (options_.stop_requested == nullptr || !options_.stop_requested->load()) return;
     if (!stop_seen_) stop_seen_ = Clock::now();
     if (leader_) {
-      SaveCheckpoint();
+      const bool saved_this_step = SaveCheckpoint(/*stopping=*/true);
       std::string saved = "no checkpoint store";
       if (writer_) {
         try {
           FlushCheckpoints(options_.preempt_grace);
           saved = "checkpoint of step " + std::to_string(step_) + " committed";
+          if (!saved_this_step) {
+            saved = "checkpoint of step " + std::to_string(last_checkpoint_step_) +
+                    " is the latest: per-rank state (shardOptimizerState, localSgd, POWER_SGD) "
+                    "is gathered only at checkpoint.everySteps and at the end";
+          }
         } catch (const std::runtime_error& error) {  // e.g. refused: the job was cancelled
           saved = std::string("no checkpoint: ") + error.what();
         }
@@ -562,6 +698,7 @@ class TrainingRun {
       line.Add("totalSteps", total_steps_);
       line.Add("loss", last_loss_).Add("trainSeconds", loop_seconds_);
       line.Add("allreduceBytes", run_allreduce_bytes_).Add("allreduceSeconds", run_allreduce_seconds_);
+      line.Add("optimizerStateBytes", ddp::OptimizerStateBytes(LocalOptimizer()));
       line.Add("busBandwidthBytesPerSecond",
                BusBandwidth(run_allreduce_bytes_, run_allreduce_seconds_, options_.world_size));
       for (const auto& [name, value] : result.eval_metrics) line.Add("eval." + name, value);
@@ -586,13 +723,19 @@ class TrainingRun {
   std::shared_ptr<ddp::ProcessGroup> group_;
   std::unique_ptr<models::Model> model_;
   std::shared_ptr<torch::nn::Module> module_;
-  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;  // null with ZeRO
+  std::unique_ptr<ddp::ZeroRedundancyOptimizer> zero_;
+  std::unique_ptr<ddp::PeriodicModelAverager> averager_;  // localSgd
   std::unique_ptr<ddp::DistributedDataParallel> ddp_;
   std::unique_ptr<data::DistributedSampler> sampler_;
   std::unique_ptr<AsyncCheckpointWriter> writer_;
 
   int64_t batch_ = 0, accumulation_ = 0, steps_per_epoch_ = 0, total_steps_ = 0;
   int64_t step_ = 0;  // optimizer steps done
+  bool checkpointing_ = false;  // rank 0 saves (known on every rank with per-rank state)
+  // What the last step sent: its gradients (none for a local step) plus a parameter average.
+  int64_t step_bytes_ = 0;
+  double step_allreduce_seconds_ = 0;
   int64_t resumed_from_step_ = -1;
   int64_t last_checkpoint_step_ = -1;
   int64_t checkpoints_saved_ = 0;

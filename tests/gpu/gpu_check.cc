@@ -1,5 +1,7 @@
 // The GPU check (tests/gpu/run.sh): NCCL process group collectives at world size 1 on cuda:0,
-// then a short DDP training on cuda:0, timed. No gtest: a GPU node has only PyTorch.
+// then a short DDP training on cuda:0, timed, then the same training in mixed precision:
+// BF16 autocast, and FP16 autocast with dynamic loss scaling (one step poisoned with inf must
+// be skipped and back the scale off). No gtest: a GPU node has only PyTorch.
 // Prints "check <name> ok|FAIL <detail>" lines and "step_ms <value>"; exits 0 when all pass,
 // 77 when no GPU is visible, 1 otherwise.
 #include <torch/torch.h>
@@ -7,10 +9,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <limits>
 #include <string>
 #include <vector>
 
 #include "gpu_worker/ddp/distributed_data_parallel.h"
+#include "gpu_worker/ddp/mixed_precision.h"
 #include "gpu_worker/ddp/store/in_memory_store.h"
 #include "gpu_worker/devices/devices.h"
 
@@ -34,6 +38,52 @@ struct Mlp : torch::nn::Module {
   }
   torch::nn::Linear fc0, fc1, fc2;
 };
+
+// 200 DDP steps of the MLP on cuda:0 under autocast to `dtype`; with FP16 through a
+// LossScaler, and step 100's loss multiplied by inf so that step must be skipped.
+void CheckMixedPrecision(std::shared_ptr<ddp::ProcessGroup> group, at::ScalarType dtype) {
+  const std::string name = dtype == at::kHalf ? "fp16" : "bf16";
+  const auto cuda = torch::TensorOptions().device(torch::kCUDA, 0);
+  torch::manual_seed(0);
+  auto model = std::make_shared<Mlp>();
+  model->to(torch::Device(torch::kCUDA, 0));
+  ddp::DistributedDataParallel ddp(model, group);
+  torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+  ddp::LossScaler scaler;
+  at::Tensor x = torch::randn({64, 784}, cuda);
+  at::Tensor y = torch::randint(10, {64}, cuda.dtype(torch::kLong));
+  double first_loss = 0, last_loss = 0, scale_before = 0;
+  for (int step = 0; step < 200; ++step) {
+    ddp.ZeroGrad();
+    at::Tensor loss = ddp.Forward([&] {
+      ddp::AutocastGuard autocast(c10::DeviceType::CUDA, dtype);
+      return torch::cross_entropy_loss(model->forward(x), y);
+    });
+    if (dtype != at::kHalf) {
+      ddp.Backward(loss);
+      optimizer.step();
+    } else {
+      at::Tensor scaled = scaler.Scale(loss);
+      if (step == 100) {
+        scale_before = scaler.scale();
+        scaled = scaled * std::numeric_limits<float>::infinity();
+      }
+      ddp.Backward(scaled);
+      const bool found_inf = scaler.Unscale(model->parameters());
+      if (!found_inf) optimizer.step();
+      scaler.Update(found_inf);
+    }
+    last_loss = loss.item<double>();
+    if (step == 0) first_loss = last_loss;
+  }
+  Check("ddp " + name + " loss falls", last_loss < first_loss * 0.5,
+        std::to_string(first_loss) + " -> " + std::to_string(last_loss));
+  if (dtype == at::kHalf) {
+    Check("fp16 poisoned step skipped", scaler.skipped_steps() >= 1 && scale_before > 0,
+          std::to_string(scaler.skipped_steps()) + " skipped, scale " +
+              std::to_string(scale_before) + " -> " + std::to_string(scaler.scale()));
+  }
+}
 
 }  // namespace
 
@@ -112,6 +162,13 @@ int main() {
     std::printf("step_ms %.4f\n", 1000 * times[50 + (times.size() - 50) / 2]);
   } catch (const std::exception& error) {
     Check("ddp on cuda:0", false, error.what());
+  }
+  for (at::ScalarType dtype : {at::kBFloat16, at::kHalf}) {
+    try {
+      CheckMixedPrecision(group, dtype);
+    } catch (const std::exception& error) {
+      Check(std::string("ddp ") + c10::toString(dtype), false, error.what());
+    }
   }
   return failures == 0 ? 0 : 1;
 }

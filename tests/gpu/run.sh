@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check, for a machine with a GPU and a CUDA PyTorch but nothing else: builds the
 # engine alone (no gRPC, PostgreSQL, Gloo or gtest) against that PyTorch's libtorch and NCCL,
-# runs gpu_check (NCCL collectives at world size 1, DDP training on cuda:0) and times a step
+# runs gpu_check (NCCL collectives at world size 1, DDP training on cuda:0 in FP32, then in BF16
+# autocast and in FP16 autocast with dynamic loss scaling, one poisoned step skipped) and times a step
 # against PyTorch eager. Never part of CI. Usage: tests/gpu/run.sh [BUILD_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/../.."

@@ -212,6 +212,35 @@ void CheckOptimizer(const v1::OptimizerSpec& optimizer, Checker& check) {
   }
 }
 
+// The engine-efficiency settings and the combinations the engine does not support, refused
+// here so that none is silently ignored.
+void CheckEfficiency(const v1::JobSpec& spec, Checker& check) {
+  const auto& distributed = spec.distributed();
+  const bool powersgd = distributed.comm_hook() == v1::DistributedSpec::POWER_SGD;
+  if (distributed.has_power_sgd()) {
+    const auto& p = distributed.power_sgd();
+    check.Require(powersgd, "distributed.powerSgd", "is set but distributed.commHook is not POWER_SGD");
+    check.Require(p.matrix_approximation_rank() >= 0 && p.matrix_approximation_rank() <= 1024,
+                  "distributed.powerSgd.matrixApproximationRank", "must be between 0 and 1024");
+    check.Require(!p.has_start_step() || p.start_step() >= 0, "distributed.powerSgd.startStep",
+                  "must not be negative");
+    check.Require(p.min_compression_rate() == 0 || p.min_compression_rate() >= 1,
+                  "distributed.powerSgd.minCompressionRate", "must be 0 (default 2) or at least 1");
+  }
+  if (distributed.has_local_sgd()) {
+    const auto& local = distributed.local_sgd();
+    check.Require(local.period() >= 1, "distributed.localSgd.period", "must be at least 1");
+    check.Require(local.warmup_steps() >= 0, "distributed.localSgd.warmupSteps",
+                  "must not be negative");
+    check.Require(distributed.comm_hook() == v1::DistributedSpec::NONE, "distributed.localSgd",
+                  "cannot be combined with distributed.commHook (its synchronous steps reduce "
+                  "uncompressed)");
+    check.Require(!distributed.shard_optimizer_state(), "distributed.localSgd",
+                  "cannot be combined with distributed.shardOptimizerState (each rank's local "
+                  "step needs the whole optimizer state)");
+  }
+}
+
 }  // namespace
 
 v1::JobSpec ParseJobSpec(const std::string& text) {
@@ -284,6 +313,7 @@ std::vector<SpecIssue> ValidateJobSpec(const v1::JobSpec& spec, const SpecLimits
                 "must not be negative");
   check.Require(distributed.bucket_cap_mb() >= 0 && distributed.bucket_cap_mb() <= 1024,
                 "distributed.bucketCapMb", "must be between 0 and 1024");
+  CheckEfficiency(spec, check);
   check.Require(spec.checkpoint().every_steps() >= 0, "checkpoint.everySteps",
                 "must not be negative");
   check.Require(spec.checkpoint().keep_last() >= 0, "checkpoint.keepLast", "must not be negative");
@@ -306,6 +336,14 @@ v1::JobSpec WithDefaults(v1::JobSpec spec) {
   auto* distributed = spec.mutable_distributed();
   if (distributed->world_size() == 0) distributed->set_world_size(1);
   if (distributed->bucket_cap_mb() == 0) distributed->set_bucket_cap_mb(25);
+  if (distributed->comm_hook() == v1::DistributedSpec::POWER_SGD) {
+    auto* powersgd = distributed->mutable_power_sgd();
+    if (powersgd->matrix_approximation_rank() == 0) powersgd->set_matrix_approximation_rank(1);
+    if (!powersgd->has_start_step()) powersgd->set_start_step(10);
+    if (powersgd->min_compression_rate() == 0) powersgd->set_min_compression_rate(2);
+    if (!powersgd->has_error_feedback()) powersgd->set_error_feedback(true);
+    if (!powersgd->has_warm_start()) powersgd->set_warm_start(true);
+  }
   if (spec.grad_accumulation_steps() == 0) spec.set_grad_accumulation_steps(1);
   if (spec.log_every_steps() == 0) spec.set_log_every_steps(10);
   if (spec.hang_timeout_seconds() == 0) spec.set_hang_timeout_seconds(600);

@@ -1,8 +1,13 @@
 // Step time of gradhub's DDP on MLPs at world size 1 and 2, ranks as processes on one host,
 // one thread each; allreduces through shared memory (the default on one host), or over
 // loopback TCP with GRADHUB_BENCH_SHARED_MEMORY=0.
-// Prints one line per run: <model> <world_size> <median step seconds>.
-// Usage: bench_ddp MODEL BATCH WORLD STEPS   (MODEL like 784-1024-1024-10)
+// Prints one line per run: <model> <world_size> <median step seconds> <bytes per step>, the
+// bytes being what rank 0 handed to collectives per step (gradient allreduces, ZeRO's
+// parameter broadcasts, local SGD's parameter averages), averaged over the timed steps.
+// Usage: bench_ddp MODEL BATCH WORLD STEPS [MODE]   (MODEL like 784-1024-1024-10)
+// MODE: plain (default), bf16 (forward and loss under CPU autocast), zero (ZeRO-1, SGD
+// momentum sharded), localsgd8 (local steps, parameters averaged every 8), powersgd4
+// (PowerSGD rank 4, compressing from step 2 so the timed steps are compressed).
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -13,10 +18,15 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "gpu_worker/ddp/distributed_data_parallel.h"
+#include "gpu_worker/ddp/mixed_precision.h"
+#include "gpu_worker/ddp/model_averager.h"
+#include "gpu_worker/ddp/zero_redundancy_optimizer.h"
 #include "gpu_worker/ddp/store/file_store.h"
 
 namespace {
@@ -52,8 +62,13 @@ std::vector<int64_t> ParseWidths(const std::string& text) {
   return widths;
 }
 
-double RunRank(int rank, int world, const std::vector<int64_t>& widths, int64_t batch, int steps,
-               const std::string& store_dir) {
+struct RankResult {
+  double median_seconds = 0;
+  double bytes_per_step = 0;
+};
+
+RankResult RunRank(int rank, int world, const std::vector<int64_t>& widths, int64_t batch,
+                   int steps, const std::string& store_dir, const std::string& mode) {
   at::set_num_threads(1);
   gradhub::ddp::ProcessGroupOptions options;
   options.rank = rank;
@@ -65,32 +80,79 @@ double RunRank(int rank, int world, const std::vector<int64_t>& widths, int64_t 
   }
   torch::manual_seed(0);
   auto model = std::make_shared<Mlp>(widths);
-  DistributedDataParallel ddp(model, gradhub::ddp::CreateProcessGroup(options));
-  torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+  auto group = gradhub::ddp::CreateProcessGroup(options);
+  gradhub::ddp::DdpOptions ddp_options;
+  if (mode == "powersgd4") {
+    ddp_options.reducer.comm_hook = gradhub::ddp::CommHook::kPowerSgd;
+    ddp_options.reducer.powersgd.matrix_approximation_rank = 4;
+    ddp_options.reducer.powersgd.start_iter = 2;
+  }
+  DistributedDataParallel ddp(model, group, ddp_options);
+  auto sgd = [](std::vector<at::Tensor> parameters) -> std::unique_ptr<torch::optim::Optimizer> {
+    return std::make_unique<torch::optim::SGD>(parameters,
+                                               torch::optim::SGDOptions(0.01).momentum(0.9));
+  };
+  std::unique_ptr<torch::optim::Optimizer> plain;
+  std::unique_ptr<gradhub::ddp::ZeroRedundancyOptimizer> zero;
+  int64_t parameter_bytes = 0;
+  for (const auto& p : model->parameters()) parameter_bytes += p.nbytes();
+  if (mode == "zero") {
+    zero = std::make_unique<gradhub::ddp::ZeroRedundancyOptimizer>(model->parameters(), group, sgd);
+  } else {
+    plain = sgd(model->parameters());
+  }
+  std::unique_ptr<gradhub::ddp::PeriodicModelAverager> averager;
+  if (mode == "localsgd8") {
+    averager = std::make_unique<gradhub::ddp::PeriodicModelAverager>(
+        model->parameters(), group, gradhub::ddp::LocalSgdOptions{/*warmup_steps=*/2, /*period=*/8});
+  }
+  if (mode != "plain" && mode != "bf16" && !zero && !averager &&
+      ddp_options.reducer.comm_hook == gradhub::ddp::CommHook::kNone) {
+    throw std::invalid_argument("unknown mode " + mode);
+  }
   torch::Tensor x = torch::randn({batch, widths.front()});
   torch::Tensor y = torch::randint(widths.back(), {batch});
   std::vector<double> times;
+  int64_t timed_bytes = 0;
   for (int step = 0; step < steps; ++step) {
     auto start = std::chrono::steady_clock::now();
     ddp.ZeroGrad();
-    torch::Tensor loss =
-        ddp.Forward([&] { return torch::cross_entropy_loss(model->forward(x), y); });
+    std::optional<DistributedDataParallel::NoSyncGuard> local;
+    if (averager && !averager->Synchronous(step)) local.emplace(&ddp);
+    torch::Tensor loss = ddp.Forward([&] {
+      std::optional<gradhub::ddp::AutocastGuard> bf16;
+      if (mode == "bf16") bf16.emplace(c10::DeviceType::CPU, at::kBFloat16);
+      return torch::cross_entropy_loss(model->forward(x), y);
+    });
     ddp.Backward(loss);
-    optimizer.step();
+    int64_t bytes = local ? 0 : ddp.last_reduction().bytes;
+    local.reset();
+    if (zero) {
+      zero->Step();
+      bytes += world > 1 ? parameter_bytes : 0;
+    } else {
+      plain->step();
+    }
+    if (averager) bytes += averager->AfterStep(step);
     times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    if (step >= steps / 5) timed_bytes += bytes;
   }
   times.erase(times.begin(), times.begin() + steps / 5);  // warm-up
+  RankResult result;
+  result.bytes_per_step = static_cast<double>(timed_bytes) / times.size();
   std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
-  return times[times.size() / 2];
+  result.median_seconds = times[times.size() / 2];
+  return result;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 5) {
-    std::fprintf(stderr, "usage: bench_ddp MODEL BATCH WORLD STEPS\n");
+  if (argc != 5 && argc != 6) {
+    std::fprintf(stderr, "usage: bench_ddp MODEL BATCH WORLD STEPS [MODE]\n");
     return 2;
   }
+  const std::string mode = argc == 6 ? argv[5] : "plain";
   const std::vector<int64_t> widths = ParseWidths(argv[1]);
   const int64_t batch = std::stoll(argv[2]);
   const int world = std::stoi(argv[3]);
@@ -102,12 +164,12 @@ int main(int argc, char** argv) {
   for (int rank = 1; rank < world; ++rank) {
     pid_t pid = fork();
     if (pid == 0) {
-      RunRank(rank, world, widths, batch, steps, store_dir);
+      RunRank(rank, world, widths, batch, steps, store_dir, mode);
       _exit(0);
     }
     children.push_back(pid);
   }
-  const double median = RunRank(0, world, widths, batch, steps, store_dir);
+  const RankResult result = RunRank(0, world, widths, batch, steps, store_dir, mode);
   int failures = 0;
   for (pid_t child : children) {
     int status = 0;
@@ -115,6 +177,6 @@ int main(int argc, char** argv) {
     failures += !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
   }
   std::filesystem::remove_all(store_dir);
-  std::printf("%s %d %.6f\n", argv[1], world, median);
+  std::printf("%s %d %.6f %.0f\n", argv[1], world, result.median_seconds, result.bytes_per_step);
   return failures == 0 ? 0 : 1;
 }

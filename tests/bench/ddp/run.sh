@@ -18,7 +18,10 @@ export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
 median() { tr ' ' '\n' | grep . | sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
 printf '%-28s %5s %6s %11s %11s %7s %9s %9s\n' model batch world pytorch_ms gradhub_ms ratio tcp_ms tcp_ratio
 declare -A ours
-for config in "784-1024-1024-10 64" "784-2048-2048-2048-2048-10 32"; do
+# GRADHUB_BENCH_MODES_ONLY=1 skips this table (for the efficiency table below alone).
+configs=("784-1024-1024-10 64" "784-2048-2048-2048-2048-10 32")
+if [ -n "${GRADHUB_BENCH_MODES_ONLY:-}" ]; then configs=(); fi
+for config in "${configs[@]}"; do
   set -- $config
   for world in 1 2; do
     refs="" mines="" tcps=""
@@ -40,4 +43,29 @@ for config in "784-1024-1024-10 64" "784-2048-2048-2048-2048-10 32"; do
   # Scaling efficiency: world-2 throughput over twice world-1 throughput (same batch per rank).
   awk -v m="$1" -v one="${ours[$1/1]}" -v two="${ours[$1/2]}" \
     'BEGIN { printf "  gradhub scaling efficiency %s: %.2f\n", m, one/two }'
+done
+
+# Engine efficiency modes at world size 2 on the 784-2048x4 MLP, each against PyTorch's own
+# (see pytorch_ddp.py), over shared memory (gradhub_ms) and loopback TCP (tcp_ms); bytes is
+# what rank 0 hands to collectives per step (gradient allreduces, ZeRO's parameter
+# broadcasts, local SGD's averages over 8 steps); vs_plain is gradhub's step time over its
+# plain DDP's, same transport. GRADHUB_BENCH_MODES picks the modes.
+echo
+printf '%-10s %11s %11s %9s %9s %14s %9s\n' mode pytorch_ms gradhub_ms ratio tcp_ms bytes_per_step vs_plain
+model=784-2048-2048-2048-2048-10 batch=32
+plain_shm="" plain_tcp=""
+for mode in ${GRADHUB_BENCH_MODES:-plain bf16 zero localsgd8 powersgd4}; do
+  refs="" mines="" tcps="" bytes=""
+  for _ in $(seq "$repeats"); do
+    refs+="$(/usr/bin/python3 "$here/pytorch_ddp.py" $model $batch 2 "$steps" "$mode" | awk '{print $3}') "
+    line=$("$bench" $model $batch 2 "$steps" "$mode")
+    mines+="$(echo "$line" | awk '{print $3}') "
+    bytes=$(echo "$line" | awk '{print $4}')
+    tcps+="$(GRADHUB_BENCH_SHARED_MEMORY=0 "$bench" $model $batch 2 "$steps" "$mode" | awk '{print $3}') "
+  done
+  ref=$(echo "$refs" | median) mine=$(echo "$mines" | median) tcp=$(echo "$tcps" | median)
+  if [ "$mode" = plain ]; then plain_shm=$mine plain_tcp=$tcp; fi
+  awk -v m="$mode" -v r="$ref" -v g="$mine" -v t="$tcp" -v b="$bytes" -v ps="$plain_shm" -v pt="$plain_tcp" 'BEGIN {
+    vs = (ps == "") ? "-" : sprintf("%.2f/%.2f", g/ps, t/pt)
+    printf "%-10s %11.2f %11.2f %9.2f %9.2f %14d %9s\n", m, r*1000, g*1000, g/r, t*1000, b, vs }'
 done

@@ -90,5 +90,49 @@ TEST(JobSpecTest, DefaultsFillOnlyZeros) {
   EXPECT_EQ(WithDefaults(v1::JobSpec()).distributed().world_size(), 1);
 }
 
+TEST(JobSpecTest, EfficiencySettingsAreValidatedByName) {
+  v1::JobSpec spec = ParseJobSpec(R"(
+distributed:
+  commHook: FP16
+  powerSgd: {matrixApproximationRank: -1, startStep: -3, minCompressionRate: 0.5}
+  localSgd: {period: 0, warmupSteps: -1}
+  shardOptimizerState: true
+)");
+  auto issues = ValidateJobSpec(spec);
+  for (const char* field :
+       {"distributed.powerSgd", "distributed.powerSgd.matrixApproximationRank",
+        "distributed.powerSgd.startStep", "distributed.powerSgd.minCompressionRate",
+        "distributed.localSgd.period", "distributed.localSgd.warmupSteps",
+        "distributed.localSgd"}) {
+    EXPECT_TRUE(HasIssue(issues, field)) << field;
+  }
+  // Each combination the engine does not support is its own issue.
+  int local_sgd = 0;
+  for (const auto& issue : issues) local_sgd += issue.field == "distributed.localSgd";
+  EXPECT_EQ(local_sgd, 2);
+  v1::JobSpec fine = ParseJobSpec(R"(
+distributed: {commHook: POWER_SGD, powerSgd: {matrixApproximationRank: 4}, shardOptimizerState: true}
+precision: BF16
+)");
+  for (const auto& issue : ValidateJobSpec(fine)) {
+    EXPECT_NE(issue.field.rfind("distributed", 0), 0u) << issue.field << ": " << issue.message;
+  }
+}
+
+TEST(JobSpecTest, PowerSgdDefaults) {
+  v1::JobSpec filled = WithDefaults(ParseJobSpec("distributed: {commHook: POWER_SGD}\n"));
+  const auto& p = filled.distributed().power_sgd();
+  EXPECT_EQ(p.matrix_approximation_rank(), 1);
+  EXPECT_EQ(p.start_step(), 10);
+  EXPECT_EQ(p.min_compression_rate(), 2);
+  EXPECT_TRUE(p.error_feedback());
+  EXPECT_TRUE(p.warm_start());
+  v1::JobSpec zero_start = WithDefaults(
+      ParseJobSpec("distributed: {commHook: POWER_SGD, powerSgd: {startStep: 0, warmStart: false}}\n"));
+  EXPECT_EQ(zero_start.distributed().power_sgd().start_step(), 0);
+  EXPECT_FALSE(zero_start.distributed().power_sgd().warm_start());
+  EXPECT_FALSE(WithDefaults(v1::JobSpec()).distributed().has_power_sgd());
+}
+
 }  // namespace
 }  // namespace gradhub
