@@ -4,6 +4,8 @@ BUILD_DIR ?= build
 BUILD_TYPE ?= RelWithDebInfo
 JOBS ?= $(shell nproc)
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+# The user ranks run as (gradhub-agent --run-as; its default).
+RANK_USER ?= gradhub-rank
 
 # Every package gradhub needs to build, test and run on Debian 12.
 PACKAGES := \
@@ -17,7 +19,8 @@ PACKAGES := \
 
 .PHONY: setup build demo test bench fmt clean
 
-# Idempotent: installs only what is missing, and touches the network only then.
+# Idempotent: installs only what is missing, and touches the network only then; creates the
+# ranks' user if it is missing.
 setup:
 	@missing=""; for p in $(PACKAGES); do \
 	  dpkg-query -W -f='$${db:Status-Status}' $$p 2>/dev/null | grep -qx installed || missing="$$missing $$p"; \
@@ -27,6 +30,11 @@ setup:
 	  $(SUDO) apt-get update -q && \
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q $$missing; \
 	else echo "make setup: all packages present"; fi
+	@# The unprivileged user gradhub-agent starts ranks as (--run-as); never root.
+	@if getent passwd $(RANK_USER) >/dev/null; then echo "make setup: user $(RANK_USER) present"; \
+	else echo "make setup: creating system user $(RANK_USER)"; \
+	  $(SUDO) useradd --system --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin \
+	    --user-group $(RANK_USER); fi
 
 $(BUILD_DIR)/build.ninja:
 	cmake -S . -B $(BUILD_DIR) -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE)

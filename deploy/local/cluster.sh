@@ -4,8 +4,9 @@
 # gradhub-checkpoint (the checkpoint store), gradhub-metrics (training telemetry for
 # Prometheus), two node agents with 2 CPU slots each and no shared disk (each keeps only a
 # cache of checkpoints), and a world-size-4 job on the digits
-# dataset (Debian's python3-sklearn) submitted and watched with the gradhub CLI. Everything
-# stops on exit.
+# dataset (Debian's python3-sklearn, the agents' only data root) submitted and watched with the
+# gradhub CLI. Everything stops on exit, PostgreSQL included, and nothing is left running.
+# As root, PostgreSQL runs as nobody and the ranks as gradhub-rank (make setup creates it).
 # Usage: deploy/local/cluster.sh [BUILD_DIR] [-- COMMAND...]
 # With a COMMAND, runs it against the cluster instead of the digits job (GRADHUB_SERVER,
 # GRADHUB_CHECKPOINT_SERVER, GRADHUB_TOKEN and GRADHUB_BIN are set for it); the benchmarks
@@ -21,22 +22,34 @@ digits=/usr/lib/python3/dist-packages/sklearn/datasets/data/digits.csv.gz
 [ -f "$digits" ] || { echo "missing $digits: run make setup" >&2; exit 1; }
 
 work="$(mktemp -d /tmp/gradhub-cluster-XXXXXX)"
+# Root's, but enterable: as root the agents start ranks as gradhub-rank (make setup creates
+# it), who must reach its rank directories under $work/node-*.
+chmod 0711 "$work"
+pg_dir="$work/postgres"
+mkdir "$pg_dir"
+# PostgreSQL refuses to run as root: then it runs, and is stopped, as nobody, in a directory
+# nobody owns.
+as_pg=()
+if [ "$(id -u)" = 0 ]; then chown nobody "$pg_dir"; as_pg=(runuser -u nobody --); fi
 pids=()
 cleanup() {
+  # Agents first (they stop their ranks on SIGTERM), then the services, then PostgreSQL.
   for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  "${as_pg[@]}" "$pg_bin/pg_ctl" -D "$work/pg" -m immediate stop >/dev/null 2>&1 || true
+  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+  if [ -f "$pg_dir/data/postmaster.pid" ]; then
+    "${as_pg[@]}" "$pg_bin/pg_ctl" -D "$pg_dir/data" -m fast -w stop >/dev/null 2>&1 ||
+      echo "cluster.sh: could not stop PostgreSQL (pg_ctl -D $pg_dir/data)" >&2
+  fi
   rm -rf "$work"
 }
-# PostgreSQL refuses to run as root; use the nobody account for it then (stopping too).
-as_pg=()
 trap cleanup EXIT
+# A signal still ends in cleanup (bash runs the EXIT trap on exit, not on every signal).
+trap 'exit 130' INT TERM HUP
 
-if [ "$(id -u)" = 0 ]; then chown nobody "$work"; as_pg=(runuser -u nobody --); fi
 pg_port=$((20000 + RANDOM % 20000))
-"${as_pg[@]}" "$pg_bin/initdb" -D "$work/pg" -U gradhub -A trust >/dev/null
-"${as_pg[@]}" "$pg_bin/pg_ctl" -D "$work/pg" -l "$work/pg.log" -w \
-  -o "-p $pg_port -k $work -c listen_addresses=127.0.0.1" start >/dev/null
+"${as_pg[@]}" "$pg_bin/initdb" -D "$pg_dir/data" -U gradhub -A trust >/dev/null
+"${as_pg[@]}" "$pg_bin/pg_ctl" -D "$pg_dir/data" -l "$pg_dir/pg.log" -w \
+  -o "-p $pg_port -k $pg_dir -c listen_addresses=127.0.0.1" start >/dev/null
 export GRADHUB_DATABASE_URL="postgresql://gradhub@127.0.0.1:$pg_port/postgres"
 
 "$bin/gradhub-api" migrate >/dev/null
@@ -69,7 +82,7 @@ echo "gradhub-metrics: training telemetry at http://127.0.0.1:$metrics_http/metr
 for node in node-a node-b; do
   "$bin/gradhub-agent" --server "$GRADHUB_SERVER" --token "$node_token" --name "$node" \
     --slots 2 --work-dir "$work/$node" --checkpoint-server "$GRADHUB_CHECKPOINT_SERVER" \
-    --metrics-server "$metrics_grpc" \
+    --metrics-server "$metrics_grpc" --data-root "$(dirname "$digits")" \
     > "$work/$node.out" 2> "$work/$node.err" &
   pids+=($!)
 done

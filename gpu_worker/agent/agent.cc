@@ -56,6 +56,15 @@ absl::Duration IntervalFrom(const google::protobuf::Duration& proto) {
 
 }  // namespace
 
+std::string OutOfMemoryMessage(const RankProcessStatus& status) {
+  return absl::StrCat("out of memory: limit ", status.memory_limit_bytes,
+                      " bytes (the kernel stopped the rank at its memory cgroup's limit",
+                      status.memory_peak_bytes > 0
+                          ? absl::StrCat("; peak ", status.memory_peak_bytes, " bytes")
+                          : "",
+                      ")");
+}
+
 v1::RankStatus ToRankStatus(const RankKey& key, const RankProcessStatus& status) {
   v1::RankStatus proto;
   proto.set_job(key.job);
@@ -71,7 +80,11 @@ v1::RankStatus ToRankStatus(const RankKey& key, const RankProcessStatus& status)
   if (status.exited) {
     proto.set_exit_code(status.exit_code);
     proto.set_signal(status.signal);
-    if (status.state == RankState::kFailed) {
+    if (status.state == RankState::kFailed && status.out_of_memory) {
+      // The kernel killed it at its cgroup's limit: the trainer had no chance to say so.
+      proto.set_exit_code(trainer::kExitOutOfMemory);
+      proto.set_message(OutOfMemoryMessage(status));
+    } else if (status.state == RankState::kFailed) {
       proto.set_message(!status.last_stderr_line.empty() ? status.last_stderr_line
                         : status.signal != 0 ? absl::StrCat("killed by signal ", status.signal)
                                              : absl::StrCat("exited with code ", status.exit_code));
@@ -180,8 +193,10 @@ Agent::HeartbeatResult Agent::Heartbeat() {
       std::cerr << "gradhub-agent: Heartbeat failed: " << status.error_code() << " "
                 << status.error_message()
                 << (status.error_code() == grpc::StatusCode::FAILED_PRECONDITION
-                        ? " (registering again)\n"
-                        : " (retrying)\n");
+                        ? std::string(" (registering again)\n")
+                        : absl::StrCat(" (retrying; ranks keep running for up to ",
+                                       absl::FormatDuration(config_.api_outage_grace),
+                                       " without a heartbeat)\n"));
       last_error_code_ = status.error_code();
       last_error_print_ = now;
     }
@@ -222,25 +237,32 @@ void Agent::StartRank(const v1::RankAssignment& assignment) {
   ever_started_.insert(key);
   Rank& rank = ranks_[key];
   rank.assignment = assignment;
-  auto fail = [&](const absl::Status& error) {
+  auto fail = [&](const absl::Status& error, int exit_code = trainer::kExitInfrastructure) {
     const std::string message =
         absl::StrCat("gradhub-agent: cannot start ", key.ToString(), ": ", error.message());
     std::cerr << message << "\n";
-    // Reported like an infrastructure failure of the trainer (exit_codes.h), and put in the
-    // rank's log so the job's owner sees why.
+    // Reported like a failure of the trainer with `exit_code` (infrastructure unless the spec
+    // is at fault), and put in the rank's log so the job's owner sees why.
     v1::RankStatus& status = rank.failed_to_start;
     status.set_job(key.job);
     status.set_attempt(key.attempt);
     status.set_rank(key.rank);
     status.set_state(v1::RankStatus::FAILED);
-    status.set_exit_code(trainer::kExitInfrastructure);
+    status.set_exit_code(exit_code);
     status.set_message(message);
     shipper_.Append(key, {OutputStream::kStderr, 1, absl::Now(), message});
     shipper_.Close(key);
   };
   absl::StatusOr<RankLaunch> launch = PlanRankLaunch(config_, session_id_, assignment);
   if (!launch.ok()) return fail(launch.status());
-  if (absl::Status prepared = PrepareRankFiles(*launch, assignment); !prepared.ok()) {
+  // A path out of this node's data roots, or a file it will not read: the spec's fault, found
+  // before anything is created (isolation.h); the trainer checks again on what it opens.
+  if (std::string problem = CheckSpecInputs(config_.isolation, assignment.spec());
+      !problem.empty()) {
+    return fail(absl::InvalidArgumentError(problem), trainer::kExitUserError);
+  }
+  if (absl::Status prepared = PrepareRankFiles(*launch, assignment, config_.isolation.identity);
+      !prepared.ok()) {
     return fail(prepared);
   }
   RankProcessOptions options;
@@ -249,6 +271,10 @@ void Agent::StartRank(const v1::RankAssignment& assignment) {
   options.working_dir = launch->dir;
   options.pid_file = launch->pid_file;
   options.on_line = [this, key](const OutputLine& line) { shipper_.Append(key, line); };
+  if (absl::Status isolated = IsolateRank(config_.isolation, *launch, assignment, &options);
+      !isolated.ok()) {
+    return fail(isolated);
+  }
   absl::StatusOr<std::unique_ptr<RankProcess>> process = RankProcess::Start(std::move(options));
   if (!process.ok()) return fail(process.status());
   rank.process = *std::move(process);
@@ -339,10 +365,12 @@ void Agent::Run() {
         heartbeat_backoff = std::min(heartbeat_backoff * 2, interval_);
         break;
     }
-    // Step 7: by now the server considers this node's ranks gone.
-    if (absl::Now() - last_heartbeat_ok_ > kLeaseIntervals * interval_ && AnyRunning()) {
-      StopAll(absl::StrCat("no successful heartbeat for ", kLeaseIntervals, " intervals of ",
-                           absl::FormatDuration(interval_)));
+    // Step 7: an api outage (restart) is ridden out for the grace; past it, stop the ranks.
+    if (OutageGraceExpired(absl::Now() - last_heartbeat_ok_, config_.api_outage_grace) &&
+        AnyRunning()) {
+      StopAll(absl::StrCat("no successful heartbeat for ",
+                           absl::FormatDuration(config_.api_outage_grace),
+                           " (--api-outage-grace)"));
     }
     // Until the next heartbeat is due, or a rank exits: an exit is news the scheduler acts on
     // (restart, finish), so it goes up at once.

@@ -10,9 +10,11 @@
 //      --stop-grace), drops exited undesired ones. A key once started is never started again.
 //   6. FAILED_PRECONDITION (session superseded or node LOST): stop every rank, wait for them
 //      to exit, forget them (the server already counts them as gone) and register again.
-//   7. No successful Heartbeat for 3 x interval: stop every rank on its own. Other errors
-//      (server unreachable, UNAUTHENTICATED, ...) are retried with backoff; the agent never
-//      exits because of the server.
+//   7. Errors other than FAILED_PRECONDITION (server unreachable during an api restart,
+//      UNAUTHENTICATED, ...) are retried with backoff while the ranks keep running; only once
+//      no Heartbeat has succeeded for --api-outage-grace does the agent stop every rank on its
+//      own (reconcile.h, "Surviving a control-plane outage"). The agent never exits because of
+//      the server.
 //
 // Threads: Run() is the protocol loop and the only thread that touches the rank table; rank
 // processes are forked, read and reaped by RankProcess's supervisor thread; the LogShipper
@@ -40,7 +42,9 @@
 namespace gradhub::agent {
 
 inline constexpr absl::Duration kDefaultHeartbeatInterval = absl::Seconds(5);
-inline constexpr int kLeaseIntervals = 3;  // nodes.proto step 6
+
+// "out of memory: limit N bytes (...)" for a rank the kernel killed at its cgroup's limit.
+std::string OutOfMemoryMessage(const RankProcessStatus& status);
 
 // RankStatus for one rank process as the agent reports it.
 v1::RankStatus ToRankStatus(const RankKey& key, const RankProcessStatus& status);

@@ -2,8 +2,10 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/time/time.h"
+#include "gpu_worker/agent/isolation.h"
 #include "services/common/flags.h"
 
 namespace gradhub::agent {
@@ -25,8 +27,21 @@ struct AgentConfig {
   std::string metrics_server;
   std::string trainer;          // gradhub-trainer next to this binary unless set
   absl::Duration stop_grace = absl::Seconds(10);
+  // How long ranks keep running while no Heartbeat succeeds (api restart, network): see
+  // agent.h step 7.
+  absl::Duration api_outage_grace = absl::Seconds(60);
   int64_t log_buffer_bytes = int64_t{64} << 20;
   absl::Duration shutdown_log_flush = absl::Seconds(5);
+  // Isolation between tenants (isolation.h).
+  std::string run_as;  // "" = gradhub-rank when root, the agent's own user otherwise
+  std::vector<std::string> data_roots;
+  int64_t max_input_bytes = int64_t{4} << 30;
+  int64_t memory_per_slot = 0;  // 0 = machine memory / slots, < 0 = unlimited
+  std::string memory_isolation = "auto";
+  std::string cgroup_parent;
+
+  // Not a flag: what main made of the isolation flags on this machine (SetUpIsolation).
+  NodeIsolation isolation;
 
   void Register(Flags& flags) {
     flags.String("server", "GRADHUB_SERVER", &server, "host:port of the gradhub-api gRPC port")
@@ -57,10 +72,30 @@ struct AgentConfig {
         .String("trainer", "GRADHUB_TRAINER", &trainer, "Path of the gradhub-trainer binary")
         .Duration("stop-grace", "GRADHUB_STOP_GRACE", &stop_grace,
                   "Time between SIGTERM and SIGKILL when a rank is stopped")
+        .Duration("api-outage-grace", "GRADHUB_API_OUTAGE_GRACE", &api_outage_grace,
+                  "How long ranks keep running while no heartbeat reaches gradhub-api "
+                  "(an api restart); after it the agent stops them")
         .Int("log-buffer-bytes", "GRADHUB_LOG_BUFFER_BYTES", &log_buffer_bytes,
              "Most rank output held while the server is not taking it; the oldest is dropped")
         .Duration("shutdown-log-flush", "GRADHUB_SHUTDOWN_LOG_FLUSH", &shutdown_log_flush,
-                  "On SIGTERM, how long to try to ship the remaining output");
+                  "On SIGTERM, how long to try to ship the remaining output")
+        .String("run-as", "GRADHUB_RUN_AS", &run_as,
+                "User the ranks run as when the agent is root (never root); empty = "
+                "gradhub-rank (make setup creates it). A non-root agent runs ranks as itself")
+        .StringList("data-root", "GRADHUB_DATA_ROOTS", &data_roots,
+                    "Directory whose files jobs may name (datasets, models); repeatable (the "
+                    "variable: ':'-separated). None = jobs may name no file on this node")
+        .Int("max-input-bytes", "GRADHUB_MAX_INPUT_BYTES", &max_input_bytes,
+             "Largest dataset or model file a rank reads (after gzip decompression)")
+        .Int("memory-per-slot", "GRADHUB_MEMORY_PER_SLOT", &memory_per_slot,
+             "Memory limit of each rank in bytes; 0 = this machine's memory divided by "
+             "--slots, negative = no limit")
+        .String("memory-isolation", "GRADHUB_MEMORY_ISOLATION", &memory_isolation,
+                "How the memory limit is enforced: auto (cgroup v2, else v1, else rlimit), "
+                "cgroup-v2, cgroup-v1, rlimit (RLIMIT_DATA) or none")
+        .String("cgroup-parent", "GRADHUB_CGROUP_PARENT", &cgroup_parent,
+                "Cgroup directory under which rank cgroups go (a delegated one on cgroup v2); "
+                "empty = the agent's own cgroup");
   }
 };
 

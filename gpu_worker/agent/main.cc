@@ -70,6 +70,18 @@ int main(int argc, char** argv) {
     config.checkpoint_root =
         std::filesystem::absolute(config.checkpoint_root, error).lexically_normal().string();
   }
+  // After --work-dir is absolute: the ranks' user must be able to enter it.
+  if (auto isolation = gradhub::agent::SetUpIsolation(config); !isolation.ok()) {
+    std::cerr << "gradhub-agent: " << isolation.status().message() << "\n";
+    return 2;
+  } else {
+    config.isolation = *std::move(isolation);
+  }
+  std::cerr << "gradhub-agent: " << gradhub::agent::DescribeIsolation(config.isolation) << "\n";
+  if (const int removed = gradhub::agent::RemoveLeftoverCgroups(config.isolation.cgroup_dir);
+      removed > 0) {
+    std::cerr << "gradhub-agent: removed " << removed << " rank cgroup(s) a previous agent left\n";
+  }
   if (access(config.trainer.c_str(), X_OK) != 0) {
     std::cerr << "gradhub-agent: warning: --trainer " << config.trainer
               << " is not executable; every rank started here will fail\n";
@@ -84,6 +96,7 @@ int main(int argc, char** argv) {
 
   auto credentials = gradhub::ClientCredentials(config.tls_ca_file);
   if (!credentials.ok()) {
+    if (!config.isolation.cgroup_dir.empty()) rmdir(config.isolation.cgroup_dir.c_str());
     std::cerr << "gradhub-agent: " << credentials.status().message() << "\n";
     return 2;
   }
@@ -98,5 +111,7 @@ int main(int argc, char** argv) {
   });
   agent.Run();
   signal_thread.join();
+  // Every rank has exited and its cgroup is gone; this agent's directory of them goes too.
+  if (!config.isolation.cgroup_dir.empty()) rmdir(config.isolation.cgroup_dir.c_str());
   return 0;
 }

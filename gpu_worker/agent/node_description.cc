@@ -47,6 +47,7 @@ absl::StatusOr<v1::Node> DescribeNode(const AgentConfig& config) {
   node.mutable_labels()->insert(labels->begin(), labels->end());
   node.set_address(config.address);
   node.set_agent_version(kAgentVersion);
+  for (const std::string& root : config.isolation.data_roots) node.add_data_roots(root);
   return node;
 }
 

@@ -26,7 +26,8 @@ std::string NodeResourceName(const std::string& name);
 // RankAssignment.device_indices arrive from the server and become CUDA_VISIBLE_DEVICES.
 void DescribeDevices(const AgentConfig& config, v1::Node* node);
 
-// The whole RegisterNode description: name, kind, slots, devices, labels, address, version.
+// The whole RegisterNode description: name, kind, slots, devices, labels, address, version,
+// and the data roots (config.isolation, as main set it up).
 absl::StatusOr<v1::Node> DescribeNode(const AgentConfig& config);
 
 }  // namespace gradhub::agent

@@ -2,6 +2,11 @@
 
 #include <google/protobuf/util/json_util.h>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <system_error>
@@ -10,6 +15,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "services/common/contract/data_paths.h"
 
 namespace gradhub::agent {
 namespace {
@@ -75,17 +81,26 @@ absl::StatusOr<RankLaunch> PlanRankLaunch(const AgentConfig& config, const std::
   if (!assignment.device_indices().empty()) {
     env["CUDA_VISIBLE_DEVICES"] = absl::StrJoin(assignment.device_indices(), ",");
   }
+  env["GRADHUB_DATA_ROOTS"] = JoinRootList(config.isolation.data_roots);
+  env["GRADHUB_MAX_INPUT_BYTES"] = absl::StrCat(config.isolation.max_input_bytes);
+  env["GRADHUB_MEMORY_LIMIT_BYTES"] = absl::StrCat(config.isolation.memory_limit_bytes);
   return launch;
 }
 
-absl::Status PrepareRankFiles(const RankLaunch& launch, const v1::RankAssignment& assignment) {
-  std::error_code error;
-  for (const std::string& dir : {launch.dir, launch.checkpoint_dir,
-                                 std::filesystem::path(launch.pid_file).parent_path().string()}) {
-    std::filesystem::create_directories(dir, error);
-    if (error)
-      return absl::InternalError(absl::StrCat("cannot create ", dir, ": ", error.message()));
+namespace {
+
+absl::Status Chown(const std::string& path, const RankIdentity& identity, mode_t mode) {
+  if (identity.switch_user && chown(path.c_str(), identity.uid, identity.gid) != 0) {
+    return absl::InternalError(absl::StrCat("cannot chown ", path, ": ", std::strerror(errno)));
   }
+  if (chmod(path.c_str(), mode) != 0) {
+    return absl::InternalError(absl::StrCat("cannot chmod ", path, ": ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WriteSpec(const std::string& path, const v1::RankAssignment& assignment,
+                       const RankIdentity& identity) {
   std::string json;
   google::protobuf::util::JsonPrintOptions print;
   print.add_whitespace = true;
@@ -93,15 +108,63 @@ absl::Status PrepareRankFiles(const RankLaunch& launch, const v1::RankAssignment
       !status.ok()) {
     return absl::InternalError(absl::StrCat("spec to JSON: ", status.ToString()));
   }
-  const std::string tmp = launch.spec_path + ".tmp";
+  const std::string tmp = path + ".tmp";
   {
     std::ofstream out(tmp, std::ios::trunc);
     out << json;
     out.flush();
     if (!out) return absl::InternalError("cannot write " + tmp);
   }
-  std::filesystem::rename(tmp, launch.spec_path, error);
-  if (error) return absl::InternalError(absl::StrCat("cannot write ", launch.spec_path));
+  if (absl::Status owned = Chown(tmp, identity, 0600); !owned.ok()) return owned;
+  std::error_code error;
+  std::filesystem::rename(tmp, path, error);
+  if (error) return absl::InternalError(absl::StrCat("cannot write ", path));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status PrepareRankFiles(const RankLaunch& launch, const v1::RankAssignment& assignment,
+                              const RankIdentity& identity) {
+  std::error_code error;
+  for (const std::string& dir : {launch.dir, launch.checkpoint_dir,
+                                 std::filesystem::path(launch.pid_file).parent_path().string()}) {
+    std::filesystem::create_directories(dir, error);
+    if (error)
+      return absl::InternalError(absl::StrCat("cannot create ", dir, ": ", error.message()));
+  }
+  if (identity.switch_user) {
+    // jobs/<id>/attempt-<n>: root's, enterable by the rank's user, listable by nobody else.
+    const std::filesystem::path attempt = std::filesystem::path(launch.dir).parent_path();
+    for (const std::filesystem::path& dir :
+         {attempt.parent_path().parent_path(), attempt.parent_path(), attempt}) {
+      if (chmod(dir.c_str(), 0711) != 0) {
+        return absl::InternalError(absl::StrCat("cannot chmod ", dir.string()));
+      }
+    }
+  }
+  for (const std::string& dir : {launch.dir, launch.checkpoint_dir}) {
+    if (absl::Status owned = Chown(dir, identity, 0700); !owned.ok()) return owned;
+  }
+  return WriteSpec(launch.spec_path, assignment, identity);
+}
+
+absl::Status IsolateRank(const NodeIsolation& isolation, const RankLaunch& launch,
+                         const v1::RankAssignment& assignment, RankProcessOptions* options) {
+  options->identity = isolation.identity;
+  if (isolation.memory_mechanism == MemoryMechanism::kRlimit) {
+    options->rlimit_data_bytes = isolation.memory_limit_bytes;
+  }
+  if (isolation.memory_mechanism != MemoryMechanism::kCgroupV1 &&
+      isolation.memory_mechanism != MemoryMechanism::kCgroupV2) {
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::unique_ptr<MemoryCgroup>> cgroup = MemoryCgroup::Create(
+      isolation.memory_mechanism, isolation.cgroup_dir,
+      absl::StrCat(launch.job_id, ".", assignment.attempt(), ".", assignment.rank()),
+      isolation.memory_limit_bytes);
+  if (!cgroup.ok()) return cgroup.status();
+  options->memory_cgroup = *std::move(cgroup);
   return absl::OkStatus();
 }
 

@@ -9,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "gpu_worker/agent/config.h"
+#include "gpu_worker/agent/rank_process.h"
 #include "gradhub/v1/nodes.pb.h"
 
 namespace gradhub::agent {
@@ -29,7 +30,9 @@ struct RankLaunch {
   //   GRADHUB_TOKEN=<node token>, GRADHUB_CHECKPOINT_DIR, GRADHUB_CHECKPOINT_SERVER,
   //   GRADHUB_METRICS_SERVER, GRADHUB_NODE_NAME and GRADHUB_NODE_SESSION (which bind the
   //   rank's calls to the checkpoint store to this node), and CUDA_VISIBLE_DEVICES from
-  //   device_indices when there are any.
+  //   device_indices when there are any; GRADHUB_DATA_ROOTS (':'-separated, possibly empty),
+  //   GRADHUB_MAX_INPUT_BYTES and GRADHUB_MEMORY_LIMIT_BYTES from config.isolation (the
+  //   trainer's input policy and its out-of-memory message).
   std::map<std::string, std::string> env;
 };
 
@@ -41,6 +44,15 @@ absl::StatusOr<RankLaunch> PlanRankLaunch(const AgentConfig& config, const std::
                                           const v1::RankAssignment& assignment);
 
 // Creates the rank and checkpoint directories and writes the spec (proto3 JSON mapping).
-absl::Status PrepareRankFiles(const RankLaunch& launch, const v1::RankAssignment& assignment);
+// With a rank user (identity.switch_user), the rank directory, its spec and the checkpoint
+// directory are that user's (mode 0700/0600: no other rank's user may read them), and the
+// directories above them root's, searchable but not listable (0711).
+absl::Status PrepareRankFiles(const RankLaunch& launch, const v1::RankAssignment& assignment,
+                              const RankIdentity& identity = {});
+
+// The isolation part of a rank's RankProcessOptions: its identity, and its memory limit (a new
+// cgroup named <job id>.<attempt>.<rank> under isolation.cgroup_dir, or RLIMIT_DATA).
+absl::Status IsolateRank(const NodeIsolation& isolation, const RankLaunch& launch,
+                         const v1::RankAssignment& assignment, RankProcessOptions* options);
 
 }  // namespace gradhub::agent

@@ -7,6 +7,8 @@
 #include <signal.h>
 #include <sys/eventfd.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -110,6 +112,7 @@ std::vector<std::string> SanitizeAndSplitLine(const std::string& raw, size_t max
 struct RankProcess::Child {
   pid_t pid = 0;
   std::string pid_file;
+  std::shared_ptr<MemoryCgroup> cgroup;  // supervisor thread only once spawned
 
   // Supervisor thread only.
   int fds[2] = {-1, -1};  // stdout, stderr read ends; -1 once closed
@@ -153,7 +156,33 @@ struct ExecPlan {
   std::vector<char*> argv, envp;
   std::string working_dir;
   std::string exec_error, chdir_error;  // messages written to stderr on failure
+  // Built here too: constructing a std::string after fork would call malloc.
+  std::string cgroup_error = "gradhub-agent: cannot join the rank's memory cgroup: errno ";
+  std::string rlimit_error = "gradhub-agent: cannot set RLIMIT_DATA: errno ";
+  std::string drop_error = "gradhub-agent: cannot drop privileges to the rank's user: errno ";
+  int cgroup_procs_fd = -1;
+  int64_t rlimit_data_bytes = 0;
+  RankIdentity identity;
 };
+
+}  // namespace
+
+bool RankInheritsVariable(std::string_view name) {
+  static constexpr std::string_view kNames[] = {
+      "PATH", "LD_LIBRARY_PATH", "LANG", "LANGUAGE", "TZ", "TMPDIR",
+      "GRADHUB_THREADS", "GRADHUB_COLLECTIVE_TIMEOUT", "GRADHUB_PREEMPT_GRACE"};
+  static constexpr std::string_view kPrefixes[] = {"LC_",   "OMP_",  "MKL_", "OPENBLAS_",
+                                                   "CUDA_", "NCCL_", "GLOO_", "TORCH_"};
+  for (std::string_view allowed : kNames) {
+    if (name == allowed) return true;
+  }
+  for (std::string_view prefix : kPrefixes) {
+    if (name.substr(0, prefix.size()) == prefix) return true;
+  }
+  return false;
+}
+
+namespace {
 
 ExecPlan MakePlan(const RankProcessOptions& options) {
   ExecPlan plan;
@@ -161,7 +190,7 @@ ExecPlan MakePlan(const RankProcessOptions& options) {
   std::map<std::string, std::string> env;
   for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
     const char* eq = std::strchr(*entry, '=');
-    if (eq == nullptr) continue;
+    if (eq == nullptr || !RankInheritsVariable(std::string_view(*entry, eq - *entry))) continue;
     env[std::string(*entry, eq - *entry)] = eq + 1;
   }
   for (const auto& [key, value] : options.env) env[key] = value;
@@ -173,6 +202,9 @@ ExecPlan MakePlan(const RankProcessOptions& options) {
   plan.working_dir = options.working_dir;
   plan.exec_error = "gradhub-agent: cannot exec " + options.argv[0] + ": errno ";
   plan.chdir_error = "gradhub-agent: cannot chdir to " + options.working_dir + ": errno ";
+  plan.cgroup_procs_fd = options.memory_cgroup ? options.memory_cgroup->procs_fd() : -1;
+  plan.rlimit_data_bytes = options.rlimit_data_bytes;
+  plan.identity = options.identity;
   return plan;
 }
 
@@ -190,13 +222,39 @@ void WriteErrno(const std::string& message, int error) {
   (void)ignored;
 }
 
-// In the child, between fork and exec. Never returns.
-[[noreturn]] void ExecChild(const ExecPlan& plan, pid_t parent, int stdin_fd, int out_fd,
-                            int err_fd) {
-  setpgid(0, 0);
-  prctl(PR_SET_PDEATHSIG, SIGKILL);
-  // The agent may have died before prctl: then no signal will ever come.
-  if (getppid() != parent) _exit(127);
+// Step 2: writes our pid, in decimal, to the cgroup's cgroup.procs.
+bool JoinCgroup(int procs_fd) {
+  char digits[16];
+  int n = 0;
+  for (pid_t pid = getpid(); n < 15 && (n == 0 || pid > 0); pid /= 10) {
+    digits[sizeof(digits) - 1 - n++] = static_cast<char>('0' + pid % 10);
+  }
+  return write(procs_fd, digits + sizeof(digits) - n, n) == n;
+}
+
+// Step 5. Raw syscalls: they change this (the only) thread's credentials without glibc's
+// all-threads broadcast. False (errno set) when any step fails or root could be regained.
+bool DropPrivileges(const RankIdentity& identity) {
+  const uid_t uid = identity.uid;
+  const gid_t gid = identity.gid;
+  if (syscall(SYS_setgroups, 0, nullptr) != 0) return false;
+  if (syscall(SYS_setresgid, gid, gid, gid) != 0) return false;
+  if (syscall(SYS_setresuid, uid, uid, uid) != 0) return false;
+  uid_t ruid, euid, suid;
+  gid_t rgid, egid, sgid;
+  if (getresuid(&ruid, &euid, &suid) != 0 || getresgid(&rgid, &egid, &sgid) != 0) return false;
+  if (ruid != uid || euid != uid || suid != uid || rgid != gid || egid != gid || sgid != gid) {
+    errno = EPERM;
+    return false;
+  }
+  if (syscall(SYS_setresuid, 0, 0, 0) == 0) {  // must be impossible now
+    errno = EPERM;
+    return false;
+  }
+  return prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0;
+}
+
+void ResetSignals() {
   sigset_t none;
   sigemptyset(&none);
   sigprocmask(SIG_SETMASK, &none, nullptr);
@@ -206,16 +264,44 @@ void WriteErrno(const std::string& message, int error) {
   for (int sig = 1; sig < NSIG; ++sig) {
     if (sig != SIGKILL && sig != SIGSTOP) sigaction(sig, &dfl, nullptr);
   }
+}
+
+// In the child, between fork and exec: the launch protocol of rank_process.h. Never returns.
+[[noreturn]] void ExecChild(const ExecPlan& plan, pid_t parent, int stdin_fd, int out_fd,
+                            int err_fd) {
+  setpgid(0, 0);                                                         // 1
+  const bool joined = plan.cgroup_procs_fd < 0 || JoinCgroup(plan.cgroup_procs_fd);  // 2
+  const int join_errno = errno;
+  ResetSignals();                                                        // 3
   dup2(stdin_fd, 0);
   dup2(out_fd, 1);
   dup2(err_fd, 2);
   // Whatever else the agent has open (gRPC sockets, other ranks' pipes) stays out.
   close_range(3, UINT_MAX, CLOSE_RANGE_CLOEXEC);
-  if (!plan.working_dir.empty() && chdir(plan.working_dir.c_str()) != 0) {
+  if (!joined) {  // reported only now that stderr is the rank's pipe
+    WriteErrno(plan.cgroup_error, join_errno);
+    _exit(127);
+  }
+  if (plan.rlimit_data_bytes > 0) {                                      // 4
+    const struct rlimit limit = {static_cast<rlim_t>(plan.rlimit_data_bytes),
+                                 static_cast<rlim_t>(plan.rlimit_data_bytes)};
+    if (setrlimit(RLIMIT_DATA, &limit) != 0) {
+      WriteErrno(plan.rlimit_error, errno);
+      _exit(127);
+    }
+  }
+  if (plan.identity.switch_user && !DropPrivileges(plan.identity)) {    // 5
+    WriteErrno(plan.drop_error, errno);
+    _exit(127);
+  }
+  prctl(PR_SET_PDEATHSIG, SIGKILL);                                      // 6
+  // The agent may have died before prctl: then no signal will ever come.
+  if (getppid() != parent) _exit(127);
+  if (!plan.working_dir.empty() && chdir(plan.working_dir.c_str()) != 0) {  // 7
     WriteErrno(plan.chdir_error, errno);
     _exit(127);
   }
-  execve(plan.argv[0], plan.argv.data(), plan.envp.data());
+  execve(plan.argv[0], plan.argv.data(), plan.envp.data());             // 8
   WriteErrno(plan.exec_error, errno);
   _exit(127);
 }
@@ -306,6 +392,10 @@ class Supervisor {
     fcntl(err[0], F_SETFL, O_NONBLOCK);
     child->on_line = std::move(options.on_line);
     child->pid_file = options.pid_file;
+    child->status.memory_limit_bytes = options.memory_cgroup
+                                           ? options.memory_cgroup->limit_bytes()
+                                           : options.rlimit_data_bytes;
+    child->cgroup = std::move(options.memory_cgroup);
     if (!child->pid_file.empty() && !WritePidFile(child->pid_file, pid)) {
       std::cerr << "gradhub-agent: cannot write pid file " << child->pid_file << "\n";
     }
@@ -372,6 +462,22 @@ class Supervisor {
     partial.erase(0, start);
   }
 
+  // Once the leader is reaped: whether the kernel OOM-killed the rank, its peak, then every
+  // process still in the cgroup is killed (one that left the process group is still in it)
+  // and the cgroup removed (retried by Tick while that takes).
+  void ReadAndRemoveCgroup(Child& child) {
+    if (!child.cgroup) return;
+    const bool oom = child.cgroup->OomKills() > 0;
+    const int64_t peak = child.cgroup->PeakBytes();
+    child.cgroup->KillAll();
+    {
+      std::lock_guard<std::mutex> lock(child.mu);
+      child.status.out_of_memory = oom;
+      child.status.memory_peak_bytes = peak;
+    }
+    if (child.cgroup->Remove()) child.cgroup.reset();
+  }
+
   // Kill deadlines, reaping and the end of draining. True when the child is finished with.
   bool Tick(Child& child, absl::Time now) {
     if (!child.reaped) {
@@ -395,6 +501,7 @@ class Supervisor {
       }
       if (child.reaped) {
         if (!child.pid_file.empty()) unlink(child.pid_file.c_str());
+        ReadAndRemoveCgroup(child);
         child.drain_deadline = now + kDrainTimeout;
         std::lock_guard<std::mutex> lock(child.mu);
         child.reaped_locked = true;
@@ -402,6 +509,7 @@ class Supervisor {
       }
     }
     if (!child.reaped) return false;
+    if (child.cgroup && child.cgroup->Remove()) child.cgroup.reset();
     if ((child.fds[0] >= 0 || child.fds[1] >= 0) && now < child.drain_deadline) return false;
     for (int stream = 0; stream < 2; ++stream) {
       if (child.fds[stream] >= 0) {

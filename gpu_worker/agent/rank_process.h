@@ -15,13 +15,31 @@
 //     neither steals other children of the process (tests' Subprocess) nor leaves zombies;
 //   - it sends the SIGKILL that follows a Stop() once the grace period has passed.
 //
-// Child setup, between fork and exec (only async-signal-safe calls): setpgid(0, 0) so the rank
-// and anything it spawns are one process group (Stop and leftover cleanup signal the group);
-// PR_SET_PDEATHSIG(SIGKILL), then getppid() is compared with the agent's pid, because an agent
-// that died between fork and prctl would never send the signal; the signal mask and ignored
-// signals are reset (the agent blocks SIGTERM for its sigwait thread, and exec would pass that
-// on); stdin is /dev/null; chdir to the working directory; execve with the agent's environment
-// plus the given variables.
+// Launch protocol. Before fork, the agent has created the rank's memory cgroup with its limit
+// and opened its cgroup.procs (memory_limit.h), and built argv and envp. Then, in the child,
+// between fork and exec (only async-signal-safe calls and raw syscalls):
+//   1. setpgid(0, 0): the rank and anything it spawns are one process group (Stop and leftover
+//      cleanup signal the group).
+//   2. Join the memory cgroup: write our pid to the cgroup.procs opened before fork. First,
+//      before the rank can allocate anything, and while still root (the file is root's).
+//      Failure: exit 127, "cannot join memory cgroup"; a rank never runs unlimited by mistake.
+//   3. Signal mask and ignored signals reset (the agent blocks SIGTERM for its sigwait thread,
+//      and exec would pass that on); stdin /dev/null, stdout/stderr the pipes; every other fd
+//      close-on-exec.
+//   4. RLIMIT_DATA when the node limits memory by rlimit (no cgroup).
+//   5. Drop privileges, when the identity says so: setgroups(0) (no supplementary groups),
+//      setresgid, setresuid, as raw syscalls (glibc's wrappers would try to signal the
+//      agent's other threads, which do not exist in the child). Then checked: the real,
+//      effective and saved ids are the user's and setresuid(0) fails; PR_SET_NO_NEW_PRIVS so
+//      no setuid binary can raise them again. Failure: exit 127 with the reason; never exec
+//      with root's credentials.
+//   6. PR_SET_PDEATHSIG(SIGKILL), after step 5 because the kernel clears it on any credential
+//      change; then getppid() is compared with the agent's pid, because an agent that died
+//      before prctl would never send the signal. Failure: exit 127.
+//   7. chdir to the working directory, as the rank's user (so it must be theirs to enter).
+//   8. execve with the agent's environment plus the given variables. Failure: exit 127.
+// After the rank exits, its cgroup is read (an oom_kill means the kernel stopped it at its
+// limit: RankProcessStatus.out_of_memory) and removed.
 //
 // When the leader exits, the rest of its process group is SIGKILLed (while the leader is still
 // an unreaped zombie, so the group id cannot have been reused), the pipes are drained (for at
@@ -37,10 +55,13 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "gpu_worker/agent/memory_limit.h"
+#include "gpu_worker/agent/rank_user.h"
 
 namespace gradhub::agent {
 
@@ -65,10 +86,27 @@ struct OutputLine {
 };
 using LineCallback = std::function<void(const OutputLine&)>;
 
+// Which of the agent's own environment variables a rank inherits: only what finds programs and
+// libraries, sets the locale, and tunes threads and collectives (PATH, LD_LIBRARY_PATH, LANG,
+// LANGUAGE, TZ, TMPDIR, LC_*, OMP_*, MKL_*, OPENBLAS_*, CUDA_*, NCCL_*, GLOO_*, TORCH_*, and
+// the trainer's tuning: GRADHUB_THREADS, GRADHUB_COLLECTIVE_TIMEOUT, GRADHUB_PREEMPT_GRACE).
+// Never the rest: the agent's environment may hold its token, TLS key paths, cloud
+// credentials, and a rank runs a tenant's code.
+bool RankInheritsVariable(std::string_view name);
+
 struct RankProcessOptions {
+  // The credentials the rank runs with (step 5); switch_user false = the agent's own.
+  RankIdentity identity;
+  // The rank's memory cgroup, joined in step 2 and owned by the RankProcess from Start on (it
+  // is read and removed once the rank has exited; shared only so options stay copyable).
+  // Null = none.
+  std::shared_ptr<MemoryCgroup> memory_cgroup;
+  // RLIMIT_DATA for the rank (step 4); 0 = the agent's.
+  int64_t rlimit_data_bytes = 0;
   // argv[0] is the program's path (no PATH lookup).
   std::vector<std::string> argv;
-  // Added to (and overriding) the agent's own environment.
+  // Added to (and overriding) what the rank inherits of the agent's environment
+  // (RankInheritsVariable).
   std::map<std::string, std::string> env;
   // The child's working directory; must exist. Empty = the agent's.
   std::string working_dir;
@@ -98,6 +136,12 @@ struct RankProcessStatus {
   absl::Time last_step_time = absl::InfinitePast();
   // The last non-empty stderr line, at most kMaxMessageBytes.
   std::string last_stderr_line;
+  // The limit put on the rank (its cgroup's, or RLIMIT_DATA); 0 = none.
+  int64_t memory_limit_bytes = 0;
+  // Once exited, with a memory cgroup: the kernel's OOM killer killed a process of the rank at
+  // the limit, and the most memory the rank was charged (0 if the kernel does not say).
+  bool out_of_memory = false;
+  int64_t memory_peak_bytes = 0;
 };
 
 // Thread-safe: every method may be called from any thread.

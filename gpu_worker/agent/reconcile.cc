@@ -37,4 +37,8 @@ ReconcileActions Reconcile(const google::protobuf::RepeatedPtrField<v1::RankAssi
   return actions;
 }
 
+bool OutageGraceExpired(absl::Duration since_success, absl::Duration api_outage_grace) {
+  return since_success > api_outage_grace;
+}
+
 }  // namespace gradhub::agent

@@ -1,6 +1,21 @@
-// The agent's reconcile rule, steps 4 of the heartbeat protocol in nodes.proto, as a pure
-// function: desired set + what the agent knows -> what to do. No gRPC, no processes.
+// The agent's rules, as pure functions: reconcile (step 4 of the heartbeat protocol in
+// nodes.proto: desired set + what the agent knows -> what to do) and what an outage of the
+// api means for the ranks (step 7). No gRPC, no processes.
+//
+// Surviving a control-plane outage, as the agent sees it (the api's side: scheduler.h):
+//   1. A Heartbeat fails (UNAVAILABLE, deadline): the agent retries with backoff (at most an
+//      interval apart) and keeps every rank running; so does each rank, which needs the api
+//      only to rendezvous.
+//   2. Once no Heartbeat has succeeded for --api-outage-grace, it stops every rank (SIGTERM,
+//      SIGKILL after --stop-grace) with the reason, which it reports as the ranks' message.
+//   3. A Heartbeat that succeeds again carries the same session: the api adopts the running
+//      ranks as they are (or records the stopped ones, whose attempts then restart).
+//   4. FAILED_PRECONDITION instead (the api declared the node LOST: it stayed silent past the
+//      api's lease): the ranks' attempts have already failed; the agent stops them and
+//      registers again (agent.h step 6).
 #pragma once
+
+#include "absl/time/time.h"
 
 #include <cstdint>
 #include <map>
@@ -59,5 +74,9 @@ struct ReconcileActions {
 ReconcileActions Reconcile(const google::protobuf::RepeatedPtrField<v1::RankAssignment>& desired,
                            const std::map<RankKey, KnownRank>& known,
                            const std::set<RankKey>& ever_started);
+
+// Step 2 of the outage protocol above: whether ranks must be stopped now, `since_success`
+// after the last successful Heartbeat (or registration).
+bool OutageGraceExpired(absl::Duration since_success, absl::Duration api_outage_grace);
 
 }  // namespace gradhub::agent

@@ -90,15 +90,14 @@ std::unique_ptr<TensorDataset> ReadCsv(const v1::CsvDataset& spec) {
         throw UserError("dataset.csv.labelColumnName", path + " has no header row to name columns");
       }
       label = -1;
-      std::string names;
       for (int64_t i = 0; i < columns; ++i) {
         if (first[i] == spec.label_column_name()) label = i;
-        names += (i ? ", " : "") + std::string(first[i]);
       }
+      // The header's names are file content: only their number is reported.
       if (label < 0) {
         throw UserError("dataset.csv.labelColumnName",
-                        "'" + spec.label_column_name() + "' is not a column of " + path +
-                            " (columns: " + names + ")");
+                        "'" + spec.label_column_name() + "' is not a column of " + path + " (" +
+                            std::to_string(columns) + " columns in its header)");
       }
       break;
     }
@@ -124,8 +123,10 @@ std::unique_ptr<TensorDataset> ReadCsv(const v1::CsvDataset& spec) {
     for (int64_t c = 0; c < columns; ++c) {
       double value;
       if (!ParseNumber(fields[c], &value)) {
-        throw UserError("", where + ": column " + std::to_string(c + 1) + " '" +
-                                std::string(fields[c]) + "' is not a number");
+        // The field's text is not echoed: messages reach the job's owner, the file may not
+        // be theirs.
+        throw UserError("", where + ": column " + std::to_string(c + 1) + " (" +
+                                std::to_string(fields[c].size()) + " bytes) is not a number");
       }
       if (c == label) {
         labels.push_back(value);

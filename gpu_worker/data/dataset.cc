@@ -4,21 +4,33 @@
 #include <cerrno>
 #include <cstring>
 
+#include "services/common/contract/input_file.h"
 #include "services/common/contract/user_error.h"
 #include "gpu_worker/data/sampler.h"
 #include "gpu_worker/data/tensor_dataset.h"
 
 namespace gradhub::data {
 
+// Opened under the node's input policy (input_file.h: data roots, regular files, size cap);
+// gzip or plain (zlib reads plain files as they are). The cap bounds the decompressed bytes
+// too, so a small gzip bomb cannot fill the rank's memory.
 std::string ReadFileContents(const std::string& path, const std::string& field) {
-  gzFile file = gzopen(path.c_str(), "rb");
-  if (file == nullptr) {
-    throw UserError(field, "cannot open " + path + ": " + std::strerror(errno));
-  }
+  const InputPolicy& policy = CurrentInputPolicy();
+  InputFile input = OpenInputFile(path, field, policy);
+  gzFile file = gzdopen(input.Release(), "rb");
+  if (file == nullptr) throw UserError(field, "cannot open " + path + ": out of memory");
   std::string contents;
   char buffer[1 << 16];
   int read;
-  while ((read = gzread(file, buffer, sizeof buffer)) > 0) contents.append(buffer, read);
+  while ((read = gzread(file, buffer, sizeof buffer)) > 0) {
+    if (static_cast<int64_t>(contents.size()) + read > policy.max_bytes) {
+      gzclose(file);
+      throw UserError(field, path + " holds more than this node accepts (" +
+                                 std::to_string(policy.max_bytes) +
+                                 " bytes after decompression, gradhub-agent --max-input-bytes)");
+    }
+    contents.append(buffer, read);
+  }
   int code = Z_OK;
   const std::string error = read < 0 ? gzerror(file, &code) : "";
   gzclose(file);

@@ -1,8 +1,9 @@
 #include <torch/script.h>
 
 #include <algorithm>
-#include <filesystem>
+#include <sstream>
 
+#include "services/common/contract/input_file.h"
 #include "services/common/contract/user_error.h"
 #include "gpu_worker/models/architectures.h"
 
@@ -58,13 +59,13 @@ class TorchScriptImpl : public torch::nn::Module {
 
 std::unique_ptr<Model> BuildTorchScript(const v1::TorchScriptModel& spec, const DataShape& data) {
   const std::string& path = spec.path();
-  std::error_code error;
-  if (!std::filesystem::is_regular_file(path, error)) {
-    throw UserError(kField, path + " does not exist or is not a file");
-  }
+  // Read through the node's input policy (data roots, regular files, size cap), then parsed
+  // from memory: torch::jit::load(path) would open the name again, after the checks.
+  InputFile file = OpenInputFile(path, kField);
+  std::istringstream bytes(ReadAllBounded(file, kField));
   torch::jit::Module script;
   try {
-    script = torch::jit::load(path);
+    script = torch::jit::load(bytes);
   } catch (const std::exception& e) {
     throw UserError(kField, path + " is not a TorchScript model (torch.jit.save): " + Headline(e));
   }

@@ -3,10 +3,13 @@
 #include <signal.h>
 
 #include <atomic>
+#include <new>
 #include <iostream>
 #include <memory>
 
 #include "gpu_worker/checkpoint_client/grpc_checkpoint_sink.h"
+#include "services/common/contract/data_paths.h"
+#include "services/common/contract/input_file.h"
 #include "services/common/contract/user_error.h"
 #include "gpu_worker/ddp/comm/work.h"
 #include "gpu_worker/ddp/store/file_store.h"
@@ -44,6 +47,10 @@ struct TrainerConfig {
   int64_t threads = 0;
   absl::Duration collective_timeout = absl::Seconds(60);
   absl::Duration preempt_grace = absl::Seconds(8);
+  // The node's input policy (services/common/contract/input_file.h), set by the agent.
+  std::string data_roots = "*";
+  int64_t max_input_bytes = int64_t{4} << 30;
+  int64_t memory_limit_bytes = 0;
 
   void Register(Flags& flags) {
     flags.String("spec", "GRADHUB_SPEC", &spec, "Job spec file (YAML or JSON, proto3 JSON names)")
@@ -80,7 +87,15 @@ struct TrainerConfig {
         .Int("threads", "GRADHUB_THREADS", &threads,
              "Intra-op threads; 0 = cores divided by local ranks")
         .Duration("collective-timeout", "GRADHUB_COLLECTIVE_TIMEOUT", &collective_timeout,
-                  "A collective that does not complete in this time fails the rank");
+                  "A collective that does not complete in this time fails the rank")
+        .String("data-roots", "GRADHUB_DATA_ROOTS", &data_roots,
+                "':'-separated directories the spec's files must lie under (set by the agent; "
+                "':' alone = none allowed); * = any path, for a trainer run by hand")
+        .Int("max-input-bytes", "GRADHUB_MAX_INPUT_BYTES", &max_input_bytes,
+             "Largest dataset or model file read (after gzip decompression)")
+        .Int("memory-limit-bytes", "GRADHUB_MEMORY_LIMIT_BYTES", &memory_limit_bytes,
+             "The memory limit the agent put on this rank, for the out-of-memory message; "
+             "0 = none");
   }
 };
 
@@ -134,6 +149,29 @@ std::shared_ptr<trainer::TelemetrySink> OpenTelemetry(const TrainerConfig& confi
   return std::make_shared<trainer::MetricsTelemetrySink>(options);
 }
 
+InputPolicy InputPolicyOf(const TrainerConfig& config) {
+  InputPolicy policy;
+  policy.enforce_roots = config.data_roots != "*";
+  if (policy.enforce_roots) policy.data_roots = SplitRootList(config.data_roots);
+  policy.max_bytes = config.max_input_bytes;
+  return policy;
+}
+
+// An allocation that failed: std::bad_alloc, or libtorch's CPU allocator refusing (a
+// c10::Error whose text says so; libtorch 1.13 has no distinct type for it on CPU).
+bool IsOutOfMemory(const std::exception& error) {
+  if (dynamic_cast<const std::bad_alloc*>(&error) != nullptr) return true;
+  const std::string what = error.what();
+  return what.find("can't allocate memory") != std::string::npos ||
+         what.find("not enough memory") != std::string::npos;
+}
+
+std::string OutOfMemoryMessage(const TrainerConfig& config) {
+  return config.memory_limit_bytes > 0
+             ? "out of memory: limit " + std::to_string(config.memory_limit_bytes) + " bytes"
+             : std::string("out of memory");
+}
+
 std::shared_ptr<ddp::Store> OpenStore(const TrainerConfig& config) {
   std::shared_ptr<ddp::Store> store;
   if (std::string address = store_client::GrpcStoreAddress(config.store); !address.empty()) {
@@ -162,7 +200,7 @@ int main(int argc, char** argv) {
               "Prints one JSON object per progress interval on stdout (rank 0) and a readable "
               "log on stderr.\nExit codes: 0 done, 2 usage, 10 user error (spec, data), 11 "
               "training failure (NaN), 12 infrastructure (peers, store), 13 preempted "
-              "(SIGTERM).");
+              "(SIGTERM), 14 out of memory.");
   config.Register(flags);
   std::vector<std::string> args;
   if (std::optional<int> exit = flags.ParseOrExitCode(argc, argv, &args, trainer::kExitUsage)) {
@@ -176,6 +214,7 @@ int main(int argc, char** argv) {
       throw UserError("--rank", std::to_string(config.rank) + " is not in [0, " +
                                     std::to_string(config.world_size) + ")");
     }
+    SetInputPolicy(InputPolicyOf(config));
     v1::JobSpec spec = LoadJobSpec(config.spec);
     trainer::TrainerOptions options;
     options.rank = static_cast<int>(config.rank);
@@ -217,6 +256,10 @@ int main(int argc, char** argv) {
     std::cerr << who << "rendezvous timed out: " << error.what() << "\n";
     return trainer::kExitInfrastructure;
   } catch (const std::exception& error) {
+    if (IsOutOfMemory(error)) {
+      std::cerr << who << OutOfMemoryMessage(config) << "\n";
+      return trainer::kExitOutOfMemory;
+    }
     std::cerr << who << "failed: " << error.what() << "\n";
     return trainer::kExitTrainingFailure;
   }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "services/common/contract/trainer_exit_codes.h"
 #include "services/common/status_macros.h"
@@ -11,11 +12,30 @@ namespace gradhub::api {
 
 v1::JobEvent::FailureKind FailureKindOfExit(int exit_code, int signal) {
   if (signal == 0 && exit_code == trainer::kExitUserError) return v1::JobEvent::USER;
+  // Out of memory at the rank's limit: reported as this code, with signal 9 when the kernel's
+  // cgroup OOM killer stopped it. The spec needs more than a slot gives; a retry cannot help.
+  if (exit_code == trainer::kExitOutOfMemory) return v1::JobEvent::USER;
   if (signal == 0 &&
       (exit_code == trainer::kExitInfrastructure || exit_code == trainer::kExitPreempted)) {
     return v1::JobEvent::INFRASTRUCTURE;
   }
   return v1::JobEvent::JOB;
+}
+
+std::string RankFailureMessage(int32_t rank, bool stopped, int exit_code, int signal,
+                               const std::string& agent_message) {
+  if (stopped) {
+    constexpr absl::string_view kAgentPrefix = "stopped by the agent: ";
+    absl::string_view why = agent_message;
+    if (absl::StartsWith(why, kAgentPrefix)) why.remove_prefix(kAgentPrefix.size());
+    return absl::StrCat("rank ", rank, " was stopped by its agent", why.empty() ? "" : ": ", why);
+  }
+  const std::string exit = signal != 0 ? absl::StrCat("killed by signal ", signal)
+                                       : absl::StrCat("exited with code ", exit_code);
+  // Without output of its own the agent reports the exit itself, which says nothing new.
+  const bool has_line = !agent_message.empty() && agent_message != exit;
+  return absl::StrCat("rank ", rank, signal != 0 ? " was " : " ", exit,
+                      has_line ? absl::StrCat(" (last log line: ", agent_message, ")") : "");
 }
 
 absl::Status ForgetRanksOnNode(db::Transaction& tx, int64_t node_id, const std::string& node,

@@ -24,6 +24,16 @@ struct AttemptFailure {
 // else (NaN, a crash, a kill) is the job's.
 v1::JobEvent::FailureKind FailureKindOfExit(int exit_code, int signal);
 
+// The RANK_FAILED message of a rank that ended an attempt, cause first and the rank's own
+// words apart, so that its last log line never reads as the cause:
+//   stopped (by its agent, or forgotten with its node): "rank 2 was stopped by its agent: WHY";
+//   failed: "rank 2 was killed by signal 9 (last log line: ...)" or
+//           "rank 2 exited with code 1 (last log line: ...)".
+// `agent_message` is what the agent reported: for a failed rank its last stderr line (or the
+// exit itself, when it printed none), for a stopped one the reason it was stopped.
+std::string RankFailureMessage(int32_t rank, bool stopped, int exit_code, int signal,
+                               const std::string& agent_message);
+
 // Fails `job`'s current attempt (the job read FOR UPDATE in `tx`, SCHEDULED or RUNNING): the
 // attempt is marked FAILED, its live ranks STOPPING (agents stop them; the next attempt is
 // placed only once they are gone), the failure is appended to the history, and the job goes

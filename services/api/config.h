@@ -43,7 +43,8 @@ struct ApiConfig {
                  "host:port at which trainers reach this server's StoreService; empty = "
                  "127.0.0.1 and the gRPC port");
     flags.Duration("heartbeat-interval", "GRADHUB_HEARTBEAT_INTERVAL", &heartbeat_interval,
-                   "How often agents heartbeat; a node silent for 3 intervals is lost");
+                   "How often agents heartbeat; a node silent for 3 intervals is lost, once the "
+                   "api has been up for 10 (agents reconnect after an api restart)");
     flags.Duration("backfill-window", "GRADHUB_BACKFILL_WINDOW", &backfill_window,
                    "How long a job that does not fit may be passed over by smaller ones");
     flags.Duration("scheduler-interval", "GRADHUB_SCHEDULER_INTERVAL", &scheduler_interval,

@@ -4,6 +4,7 @@
 #include <google/protobuf/util/time_util.h>
 
 #include <algorithm>
+#include <nlohmann/json.hpp>
 #include <regex>
 #include <thread>
 
@@ -11,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "services/api/job_metrics.h"
 #include "services/api/job_records.h"
+#include "services/common/contract/data_paths.h"
 #include "services/common/status_macros.h"
 
 namespace gradhub::api {
@@ -26,11 +28,33 @@ constexpr size_t kMaxCancelReasonLength = 1024;
 constexpr int32_t kDefaultMetricPoints = 500;
 constexpr int32_t kMaxMetricPoints = 10000;
 
+// The agents stop a cancelled job's ranks once they leave the desired set: its attempt in
+// flight ends CANCELLED and every live rank of the job becomes STOPPING (STOPPED once its
+// agent reports it gone). Returns how many ranks are still live.
+absl::StatusOr<int64_t> StopRanksOfCancelledJob(db::Transaction& tx, const std::string& id) {
+  GRADHUB_RETURN_IF_ERROR(tx.Exec("UPDATE job_attempts SET state = 'CANCELLED', end_time = now()"
+                                  " WHERE job_id = $1::uuid AND state IN ('SCHEDULED', 'RUNNING')",
+                                  {id})
+                              .status());
+  GRADHUB_RETURN_IF_ERROR(tx.Exec("UPDATE rank_assignments SET state = 'STOPPING',"
+                                  " update_time = now() WHERE job_id = $1::uuid"
+                                  " AND state IN ('ASSIGNED', 'STARTING', 'RUNNING')",
+                                  {id})
+                              .status());
+  GRADHUB_ASSIGN_OR_RETURN(
+      db::Result live, tx.Exec("SELECT count(*)::bigint AS n FROM rank_assignments"
+                               " WHERE job_id = $1::uuid AND state = 'STOPPING'",
+                               {id}));
+  return live.row(0).Get<int64_t>("n");
+}
+
 }  // namespace
 
 absl::StatusOr<v1::Job> JobManager::CreateJob(int64_t tenant_id, const v1::JobSpec& spec,
                                               const std::string& request_id) {
   std::vector<SpecIssue> issues = ValidateJobSpec(spec, limits_);
+  GRADHUB_ASSIGN_OR_RETURN(std::vector<SpecIssue> path_issues, CheckSpecPaths(spec));
+  issues.insert(issues.end(), path_issues.begin(), path_issues.end());
   if (request_id.size() > kMaxRequestIdLength) {
     issues.push_back({"request_id", absl::StrCat("at most ", kMaxRequestIdLength, " characters")});
   }
@@ -40,24 +64,70 @@ absl::StatusOr<v1::Job> JobManager::CreateJob(int64_t tenant_id, const v1::JobSp
     message.pop_back();
     return absl::InvalidArgumentError(message);
   }
-  const v1::JobSpec stored = WithDefaults(spec);
+  // Stored as submitted (jobs.proto: "the server does not write defaults into it"); the
+  // columns the scheduler reads, and every reader of the spec, apply WithDefaults themselves.
   std::string json;
   google::protobuf::util::JsonPrintOptions print;
   print.preserve_proto_field_names = false;
-  if (auto status = google::protobuf::util::MessageToJsonString(stored, &json, print); !status.ok()) {
+  if (auto status = google::protobuf::util::MessageToJsonString(spec, &json, print); !status.ok()) {
     return absl::InternalError(status.ToString());
   }
+  const v1::JobSpec effective = WithDefaults(spec);
   NewJob row;
   row.tenant_id = tenant_id;
   row.request_id = request_id;
-  row.display_name = stored.display_name();
-  row.spec = stored;
+  row.display_name = spec.display_name();
+  row.spec = spec;
   row.spec_json = std::move(json);
-  row.priority = stored.priority();
-  row.world_size = stored.distributed().world_size();
-  row.max_infra_restarts = stored.max_restarts().infrastructure();
-  row.max_job_restarts = stored.max_restarts().job();
+  row.priority = effective.priority();
+  row.world_size = effective.distributed().world_size();
+  row.max_infra_restarts = effective.max_restarts().infrastructure();
+  row.max_job_restarts = effective.max_restarts().job();
   return inserter_.Insert(row);
+}
+
+absl::StatusOr<std::vector<SpecIssue>> JobManager::CheckSpecPaths(const v1::JobSpec& spec) {
+  const std::vector<SpecPath> paths = SpecPaths(spec);
+  std::vector<SpecIssue> issues;
+  if (paths.empty()) return issues;  // synthetic data, a built-in model: nothing to serve
+  GRADHUB_ASSIGN_OR_RETURN(const std::vector<std::vector<std::string>> nodes, NodeDataRoots());
+  std::vector<std::string> all_roots;
+  for (const auto& roots : nodes) {
+    for (const std::string& root : roots) {
+      if (std::find(all_roots.begin(), all_roots.end(), root) == all_roots.end()) {
+        all_roots.push_back(root);
+      }
+    }
+  }
+  for (const SpecPath& path : paths) {
+    if (!IsCleanPath(path.path)) {
+      // PathProblem's message for an unclean path names the field and the rule.
+      const std::string problem = PathProblem(path, {});
+      issues.push_back({path.field, problem.substr(path.field.size() + 2)});
+    } else if (!nodes.empty() && !IsUnderAnyRoot(path.path, all_roots)) {
+      issues.push_back({path.field, absl::StrCat(path.path, " is under no registered node's "
+                                                 "data roots (", DescribeRoots(all_roots), ")")});
+    }
+  }
+  return issues;
+}
+
+absl::StatusOr<std::vector<std::vector<std::string>>> JobManager::NodeDataRoots() {
+  std::lock_guard<std::mutex> lock(roots_mu_);
+  const auto now = std::chrono::steady_clock::now();
+  if (roots_read_ && now - roots_read_time_ < kNodeRootsMaxAge) return node_roots_;
+  GRADHUB_ASSIGN_OR_RETURN(db::Result rows,
+                           pool_->Exec("SELECT data_roots::text AS data_roots FROM nodes"));
+  node_roots_.clear();
+  for (const db::Row& row : rows) {
+    std::vector<std::string>& roots = node_roots_.emplace_back();
+    for (const auto& root : nlohmann::json::parse(row.Get<std::string>("data_roots"))) {
+      roots.push_back(root.get<std::string>());
+    }
+  }
+  roots_read_ = true;
+  roots_read_time_ = now;
+  return node_roots_;
 }
 
 absl::StatusOr<v1::Job> JobManager::GetJob(int64_t tenant_id, const std::string& name) {
@@ -131,15 +201,21 @@ absl::StatusOr<v1::Job> JobManager::CancelJob(int64_t tenant_id, const std::stri
       reason.empty() ? "cancelled by the user" : absl::StrCat("cancelled by the user: ", reason);
   return pool_->Transact([&](db::Transaction& tx) -> absl::StatusOr<v1::Job> {
     GRADHUB_ASSIGN_OR_RETURN(v1::Job job, ReadJob(tx, name, tenant_id, true));
-    // As jobs.proto says: cancelling a job that already ended returns it unchanged.
-    if (IsTerminal(job.state())) return job;
-    GRADHUB_RETURN_IF_ERROR(tx.Exec("UPDATE jobs SET cancel_requested = true WHERE id = $1::uuid",
-                            {JobId(name)})
-                        .status());
-    GRADHUB_RETURN_IF_ERROR(AppendEvent(tx, JobId(name), job.attempt(),
-                                        v1::JobEvent::CANCEL_REQUESTED, std::nullopt,
-                                        std::nullopt, Because(reason)));
-    return ApplyTransition(tx, job, v1::Job::CANCELLED, Because(why));
+    // As jobs.proto says: cancelling a job that already ended, or is being cancelled, returns
+    // it unchanged.
+    if (IsTerminal(job.state()) || job.state() == v1::Job::CANCELLING) return job;
+    const std::string id = JobId(name);
+    GRADHUB_RETURN_IF_ERROR(
+        tx.Exec("UPDATE jobs SET cancel_requested = true WHERE id = $1::uuid", {id}).status());
+    GRADHUB_RETURN_IF_ERROR(AppendEvent(tx, id, job.attempt(), v1::JobEvent::CANCEL_REQUESTED,
+                                        std::nullopt, std::nullopt, Because(reason)));
+    GRADHUB_ASSIGN_OR_RETURN(const int64_t live, StopRanksOfCancelledJob(tx, id));
+    const State next = StateAfterCancel(job.state(), live);
+    return ApplyTransition(
+        tx, job, next,
+        Because(next == v1::Job::CANCELLING
+                    ? absl::StrCat(why, "; stopping ", live, live == 1 ? " rank" : " ranks")
+                    : why));
   });
 }
 
@@ -169,6 +245,8 @@ absl::StatusOr<v1::ListJobEventsResponse> JobManager::ListJobEvents(
       " message, coalesce(failure_kind, 'NONE') AS failure_kind,"
       " coalesce(rank, -1) AS rank, coalesce(node, '') AS node,"
       " coalesce(exit_code, 0) AS exit_code, coalesce(signal, 0) AS signal,"
+      " coalesce(checkpoint_step, 0) AS checkpoint_step,"
+      " coalesce(checkpoint_size_bytes, 0) AS checkpoint_size_bytes,"
       " (extract(epoch FROM create_time) * 1e6)::bigint AS time_us"
       " FROM job_events WHERE job_id = $1::uuid";
   db::ParamList params = {JobId(request.parent())};
@@ -230,6 +308,8 @@ absl::StatusOr<v1::ListJobEventsResponse> JobManager::ListJobEvents(
           event.set_node(row.Get<std::string>("node"));
           event.set_exit_code(row.Get<int32_t>("exit_code"));
           event.set_signal(row.Get<int32_t>("signal"));
+          event.set_checkpoint_step(row.Get<int64_t>("checkpoint_step"));
+          event.set_checkpoint_size_bytes(row.Get<int64_t>("checkpoint_size_bytes"));
         }
         if (rows.rows() > page_size) {
           events.set_next_page_token(absl::StrCat(events.events(page_size - 1).id()));

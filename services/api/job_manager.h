@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -24,7 +25,11 @@ class JobManager {
   JobManager(db::Pool* pool, SpecLimits limits, JobInserterOptions inserts = {})
       : pool_(pool), limits_(limits), inserter_(pool, inserts) {}
 
-  // INVALID_ARGUMENT naming every bad field. Idempotent per (tenant, request_id): a retry
+  // INVALID_ARGUMENT naming every bad field, including every file path the spec names
+  // (data_paths.h) that is not clean or lies under no registered node's data roots. While no
+  // node is registered at all, paths are only checked for form: the api cannot know what will
+  // serve them, and the job waits PENDING (the scheduler places it only on a node whose roots
+  // hold its paths, and says so in its state reason). Idempotent per (tenant, request_id): a retry
   // returns the job the first call made, and ALREADY_EXISTS when it asks for another spec.
   // Concurrent creates share a commit (JobInserter).
   absl::StatusOr<v1::Job> CreateJob(int64_t tenant_id, const v1::JobSpec& spec,
@@ -40,8 +45,10 @@ class JobManager {
   absl::StatusOr<v1::ListJobsResponse> ListJobs(int64_t tenant_id,
                                                 const v1::ListJobsRequest& request);
 
-  // Idempotent: cancelling a job that already ended (cancelled, succeeded or failed) returns
-  // it unchanged. Running ranks are stopped by the agents, which converge on the job's state.
+  // Idempotent: cancelling a job that already ended (cancelled, succeeded or failed) or is
+  // CANCELLING returns it unchanged. A job without live ranks becomes CANCELLED at once; one
+  // with ranks becomes CANCELLING, and the scheduler makes it CANCELLED once its agents have
+  // reported every rank gone (scheduler.h, step 3), so CANCELLED means no process is left.
   // `reason` (at most 1 KiB) goes into the CANCEL_REQUESTED event and the state reason.
   absl::StatusOr<v1::Job> CancelJob(int64_t tenant_id, const std::string& name,
                                     const std::string& reason = "");
@@ -93,9 +100,21 @@ class JobManager {
                           const std::function<bool()>& stop);
 
  private:
+  // The path issues of CreateJob (see there).
+  absl::StatusOr<std::vector<SpecIssue>> CheckSpecPaths(const v1::JobSpec& spec);
+  // Every registered node's data roots (one entry per node), read at most every
+  // kNodeRootsMaxAge: a registration takes effect for CreateJob that much later, and a burst
+  // of CreateJobs costs no extra query each.
+  absl::StatusOr<std::vector<std::vector<std::string>>> NodeDataRoots();
+  static constexpr std::chrono::milliseconds kNodeRootsMaxAge{1000};
+
   db::Pool* pool_;
   SpecLimits limits_;
   JobInserter inserter_;
+  std::mutex roots_mu_;
+  bool roots_read_ = false;                                    // guarded by roots_mu_
+  std::chrono::steady_clock::time_point roots_read_time_;      // guarded by roots_mu_
+  std::vector<std::vector<std::string>> node_roots_;           // guarded by roots_mu_
 };
 
 }  // namespace gradhub::api

@@ -108,8 +108,9 @@ absl::Status AppendEvent(db::Transaction& tx, const std::string& job_id, int32_t
                            : v1::JobEvent::FailureKind_Name(details.failure_kind);
   return tx
       .Exec("INSERT INTO job_events (job_id, attempt, type, from_state, to_state, message,"
-            " failure_kind, rank, node, exit_code, signal)"
-            " VALUES ($1::uuid, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+            " failure_kind, rank, node, exit_code, signal, checkpoint_step,"
+            " checkpoint_size_bytes)"
+            " VALUES ($1::uuid, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
             {job_id, attempt, v1::JobEvent::Type_Name(type),
              from ? db::Param(v1::Job::State_Name(*from)) : db::Param(std::nullopt),
              to ? db::Param(v1::Job::State_Name(*to)) : db::Param(std::nullopt), details.message,
@@ -117,7 +118,11 @@ absl::Status AppendEvent(db::Transaction& tx, const std::string& job_id, int32_t
              details.rank >= 0 ? db::Param(details.rank) : db::Param(std::nullopt),
              details.node.empty() ? db::Param(std::nullopt) : db::Param(details.node),
              details.exit_code != 0 ? db::Param(details.exit_code) : db::Param(std::nullopt),
-             details.signal != 0 ? db::Param(details.signal) : db::Param(std::nullopt)})
+             details.signal != 0 ? db::Param(details.signal) : db::Param(std::nullopt),
+             details.checkpoint_step >= 0 ? db::Param(details.checkpoint_step)
+                                          : db::Param(std::nullopt),
+             details.checkpoint_size_bytes >= 0 ? db::Param(details.checkpoint_size_bytes)
+                                                : db::Param(std::nullopt)})
       .status();
 }
 
@@ -200,18 +205,26 @@ bool IsTerminal(State state) {
   return state == v1::Job::SUCCEEDED || state == v1::Job::FAILED || state == v1::Job::CANCELLED;
 }
 
+State StateAfterCancel(State state, int64_t live_ranks) {
+  if (IsTerminal(state) || state == v1::Job::CANCELLING) return state;
+  return live_ranks > 0 ? v1::Job::CANCELLING : v1::Job::CANCELLED;
+}
+
 bool IsAllowedTransition(State from, State to) {
   switch (from) {
     case v1::Job::PENDING:
       return to == v1::Job::SCHEDULED || to == v1::Job::FAILED || to == v1::Job::CANCELLED;
     case v1::Job::SCHEDULED:
       return to == v1::Job::RUNNING || to == v1::Job::RESTARTING || to == v1::Job::FAILED ||
-             to == v1::Job::CANCELLED;
+             to == v1::Job::CANCELLED || to == v1::Job::CANCELLING;
     case v1::Job::RUNNING:
       return to == v1::Job::SUCCEEDED || to == v1::Job::FAILED || to == v1::Job::CANCELLED ||
-             to == v1::Job::RESTARTING;
+             to == v1::Job::RESTARTING || to == v1::Job::CANCELLING;
     case v1::Job::RESTARTING:
-      return to == v1::Job::SCHEDULED || to == v1::Job::FAILED || to == v1::Job::CANCELLED;
+      return to == v1::Job::SCHEDULED || to == v1::Job::FAILED || to == v1::Job::CANCELLED ||
+             to == v1::Job::CANCELLING;
+    case v1::Job::CANCELLING:
+      return to == v1::Job::CANCELLED;
     default:
       return false;
   }

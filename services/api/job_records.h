@@ -24,6 +24,9 @@ struct EventDetails {
   std::string node;
   int32_t exit_code = 0;
   int32_t signal = 0;
+  // For checkpoint events: the checkpoint's step and size (-1 = not about a checkpoint).
+  int64_t checkpoint_step = -1;
+  int64_t checkpoint_size_bytes = -1;
 };
 
 EventDetails Because(std::string message);
@@ -31,7 +34,13 @@ EventDetails Because(std::string message);
 // Whether the lifecycle in ARCHITECTURE.md allows `from -> to`.
 bool IsAllowedTransition(v1::Job::State from, v1::Job::State to);
 
+// SUCCEEDED, FAILED, CANCELLED. CANCELLING is not: processes of the job may still run.
 bool IsTerminal(v1::Job::State state);
+
+// Where CancelJob takes a job in `state` that has `live_ranks` ranks not yet reported gone:
+// CANCELLING while any is live (it becomes CANCELLED when the last one is gone), CANCELLED
+// when none is, and unchanged for a job already CANCELLING or terminal.
+v1::Job::State StateAfterCancel(v1::Job::State state, int64_t live_ranks);
 
 // "jobs/{uuid}" -> the uuid, or "" when the name is not one (then the job does not exist: a
 // malformed id must not reach SQL as a cast error).

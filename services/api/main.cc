@@ -100,6 +100,7 @@ int Serve(const gradhub::api::ApiConfig& config) {
   gradhub::api::Scheduler scheduler(
       &pool, {.interval = config.scheduler_interval,
               .node_lease = config.heartbeat_interval * 3,
+              .startup_grace = config.heartbeat_interval * 10,
               .backfill_window = config.backfill_window,
               .peer_failure_grace = std::max(absl::Seconds(3), config.heartbeat_interval * 2),
               .on_running = [&metrics](absl::Duration latency) {

@@ -13,6 +13,7 @@
 #include "services/api/attempts.h"
 #include "services/api/job_metrics.h"
 #include "services/api/job_records.h"
+#include "services/common/contract/data_paths.h"
 #include "services/common/status_macros.h"
 
 namespace gradhub::api {
@@ -23,7 +24,8 @@ using RankKey = std::tuple<std::string, int32_t, int32_t>;  // job id, attempt, 
 
 constexpr char kNodeColumns[] =
     "n.id, n.name, n.state, n.device_kind, n.slots, n.labels::text AS labels, n.address,"
-    " n.agent_version, coalesce(n.session_id::text, '') AS session_id, n.last_heartbeat_seq,"
+    " n.agent_version, n.data_roots::text AS data_roots,"
+    " coalesce(n.session_id::text, '') AS session_id, n.last_heartbeat_seq,"
     " (extract(epoch FROM n.last_heartbeat_time) * 1e6)::bigint AS heartbeat_us,"
     " (SELECT count(*) FROM rank_assignments a WHERE a.node_id = n.id"
     "   AND a.state IN ('ASSIGNED', 'STARTING', 'RUNNING', 'STOPPING'))::int AS slots_in_use";
@@ -40,6 +42,12 @@ std::string LabelsJson(const google::protobuf::Map<std::string, std::string>& la
   return json.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
+std::string RootsJson(const google::protobuf::RepeatedPtrField<std::string>& roots) {
+  nlohmann::json json = nlohmann::json::array();
+  for (const std::string& root : roots) json.push_back(root);
+  return json.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
 v1::Node NodeFromRow(const db::Row& row) {
   v1::Node node;
   node.set_name("nodes/" + row.Get<std::string>("name"));
@@ -52,6 +60,8 @@ v1::Node NodeFromRow(const db::Row& row) {
   }
   node.set_address(row.Get<std::string>("address"));
   node.set_agent_version(row.Get<std::string>("agent_version"));
+  const nlohmann::json roots = nlohmann::json::parse(row.Get<std::string>("data_roots"));
+  for (const auto& root : roots) node.add_data_roots(root.get<std::string>());
   v1::Node::State state = v1::Node::STATE_UNSPECIFIED;
   v1::Node::State_Parse(row.Get<std::string>("state"), &state);
   node.set_state(state);
@@ -110,6 +120,65 @@ absl::Status RecordRank(db::Transaction& tx, int64_t node_id, const v1::RankStat
       .status();
 }
 
+// Every live rank row on the node, each with whether it is desired (step 3: a live rank of the
+// current attempt of a job in flight), in ONE statement and so from one snapshot. Reading the
+// desired set and then the live rows in a second statement under READ COMMITTED let a placement
+// committed between the two look live but undesired, and be stopped before its agent ever saw
+// it (issue 23; scheduler_test APlacementCommittedDuringAHeartbeatIsNotStopped). Rows placed
+// after this snapshot are simply not seen: the next heartbeat hands them out.
+absl::StatusOr<db::Result> ReadNodeRanks(db::Transaction& tx, int64_t node_id) {
+  return tx.Exec(
+      "SELECT a.job_id::text AS job_id, a.attempt, a.rank, a.local_rank, a.slot, a.state,"
+      " d.desired, j.world_size, CASE WHEN d.desired THEN j.spec::text ELSE '' END AS spec,"
+      " at.rendezvous_prefix,"
+      " (SELECT count(*) FROM rank_assignments b WHERE b.job_id = a.job_id"
+      "   AND b.attempt = a.attempt AND b.node_id = a.node_id)::int AS local_world_size"
+      " FROM rank_assignments a JOIN jobs j ON j.id = a.job_id"
+      " JOIN job_attempts at ON at.job_id = a.job_id AND at.attempt = a.attempt"
+      " CROSS JOIN LATERAL (SELECT a.state IN ('ASSIGNED', 'STARTING', 'RUNNING')"
+      "   AND j.state IN ('SCHEDULED', 'RUNNING') AND j.current_attempt = a.attempt"
+      "   AND at.state IN ('SCHEDULED', 'RUNNING') AS desired) d"
+      " WHERE a.node_id = $1 AND a.state IN ('ASSIGNED', 'STARTING', 'RUNNING', 'STOPPING')"
+      " ORDER BY a.job_id, a.rank",
+      {node_id});
+}
+
+// The assignment handed to the agent for a desired row of ReadNodeRanks.
+absl::StatusOr<v1::RankAssignment> AssignmentFromRow(const db::Row& row, bool cuda,
+                                                     const std::string& store_address) {
+  v1::RankAssignment rank;
+  rank.set_job("jobs/" + row.Get<std::string>("job_id"));
+  rank.set_attempt(row.Get<int32_t>("attempt"));
+  rank.set_rank(row.Get<int32_t>("rank"));
+  rank.set_world_size(row.Get<int32_t>("world_size"));
+  rank.set_local_rank(row.Get<int32_t>("local_rank"));
+  rank.set_local_world_size(row.Get<int32_t>("local_world_size"));
+  if (cuda) rank.add_device_indices(row.Get<int32_t>("slot"));
+  rank.set_rendezvous_prefix(row.Get<std::string>("rendezvous_prefix"));
+  rank.set_store_address(store_address);
+  // As submitted (no defaults written in); the trainer applies WithDefaults.
+  auto parsed = google::protobuf::util::JsonStringToMessage(row.Get<std::string>("spec"),
+                                                            rank.mutable_spec());
+  if (!parsed.ok()) return absl::InternalError(absl::StrCat("stored spec: ", parsed.ToString()));
+  return rank;
+}
+
+// An undesired live row of ReadNodeRanks: STOPPING while the agent still runs it (it stops it),
+// STOPPED once it does not. Only from the state read: a row changed since is left to the next
+// heartbeat.
+absl::Status RetireRank(db::Transaction& tx, int64_t node_id, const db::Row& row, bool alive) {
+  const std::string state = row.Get<std::string>("state");
+  const std::string next = alive ? "STOPPING" : "STOPPED";
+  if (state == next) return absl::OkStatus();
+  return tx
+      .Exec("UPDATE rank_assignments SET state = $5, update_time = now()"
+            " WHERE job_id = $1::uuid AND attempt = $2 AND rank = $3 AND node_id = $4"
+            " AND state = $6",
+            {row.Get<std::string>("job_id"), row.Get<int32_t>("attempt"),
+             row.Get<int32_t>("rank"), node_id, next, state})
+      .status();
+}
+
 void SetDuration(absl::Duration duration, google::protobuf::Duration* out) {
   *out = TimeUtil::MicrosecondsToDuration(absl::ToInt64Microseconds(duration));
 }
@@ -144,6 +213,13 @@ absl::StatusOr<v1::RegisterNodeResponse> NodeManager::RegisterNode(
   if (node.slots() < 0 || node.slots() > kMaxSlots) {
     absl::StrAppend(&problems, " node.slots: ", node.slots(), " is not in [0, ", kMaxSlots, "];");
   }
+  // Clean, so that CreateJob and the scheduler can compare spec paths with them as strings.
+  for (const std::string& root : node.data_roots()) {
+    if (!IsCleanPath(root)) {
+      absl::StrAppend(&problems, " node.data_roots: '", root,
+                      "' is not an absolute path without '.' or '..' components;");
+    }
+  }
   if (!problems.empty()) {
     problems.pop_back();
     return absl::InvalidArgumentError(absl::StrCat("invalid node:", problems));
@@ -160,16 +236,18 @@ absl::StatusOr<v1::RegisterNodeResponse> NodeManager::RegisterNode(
     GRADHUB_ASSIGN_OR_RETURN(
         db::Result session,
         tx.Exec("INSERT INTO nodes (name, device_kind, slots, labels, address, agent_version,"
-                " session_id, last_heartbeat_time)"
-                " VALUES ($1, $2, $3, $4::jsonb, $5, $6, gen_random_uuid(), now())"
+                " session_id, last_heartbeat_time, data_roots)"
+                " VALUES ($1, $2, $3, $4::jsonb, $5, $6, gen_random_uuid(), now(), $7::jsonb)"
                 " ON CONFLICT (name) DO UPDATE SET device_kind = EXCLUDED.device_kind,"
                 " slots = EXCLUDED.slots, labels = EXCLUDED.labels, address = EXCLUDED.address,"
                 " agent_version = EXCLUDED.agent_version, session_id = EXCLUDED.session_id,"
+                " data_roots = EXCLUDED.data_roots,"
                 " last_heartbeat_seq = 0, last_heartbeat_time = now(),"
                 " state = CASE WHEN nodes.state = 'LOST' THEN 'READY' ELSE nodes.state END"
                 " RETURNING session_id::text AS session_id",
                 {name, node.kind() == v1::Node::CUDA ? "CUDA" : "CPU", node.slots(),
-                 LabelsJson(node.labels()), node.address(), node.agent_version()}));
+                 LabelsJson(node.labels()), node.address(), node.agent_version(),
+                 RootsJson(node.data_roots())}));
     v1::RegisterNodeResponse response;
     response.set_session_id(session.row(0).Get<std::string>("session_id"));
     SetDuration(options_.heartbeat_interval, response.mutable_heartbeat_interval());
@@ -212,61 +290,23 @@ absl::StatusOr<v1::HeartbeatResponse> NodeManager::Heartbeat(const v1::Heartbeat
                 {node_id, request.seq()})
             .status());
 
-    // The desired set (step 3): live ranks of the current attempt of every job in flight.
-    GRADHUB_ASSIGN_OR_RETURN(
-        db::Result desired,
-        tx.Exec("SELECT a.job_id::text AS job_id, a.attempt, a.rank, a.local_rank, a.slot,"
-                " j.world_size, j.spec::text AS spec, at.rendezvous_prefix,"
-                " (SELECT count(*) FROM rank_assignments b WHERE b.job_id = a.job_id"
-                "   AND b.attempt = a.attempt AND b.node_id = a.node_id)::int AS local_world_size"
-                " FROM rank_assignments a JOIN jobs j ON j.id = a.job_id"
-                " JOIN job_attempts at ON at.job_id = a.job_id AND at.attempt = a.attempt"
-                " WHERE a.node_id = $1 AND a.state IN ('ASSIGNED', 'STARTING', 'RUNNING')"
-                " AND j.state IN ('SCHEDULED', 'RUNNING') AND j.current_attempt = a.attempt"
-                " AND at.state IN ('SCHEDULED', 'RUNNING')"
-                " ORDER BY a.job_id, a.rank",
-                {node_id}));
+    // The desired set (step 3) and what is no longer live, from one snapshot (ReadNodeRanks).
+    GRADHUB_ASSIGN_OR_RETURN(const db::Result ranks, ReadNodeRanks(tx, node_id));
+    if (options_.after_desired_read_for_test) options_.after_desired_read_for_test();
     v1::HeartbeatResponse response;
     const std::string store_address = this->store_address();
-    std::set<RankKey> wanted;
-    for (const db::Row& row : desired) {
-      v1::RankAssignment& rank = *response.add_desired_ranks();
-      const std::string job_id = row.Get<std::string>("job_id");
-      rank.set_job("jobs/" + job_id);
-      rank.set_attempt(row.Get<int32_t>("attempt"));
-      rank.set_rank(row.Get<int32_t>("rank"));
-      rank.set_world_size(row.Get<int32_t>("world_size"));
-      rank.set_local_rank(row.Get<int32_t>("local_rank"));
-      rank.set_local_world_size(row.Get<int32_t>("local_world_size"));
-      if (cuda) rank.add_device_indices(row.Get<int32_t>("slot"));
-      rank.set_rendezvous_prefix(row.Get<std::string>("rendezvous_prefix"));
-      rank.set_store_address(store_address);
-      auto parsed = google::protobuf::util::JsonStringToMessage(row.Get<std::string>("spec"),
-                                                                rank.mutable_spec());
-      if (!parsed.ok()) return absl::InternalError(absl::StrCat("stored spec: ", parsed.ToString()));
-      wanted.emplace(job_id, rank.attempt(), rank.rank());
-    }
-    // Live rows neither wanted nor running on the agent are gone: a cancelled job's ranks that
-    // never started, or ranks the agent has stopped and dropped. That frees their slots.
-    if (fresh) {
-      GRADHUB_ASSIGN_OR_RETURN(
-          db::Result live,
-          tx.Exec("SELECT job_id::text AS job_id, attempt, rank, state FROM rank_assignments"
-                  " WHERE node_id = $1 AND state IN ('ASSIGNED', 'STARTING', 'RUNNING', 'STOPPING')",
-                  {node_id}));
-      for (const db::Row& row : live) {
-        RankKey key(row.Get<std::string>("job_id"), row.Get<int32_t>("attempt"),
-                    row.Get<int32_t>("rank"));
-        if (wanted.count(key)) continue;
-        const char* next = alive.count(key) ? "STOPPING" : "STOPPED";
-        if (row.Get<std::string>("state") == next) continue;
-        GRADHUB_RETURN_IF_ERROR(
-            tx.Exec("UPDATE rank_assignments SET state = $5, update_time = now()"
-                    " WHERE job_id = $1::uuid AND attempt = $2 AND rank = $3 AND node_id = $4",
-                    {std::get<0>(key), std::get<1>(key), std::get<2>(key), node_id,
-                     std::string(next)})
-                .status());
+    for (const db::Row& row : ranks) {
+      if (row.Get<bool>("desired")) {
+        GRADHUB_ASSIGN_OR_RETURN(*response.add_desired_ranks(),
+                                 AssignmentFromRow(row, cuda, store_address));
+        continue;
       }
+      // A live row neither desired nor running on the agent is gone: a cancelled job's rank
+      // that never started, or one the agent has stopped and dropped. That frees its slot.
+      if (!fresh) continue;
+      const RankKey key(row.Get<std::string>("job_id"), row.Get<int32_t>("attempt"),
+                        row.Get<int32_t>("rank"));
+      GRADHUB_RETURN_IF_ERROR(RetireRank(tx, node_id, row, alive.count(key) > 0));
     }
     v1::Node::State state = v1::Node::STATE_UNSPECIFIED;
     v1::Node::State_Parse(rows.row(0).Get<std::string>("state"), &state);

@@ -2,12 +2,19 @@
 // node commands: sessions, heartbeats (actual state in, desired state out), rank output, and
 // cordon/drain. Domain logic and SQL only; NodeService adapts it to gRPC.
 //
+// A heartbeat with the session the agent already had is accepted whatever happened to the api
+// in between (sessions live in PostgreSQL): after an api restart the ranks it reports are
+// adopted as they are (scheduler.h, "The control plane may restart under running jobs"). Its
+// desired set and the node's other live ranks are read in one statement, one snapshot, so a
+// placement committed during the heartbeat is either handed out or not seen, never stopped.
+//
 // A heartbeat only records what the agent says and answers with what should run. Deciding
 // what a rank's exit means for its job (finish, restart, fail) is the scheduler's controller's
 // job, in one place, under its lock.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <string>
 
@@ -20,6 +27,10 @@ namespace gradhub::api {
 
 struct NodeManagerOptions {
   absl::Duration heartbeat_interval = absl::Seconds(1);
+  // Test seam: called inside Heartbeat's transaction right after the desired set has been
+  // read, before the node's undesired live ranks are marked gone, so that a test can commit a
+  // placement in between (tests/integration/job_manager/scheduler_test.cc).
+  std::function<void()> after_desired_read_for_test;
 };
 
 class NodeManager {

@@ -116,6 +116,93 @@ std::string JobName(const httplib::Request& request) { return "jobs/" + request.
 using Stream = std::function<absl::Status(const std::function<bool(const Message&)>& send,
                                           const std::function<bool()>& stop)>;
 
+// Whose jobs the caller may act on; on failure the error response is written.
+std::optional<int64_t> CallerTenant(const Authenticator& auth, const httplib::Request& request,
+                                    httplib::Response& response, JobAccess access) {
+  absl::StatusOr<int64_t> id = auth.JobTenant(request.get_header_value("Authorization"), access);
+  if (!id.ok()) {
+    SendError(response, id.status());
+    return std::nullopt;
+  }
+  return *id;
+}
+
+// Labels the request with its rpc's name for the metrics, then handles it.
+httplib::Server::Handler Rpc(const char* method, httplib::Server::Handler handler) {
+  return [method, handler = std::move(handler)](const httplib::Request& request,
+                                                httplib::Response& response) {
+    current_request.method = method;
+    handler(request, response);
+  };
+}
+
+// A POST route that reads its own body: a request with neither Content-Length nor
+// Transfer-Encoding has no body (RFC 9112 section 6.3; `curl -X POST URL` sends such), but
+// httplib 0.11 waits for one until its read timeout and then answers 400. Reading through
+// the ContentReader only when a length or chunking is announced treats it as empty, i.e. {}.
+void Post(httplib::Server& server, const std::string& pattern, httplib::Server::Handler handler) {
+  server.Post(pattern, [handler = std::move(handler)](const httplib::Request& request,
+                                                      httplib::Response& response,
+                                                      const httplib::ContentReader& content) {
+    if (request.has_header("Content-Length") || request.has_header("Transfer-Encoding")) {
+      std::string body;
+      const bool read = content([&](const char* data, size_t size) {
+        body.append(data, size);
+        return true;
+      });
+      if (!read) return;  // httplib set 400 or 413; the error handler writes the body
+      // httplib itself fills the body of the (non-const) request it owns the same way.
+      const_cast<httplib::Request&>(request).body = std::move(body);
+    }
+    handler(request, response);
+  });
+}
+
+// Answers 200 with newline-delimited JSON, one message per line, written by `stream` on this
+// thread. The status line is gone by the first line, so a later error is sent as a last line
+// of the same {"error": ...} shape. The stream stops when `stopping` (the gateway's Stop) is
+// set, or when a keep-alive blank line cannot be written (the client went away).
+void StreamLines(httplib::Response& response, const std::atomic<bool>& stopping, Stream stream) {
+  response.set_chunked_content_provider(
+      "application/x-ndjson", [&stopping, stream](size_t, httplib::DataSink& sink) {
+        absl::Time last_write = absl::Now();
+        auto write = [&](const std::string& text) {
+          if (!sink.write(text.data(), text.size())) return false;
+          last_write = absl::Now();
+          return true;
+        };
+        auto send = [&](const Message& message) { return write(ToJson(message) + "\n"); };
+        auto stop = [&] {
+          if (stopping) return true;
+          return absl::Now() - last_write > kStreamKeepAlive && !write("\n");
+        };
+        const absl::Status status = stream(send, stop);
+        if (!status.ok() && !absl::IsCancelled(status)) write(HttpErrorJson(status) + "\n");
+        current_request.code = status.code();
+        sink.done();
+        return true;
+      });
+}
+
+// GetJobLogs' query: attempt, rank, afterSeq, follow; INVALID_ARGUMENT naming a bad one.
+absl::StatusOr<v1::GetJobLogsRequest> ParseLogsRequest(const httplib::Request& request) {
+  v1::GetJobLogsRequest logs;
+  logs.set_name(JobName(request));
+  int32_t attempt = 0, rank = -1;
+  int64_t after_seq = 0;
+  bool follow = false;
+  for (absl::Status parsed :
+       {IntParam(request, "attempt", &attempt), IntParam(request, "rank", &rank),
+        IntParam(request, "afterSeq", &after_seq), BoolParam(request, "follow", &follow)}) {
+    if (!parsed.ok()) return parsed;
+  }
+  logs.set_attempt(attempt);
+  if (request.has_param("rank")) logs.set_rank(rank);
+  logs.set_after_seq(after_seq);
+  logs.set_follow(follow);
+  return logs;
+}
+
 }  // namespace
 
 RestGateway::RestGateway(JobManager* jobs, const Authenticator* auth, ApiMetrics* metrics,
@@ -139,49 +226,13 @@ void RestGateway::Stop() {
 }
 
 void RestGateway::Route() {
-  // Whose jobs the caller may act on; on failure the response is written.
-  auto tenant = [this](const httplib::Request& request, httplib::Response& response,
-                       JobAccess access) -> std::optional<int64_t> {
-    absl::StatusOr<int64_t> id = auth_->JobTenant(request.get_header_value("Authorization"), access);
-    if (!id.ok()) {
-      SendError(response, id.status());
-      return std::nullopt;
-    }
-    return *id;
-  };
-  // Labels the request with its rpc's name for the metrics, then handles it.
-  auto rpc = [](const char* method, httplib::Server::Handler handler) {
-    return [method, handler = std::move(handler)](const httplib::Request& request,
-                                                  httplib::Response& response) {
-      current_request.method = method;
-      handler(request, response);
-    };
-  };
-  // Answers 200 with newline-delimited JSON, one message per line, written by `stream` on
-  // this thread. The status line is gone by the first line, so a later error is sent as a
-  // last line of the same {"error": ...} shape.
-  auto stream_lines = [this](httplib::Response& response, Stream stream) {
-    response.set_chunked_content_provider(
-        "application/x-ndjson", [this, stream](size_t, httplib::DataSink& sink) {
-          absl::Time last_write = absl::Now();
-          auto write = [&](const std::string& text) {
-            if (!sink.write(text.data(), text.size())) return false;
-            last_write = absl::Now();
-            return true;
-          };
-          auto send = [&](const Message& message) { return write(ToJson(message) + "\n"); };
-          auto stop = [&] {
-            if (stopping_) return true;
-            return absl::Now() - last_write > kStreamKeepAlive && !write("\n");
-          };
-          const absl::Status status = stream(send, stop);
-          if (!status.ok() && !absl::IsCancelled(status)) write(HttpErrorJson(status) + "\n");
-          current_request.code = status.code();
-          sink.done();
-          return true;
-        });
-  };
+  InstallHooks();
+  RouteProbes();
+  RouteJobs();
+  RouteJobStreams();
+}
 
+void RestGateway::InstallHooks() {
   server_->set_pre_routing_handler([](const httplib::Request&, httplib::Response&) {
     current_request = RequestRecord{};
     return httplib::Server::HandlerResponse::Unhandled;
@@ -190,7 +241,20 @@ void RestGateway::Route() {
     metrics_->RecordRequest("rest", current_request.method, current_request.code,
                             absl::Now() - current_request.start);
   });
+  // httplib's own errors get the same shape (and metrics code) as the handlers' errors. Runs
+  // for every status >= 400; a handler's error already has its body.
+  server_->set_error_handler([](const httplib::Request&, httplib::Response& response) {
+    if (!response.body.empty()) return;
+    // The body's code is the HTTP status sent: 413 stays 413 although its gRPC meaning,
+    // RESOURCE_EXHAUSTED, maps to 429 where a handler returns it.
+    const int status = response.status;
+    const absl::Status error = StatusForHttpError(status);
+    current_request.code = error.code();
+    response.set_content(HttpErrorJson(error, status) + "\n", "application/json");
+  });
+}
 
+void RestGateway::RouteProbes() {
   // Liveness needs nothing but this process; readiness needs the database and its schema.
   server_->Get("/healthz", [](const httplib::Request&, httplib::Response& response) {
     response.set_content("ok\n", "text/plain");
@@ -203,49 +267,52 @@ void RestGateway::Route() {
   server_->Get("/metrics", [this](const httplib::Request&, httplib::Response& response) {
     response.set_content(metrics_->Scrape(), "text/plain; version=0.0.4");
   });
+}
 
-  server_->Post("/v1/jobs", rpc("JobService.CreateJob", [=](const httplib::Request& request,
-                                                            httplib::Response& response) {
-    auto id = tenant(request, response, JobAccess::kCreate);
+void RestGateway::RouteJobs() {
+  const Authenticator& auth = *auth_;
+  Post(*server_, "/v1/jobs", Rpc("JobService.CreateJob", [this, &auth](
+      const httplib::Request& request, httplib::Response& response) {
+    auto id = CallerTenant(auth, request, response, JobAccess::kCreate);
     if (!id) return;
     v1::JobSpec spec;
     if (auto parsed = ParseBody(request, &spec); !parsed.ok()) return SendError(response, parsed);
     Send(response, jobs_->CreateJob(*id, spec, request.get_param_value("requestId")));
   }));
-  server_->Get("/v1/jobs", rpc("JobService.ListJobs", [=](const httplib::Request& request,
-                                                          httplib::Response& response) {
-    auto id = tenant(request, response, JobAccess::kReadOrCancel);
+  server_->Get("/v1/jobs", Rpc("JobService.ListJobs", [this, &auth](
+      const httplib::Request& request, httplib::Response& response) {
+    auto id = CallerTenant(auth, request, response, JobAccess::kReadOrCancel);
     if (!id) return;
     v1::ListJobsRequest list;
     if (auto parsed = ParseListParams(request, &list); !parsed.ok()) return SendError(response, parsed);
     Send(response, jobs_->ListJobs(*id, list));
   }));
-  server_->Get(R"(/v1/jobs/([^/:]+))", rpc("JobService.GetJob", [=](const httplib::Request& request,
-                                                                    httplib::Response& response) {
-    auto id = tenant(request, response, JobAccess::kReadOrCancel);
+  server_->Get(R"(/v1/jobs/([^/:]+))", Rpc("JobService.GetJob", [this, &auth](
+      const httplib::Request& request, httplib::Response& response) {
+    auto id = CallerTenant(auth, request, response, JobAccess::kReadOrCancel);
     if (!id) return;
     Send(response, jobs_->GetJob(*id, JobName(request)));
   }));
-  server_->Post(R"(/v1/jobs/([^/:]+):cancel)", rpc("JobService.CancelJob", [=](
+  Post(*server_, R"(/v1/jobs/([^/:]+):cancel)", Rpc("JobService.CancelJob", [this, &auth](
       const httplib::Request& request, httplib::Response& response) {
-    auto id = tenant(request, response, JobAccess::kReadOrCancel);
+    auto id = CallerTenant(auth, request, response, JobAccess::kReadOrCancel);
     if (!id) return;
     v1::CancelJobRequest cancel;
     if (auto parsed = ParseBody(request, &cancel); !parsed.ok()) return SendError(response, parsed);
     Send(response, jobs_->CancelJob(*id, JobName(request), cancel.reason()));
   }));
-  server_->Get(R"(/v1/jobs/([^/:]+)/events)", rpc("JobService.ListJobEvents", [=](
+  server_->Get(R"(/v1/jobs/([^/:]+)/events)", Rpc("JobService.ListJobEvents", [this, &auth](
       const httplib::Request& request, httplib::Response& response) {
-    auto id = tenant(request, response, JobAccess::kReadOrCancel);
+    auto id = CallerTenant(auth, request, response, JobAccess::kReadOrCancel);
     if (!id) return;
     v1::ListJobEventsRequest list;
     list.set_parent(JobName(request));
     if (auto parsed = ParseListParams(request, &list); !parsed.ok()) return SendError(response, parsed);
     Send(response, jobs_->ListJobEvents(*id, list));
   }));
-  server_->Get(R"(/v1/jobs/([^/:]+)/metrics)", rpc("JobService.GetJobMetrics", [=](
+  server_->Get(R"(/v1/jobs/([^/:]+)/metrics)", Rpc("JobService.GetJobMetrics", [this, &auth](
       const httplib::Request& request, httplib::Response& response) {
-    auto id = tenant(request, response, JobAccess::kReadOrCancel);
+    auto id = CallerTenant(auth, request, response, JobAccess::kReadOrCancel);
     if (!id) return;
     v1::GetJobMetricsRequest metrics;
     metrics.set_name(JobName(request));
@@ -256,53 +323,37 @@ void RestGateway::Route() {
     metrics.set_max_points(max_points);
     Send(response, jobs_->GetJobMetrics(*id, metrics));
   }));
-  server_->Get(R"(/v1/jobs/([^/:]+):watch)", rpc("JobService.WatchJob", [=](
+}
+
+void RestGateway::RouteJobStreams() {
+  const Authenticator& auth = *auth_;
+  server_->Get(R"(/v1/jobs/([^/:]+):watch)", Rpc("JobService.WatchJob", [this, &auth](
       const httplib::Request& request, httplib::Response& response) {
-    auto id = tenant(request, response, JobAccess::kReadOrCancel);
+    auto id = CallerTenant(auth, request, response, JobAccess::kReadOrCancel);
     if (!id) return;
     // A missing job is a 404, not a stream that ends at once.
     if (auto job = jobs_->GetJob(*id, JobName(request)); !job.ok()) {
       return SendError(response, job.status());
     }
-    stream_lines(response, [this, tenant_id = *id, name = JobName(request)](
-                               const auto& send, const auto& stop) {
+    StreamLines(response, stopping_, [this, tenant_id = *id, name = JobName(request)](
+                                         const auto& send, const auto& stop) {
       return jobs_->WatchJob(tenant_id, name, send, stop);
     });
   }));
-  server_->Get(R"(/v1/jobs/([^/:]+)/logs)", rpc("JobService.GetJobLogs", [=](
+  server_->Get(R"(/v1/jobs/([^/:]+)/logs)", Rpc("JobService.GetJobLogs", [this, &auth](
       const httplib::Request& request, httplib::Response& response) {
-    auto id = tenant(request, response, JobAccess::kReadOrCancel);
+    auto id = CallerTenant(auth, request, response, JobAccess::kReadOrCancel);
     if (!id) return;
-    v1::GetJobLogsRequest logs;
-    logs.set_name(JobName(request));
-    int32_t attempt = 0, rank = -1;
-    int64_t after_seq = 0;
-    bool follow = false;
-    for (absl::Status parsed :
-         {IntParam(request, "attempt", &attempt), IntParam(request, "rank", &rank),
-          IntParam(request, "afterSeq", &after_seq), BoolParam(request, "follow", &follow)}) {
-      if (!parsed.ok()) return SendError(response, parsed);
-    }
-    logs.set_attempt(attempt);
-    if (request.has_param("rank")) logs.set_rank(rank);
-    logs.set_after_seq(after_seq);
-    logs.set_follow(follow);
-    if (auto job = jobs_->GetJob(*id, logs.name()); !job.ok()) {
+    absl::StatusOr<v1::GetJobLogsRequest> logs = ParseLogsRequest(request);
+    if (!logs.ok()) return SendError(response, logs.status());
+    if (auto job = jobs_->GetJob(*id, logs->name()); !job.ok()) {
       return SendError(response, job.status());
     }
-    stream_lines(response, [this, tenant_id = *id, logs](const auto& send, const auto& stop) {
+    StreamLines(response, stopping_, [this, tenant_id = *id, logs = *logs](
+                                         const auto& send, const auto& stop) {
       return jobs_->StreamLogs(tenant_id, logs, send, stop);
     });
   }));
-
-  // httplib's own errors get the same shape (and metrics code) as the handlers' errors. Runs
-  // for every status >= 400; a handler's error already has its body.
-  server_->set_error_handler([](const httplib::Request&, httplib::Response& response) {
-    if (!response.body.empty()) return;
-    const int status = response.status;
-    SendError(response, StatusForHttpError(status));
-    response.status = status;
-  });
 }
 
 }  // namespace gradhub::api

@@ -43,7 +43,12 @@ class RestGateway {
   void Stop();
 
  private:
+  // Every route and hook, once, from the constructor.
   void Route();
+  void InstallHooks();     // request records for the metrics; httplib's own errors as ours
+  void RouteProbes();      // /healthz, /readyz, /metrics
+  void RouteJobs();        // the unary JobService calls
+  void RouteJobStreams();  // WatchJob and GetJobLogs as newline-delimited JSON
 
   JobManager* jobs_;
   const Authenticator* auth_;

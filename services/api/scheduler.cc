@@ -16,6 +16,8 @@
 #include "absl/strings/str_split.h"
 #include "services/api/attempts.h"
 #include "services/api/job_records.h"
+#include "services/common/contract/job_spec.h"
+#include "services/common/contract/data_paths.h"
 #include "services/common/status_macros.h"
 
 namespace gradhub::api {
@@ -41,6 +43,7 @@ struct NodeCapacity {
   std::string name;
   bool schedulable = false;  // READY, heartbeating, of the device kind the job needs
   bool labels_match = false;
+  bool roots_match = false;  // its data roots hold every path the job names
   std::vector<int32_t> free_slots;
 };
 
@@ -58,9 +61,13 @@ std::vector<RankPlacement> Pack(const std::vector<NodeCapacity>& nodes, int32_t 
                                 std::string* why) {
   std::vector<const NodeCapacity*> eligible;
   bool any_labelled = false;
+  bool any_serves = false;
   for (const NodeCapacity& node : nodes) {
     any_labelled |= node.labels_match;
-    if (node.schedulable && node.labels_match && !node.free_slots.empty()) eligible.push_back(&node);
+    any_serves |= node.labels_match && node.roots_match;
+    if (node.schedulable && node.labels_match && node.roots_match && !node.free_slots.empty()) {
+      eligible.push_back(&node);
+    }
   }
   std::stable_sort(eligible.begin(), eligible.end(), [](const auto* a, const auto* b) {
     return a->free_slots.size() > b->free_slots.size();
@@ -83,6 +90,8 @@ std::vector<RankPlacement> Pack(const std::vector<NodeCapacity>& nodes, int32_t 
     for (const auto& [key, value] : selector) wanted.push_back(key + "=" + value);
     std::sort(wanted.begin(), wanted.end());
     *why = absl::StrCat("no node with label ", absl::StrJoin(wanted, ","));
+  } else if (!any_serves) {
+    *why = "no node's data roots hold every file the spec names (see each node's dataRoots)";
   } else if (eligible.empty()) {
     *why = absl::StrCat("needs ", world_size, " slots, no ready node has a free slot");
   } else {
@@ -101,6 +110,7 @@ struct NodeRecord {
   bool ready = false;  // READY and heartbeating
   std::string device_kind;
   nlohmann::json labels;
+  std::vector<std::string> data_roots;
   std::vector<int32_t> free_slots;
 };
 
@@ -109,6 +119,7 @@ absl::StatusOr<std::vector<NodeRecord>> ReadNodes(db::Transaction& tx, absl::Dur
       db::Result rows,
       tx.Exec(absl::StrCat(
                   "SELECT n.id, n.name, n.slots, n.device_kind, n.labels::text AS labels,"
+                  " n.data_roots::text AS data_roots,"
                   " (n.state = 'READY' AND n.last_heartbeat_time > now() - $1 * interval '1 second')"
                   "   AS ready,"
                   " (SELECT coalesce(string_agg(a.slot::text, ','), '') FROM rank_assignments a"
@@ -123,6 +134,9 @@ absl::StatusOr<std::vector<NodeRecord>> ReadNodes(db::Transaction& tx, absl::Dur
     node.ready = row.Get<bool>("ready");
     node.device_kind = row.Get<std::string>("device_kind");
     node.labels = nlohmann::json::parse(row.Get<std::string>("labels"));
+    for (const auto& root : nlohmann::json::parse(row.Get<std::string>("data_roots"))) {
+      node.data_roots.push_back(root.get<std::string>());
+    }
     std::set<int32_t> used;
     for (absl::string_view slot : absl::StrSplit(row.Get<std::string>("used"), ',', absl::SkipEmpty())) {
       used.insert(std::stoi(std::string(slot)));
@@ -145,6 +159,7 @@ std::vector<NodeCapacity> CapacityFor(const std::vector<NodeRecord>& records,
     node.name = record.name;
     node.schedulable = record.ready && (!needs_cuda || record.device_kind == "CUDA");
     node.labels_match = true;
+    node.roots_match = RootsServeSpec(record.data_roots, spec);
     for (const auto& [key, value] : spec.node_selector()) {
       node.labels_match &= record.labels.contains(key) && record.labels[key] == value;
     }
@@ -238,28 +253,49 @@ struct RankRow {
 
 }  // namespace
 
+bool MayDeclareNodesLost(absl::Duration api_uptime, absl::Duration startup_grace) {
+  return api_uptime >= startup_grace;
+}
+
+std::string NodeLostReason(const std::string& node, double silent_seconds, absl::Duration lease) {
+  return absl::StrCat("nodes/", node, " lost: no heartbeat for ",
+                      static_cast<int64_t>(silent_seconds), " s (lease ",
+                      absl::FormatDuration(lease), ")");
+}
+
 absl::Status Scheduler::RunOnce() {
   std::lock_guard<std::mutex> one_pass_at_a_time(pass_mu_);
   GRADHUB_RETURN_IF_ERROR(SweepNodes());
   GRADHUB_RETURN_IF_ERROR(ReconcileAttempts());
+  GRADHUB_RETURN_IF_ERROR(FinishCancellations());
   return PlaceJobs();
 }
 
 absl::Status Scheduler::SweepNodes() {
+  // Protocol step 2 (scheduler.h): right after this api started, a node's last heartbeat may
+  // be older than the lease only because no api was there to take it. Its agent keeps its
+  // ranks running (up to its --api-outage-grace) and reconnects within a few seconds; until
+  // startup_grace has passed, silence proves nothing.
+  const bool may_lose = MayDeclareNodesLost(absl::Now() - start_time_, options_.startup_grace);
   return pool_->Transact([&](db::Transaction& tx) -> absl::Status {
     GRADHUB_RETURN_IF_ERROR(TakeSchedulerLock(tx));
     GRADHUB_ASSIGN_OR_RETURN(
         db::Result lost,
+        // A node that has heartbeated to this api since it started needs no grace: its silence
+        // is its own. (Compares the api's clock with the database's: they must agree to well
+        // under a lease, as NTP keeps them.)
         tx.Exec("UPDATE nodes SET state = 'LOST', session_id = NULL WHERE state <> 'LOST'"
                 " AND last_heartbeat_time < now() - $1 * interval '1 second'"
-                " RETURNING id, name",
-                {Seconds(options_.node_lease)}));
+                " AND ($2 OR last_heartbeat_time > to_timestamp($3))"
+                " RETURNING id, name,"
+                " extract(epoch FROM now() - last_heartbeat_time)::float8 AS silent_s",
+                {Seconds(options_.node_lease), may_lose,
+                 absl::ToDoubleSeconds(start_time_ - absl::UnixEpoch())}));
     for (const db::Row& row : lost) {
       const std::string name = row.Get<std::string>("name");
       GRADHUB_RETURN_IF_ERROR(ForgetRanksOnNode(
           tx, row.Get<int64_t>("id"), name,
-          absl::StrCat("nodes/", name, " sent no heartbeat for ",
-                       absl::FormatDuration(options_.node_lease), ": lost")));
+          NodeLostReason(name, row.Get<double>("silent_s"), options_.node_lease)));
     }
     // Draining: restart the jobs that still run there; cordon once nothing is left.
     GRADHUB_ASSIGN_OR_RETURN(
@@ -321,8 +357,11 @@ absl::Status Scheduler::ReconcileAttempts() {
       const std::string attempt_state = attempt_row.row(0).Get<std::string>("state");
       if (attempt_state != "SCHEDULED" && attempt_state != "RUNNING") return absl::OkStatus();
       // A job that ended (cancelled) or moved on takes its attempt with it.
-      if (job.attempt() != attempt || IsTerminal(job.state())) {
-        const std::string ended = job.state() == v1::Job::CANCELLED ? "CANCELLED"
+      if (job.attempt() != attempt || IsTerminal(job.state()) ||
+          job.state() == v1::Job::CANCELLING) {
+        const bool cancelled =
+            job.state() == v1::Job::CANCELLED || job.state() == v1::Job::CANCELLING;
+        const std::string ended = cancelled                              ? "CANCELLED"
                                   : job.state() == v1::Job::SUCCEEDED ? "SUCCEEDED"
                                                                       : "FAILED";
         GRADHUB_RETURN_IF_ERROR(tx.Exec("UPDATE job_attempts SET state = $3, end_time = now()"
@@ -374,7 +413,11 @@ absl::Status Scheduler::ReconcileAttempts() {
           culprit = &rank;
           break;
         }
-        if (peer_loss == nullptr) peer_loss = &rank;
+        // Of the infrastructure failures, one its agent stopped says why (lost node, an api
+        // outage past the agent's grace); ranks that merely lost their peers say less.
+        if (peer_loss == nullptr || (peer_loss->state != "STOPPED" && rank.state == "STOPPED")) {
+          peer_loss = &rank;
+        }
       }
       if (culprit == nullptr && peer_loss != nullptr &&
           (peer_loss->age_seconds >= Seconds(options_.peer_failure_grace) ||
@@ -391,12 +434,9 @@ absl::Status Scheduler::ReconcileAttempts() {
         failure.details.node = "nodes/" + culprit->node;
         failure.details.exit_code = culprit->exit_code;
         failure.details.signal = culprit->signal;
-        std::string how = culprit->state == "STOPPED" ? "was stopped by its agent"
-                          : culprit->signal != 0 ? absl::StrCat("was killed by signal ", culprit->signal)
-                                                 : absl::StrCat("exited with code ", culprit->exit_code);
-        failure.details.message = absl::StrCat("rank ", culprit->rank, " ", how,
-                                               culprit->message.empty() ? "" : ": ",
-                                               culprit->message);
+        failure.details.message =
+            RankFailureMessage(culprit->rank, culprit->state == "STOPPED", culprit->exit_code,
+                               culprit->signal, culprit->message);
         return FailAttempt(tx, job, failure);
       }
       if (job.state() == v1::Job::SCHEDULED && started == static_cast<int>(ranks.size())) {
@@ -423,7 +463,8 @@ absl::Status Scheduler::ReconcileAttempts() {
             .status();
       }
       // The watchdog: no step from any rank (or no start) for hang_timeout.
-      const int32_t hang = job.spec().hang_timeout_seconds() > 0 ? job.spec().hang_timeout_seconds() : 600;
+      // The stored spec is as submitted: its defaults apply here.
+      const int32_t hang = WithDefaults(job.spec()).hang_timeout_seconds();
       const double idle = newest_step_age ? std::min(*newest_step_age,
                                                      attempt_row.row(0).Get<double>("idle_s"))
                                           : attempt_row.row(0).Get<double>("idle_s");
@@ -443,6 +484,41 @@ absl::Status Scheduler::ReconcileAttempts() {
                 << status << "\n";
     } else if (queued_seconds && options_.on_running) {
       options_.on_running(absl::Seconds(*queued_seconds));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Scheduler::FinishCancellations() {
+  // Step 3: CANCELLING lasts while any rank of the job is live (not yet reported gone by its
+  // agent, nor forgotten with a lost node); then the job is CANCELLED.
+  GRADHUB_ASSIGN_OR_RETURN(
+      db::Result done,
+      pool_->Exec("SELECT 'jobs/' || j.id::text AS name FROM jobs j WHERE j.state = 'CANCELLING'"
+                  " AND NOT EXISTS (SELECT 1 FROM rank_assignments a WHERE a.job_id = j.id"
+                  "   AND a.state IN ('ASSIGNED', 'STARTING', 'RUNNING', 'STOPPING'))"));
+  for (const db::Row& row : done) {
+    const std::string name = row.Get<std::string>("name");
+    absl::Status status = pool_->Transact([&](db::Transaction& tx) -> absl::Status {
+      GRADHUB_RETURN_IF_ERROR(TakeSchedulerLock(tx));
+      GRADHUB_ASSIGN_OR_RETURN(v1::Job job, ReadJob(tx, name, -1, true));
+      if (job.state() != v1::Job::CANCELLING) return absl::OkStatus();
+      GRADHUB_ASSIGN_OR_RETURN(
+          db::Result live, tx.Exec("SELECT 1 FROM rank_assignments WHERE job_id = $1::uuid"
+                                   " AND state IN ('ASSIGNED', 'STARTING', 'RUNNING', 'STOPPING')"
+                                   " LIMIT 1",
+                                   {JobId(name)}));
+      if (!live.empty()) return absl::OkStatus();
+      // The reason CancelJob gave ("cancelled by the user: ...; stopping 4 ranks"), now done.
+      const std::string why = job.state_reason().substr(0, job.state_reason().find("; stopping "));
+      return ApplyTransition(tx, job, v1::Job::CANCELLED,
+                             Because(absl::StrCat(why.empty() ? "cancelled" : why,
+                                                  "; every rank has stopped")))
+          .status();
+    });
+    if (!status.ok()) {
+      std::cerr << "gradhub-api: scheduler: finishing the cancellation of " << name << ": "
+                << status << "\n";
     }
   }
   return absl::OkStatus();
@@ -556,7 +632,8 @@ absl::Status Scheduler::PlaceJobs() {
         return absl::OkStatus();
       }
       GRADHUB_ASSIGN_OR_RETURN(std::vector<NodeRecord> nodes, ReadNodes(tx, options_.node_lease));
-      const Decision decision = decide(job.name(), job.attempt(), job.spec(), nullptr, nodes,
+      const Decision decision = decide(job.name(), job.attempt(), WithDefaults(job.spec()),
+                                       nullptr, nodes,
                                        stopping, waited, blocked_by);
       if (decision.placement.empty()) return SetPendingReason(tx, job, decision.why);
       return CreateAttempt(tx, job, decision.placement);
@@ -588,7 +665,10 @@ absl::StatusOr<std::vector<const Scheduler::PlacementSpec*>> Scheduler::ReadPlac
         db::Result rows,
         pool_->Exec("SELECT 'jobs/' || j.id::text AS name,"
                     " jsonb_build_object('distributed', j.spec -> 'distributed',"
-                    "   'nodeSelector', coalesce(j.spec -> 'nodeSelector', '{}'))::text AS spec"
+                    "   'nodeSelector', coalesce(j.spec -> 'nodeSelector', '{}'),"
+                    // The files it names decide which nodes' data roots can serve it.
+                    "   'dataset', coalesce(j.spec -> 'dataset', '{}'),"
+                    "   'model', coalesce(j.spec -> 'model', '{}'))::text AS spec"
                     " FROM jobs j WHERE j.id = ANY($1::uuid[])",
                     {UuidArray(missing)}));
     for (const db::Row& row : rows) {
@@ -596,6 +676,7 @@ absl::StatusOr<std::vector<const Scheduler::PlacementSpec*>> Scheduler::ReadPlac
       cached.shape = row.Get<std::string>("spec");
       cached.loaded =
           google::protobuf::util::JsonStringToMessage(cached.shape, &cached.spec).ok();
+      cached.spec = WithDefaults(std::move(cached.spec));  // stored as submitted
     }
   }
   std::vector<const PlacementSpec*> loaded;
@@ -621,6 +702,7 @@ absl::Status Scheduler::SetPendingReasons(
 }
 
 void Scheduler::Start() {
+  start_time_ = absl::Now();
   loop_ = std::thread([this] {
     std::unique_lock<std::mutex> lock(mu_);
     while (!stopping_) {

@@ -1,13 +1,33 @@
 // The scheduler and controller inside gradhub-api. Each pass:
 //   1. nodes: one that missed its lease becomes LOST and its ranks' attempts fail
-//      (INFRASTRUCTURE); a DRAINING node's jobs are restarted elsewhere, and it becomes
-//      CORDONED once empty;
+//      (INFRASTRUCTURE, "nodes/x lost: no heartbeat for N s"); a DRAINING node's jobs are
+//      restarted elsewhere, and it becomes CORDONED once empty;
 //   2. attempts in flight: decides what the ranks' reported states mean (every rank started:
 //      RUNNING; all exited 0: SUCCEEDED; one failed or no progress for hang_timeout: the
 //      attempt fails and the job restarts or fails, see attempts.h);
-//   3. the queue: places each PENDING or RESTARTING job, priority first, then submission
+//   3. cancellations: a CANCELLING job none of whose ranks is live any more becomes CANCELLED;
+//   4. the queue: places each PENDING or RESTARTING job, priority first, then submission
 //      order, all of its ranks at once or none (gang placement), and otherwise writes why
 //      it waits into its state_reason.
+//
+// The control plane may restart under running jobs. The protocol that keeps them running
+// (the agent's side is in gpu_worker/agent/agent.h and reconcile.h):
+//   1. While gradhub-api is away, agents keep their ranks running for their
+//      --api-outage-grace (default 60 s), retrying Heartbeat; the ranks need the api only to
+//      rendezvous, which a running attempt has done.
+//   2. A starting api does not declare a node LOST for startup_grace (at least one lease)
+//      unless the node has heartbeated to it since it started: a node's last heartbeat from
+//      before is old only because no api was there to take it.
+//   3. The agent's next Heartbeat, with the session it already had (the session lives in
+//      PostgreSQL, not in the api process), reports what runs; the api records it and answers
+//      with the same desired set, so the ranks are adopted as they are: nothing restarts.
+//   4. A node still silent once startup_grace is over, or silent for a lease while the api is
+//      up, is LOST (step 1 of the pass): its attempts fail as INFRASTRUCTURE naming the
+//      silence; its agent, when it comes back, gets FAILED_PRECONDITION, stops its ranks and
+//      registers again.
+//   5. An outage longer than the agents' grace: each agent has stopped its ranks on its own
+//      and reports them STOPPED "... no successful heartbeat for ..." when it reconnects; the
+//      attempt fails (INFRASTRUCTURE) with that reason and the job restarts per its budget.
 //
 // Every step is its own transaction under one PostgreSQL advisory lock, so any number of api
 // replicas may run a scheduler and only one acts at a time; a pass interrupted by a crash is
@@ -42,6 +62,11 @@ struct SchedulerOptions {
   absl::Duration interval = absl::Milliseconds(200);
   // A node without a heartbeat for this long is LOST (3 x the heartbeat interval).
   absl::Duration node_lease = absl::Seconds(3);
+  // After the scheduler is constructed (the api starts), no node is declared LOST for this
+  // long (protocol step 2). At least node_lease; main gives 10 heartbeat intervals: agents
+  // usually get through 1-2 s after the api is back, but one of ~10 runs of the e2e test saw
+  // an agent's gRPC channel take over 6 s to reconnect on a loaded machine.
+  absl::Duration startup_grace = absl::Seconds(3);
   absl::Duration backfill_window = absl::Seconds(60);
   // A rank that exits because it lost its peers is usually not the culprit: the rank that
   // died is. Its report may come a heartbeat later from another node, so the verdict waits
@@ -70,6 +95,7 @@ class Scheduler {
  private:
   absl::Status SweepNodes();
   absl::Status ReconcileAttempts();
+  absl::Status FinishCancellations();
   absl::Status PlaceJobs();
   // What placement reads of a waiting job's spec (distributed, nodeSelector), kept across
   // passes: a spec never changes, and parsing each waiting job's from JSON on every pass was a
@@ -90,6 +116,9 @@ class Scheduler {
 
   db::Pool* pool_;
   const SchedulerOptions options_;
+  // startup_grace counts from here: construction, then Start() (once the api serves). Set
+  // before the loop's thread exists; read only by passes.
+  absl::Time start_time_ = absl::Now();
   std::mutex mu_;
   std::condition_variable wake_;
   // Atomic as well as guarded: a pass over a long queue reads it without the lock, to end early.
@@ -102,5 +131,12 @@ class Scheduler {
   // values stay valid while their jobs wait (an unordered_map does not move its nodes).
   std::unordered_map<std::string, PlacementSpec> placement_specs_;
 };
+
+// Protocol step 2 as a rule: whether the sweep may declare nodes LOST, `api_uptime` after the
+// scheduler started.
+bool MayDeclareNodesLost(absl::Duration api_uptime, absl::Duration startup_grace);
+
+// The reason a lost node's attempts fail with: "nodes/a lost: no heartbeat for 7 s (lease 3s)".
+std::string NodeLostReason(const std::string& node, double silent_seconds, absl::Duration lease);
 
 }  // namespace gradhub::api

@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "services/api/job_records.h"
+#include "services/common/contract/job_spec.h"
 #include "services/common/status_macros.h"
 
 namespace gradhub::checkpoint {
@@ -39,8 +40,10 @@ absl::StatusOr<JobRow> ReadJob(db::Transaction& tx, const std::string& job_id, J
   job.tenant_id = row.Get<int64_t>("tenant_id");
   v1::Job::State_Parse(row.Get<std::string>("state"), &job.state);
   job.current_attempt = row.Get<int32_t>("current_attempt");
-  const int32_t keep_last = row.Get<int32_t>("keep_last");
-  job.keep_last = keep_last > 0 ? keep_last : 3;
+  // The stored spec is as submitted: its default (WithDefaults) applies here.
+  v1::JobSpec retention;
+  retention.mutable_checkpoint()->set_keep_last(row.Get<int32_t>("keep_last"));
+  job.keep_last = WithDefaults(std::move(retention)).checkpoint().keep_last();
   return job;
 }
 

@@ -98,11 +98,12 @@ absl::StatusOr<bool> MarkBad(db::Pool& pool, int64_t id, const std::string& reas
                 {id, reason}));
     if (rows.empty()) return false;
     const db::Row row = rows.row(0);
+    api::EventDetails corrupt = api::Because(
+        absl::StrCat("checkpoint at step ", row.Get<int64_t>("step"), " is BAD: ", reason));
+    corrupt.checkpoint_step = row.Get<int64_t>("step");  // describe: no longer the latest
     GRADHUB_RETURN_IF_ERROR(
         api::AppendEvent(tx, row.Get<std::string>("job_id"), row.Get<int32_t>("attempt"),
-                         v1::JobEvent::CHECKPOINT_CORRUPT, std::nullopt, std::nullopt,
-                         api::Because(absl::StrCat("checkpoint at step ", row.Get<int64_t>("step"),
-                                                   " is BAD: ", reason))));
+                         v1::JobEvent::CHECKPOINT_CORRUPT, std::nullopt, std::nullopt, corrupt));
     return true;
   });
 }

@@ -296,12 +296,18 @@ int Describe(Invocation& inv) {
       [](v1::ListJobEventsResponse& r) { return r.mutable_events(); }, &events);
   if (!status.ok()) return inv.Fail(status);
 
+  const v1::JobEvent* checkpoint = LatestCheckpoint(Pointers<v1::JobEvent>(events.events()));
   if (inv.format() == Format::kJson) {
-    // One document, {"job": Job, "events": [JobEvent, ...]}, indented as protobuf indents.
+    // One document, {"job": Job, "events": [JobEvent, ...]}, indented as protobuf indents,
+    // with "latestCheckpoint": its CHECKPOINT_COMMITTED event when there is one.
     std::vector<std::string> items;
     for (const v1::JobEvent& event : events.events()) items.push_back(Indent(ToJson(event), 2));
     inv.out() << "{\n \"job\": " << Indent(ToJson(job), 1) << ",\n \"events\": ["
-              << (items.empty() ? "]" : "\n  " + absl::StrJoin(items, ",\n  ") + "\n ]") << "\n}\n";
+              << (items.empty() ? "]" : "\n  " + absl::StrJoin(items, ",\n  ") + "\n ]")
+              << (checkpoint == nullptr
+                      ? ""
+                      : ",\n \"latestCheckpoint\": " + Indent(ToJson(*checkpoint), 1))
+              << "\n}\n";
     return kOk;
   }
   std::string events_text;
@@ -309,7 +315,8 @@ int Describe(Invocation& inv) {
                                                '\n', absl::SkipEmpty())) {
     absl::StrAppend(&events_text, "  ", line, "\n");
   }
-  inv.out() << JobSummary(job) << "spec:\n" << ToYaml(job.spec(), 2) << "events:\n" << events_text;
+  inv.out() << JobSummary(job, CheckpointSummary(checkpoint)) << "spec:\n" << ToYaml(job.spec(), 2)
+            << "events:\n" << events_text;
   return kOk;
 }
 
@@ -326,7 +333,8 @@ int Cancel(Invocation& inv) {
   grpc::Status status =
       inv.client().jobs().CancelJob(inv.client().UnaryContext().get(), request, &job);
   if (!status.ok()) return inv.Fail(status);
-  // The state may still be the old one: a running job becomes CANCELLED once its ranks stop.
+  // A job with ranks is CANCELLING until its agents report every rank gone, then CANCELLED
+  // (`watch` follows it there).
   inv.out() << (inv.format() == Format::kJson
                     ? ToJson(job)
                     : absl::StrCat(job.name(), " ", v1::Job::State_Name(job.state()), "\n"));

@@ -17,6 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "absl/time/time.h"
+#include "services/common/contract/job_spec.h"
 
 namespace gradhub::cli {
 namespace {
@@ -305,7 +306,26 @@ std::string ToYaml(const google::protobuf::Message& message, int indent) {
   return out;
 }
 
-std::string JobSummary(const v1::Job& job) {
+const v1::JobEvent* LatestCheckpoint(const std::vector<const v1::JobEvent*>& events) {
+  std::map<int64_t, const v1::JobEvent*> committed;  // step -> its newest commit
+  for (const v1::JobEvent* event : events) {
+    if (event->type() == v1::JobEvent::CHECKPOINT_COMMITTED) {
+      committed[event->checkpoint_step()] = event;
+    } else if (event->type() == v1::JobEvent::CHECKPOINT_CORRUPT) {
+      committed.erase(event->checkpoint_step());
+    }
+  }
+  return committed.empty() ? nullptr : committed.rbegin()->second;
+}
+
+std::string CheckpointSummary(const v1::JobEvent* latest) {
+  if (latest == nullptr) return "none committed";
+  return absl::StrCat("step ", latest->checkpoint_step(), ", ",
+                      HumanBytes(latest->checkpoint_size_bytes()), " (attempt ", latest->attempt(),
+                      ", committed ", FormatTime(latest->time()), ")");
+}
+
+std::string JobSummary(const v1::Job& job, const std::optional<std::string>& checkpoint) {
   const v1::JobProgress& progress = job.progress();
   std::string numbers = absl::StrCat(Steps(job), " steps");
   if (progress.has_last_report_time()) {
@@ -322,6 +342,7 @@ std::string JobSummary(const v1::Job& job) {
       .Add("attempt", absl::StrCat(job.attempt(), " (restarts: ", job.infrastructure_restarts(),
                                    " infrastructure, ", job.job_restarts(), " job)"))
       .Add("progress", numbers);
+  if (checkpoint) block.Add("checkpoint", *checkpoint);
   if (!progress.eval_metrics().empty()) {
     const std::map<std::string, double> sorted(progress.eval_metrics().begin(),
                                                progress.eval_metrics().end());
@@ -380,11 +401,11 @@ std::string ProgressBar(const v1::Job& job, int width) {
 
 std::optional<absl::Duration> TimeLeft(const v1::Job& job) {
   const v1::JobProgress& progress = job.progress();
-  const v1::JobSpec& spec = job.spec();
+  const v1::JobSpec spec = WithDefaults(job.spec());  // stored as submitted
   const int64_t total = TotalSteps(job);
   const int64_t samples_per_step = int64_t{spec.batch_size_per_rank()} *
-                                   std::max(1, spec.distributed().world_size()) *
-                                   std::max(1, spec.grad_accumulation_steps());
+                                   spec.distributed().world_size() *
+                                   spec.grad_accumulation_steps();
   if (HasEnded(job.state()) || !progress.has_last_report_time() || total <= 0 ||
       samples_per_step <= 0 || !(progress.samples_per_second() > 0)) {
     return std::nullopt;

@@ -44,8 +44,16 @@ class Table {
 // result parses back with ParseJobSpec, so `describe` output can be edited and resubmitted.
 std::string ToYaml(const google::protobuf::Message& message, int indent = 0);
 
-// `get`: the job's status as `key: value` lines (the spec is left to `describe`).
-std::string JobSummary(const v1::Job& job);
+// `get`: the job's status as `key: value` lines (the spec is left to `describe`). `describe`
+// adds a `checkpoint:` line (CheckpointSummary).
+std::string JobSummary(const v1::Job& job,
+                       const std::optional<std::string>& checkpoint = std::nullopt);
+// The newest committed checkpoint the events leave, where a restart would resume: the
+// CHECKPOINT_COMMITTED event with the highest step whose step no later CHECKPOINT_CORRUPT
+// took back; nullptr when there is none.
+const v1::JobEvent* LatestCheckpoint(const std::vector<const v1::JobEvent*>& events);
+// "step 75, 1.2 MiB (attempt 1, committed 2026-...)", or "none committed".
+std::string CheckpointSummary(const v1::JobEvent* latest);
 // `list`: one row per job.
 std::string JobsTable(const std::vector<const v1::Job*>& jobs);
 // `describe`: one row per event, oldest first.

@@ -3,6 +3,7 @@
 #include <iostream>
 
 #include <cstdlib>
+#include <algorithm>
 #include <set>
 
 #include "absl/strings/numbers.h"
@@ -40,6 +41,14 @@ Flags& Flags::Duration(std::string name, std::string env, absl::Duration* value,
               Kind::kDuration, value});
 }
 
+Flags& Flags::StringList(std::string name, std::string env, std::vector<std::string>* value,
+                         std::string help) {
+  std::string text;
+  for (const std::string& item : *value) text += (text.empty() ? "" : ":") + item;
+  return Add({std::move(name), std::move(env), std::move(help), "\"" + text + "\"",
+              Kind::kStringList, value});
+}
+
 const Flags::Flag* Flags::Find(const std::string& name) const {
   for (const Flag& flag : flags_) {
     if (flag.name == name) return &flag;
@@ -66,6 +75,20 @@ absl::Status Flags::Assign(const Flag& flag, const std::string& text, const std:
         return bad("a duration such as 30s or 500ms");
       }
       return absl::OkStatus();
+    case Kind::kStringList: {
+      auto* list = static_cast<std::vector<std::string>*>(flag.value);
+      if (source.rfind("--", 0) == 0) {
+        list->push_back(text);
+        return absl::OkStatus();
+      }
+      list->clear();  // from the variable: a ':'-separated list
+      for (size_t start = 0; start <= text.size();) {
+        const size_t end = std::min(text.find(':', start), text.size());
+        if (end > start) list->push_back(text.substr(start, end - start));
+        start = end + 1;
+      }
+      return absl::OkStatus();
+    }
   }
   return absl::InternalError("unknown flag kind");
 }
@@ -107,6 +130,10 @@ absl::StatusOr<Flags::Parsed> Flags::Parse(int argc, const char* const* argv) co
       } else {
         return absl::InvalidArgumentError(absl::StrCat("flag --", name, " needs a value"));
       }
+    }
+    // A list flag's first occurrence replaces its default; later ones append.
+    if (flag->kind == Kind::kStringList && from_command_line.count(name) == 0) {
+      static_cast<std::vector<std::string>*>(flag->value)->clear();
     }
     GRADHUB_RETURN_IF_ERROR(Assign(*flag, text, "--" + name));
     from_command_line.insert(name);

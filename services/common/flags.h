@@ -31,6 +31,10 @@ class Flags {
   Flags& Bool(std::string name, std::string env, bool* value, std::string help);
   // Durations are written as "30s", "500ms", "2m".
   Flags& Duration(std::string name, std::string env, absl::Duration* value, std::string help);
+  // Repeatable: every `--name X` appends X (the first replaces the default); the variable is
+  // a ':'-separated list, used only when the flag is not given.
+  Flags& StringList(std::string name, std::string env, std::vector<std::string>* value,
+                    std::string help);
 
   // INVALID_ARGUMENT naming the flag (or variable) for an unknown flag or a malformed value.
   absl::StatusOr<Parsed> Parse(int argc, const char* const* argv) const;
@@ -44,7 +48,7 @@ class Flags {
                                      int usage_exit = 2) const;
 
  private:
-  enum class Kind { kString, kInt, kBool, kDuration };
+  enum class Kind { kString, kInt, kBool, kDuration, kStringList };
   struct Flag {
     std::string name, env, help, default_text;
     Kind kind;

@@ -25,8 +25,12 @@ int HttpStatusFor(absl::StatusCode code) {
 }
 
 std::string HttpErrorJson(const absl::Status& status) {
+  return HttpErrorJson(status, HttpStatusFor(status.code()));
+}
+
+std::string HttpErrorJson(const absl::Status& status, int http_status) {
   const nlohmann::json body = {{"error",
-                                {{"code", HttpStatusFor(status.code())},
+                                {{"code", http_status},
                                  {"status", absl::StatusCodeToString(status.code())},
                                  {"message", std::string(status.message())}}}};
   return body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);

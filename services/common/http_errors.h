@@ -14,5 +14,8 @@ int HttpStatusFor(absl::StatusCode code);
 // The JSON body, without a trailing newline. Invalid UTF-8 in the message (it may quote a
 // client's bytes) is replaced, not thrown on.
 std::string HttpErrorJson(const absl::Status& status);
+// The same with the HTTP status actually sent as its code, for errors the HTTP layer answers
+// by itself (413 for an oversized body has no google.rpc code of its own).
+std::string HttpErrorJson(const absl::Status& status, int http_status);
 
 }  // namespace gradhub

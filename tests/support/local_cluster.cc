@@ -1,5 +1,9 @@
 #include "tests/support/local_cluster.h"
 
+#include <pwd.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <dirent.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
@@ -89,17 +93,9 @@ LocalCluster::~LocalCluster() {
 }
 
 bool LocalCluster::Start() {
+  chmod(dir().c_str(), 0711);  // the ranks' user enters its directories below
   url_ = PostgresServer::Shared().CreateDatabase();
-  api_ = std::make_unique<Subprocess>(std::vector<std::string>{
-      BinaryPath("gradhub-api"), "--database-url", url_, "--grpc-address", "127.0.0.1:0",
-      "--http-host", "127.0.0.1", "--http-port", "0", "--heartbeat-interval", "1s",
-      "--scheduler-interval", "100ms", "--shutdown-grace", "2s", "--admin-token", kAdminToken,
-      "serve"});
-  const std::string port = AwaitOutput(*api_, "serving gRPC on port ([0-9]+)");
-  const std::string http_port = AwaitOutput(*api_, "serving REST on port ([0-9]+)");
-  if (port.empty() || http_port.empty()) return false;
-  api_address_ = "127.0.0.1:" + port;
-  api_http_port_ = std::stoi(http_port);
+  if (!StartApi()) return false;
   auto tenant = Run({BinaryPath("gradhub-api"), "--database-url", url_, "create-tenant", "team"});
   auto node = Run({BinaryPath("gradhub-api"), "--database-url", url_, "create-node-token"});
   EXPECT_EQ(tenant.exit_code, 0) << tenant.err;
@@ -119,6 +115,27 @@ bool LocalCluster::Start() {
 }
 
 // The first start takes free ports; a restart keeps them, as a real restart would.
+bool LocalCluster::StartApi() {
+  api_ = std::make_unique<Subprocess>(std::vector<std::string>{
+      BinaryPath("gradhub-api"), "--database-url", url_, "--grpc-address",
+      "127.0.0.1:" + std::to_string(api_grpc_port_), "--http-host", "127.0.0.1", "--http-port",
+      std::to_string(api_http_port_), "--heartbeat-interval", "1s", "--scheduler-interval",
+      "100ms", "--shutdown-grace", "2s", "--admin-token", kAdminToken, "serve"});
+  const std::string port = AwaitOutput(*api_, "serving gRPC on port ([0-9]+)");
+  const std::string http_port = AwaitOutput(*api_, "serving REST on port ([0-9]+)");
+  if (port.empty() || http_port.empty()) return false;
+  api_grpc_port_ = std::stoi(port);
+  api_address_ = "127.0.0.1:" + port;
+  api_http_port_ = std::stoi(http_port);
+  return true;
+}
+
+void LocalCluster::KillApi(int signal) {
+  api_->Kill(signal);
+  api_->Wait();
+}
+
+// As the api: free ports first, the same ones on a restart.
 bool LocalCluster::StartCheckpointService() {
   checkpoint_ = std::make_unique<Subprocess>(std::vector<std::string>{
       BinaryPath("gradhub-checkpoint"), "--database-url", url_, "--data-dir", checkpoint_data_,
@@ -173,10 +190,24 @@ bool LocalCluster::StartAgent(const std::string& name) {
   std::vector<std::string> argv = {
       BinaryPath("gradhub-agent"), "--server", api_address_, "--token", node_token_, "--name", name,
       "--slots", std::to_string(options_.slots), "--work-dir", work, "--stop-grace",
-      options_.agent_stop_grace, "--checkpoint-root",
+      options_.agent_stop_grace, "--api-outage-grace", options_.agent_api_outage_grace,
+      "--checkpoint-root",
       options_.checkpoint_service ? work + "/checkpoints" : dir() + "/checkpoints"};
   if (options_.checkpoint_service) {
     argv.insert(argv.end(), {"--checkpoint-server", checkpoint_address_});
+  }
+  // The agent's default rank user where `make setup` created it, else nobody.
+  if (geteuid() == 0 && getpwnam("gradhub-rank") == nullptr) {
+    argv.insert(argv.end(), {"--run-as", "nobody"});
+  }
+  for (const std::string& root : options_.data_roots) {
+    argv.insert(argv.end(), {"--data-root", root});
+  }
+  if (!options_.memory_per_slot.empty()) {
+    argv.insert(argv.end(), {"--memory-per-slot", options_.memory_per_slot});
+  }
+  if (!options_.memory_isolation.empty()) {
+    argv.insert(argv.end(), {"--memory-isolation", options_.memory_isolation});
   }
   if (options_.metrics_service) {
     argv.insert(argv.end(), {"--metrics-server", "127.0.0.1:" + std::to_string(metrics_grpc_port_)});
@@ -266,6 +297,14 @@ std::vector<std::string> LocalCluster::Logs(const std::string& name, int attempt
   while (reader->Read(&line)) lines.push_back(line.text());
   reader->Finish();
   return lines;
+}
+
+v1::Node LocalCluster::GetNode(const std::string& name) {
+  v1::GetNodeRequest request;
+  request.set_name("nodes/" + name);
+  v1::Node node;
+  EXPECT_TRUE(nodes_->GetNode(AdminContext().get(), request, &node).ok());
+  return node;
 }
 
 v1::Node::State LocalCluster::NodeState(const std::string& name) {

@@ -29,6 +29,15 @@ struct LocalClusterOptions {
   // Start gradhub-metrics and hand it to the agents.
   bool metrics_service = false;
   std::string agent_stop_grace = "2s";
+  // How long agents keep their ranks running while gradhub-api is unreachable.
+  std::string agent_api_outage_grace = "60s";
+  // Node isolation (gpu_worker/agent/isolation.h). Each agent's --data-root; the cluster's
+  // dir() is made enterable (0711) so that ranks, which a root agent runs as gradhub-rank (or
+  // nobody where `make setup` has not created it), reach their directories.
+  std::vector<std::string> data_roots;
+  // --memory-per-slot and --memory-isolation of every agent; empty = the agent's default.
+  std::string memory_per_slot;
+  std::string memory_isolation;
 };
 
 class LocalCluster {
@@ -40,6 +49,10 @@ class LocalCluster {
 
   // Starts everything; ADD_FAILUREs (and returns false) when something does not come up.
   bool Start();
+  // gradhub-api alone: Start() runs it; after KillApi, StartApi brings it back on the same
+  // ports (as a restarted deployment would be), against the same database.
+  bool StartApi();
+  void KillApi(int signal);
   bool StartAgent(const std::string& name);
   void KillAgent(const std::string& name, int signal);
   bool StartCheckpointService();
@@ -65,6 +78,7 @@ class LocalCluster {
   // Every log line so far of one rank of one attempt (0 = the latest attempt).
   std::vector<std::string> Logs(const std::string& name, int attempt, int rank);
   v1::Node::State NodeState(const std::string& name);
+  v1::Node GetNode(const std::string& name);  // as an operator sees it (admin token)
   // DrainNode as an operator would (admin token); false with a test failure if refused.
   bool Drain(const std::string& name);
 
@@ -90,7 +104,7 @@ class LocalCluster {
   LocalClusterOptions options_;
   TempDir dir_;
   std::string url_, api_address_, token_, node_token_;
-  int api_http_port_ = 0;
+  int api_grpc_port_ = 0, api_http_port_ = 0;
   std::string checkpoint_address_, checkpoint_data_;
   int checkpoint_grpc_port_ = 0, checkpoint_http_port_ = 0;
   int metrics_grpc_port_ = 0, metrics_http_port_ = 0;

@@ -13,5 +13,9 @@ inline constexpr int kExitInfrastructure = 12;   // peer lost, store unreachable
 // Stopped on request (SIGTERM: preemption, drain, cancel); rank 0 saved the last finished step
 // first when it could. Counts as infrastructure when no stop was asked of the agent.
 inline constexpr int kExitPreempted = 13;
+// Ran out of memory: an allocation failed under the agent's RLIMIT_DATA, or the agent saw the
+// kernel kill the rank at its memory cgroup's limit (then reported with signal 9 as well).
+// A USER failure: the job needs more memory than a slot gives, and retrying will not help.
+inline constexpr int kExitOutOfMemory = 14;
 
 }  // namespace gradhub::trainer

@@ -691,6 +691,7 @@ class FakeAgent {
     v1::RegisterNodeRequest request;
     request.mutable_node()->set_name("nodes/" + name_);
     request.mutable_node()->set_slots(1);
+    request.mutable_node()->add_data_roots("/data");  // where the tests' specs name files
     v1::RegisterNodeResponse response;
     const grpc::Status status = stub_->RegisterNode(Context().get(), request, &response);
     EXPECT_TRUE(status.ok()) << status.error_message();

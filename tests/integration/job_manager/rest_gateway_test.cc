@@ -2,7 +2,11 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <google/protobuf/util/json_util.h>
+#include <arpa/inet.h>
 #include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 #include <stdlib.h>
 
 #include <cstdlib>
@@ -56,6 +60,7 @@ class RestGatewayTest : public db::DatabaseTest {
     const absl::StatusOr<int> port = gateway_->Start("127.0.0.1", 0);
     ASSERT_TRUE(port.ok()) << port.status();
     client_ = std::make_unique<httplib::Client>("127.0.0.1", *port);
+    port_ = *port;
     for (const char* name : {"team-a", "team-b"}) ASSERT_TRUE(auth_->CreateTenant(name, "").ok());
     headers_a_ = {{"Authorization", "Bearer " + auth_->CreateTenantToken("team-a", "")->secret}};
     headers_b_ = {{"Authorization", "Bearer " + auth_->CreateTenantToken("team-b", "")->secret}};
@@ -76,6 +81,7 @@ class RestGatewayTest : public db::DatabaseTest {
   std::unique_ptr<ApiMetrics> metrics_;
   std::unique_ptr<RestGateway> gateway_;
   std::unique_ptr<httplib::Client> client_;
+  int port_ = 0;
   httplib::Headers headers_a_, headers_b_;
   const httplib::Headers admin_ = {{"Authorization", std::string("Bearer ") + kAdminToken}};
 
@@ -120,6 +126,52 @@ TEST_F(RestGatewayTest, HealthAndReadiness) {
   auto not_ready = client_->Get("/readyz");
   EXPECT_EQ(not_ready->status, 503);
   EXPECT_THAT(not_ready->body, HasSubstr("no migrations"));
+}
+
+// What `curl -X POST URL` sends: no body, and neither Content-Length nor Transfer-Encoding.
+// The whole answer, read until the server closes (Connection: close).
+std::string RawPost(int port, const std::string& path, const std::string& authorization) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address = {};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
+    close(fd);
+    return "";
+  }
+  const std::string request = "POST " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: " +
+                              authorization + "\r\nConnection: close\r\n\r\n";
+  if (write(fd, request.data(), request.size()) != static_cast<ssize_t>(request.size())) {
+    close(fd);
+    return "";
+  }
+  std::string answer;
+  char buffer[4096];
+  for (ssize_t n; (n = read(fd, buffer, sizeof buffer)) > 0;) answer.append(buffer, n);
+  close(fd);
+  return answer;
+}
+
+TEST_F(RestGatewayTest, CancelWithoutABodyIsCancelWithAnEmptyOne) {
+  auto created = client_->Post("/v1/jobs", headers_a_, kSpec, "application/json");
+  ASSERT_EQ(created->status, 200) << created->body;
+  const std::string name = NameIn(created->body);
+  const auto start = std::chrono::steady_clock::now();
+  const std::string answer =
+      RawPost(port_, "/v1/" + name + ":cancel", headers_a_.find("Authorization")->second);
+  EXPECT_THAT(answer, ::testing::StartsWith("HTTP/1.1 200")) << answer;
+  EXPECT_THAT(answer, HasSubstr("CANCELLED"));
+  // At once, not after the server's read timeout.
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
+}
+
+TEST_F(RestGatewayTest, AnOversizedBodyIs413WithCode413) {
+  const std::string huge(100 * 1024, ' ');
+  auto oversized = client_->Post("/v1/jobs", headers_a_, huge, "application/json");
+  ASSERT_EQ(oversized->status, 413);
+  EXPECT_THAT(oversized->body, HasSubstr("\"code\":413"));
+  EXPECT_THAT(oversized->body, HasSubstr("RESOURCE_EXHAUSTED"));
 }
 
 TEST_F(RestGatewayTest, ErrorsHaveTheRightStatus) {

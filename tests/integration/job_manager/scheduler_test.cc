@@ -5,11 +5,14 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <google/protobuf/util/message_differencer.h>
 #include <google/protobuf/util/time_util.h>
 
 #include <map>
 #include <set>
 
+#include "absl/time/clock.h"
+#include "services/api/attempts.h"
 #include "services/api/job_manager.h"
 #include "services/api/node_manager.h"
 #include "services/api/scheduler.h"
@@ -45,10 +48,13 @@ class SchedulerTest : public db::DatabaseTest {
     int64_t seq = 0;
   };
 
-  Agent Register(const std::string& name, int slots) {
+  Agent Register(const std::string& name, int slots,
+                 const std::vector<std::string>& data_roots = {"/data"}) {
     v1::RegisterNodeRequest request;
     request.mutable_node()->set_name("nodes/" + name);
     request.mutable_node()->set_slots(slots);
+    // By default /data, where MinimalJobSpec's dataset is.
+    for (const std::string& root : data_roots) request.mutable_node()->add_data_roots(root);
     auto response = nodes_->RegisterNode(request);
     EXPECT_TRUE(response.ok()) << response.status();
     return {name, response.ok() ? response->session_id() : ""};
@@ -112,6 +118,42 @@ class SchedulerTest : public db::DatabaseTest {
   std::unique_ptr<Scheduler> scheduler_;
   int64_t tenant_ = 0;
 };
+
+TEST_F(SchedulerTest, PlacesOnlyOnNodesWhoseDataRootsHoldEveryPathOfTheJob) {
+  Agent a = Register("a", 2), b = Register("b", 2, {"/models"});
+  v1::JobSpec both = testing::MinimalJobSpec();  // dataset under /data
+  both.mutable_model()->mutable_torchscript()->set_path("/models/m.pt");
+  auto nowhere = jobs_->CreateJob(tenant_, both, "");  // each path is served, not both at once
+  ASSERT_TRUE(nowhere.ok()) << nowhere.status();
+  v1::Job data = Submit(2);
+  Pass();
+  EXPECT_EQ(Get(*nowhere).state(), v1::Job::PENDING);
+  EXPECT_THAT(Get(*nowhere).state_reason(), HasSubstr("data roots"));
+  EXPECT_EQ(Get(data).state(), v1::Job::SCHEDULED);
+  EXPECT_EQ(Beat(a, {}).size(), 2u);
+  EXPECT_TRUE(Beat(b, {}).empty()) << "b's roots do not hold /data";
+}
+
+TEST_F(SchedulerTest, CreateJobRefusesAPathNoRegisteredNodeServesNamingTheField) {
+  Register("a", 1);
+  v1::JobSpec spec = testing::MinimalJobSpec();
+  spec.mutable_dataset()->mutable_csv()->set_path("/etc/shadow");
+  auto refused = jobs_->CreateJob(tenant_, spec, "");
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.status().message(), HasSubstr("dataset.csv.path"));
+  EXPECT_THAT(refused.status().message(), HasSubstr("(/data)"));
+  spec.mutable_dataset()->mutable_csv()->set_path("/data/../etc/shadow");
+  EXPECT_THAT(jobs_->CreateJob(tenant_, spec, "").status().message(), HasSubstr("'..'"));
+}
+
+TEST_F(SchedulerTest, WithNoNodeRegisteredPathsAreCheckedOnlyForForm) {
+  v1::JobSpec spec = testing::MinimalJobSpec();
+  spec.mutable_dataset()->mutable_csv()->set_path("/anywhere/x.csv");
+  EXPECT_TRUE(jobs_->CreateJob(tenant_, spec, "").ok());
+  spec.mutable_dataset()->mutable_csv()->set_path("relative.csv");
+  EXPECT_EQ(jobs_->CreateJob(tenant_, spec, "").status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
 
 TEST_F(SchedulerTest, GangPlacesAcrossNodesRunsAndSucceeds) {
   Agent a = Register("a", 2), b = Register("b", 2);
@@ -314,6 +356,192 @@ TEST_F(SchedulerTest, NodeSelectorWithoutMatchingNodeSaysSo) {
   Pass();
   EXPECT_EQ(Get(*job).state(), v1::Job::PENDING);
   EXPECT_EQ(Get(*job).state_reason(), "no node with label gpu=h200");
+}
+
+// --- Control plane under faults (issue 23) ---------------------------------------------------
+
+TEST(ControlPlaneRules, TheSweepWaitsForTheStartupGrace) {
+  EXPECT_FALSE(MayDeclareNodesLost(absl::Seconds(1), absl::Seconds(6)));
+  EXPECT_TRUE(MayDeclareNodesLost(absl::Seconds(6), absl::Seconds(6)));
+  EXPECT_EQ(NodeLostReason("a", 7.6, absl::Seconds(3)),
+            "nodes/a lost: no heartbeat for 7 s (lease 3s)");
+}
+
+TEST(ControlPlaneRules, CancelIsCancellingWhileRanksLive) {
+  EXPECT_EQ(StateAfterCancel(v1::Job::PENDING, 0), v1::Job::CANCELLED);
+  EXPECT_EQ(StateAfterCancel(v1::Job::RESTARTING, 0), v1::Job::CANCELLED);
+  EXPECT_EQ(StateAfterCancel(v1::Job::RUNNING, 2), v1::Job::CANCELLING);
+  EXPECT_EQ(StateAfterCancel(v1::Job::SCHEDULED, 1), v1::Job::CANCELLING);
+  EXPECT_EQ(StateAfterCancel(v1::Job::CANCELLING, 1), v1::Job::CANCELLING);
+  EXPECT_EQ(StateAfterCancel(v1::Job::SUCCEEDED, 0), v1::Job::SUCCEEDED);
+  EXPECT_FALSE(IsTerminal(v1::Job::CANCELLING));
+  EXPECT_TRUE(IsAllowedTransition(v1::Job::CANCELLING, v1::Job::CANCELLED));
+  EXPECT_FALSE(IsAllowedTransition(v1::Job::CANCELLING, v1::Job::RUNNING));
+}
+
+TEST(ControlPlaneRules, RankFailureMessagesKeepTheCauseApartFromTheLastLogLine) {
+  EXPECT_EQ(RankFailureMessage(1, false, 0, 9, "resumed from step 600"),
+            "rank 1 was killed by signal 9 (last log line: resumed from step 600)");
+  EXPECT_EQ(RankFailureMessage(1, false, 0, 9, "killed by signal 9"),
+            "rank 1 was killed by signal 9");
+  EXPECT_EQ(RankFailureMessage(0, false, 3, 0, "nan loss"),
+            "rank 0 exited with code 3 (last log line: nan loss)");
+  EXPECT_EQ(RankFailureMessage(2, true, 0, 0, "stopped by the agent: no successful heartbeat"),
+            "rank 2 was stopped by its agent: no successful heartbeat");
+  EXPECT_EQ(RankFailureMessage(2, true, 0, 0, ""), "rank 2 was stopped by its agent");
+}
+
+// The issue's hypothesis: Heartbeat read the desired set and then, in a second statement under
+// READ COMMITTED, the node's live ranks; a placement committed between the two was seen live
+// but not desired, and marked STOPPED, failing the new attempt ("stopped by its agent"). The
+// seam commits a placement exactly there.
+TEST_F(SchedulerTest, APlacementCommittedDuringAHeartbeatIsNotStopped) {
+  Agent a = Register("a", 2);
+  v1::Job job = Submit(2);
+  bool placed = false;
+  NodeManagerOptions options;
+  options.after_desired_read_for_test = [&] {
+    if (placed) return;
+    placed = true;
+    ASSERT_TRUE(scheduler_->RunOnce().ok());  // other connections; commits the placement
+  };
+  NodeManager racing(pool_.get(), options);
+  racing.set_store_address("127.0.0.1:7070");
+  v1::HeartbeatRequest request;
+  request.set_node("nodes/a");
+  request.set_session_id(a.session);
+  request.set_seq(++a.seq);
+  ASSERT_TRUE(racing.Heartbeat(request).ok());
+  ASSERT_TRUE(placed);
+  ASSERT_EQ(Get(job).state(), v1::Job::SCHEDULED);
+
+  auto states = pool_->Exec("SELECT state FROM rank_assignments WHERE job_id = $1::uuid",
+                            {JobId(job.name())});
+  ASSERT_TRUE(states.ok()) << states.status();
+  ASSERT_EQ(states->rows(), 2);
+  for (const db::Row& row : *states) EXPECT_EQ(row.Get<std::string>("state"), "ASSIGNED");
+  Pass();
+  EXPECT_EQ(Get(job).state(), v1::Job::SCHEDULED) << Get(job).state_reason();
+  EXPECT_EQ(Beat(a, {}).size(), 2u);  // the next heartbeat hands the ranks out
+}
+
+// Protocol steps 2-4 of scheduler.h: a node silent only because the api was away keeps its
+// running job; one still silent after the grace is lost, and its job's reason says so.
+TEST_F(SchedulerTest, AStartingApiGivesSilentNodesAGraceThenLosesThemWithTheReason) {
+  Agent a = Register("a", 2);
+  v1::Job job = Submit(2);
+  Pass();
+  auto on_a = Beat(a, {});
+  Beat(a, All(on_a, v1::RankStatus::RUNNING));
+  Pass();
+  ASSERT_EQ(Get(job).state(), v1::Job::RUNNING);
+  auto age = [&] {
+    ASSERT_TRUE(pool_->Exec("UPDATE nodes SET last_heartbeat_time = now() - interval '1 minute'")
+                    .ok());
+  };
+
+  age();  // the api was down for a minute and has just started again
+  SchedulerOptions restarted;
+  restarted.startup_grace = absl::Hours(1);
+  ASSERT_TRUE(Scheduler(pool_.get(), restarted).RunOnce().ok());
+  EXPECT_EQ(nodes_->GetNode("nodes/a")->state(), v1::Node::READY);
+  EXPECT_EQ(Get(job).state(), v1::Job::RUNNING);
+  // The agent gets through with the session it had: its ranks are adopted, not restarted.
+  EXPECT_EQ(Beat(a, All(on_a, v1::RankStatus::RUNNING)).size(), 2u);
+  Pass();
+  EXPECT_EQ(Get(job).state(), v1::Job::RUNNING);
+  EXPECT_EQ(Get(job).attempt(), 1);
+
+  age();  // silent past the grace: lost
+  SchedulerOptions up;
+  up.startup_grace = absl::ZeroDuration();
+  ASSERT_TRUE(Scheduler(pool_.get(), up).RunOnce().ok());
+  EXPECT_EQ(nodes_->GetNode("nodes/a")->state(), v1::Node::LOST);
+  EXPECT_NE(Get(job).state(), v1::Job::RUNNING);
+  EXPECT_THAT(Get(job).state_reason(), HasSubstr("nodes/a lost: no heartbeat for 60 s"));
+}
+
+// The grace excuses only silence that began before the api started: a node that has
+// heartbeated to this api and then goes silent is lost after the lease, grace or not.
+TEST_F(SchedulerTest, ANodeSilentSinceItSpokeToThisApiGetsNoStartupGrace) {
+  Agent a = Register("a", 2);
+  SchedulerOptions options;
+  options.node_lease = absl::Milliseconds(300);
+  options.startup_grace = absl::Hours(1);
+  Scheduler fresh(pool_.get(), options);
+  ASSERT_TRUE(pool_->Exec("UPDATE nodes SET last_heartbeat_time = now() - interval '1 minute'")
+                  .ok());
+  ASSERT_TRUE(fresh.RunOnce().ok());
+  EXPECT_EQ(nodes_->GetNode("nodes/a")->state(), v1::Node::READY);  // silent since before
+  Beat(a, {});  // heard by this api
+  absl::SleepFor(absl::Milliseconds(500));
+  ASSERT_TRUE(fresh.RunOnce().ok());
+  EXPECT_EQ(nodes_->GetNode("nodes/a")->state(), v1::Node::LOST);
+}
+
+TEST_F(SchedulerTest, CancelIsCancellingUntilEveryRankIsReportedGone) {
+  Agent a = Register("a", 2);
+  v1::Job job = Submit(2);
+  Pass();
+  auto on_a = Beat(a, {});
+  Beat(a, All(on_a, v1::RankStatus::RUNNING));
+  Pass();
+  ASSERT_EQ(Get(job).state(), v1::Job::RUNNING);
+
+  auto cancelled = jobs_->CancelJob(tenant_, job.name(), "enough");
+  ASSERT_TRUE(cancelled.ok()) << cancelled.status();
+  EXPECT_EQ(cancelled->state(), v1::Job::CANCELLING);
+  EXPECT_THAT(cancelled->state_reason(), HasSubstr("stopping 2 ranks"));
+  EXPECT_EQ(jobs_->CancelJob(tenant_, job.name())->state(), v1::Job::CANCELLING);  // idempotent
+
+  EXPECT_TRUE(Beat(a, All(on_a, v1::RankStatus::RUNNING)).empty());
+  Pass();
+  EXPECT_EQ(Get(job).state(), v1::Job::CANCELLING);
+  Beat(a, {Status(on_a[0], v1::RankStatus::STOPPED), Status(on_a[1], v1::RankStatus::RUNNING)});
+  Pass();
+  EXPECT_EQ(Get(job).state(), v1::Job::CANCELLING);  // one process is still there
+  Beat(a, All(on_a, v1::RankStatus::STOPPED));
+  Pass();
+  const v1::Job done = Get(job);
+  EXPECT_EQ(done.state(), v1::Job::CANCELLED);
+  EXPECT_THAT(done.state_reason(), HasSubstr("enough; every rank has stopped"));
+
+  auto events = jobs_->ListJobEvents(tenant_, testing::EventsOf(job.name()));
+  ASSERT_TRUE(events.ok());
+  std::vector<std::string> tail;
+  for (const auto& e : events->events()) {
+    tail.push_back(e.type() == v1::JobEvent::STATE_CHANGED
+                       ? v1::Job::State_Name(e.from_state()) + "->" +
+                             v1::Job::State_Name(e.to_state())
+                       : v1::JobEvent::Type_Name(e.type()));
+  }
+  EXPECT_THAT(tail, ::testing::ElementsAre("STATE_UNSPECIFIED->PENDING", "PENDING->SCHEDULED",
+                                           "SCHEDULED->RUNNING",
+                                           "CANCEL_REQUESTED", "RUNNING->CANCELLING",
+                                           "CANCELLING->CANCELLED"));
+
+  // A job without ranks is CANCELLED at once.
+  v1::Job waiting = Submit(8);
+  EXPECT_EQ(jobs_->CancelJob(tenant_, waiting.name())->state(), v1::Job::CANCELLED);
+}
+
+// jobs.proto: the spec is kept as submitted; every reader applies the defaults itself.
+TEST_F(SchedulerTest, TheStoredSpecIsAsSubmittedAndPlacedWithItsDefaults) {
+  Agent a = Register("a", 2);
+  v1::JobSpec spec = testing::MinimalJobSpec();
+  spec.clear_distributed();  // world size 1 by default
+  spec.clear_checkpoint();
+  spec.clear_hang_timeout_seconds();
+  auto job = jobs_->CreateJob(tenant_, spec, "");
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(Get(*job).spec(), spec))
+      << Get(*job).spec().DebugString();
+  Pass();
+  EXPECT_EQ(Get(*job).state(), v1::Job::SCHEDULED) << Get(*job).state_reason();
+  const auto desired = Beat(a, {});
+  ASSERT_EQ(desired.size(), 1u);
+  EXPECT_EQ(desired[0].world_size(), 1);
+  EXPECT_FALSE(desired[0].spec().has_distributed());  // the trainer applies WithDefaults
 }
 
 }  // namespace

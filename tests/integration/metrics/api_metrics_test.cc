@@ -108,6 +108,7 @@ TEST_F(ApiMetricsTest, SchedulingLatencyIsObservedWhenEveryRankRuns) {
   v1::RegisterNodeRequest node;
   node.mutable_node()->set_name("nodes/a");
   node.mutable_node()->set_slots(2);
+  node.mutable_node()->add_data_roots("/data");  // MinimalJobSpec's dataset is there
   auto registered = nodes.RegisterNode(node);
   ASSERT_TRUE(registered.ok()) << registered.status();
   v1::JobSpec spec = testing::MinimalJobSpec();

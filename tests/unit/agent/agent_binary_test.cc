@@ -1,6 +1,8 @@
 // gradhub-agent as a process, without a server: flags, SIGTERM, and step 1 (leftovers).
 // Against a real gradhub-api it is tested end to end under tests/e2e.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <signal.h>
 
 #include <filesystem>
@@ -32,10 +34,25 @@ TEST(AgentBinaryTest, BadFlagsAreUsageErrors) {
   EXPECT_EQ(testing::Run({BinaryPath("gradhub-agent"), "--labels", "oops"}).exit_code, 2);
 }
 
+// Ranks never run as root, and a rank user that could not enter its directory is found at
+// start, not at the first rank.
+TEST(AgentBinaryTest, RefusesRootRanksAndAWorkDirTheRankUserCannotEnter) {
+  const auto root = testing::Run({BinaryPath("gradhub-agent"), "--run-as", "root"});
+  EXPECT_EQ(root.exit_code, 2);
+  EXPECT_NE(root.err.find("ranks never run as root"), std::string::npos) << root.err;
+  if (geteuid() != 0) return;
+  testing::TempDir dir;  // 0700, root's
+  const auto closed = testing::Run(
+      {BinaryPath("gradhub-agent"), "--work-dir", dir.path() + "/work", "--run-as", "nobody"});
+  EXPECT_EQ(closed.exit_code, 2);
+  EXPECT_NE(closed.err.find("cannot enter " + dir.path()), std::string::npos) << closed.err;
+}
+
 // Step 1 happens before registering, so it is visible without a server; the server being
 // unreachable is retried, never fatal; SIGTERM ends the agent with 0.
 TEST(AgentBinaryTest, KillsLeftoversKeepsRetryingAndExitsZeroOnSigterm) {
   testing::TempDir dir;
+  chmod(dir.path().c_str(), 0711);  // a root agent's rank user must be able to enter it
   testing::Subprocess leftover({"/bin/sleep", "1000"});
   std::filesystem::create_directories(dir.path() + "/pids");
   ASSERT_TRUE(WritePidFile(dir.path() + "/pids/old.1.0.pid", leftover.pid()));

@@ -26,7 +26,7 @@ int main(int argc, char** argv) {
   };
   {
     std::lock_guard<std::mutex> lock(out_mu);  // the pid comes first
-    auto process = gradhub::agent::RankProcess::Start(options);
+    auto process = gradhub::agent::RankProcess::Start(std::move(options));
     if (!process.ok()) {
       std::cerr << process.status() << "\n";
       return 1;

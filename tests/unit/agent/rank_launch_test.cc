@@ -25,6 +25,9 @@ AgentConfig Config(const std::string& work_dir) {
   config.name = "node-a";
   config.checkpoint_server = "10.0.0.2:7071";
   config.metrics_server = "10.0.0.3:7072";
+  config.isolation.data_roots = {"/data", "/srv/models"};
+  config.isolation.max_input_bytes = 1 << 30;
+  config.isolation.memory_limit_bytes = int64_t{6} << 30;
   return config;
 }
 
@@ -74,6 +77,9 @@ TEST(RankLaunchTest, DirectoriesAndEnvironmentFollowTheTrainerContract) {
       {"GRADHUB_METRICS_SERVER", "10.0.0.3:7072"},
       {"GRADHUB_NODE_NAME", "node-a"},
       {"GRADHUB_NODE_SESSION", "session-1"},
+      {"GRADHUB_DATA_ROOTS", "/data:/srv/models"},
+      {"GRADHUB_MAX_INPUT_BYTES", "1073741824"},
+      {"GRADHUB_MEMORY_LIMIT_BYTES", "6442450944"},
       {"NCCL_DEBUG", "INFO"},
   };
   EXPECT_EQ(launch->env, want);

@@ -288,22 +288,34 @@ TEST(RankProcessTest, WhatARankLeavesBehindIsKilledWhenItExits) {
 
 TEST(RankProcessTest, EnvironmentAndWorkingDirectory) {
   testing::TempDir dir;
-  setenv("GRADHUB_AGENT_TEST_INHERITED", "from-agent", 1);
-  setenv("GRADHUB_AGENT_TEST_OVERRIDDEN", "from-agent", 1);
+  setenv("OMP_AGENT_TEST_INHERITED", "from-agent", 1);
+  setenv("OMP_AGENT_TEST_OVERRIDDEN", "from-agent", 1);
+  setenv("GRADHUB_AGENT_TEST_SECRET", "agent-secret", 1);
   RankProcessOptions options;
-  options.env = {{"GRADHUB_AGENT_TEST_OVERRIDDEN", "from-options"}, {"EXTRA", "x y"}};
+  options.env = {{"OMP_AGENT_TEST_OVERRIDDEN", "from-options"}, {"EXTRA", "x y"}};
   options.working_dir = dir.path();
   Lines lines;
   auto process = StartShell(
-      "pwd; echo $GRADHUB_AGENT_TEST_INHERITED; echo $GRADHUB_AGENT_TEST_OVERRIDDEN; "
-      "echo \"$EXTRA\"; [ -t 0 ] || cat; echo end",
+      "pwd; echo $OMP_AGENT_TEST_INHERITED; echo $OMP_AGENT_TEST_OVERRIDDEN; "
+      "echo \"$EXTRA\"; echo \"secret=$GRADHUB_AGENT_TEST_SECRET\"; [ -t 0 ] || cat; echo end",
       &lines, options);
   ASSERT_TRUE(process->Wait(absl::Seconds(10)));
   std::vector<std::string> texts;
   for (const auto& line : lines.get()) texts.push_back(line.text);
   EXPECT_EQ(texts, (std::vector<std::string>{std::filesystem::canonical(dir.path()).string(),
-                                             "from-agent", "from-options", "x y",
+                                             "from-agent", "from-options", "x y", "secret=",
                                              "end"}));  // stdin is /dev/null: cat ends at once
+}
+
+TEST(RankProcessTest, RanksInheritOnlyWhatFindsProgramsAndTunesThem) {
+  for (const char* name : {"PATH", "LD_LIBRARY_PATH", "LC_ALL", "OMP_NUM_THREADS",
+                           "NCCL_SOCKET_IFNAME", "CUDA_MODULE_LOADING", "GRADHUB_THREADS"}) {
+    EXPECT_TRUE(RankInheritsVariable(name)) << name;
+  }
+  for (const char* name : {"GRADHUB_TOKEN", "GRADHUB_NODE_TOKEN", "GRADHUB_DATABASE_URL",
+                           "AWS_SECRET_ACCESS_KEY", "HOME", "PATHX", "LD_PRELOAD", "OMP"}) {
+    EXPECT_FALSE(RankInheritsVariable(name)) << name;
+  }
 }
 
 TEST(RankProcessTest, NoLineCallbackAfterDestruction) {

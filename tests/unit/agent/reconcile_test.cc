@@ -106,3 +106,16 @@ TEST(ReconcileTest, KeyToString) { EXPECT_EQ(kA1.ToString(), "jobs/a attempt 1 r
 
 }  // namespace
 }  // namespace gradhub::agent
+
+namespace gradhub::agent {
+namespace {
+
+// Outage step 2 (reconcile.h): ranks ride out an api outage up to the grace, not a lease.
+TEST(OutageGraceTest, RanksKeepRunningUntilTheGraceHasPassed) {
+  EXPECT_FALSE(OutageGraceExpired(absl::Seconds(3), absl::Seconds(60)));
+  EXPECT_FALSE(OutageGraceExpired(absl::Seconds(60), absl::Seconds(60)));
+  EXPECT_TRUE(OutageGraceExpired(absl::Seconds(61), absl::Seconds(60)));
+}
+
+}  // namespace
+}  // namespace gradhub::agent

@@ -164,5 +164,27 @@ TEST(LossPlotTest, EdgeCases) {
   EXPECT_THAT(one, Not(HasSubstr("nan")));
 }
 
+// `describe`'s checkpoint line: the highest committed step that no CHECKPOINT_CORRUPT took back.
+TEST(LatestCheckpointTest, HighestCommittedStepNotMarkedBad) {
+  auto event = [](v1::JobEvent::Type type, int64_t step, int64_t bytes) {
+    v1::JobEvent e;
+    e.set_type(type);
+    e.set_attempt(1);
+    e.set_checkpoint_step(step);
+    e.set_checkpoint_size_bytes(bytes);
+    return e;
+  };
+  const v1::JobEvent c25 = event(v1::JobEvent::CHECKPOINT_COMMITTED, 25, 2048);
+  const v1::JobEvent c50 = event(v1::JobEvent::CHECKPOINT_COMMITTED, 50, 3 << 20);
+  const v1::JobEvent bad50 = event(v1::JobEvent::CHECKPOINT_CORRUPT, 50, 0);
+  const v1::JobEvent state = event(v1::JobEvent::STATE_CHANGED, 0, 0);
+  EXPECT_EQ(LatestCheckpoint({}), nullptr);
+  EXPECT_EQ(LatestCheckpoint({&state}), nullptr);
+  EXPECT_EQ(LatestCheckpoint({&c50, &c25, &state}), &c50);
+  EXPECT_EQ(LatestCheckpoint({&c25, &c50, &bad50}), &c25);
+  EXPECT_EQ(CheckpointSummary(nullptr), "none committed");
+  EXPECT_THAT(CheckpointSummary(&c50), HasSubstr("step 50, 3.0 MiB (attempt 1, committed "));
+}
+
 }  // namespace
 }  // namespace gradhub::cli

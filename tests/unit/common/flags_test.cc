@@ -79,3 +79,30 @@ TEST_F(FlagsTest, UsageListsFlagsVariablesAndDefaults) {
 
 }  // namespace
 }  // namespace gradhub
+
+namespace gradhub {
+namespace {
+
+// A repeatable flag (gradhub-agent --data-root): every occurrence appends, the first replaces
+// the default, and the variable is a ':'-separated list used only without the flag.
+TEST(FlagsListTest, RepeatedFlagsAppendAndTheVariableIsAColonList) {
+  std::vector<std::string> roots = {"/default"};
+  Flags flags("prog", "A test program.");
+  flags.StringList("root", "GRADHUB_TEST_ROOTS", &roots, "roots");
+  const char* argv[] = {"prog", "--root", "/a", "--root=/b"};
+  ASSERT_TRUE(flags.Parse(4, argv).ok());
+  EXPECT_EQ(roots, (std::vector<std::string>{"/a", "/b"}));
+
+  roots = {"/default"};
+  setenv("GRADHUB_TEST_ROOTS", "/x:/y", 1);
+  const char* none[] = {"prog"};
+  ASSERT_TRUE(flags.Parse(1, none).ok());
+  EXPECT_EQ(roots, (std::vector<std::string>{"/x", "/y"}));
+  roots = {"/default"};
+  ASSERT_TRUE(flags.Parse(4, argv).ok());
+  EXPECT_EQ(roots, (std::vector<std::string>{"/a", "/b"})) << "the flag beats the variable";
+  unsetenv("GRADHUB_TEST_ROOTS");
+}
+
+}  // namespace
+}  // namespace gradhub
