@@ -17,7 +17,7 @@ PACKAGES := \
   libgtest-dev libgmock-dev googletest prometheus \
   python3-torch python3-sklearn clang-format
 
-.PHONY: setup build demo test bench fmt clean
+.PHONY: setup build demo test bench fmt fmt-check clean
 
 # Idempotent: installs only what is missing, and touches the network only then; creates the
 # ranks' user if it is missing.
@@ -53,8 +53,12 @@ test: build
 bench: build
 	tests/bench/run.sh $(BUILD_DIR)
 
+# Every C++ file as .clang-format says; fmt-check (run by .ci/run) fails on any difference.
 fmt:
 	git ls-files '*.cc' '*.h' | xargs clang-format -i
+
+fmt-check:
+	git ls-files '*.cc' '*.h' | xargs clang-format --dry-run --Werror
 
 clean:
 	rm -rf $(BUILD_DIR)

@@ -25,7 +25,7 @@ struct AgentConfig {
   std::string checkpoint_root;  // empty = <work-dir>/checkpoints
   std::string checkpoint_server;
   std::string metrics_server;
-  std::string trainer;          // gradhub-trainer next to this binary unless set
+  std::string trainer;  // gradhub-trainer next to this binary unless set
   absl::Duration stop_grace = absl::Seconds(10);
   // How long ranks keep running while no Heartbeat succeeds (api restart, network): see
   // agent.h step 7.
@@ -58,11 +58,10 @@ struct AgentConfig {
                 "Host or IP at which other nodes' trainers reach this node's trainers")
         .String("work-dir", "GRADHUB_WORK_DIR", &work_dir,
                 "Per-rank working directories (jobs/<id>/attempt-<n>/rank-<r>/) and pid files")
-        .String(
-            "checkpoint-root", "GRADHUB_CHECKPOINT_ROOT", &checkpoint_root,
-            "With --checkpoint-server: this node's cache of checkpoint blobs, <this>/<job "
-            "id>. Without: where checkpoints go (then a restart resumes only on a node that "
-            "sees the same directory). Empty = <work-dir>/checkpoints")
+        .String("checkpoint-root", "GRADHUB_CHECKPOINT_ROOT", &checkpoint_root,
+                "With --checkpoint-server: this node's cache of checkpoint blobs, <this>/<job "
+                "id>. Without: where checkpoints go (then a restart resumes only on a node that "
+                "sees the same directory). Empty = <work-dir>/checkpoints")
         .String("checkpoint-server", "GRADHUB_CHECKPOINT_SERVER", &checkpoint_server,
                 "host:port of gradhub-checkpoint's gRPC port, handed to ranks: rank 0 saves "
                 "there and a restarted attempt resumes from it on any node")

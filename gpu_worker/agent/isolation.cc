@@ -78,9 +78,9 @@ absl::StatusOr<NodeIsolation> SetUpIsolation(const AgentConfig& config) {
     std::string blocked;
     if (isolation.identity.switch_user && !dir.empty() &&
         !Traversable(dir, isolation.identity.uid, isolation.identity.gid, &blocked)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          flag, " ", dir, ": the ranks' user ", isolation.identity.name, " cannot enter ",
-          blocked, " (give it o+x, or choose another directory)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(flag, " ", dir, ": the ranks' user ", isolation.identity.name,
+                       " cannot enter ", blocked, " (give it o+x, or choose another directory)"));
     }
   }
   // Last: it creates this agent's cgroup directory, which an error above would leave behind.

@@ -41,8 +41,8 @@ absl::Status WriteFile(const std::string& path, const std::string& value) {
   const int error = errno;
   close(fd);
   if (written != static_cast<ssize_t>(value.size())) {
-    return absl::InternalError(absl::StrCat("write '", value, "' to ", path, ": ",
-                                            std::strerror(error)));
+    return absl::InternalError(
+        absl::StrCat("write '", value, "' to ", path, ": ", std::strerror(error)));
   }
   return absl::OkStatus();
 }
@@ -123,10 +123,14 @@ int64_t ReadNumber(const std::string& path) {
 
 const char* MemoryMechanismName(MemoryMechanism mechanism) {
   switch (mechanism) {
-    case MemoryMechanism::kNone: return "none";
-    case MemoryMechanism::kCgroupV2: return "cgroup-v2";
-    case MemoryMechanism::kCgroupV1: return "cgroup-v1";
-    case MemoryMechanism::kRlimit: return "rlimit";
+    case MemoryMechanism::kNone:
+      return "none";
+    case MemoryMechanism::kCgroupV2:
+      return "cgroup-v2";
+    case MemoryMechanism::kCgroupV1:
+      return "cgroup-v1";
+    case MemoryMechanism::kRlimit:
+      return "rlimit";
   }
   return "?";
 }
@@ -161,10 +165,10 @@ absl::StatusOr<MemoryMechanism> ChooseMemoryMechanism(const std::string& request
   if (requested == "cgroup-v2" || requested == "cgroup-v1") {
     const bool v2 = requested == "cgroup-v2";
     if ((v2 ? probe.v2_parent : probe.v1_parent).empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--memory-isolation: ", requested, " is not usable here (no writable ",
-          v2 ? "cgroup v2 with the memory controller" : "cgroup v1 memory hierarchy",
-          "; see --cgroup-parent)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--memory-isolation: ", requested, " is not usable here (no writable ",
+                       v2 ? "cgroup v2 with the memory controller" : "cgroup v1 memory hierarchy",
+                       "; see --cgroup-parent)"));
     }
     return v2 ? MemoryMechanism::kCgroupV2 : MemoryMechanism::kCgroupV1;
   }
@@ -211,8 +215,8 @@ absl::StatusOr<std::unique_ptr<MemoryCgroup>> MemoryCgroup::Create(MemoryMechani
   const int fd = limited.ok() ? open((path + "/cgroup.procs").c_str(), O_WRONLY | O_CLOEXEC) : -1;
   if (fd < 0) {
     rmdir(path.c_str());
-    return limited.ok() ? absl::InternalError(absl::StrCat("open ", path, "/cgroup.procs: ",
-                                                          std::strerror(errno)))
+    return limited.ok() ? absl::InternalError(
+                              absl::StrCat("open ", path, "/cgroup.procs: ", std::strerror(errno)))
                         : limited;
   }
   return std::unique_ptr<MemoryCgroup>(new MemoryCgroup(version, path, fd, limit_bytes));

@@ -168,10 +168,16 @@ struct ExecPlan {
 }  // namespace
 
 bool RankInheritsVariable(std::string_view name) {
-  static constexpr std::string_view kNames[] = {
-      "PATH", "LD_LIBRARY_PATH", "LANG", "LANGUAGE", "TZ", "TMPDIR",
-      "GRADHUB_THREADS", "GRADHUB_COLLECTIVE_TIMEOUT", "GRADHUB_PREEMPT_GRACE"};
-  static constexpr std::string_view kPrefixes[] = {"LC_",   "OMP_",  "MKL_", "OPENBLAS_",
+  static constexpr std::string_view kNames[] = {"PATH",
+                                                "LD_LIBRARY_PATH",
+                                                "LANG",
+                                                "LANGUAGE",
+                                                "TZ",
+                                                "TMPDIR",
+                                                "GRADHUB_THREADS",
+                                                "GRADHUB_COLLECTIVE_TIMEOUT",
+                                                "GRADHUB_PREEMPT_GRACE"};
+  static constexpr std::string_view kPrefixes[] = {"LC_",   "OMP_",  "MKL_",  "OPENBLAS_",
                                                    "CUDA_", "NCCL_", "GLOO_", "TORCH_"};
   for (std::string_view allowed : kNames) {
     if (name == allowed) return true;
@@ -269,10 +275,10 @@ void ResetSignals() {
 // In the child, between fork and exec: the launch protocol of rank_process.h. Never returns.
 [[noreturn]] void ExecChild(const ExecPlan& plan, pid_t parent, int stdin_fd, int out_fd,
                             int err_fd) {
-  setpgid(0, 0);                                                         // 1
+  setpgid(0, 0);                                                                     // 1
   const bool joined = plan.cgroup_procs_fd < 0 || JoinCgroup(plan.cgroup_procs_fd);  // 2
   const int join_errno = errno;
-  ResetSignals();                                                        // 3
+  ResetSignals();  // 3
   dup2(stdin_fd, 0);
   dup2(out_fd, 1);
   dup2(err_fd, 2);
@@ -282,7 +288,7 @@ void ResetSignals() {
     WriteErrno(plan.cgroup_error, join_errno);
     _exit(127);
   }
-  if (plan.rlimit_data_bytes > 0) {                                      // 4
+  if (plan.rlimit_data_bytes > 0) {  // 4
     const struct rlimit limit = {static_cast<rlim_t>(plan.rlimit_data_bytes),
                                  static_cast<rlim_t>(plan.rlimit_data_bytes)};
     if (setrlimit(RLIMIT_DATA, &limit) != 0) {
@@ -290,18 +296,18 @@ void ResetSignals() {
       _exit(127);
     }
   }
-  if (plan.identity.switch_user && !DropPrivileges(plan.identity)) {    // 5
+  if (plan.identity.switch_user && !DropPrivileges(plan.identity)) {  // 5
     WriteErrno(plan.drop_error, errno);
     _exit(127);
   }
-  prctl(PR_SET_PDEATHSIG, SIGKILL);                                      // 6
+  prctl(PR_SET_PDEATHSIG, SIGKILL);  // 6
   // The agent may have died before prctl: then no signal will ever come.
   if (getppid() != parent) _exit(127);
   if (!plan.working_dir.empty() && chdir(plan.working_dir.c_str()) != 0) {  // 7
     WriteErrno(plan.chdir_error, errno);
     _exit(127);
   }
-  execve(plan.argv[0], plan.argv.data(), plan.envp.data());             // 8
+  execve(plan.argv[0], plan.argv.data(), plan.envp.data());  // 8
   WriteErrno(plan.exec_error, errno);
   _exit(127);
 }
@@ -392,9 +398,8 @@ class Supervisor {
     fcntl(err[0], F_SETFL, O_NONBLOCK);
     child->on_line = std::move(options.on_line);
     child->pid_file = options.pid_file;
-    child->status.memory_limit_bytes = options.memory_cgroup
-                                           ? options.memory_cgroup->limit_bytes()
-                                           : options.rlimit_data_bytes;
+    child->status.memory_limit_bytes =
+        options.memory_cgroup ? options.memory_cgroup->limit_bytes() : options.rlimit_data_bytes;
     child->cgroup = std::move(options.memory_cgroup);
     if (!child->pid_file.empty() && !WritePidFile(child->pid_file, pid)) {
       std::cerr << "gradhub-agent: cannot write pid file " << child->pid_file << "\n";

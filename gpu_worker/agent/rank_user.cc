@@ -25,15 +25,17 @@ absl::StatusOr<RankIdentity> DecideRankIdentity(uid_t agent_uid, const std::stri
   if (agent_uid != 0) {
     // Not root: it cannot change user, and need not (its ranks are as unprivileged as it is).
     if (run_as.empty() || run_as == agent_name) return self;
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--run-as ", run_as, ": only an agent running as root can start ranks as another "
-        "user; this one runs as ", agent_name, " (uid ", agent_uid, "), leave --run-as unset"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--run-as ", run_as,
+                     ": only an agent running as root can start ranks as another "
+                     "user; this one runs as ",
+                     agent_name, " (uid ", agent_uid, "), leave --run-as unset"));
   }
   const std::string name = RankUserName(run_as);
   if (!user.has_value()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--run-as: there is no user '", name, "' on this node (`make setup` creates ",
-        kDefaultRankUser, "; or name another unprivileged user)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--run-as: there is no user '", name, "' on this node (`make setup` creates ",
+                     kDefaultRankUser, "; or name another unprivileged user)"));
   }
   if (user->uid == 0) {
     return absl::InvalidArgumentError(

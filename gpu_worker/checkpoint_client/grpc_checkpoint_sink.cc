@@ -65,9 +65,8 @@ class GrpcCheckpointSink final : public trainer::CheckpointSink {
   void Save(const trainer::Checkpoint& checkpoint) override {
     const std::string sha256 = Sha256Hex(checkpoint.bytes);
     const auto deadline = Clock::now() + options_.deadline;
-    Retrying("save step " + std::to_string(checkpoint.step), deadline, [&](int try_number) {
-      SaveOnce(checkpoint, sha256, try_number);
-    });
+    Retrying("save step " + std::to_string(checkpoint.step), deadline,
+             [&](int try_number) { SaveOnce(checkpoint, sha256, try_number); });
     Cache(sha256, checkpoint.bytes);
   }
 
@@ -212,16 +211,18 @@ class GrpcCheckpointSink final : public trainer::CheckpointSink {
       v1::DownloadCheckpointResponse chunk;
       while (stream->Read(&chunk)) {
         if (chunk.offset() != static_cast<int64_t>(bytes.size())) {
-          throw std::runtime_error("checkpoint store sent offset " + std::to_string(chunk.offset()) +
-                                   ", expected " + std::to_string(bytes.size()));
+          throw std::runtime_error("checkpoint store sent offset " +
+                                   std::to_string(chunk.offset()) + ", expected " +
+                                   std::to_string(bytes.size()));
         }
         bytes += chunk.data();
       }
       grpc::Status status = stream->Finish();
       if (status.ok()) break;
-      if (!Retryable(status.error_code()) || broken >= 3) throw CallFailed("DownloadCheckpoint", status);
-      log_ << "gradhub-trainer: download of " << checkpoint.name() << " broke at "
-           << bytes.size() << " bytes: " << status.error_message() << "; resuming\n";
+      if (!Retryable(status.error_code()) || broken >= 3)
+        throw CallFailed("DownloadCheckpoint", status);
+      log_ << "gradhub-trainer: download of " << checkpoint.name() << " broke at " << bytes.size()
+           << " bytes: " << status.error_message() << "; resuming\n";
     }
     if (Sha256Hex(bytes) != checkpoint.sha256()) {
       throw CallFailed("DownloadCheckpoint",

@@ -33,8 +33,8 @@
 namespace gradhub::checkpoint_client {
 
 struct GrpcCheckpointSinkOptions {
-  std::string address;  // host:port of gradhub-checkpoint
-  std::string token;    // the node token, sent as a bearer token
+  std::string address;      // host:port of gradhub-checkpoint
+  std::string token;        // the node token, sent as a bearer token
   std::string tls_ca_file;  // PEM certificates to trust; empty = plaintext
   // Sent as `gradhub-node` / `gradhub-node-session`: the server lets a node write only the
   // jobs placed on it. Empty when the trainer runs by hand (then the token must be the admin's).

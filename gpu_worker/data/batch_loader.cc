@@ -5,15 +5,15 @@
 
 namespace gradhub::data {
 
-BatchLoader::BatchLoader(const Dataset& dataset, std::vector<int64_t> indices,
-                         int64_t batch_size, bool drop_last, int prefetch, int64_t start_batch)
+BatchLoader::BatchLoader(const Dataset& dataset, std::vector<int64_t> indices, int64_t batch_size,
+                         bool drop_last, int prefetch, int64_t start_batch)
     : dataset_(dataset),
       indices_(std::move(indices)),
       batch_size_(batch_size),
       num_batches_(batch_size <= 0 ? 0
-                   : drop_last     ? static_cast<int64_t>(indices_.size()) / batch_size
-                                   : (static_cast<int64_t>(indices_.size()) + batch_size - 1) /
-                                         batch_size),
+                   : drop_last
+                       ? static_cast<int64_t>(indices_.size()) / batch_size
+                       : (static_cast<int64_t>(indices_.size()) + batch_size - 1) / batch_size),
       prefetch_(std::max(1, prefetch)),
       next_to_build_(std::max<int64_t>(0, start_batch)),
       thread_([this] { Produce(); }) {
@@ -40,9 +40,8 @@ void BatchLoader::Produce() {
         batch = next_to_build_++;
       }
       const auto begin = indices_.begin() + batch * batch_size_;
-      const auto end = indices_.begin() +
-                       std::min<int64_t>(static_cast<int64_t>(indices_.size()),
-                                         (batch + 1) * batch_size_);
+      const auto end = indices_.begin() + std::min<int64_t>(static_cast<int64_t>(indices_.size()),
+                                                            (batch + 1) * batch_size_);
       at::Tensor x, y;
       dataset_.Batch(std::vector<int64_t>(begin, end), &x, &y);
       {

@@ -4,8 +4,8 @@
 #include <cstdlib>
 #include <string_view>
 
-#include "services/common/contract/user_error.h"
 #include "gpu_worker/data/tensor_dataset.h"
+#include "services/common/contract/user_error.h"
 
 namespace gradhub::data {
 namespace {
@@ -16,8 +16,10 @@ std::vector<std::string_view> SplitFields(std::string_view line, char delimiter)
   while (true) {
     const size_t end = line.find(delimiter, start);
     std::string_view field = line.substr(start, end == std::string_view::npos ? end : end - start);
-    while (!field.empty() && (field.front() == ' ' || field.front() == '\t')) field.remove_prefix(1);
-    while (!field.empty() && (field.back() == ' ' || field.back() == '\t' || field.back() == '\r')) {
+    while (!field.empty() && (field.front() == ' ' || field.front() == '\t'))
+      field.remove_prefix(1);
+    while (!field.empty() &&
+           (field.back() == ' ' || field.back() == '\t' || field.back() == '\r')) {
       field.remove_suffix(1);
     }
     if (field.size() >= 2 && field.front() == '"' && field.back() == '"') {
@@ -54,7 +56,8 @@ std::unique_ptr<TensorDataset> ReadCsv(const v1::CsvDataset& spec) {
       std::string_view line = rest.substr(0, end);
       rest = end == std::string_view::npos ? std::string_view() : rest.substr(end + 1);
       ++number;
-      if (line.find_first_not_of(" \t\r") != std::string_view::npos) lines.emplace_back(number, line);
+      if (line.find_first_not_of(" \t\r") != std::string_view::npos)
+        lines.emplace_back(number, line);
     }
   }
   if (lines.empty()) throw UserError("dataset.csv.path", path + " has no rows");
@@ -79,9 +82,9 @@ std::unique_ptr<TensorDataset> ReadCsv(const v1::CsvDataset& spec) {
       const int64_t index = spec.label_column_index();
       label = index < 0 ? columns + index : index;
       if (label < 0 || label >= columns) {
-        throw UserError("dataset.csv.labelColumnIndex",
-                        std::to_string(index) + " is outside the " + std::to_string(columns) +
-                            " columns of " + path);
+        throw UserError("dataset.csv.labelColumnIndex", std::to_string(index) + " is outside the " +
+                                                            std::to_string(columns) +
+                                                            " columns of " + path);
       }
       break;
     }
@@ -145,9 +148,9 @@ std::unique_ptr<TensorDataset> ReadCsv(const v1::CsvDataset& spec) {
   bool classification = spec.task() == v1::CsvDataset::CLASSIFICATION ||
                         (spec.task() == v1::CsvDataset::AUTO_TASK && integral);
   if (spec.task() == v1::CsvDataset::CLASSIFICATION && !integral) {
-    throw UserError("dataset.csv.task",
-                    "CLASSIFICATION needs non-negative integer labels; " + path +
-                        " has others in column " + std::to_string(label + 1));
+    throw UserError("dataset.csv.task", "CLASSIFICATION needs non-negative integer labels; " +
+                                            path + " has others in column " +
+                                            std::to_string(label + 1));
   }
 
   DataShape shape;

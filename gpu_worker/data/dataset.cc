@@ -4,10 +4,10 @@
 #include <cerrno>
 #include <cstring>
 
-#include "services/common/contract/input_file.h"
-#include "services/common/contract/user_error.h"
 #include "gpu_worker/data/sampler.h"
 #include "gpu_worker/data/tensor_dataset.h"
+#include "services/common/contract/input_file.h"
+#include "services/common/contract/user_error.h"
 
 namespace gradhub::data {
 
@@ -35,8 +35,8 @@ std::string ReadFileContents(const std::string& path, const std::string& field) 
   const std::string error = read < 0 ? gzerror(file, &code) : "";
   gzclose(file);
   if (read < 0) {
-    throw UserError(field, "cannot read " + path + ": " +
-                               (code == Z_ERRNO ? std::strerror(errno) : error));
+    throw UserError(
+        field, "cannot read " + path + ": " + (code == Z_ERRNO ? std::strerror(errno) : error));
   }
   return contents;
 }
@@ -48,11 +48,9 @@ TensorDataset::TensorDataset(at::Tensor inputs, at::Tensor targets, DataShape sh
       shape_(std::move(shape)),
       normalization_(normalization) {}
 
-void TensorDataset::Batch(const std::vector<int64_t>& indices, at::Tensor* x,
-                          at::Tensor* y) const {
-  const at::Tensor index =
-      at::from_blob(const_cast<int64_t*>(indices.data()), {static_cast<int64_t>(indices.size())},
-                    at::kLong);
+void TensorDataset::Batch(const std::vector<int64_t>& indices, at::Tensor* x, at::Tensor* y) const {
+  const at::Tensor index = at::from_blob(const_cast<int64_t*>(indices.data()),
+                                         {static_cast<int64_t>(indices.size())}, at::kLong);
   *x = inputs_.index_select(0, index);
   *y = targets_.index_select(0, index);
 }
@@ -87,7 +85,8 @@ TextWindows::TextWindows(at::Tensor tokens, int64_t context_length, int64_t voca
 void TextWindows::Batch(const std::vector<int64_t>& indices, at::Tensor* x, at::Tensor* y) const {
   std::vector<at::Tensor> windows;
   windows.reserve(indices.size());
-  for (int64_t i : indices) windows.push_back(tokens_.narrow(0, i * context_length_, context_length_ + 1));
+  for (int64_t i : indices)
+    windows.push_back(tokens_.narrow(0, i * context_length_, context_length_ + 1));
   const at::Tensor stacked = at::stack(windows);
   *x = stacked.narrow(1, 0, context_length_).contiguous();
   *y = stacked.narrow(1, 1, context_length_).contiguous();

@@ -1,7 +1,7 @@
 #include <ATen/ATen.h>
 
-#include "services/common/contract/user_error.h"
 #include "gpu_worker/data/tensor_dataset.h"
+#include "services/common/contract/user_error.h"
 
 namespace gradhub::data {
 namespace {
@@ -27,7 +27,8 @@ IdxArray ReadIdxArray(const std::string& path, const std::string& field) {
   }
   const int rank = static_cast<unsigned char>(b[3]);
   array.offset = 4 + 4 * static_cast<size_t>(rank);
-  if (rank == 0 || b.size() < array.offset) throw UserError(field, path + " has a truncated header");
+  if (rank == 0 || b.size() < array.offset)
+    throw UserError(field, path + " has a truncated header");
   int64_t elements = 1;
   for (int i = 0; i < rank; ++i) {
     int64_t dim = 0;
@@ -59,8 +60,9 @@ std::unique_ptr<TensorDataset> ReadIdx(const v1::IdxDataset& spec) {
                                                   "; images are [count, rows, columns]");
   }
   if (labels.dims.size() != 1) {
-    throw UserError("dataset.idx.labelsPath", spec.labels_path() + " has shape " +
-                                                  ShapeString(labels.dims) + "; labels are [count]");
+    throw UserError(
+        "dataset.idx.labelsPath",
+        spec.labels_path() + " has shape " + ShapeString(labels.dims) + "; labels are [count]");
   }
   if (images.dims[0] != labels.dims[0]) {
     throw UserError("dataset.idx", spec.images_path() + " has " + std::to_string(images.dims[0]) +

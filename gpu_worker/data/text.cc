@@ -2,8 +2,8 @@
 
 #include <array>
 
-#include "services/common/contract/user_error.h"
 #include "gpu_worker/data/tensor_dataset.h"
+#include "services/common/contract/user_error.h"
 
 namespace gradhub::data {
 
@@ -12,10 +12,10 @@ namespace gradhub::data {
 std::unique_ptr<TextWindows> ReadText(const v1::TextDataset& spec, int64_t context_length) {
   const std::string text = ReadFileContents(spec.path(), "dataset.text.path");
   if (static_cast<int64_t>(text.size()) < 2 * (context_length + 1)) {
-    throw UserError("dataset.text.path",
-                    spec.path() + " has " + std::to_string(text.size()) +
-                        " bytes; a context of " + std::to_string(context_length) +
-                        " needs at least " + std::to_string(2 * (context_length + 1)));
+    throw UserError("dataset.text.path", spec.path() + " has " + std::to_string(text.size()) +
+                                             " bytes; a context of " +
+                                             std::to_string(context_length) + " needs at least " +
+                                             std::to_string(2 * (context_length + 1)));
   }
   std::array<int64_t, 256> id;
   id.fill(-1);

@@ -15,12 +15,11 @@ GradientReadyHooks::GradientReadyHooks(const std::vector<at::Tensor>& parameters
                                        std::function<void(size_t)> on_ready) {
   for (size_t index = 0; index < parameters.size(); ++index) {
     if (!parameters[index].requires_grad()) {
-      throw std::invalid_argument("parameter " + std::to_string(index) +
-                                  " does not require grad");
+      throw std::invalid_argument("parameter " + std::to_string(index) + " does not require grad");
     }
     std::shared_ptr<Node> accumulator = torch::autograd::impl::grad_accumulator(parameters[index]);
-    hook_keys_.push_back(accumulator->add_post_hook(
-        std::make_unique<torch::autograd::utils::LambdaPostHook>(
+    hook_keys_.push_back(
+        accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
             [on_ready, index](const torch::autograd::variable_list& outputs,
                               const torch::autograd::variable_list& /*inputs*/) {
               on_ready(index);
@@ -39,8 +38,9 @@ std::vector<size_t> GradientReadyHooks::Unreachable(const std::vector<at::Tensor
   std::vector<const Node*> stack;
   for (const at::Tensor& output : outputs) {
     if (!output.defined() || !output.requires_grad()) continue;
-    const Node* root = output.grad_fn() ? output.grad_fn().get()
-                                        : torch::autograd::impl::try_get_grad_accumulator(output).get();
+    const Node* root = output.grad_fn()
+                           ? output.grad_fn().get()
+                           : torch::autograd::impl::try_get_grad_accumulator(output).get();
     if (root != nullptr && seen.insert(root).second) stack.push_back(root);
   }
   while (!stack.empty()) {

@@ -93,7 +93,8 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
     names.push_back(item.key());
     parameters.push_back(item.value());
   }
-  for (const auto& item : module_->named_buffers(/*recurse=*/true)) buffers_.push_back(item.value());
+  for (const auto& item : module_->named_buffers(/*recurse=*/true))
+    buffers_.push_back(item.value());
 
   VerifySameParameters(*group_, names, parameters);
   BroadcastFromRank0(parameters);

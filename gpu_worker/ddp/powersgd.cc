@@ -13,9 +13,9 @@ namespace gradhub::ddp {
 struct PowerSgd::Pending {
   struct Matrix {
     size_t index;
-    at::Tensor m;     // the gradient viewed [n, m]; after Finish, P Q^T
-    at::Tensor input; // a copy of M before compression, for the error
-    at::Tensor p, q;  // views into the flat P and Q buffers
+    at::Tensor m;      // the gradient viewed [n, m]; after Finish, P Q^T
+    at::Tensor input;  // a copy of M before compression, for the error
+    at::Tensor p, q;   // views into the flat P and Q buffers
   };
   std::vector<Matrix> matrices;
   std::vector<at::Tensor> uncompressed;  // gradient views
@@ -89,10 +89,10 @@ std::shared_ptr<PowerSgd::Pending> PowerSgd::Launch(const std::vector<size_t>& i
       if (error != errors_.end()) matrix.m.add_(error->second);
       matrix.input = matrix.m.clone();
     }
-    p_size += matrix.m.size(0) * std::min({matrix.m.size(0), matrix.m.size(1),
-                                           options_.matrix_approximation_rank});
-    q_size += matrix.m.size(1) * std::min({matrix.m.size(0), matrix.m.size(1),
-                                           options_.matrix_approximation_rank});
+    p_size += matrix.m.size(0) *
+              std::min({matrix.m.size(0), matrix.m.size(1), options_.matrix_approximation_rank});
+    q_size += matrix.m.size(1) *
+              std::min({matrix.m.size(0), matrix.m.size(1), options_.matrix_approximation_rank});
     pending->matrices.push_back(std::move(matrix));
   }
   const auto options = grads.empty() ? at::TensorOptions(at::kFloat) : grads[0].options();

@@ -33,9 +33,8 @@ at::Tensor SumAcrossRanks(ProcessGroup* group, at::Tensor tensor) {
 // group outlives every backward of its outputs.
 struct SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, const at::Tensor& weight,
-                            const at::Tensor& bias, at::Tensor running_mean,
-                            at::Tensor running_var, double eps, double momentum,
-                            int64_t group_address) {
+                            const at::Tensor& bias, at::Tensor running_mean, at::Tensor running_var,
+                            double eps, double momentum, int64_t group_address) {
     auto* group = reinterpret_cast<ProcessGroup*>(group_address);
     const auto dims = ReducedDims(input);
     const auto shape = ChannelShape(input);
@@ -110,8 +109,8 @@ struct SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFun
       dweight = local_dy_xhat;
       dbias = local_dy;
     }
-    return {dx, dweight, dbias, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
-            at::Tensor()};
+    return {dx,           dweight,      dbias,        at::Tensor(),
+            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -148,9 +147,8 @@ at::Tensor SyncBatchNormImpl::forward(const at::Tensor& input) {
     at::NoGradGuard no_grad;
     num_batches_tracked.add_(1);
   }
-  return SyncBatchNormFunction::apply(input, weight, bias, running_mean, running_var,
-                                      options_.eps, options_.momentum,
-                                      reinterpret_cast<int64_t>(group_.get()));
+  return SyncBatchNormFunction::apply(input, weight, bias, running_mean, running_var, options_.eps,
+                                      options_.momentum, reinterpret_cast<int64_t>(group_.get()));
 }
 
 }  // namespace gradhub::ddp

@@ -43,8 +43,8 @@ struct ImageShape {
   int64_t channels = 0;
   int64_t side = 0;
 };
-ImageShape ResolveImageShape(const std::string& field, const DataShape& data,
-                             int64_t spec_channels, int64_t spec_side);
+ImageShape ResolveImageShape(const std::string& field, const DataShape& data, int64_t spec_channels,
+                             int64_t spec_side);
 
 // The output width: the spec's class count, else the data's; 1 for regression.
 int64_t ResolveOutputs(const std::string& field, const DataShape& data, int64_t spec_classes);

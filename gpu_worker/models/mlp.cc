@@ -1,5 +1,5 @@
-#include "services/common/contract/user_error.h"
 #include "gpu_worker/models/architectures.h"
+#include "services/common/contract/user_error.h"
 
 namespace gradhub::models {
 namespace {
@@ -52,10 +52,10 @@ std::unique_ptr<Model> BuildMlp(const v1::MlpModel& spec, const DataShape& data)
   int64_t features = 1;
   for (int64_t d : data.sample_shape) features *= d;
   if (widths.front() != features) {
-    throw UserError("model.mlp.layers[0]",
-                    std::to_string(widths.front()) + " inputs but the dataset's samples have shape " +
-                        ShapeString(data.sample_shape) + " (" + std::to_string(features) +
-                        " features)");
+    throw UserError("model.mlp.layers[0]", std::to_string(widths.front()) +
+                                               " inputs but the dataset's samples have shape " +
+                                               ShapeString(data.sample_shape) + " (" +
+                                               std::to_string(features) + " features)");
   }
   const int64_t outputs = ResolveOutputs("model.mlp", data, 0);
   if (widths.back() != outputs) {

@@ -1,7 +1,7 @@
 #include <cmath>
 
-#include "services/common/contract/user_error.h"
 #include "gpu_worker/models/architectures.h"
+#include "services/common/contract/user_error.h"
 
 namespace gradhub::models {
 namespace {
@@ -23,8 +23,8 @@ ModuleModel::ModuleModel(std::shared_ptr<torch::nn::Module> module,
   description_ = description + " (" + WithThousands(parameters) + " parameters)";
 }
 
-ImageShape ResolveImageShape(const std::string& field, const DataShape& data,
-                             int64_t spec_channels, int64_t spec_side) {
+ImageShape ResolveImageShape(const std::string& field, const DataShape& data, int64_t spec_channels,
+                             int64_t spec_side) {
   const auto& s = data.sample_shape;
   ImageShape image;
   if (s.size() == 3 && s[1] == s[2]) {
@@ -39,13 +39,13 @@ ImageShape ResolveImageShape(const std::string& field, const DataShape& data,
   if (spec_channels > 0 && image.channels != 0 && spec_channels != image.channels) image = {};
   if (spec_side > 0 && image.side != 0 && spec_side != image.side) image = {};
   if (image.side == 0) {
-    throw UserError(field, "needs square images [channels, side, side]" +
-                               (spec_channels > 0 || spec_side > 0
-                                    ? " of [" + std::to_string(spec_channels) + ", " +
-                                          std::to_string(spec_side) + ", " +
-                                          std::to_string(spec_side) + "]"
-                                    : std::string()) +
-                               " but the dataset's samples have shape " + ShapeString(s));
+    throw UserError(
+        field, "needs square images [channels, side, side]" +
+                   (spec_channels > 0 || spec_side > 0
+                        ? " of [" + std::to_string(spec_channels) + ", " +
+                              std::to_string(spec_side) + ", " + std::to_string(spec_side) + "]"
+                        : std::string()) +
+                   " but the dataset's samples have shape " + ShapeString(s));
   }
   return image;
 }

@@ -18,9 +18,10 @@ class BasicBlockImpl : public torch::nn::Module {
         bn2_(register_module("bn2", torch::nn::BatchNorm2d(out))) {
     if (stride != 1 || in != out) {
       shortcut_ = register_module(
-          "shortcut", torch::nn::Sequential(
-                          torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, 1).stride(stride).bias(false)),
-                          torch::nn::BatchNorm2d(out)));
+          "shortcut",
+          torch::nn::Sequential(
+              torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, 1).stride(stride).bias(false)),
+              torch::nn::BatchNorm2d(out)));
     }
   }
 
@@ -83,9 +84,9 @@ std::unique_ptr<Model> BuildResNet(const v1::ResNetModel& spec, const DataShape&
   int64_t depth = 2;
   for (int64_t b : blocks) depth += 2 * b;
   return MakeModel(std::make_shared<ResNetImpl>(image, blocks, width, outputs),
-                   "resnet-" + std::to_string(depth) + " " + std::to_string(image.channels) +
-                       "x" + std::to_string(image.side) + "x" + std::to_string(image.side) +
-                       " width " + std::to_string(width));
+                   "resnet-" + std::to_string(depth) + " " + std::to_string(image.channels) + "x" +
+                       std::to_string(image.side) + "x" + std::to_string(image.side) + " width " +
+                       std::to_string(width));
 }
 
 }  // namespace gradhub::models

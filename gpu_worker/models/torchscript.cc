@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <sstream>
 
+#include "gpu_worker/models/architectures.h"
 #include "services/common/contract/input_file.h"
 #include "services/common/contract/user_error.h"
-#include "gpu_worker/models/architectures.h"
 
 namespace gradhub::models {
 namespace {
@@ -26,8 +26,7 @@ class TorchScriptImpl : public torch::nn::Module {
  public:
   explicit TorchScriptImpl(torch::jit::Module script) : script_(std::move(script)) {
     for (const auto& parameter : script_.named_parameters(/*recurse=*/true)) {
-      register_parameter(Flatten(parameter.name), parameter.value,
-                         parameter.value.requires_grad());
+      register_parameter(Flatten(parameter.name), parameter.value, parameter.value.requires_grad());
     }
     for (const auto& buffer : script_.named_buffers(/*recurse=*/true)) {
       register_buffer(Flatten(buffer.name), buffer.value);

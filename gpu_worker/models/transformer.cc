@@ -1,7 +1,7 @@
 #include <cmath>
 
-#include "services/common/contract/user_error.h"
 #include "gpu_worker/models/architectures.h"
+#include "services/common/contract/user_error.h"
 
 namespace gradhub::models {
 namespace {
@@ -23,8 +23,10 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
     const int64_t batch = x.size(0), time = x.size(1), width = x.size(2);
     const int64_t head_width = width / heads_;
     // [batch, time, 3, heads, head_width] -> three [batch, heads, time, head_width]
-    std::vector<at::Tensor> qkv =
-        qkv_->forward(x).view({batch, time, 3, heads_, head_width}).permute({2, 0, 3, 1, 4}).unbind(0);
+    std::vector<at::Tensor> qkv = qkv_->forward(x)
+                                      .view({batch, time, 3, heads_, head_width})
+                                      .permute({2, 0, 3, 1, 4})
+                                      .unbind(0);
     at::Tensor scores = torch::matmul(qkv[0], qkv[1].transpose(-2, -1)) /
                         std::sqrt(static_cast<double>(head_width));
     const at::Tensor future =
@@ -48,9 +50,11 @@ class BlockImpl : public torch::nn::Module {
  public:
   explicit BlockImpl(const TransformerShape& s)
       : dropout_(s.dropout),
-        norm1_(register_module("norm1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({s.width})))),
+        norm1_(
+            register_module("norm1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({s.width})))),
         attention_(register_module("attention", CausalSelfAttention(s))),
-        norm2_(register_module("norm2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({s.width})))),
+        norm2_(
+            register_module("norm2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({s.width})))),
         fc1_(register_module("fc1", torch::nn::Linear(s.width, s.mlp_width))),
         fc2_(register_module("fc2", torch::nn::Linear(s.mlp_width, s.width))) {}
 
@@ -80,7 +84,8 @@ class TransformerImpl : public torch::nn::Module {
         tokens_(register_module("tokens", torch::nn::Embedding(s.vocab, s.width))),
         positions_(register_parameter("positions", torch::randn({s.context, s.width}) * 0.02)),
         blocks_(register_module("blocks", torch::nn::Sequential())),
-        norm_(register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({s.width})))),
+        norm_(
+            register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({s.width})))),
         head_(register_module("head", torch::nn::Linear(s.width, s.vocab))) {
     torch::NoGradGuard no_grad;
     tokens_->weight.normal_(0, 0.02);  // GPT-2's scale; unit-variance embeddings train slower
@@ -110,14 +115,15 @@ class TransformerImpl : public torch::nn::Module {
 
 std::unique_ptr<Model> BuildTransformer(const v1::TransformerModel& spec, const DataShape& data) {
   if (data.task != Task::kLanguageModel) {
-    throw UserError("model.transformer", "is a character language model and needs a text "
-                                         "dataset; this one has samples of shape " +
-                                             ShapeString(data.sample_shape));
+    throw UserError("model.transformer",
+                    "is a character language model and needs a text "
+                    "dataset; this one has samples of shape " +
+                        ShapeString(data.sample_shape));
   }
   if (spec.heads() <= 0 || spec.d_model() % spec.heads() != 0) {
-    throw UserError("model.transformer.heads", std::to_string(spec.heads()) +
-                                                   " does not divide dModel " +
-                                                   std::to_string(spec.d_model()));
+    throw UserError(
+        "model.transformer.heads",
+        std::to_string(spec.heads()) + " does not divide dModel " + std::to_string(spec.d_model()));
   }
   if (spec.vocab_size() > 0 && spec.vocab_size() < data.vocab_size) {
     throw UserError("model.transformer.vocabSize",

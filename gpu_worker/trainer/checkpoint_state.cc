@@ -154,9 +154,11 @@ int64_t RestoreState(const std::string& bytes, torch::nn::Module& module,
     const v1::JobSpec now = ResumeRelevantSpec(spec);
     if (!saved.ParseFromString(saved_spec.toStringRef()) ||
         !google::protobuf::util::MessageDifferencer::Equals(saved, now)) {
-      throw UserError("spec", "changed since the checkpoint was written, in fields that decide "
-                              "the result (" + ChangedFields(saved, now) +
-                              "); submit it as a new job, or change only harmless fields");
+      throw UserError("spec",
+                      "changed since the checkpoint was written, in fields that decide "
+                      "the result (" +
+                          ChangedFields(saved, now) +
+                          "); submit it as a new job, or change only harmless fields");
     }
   }
   archive.read(kModel, model_archive);
@@ -167,9 +169,8 @@ int64_t RestoreState(const std::string& bytes, torch::nn::Module& module,
   }
   if (rank_state) {
     c10::IValue saved;
-    *rank_state = archive.try_read(kRankState + std::to_string(rank), saved)
-                      ? saved.toStringRef()
-                      : std::string();
+    *rank_state = archive.try_read(kRankState + std::to_string(rank), saved) ? saved.toStringRef()
+                                                                             : std::string();
   }
   at::Tensor step;
   archive.read(kStep, step);

@@ -30,7 +30,8 @@ std::vector<std::pair<int64_t, fs::path>> ListCheckpoints(const std::string& dir
   for (const auto& entry : fs::directory_iterator(directory, error)) {
     std::smatch match;
     const std::string name = entry.path().filename().string();
-    if (std::regex_match(name, match, kName)) found.emplace_back(std::stoll(match[1]), entry.path());
+    if (std::regex_match(name, match, kName))
+      found.emplace_back(std::stoll(match[1]), entry.path());
   }
   std::sort(found.begin(), found.end());
   return found;
@@ -49,8 +50,9 @@ LocalCheckpointSink::LocalCheckpointSink(std::string directory, int keep_last)
 
 void LocalCheckpointSink::Save(const Checkpoint& checkpoint) {
   std::ostringstream footer;
-  footer << '\n' << kFooterMagic << ' ' << checkpoint.bytes.size() << ' '
-         << Sha256Hex(checkpoint.bytes) << '\n';
+  footer << '\n'
+         << kFooterMagic << ' ' << checkpoint.bytes.size() << ' ' << Sha256Hex(checkpoint.bytes)
+         << '\n';
   const std::string final_path =
       (fs::path(directory_) / ("ckpt-" + std::to_string(checkpoint.step) + ".gh")).string();
   const std::string temp_path = final_path + ".tmp";
@@ -92,8 +94,8 @@ std::optional<Checkpoint> LocalCheckpointSink::LoadLatest() {
       footer >> magic >> size >> sha;
       std::string payload = content.substr(0, footer_start);
       if (size != payload.size()) {
-        reason = "length " + std::to_string(payload.size()) + " but footer says " +
-                 std::to_string(size);
+        reason =
+            "length " + std::to_string(payload.size()) + " but footer says " + std::to_string(size);
       } else if (Sha256Hex(payload) != sha) {
         reason = "SHA-256 mismatch";
       } else {

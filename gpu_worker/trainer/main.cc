@@ -3,25 +3,25 @@
 #include <signal.h>
 
 #include <atomic>
-#include <new>
 #include <iostream>
 #include <memory>
+#include <new>
 
 #include "gpu_worker/checkpoint_client/grpc_checkpoint_sink.h"
-#include "services/common/contract/data_paths.h"
-#include "services/common/contract/input_file.h"
-#include "services/common/contract/user_error.h"
 #include "gpu_worker/ddp/comm/work.h"
 #include "gpu_worker/ddp/store/file_store.h"
 #include "gpu_worker/ddp/store/in_memory_store.h"
 #include "gpu_worker/ddp/store/prefix_store.h"
 #include "gpu_worker/store_client/grpc_store.h"
-#include "services/common/contract/trainer_exit_codes.h"
-#include "services/common/contract/job_spec.h"
 #include "gpu_worker/trainer/local_checkpoint_sink.h"
 #include "gpu_worker/trainer/metrics_telemetry_sink.h"
 #include "gpu_worker/trainer/trainer.h"
 #include "services/common/abseil_mode.h"
+#include "services/common/contract/data_paths.h"
+#include "services/common/contract/input_file.h"
+#include "services/common/contract/job_spec.h"
+#include "services/common/contract/trainer_exit_codes.h"
+#include "services/common/contract/user_error.h"
 #include "services/common/flags.h"
 
 namespace {
@@ -184,7 +184,8 @@ std::shared_ptr<ddp::Store> OpenStore(const TrainerConfig& config) {
   } else if (config.store.empty() && config.world_size == 1) {
     store = std::make_shared<ddp::InMemoryStore>();
   } else {
-    throw UserError("--store", "'" + config.store + "' is not a store address (grpc://host:port, file:/dir)");
+    throw UserError("--store",
+                    "'" + config.store + "' is not a store address (grpc://host:port, file:/dir)");
   }
   return std::make_shared<ddp::PrefixStore>(
       store, "jobs/" + config.job_id + "/attempts/" + std::to_string(config.attempt));

@@ -16,7 +16,7 @@ struct StepReport {
   int64_t epoch = 0;
   double loss = 0;
   double learning_rate = 0;
-  int64_t samples = 0;            // this rank's, all micro-batches
+  int64_t samples = 0;  // this rank's, all micro-batches
   double samples_per_second = 0;
   double forward_seconds = 0, backward_seconds = 0, allreduce_wait_seconds = 0,
          optimizer_seconds = 0, step_seconds = 0;

@@ -5,14 +5,13 @@
 
 #include <cmath>
 #include <cstring>
-#include <optional>
 #include <iomanip>
 #include <iostream>
 #include <limits>
+#include <optional>
 #include <sstream>
 #include <thread>
 
-#include "services/common/contract/user_error.h"
 #include "gpu_worker/data/batch_loader.h"
 #include "gpu_worker/data/dataset.h"
 #include "gpu_worker/data/sampler.h"
@@ -23,8 +22,9 @@
 #include "gpu_worker/models/model.h"
 #include "gpu_worker/trainer/async_checkpoint_writer.h"
 #include "gpu_worker/trainer/checkpoint_state.h"
-#include "services/common/contract/job_spec.h"
 #include "gpu_worker/trainer/optimization.h"
+#include "services/common/contract/job_spec.h"
+#include "services/common/contract/user_error.h"
 #include "services/common/sha256.h"
 
 namespace gradhub::trainer {
@@ -114,7 +114,8 @@ struct EvalResult {
 class PrecisionScope {
  public:
   explicit PrecisionScope(const v1::JobSpec& spec) {
-    if (spec.precision() == v1::JobSpec::BF16) autocast_.emplace(c10::DeviceType::CPU, at::kBFloat16);
+    if (spec.precision() == v1::JobSpec::BF16)
+      autocast_.emplace(c10::DeviceType::CPU, at::kBFloat16);
   }
 
  private:
@@ -160,14 +161,16 @@ EvalResult Evaluate(models::Model& model, const data::Dataset& dataset,
   if (dataset.shape().task == Task::kClassification && total > 0) {
     result.metrics["accuracy"] = sums[1].item<double>() / total;
   }
-  if (dataset.shape().task == Task::kLanguageModel) result.metrics["perplexity"] = std::exp(result.loss);
+  if (dataset.shape().task == Task::kLanguageModel)
+    result.metrics["perplexity"] = std::exp(result.loss);
   return result;
 }
 
 // Sends `bytes` from rank 0 to every rank (the others pass nullopt and get rank 0's value).
 // nullopt everywhere when rank 0 has none. Two broadcasts: the length, then the bytes, padded
 // to whole int64 elements because the process groups move typed tensors.
-std::optional<std::string> BroadcastBytes(ddp::ProcessGroup& group, std::optional<std::string> bytes) {
+std::optional<std::string> BroadcastBytes(ddp::ProcessGroup& group,
+                                          std::optional<std::string> bytes) {
   at::Tensor length = torch::tensor({bytes ? static_cast<int64_t>(bytes->size()) : int64_t{-1}});
   group.Broadcast({length}, 0)->Wait();
   const int64_t size = length.item<int64_t>();
@@ -251,9 +254,9 @@ class TrainingRun {
     // A spec that leaves worldSize unset runs at whatever size it is launched with, as torchrun.
     if (user_spec.distributed().world_size() != 0 &&
         user_spec.distributed().world_size() != options.world_size) {
-      throw UserError("distributed.worldSize",
-                      std::to_string(spec.distributed().world_size()) + " but the trainer runs " +
-                          std::to_string(options.world_size) + " ranks");
+      throw UserError("distributed.worldSize", std::to_string(spec.distributed().world_size()) +
+                                                   " but the trainer runs " +
+                                                   std::to_string(options.world_size) + " ranks");
     }
     spec.mutable_distributed()->set_world_size(options.world_size);
     if (spec.distributed().backend() == v1::DistributedSpec::NCCL) {
@@ -269,11 +272,10 @@ class TrainingRun {
   }
 
   void ConfigureThreads() {
-    const int threads =
-        options_.threads > 0
-            ? options_.threads
-            : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) /
-                              std::max(1, options_.local_world_size));
+    const int threads = options_.threads > 0
+                            ? options_.threads
+                            : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) /
+                                              std::max(1, options_.local_world_size));
     at::set_num_threads(threads);
     LimitBlasThreads(threads);
     at::manual_seed(spec_.seed());
@@ -283,7 +285,8 @@ class TrainingRun {
     const int64_t context =
         spec_.model().has_transformer() ? spec_.model().transformer().context_length() : 0;
     dataset_ = data::LoadDataset(spec_.dataset(), spec_.seed(), context);
-    split_ = data::SplitIndices(dataset_->size(), spec_.dataset().validation_fraction(), spec_.seed());
+    split_ =
+        data::SplitIndices(dataset_->size(), spec_.dataset().validation_fraction(), spec_.seed());
     dataset_->Normalize(split_.train);
   }
 
@@ -310,7 +313,8 @@ class TrainingRun {
       ddp::LocalSgdOptions local;
       local.period = distributed.local_sgd().period();
       local.warmup_steps = distributed.local_sgd().warmup_steps();
-      averager_ = std::make_unique<ddp::PeriodicModelAverager>(module_->parameters(), group_, local);
+      averager_ =
+          std::make_unique<ddp::PeriodicModelAverager>(module_->parameters(), group_, local);
     }
   }
 
@@ -341,10 +345,12 @@ class TrainingRun {
     batch_ = spec_.batch_size_per_rank();
     accumulation_ = spec_.grad_accumulation_steps();
     const bool drop_last = spec_.dataset().drop_last();
-    sampler_ = std::make_unique<data::DistributedSampler>(
-        split_.train, options_.world_size, options_.rank, spec_.seed(), /*shuffle=*/true, drop_last);
+    sampler_ =
+        std::make_unique<data::DistributedSampler>(split_.train, options_.world_size, options_.rank,
+                                                   spec_.seed(), /*shuffle=*/true, drop_last);
     const int64_t per_rank = sampler_->per_rank();
-    const int64_t micro_per_epoch = drop_last ? per_rank / batch_ : (per_rank + batch_ - 1) / batch_;
+    const int64_t micro_per_epoch =
+        drop_last ? per_rank / batch_ : (per_rank + batch_ - 1) / batch_;
     steps_per_epoch_ = micro_per_epoch / accumulation_;
     if (steps_per_epoch_ == 0) {
       throw UserError("batchSizePerRank",
@@ -588,7 +594,8 @@ class TrainingRun {
 
   EvalResult EvaluateAndReport() {
     if (split_.validation.empty()) return EvalResult{};
-    EvalResult eval = Evaluate(*model_, *dataset_, split_.validation, options_, *group_, batch_, spec_);
+    EvalResult eval =
+        Evaluate(*model_, *dataset_, split_.validation, options_, *group_, batch_, spec_);
     step_telemetry_.eval_metrics = eval.metrics;
     StepReport r;
     r.step = step_;
@@ -638,7 +645,8 @@ class TrainingRun {
     if (!writer_) return;
     std::optional<SaveOutcome> outcome = writer_->Flush(timeout);
     if (!outcome) {
-      throw std::runtime_error("checkpoint of step " + std::to_string(writer_->last_submitted_step()) +
+      throw std::runtime_error("checkpoint of step " +
+                               std::to_string(writer_->last_submitted_step()) +
                                " not committed within " + std::to_string(timeout.count()) + " ms");
     }
     if (!outcome->error.empty()) {
@@ -697,7 +705,8 @@ class TrainingRun {
       line.Add("event", std::string("done")).Add("rank", int64_t{options_.rank}).Add("step", step_);
       line.Add("totalSteps", total_steps_);
       line.Add("loss", last_loss_).Add("trainSeconds", loop_seconds_);
-      line.Add("allreduceBytes", run_allreduce_bytes_).Add("allreduceSeconds", run_allreduce_seconds_);
+      line.Add("allreduceBytes", run_allreduce_bytes_)
+          .Add("allreduceSeconds", run_allreduce_seconds_);
       line.Add("optimizerStateBytes", ddp::OptimizerStateBytes(LocalOptimizer()));
       line.Add("busBandwidthBytesPerSecond",
                BusBandwidth(run_allreduce_bytes_, run_allreduce_seconds_, options_.world_size));
@@ -731,7 +740,7 @@ class TrainingRun {
   std::unique_ptr<AsyncCheckpointWriter> writer_;
 
   int64_t batch_ = 0, accumulation_ = 0, steps_per_epoch_ = 0, total_steps_ = 0;
-  int64_t step_ = 0;  // optimizer steps done
+  int64_t step_ = 0;            // optimizer steps done
   bool checkpointing_ = false;  // rank 0 saves (known on every rank with per-rank state)
   // What the last step sent: its gradients (none for a local step) plus a parameter average.
   int64_t step_bytes_ = 0;
@@ -741,7 +750,7 @@ class TrainingRun {
   int64_t checkpoints_saved_ = 0;
   double checkpoint_snapshot_seconds_ = 0, checkpoint_wait_seconds_ = 0;
   int64_t checkpoint_bytes_ = 0;  // of the last snapshot
-  double loop_seconds_ = 0;  // the steps of this run, checkpoints and evaluations included
+  double loop_seconds_ = 0;       // the steps of this run, checkpoints and evaluations included
   // The engine's own measure of this rank's gradient allreduces over the run.
   int64_t run_allreduce_bytes_ = 0;
   double run_allreduce_seconds_ = 0;

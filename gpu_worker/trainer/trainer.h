@@ -1,9 +1,9 @@
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <iosfwd>
-#include <atomic>
 #include <map>
 #include <memory>
 #include <stdexcept>
@@ -38,7 +38,7 @@ struct TrainerOptions {
   // Rank 0 saves through it (on a background thread) and resumes from it. Null: no
   // checkpoints, no resume. Other ranks get the resumed state from rank 0 and need none.
   std::shared_ptr<CheckpointSink> checkpoints;
-  std::shared_ptr<TelemetrySink> telemetry;     // null: progress lines only
+  std::shared_ptr<TelemetrySink> telemetry;  // null: progress lines only
   // Intra-op threads of this rank; 0 = the machine's cores divided among its local ranks.
   int threads = 0;
   std::chrono::milliseconds collective_timeout = std::chrono::seconds(60);

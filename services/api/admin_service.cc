@@ -36,8 +36,7 @@ grpc::Status AdminService::CreateToken(grpc::ServerContext* context,
 }
 
 grpc::Status AdminService::RevokeToken(grpc::ServerContext* context,
-                                       const v1::RevokeTokenRequest* request,
-                                       v1::Token* response) {
+                                       const v1::RevokeTokenRequest* request, v1::Token* response) {
   return AnswerFor(RequireAdmin(*context), response,
                    [&](bool) { return tenants_.RevokeToken(*request); });
 }

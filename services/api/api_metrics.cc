@@ -78,7 +78,9 @@ std::optional<std::vector<prometheus::MetricFamily>> ReadNodes(db::Pool& pool) {
       "SELECT n.state, count(*)::bigint AS nodes, coalesce(sum(n.slots), 0)::bigint AS slots,"
       " coalesce(sum(least(u.used, n.slots)), 0)::bigint AS used"
       " FROM nodes n LEFT JOIN (SELECT node_id, count(*) AS used FROM rank_assignments"
-      "   WHERE state IN ", kLiveRankStates, " GROUP BY node_id) u ON u.node_id = n.id"
+      "   WHERE state IN ",
+      kLiveRankStates,
+      " GROUP BY node_id) u ON u.node_id = n.id"
       " GROUP BY n.state"));
   if (!rows.ok()) return std::nullopt;
   std::map<std::string, double> nodes = ZeroByName(v1::Node::State_descriptor());
@@ -153,7 +155,8 @@ std::string ApiMetrics::Scrape() const {
   }
   prometheus::MetricFamily up{"gradhub_api_database_up",
                               "1 when the scrape could read the database.",
-                              prometheus::MetricType::Gauge, {}};
+                              prometheus::MetricType::Gauge,
+                              {}};
   up.metric.emplace_back().gauge.value = database_ok ? 1 : 0;
   families.push_back(std::move(up));
   return prometheus::TextSerializer().Serialize(families);

@@ -116,11 +116,10 @@ absl::Status FailAttempt(db::Transaction& tx, const v1::Job& job, const AttemptF
     }
     return ApplyTransition(tx, job, v1::Job::FAILED, Because(reason)).status();
   }
-  GRADHUB_RETURN_IF_ERROR(
-      tx.Exec(absl::StrCat("UPDATE jobs SET ", counter, " = ", counter,
-                           " + 1, queued_time = now() WHERE id = $1::uuid"),
-              {id})
-          .status());
+  GRADHUB_RETURN_IF_ERROR(tx.Exec(absl::StrCat("UPDATE jobs SET ", counter, " = ", counter,
+                                               " + 1, queued_time = now() WHERE id = $1::uuid"),
+                                  {id})
+                              .status());
   absl::StrAppend(&reason, "; restart ", used + 1, " of ", allowed);
   return ApplyTransition(tx, job, v1::Job::RESTARTING, Because(reason)).status();
 }

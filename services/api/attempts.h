@@ -19,9 +19,9 @@ struct AttemptFailure {
   EventDetails details;  // message, rank, node, exit code, signal; failure_kind is set from kind
 };
 
-// The kind of failure a trainer's exit means (services/common/contract/trainer_exit_codes.h): a user error
-// fails the job at once; losing peers or the store is the infrastructure's fault; anything
-// else (NaN, a crash, a kill) is the job's.
+// The kind of failure a trainer's exit means (services/common/contract/trainer_exit_codes.h): a
+// user error fails the job at once; losing peers or the store is the infrastructure's fault;
+// anything else (NaN, a crash, a kill) is the job's.
 v1::JobEvent::FailureKind FailureKindOfExit(int exit_code, int signal);
 
 // The RANK_FAILED message of a rank that ended an attempt, cause first and the rank's own

@@ -138,11 +138,10 @@ absl::StatusOr<NewToken> Authenticator::StoreToken(std::optional<int64_t> tenant
 absl::StatusOr<std::vector<TenantRecord>> Authenticator::ListTenants(const std::string& after,
                                                                      int32_t limit) {
   GRADHUB_ASSIGN_OR_RETURN(
-      db::Result rows,
-      pool_->Exec("SELECT name, display_name,"
-                  " (extract(epoch FROM create_time) * 1e6)::bigint AS create_us"
-                  " FROM tenants WHERE name > $1 ORDER BY name LIMIT $2",
-                  {after, limit}));
+      db::Result rows, pool_->Exec("SELECT name, display_name,"
+                                   " (extract(epoch FROM create_time) * 1e6)::bigint AS create_us"
+                                   " FROM tenants WHERE name > $1 ORDER BY name LIMIT $2",
+                                   {after, limit}));
   std::vector<TenantRecord> tenants;
   for (const db::Row& row : rows) {
     tenants.push_back({row.Get<std::string>("name"), row.Get<std::string>("display_name"),

@@ -76,7 +76,8 @@ class Authenticator {
   // INVALID_ARGUMENT for a name that is not [a-z][a-z0-9-]{0,62}; ALREADY_EXISTS when taken.
   absl::StatusOr<int64_t> CreateTenant(const std::string& name, const std::string& display_name);
   // A token for tenant `name` (NOT_FOUND when there is none).
-  absl::StatusOr<NewToken> CreateTenantToken(const std::string& name, const std::string& description);
+  absl::StatusOr<NewToken> CreateTenantToken(const std::string& name,
+                                             const std::string& description);
   absl::StatusOr<NewToken> CreateNodeToken(const std::string& description);
   // Sorted by name, names after `after`.
   absl::StatusOr<std::vector<TenantRecord>> ListTenants(const std::string& after, int32_t limit);

@@ -27,8 +27,9 @@ struct ApiConfig {
 
   void Register(Flags& flags) {
     database.Register(flags, "GRADHUB_DATABASE_CONNECTIONS", /*migrates=*/true);
-    flags.String("grpc-address", "GRADHUB_GRPC_ADDRESS", &grpc_address,
-                 "host:port for gRPC (JobService, NodeService, StoreService); port 0 picks a free one");
+    flags.String(
+        "grpc-address", "GRADHUB_GRPC_ADDRESS", &grpc_address,
+        "host:port for gRPC (JobService, NodeService, StoreService); port 0 picks a free one");
     flags.String("http-host", "GRADHUB_HTTP_HOST", &http_host, "Address REST listens on");
     flags.Int("http-port", "GRADHUB_HTTP_PORT", &http_port, "Port for REST; 0 picks a free one");
     flags.String("admin-token", "GRADHUB_ADMIN_TOKEN", &admin_token,

@@ -47,7 +47,9 @@ std::string InsertStatement(int rows) {
   }
   return absl::StrCat(
       "WITH input (id, tenant_id, request_id, display_name, spec, priority, world_size,"
-      " max_infra_restarts, max_job_restarts) AS (VALUES ", values, "),"
+      " max_infra_restarts, max_job_restarts) AS (VALUES ",
+      values,
+      "),"
       " j AS (INSERT INTO jobs (id, tenant_id, request_id, display_name, labels, spec, priority,"
       " world_size, max_infra_restarts, max_job_restarts)"
       " SELECT id, tenant_id, request_id, display_name, coalesce(spec -> 'labels', '{}'), spec,"
@@ -55,7 +57,8 @@ std::string InsertStatement(int rows) {
       " ON CONFLICT DO NOTHING RETURNING *),"
       " submitted AS (INSERT INTO job_events (job_id, attempt, type, to_state, message)"
       " SELECT id, 0, 'STATE_CHANGED', 'PENDING', 'submitted' FROM j)"
-      " SELECT ", kJobStateColumns, " FROM j JOIN tenants t ON t.id = j.tenant_id");
+      " SELECT ",
+      kJobStateColumns, " FROM j JOIN tenants t ON t.id = j.tenant_id");
 }
 
 // What became of a row the statement skipped: the job an earlier try of its batch made, or the
@@ -63,7 +66,8 @@ std::string InsertStatement(int rows) {
 absl::StatusOr<v1::Job> SkippedJob(db::Pool& pool, const NewJob& job, const std::string& id) {
   GRADHUB_ASSIGN_OR_RETURN(
       db::Result found,
-      pool.Exec(absl::StrCat("SELECT ", kJobColumns, ", j.id = $1::uuid AS ours,"
+      pool.Exec(absl::StrCat("SELECT ", kJobColumns,
+                             ", j.id = $1::uuid AS ours,"
                              " j.spec = $4::jsonb AS same_spec"
                              " FROM jobs j JOIN tenants t ON t.id = j.tenant_id"
                              " WHERE j.id = $1::uuid OR (j.tenant_id = $2 AND j.request_id = $3)"),
@@ -184,8 +188,8 @@ absl::Status JobInserter::WriteTogether(const std::vector<const NewJob*>& jobs,
   // again, which Pool::Exec does after a lost connection: BEGIN and COMMIT would be two more
   // round trips per batch and would leave a commit's outcome unknown when the connection
   // drops during it.
-  GRADHUB_ASSIGN_OR_RETURN(
-      db::Result rows, pool_->Exec(InsertStatement(static_cast<int>(jobs.size())), params));
+  GRADHUB_ASSIGN_OR_RETURN(db::Result rows,
+                           pool_->Exec(InsertStatement(static_cast<int>(jobs.size())), params));
   std::map<std::string, v1::Job> inserted;
   for (const db::Row& row : rows) {
     GRADHUB_ASSIGN_OR_RETURN(v1::Job job, JobFromRow(row, /*with_spec=*/false));

@@ -41,10 +41,10 @@ absl::StatusOr<int64_t> StopRanksOfCancelledJob(db::Transaction& tx, const std::
                                   " AND state IN ('ASSIGNED', 'STARTING', 'RUNNING')",
                                   {id})
                               .status());
-  GRADHUB_ASSIGN_OR_RETURN(
-      db::Result live, tx.Exec("SELECT count(*)::bigint AS n FROM rank_assignments"
-                               " WHERE job_id = $1::uuid AND state = 'STOPPING'",
-                               {id}));
+  GRADHUB_ASSIGN_OR_RETURN(db::Result live,
+                           tx.Exec("SELECT count(*)::bigint AS n FROM rank_assignments"
+                                   " WHERE job_id = $1::uuid AND state = 'STOPPING'",
+                                   {id}));
   return live.row(0).Get<int64_t>("n");
 }
 
@@ -60,7 +60,8 @@ absl::StatusOr<v1::Job> JobManager::CreateJob(int64_t tenant_id, const v1::JobSp
   }
   if (!issues.empty()) {
     std::string message = "invalid job spec:";
-    for (const SpecIssue& issue : issues) absl::StrAppend(&message, " ", issue.field, ": ", issue.message, ";");
+    for (const SpecIssue& issue : issues)
+      absl::StrAppend(&message, " ", issue.field, ": ", issue.message, ";");
     message.pop_back();
     return absl::InvalidArgumentError(message);
   }
@@ -105,8 +106,10 @@ absl::StatusOr<std::vector<SpecIssue>> JobManager::CheckSpecPaths(const v1::JobS
       const std::string problem = PathProblem(path, {});
       issues.push_back({path.field, problem.substr(path.field.size() + 2)});
     } else if (!nodes.empty() && !IsUnderAnyRoot(path.path, all_roots)) {
-      issues.push_back({path.field, absl::StrCat(path.path, " is under no registered node's "
-                                                 "data roots (", DescribeRoots(all_roots), ")")});
+      issues.push_back({path.field, absl::StrCat(path.path,
+                                                 " is under no registered node's "
+                                                 "data roots (",
+                                                 DescribeRoots(all_roots), ")")});
     }
   }
   return issues;
@@ -131,13 +134,12 @@ absl::StatusOr<std::vector<std::vector<std::string>>> JobManager::NodeDataRoots(
 }
 
 absl::StatusOr<v1::Job> JobManager::GetJob(int64_t tenant_id, const std::string& name) {
-  return pool_->Transact(
-      [&](db::Transaction& tx) { return ReadJob(tx, name, tenant_id, false); },
-      {.read_only = true});
+  return pool_->Transact([&](db::Transaction& tx) { return ReadJob(tx, name, tenant_id, false); },
+                         {.read_only = true});
 }
 
 absl::StatusOr<v1::ListJobsResponse> JobManager::ListJobs(int64_t tenant_id,
-                                                         const v1::ListJobsRequest& request) {
+                                                          const v1::ListJobsRequest& request) {
   GRADHUB_ASSIGN_OR_RETURN(const int32_t page_size, ListPageSize(request.page_size()));
   std::string sql = absl::StrCat("SELECT ", kJobColumns,
                                  " FROM jobs j JOIN tenants t ON t.id = j.tenant_id"
@@ -163,7 +165,8 @@ absl::StatusOr<v1::ListJobsResponse> JobManager::ListJobs(int64_t tenant_id,
     // "<create time in microseconds>/<job id>" of the last job of the previous page.
     const std::string& token = request.page_token();
     const size_t slash = token.find('/');
-    const std::string id = slash == std::string::npos ? "" : JobId("jobs/" + token.substr(slash + 1));
+    const std::string id =
+        slash == std::string::npos ? "" : JobId("jobs/" + token.substr(slash + 1));
     int64_t micros = 0;
     if (id.empty() || !absl::SimpleAtoi(token.substr(0, slash), &micros)) {
       return absl::InvalidArgumentError("page_token: not a token this server returned");
@@ -183,8 +186,8 @@ absl::StatusOr<v1::ListJobsResponse> JobManager::ListJobs(int64_t tenant_id,
         }
         if (rows.rows() > page_size) {
           const db::Row last = rows.row(page_size - 1);
-          response.set_next_page_token(absl::StrCat(last.Get<int64_t>("create_us"), "/",
-                                                    last.Get<std::string>("id")));
+          response.set_next_page_token(
+              absl::StrCat(last.Get<int64_t>("create_us"), "/", last.Get<std::string>("id")));
         }
         return response;
       },
@@ -299,7 +302,8 @@ absl::StatusOr<v1::ListJobEventsResponse> JobManager::ListJobEvents(
           if (v1::Job::State_Parse(row.Get<std::string>("from_state"), &state)) {
             event.set_from_state(state);
           }
-          if (v1::Job::State_Parse(row.Get<std::string>("to_state"), &state)) event.set_to_state(state);
+          if (v1::Job::State_Parse(row.Get<std::string>("to_state"), &state))
+            event.set_to_state(state);
           event.set_message(row.Get<std::string>("message"));
           v1::JobEvent::FailureKind kind = v1::JobEvent::NONE;
           v1::JobEvent::FailureKind_Parse(row.Get<std::string>("failure_kind"), &kind);
@@ -356,13 +360,12 @@ absl::StatusOr<JobManager::LogPage> JobManager::ReadLogs(
       {.read_only = true});
 }
 
-absl::StatusOr<v1::JobMetrics> JobManager::GetJobMetrics(
-    int64_t tenant_id, const v1::GetJobMetricsRequest& request) {
+absl::StatusOr<v1::JobMetrics> JobManager::GetJobMetrics(int64_t tenant_id,
+                                                         const v1::GetJobMetricsRequest& request) {
   if (request.max_points() < 0 || request.max_points() > kMaxMetricPoints) {
-    return absl::InvalidArgumentError(absl::StrCat("max_points: ", request.max_points(),
-                                                   " is not between 0 (the default, ",
-                                                   kDefaultMetricPoints, ") and ",
-                                                   kMaxMetricPoints));
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_points: ", request.max_points(), " is not between 0 (the default, ",
+                     kDefaultMetricPoints, ") and ", kMaxMetricPoints));
   }
   const int32_t max_points =
       request.max_points() == 0 ? kDefaultMetricPoints : request.max_points();

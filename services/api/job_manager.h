@@ -12,10 +12,10 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "services/common/contract/job_spec.h"
 #include "gradhub/v1/jobs.pb.h"
 #include "services/api/job_inserter.h"
 #include "services/api/job_records.h"
+#include "services/common/contract/job_spec.h"
 #include "services/common/db/pool.h"
 
 namespace gradhub::api {
@@ -63,7 +63,7 @@ class JobManager {
 
   // Oldest first (id order), paged by id; filter terms: type, attempt.
   absl::StatusOr<v1::ListJobEventsResponse> ListJobEvents(int64_t tenant_id,
-                                                         const v1::ListJobEventsRequest& request);
+                                                          const v1::ListJobEventsRequest& request);
 
   // Up to `limit` lines of one attempt (0 = the job's current one), oldest first, of one rank
   // (rank < 0 = all), each with a seq above after_seq[rank] (missing = after_seq_default).
@@ -112,9 +112,9 @@ class JobManager {
   SpecLimits limits_;
   JobInserter inserter_;
   std::mutex roots_mu_;
-  bool roots_read_ = false;                                    // guarded by roots_mu_
-  std::chrono::steady_clock::time_point roots_read_time_;      // guarded by roots_mu_
-  std::vector<std::vector<std::string>> node_roots_;           // guarded by roots_mu_
+  bool roots_read_ = false;                                // guarded by roots_mu_
+  std::chrono::steady_clock::time_point roots_read_time_;  // guarded by roots_mu_
+  std::vector<std::vector<std::string>> node_roots_;       // guarded by roots_mu_
 };
 
 }  // namespace gradhub::api

@@ -132,7 +132,8 @@ std::optional<MetricLine> ParseMetricLine(const std::string& line) {
     out.learning_rate = Finite(parsed, "lr");
     out.samples_per_second = Finite(parsed, "samplesPerSecond");
     const auto total = parsed.find("totalSteps");
-    if (total != parsed.end() && total->is_number_integer()) out.total_steps = total->get<int64_t>();
+    if (total != parsed.end() && total->is_number_integer())
+      out.total_steps = total->get<int64_t>();
     return out;
   }
   for (const auto& [key, value] : parsed.items()) {

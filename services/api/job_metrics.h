@@ -39,7 +39,7 @@ struct MetricLine {
   std::optional<double> loss;
   std::optional<double> learning_rate;
   std::optional<double> samples_per_second;
-  int64_t total_steps = 0;  // 0 = not said
+  int64_t total_steps = 0;                     // 0 = not said
   std::map<std::string, double> eval_metrics;  // names without the "eval." prefix
 };
 

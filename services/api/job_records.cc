@@ -16,15 +16,15 @@ using google::protobuf::util::TimeUtil;
 
 // Columns every job read selects, timestamps as microseconds since the epoch.
 // One list for both, so a create's row and every other read of a job never drift apart.
-#define GRADHUB_JOB_STATE_COLUMNS                                                               \
-  "j.id::text AS id, t.name AS tenant, j.state, j.state_reason, j.current_attempt,"            \
-  " j.infra_restarts, j.job_restarts, j.progress_step, j.progress_total_steps,"                \
-  " j.progress_loss, j.progress_samples_per_second,"                                           \
-  " (extract(epoch FROM j.progress_time) * 1e6)::bigint AS progress_us, j.version,"            \
-  " coalesce(j.request_id, '') AS request_id,"                                                 \
-  " (extract(epoch FROM j.create_time) * 1e6)::bigint AS create_us,"                           \
-  " (extract(epoch FROM j.update_time) * 1e6)::bigint AS update_us,"                           \
-  " (extract(epoch FROM j.start_time) * 1e6)::bigint AS start_us,"                             \
+#define GRADHUB_JOB_STATE_COLUMNS                                                   \
+  "j.id::text AS id, t.name AS tenant, j.state, j.state_reason, j.current_attempt," \
+  " j.infra_restarts, j.job_restarts, j.progress_step, j.progress_total_steps,"     \
+  " j.progress_loss, j.progress_samples_per_second,"                                \
+  " (extract(epoch FROM j.progress_time) * 1e6)::bigint AS progress_us, j.version," \
+  " coalesce(j.request_id, '') AS request_id,"                                      \
+  " (extract(epoch FROM j.create_time) * 1e6)::bigint AS create_us,"                \
+  " (extract(epoch FROM j.update_time) * 1e6)::bigint AS update_us,"                \
+  " (extract(epoch FROM j.start_time) * 1e6)::bigint AS start_us,"                  \
   " (extract(epoch FROM j.end_time) * 1e6)::bigint AS end_us"
 extern const char kJobStateColumns[] = GRADHUB_JOB_STATE_COLUMNS;
 extern const char kJobColumns[] = GRADHUB_JOB_STATE_COLUMNS ", j.spec::text AS spec";
@@ -69,7 +69,8 @@ absl::StatusOr<v1::Job> JobFromRow(const db::Row& row, bool with_spec) {
   job.set_job_restarts(row.Get<int32_t>("job_restarts"));
   job.mutable_progress()->set_step(row.Get<int64_t>("progress_step"));
   job.mutable_progress()->set_total_steps(row.Get<int64_t>("progress_total_steps"));
-  if (!row.IsNull("progress_loss")) job.mutable_progress()->set_loss(row.Get<double>("progress_loss"));
+  if (!row.IsNull("progress_loss"))
+    job.mutable_progress()->set_loss(row.Get<double>("progress_loss"));
   if (!row.IsNull("progress_samples_per_second")) {
     job.mutable_progress()->set_samples_per_second(row.Get<double>("progress_samples_per_second"));
   }
@@ -90,12 +91,12 @@ absl::StatusOr<v1::Job> ReadJob(db::Transaction& tx, const std::string& name, in
   const std::string id = JobId(name);
   if (id.empty()) return JobNotFound(name);
   GRADHUB_ASSIGN_OR_RETURN(db::Result result,
-                   tx.Exec(absl::StrCat("SELECT ", kJobColumns,
-                                        " FROM jobs j JOIN tenants t ON t.id = j.tenant_id"
-                                        " WHERE j.id = $1::uuid AND ($2::bigint < 0 OR"
-                                        " j.tenant_id = $2::bigint)",
-                                        for_update ? " FOR UPDATE OF j" : ""),
-                           {id, tenant_id}));
+                           tx.Exec(absl::StrCat("SELECT ", kJobColumns,
+                                                " FROM jobs j JOIN tenants t ON t.id = j.tenant_id"
+                                                " WHERE j.id = $1::uuid AND ($2::bigint < 0 OR"
+                                                " j.tenant_id = $2::bigint)",
+                                                for_update ? " FOR UPDATE OF j" : ""),
+                                   {id, tenant_id}));
   if (result.empty()) return JobNotFound(name);
   return JobFromRow(result.row(0));
 }
@@ -107,22 +108,23 @@ absl::Status AppendEvent(db::Transaction& tx, const std::string& job_id, int32_t
                            ? std::optional<std::string>()
                            : v1::JobEvent::FailureKind_Name(details.failure_kind);
   return tx
-      .Exec("INSERT INTO job_events (job_id, attempt, type, from_state, to_state, message,"
-            " failure_kind, rank, node, exit_code, signal, checkpoint_step,"
-            " checkpoint_size_bytes)"
-            " VALUES ($1::uuid, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
-            {job_id, attempt, v1::JobEvent::Type_Name(type),
-             from ? db::Param(v1::Job::State_Name(*from)) : db::Param(std::nullopt),
-             to ? db::Param(v1::Job::State_Name(*to)) : db::Param(std::nullopt), details.message,
-             failure ? db::Param(*failure) : db::Param(std::nullopt),
-             details.rank >= 0 ? db::Param(details.rank) : db::Param(std::nullopt),
-             details.node.empty() ? db::Param(std::nullopt) : db::Param(details.node),
-             details.exit_code != 0 ? db::Param(details.exit_code) : db::Param(std::nullopt),
-             details.signal != 0 ? db::Param(details.signal) : db::Param(std::nullopt),
-             details.checkpoint_step >= 0 ? db::Param(details.checkpoint_step)
-                                          : db::Param(std::nullopt),
-             details.checkpoint_size_bytes >= 0 ? db::Param(details.checkpoint_size_bytes)
-                                                : db::Param(std::nullopt)})
+      .Exec(
+          "INSERT INTO job_events (job_id, attempt, type, from_state, to_state, message,"
+          " failure_kind, rank, node, exit_code, signal, checkpoint_step,"
+          " checkpoint_size_bytes)"
+          " VALUES ($1::uuid, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
+          {job_id, attempt, v1::JobEvent::Type_Name(type),
+           from ? db::Param(v1::Job::State_Name(*from)) : db::Param(std::nullopt),
+           to ? db::Param(v1::Job::State_Name(*to)) : db::Param(std::nullopt), details.message,
+           failure ? db::Param(*failure) : db::Param(std::nullopt),
+           details.rank >= 0 ? db::Param(details.rank) : db::Param(std::nullopt),
+           details.node.empty() ? db::Param(std::nullopt) : db::Param(details.node),
+           details.exit_code != 0 ? db::Param(details.exit_code) : db::Param(std::nullopt),
+           details.signal != 0 ? db::Param(details.signal) : db::Param(std::nullopt),
+           details.checkpoint_step >= 0 ? db::Param(details.checkpoint_step)
+                                        : db::Param(std::nullopt),
+           details.checkpoint_size_bytes >= 0 ? db::Param(details.checkpoint_size_bytes)
+                                              : db::Param(std::nullopt)})
       .status();
 }
 
@@ -134,17 +136,18 @@ absl::StatusOr<v1::Job> ApplyTransition(db::Transaction& tx, const v1::Job& job,
                      v1::Job::State_Name(to)));
   }
   const std::string id = JobId(job.name());
-  GRADHUB_RETURN_IF_ERROR(tx.Exec("UPDATE jobs SET state = $2, state_reason = $3, version = version + 1,"
-                          " update_time = now(),"
-                          " start_time = CASE WHEN $2 = 'RUNNING' THEN coalesce(start_time, now())"
-                          "   ELSE start_time END,"
-                          " end_time = CASE WHEN $2 IN ('SUCCEEDED', 'FAILED', 'CANCELLED')"
-                          "   THEN now() ELSE NULL END"
-                          " WHERE id = $1::uuid",
-                          {id, v1::Job::State_Name(to), details.message})
-                      .status());
-  GRADHUB_RETURN_IF_ERROR(AppendEvent(tx, id, job.attempt(), v1::JobEvent::STATE_CHANGED, job.state(), to,
-                              details));
+  GRADHUB_RETURN_IF_ERROR(
+      tx.Exec("UPDATE jobs SET state = $2, state_reason = $3, version = version + 1,"
+              " update_time = now(),"
+              " start_time = CASE WHEN $2 = 'RUNNING' THEN coalesce(start_time, now())"
+              "   ELSE start_time END,"
+              " end_time = CASE WHEN $2 IN ('SUCCEEDED', 'FAILED', 'CANCELLED')"
+              "   THEN now() ELSE NULL END"
+              " WHERE id = $1::uuid",
+              {id, v1::Job::State_Name(to), details.message})
+          .status());
+  GRADHUB_RETURN_IF_ERROR(
+      AppendEvent(tx, id, job.attempt(), v1::JobEvent::STATE_CHANGED, job.state(), to, details));
   return ReadJob(tx, job.name(), -1, false);
 }
 
@@ -181,7 +184,6 @@ absl::StatusOr<std::vector<FilterTerm>> ParseListFilter(const std::string& filte
   }
   return terms;
 }
-
 
 std::optional<std::string> LabelCondition(const FilterTerm& term, const std::string& column,
                                           db::ParamList& params) {

@@ -2,8 +2,8 @@
 
 #include <string>
 
-#include "services/api/job_records.h"
 #include "services/api/call_authorization.h"
+#include "services/api/job_records.h"
 #include "services/common/grpc_status.h"
 
 namespace gradhub::api {
@@ -23,14 +23,13 @@ grpc::Status JobService::CreateJob(grpc::ServerContext* context,
 grpc::Status JobService::GetJob(grpc::ServerContext* context, const v1::GetJobRequest* request,
                                 v1::Job* response) {
   return AnswerFor(Tenant(*context, JobAccess::kReadOrCancel), response,
-                [&](int64_t tenant) { return jobs_->GetJob(tenant, request->name()); });
+                   [&](int64_t tenant) { return jobs_->GetJob(tenant, request->name()); });
 }
 
-grpc::Status JobService::ListJobs(grpc::ServerContext* context,
-                                  const v1::ListJobsRequest* request,
+grpc::Status JobService::ListJobs(grpc::ServerContext* context, const v1::ListJobsRequest* request,
                                   v1::ListJobsResponse* response) {
   return AnswerFor(Tenant(*context, JobAccess::kReadOrCancel), response,
-                [&](int64_t tenant) { return jobs_->ListJobs(tenant, *request); });
+                   [&](int64_t tenant) { return jobs_->ListJobs(tenant, *request); });
 }
 
 grpc::Status JobService::CancelJob(grpc::ServerContext* context,
@@ -44,18 +43,17 @@ grpc::Status JobService::ListJobEvents(grpc::ServerContext* context,
                                        const v1::ListJobEventsRequest* request,
                                        v1::ListJobEventsResponse* response) {
   return AnswerFor(Tenant(*context, JobAccess::kReadOrCancel), response,
-                [&](int64_t tenant) { return jobs_->ListJobEvents(tenant, *request); });
+                   [&](int64_t tenant) { return jobs_->ListJobEvents(tenant, *request); });
 }
 
 grpc::Status JobService::GetJobMetrics(grpc::ServerContext* context,
                                        const v1::GetJobMetricsRequest* request,
                                        v1::JobMetrics* response) {
   return AnswerFor(Tenant(*context, JobAccess::kReadOrCancel), response,
-                [&](int64_t tenant) { return jobs_->GetJobMetrics(tenant, *request); });
+                   [&](int64_t tenant) { return jobs_->GetJobMetrics(tenant, *request); });
 }
 
-grpc::Status JobService::WatchJob(grpc::ServerContext* context,
-                                  const v1::WatchJobRequest* request,
+grpc::Status JobService::WatchJob(grpc::ServerContext* context, const v1::WatchJobRequest* request,
                                   grpc::ServerWriter<v1::Job>* writer) {
   const absl::StatusOr<int64_t> tenant = Tenant(*context, JobAccess::kReadOrCancel);
   if (!tenant.ok()) return ToGrpc(tenant.status());

@@ -23,11 +23,9 @@ class JobService final : public v1::JobService::Service {
                         v1::ListJobsResponse* response) override;
   grpc::Status CancelJob(grpc::ServerContext* context, const v1::CancelJobRequest* request,
                          v1::Job* response) override;
-  grpc::Status ListJobEvents(grpc::ServerContext* context,
-                             const v1::ListJobEventsRequest* request,
+  grpc::Status ListJobEvents(grpc::ServerContext* context, const v1::ListJobEventsRequest* request,
                              v1::ListJobEventsResponse* response) override;
-  grpc::Status GetJobMetrics(grpc::ServerContext* context,
-                             const v1::GetJobMetricsRequest* request,
+  grpc::Status GetJobMetrics(grpc::ServerContext* context, const v1::GetJobMetricsRequest* request,
                              v1::JobMetrics* response) override;
 
   // Streams the job whenever it changes (JobManager::WatchJob), until it ends or the client goes.
@@ -42,6 +40,5 @@ class JobService final : public v1::JobService::Service {
   JobManager* jobs_;
   const Authenticator* auth_;
 };
-
 
 }  // namespace gradhub::api

@@ -10,16 +10,10 @@
 #include <iostream>
 #include <thread>
 
-#include "services/common/abseil_mode.h"
-#include "services/common/grpc_credentials.h"
-#include "services/api/config.h"
-#include "services/common/db/connection.h"
-#include "services/common/db/migrator.h"
-#include "services/common/db/pool.h"
-#include "services/common/shutdown_signals.h"
 #include "services/api/admin_service.h"
 #include "services/api/api_metrics.h"
 #include "services/api/authenticator.h"
+#include "services/api/config.h"
 #include "services/api/grpc_metrics.h"
 #include "services/api/job_manager.h"
 #include "services/api/job_service.h"
@@ -29,6 +23,12 @@
 #include "services/api/rest_gateway.h"
 #include "services/api/scheduler.h"
 #include "services/api/store_service.h"
+#include "services/common/abseil_mode.h"
+#include "services/common/db/connection.h"
+#include "services/common/db/migrator.h"
+#include "services/common/db/pool.h"
+#include "services/common/grpc_credentials.h"
+#include "services/common/shutdown_signals.h"
 
 namespace {
 
@@ -134,7 +134,7 @@ int Serve(const gradhub::api::ApiConfig& config) {
   store_service.Start();
   // Known only once the port is bound (it may be 0 = any).
   nodes.set_store_address(config.store_address.empty() ? "127.0.0.1:" + std::to_string(port)
-                                                        : config.store_address);
+                                                       : config.store_address);
   scheduler.Start();
   gradhub::api::RestGatewayOptions rest_options;
   rest_options.max_body_bytes = static_cast<size_t>(config.max_request_bytes);

@@ -82,12 +82,18 @@ absl::StatusOr<v1::Node> ReadNode(db::Transaction& tx, const std::string& node) 
 
 const char* RankStateName(v1::RankStatus::State state) {
   switch (state) {
-    case v1::RankStatus::STARTING: return "STARTING";
-    case v1::RankStatus::RUNNING: return "RUNNING";
-    case v1::RankStatus::SUCCEEDED: return "SUCCEEDED";
-    case v1::RankStatus::FAILED: return "FAILED";
-    case v1::RankStatus::STOPPED: return "STOPPED";
-    default: return nullptr;
+    case v1::RankStatus::STARTING:
+      return "STARTING";
+    case v1::RankStatus::RUNNING:
+      return "RUNNING";
+    case v1::RankStatus::SUCCEEDED:
+      return "SUCCEEDED";
+    case v1::RankStatus::FAILED:
+      return "FAILED";
+    case v1::RankStatus::STOPPED:
+      return "STOPPED";
+    default:
+      return nullptr;
   }
 }
 
@@ -97,26 +103,26 @@ absl::Status RecordRank(db::Transaction& tx, int64_t node_id, const v1::RankStat
   const char* state = RankStateName(status.state());
   const std::string job_id = JobId(status.job());
   if (state == nullptr || job_id.empty()) return absl::OkStatus();
-  const int64_t step_us = status.has_last_step_time()
-                              ? TimeUtil::TimestampToMicroseconds(status.last_step_time())
-                              : 0;
+  const int64_t step_us =
+      status.has_last_step_time() ? TimeUtil::TimestampToMicroseconds(status.last_step_time()) : 0;
   return tx
-      .Exec("UPDATE rank_assignments a SET"
-            " state = CASE"
-            "   WHEN a.state = 'STOPPING' AND $5 IN ('SUCCEEDED', 'FAILED', 'STOPPED') THEN 'STOPPED'"
-            "   WHEN a.state = 'STOPPING' THEN 'STOPPING'"
-            "   WHEN a.state = 'RUNNING' AND $5 = 'STARTING' THEN 'RUNNING'"
-            "   ELSE $5 END,"
-            " pid = nullif($6::int, 0), last_step = greatest(a.last_step, $7::bigint),"
-            " last_step_time = CASE WHEN $7::bigint > a.last_step AND $8::bigint > 0"
-            "   THEN timestamptz 'epoch' + $8::bigint * interval '1 microsecond' ELSE a.last_step_time END,"
-            " exit_code = nullif($9, 0), signal = nullif($10, 0), message = $11,"
-            " update_time = CASE WHEN a.state = $5 THEN a.update_time ELSE now() END"
-            " WHERE a.job_id = $1::uuid AND a.attempt = $2 AND a.rank = $3 AND a.node_id = $4"
-            " AND a.state IN ('ASSIGNED', 'STARTING', 'RUNNING', 'STOPPING')",
-            {job_id, status.attempt(), status.rank(), node_id, std::string(state),
-             status.pid(), status.last_step(), step_us, status.exit_code(), status.signal(),
-             status.message()})
+      .Exec(
+          "UPDATE rank_assignments a SET"
+          " state = CASE"
+          "   WHEN a.state = 'STOPPING' AND $5 IN ('SUCCEEDED', 'FAILED', 'STOPPED') THEN 'STOPPED'"
+          "   WHEN a.state = 'STOPPING' THEN 'STOPPING'"
+          "   WHEN a.state = 'RUNNING' AND $5 = 'STARTING' THEN 'RUNNING'"
+          "   ELSE $5 END,"
+          " pid = nullif($6::int, 0), last_step = greatest(a.last_step, $7::bigint),"
+          " last_step_time = CASE WHEN $7::bigint > a.last_step AND $8::bigint > 0"
+          "   THEN timestamptz 'epoch' + $8::bigint * interval '1 microsecond' ELSE "
+          "a.last_step_time END,"
+          " exit_code = nullif($9, 0), signal = nullif($10, 0), message = $11,"
+          " update_time = CASE WHEN a.state = $5 THEN a.update_time ELSE now() END"
+          " WHERE a.job_id = $1::uuid AND a.attempt = $2 AND a.rank = $3 AND a.node_id = $4"
+          " AND a.state IN ('ASSIGNED', 'STARTING', 'RUNNING', 'STOPPING')",
+          {job_id, status.attempt(), status.rank(), node_id, std::string(state), status.pid(),
+           status.last_step(), step_us, status.exit_code(), status.signal(), status.message()})
       .status();
 }
 
@@ -171,11 +177,12 @@ absl::Status RetireRank(db::Transaction& tx, int64_t node_id, const db::Row& row
   const std::string next = alive ? "STOPPING" : "STOPPED";
   if (state == next) return absl::OkStatus();
   return tx
-      .Exec("UPDATE rank_assignments SET state = $5, update_time = now()"
-            " WHERE job_id = $1::uuid AND attempt = $2 AND rank = $3 AND node_id = $4"
-            " AND state = $6",
-            {row.Get<std::string>("job_id"), row.Get<int32_t>("attempt"),
-             row.Get<int32_t>("rank"), node_id, next, state})
+      .Exec(
+          "UPDATE rank_assignments SET state = $5, update_time = now()"
+          " WHERE job_id = $1::uuid AND attempt = $2 AND rank = $3 AND node_id = $4"
+          " AND state = $6",
+          {row.Get<std::string>("job_id"), row.Get<int32_t>("attempt"), row.Get<int32_t>("rank"),
+           node_id, next, state})
       .status();
 }
 
@@ -229,9 +236,9 @@ absl::StatusOr<v1::RegisterNodeResponse> NodeManager::RegisterNode(
         db::Result existing,
         tx.Exec("SELECT id FROM nodes WHERE name = $1 FOR NO KEY UPDATE", {name}));
     if (!existing.empty()) {
-      GRADHUB_RETURN_IF_ERROR(ForgetRanksOnNode(
-          tx, existing.row(0).Get<int64_t>("id"), name,
-          "the agent of nodes/" + name + " restarted; its ranks are gone"));
+      GRADHUB_RETURN_IF_ERROR(
+          ForgetRanksOnNode(tx, existing.row(0).Get<int64_t>("id"), name,
+                            "the agent of nodes/" + name + " restarted; its ranks are gone"));
     }
     GRADHUB_ASSIGN_OR_RETURN(
         db::Result session,

@@ -43,5 +43,4 @@ class NodeService final : public v1::NodeService::Service {
   std::function<void()> on_change_;
 };
 
-
 }  // namespace gradhub::api

@@ -96,9 +96,8 @@ absl::Duration RendezvousStore::EffectiveTimeout(absl::Duration requested) const
 absl::Status RendezvousStore::ValidateKey(const std::string& key, const std::string& field) const {
   if (key.empty()) return absl::InvalidArgumentError(absl::StrCat(field, ": must not be empty"));
   if (key.size() > options_.max_key_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ": ", key.size(),
-                                                   " bytes, longer than the limit of ",
-                                                   options_.max_key_bytes));
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": ", key.size(), " bytes, longer than the limit of ", options_.max_key_bytes));
   }
   if (options_.require_attempt_scope) {
     return ValidateAttemptScope(key, field, /*allow_bare_prefix=*/false);
@@ -108,9 +107,8 @@ absl::Status RendezvousStore::ValidateKey(const std::string& key, const std::str
 
 absl::Status RendezvousStore::ValidateKeys(const std::vector<std::string>& keys) const {
   if (keys.size() > options_.max_keys_per_call) {
-    return absl::InvalidArgumentError(absl::StrCat("keys: ", keys.size(),
-                                                   " keys, more than the limit of ",
-                                                   options_.max_keys_per_call));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "keys: ", keys.size(), " keys, more than the limit of ", options_.max_keys_per_call));
   }
   for (size_t i = 0; i < keys.size(); ++i) {
     absl::Status status = ValidateKey(keys[i], absl::StrCat("keys[", i, "]"));
@@ -123,9 +121,8 @@ absl::Status RendezvousStore::Set(const std::string& key, std::string value) {
   absl::Status status = ValidateKey(key, "key");
   if (!status.ok()) return status;
   if (value.size() > options_.max_value_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("value: ", value.size(),
-                                                   " bytes, larger than the limit of ",
-                                                   options_.max_value_bytes));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "value: ", value.size(), " bytes, larger than the limit of ", options_.max_value_bytes));
   }
   std::vector<Completion> completions;
   {
@@ -147,13 +144,12 @@ absl::StatusOr<int64_t> RendezvousStore::Add(const std::string& key, int64_t del
     auto it = data_.find(key);
     int64_t current = 0;
     if (it != data_.end() && !absl::SimpleAtoi(it->second, &current)) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("key ", Quote(key), " holds ", Quote(it->second),
-                       ", not a decimal int64 counter"));
+      return absl::FailedPreconditionError(absl::StrCat(
+          "key ", Quote(key), " holds ", Quote(it->second), ", not a decimal int64 counter"));
     }
     if (__builtin_add_overflow(current, delta, &result)) {
-      return absl::OutOfRangeError(absl::StrCat("key ", Quote(key), ": ", current, " + ", delta,
-                                                " overflows int64"));
+      return absl::OutOfRangeError(
+          absl::StrCat("key ", Quote(key), ": ", current, " + ", delta, " overflows int64"));
     }
     if (it != data_.end()) {
       it->second = absl::StrCat(result);
@@ -177,9 +173,8 @@ absl::StatusOr<bool> RendezvousStore::Check(const std::vector<std::string>& keys
 absl::StatusOr<int64_t> RendezvousStore::DeletePrefix(const std::string& prefix) {
   if (prefix.empty()) return absl::InvalidArgumentError("prefix: must not be empty");
   if (prefix.size() > options_.max_key_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("prefix: ", prefix.size(),
-                                                   " bytes, longer than the limit of ",
-                                                   options_.max_key_bytes));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "prefix: ", prefix.size(), " bytes, longer than the limit of ", options_.max_key_bytes));
   }
   if (options_.require_attempt_scope) {
     absl::Status status = ValidateAttemptScope(prefix, "prefix", /*allow_bare_prefix=*/true);
@@ -237,9 +232,9 @@ RendezvousStore::WaiterId RendezvousStore::Register(Waiter waiter) {
     } else if (missing.empty()) {
       immediate = waiter.want_value ? data_.at(waiter.keys[0]) : std::string();
     } else if (waiters_.size() >= options_.max_pending_waiters) {
-      immediate = absl::ResourceExhaustedError(
-          absl::StrCat("too many blocked Get/Wait calls (", waiters_.size(), "); limit ",
-                       options_.max_pending_waiters));
+      immediate = absl::ResourceExhaustedError(absl::StrCat("too many blocked Get/Wait calls (",
+                                                            waiters_.size(), "); limit ",
+                                                            options_.max_pending_waiters));
     } else {
       const WaiterId id = next_id_++;
       waiter.missing = missing.size();
@@ -365,10 +360,10 @@ void RendezvousStore::TimerLoop() {
       const WaiterId id = deadlines_.begin()->second;
       Waiter waiter = RemoveLocked(id);
       const std::vector<std::string> missing = MissingKeysLocked(waiter);
-      absl::Status status = absl::DeadlineExceededError(absl::StrCat(
-          waiter.want_value ? "Get" : "Wait", " timed out after ",
-          absl::FormatDuration(waiter.timeout), "; missing ",
-          missing.size() == 1 ? "key " : "keys ", QuoteList(missing)));
+      absl::Status status = absl::DeadlineExceededError(
+          absl::StrCat(waiter.want_value ? "Get" : "Wait", " timed out after ",
+                       absl::FormatDuration(waiter.timeout), "; missing ",
+                       missing.size() == 1 ? "key " : "keys ", QuoteList(missing)));
       expired.push_back({std::move(waiter), std::move(status)});
     }
     lock.unlock();

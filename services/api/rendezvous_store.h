@@ -168,8 +168,8 @@ class RendezvousStore {
   const RendezvousStoreOptions options_;
 
   mutable std::mutex mu_;
-  std::condition_variable timer_cv_;                 // Wakes the timer thread.
-  std::map<std::string, std::string> data_;          // Ordered for DeletePrefix ranges.
+  std::condition_variable timer_cv_;         // Wakes the timer thread.
+  std::map<std::string, std::string> data_;  // Ordered for DeletePrefix ranges.
   std::unordered_map<WaiterId, Waiter> waiters_;
   // Missing key -> the waiters indexed under it.
   std::unordered_map<std::string, std::set<WaiterId>> by_key_;

@@ -35,10 +35,14 @@ thread_local RequestRecord current_request;
 // status the same error would have had from a handler.
 absl::Status StatusForHttpError(int status) {
   switch (status) {
-    case 404: return absl::NotFoundError("no such resource");
-    case 413: return absl::ResourceExhaustedError("request body is over the size limit");
-    case 400: return absl::InvalidArgumentError("malformed HTTP request");
-    default: return absl::UnknownError(absl::StrCat("HTTP ", status));
+    case 404:
+      return absl::NotFoundError("no such resource");
+    case 413:
+      return absl::ResourceExhaustedError("request body is over the size limit");
+    case 400:
+      return absl::InvalidArgumentError("malformed HTTP request");
+    default:
+      return absl::UnknownError(absl::StrCat("HTTP ", status));
   }
 }
 
@@ -271,89 +275,102 @@ void RestGateway::RouteProbes() {
 
 void RestGateway::RouteJobs() {
   const Authenticator& auth = *auth_;
-  Post(*server_, "/v1/jobs", Rpc("JobService.CreateJob", [this, &auth](
-      const httplib::Request& request, httplib::Response& response) {
-    auto id = CallerTenant(auth, request, response, JobAccess::kCreate);
-    if (!id) return;
-    v1::JobSpec spec;
-    if (auto parsed = ParseBody(request, &spec); !parsed.ok()) return SendError(response, parsed);
-    Send(response, jobs_->CreateJob(*id, spec, request.get_param_value("requestId")));
-  }));
-  server_->Get("/v1/jobs", Rpc("JobService.ListJobs", [this, &auth](
-      const httplib::Request& request, httplib::Response& response) {
-    auto id = CallerTenant(auth, request, response, JobAccess::kReadOrCancel);
-    if (!id) return;
-    v1::ListJobsRequest list;
-    if (auto parsed = ParseListParams(request, &list); !parsed.ok()) return SendError(response, parsed);
-    Send(response, jobs_->ListJobs(*id, list));
-  }));
-  server_->Get(R"(/v1/jobs/([^/:]+))", Rpc("JobService.GetJob", [this, &auth](
-      const httplib::Request& request, httplib::Response& response) {
-    auto id = CallerTenant(auth, request, response, JobAccess::kReadOrCancel);
-    if (!id) return;
-    Send(response, jobs_->GetJob(*id, JobName(request)));
-  }));
-  Post(*server_, R"(/v1/jobs/([^/:]+):cancel)", Rpc("JobService.CancelJob", [this, &auth](
-      const httplib::Request& request, httplib::Response& response) {
-    auto id = CallerTenant(auth, request, response, JobAccess::kReadOrCancel);
-    if (!id) return;
-    v1::CancelJobRequest cancel;
-    if (auto parsed = ParseBody(request, &cancel); !parsed.ok()) return SendError(response, parsed);
-    Send(response, jobs_->CancelJob(*id, JobName(request), cancel.reason()));
-  }));
-  server_->Get(R"(/v1/jobs/([^/:]+)/events)", Rpc("JobService.ListJobEvents", [this, &auth](
-      const httplib::Request& request, httplib::Response& response) {
-    auto id = CallerTenant(auth, request, response, JobAccess::kReadOrCancel);
-    if (!id) return;
-    v1::ListJobEventsRequest list;
-    list.set_parent(JobName(request));
-    if (auto parsed = ParseListParams(request, &list); !parsed.ok()) return SendError(response, parsed);
-    Send(response, jobs_->ListJobEvents(*id, list));
-  }));
-  server_->Get(R"(/v1/jobs/([^/:]+)/metrics)", Rpc("JobService.GetJobMetrics", [this, &auth](
-      const httplib::Request& request, httplib::Response& response) {
-    auto id = CallerTenant(auth, request, response, JobAccess::kReadOrCancel);
-    if (!id) return;
-    v1::GetJobMetricsRequest metrics;
-    metrics.set_name(JobName(request));
-    int32_t max_points = 0;
-    if (auto parsed = IntParam(request, "maxPoints", &max_points); !parsed.ok()) {
-      return SendError(response, parsed);
-    }
-    metrics.set_max_points(max_points);
-    Send(response, jobs_->GetJobMetrics(*id, metrics));
-  }));
+  Post(*server_, "/v1/jobs",
+       Rpc("JobService.CreateJob",
+           [this, &auth](const httplib::Request& request, httplib::Response& response) {
+             auto id = CallerTenant(auth, request, response, JobAccess::kCreate);
+             if (!id) return;
+             v1::JobSpec spec;
+             if (auto parsed = ParseBody(request, &spec); !parsed.ok())
+               return SendError(response, parsed);
+             Send(response, jobs_->CreateJob(*id, spec, request.get_param_value("requestId")));
+           }));
+  server_->Get("/v1/jobs", Rpc("JobService.ListJobs", [this, &auth](const httplib::Request& request,
+                                                                    httplib::Response& response) {
+                 auto id = CallerTenant(auth, request, response, JobAccess::kReadOrCancel);
+                 if (!id) return;
+                 v1::ListJobsRequest list;
+                 if (auto parsed = ParseListParams(request, &list); !parsed.ok())
+                   return SendError(response, parsed);
+                 Send(response, jobs_->ListJobs(*id, list));
+               }));
+  server_->Get(R"(/v1/jobs/([^/:]+))",
+               Rpc("JobService.GetJob",
+                   [this, &auth](const httplib::Request& request, httplib::Response& response) {
+                     auto id = CallerTenant(auth, request, response, JobAccess::kReadOrCancel);
+                     if (!id) return;
+                     Send(response, jobs_->GetJob(*id, JobName(request)));
+                   }));
+  Post(*server_, R"(/v1/jobs/([^/:]+):cancel)",
+       Rpc("JobService.CancelJob",
+           [this, &auth](const httplib::Request& request, httplib::Response& response) {
+             auto id = CallerTenant(auth, request, response, JobAccess::kReadOrCancel);
+             if (!id) return;
+             v1::CancelJobRequest cancel;
+             if (auto parsed = ParseBody(request, &cancel); !parsed.ok())
+               return SendError(response, parsed);
+             Send(response, jobs_->CancelJob(*id, JobName(request), cancel.reason()));
+           }));
+  server_->Get(R"(/v1/jobs/([^/:]+)/events)",
+               Rpc("JobService.ListJobEvents",
+                   [this, &auth](const httplib::Request& request, httplib::Response& response) {
+                     auto id = CallerTenant(auth, request, response, JobAccess::kReadOrCancel);
+                     if (!id) return;
+                     v1::ListJobEventsRequest list;
+                     list.set_parent(JobName(request));
+                     if (auto parsed = ParseListParams(request, &list); !parsed.ok())
+                       return SendError(response, parsed);
+                     Send(response, jobs_->ListJobEvents(*id, list));
+                   }));
+  server_->Get(R"(/v1/jobs/([^/:]+)/metrics)",
+               Rpc("JobService.GetJobMetrics",
+                   [this, &auth](const httplib::Request& request, httplib::Response& response) {
+                     auto id = CallerTenant(auth, request, response, JobAccess::kReadOrCancel);
+                     if (!id) return;
+                     v1::GetJobMetricsRequest metrics;
+                     metrics.set_name(JobName(request));
+                     int32_t max_points = 0;
+                     if (auto parsed = IntParam(request, "maxPoints", &max_points); !parsed.ok()) {
+                       return SendError(response, parsed);
+                     }
+                     metrics.set_max_points(max_points);
+                     Send(response, jobs_->GetJobMetrics(*id, metrics));
+                   }));
 }
 
 void RestGateway::RouteJobStreams() {
   const Authenticator& auth = *auth_;
-  server_->Get(R"(/v1/jobs/([^/:]+):watch)", Rpc("JobService.WatchJob", [this, &auth](
-      const httplib::Request& request, httplib::Response& response) {
-    auto id = CallerTenant(auth, request, response, JobAccess::kReadOrCancel);
-    if (!id) return;
-    // A missing job is a 404, not a stream that ends at once.
-    if (auto job = jobs_->GetJob(*id, JobName(request)); !job.ok()) {
-      return SendError(response, job.status());
-    }
-    StreamLines(response, stopping_, [this, tenant_id = *id, name = JobName(request)](
-                                         const auto& send, const auto& stop) {
-      return jobs_->WatchJob(tenant_id, name, send, stop);
-    });
-  }));
-  server_->Get(R"(/v1/jobs/([^/:]+)/logs)", Rpc("JobService.GetJobLogs", [this, &auth](
-      const httplib::Request& request, httplib::Response& response) {
-    auto id = CallerTenant(auth, request, response, JobAccess::kReadOrCancel);
-    if (!id) return;
-    absl::StatusOr<v1::GetJobLogsRequest> logs = ParseLogsRequest(request);
-    if (!logs.ok()) return SendError(response, logs.status());
-    if (auto job = jobs_->GetJob(*id, logs->name()); !job.ok()) {
-      return SendError(response, job.status());
-    }
-    StreamLines(response, stopping_, [this, tenant_id = *id, logs = *logs](
-                                         const auto& send, const auto& stop) {
-      return jobs_->StreamLogs(tenant_id, logs, send, stop);
-    });
-  }));
+  server_->Get(R"(/v1/jobs/([^/:]+):watch)",
+               Rpc("JobService.WatchJob",
+                   [this, &auth](const httplib::Request& request, httplib::Response& response) {
+                     auto id = CallerTenant(auth, request, response, JobAccess::kReadOrCancel);
+                     if (!id) return;
+                     // A missing job is a 404, not a stream that ends at once.
+                     if (auto job = jobs_->GetJob(*id, JobName(request)); !job.ok()) {
+                       return SendError(response, job.status());
+                     }
+                     StreamLines(response, stopping_,
+                                 [this, tenant_id = *id, name = JobName(request)](
+                                     const auto& send, const auto& stop) {
+                                   return jobs_->WatchJob(tenant_id, name, send, stop);
+                                 });
+                   }));
+  server_->Get(R"(/v1/jobs/([^/:]+)/logs)",
+               Rpc("JobService.GetJobLogs",
+                   [this, &auth](const httplib::Request& request, httplib::Response& response) {
+                     auto id = CallerTenant(auth, request, response, JobAccess::kReadOrCancel);
+                     if (!id) return;
+                     absl::StatusOr<v1::GetJobLogsRequest> logs = ParseLogsRequest(request);
+                     if (!logs.ok()) return SendError(response, logs.status());
+                     if (auto job = jobs_->GetJob(*id, logs->name()); !job.ok()) {
+                       return SendError(response, job.status());
+                     }
+                     StreamLines(
+                         response, stopping_,
+                         [this, tenant_id = *id, logs = *logs](const auto& send, const auto& stop) {
+                           return jobs_->StreamLogs(tenant_id, logs, send, stop);
+                         });
+                   }));
 }
 
 }  // namespace gradhub::api

@@ -59,5 +59,4 @@ class RestGateway {
   std::thread thread_;
 };
 
-
 }  // namespace gradhub::api

@@ -16,8 +16,8 @@
 #include "absl/strings/str_split.h"
 #include "services/api/attempts.h"
 #include "services/api/job_records.h"
-#include "services/common/contract/job_spec.h"
 #include "services/common/contract/data_paths.h"
+#include "services/common/contract/job_spec.h"
 #include "services/common/status_macros.h"
 
 namespace gradhub::api {
@@ -76,8 +76,8 @@ std::vector<RankPlacement> Pack(const std::vector<NodeCapacity>& nodes, int32_t 
   std::vector<RankPlacement> placed;
   int32_t free_total = 0;
   for (const NodeCapacity* node : eligible) {
-    const size_t take = std::min({node->free_slots.size(), per_node,
-                                  static_cast<size_t>(world_size) - placed.size()});
+    const size_t take = std::min(
+        {node->free_slots.size(), per_node, static_cast<size_t>(world_size) - placed.size()});
     free_total += static_cast<int32_t>(std::min(node->free_slots.size(), per_node));
     for (size_t i = 0; i < take; ++i) {
       placed.push_back({static_cast<int32_t>(placed.size()), static_cast<int32_t>(i),
@@ -95,10 +95,11 @@ std::vector<RankPlacement> Pack(const std::vector<NodeCapacity>& nodes, int32_t 
   } else if (eligible.empty()) {
     *why = absl::StrCat("needs ", world_size, " slots, no ready node has a free slot");
   } else {
-    *why = absl::StrCat("needs ", world_size, " slots", ranks_per_node > 0
-                            ? absl::StrCat(" (at most ", ranks_per_node, " per node)") : "",
-                        ", ", free_total, " usable on ", eligible.size(), " ready nodes, ",
-                        eligible.front()->free_slots.size(), " free on the largest node");
+    *why = absl::StrCat(
+        "needs ", world_size, " slots",
+        ranks_per_node > 0 ? absl::StrCat(" (at most ", ranks_per_node, " per node)") : "", ", ",
+        free_total, " usable on ", eligible.size(), " ready nodes, ",
+        eligible.front()->free_slots.size(), " free on the largest node");
   }
   return {};
 }
@@ -117,15 +118,18 @@ struct NodeRecord {
 absl::StatusOr<std::vector<NodeRecord>> ReadNodes(db::Transaction& tx, absl::Duration lease) {
   GRADHUB_ASSIGN_OR_RETURN(
       db::Result rows,
-      tx.Exec(absl::StrCat(
-                  "SELECT n.id, n.name, n.slots, n.device_kind, n.labels::text AS labels,"
-                  " n.data_roots::text AS data_roots,"
-                  " (n.state = 'READY' AND n.last_heartbeat_time > now() - $1 * interval '1 second')"
-                  "   AS ready,"
-                  " (SELECT coalesce(string_agg(a.slot::text, ','), '') FROM rank_assignments a"
-                  "   WHERE a.node_id = n.id AND a.state IN ", kLiveRankStates, ") AS used"
-                  " FROM nodes n WHERE n.state <> 'LOST' ORDER BY n.name"),
-              {Seconds(lease)}));
+      tx.Exec(
+          absl::StrCat(
+              "SELECT n.id, n.name, n.slots, n.device_kind, n.labels::text AS labels,"
+              " n.data_roots::text AS data_roots,"
+              " (n.state = 'READY' AND n.last_heartbeat_time > now() - $1 * interval '1 second')"
+              "   AS ready,"
+              " (SELECT coalesce(string_agg(a.slot::text, ','), '') FROM rank_assignments a"
+              "   WHERE a.node_id = n.id AND a.state IN ",
+              kLiveRankStates,
+              ") AS used"
+              " FROM nodes n WHERE n.state <> 'LOST' ORDER BY n.name"),
+          {Seconds(lease)}));
   std::vector<NodeRecord> nodes;
   for (const db::Row& row : rows) {
     NodeRecord node;
@@ -138,7 +142,8 @@ absl::StatusOr<std::vector<NodeRecord>> ReadNodes(db::Transaction& tx, absl::Dur
       node.data_roots.push_back(root.get<std::string>());
     }
     std::set<int32_t> used;
-    for (absl::string_view slot : absl::StrSplit(row.Get<std::string>("used"), ',', absl::SkipEmpty())) {
+    for (absl::string_view slot :
+         absl::StrSplit(row.Get<std::string>("used"), ',', absl::SkipEmpty())) {
       used.insert(std::stoi(std::string(slot)));
     }
     for (int32_t slot = 0; slot < row.Get<int32_t>("slots"); ++slot) {
@@ -238,9 +243,9 @@ absl::Status CreateAttempt(db::Transaction& tx, v1::Job job,
                                  ranks.size() > 1 ? absl::StrCat("-", ranks.back()) : "", ")"));
   }
   job.set_attempt(attempt);
-  return ApplyTransition(tx, job, v1::Job::SCHEDULED,
-                         Because(absl::StrCat("attempt ", attempt, " placed on ",
-                                              absl::StrJoin(where, ", "))))
+  return ApplyTransition(
+             tx, job, v1::Job::SCHEDULED,
+             Because(absl::StrCat("attempt ", attempt, " placed on ", absl::StrJoin(where, ", "))))
       .status();
 }
 
@@ -300,11 +305,13 @@ absl::Status Scheduler::SweepNodes() {
     // Draining: restart the jobs that still run there; cordon once nothing is left.
     GRADHUB_ASSIGN_OR_RETURN(
         db::Result draining,
-        tx.Exec(absl::StrCat(
-                    "SELECT DISTINCT n.id, n.name, a.job_id::text AS job_id, a.attempt, a.rank"
-                    " FROM nodes n LEFT JOIN rank_assignments a ON a.node_id = n.id"
-                    " AND a.state IN ", kLiveRankStates, " WHERE n.state = 'DRAINING'"
-                    " ORDER BY n.id, a.rank")));
+        tx.Exec(
+            absl::StrCat("SELECT DISTINCT n.id, n.name, a.job_id::text AS job_id, a.attempt, a.rank"
+                         " FROM nodes n LEFT JOIN rank_assignments a ON a.node_id = n.id"
+                         " AND a.state IN ",
+                         kLiveRankStates,
+                         " WHERE n.state = 'DRAINING'"
+                         " ORDER BY n.id, a.rank")));
     std::set<int64_t> busy;
     std::set<std::string> failed_jobs;
     for (const db::Row& row : draining) {
@@ -361,7 +368,7 @@ absl::Status Scheduler::ReconcileAttempts() {
           job.state() == v1::Job::CANCELLING) {
         const bool cancelled =
             job.state() == v1::Job::CANCELLED || job.state() == v1::Job::CANCELLING;
-        const std::string ended = cancelled                              ? "CANCELLED"
+        const std::string ended = cancelled                           ? "CANCELLED"
                                   : job.state() == v1::Job::SUCCEEDED ? "SUCCEEDED"
                                                                       : "FAILED";
         GRADHUB_RETURN_IF_ERROR(tx.Exec("UPDATE job_attempts SET state = $3, end_time = now()"
@@ -369,10 +376,11 @@ absl::Status Scheduler::ReconcileAttempts() {
                                         {id, attempt, ended})
                                     .status());
         return tx
-            .Exec("UPDATE rank_assignments SET state = 'STOPPING', update_time = now()"
-                  " WHERE job_id = $1::uuid AND attempt = $2"
-                  " AND state IN ('ASSIGNED', 'STARTING', 'RUNNING')",
-                  {id, attempt})
+            .Exec(
+                "UPDATE rank_assignments SET state = 'STOPPING', update_time = now()"
+                " WHERE job_id = $1::uuid AND attempt = $2"
+                " AND state IN ('ASSIGNED', 'STARTING', 'RUNNING')",
+                {id, attempt})
             .status();
       }
       GRADHUB_ASSIGN_OR_RETURN(
@@ -465,23 +473,22 @@ absl::Status Scheduler::ReconcileAttempts() {
       // The watchdog: no step from any rank (or no start) for hang_timeout.
       // The stored spec is as submitted: its defaults apply here.
       const int32_t hang = WithDefaults(job.spec()).hang_timeout_seconds();
-      const double idle = newest_step_age ? std::min(*newest_step_age,
-                                                     attempt_row.row(0).Get<double>("idle_s"))
-                                          : attempt_row.row(0).Get<double>("idle_s");
+      const double idle = newest_step_age
+                              ? std::min(*newest_step_age, attempt_row.row(0).Get<double>("idle_s"))
+                              : attempt_row.row(0).Get<double>("idle_s");
       if (idle > hang) {
         AttemptFailure failure;
         failure.event = v1::JobEvent::HANG_DETECTED;
         failure.kind = v1::JobEvent::JOB;
-        failure.details.message =
-            absl::StrCat("no training step for ", static_cast<int64_t>(idle),
-                         " s (hang_timeout_seconds ", hang, ")");
+        failure.details.message = absl::StrCat("no training step for ", static_cast<int64_t>(idle),
+                                               " s (hang_timeout_seconds ", hang, ")");
         return FailAttempt(tx, job, failure);
       }
       return absl::OkStatus();
     });
     if (!status.ok()) {
-      std::cerr << "gradhub-api: scheduler: " << name << " attempt " << attempt << ": "
-                << status << "\n";
+      std::cerr << "gradhub-api: scheduler: " << name << " attempt " << attempt << ": " << status
+                << "\n";
     } else if (queued_seconds && options_.on_running) {
       options_.on_running(absl::Seconds(*queued_seconds));
     }
@@ -511,9 +518,9 @@ absl::Status Scheduler::FinishCancellations() {
       if (!live.empty()) return absl::OkStatus();
       // The reason CancelJob gave ("cancelled by the user: ...; stopping 4 ranks"), now done.
       const std::string why = job.state_reason().substr(0, job.state_reason().find("; stopping "));
-      return ApplyTransition(tx, job, v1::Job::CANCELLED,
-                             Because(absl::StrCat(why.empty() ? "cancelled" : why,
-                                                  "; every rank has stopped")))
+      return ApplyTransition(
+                 tx, job, v1::Job::CANCELLED,
+                 Because(absl::StrCat(why.empty() ? "cancelled" : why, "; every rank has stopped")))
           .status();
     });
     if (!status.ok()) {
@@ -539,15 +546,16 @@ absl::Status Scheduler::PlaceJobs() {
           [&](db::Transaction& tx) -> absl::StatusOr<db::Result> {
             GRADHUB_RETURN_IF_ERROR(
                 tx.Exec("SET LOCAL max_parallel_workers_per_gather = 0").status());
-            return tx.Exec(absl::StrCat(
-                "SELECT 'jobs/' || j.id::text AS name, j.priority,"
-                " (extract(epoch FROM j.create_time) * 1e6)::bigint AS create_us,"
-                " j.state_reason, j.current_attempt,"
-                " extract(epoch FROM now() - j.queued_time)::float8 AS waited_s,"
-                " j.state = 'RESTARTING' AND EXISTS (SELECT 1 FROM rank_assignments a"
-                "   WHERE a.job_id = j.id AND a.state IN ",
-                kLiveRankStates, ") AS stopping"
-                " FROM jobs j WHERE j.state IN ('PENDING', 'RESTARTING')"));
+            return tx.Exec(
+                absl::StrCat("SELECT 'jobs/' || j.id::text AS name, j.priority,"
+                             " (extract(epoch FROM j.create_time) * 1e6)::bigint AS create_us,"
+                             " j.state_reason, j.current_attempt,"
+                             " extract(epoch FROM now() - j.queued_time)::float8 AS waited_s,"
+                             " j.state = 'RESTARTING' AND EXISTS (SELECT 1 FROM rank_assignments a"
+                             "   WHERE a.job_id = j.id AND a.state IN ",
+                             kLiveRankStates,
+                             ") AS stopping"
+                             " FROM jobs j WHERE j.state IN ('PENDING', 'RESTARTING')"));
           },
           {.read_only = true}));
   GRADHUB_ASSIGN_OR_RETURN(const std::vector<const PlacementSpec*> specs,
@@ -569,26 +577,25 @@ absl::Status Scheduler::PlaceJobs() {
   std::unordered_map<std::string_view, std::string> unfit_in_snapshot;  // shape -> why
   // `shape` is given only for a decision against the snapshot.
   auto decide = [&](const std::string& name, int32_t attempt, const v1::JobSpec& spec,
-                    const std::string* shape, const std::vector<NodeRecord>& nodes,
-                    bool stopping, double waited, std::optional<std::string>& blocked) {
+                    const std::string* shape, const std::vector<NodeRecord>& nodes, bool stopping,
+                    double waited, std::optional<std::string>& blocked) {
     Decision decision;
-    const auto unfit =
-        shape == nullptr ? unfit_in_snapshot.end() : unfit_in_snapshot.find(*shape);
+    const auto unfit = shape == nullptr ? unfit_in_snapshot.end() : unfit_in_snapshot.find(*shape);
     if (stopping) {
       decision.why = absl::StrCat("waiting for the ranks of attempt ", attempt, " to stop");
     } else if (blocked) {
-      decision.why = absl::StrCat(
-          "waiting behind ", *blocked,
-          ", which comes first and has waited longer than the backfill window (",
-          absl::FormatDuration(options_.backfill_window), ")");
+      decision.why =
+          absl::StrCat("waiting behind ", *blocked,
+                       ", which comes first and has waited longer than the backfill window (",
+                       absl::FormatDuration(options_.backfill_window), ")");
     } else {
       if (unfit != unfit_in_snapshot.end()) {
         decision.why = unfit->second;
       } else {
         decision.capacity = CapacityFor(nodes, spec);
-        decision.placement = Pack(decision.capacity, spec.distributed().world_size(),
-                                  spec.distributed().ranks_per_node(), spec.node_selector(),
-                                  &decision.why);
+        decision.placement =
+            Pack(decision.capacity, spec.distributed().world_size(),
+                 spec.distributed().ranks_per_node(), spec.node_selector(), &decision.why);
         if (decision.placement.empty() && shape != nullptr) {
           unfit_in_snapshot.emplace(*shape, decision.why);
         }
@@ -614,9 +621,9 @@ absl::Status Scheduler::PlaceJobs() {
     // Unreadable (not cached) means decided in the transaction, from the whole stored job.
     if (const PlacementSpec* cached = specs[static_cast<size_t>(i)]; cached != nullptr) {
       std::optional<std::string> blocked_in_snapshot = blocked_by;
-      const Decision guess = decide(name, entry.Get<int32_t>("current_attempt"), cached->spec,
-                                    &cached->shape, snapshot, stopping, waited,
-                                    blocked_in_snapshot);
+      const Decision guess =
+          decide(name, entry.Get<int32_t>("current_attempt"), cached->spec, &cached->shape,
+                 snapshot, stopping, waited, blocked_in_snapshot);
       if (guess.placement.empty()) {
         blocked_by = blocked_in_snapshot;
         if (guess.why != entry.Get<std::string>("state_reason")) {
@@ -632,9 +639,8 @@ absl::Status Scheduler::PlaceJobs() {
         return absl::OkStatus();
       }
       GRADHUB_ASSIGN_OR_RETURN(std::vector<NodeRecord> nodes, ReadNodes(tx, options_.node_lease));
-      const Decision decision = decide(job.name(), job.attempt(), WithDefaults(job.spec()),
-                                       nullptr, nodes,
-                                       stopping, waited, blocked_by);
+      const Decision decision = decide(job.name(), job.attempt(), WithDefaults(job.spec()), nullptr,
+                                       nodes, stopping, waited, blocked_by);
       if (decision.placement.empty()) return SetPendingReason(tx, job, decision.why);
       return CreateAttempt(tx, job, decision.placement);
     });
@@ -674,8 +680,7 @@ absl::StatusOr<std::vector<const Scheduler::PlacementSpec*>> Scheduler::ReadPlac
     for (const db::Row& row : rows) {
       PlacementSpec& cached = placement_specs_[row.Get<std::string>("name")];
       cached.shape = row.Get<std::string>("spec");
-      cached.loaded =
-          google::protobuf::util::JsonStringToMessage(cached.shape, &cached.spec).ok();
+      cached.loaded = google::protobuf::util::JsonStringToMessage(cached.shape, &cached.spec).ok();
       cached.spec = WithDefaults(std::move(cached.spec));  // stored as submitted
     }
   }

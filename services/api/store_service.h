@@ -42,7 +42,6 @@
 
 namespace gradhub::api {
 
-
 class StoreService final : public AsyncGrpcService {
  public:
   // OK when a call with this `authorization` metadata ("" when absent) may use the store;

@@ -404,9 +404,9 @@ absl::StatusOr<v1::Checkpoint> CheckpointManager::WriteCommittedRow(
                 {row.id, sha256}));
     if (updated.empty()) return UploadNotFound(row.upload_id);  // discarded meanwhile
     GRADHUB_ASSIGN_OR_RETURN(const CheckpointRow done, CheckpointFromRow(updated.row(0)));
-    api::EventDetails committed = api::Because(absl::StrCat(
-        "checkpoint at step ", row.step, " committed: ", row.size_bytes, " bytes, sha256 ",
-        sha256.substr(0, 12)));
+    api::EventDetails committed =
+        api::Because(absl::StrCat("checkpoint at step ", row.step, " committed: ", row.size_bytes,
+                                  " bytes, sha256 ", sha256.substr(0, 12)));
     committed.checkpoint_step = row.step;
     committed.checkpoint_size_bytes = row.size_bytes;
     GRADHUB_RETURN_IF_ERROR(api::AppendEvent(tx, row.job_id, row.attempt,

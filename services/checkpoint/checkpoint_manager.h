@@ -38,8 +38,8 @@
 #include "services/checkpoint/checkpoint_access.h"
 #include "services/checkpoint/checkpoint_metrics.h"
 #include "services/checkpoint/checkpoint_records.h"
-#include "services/common/sha256.h"
 #include "services/common/db/pool.h"
+#include "services/common/sha256.h"
 
 namespace gradhub::checkpoint {
 

@@ -26,7 +26,7 @@ grpc::Status CheckpointService::StartUpload(grpc::ServerContext* context,
                                             const v1::StartUploadRequest* request,
                                             v1::StartUploadResponse* response) {
   return AnswerFor(CallerOf(*context), response,
-                [&](const Caller& caller) { return manager_->StartUpload(caller, *request); });
+                   [&](const Caller& caller) { return manager_->StartUpload(caller, *request); });
 }
 
 grpc::Status CheckpointService::UploadChunks(grpc::ServerContext* context,
@@ -68,7 +68,7 @@ grpc::Status CheckpointService::CommitCheckpoint(grpc::ServerContext* context,
                                                  const v1::CommitCheckpointRequest* request,
                                                  v1::Checkpoint* response) {
   return AnswerFor(CallerOf(*context), response,
-                [&](const Caller& caller) { return manager_->Commit(caller, *request); });
+                   [&](const Caller& caller) { return manager_->Commit(caller, *request); });
 }
 
 grpc::Status CheckpointService::DownloadCheckpoint(
@@ -103,14 +103,15 @@ grpc::Status CheckpointService::ListCheckpoints(grpc::ServerContext* context,
                                                 const v1::ListCheckpointsRequest* request,
                                                 v1::ListCheckpointsResponse* response) {
   return AnswerFor(CallerOf(*context), response,
-                [&](const Caller& caller) { return manager_->List(caller, *request); });
+                   [&](const Caller& caller) { return manager_->List(caller, *request); });
 }
 
 grpc::Status CheckpointService::GetLatestCheckpoint(grpc::ServerContext* context,
                                                     const v1::GetLatestCheckpointRequest* request,
                                                     v1::Checkpoint* response) {
-  return AnswerFor(CallerOf(*context), response,
-                [&](const Caller& caller) { return manager_->GetLatest(caller, request->job()); });
+  return AnswerFor(CallerOf(*context), response, [&](const Caller& caller) {
+    return manager_->GetLatest(caller, request->job());
+  });
 }
 
 grpc::Status CheckpointService::DeleteCheckpoint(grpc::ServerContext* context,

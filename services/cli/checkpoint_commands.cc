@@ -10,8 +10,8 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
-#include "services/common/sha256.h"
 #include "services/cli/commands.h"
+#include "services/common/sha256.h"
 
 namespace gradhub::cli {
 namespace {

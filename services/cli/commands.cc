@@ -12,9 +12,9 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "services/common/contract/user_error.h"
-#include "services/common/contract/job_spec.h"
 #include "services/cli/checkpoint_commands.h"
+#include "services/common/contract/job_spec.h"
+#include "services/common/contract/user_error.h"
 
 namespace gradhub::cli {
 namespace {
@@ -315,8 +315,9 @@ int Describe(Invocation& inv) {
                                                '\n', absl::SkipEmpty())) {
     absl::StrAppend(&events_text, "  ", line, "\n");
   }
-  inv.out() << JobSummary(job, CheckpointSummary(checkpoint)) << "spec:\n" << ToYaml(job.spec(), 2)
-            << "events:\n" << events_text;
+  inv.out() << JobSummary(job, CheckpointSummary(checkpoint)) << "spec:\n"
+            << ToYaml(job.spec(), 2) << "events:\n"
+            << events_text;
   return kOk;
 }
 
@@ -694,8 +695,7 @@ const std::vector<Command>& AllCommands() {
        "loss.",
        Metrics},
       {"checkpoints list", "JOB [--state S] [--page-size N] [--all]",
-       "List a job's checkpoints, newest step first (from --checkpoint-server).",
-       CheckpointsList},
+       "List a job's checkpoints, newest step first (from --checkpoint-server).", CheckpointsList},
       {"checkpoints download", "NAME -o FILE",
        "Download checkpoint jobs/<id>/checkpoints/<step> into FILE, verifying its sha256.",
        CheckpointsDownload},

@@ -23,8 +23,8 @@ void GlobalOptions::Register(Flags& flags) {
 }
 
 bool IsGlobalFlagWithValue(const std::string& name) {
-  return name == "server" || name == "checkpoint-server" || name == "token" ||
-         name == "tls-ca" || name == "output" || name == "timeout";
+  return name == "server" || name == "checkpoint-server" || name == "token" || name == "tls-ca" ||
+         name == "output" || name == "timeout";
 }
 
 Invocation::Invocation(std::string command, std::string synopsis, std::string summary,
@@ -136,11 +136,12 @@ bool Invocation::Parse(size_t min_positional, size_t max_positional) {
 
 Client& Invocation::client() {
   if (client_ == nullptr) {
-    client_ = std::make_unique<Client>(ClientOptions{.server = globals_.server,
-                                                     .checkpoint_server = globals_.checkpoint_server,
-                                                     .credentials = credentials_,
-                                                     .token = globals_.token,
-                                                     .timeout = globals_.timeout});
+    client_ =
+        std::make_unique<Client>(ClientOptions{.server = globals_.server,
+                                               .checkpoint_server = globals_.checkpoint_server,
+                                               .credentials = credentials_,
+                                               .token = globals_.token,
+                                               .timeout = globals_.timeout});
   }
   return *client_;
 }

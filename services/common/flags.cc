@@ -2,8 +2,8 @@
 
 #include <iostream>
 
-#include <cstdlib>
 #include <algorithm>
+#include <cstdlib>
 #include <set>
 
 #include "absl/strings/numbers.h"

@@ -6,21 +6,33 @@ namespace gradhub {
 
 int HttpStatusFor(absl::StatusCode code) {
   switch (code) {
-    case absl::StatusCode::kOk: return 200;
+    case absl::StatusCode::kOk:
+      return 200;
     case absl::StatusCode::kInvalidArgument:
     case absl::StatusCode::kFailedPrecondition:
-    case absl::StatusCode::kOutOfRange: return 400;
-    case absl::StatusCode::kUnauthenticated: return 401;
-    case absl::StatusCode::kPermissionDenied: return 403;
-    case absl::StatusCode::kNotFound: return 404;
+    case absl::StatusCode::kOutOfRange:
+      return 400;
+    case absl::StatusCode::kUnauthenticated:
+      return 401;
+    case absl::StatusCode::kPermissionDenied:
+      return 403;
+    case absl::StatusCode::kNotFound:
+      return 404;
     case absl::StatusCode::kAlreadyExists:
-    case absl::StatusCode::kAborted: return 409;
-    case absl::StatusCode::kResourceExhausted: return 429;
-    case absl::StatusCode::kCancelled: return 499;
-    case absl::StatusCode::kUnimplemented: return 501;
-    case absl::StatusCode::kUnavailable: return 503;
-    case absl::StatusCode::kDeadlineExceeded: return 504;
-    default: return 500;
+    case absl::StatusCode::kAborted:
+      return 409;
+    case absl::StatusCode::kResourceExhausted:
+      return 429;
+    case absl::StatusCode::kCancelled:
+      return 499;
+    case absl::StatusCode::kUnimplemented:
+      return 501;
+    case absl::StatusCode::kUnavailable:
+      return 503;
+    case absl::StatusCode::kDeadlineExceeded:
+      return 504;
+    default:
+      return 500;
   }
 }
 

@@ -30,12 +30,11 @@ void Check(const std::string& name, bool ok, const std::string& detail = "") {
 }
 
 struct Mlp : torch::nn::Module {
-  Mlp() : fc0(register_module("fc0", torch::nn::Linear(784, 1024))),
-          fc1(register_module("fc1", torch::nn::Linear(1024, 1024))),
-          fc2(register_module("fc2", torch::nn::Linear(1024, 10))) {}
-  torch::Tensor forward(torch::Tensor x) {
-    return fc2(torch::relu(fc1(torch::relu(fc0(x)))));
-  }
+  Mlp()
+      : fc0(register_module("fc0", torch::nn::Linear(784, 1024))),
+        fc1(register_module("fc1", torch::nn::Linear(1024, 1024))),
+        fc2(register_module("fc2", torch::nn::Linear(1024, 10))) {}
+  torch::Tensor forward(torch::Tensor x) { return fc2(torch::relu(fc1(torch::relu(fc0(x))))); }
   torch::nn::Linear fc0, fc1, fc2;
 };
 
@@ -148,7 +147,8 @@ int main() {
     for (int step = 0; step < 200; ++step) {
       const auto start = std::chrono::steady_clock::now();
       ddp.ZeroGrad();
-      at::Tensor loss = ddp.Forward([&] { return torch::cross_entropy_loss(model->forward(x), y); });
+      at::Tensor loss =
+          ddp.Forward([&] { return torch::cross_entropy_loss(model->forward(x), y); });
       ddp.Backward(loss);
       optimizer.step();
       last_loss = loss.item<double>();  // synchronizes with the device

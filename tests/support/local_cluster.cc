@@ -63,7 +63,8 @@ std::string AwaitOutput(Subprocess& process, const std::string& pattern, seconds
   while (Clock::now() < deadline && process.running()) {
     std::smatch match;
     const std::string out = process.out();
-    if (std::regex_search(out, match, re)) return match.size() > 1 ? match[1].str() : match[0].str();
+    if (std::regex_search(out, match, re))
+      return match.size() > 1 ? match[1].str() : match[0].str();
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   ADD_FAILURE() << "no '" << pattern << "' in output:\n" << process.out() << "\n" << process.err();
@@ -119,8 +120,8 @@ bool LocalCluster::StartApi() {
   api_ = std::make_unique<Subprocess>(std::vector<std::string>{
       BinaryPath("gradhub-api"), "--database-url", url_, "--grpc-address",
       "127.0.0.1:" + std::to_string(api_grpc_port_), "--http-host", "127.0.0.1", "--http-port",
-      std::to_string(api_http_port_), "--heartbeat-interval", "1s", "--scheduler-interval",
-      "100ms", "--shutdown-grace", "2s", "--admin-token", kAdminToken, "serve"});
+      std::to_string(api_http_port_), "--heartbeat-interval", "1s", "--scheduler-interval", "100ms",
+      "--shutdown-grace", "2s", "--admin-token", kAdminToken, "serve"});
   const std::string port = AwaitOutput(*api_, "serving gRPC on port ([0-9]+)");
   const std::string http_port = AwaitOutput(*api_, "serving REST on port ([0-9]+)");
   if (port.empty() || http_port.empty()) return false;
@@ -188,9 +189,21 @@ std::string LocalCluster::ScrapeMetrics() const {
 bool LocalCluster::StartAgent(const std::string& name) {
   const std::string work = dir() + "/agent-" + name;
   std::vector<std::string> argv = {
-      BinaryPath("gradhub-agent"), "--server", api_address_, "--token", node_token_, "--name", name,
-      "--slots", std::to_string(options_.slots), "--work-dir", work, "--stop-grace",
-      options_.agent_stop_grace, "--api-outage-grace", options_.agent_api_outage_grace,
+      BinaryPath("gradhub-agent"),
+      "--server",
+      api_address_,
+      "--token",
+      node_token_,
+      "--name",
+      name,
+      "--slots",
+      std::to_string(options_.slots),
+      "--work-dir",
+      work,
+      "--stop-grace",
+      options_.agent_stop_grace,
+      "--api-outage-grace",
+      options_.agent_api_outage_grace,
       "--checkpoint-root",
       options_.checkpoint_service ? work + "/checkpoints" : dir() + "/checkpoints"};
   if (options_.checkpoint_service) {
@@ -210,7 +223,8 @@ bool LocalCluster::StartAgent(const std::string& name) {
     argv.insert(argv.end(), {"--memory-isolation", options_.memory_isolation});
   }
   if (options_.metrics_service) {
-    argv.insert(argv.end(), {"--metrics-server", "127.0.0.1:" + std::to_string(metrics_grpc_port_)});
+    argv.insert(argv.end(),
+                {"--metrics-server", "127.0.0.1:" + std::to_string(metrics_grpc_port_)});
   }
   agents_[name] = std::make_unique<Subprocess>(argv);
   return !AwaitOutput(*agents_[name], "registered as nodes/" + name).empty();
@@ -232,8 +246,12 @@ std::string LocalCluster::AgentRunningTrainers() const {
   return "";
 }
 
-std::unique_ptr<grpc::ClientContext> LocalCluster::TenantContext() const { return ContextWith(token_); }
-std::unique_ptr<grpc::ClientContext> LocalCluster::AdminContext() const { return ContextWith(kAdminToken); }
+std::unique_ptr<grpc::ClientContext> LocalCluster::TenantContext() const {
+  return ContextWith(token_);
+}
+std::unique_ptr<grpc::ClientContext> LocalCluster::AdminContext() const {
+  return ContextWith(kAdminToken);
+}
 
 v1::Job LocalCluster::Submit(const v1::JobSpec& spec) {
   v1::CreateJobRequest request;

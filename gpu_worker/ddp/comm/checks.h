@@ -39,31 +39,40 @@ std::string StrCat(Parts&&... parts) {
   return out.str();
 }
 
-inline std::string Where(const char* file, int line) {
-  return StrCat("[", file, ":", line, "]");
-}
+inline std::string Where(const char* file, int line) { return StrCat("[", file, ":", line, "]"); }
 
 // The names users know from PyTorch ("float32", not ATen's "Float").
 inline std::string DtypeName(at::ScalarType type) {
   switch (type) {
-    case at::kFloat: return "float32";
-    case at::kDouble: return "float64";
-    case at::kHalf: return "float16";
-    case at::kBFloat16: return "bfloat16";
-    case at::kLong: return "int64";
-    case at::kInt: return "int32";
-    case at::kShort: return "int16";
-    case at::kChar: return "int8";
-    case at::kByte: return "uint8";
-    case at::kBool: return "bool";
-    default: return c10::toString(type);
+    case at::kFloat:
+      return "float32";
+    case at::kDouble:
+      return "float64";
+    case at::kHalf:
+      return "float16";
+    case at::kBFloat16:
+      return "bfloat16";
+    case at::kLong:
+      return "int64";
+    case at::kInt:
+      return "int32";
+    case at::kShort:
+      return "int16";
+    case at::kChar:
+      return "int8";
+    case at::kByte:
+      return "uint8";
+    case at::kBool:
+      return "bool";
+    default:
+      return c10::toString(type);
   }
 }
 
 // What both backends reduce: see ProcessGroup.
 inline bool IsSupportedDtype(at::ScalarType type) {
-  return type == at::kFloat || type == at::kDouble || type == at::kHalf ||
-         type == at::kBFloat16 || type == at::kLong;
+  return type == at::kFloat || type == at::kDouble || type == at::kHalf || type == at::kBFloat16 ||
+         type == at::kLong;
 }
 
 // Throws std::invalid_argument "<where>: <arg> <problem>" unless `tensor` is defined, dense,
@@ -72,8 +81,8 @@ inline void CheckTensorArg(const std::string& where, const std::string& arg,
                            const at::Tensor& tensor, const c10::Device& device) {
   if (!tensor.defined()) throw std::invalid_argument(where + ": " + arg + " is undefined");
   if (tensor.layout() != at::kStrided) {
-    throw std::invalid_argument(StrCat(where, ": ", arg, " must be a dense (strided) tensor, got layout ",
-                                       tensor.layout()));
+    throw std::invalid_argument(StrCat(
+        where, ": ", arg, " must be a dense (strided) tensor, got layout ", tensor.layout()));
   }
   if (!IsSupportedDtype(tensor.scalar_type())) {
     throw std::invalid_argument(StrCat(where, ": ", arg, " has unsupported dtype ",
@@ -93,46 +102,46 @@ inline void CheckTensorArg(const std::string& where, const std::string& arg,
 
 }  // namespace gradhub::ddp::detail
 
-#define GRADHUB_COMM_ENFORCE(cond, ...)                                                  \
-  do {                                                                                   \
-    if (!(cond)) {                                                                       \
-      throw ::gradhub::ddp::CommError(::gradhub::ddp::detail::StrCat(                    \
-          __VA_ARGS__, " (check `" #cond "` failed) ",                                   \
-          ::gradhub::ddp::detail::Where(__FILE__, __LINE__)));                           \
-    }                                                                                    \
+#define GRADHUB_COMM_ENFORCE(cond, ...)                                                       \
+  do {                                                                                        \
+    if (!(cond)) {                                                                            \
+      throw ::gradhub::ddp::CommError(                                                        \
+          ::gradhub::ddp::detail::StrCat(__VA_ARGS__, " (check `" #cond "` failed) ",         \
+                                         ::gradhub::ddp::detail::Where(__FILE__, __LINE__))); \
+    }                                                                                         \
   } while (0)
 
-#define GRADHUB_ARG_CHECK(cond, ...)                                                     \
-  do {                                                                                   \
-    if (!(cond)) {                                                                       \
-      throw std::invalid_argument(::gradhub::ddp::detail::StrCat(                        \
-          __VA_ARGS__, " ", ::gradhub::ddp::detail::Where(__FILE__, __LINE__)));         \
-    }                                                                                    \
+#define GRADHUB_ARG_CHECK(cond, ...)                                             \
+  do {                                                                           \
+    if (!(cond)) {                                                               \
+      throw std::invalid_argument(::gradhub::ddp::detail::StrCat(                \
+          __VA_ARGS__, " ", ::gradhub::ddp::detail::Where(__FILE__, __LINE__))); \
+    }                                                                            \
   } while (0)
 
 // Needs gloo/common/error.h (for gloo::Exception) in the including file.
-#define GRADHUB_GLOO_CHECK(call)                                                         \
-  do {                                                                                   \
-    try {                                                                                \
-      call;                                                                              \
-    } catch (const ::gloo::Exception& gloo_error) {                                      \
-      throw ::gradhub::ddp::CommError(::gradhub::ddp::detail::StrCat(                    \
-          "`" #call "` failed: ", gloo_error.what(), " ",                                \
-          ::gradhub::ddp::detail::Where(__FILE__, __LINE__)));                           \
-    }                                                                                    \
+#define GRADHUB_GLOO_CHECK(call)                                                              \
+  do {                                                                                        \
+    try {                                                                                     \
+      call;                                                                                   \
+    } catch (const ::gloo::Exception& gloo_error) {                                           \
+      throw ::gradhub::ddp::CommError(                                                        \
+          ::gradhub::ddp::detail::StrCat("`" #call "` failed: ", gloo_error.what(), " ",      \
+                                         ::gradhub::ddp::detail::Where(__FILE__, __LINE__))); \
+    }                                                                                         \
   } while (0)
 
 #if GRADHUB_HAVE_NCCL
 
-#define GRADHUB_CUDA_CHECK(call)                                                         \
-  do {                                                                                   \
-    cudaError_t cuda_result = (call);                                                    \
-    if (cuda_result != cudaSuccess) {                                                    \
-      throw ::gradhub::ddp::CommError(::gradhub::ddp::detail::StrCat(                    \
-          "`" #call "` failed: ", cudaGetErrorName(cuda_result), ": ",                   \
-          cudaGetErrorString(cuda_result), " ",                                          \
-          ::gradhub::ddp::detail::Where(__FILE__, __LINE__)));                           \
-    }                                                                                    \
+#define GRADHUB_CUDA_CHECK(call)                                                                \
+  do {                                                                                          \
+    cudaError_t cuda_result = (call);                                                           \
+    if (cuda_result != cudaSuccess) {                                                           \
+      throw ::gradhub::ddp::CommError(                                                          \
+          ::gradhub::ddp::detail::StrCat("`" #call "` failed: ", cudaGetErrorName(cuda_result), \
+                                         ": ", cudaGetErrorString(cuda_result), " ",            \
+                                         ::gradhub::ddp::detail::Where(__FILE__, __LINE__)));   \
+    }                                                                                           \
   } while (0)
 
 namespace gradhub::ddp::detail {
@@ -156,14 +165,14 @@ inline std::string DescribeNcclResult(ncclResult_t result) {
 #define GRADHUB_NCCL_IN_PROGRESS(result) false
 #endif
 
-#define GRADHUB_NCCL_CHECK(call)                                                         \
-  do {                                                                                   \
-    ncclResult_t nccl_result = (call);                                                   \
-    if (nccl_result != ncclSuccess && !GRADHUB_NCCL_IN_PROGRESS(nccl_result)) {          \
-      throw ::gradhub::ddp::CommError(::gradhub::ddp::detail::StrCat(                    \
-          "`" #call "` failed: ", ::gradhub::ddp::detail::DescribeNcclResult(nccl_result), \
-          " ", ::gradhub::ddp::detail::Where(__FILE__, __LINE__)));                      \
-    }                                                                                    \
+#define GRADHUB_NCCL_CHECK(call)                                                                \
+  do {                                                                                          \
+    ncclResult_t nccl_result = (call);                                                          \
+    if (nccl_result != ncclSuccess && !GRADHUB_NCCL_IN_PROGRESS(nccl_result)) {                 \
+      throw ::gradhub::ddp::CommError(::gradhub::ddp::detail::StrCat(                           \
+          "`" #call "` failed: ", ::gradhub::ddp::detail::DescribeNcclResult(nccl_result), " ", \
+          ::gradhub::ddp::detail::Where(__FILE__, __LINE__)));                                  \
+    }                                                                                           \
   } while (0)
 
 #endif  // GRADHUB_HAVE_NCCL

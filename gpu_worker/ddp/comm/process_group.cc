@@ -33,13 +33,13 @@ std::shared_ptr<ProcessGroup> CreateProcessGroup(const ProcessGroupOptions& opti
 
 std::shared_ptr<ProcessGroup> CreateSubgroup(const ProcessGroupOptions& parent_options,
                                              const std::vector<int>& ranks) {
-  const std::string where = detail::StrCat("CreateSubgroup of group '", parent_options.name,
-                                           "' rank ", parent_options.rank, "/",
-                                           parent_options.size);
+  const std::string where =
+      detail::StrCat("CreateSubgroup of group '", parent_options.name, "' rank ",
+                     parent_options.rank, "/", parent_options.size);
   GRADHUB_ARG_CHECK(!ranks.empty(), where, ": ranks is empty");
   for (size_t i = 0; i < ranks.size(); ++i) {
-    GRADHUB_ARG_CHECK(ranks[i] >= 0 && ranks[i] < parent_options.size, where, ": rank ",
-                      ranks[i], " is not in [0, ", parent_options.size, ")");
+    GRADHUB_ARG_CHECK(ranks[i] >= 0 && ranks[i] < parent_options.size, where, ": rank ", ranks[i],
+                      " is not in [0, ", parent_options.size, ")");
     GRADHUB_ARG_CHECK(i == 0 || ranks[i - 1] < ranks[i], where,
                       ": ranks must be sorted and unique");
   }

@@ -30,8 +30,7 @@ int64_t InMemoryStore::Add(const std::string& key, int64_t delta) {
   return value;
 }
 
-void InMemoryStore::Wait(const std::vector<std::string>& keys,
-                         std::chrono::milliseconds timeout) {
+void InMemoryStore::Wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> lock(mu_);
   if (!changed_.wait_for(lock, timeout, [&] { return HasAllLocked(keys); })) {
     std::vector<std::string> missing;

@@ -8,8 +8,8 @@ namespace gradhub::ddp {
 
 std::string DescribeTimeout(const std::vector<std::string>& missing,
                             std::chrono::milliseconds timeout) {
-  std::string text = "timed out after " + std::to_string(timeout.count()) +
-                     " ms waiting for store keys:";
+  std::string text =
+      "timed out after " + std::to_string(timeout.count()) + " ms waiting for store keys:";
   for (size_t i = 0; i < missing.size(); ++i) text += (i == 0 ? " " : ", ") + missing[i];
   return text;
 }

@@ -59,12 +59,13 @@ std::string DescribeRoots(const std::vector<std::string>& roots) {
 
 std::string PathProblem(const SpecPath& path, const std::vector<std::string>& roots) {
   if (!IsCleanPath(path.path)) {
-    return path.field + ": must be an absolute path without '.' or '..' components, empty "
-                        "components or a trailing '/' (at most 4096 bytes)";
+    return path.field +
+           ": must be an absolute path without '.' or '..' components, empty "
+           "components or a trailing '/' (at most 4096 bytes)";
   }
   if (!IsUnderAnyRoot(path.path, roots)) {
-    return path.field + ": " + path.path + " is not under a data root of this node (allowed: " +
-           DescribeRoots(roots) + ")";
+    return path.field + ": " + path.path +
+           " is not under a data root of this node (allowed: " + DescribeRoots(roots) + ")";
   }
   return "";
 }

@@ -86,8 +86,7 @@ std::string CheckSpelledAndResolved(const std::string& path, const std::string& 
 
 // Step 4 on a stat result; "" when fine.
 std::string CheckKindAndSize(const std::string& path, const std::string& field,
-                             const struct stat& info, int64_t fs_type,
-                             const InputPolicy& policy) {
+                             const struct stat& info, int64_t fs_type, const InputPolicy& policy) {
   if (!S_ISREG(info.st_mode)) {
     return field + ": " + path + " is " + KindOf(info.st_mode) + "; only regular files are read";
   }
@@ -123,8 +122,7 @@ InputFile OpenInputFile(const std::string& path, const std::string& field,
       !problem.empty()) {
     throw UserError("", problem);
   }
-  const int fd =
-      open(resolved.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+  const int fd = open(resolved.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
   if (fd < 0) throw UserError(field, "cannot open " + path + ": " + std::strerror(errno));
   InputFile file(fd, 0);
   struct stat info;
@@ -139,8 +137,9 @@ InputFile OpenInputFile(const std::string& path, const std::string& field,
   if (policy.enforce_roots) {
     const std::string opened = Resolve("/proc/self/fd/" + std::to_string(fd));
     if (opened.empty() || !IsUnderAnyRoot(opened, ResolvedRoots(policy))) {
-      throw UserError(field, path + " changed while it was opened and now leads out of the "
-                                    "data roots; refused");
+      throw UserError(field, path +
+                                 " changed while it was opened and now leads out of the "
+                                 "data roots; refused");
     }
   }
   fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);

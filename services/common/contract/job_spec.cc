@@ -17,11 +17,21 @@ std::string JsonString(const std::string& text) {
   std::string out = "\"";
   for (unsigned char c : text) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
       default:
         if (c < 0x20) {
           char escape[8];
@@ -124,9 +134,9 @@ void CheckModel(const v1::ModelSpec& model, Checker& check) {
       check.Require(t.layers() > 0, "model.transformer.layers", "must be positive");
       check.Require(t.heads() > 0, "model.transformer.heads", "must be positive");
       if (t.heads() > 0 && t.d_model() > 0) {
-        check.Require(t.d_model() % t.heads() == 0, "model.transformer.heads",
-                      std::to_string(t.heads()) + " does not divide dModel " +
-                          std::to_string(t.d_model()));
+        check.Require(
+            t.d_model() % t.heads() == 0, "model.transformer.heads",
+            std::to_string(t.heads()) + " does not divide dModel " + std::to_string(t.d_model()));
       }
       check.Require(t.dropout() >= 0 && t.dropout() < 1, "model.transformer.dropout",
                     "must be in [0, 1)");
@@ -171,8 +181,7 @@ void CheckDataset(const v1::DatasetSpec& dataset, Checker& check) {
   }
   check.Require(dataset.validation_fraction() >= 0 && dataset.validation_fraction() < 1,
                 "dataset.validationFraction", "must be in [0, 1)");
-  check.Require(dataset.prefetch_batches() >= 0, "dataset.prefetchBatches",
-                "must not be negative");
+  check.Require(dataset.prefetch_batches() >= 0, "dataset.prefetchBatches", "must not be negative");
 }
 
 template <typename Adam>
@@ -191,7 +200,8 @@ void CheckOptimizer(const v1::OptimizerSpec& optimizer, Checker& check) {
   switch (optimizer.kind_case()) {
     case v1::OptimizerSpec::kSgd: {
       const auto& sgd = optimizer.sgd();
-      check.Require(sgd.lr() > 0 && std::isfinite(sgd.lr()), "optimizer.sgd.lr", "must be positive");
+      check.Require(sgd.lr() > 0 && std::isfinite(sgd.lr()), "optimizer.sgd.lr",
+                    "must be positive");
       check.Require(sgd.momentum() >= 0, "optimizer.sgd.momentum", "must not be negative");
       check.Require(sgd.weight_decay() >= 0, "optimizer.sgd.weightDecay", "must not be negative");
       if (sgd.nesterov()) {
@@ -219,7 +229,8 @@ void CheckEfficiency(const v1::JobSpec& spec, Checker& check) {
   const bool powersgd = distributed.comm_hook() == v1::DistributedSpec::POWER_SGD;
   if (distributed.has_power_sgd()) {
     const auto& p = distributed.power_sgd();
-    check.Require(powersgd, "distributed.powerSgd", "is set but distributed.commHook is not POWER_SGD");
+    check.Require(powersgd, "distributed.powerSgd",
+                  "is set but distributed.commHook is not POWER_SGD");
     check.Require(p.matrix_approximation_rank() >= 0 && p.matrix_approximation_rank() <= 1024,
                   "distributed.powerSgd.matrixApproximationRank", "must be between 0 and 1024");
     check.Require(!p.has_start_step() || p.start_step() >= 0, "distributed.powerSgd.startStep",

@@ -1,10 +1,10 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <string_view>
-#include <initializer_list>
 #include <vector>
 
 namespace gradhub::db {

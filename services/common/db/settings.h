@@ -24,8 +24,8 @@ struct DatabaseSettings {
   void Register(Flags& flags, const std::string& connections_env, bool migrates) {
     flags.String("database-url", "GRADHUB_DATABASE_URL", &url,
                  "PostgreSQL connection URL (libpq syntax); the api's database");
-    flags.Duration("database-connect-timeout", "GRADHUB_DATABASE_CONNECT_TIMEOUT",
-                   &connect_timeout, "Timeout for opening a database connection");
+    flags.Duration("database-connect-timeout", "GRADHUB_DATABASE_CONNECT_TIMEOUT", &connect_timeout,
+                   "Timeout for opening a database connection");
     flags.Int("database-connections", connections_env, &connections,
               "Most connections the server keeps open to PostgreSQL");
     if (migrates) {

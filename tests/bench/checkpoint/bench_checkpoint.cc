@@ -20,7 +20,6 @@
 #include <string>
 
 #include "gradhub/v1/checkpoint.grpc.pb.h"
-#include "services/common/sha256.h"
 #include "services/common/abseil_mode.h"
 #include "services/common/flags.h"
 #include "services/common/sha256.h"

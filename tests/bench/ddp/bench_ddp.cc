@@ -26,8 +26,8 @@
 #include "gpu_worker/ddp/distributed_data_parallel.h"
 #include "gpu_worker/ddp/mixed_precision.h"
 #include "gpu_worker/ddp/model_averager.h"
-#include "gpu_worker/ddp/zero_redundancy_optimizer.h"
 #include "gpu_worker/ddp/store/file_store.h"
+#include "gpu_worker/ddp/zero_redundancy_optimizer.h"
 
 namespace {
 
@@ -36,8 +36,8 @@ using gradhub::ddp::DistributedDataParallel;
 struct Mlp : torch::nn::Module {
   explicit Mlp(const std::vector<int64_t>& widths) {
     for (size_t i = 0; i + 1 < widths.size(); ++i) {
-      layers.push_back(register_module("fc" + std::to_string(i),
-                                       torch::nn::Linear(widths[i], widths[i + 1])));
+      layers.push_back(
+          register_module("fc" + std::to_string(i), torch::nn::Linear(widths[i], widths[i + 1])));
     }
   }
   torch::Tensor forward(torch::Tensor x) {
@@ -74,7 +74,8 @@ RankResult RunRank(int rank, int world, const std::vector<int64_t>& widths, int6
   options.rank = rank;
   options.size = world;
   options.store = std::make_shared<gradhub::ddp::FileStore>(store_dir);
-  if (const char* channels = std::getenv("GRADHUB_BENCH_CHANNELS")) options.channels = std::atoi(channels);
+  if (const char* channels = std::getenv("GRADHUB_BENCH_CHANNELS"))
+    options.channels = std::atoi(channels);
   if (const char* shm = std::getenv("GRADHUB_BENCH_SHARED_MEMORY")) {
     options.shared_memory = std::string(shm) != "0";
   }
@@ -104,7 +105,8 @@ RankResult RunRank(int rank, int world, const std::vector<int64_t>& widths, int6
   std::unique_ptr<gradhub::ddp::PeriodicModelAverager> averager;
   if (mode == "localsgd8") {
     averager = std::make_unique<gradhub::ddp::PeriodicModelAverager>(
-        model->parameters(), group, gradhub::ddp::LocalSgdOptions{/*warmup_steps=*/2, /*period=*/8});
+        model->parameters(), group,
+        gradhub::ddp::LocalSgdOptions{/*warmup_steps=*/2, /*period=*/8});
   }
   if (mode != "plain" && mode != "bf16" && !zero && !averager &&
       ddp_options.reducer.comm_hook == gradhub::ddp::CommHook::kNone) {
@@ -134,7 +136,8 @@ RankResult RunRank(int rank, int world, const std::vector<int64_t>& widths, int6
       plain->step();
     }
     if (averager) bytes += averager->AfterStep(step);
-    times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    times.push_back(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     if (step >= steps / 5) timed_bytes += bytes;
   }
   times.erase(times.begin(), times.begin() + steps / 5);  // warm-up

@@ -10,9 +10,9 @@
 #include <thread>
 
 #include "gradhub/v1/jobs.grpc.pb.h"
+#include "tests/support/job_specs.h"
 #include "tests/support/postgres_server.h"
 #include "tests/support/subprocess.h"
-#include "tests/support/job_specs.h"
 
 namespace gradhub {
 namespace {
@@ -24,8 +24,7 @@ using testing::Subprocess;
 int StartApi(std::unique_ptr<Subprocess>* api, const std::string& url) {
   *api = std::make_unique<Subprocess>(std::vector<std::string>{
       BinaryPath("gradhub-api"), "--database-url", url, "--grpc-address", "127.0.0.1:0",
-      "--http-host", "127.0.0.1", "--http-port", "0",
-      "--shutdown-grace", "2s", "serve"});
+      "--http-host", "127.0.0.1", "--http-port", "0", "--shutdown-grace", "2s", "serve"});
   static const std::regex kServing("serving gRPC on port ([0-9]+)");
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   while (std::chrono::steady_clock::now() < deadline && (*api)->running()) {
@@ -51,8 +50,8 @@ TEST(ApiE2eTest, AcknowledgedJobsSurviveSigkillAndSigtermExitsCleanly) {
   int port = StartApi(&api, url);
   ASSERT_GT(port, 0);
 
-  testing::RunResult tenant = testing::Run(
-      {BinaryPath("gradhub-api"), "--database-url", url, "create-tenant", "team-a"});
+  testing::RunResult tenant =
+      testing::Run({BinaryPath("gradhub-api"), "--database-url", url, "create-tenant", "team-a"});
   ASSERT_EQ(tenant.exit_code, 0) << tenant.err;
   const std::string token = tenant.out.substr(0, tenant.out.find('\n'));
   ASSERT_EQ(token.rfind("ghk_", 0), 0u) << tenant.out;

@@ -31,14 +31,19 @@ constexpr int64_t kCheckpointEvery = 200;
 v1::JobSpec Spec(int hidden = 384, int64_t steps = kSteps) {
   const std::string h = std::to_string(hidden);
   return ParseJobSpec(
-      "model: {mlp: {layers: [32, " + h + ", " + h + ", 4]}}\n"
+      "model: {mlp: {layers: [32, " + h + ", " + h +
+      ", 4]}}\n"
       "dataset: {synthetic: {numSamples: 4096, numFeatures: 32, numClasses: 4, noise: 0.5},"
       " validationFraction: 0.1}\n"
       "optimizer: {sgd: {lr: 0.05, momentum: 0.9}}\n"
       "batchSizePerRank: 16\n"
-      "maxSteps: " + std::to_string(steps) + "\n"
+      "maxSteps: " +
+      std::to_string(steps) +
+      "\n"
       "logEverySteps: 20\n"
-      "checkpoint: {everySteps: " + std::to_string(kCheckpointEvery) + ", keepLast: 2}\n"
+      "checkpoint: {everySteps: " +
+      std::to_string(kCheckpointEvery) +
+      ", keepLast: 2}\n"
       "distributed: {worldSize: 2, ranksPerNode: 2}\n"
       "maxRestarts: {infrastructure: 5, job: 2}\n");
 }
@@ -80,8 +85,8 @@ class CheckpointE2eTest : public ::testing::Test {
   // Waits until the job runs attempt `attempt` at a step past `step`; returns the job.
   v1::Job AwaitRunningPast(const std::string& name, int attempt, int64_t step) {
     return cluster_->AwaitJob(name, [&](const v1::Job& j) {
-      return testing::Ended(j) ||
-             (j.attempt() == attempt && j.state() == v1::Job::RUNNING && j.progress().step() > step);
+      return testing::Ended(j) || (j.attempt() == attempt && j.state() == v1::Job::RUNNING &&
+                                   j.progress().step() > step);
     });
   }
 
@@ -90,7 +95,8 @@ class CheckpointE2eTest : public ::testing::Test {
     request.set_parent(job);
     v1::ListCheckpointsResponse response;
     auto context = cluster_->TenantContext();
-    const grpc::Status status = cluster_->checkpoints().ListCheckpoints(context.get(), request, &response);
+    const grpc::Status status =
+        cluster_->checkpoints().ListCheckpoints(context.get(), request, &response);
     EXPECT_TRUE(status.ok()) << status.error_message();
     return {response.checkpoints().begin(), response.checkpoints().end()};
   }
@@ -132,7 +138,8 @@ TEST_F(CheckpointE2eTest, ExactResumeOnTheOtherNodeAfterAgentKills) {
     const int64_t after = last_kill_step + kCheckpointEvery +
                           std::uniform_int_distribution<int64_t>(10, kCheckpointEvery - 40)(random);
     const v1::Job running = AwaitRunningPast(name, kill, after);
-    ASSERT_EQ(running.state(), v1::Job::RUNNING) << running.state_reason() << cluster_->Describe(name);
+    ASSERT_EQ(running.state(), v1::Job::RUNNING)
+        << running.state_reason() << cluster_->Describe(name);
     const std::string victim = cluster_->AgentRunningTrainers();
     ASSERT_FALSE(victim.empty());
     last_kill_step = running.progress().step();
@@ -178,7 +185,8 @@ TEST_F(CheckpointE2eTest, DrainHandsOverAtTheStepRankZeroStopped) {
   std::string stopped, resumed;
   std::smatch match;
   for (const auto& line : cluster_->Logs(name, 1, 0)) {
-    static const std::regex kStopped("stopped after step ([0-9]+); checkpoint of step [0-9]+ committed");
+    static const std::regex kStopped(
+        "stopped after step ([0-9]+); checkpoint of step [0-9]+ committed");
     if (std::regex_search(line, match, kStopped)) stopped = match[1].str();
   }
   for (const auto& line : cluster_->Logs(name, 2, 0)) {
@@ -186,7 +194,8 @@ TEST_F(CheckpointE2eTest, DrainHandsOverAtTheStepRankZeroStopped) {
     if (std::regex_search(line, match, kResumed)) resumed = match[1].str();
   }
   if (stopped.empty()) {
-    for (const auto& line : cluster_->Logs(name, 1, 0)) std::cerr << "attempt 1 rank 0: " << line << "\n";
+    for (const auto& line : cluster_->Logs(name, 1, 0))
+      std::cerr << "attempt 1 rank 0: " << line << "\n";
   }
   ASSERT_FALSE(stopped.empty()) << "rank 0 did not save on SIGTERM";
   EXPECT_EQ(resumed, stopped);
@@ -269,7 +278,8 @@ TEST_F(CheckpointE2eTest, CorruptNewestBlobFallsBackToThePreviousCheckpoint) {
   ASSERT_EQ(done.state(), v1::Job::SUCCEEDED) << done.state_reason() << cluster_->Describe(name);
   EXPECT_EQ(FinalParameters(*cluster_, name), reference);
   bool corrupt_event = false;
-  for (const auto& e : cluster_->Events(name)) corrupt_event |= e.type() == v1::JobEvent::CHECKPOINT_CORRUPT;
+  for (const auto& e : cluster_->Events(name))
+    corrupt_event |= e.type() == v1::JobEvent::CHECKPOINT_CORRUPT;
   EXPECT_TRUE(corrupt_event) << cluster_->Describe(name);
   std::string resumed;
   for (const auto& line : cluster_->Logs(name, 2, 0)) {

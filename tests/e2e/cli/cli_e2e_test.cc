@@ -134,9 +134,8 @@ class CliE2eTest : public ::testing::Test {
   RunResult Raw(std::vector<std::string> args, std::map<std::string, std::string> env = {}) {
     args.insert(args.begin(), BinaryPath("gradhub"));
     // Whatever the developer's shell has must not leak into the defaults under test.
-    for (const char* name :
-         {"GRADHUB_SERVER", "GRADHUB_TOKEN", "GRADHUB_TLS_CA", "GRADHUB_OUTPUT",
-          "GRADHUB_TIMEOUT"}) {
+    for (const char* name : {"GRADHUB_SERVER", "GRADHUB_TOKEN", "GRADHUB_TLS_CA", "GRADHUB_OUTPUT",
+                             "GRADHUB_TIMEOUT"}) {
       env.emplace(name, "");
     }
     return testing::Run(std::move(args), env, std::chrono::seconds(60));
@@ -189,7 +188,8 @@ std::string* CliE2eTest::server_ = nullptr;
 Subprocess* CliE2eTest::api_ = nullptr;
 
 TEST_F(CliE2eTest, SubmitThenGetListDescribeCancel) {
-  RunResult submitted = Gradhub({"submit", "-f", WriteFile("job.yaml", testing::kArchitectureExampleYaml)});
+  RunResult submitted =
+      Gradhub({"submit", "-f", WriteFile("job.yaml", testing::kArchitectureExampleYaml)});
   ASSERT_EQ(submitted.exit_code, 0) << submitted.err;
   static const std::regex kJobLine(
       "jobs/([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})\n");
@@ -483,7 +483,8 @@ TEST_F(CliE2eTest, BadTokensExit5) {
       EXPECT_EQ(result.out, "");
     }
   }
-  RunResult submit = As("ghk_wrong", {"submit", "-f", WriteFile("job.yaml", testing::kArchitectureExampleYaml)});
+  RunResult submit =
+      As("ghk_wrong", {"submit", "-f", WriteFile("job.yaml", testing::kArchitectureExampleYaml)});
   EXPECT_EQ(submit.exit_code, 5) << submit.err;
 }
 
@@ -519,14 +520,14 @@ TEST_F(CliE2eTest, UnreachableServerExits6) {
 // only with --tls-ca, and its /metrics (over HTTPS) counts the CLI's gRPC calls.
 TEST_F(CliE2eTest, TlsServerIsReachedWithTheCaAndCountsCallsInMetrics) {
   const std::string cert = dir_.path() + "/cert.pem", key = dir_.path() + "/key.pem";
-  RunResult made = testing::Run({"/usr/bin/openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes",
-                                 "-days", "1", "-subj", "/CN=localhost", "-addext",
-                                 "subjectAltName=IP:127.0.0.1,DNS:localhost", "-keyout", key,
-                                 "-out", cert});
+  RunResult made =
+      testing::Run({"/usr/bin/openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days",
+                    "1", "-subj", "/CN=localhost", "-addext",
+                    "subjectAltName=IP:127.0.0.1,DNS:localhost", "-keyout", key, "-out", cert});
   ASSERT_EQ(made.exit_code, 0) << made.err;
   Subprocess api({BinaryPath("gradhub-api"), "--database-url", *url_, "--grpc-address",
-                  "127.0.0.1:0", "--http-host", "127.0.0.1", "--http-port", "0",
-                  "--shutdown-grace", "1s", "--tls-cert", cert, "--tls-key", key, "serve"});
+                  "127.0.0.1:0", "--http-host", "127.0.0.1", "--http-port", "0", "--shutdown-grace",
+                  "1s", "--tls-cert", cert, "--tls-key", key, "serve"});
   static const std::regex kPorts("serving REST on port ([0-9]+)\\n.*serving gRPC on port ([0-9]+)");
   std::smatch ports;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
@@ -553,8 +554,14 @@ TEST_F(CliE2eTest, TlsServerIsReachedWithTheCaAndCountsCallsInMetrics) {
   https.enable_server_certificate_verification(true);
   auto metrics = https.Get("/metrics");
   ASSERT_TRUE(metrics) << httplib::to_string(metrics.error());
-  EXPECT_THAT(metrics->body, HasSubstr(R"(gradhub_api_requests_total{code="OK",method="JobService.ListJobs",transport="grpc"} 1)"));
-  EXPECT_THAT(metrics->body, HasSubstr(R"(gradhub_api_request_duration_seconds_count{method="JobService.ListJobs",transport="grpc"} 1)"));
+  EXPECT_THAT(
+      metrics->body,
+      HasSubstr(
+          R"(gradhub_api_requests_total{code="OK",method="JobService.ListJobs",transport="grpc"} 1)"));
+  EXPECT_THAT(
+      metrics->body,
+      HasSubstr(
+          R"(gradhub_api_request_duration_seconds_count{method="JobService.ListJobs",transport="grpc"} 1)"));
 }
 
 TEST_F(CliE2eTest, BadUsageExits2WithoutCallingTheServer) {
@@ -658,7 +665,7 @@ TEST_F(CliE2eTest, AdminCreatesTenantsAndTokensAndRevokesThem) {
   RunResult created = As(kAdminToken, {"admin", "create-tenant", tenant});
   ASSERT_EQ(created.exit_code, 0) << created.err;
   EXPECT_EQ(As(kAdminToken, {"admin", "create-tenant", tenant}).exit_code, 7);  // ALREADY_EXISTS
-  EXPECT_EQ(As(token_, {"admin", "create-tenant", "other"}).exit_code, 5);     // not the admin
+  EXPECT_EQ(As(token_, {"admin", "create-tenant", "other"}).exit_code, 5);      // not the admin
 
   RunResult listed = As(kAdminToken, {"admin", "list-tenants"});
   ASSERT_EQ(listed.exit_code, 0) << listed.err;
@@ -764,8 +771,8 @@ TEST_F(CliE2eTest, MetricsPrintsTheHistoryAsATableAPlotAndJson) {
   // destroyed temporary, and RegisterNode fails for a node with labels.)
   const std::string label = "metrics-" + std::to_string(getpid());
   const std::string job = Submit(SmallSpec("metrics", "") + "priority: 1000\n");
-  RunResult node_token = testing::Run(
-      {BinaryPath("gradhub-api"), "--database-url", *url_, "create-node-token"});
+  RunResult node_token =
+      testing::Run({BinaryPath("gradhub-api"), "--database-url", *url_, "create-node-token"});
   ASSERT_EQ(node_token.exit_code, 0) << node_token.err;
   FakeAgent agent(*server_, node_token.out.substr(0, node_token.out.find('\n')), label);
   ASSERT_TRUE(agent.Register());

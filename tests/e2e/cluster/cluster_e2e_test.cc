@@ -14,9 +14,9 @@
 #include <string>
 #include <thread>
 
-#include "services/common/contract/job_spec.h"
 #include "gradhub/v1/jobs.grpc.pb.h"
 #include "gradhub/v1/nodes.grpc.pb.h"
+#include "services/common/contract/job_spec.h"
 #include "tests/support/local_cluster.h"
 
 namespace gradhub {
@@ -42,12 +42,15 @@ class ClusterE2eTest : public ::testing::Test {
         " validationFraction: 0.1}\n"
         "optimizer: {sgd: {lr: 0.05, momentum: 0.9}}\n"
         "batchSizePerRank: 16\n"
-        "maxSteps: " + std::to_string(max_steps) + "\n"
+        "maxSteps: " +
+        std::to_string(max_steps) +
+        "\n"
         "logEverySteps: 10\n"
         "checkpoint: {everySteps: 25}\n"
         "distributed: {worldSize: 4, ranksPerNode: 2}\n"
         "maxRestarts: {infrastructure: 2, job: 2}\n"
-        "hangTimeoutSeconds: " + std::to_string(hang_timeout_seconds) + "\n"));
+        "hangTimeoutSeconds: " +
+        std::to_string(hang_timeout_seconds) + "\n"));
   }
 
   bool HasEvent(const std::string& name, v1::JobEvent::Type type, const std::string& node) {
@@ -89,15 +92,16 @@ TEST_F(ClusterE2eTest, WorldFourJobSpansBothNodesSucceedsAndKeepsLogsPerRank) {
     auto reader = cluster_->jobs().GetJobLogs(context.get(), request);
     v1::LogEntry line;
     while (reader->Read(&line)) {
-      if (line.text().find("\"event\":\"done\"") != std::string::npos) done_ranks.insert(line.rank());
+      if (line.text().find("\"event\":\"done\"") != std::string::npos)
+        done_ranks.insert(line.rank());
     }
     EXPECT_TRUE(reader->Finish().ok());
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
   EXPECT_EQ(done_ranks, (std::set<int>{0, 1, 2, 3}));
   // The progress of a finished job is its last step, of a known total.
-  const v1::Job final = AwaitJob(job.name(), [](const v1::Job& j) { return j.progress().step() == 200; },
-                                 seconds(10));
+  const v1::Job final = AwaitJob(
+      job.name(), [](const v1::Job& j) { return j.progress().step() == 200; }, seconds(10));
   EXPECT_EQ(final.progress().step(), 200);
   EXPECT_EQ(final.progress().total_steps(), 200);
 }
@@ -174,9 +178,12 @@ TEST_F(ClusterE2eTest, KilledTrainerRestartsTheAttemptWhichResumesFromACheckpoin
 
 TEST_F(ClusterE2eTest, KilledAgentLosesItsNodeAndTheJobRunsAgainWhenItReturns) {
   const std::string name = Submit(100000).name();
-  ASSERT_EQ(AwaitJob(name, [](const v1::Job& j) {
-              return Ended(j) || (j.state() == v1::Job::RUNNING && j.progress().step() >= 20);
-            }).state(),
+  ASSERT_EQ(AwaitJob(name,
+                     [](const v1::Job& j) {
+                       return Ended(j) ||
+                              (j.state() == v1::Job::RUNNING && j.progress().step() >= 20);
+                     })
+                .state(),
             v1::Job::RUNNING);
   const std::vector<pid_t> trainers = cluster_->TrainersOf("b");
   ASSERT_EQ(trainers.size(), 2u);
@@ -189,12 +196,16 @@ TEST_F(ClusterE2eTest, KilledAgentLosesItsNodeAndTheJobRunsAgainWhenItReturns) {
   }
   EXPECT_EQ(cluster_->NodeState("b"), v1::Node::LOST);
   EXPECT_LT(Clock::now() - killed, seconds(6));
-  for (pid_t pid : trainers) EXPECT_NE(kill(pid, 0), 0) << "trainer " << pid << " outlived its agent";
+  for (pid_t pid : trainers)
+    EXPECT_NE(kill(pid, 0), 0) << "trainer " << pid << " outlived its agent";
   // World size 4 does not fit on node a alone: the job waits and says why.
-  const v1::Job waiting = AwaitJob(name, [](const v1::Job& j) {
-    return j.state() == v1::Job::RESTARTING &&
-           j.state_reason().find("needs 4 slots") != std::string::npos;
-  }, seconds(20));
+  const v1::Job waiting = AwaitJob(
+      name,
+      [](const v1::Job& j) {
+        return j.state() == v1::Job::RESTARTING &&
+               j.state_reason().find("needs 4 slots") != std::string::npos;
+      },
+      seconds(20));
   EXPECT_EQ(waiting.state(), v1::Job::RESTARTING) << waiting.state_reason() << Describe(name);
   EXPECT_EQ(waiting.infrastructure_restarts(), 1);
 
@@ -209,17 +220,19 @@ TEST_F(ClusterE2eTest, KilledAgentLosesItsNodeAndTheJobRunsAgainWhenItReturns) {
 
 TEST_F(ClusterE2eTest, StoppedRankIsCaughtByTheWatchdogAndTheJobRestarts) {
   const std::string name = Submit(100000, /*hang_timeout_seconds=*/5).name();
-  ASSERT_EQ(AwaitJob(name, [](const v1::Job& j) {
-              return Ended(j) || (j.state() == v1::Job::RUNNING && j.progress().step() >= 20);
-            }).state(),
+  ASSERT_EQ(AwaitJob(name,
+                     [](const v1::Job& j) {
+                       return Ended(j) ||
+                              (j.state() == v1::Job::RUNNING && j.progress().step() >= 20);
+                     })
+                .state(),
             v1::Job::RUNNING);
   const std::vector<pid_t> on_b = cluster_->TrainersOf("b");
   ASSERT_EQ(on_b.size(), 2u);
   ASSERT_EQ(kill(on_b[0], SIGSTOP), 0);
   const auto stopped = Clock::now();
-  const v1::Job restarted = AwaitJob(name, [](const v1::Job& j) {
-    return Ended(j) || j.attempt() == 2;
-  }, seconds(60));
+  const v1::Job restarted = AwaitJob(
+      name, [](const v1::Job& j) { return Ended(j) || j.attempt() == 2; }, seconds(60));
   EXPECT_EQ(restarted.attempt(), 2) << restarted.state_reason() << Describe(name);
   EXPECT_LT(Clock::now() - stopped, seconds(5 + 5));
   EXPECT_TRUE(HasEvent(name, v1::JobEvent::HANG_DETECTED, "")) << Describe(name);

@@ -55,9 +55,15 @@ class ControlPlaneFaultsE2eTest : public ::testing::Test {
             " validationFraction: 0.1}\n"
             "optimizer: {sgd: {lr: 0.05, momentum: 0.9}}\n"
             "batchSizePerRank: 16\n"
-            "maxSteps: " + std::to_string(max_steps) + "\n"
-            "logEverySteps: " + std::to_string(log_every) + "\n"
-            "checkpoint: {everySteps: " + std::to_string(checkpoint_every) + "}\n"
+            "maxSteps: " +
+            std::to_string(max_steps) +
+            "\n"
+            "logEverySteps: " +
+            std::to_string(log_every) +
+            "\n"
+            "checkpoint: {everySteps: " +
+            std::to_string(checkpoint_every) +
+            "}\n"
             "distributed: {worldSize: 4, ranksPerNode: 2}\n"
             "maxRestarts: {infrastructure: 2, job: 0}\n"
             "hangTimeoutSeconds: 60\n"))
@@ -103,7 +109,8 @@ TEST_F(ControlPlaneFaultsE2eTest, AnApiRestartDoesNotRestartARunningJob) {
   cluster_->KillApi(SIGKILL);
   const auto killed = Clock::now();
   std::this_thread::sleep_for(seconds(5));
-  for (pid_t pid : trainers) EXPECT_EQ(kill(pid, 0), 0) << "trainer " << pid << " died in the outage";
+  for (pid_t pid : trainers)
+    EXPECT_EQ(kill(pid, 0), 0) << "trainer " << pid << " died in the outage";
   const int64_t back_unix_ms = absl::ToUnixMillis(absl::Now());
   ASSERT_TRUE(cluster_->StartApi());
   const auto back = Clock::now();
@@ -121,9 +128,9 @@ TEST_F(ControlPlaneFaultsE2eTest, AnApiRestartDoesNotRestartARunningJob) {
   // Converged: the job reports progress again through the restarted api (its rank 0's log
   // lines, which the agent's log shipper retries with a backoff of up to 5 s), same attempt.
   const int64_t step_at_restart = cluster_->Get(name).progress().step();
-  const v1::Job moving = cluster_->AwaitJob(name, [&](const v1::Job& j) {
-    return Ended(j) || j.progress().step() > step_at_restart;
-  }, seconds(30));
+  const v1::Job moving = cluster_->AwaitJob(
+      name, [&](const v1::Job& j) { return Ended(j) || j.progress().step() > step_at_restart; },
+      seconds(30));
   std::cout << "[ measured ] outage " << SecondsSince(killed) - SecondsSince(back)
             << " s; progress through the new api " << SecondsSince(back) << " s after it started"
             << std::endl;
@@ -247,7 +254,8 @@ TEST_F(ControlPlaneFaultsE2eTest, CancelIsCancellingWhileAStoppedRankStillExists
   for (const auto& e : cluster_->Events(name)) {
     if (e.type() == v1::JobEvent::CANCEL_REQUESTED) tail.push_back("CANCEL_REQUESTED");
     if (e.type() == v1::JobEvent::STATE_CHANGED && e.to_state() >= v1::Job::CANCELLED) {
-      tail.push_back(v1::Job::State_Name(e.from_state()) + "->" + v1::Job::State_Name(e.to_state()));
+      tail.push_back(v1::Job::State_Name(e.from_state()) + "->" +
+                     v1::Job::State_Name(e.to_state()));
     }
   }
   EXPECT_THAT(tail, ::testing::ElementsAre("CANCEL_REQUESTED", "RUNNING->CANCELLING",

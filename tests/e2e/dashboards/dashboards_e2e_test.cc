@@ -21,8 +21,8 @@
 #include <thread>
 
 #include "absl/strings/str_join.h"
-#include "services/common/contract/job_spec.h"
 #include "gradhub/v1/jobs.grpc.pb.h"
+#include "services/common/contract/job_spec.h"
 #include "tests/support/grafana_dashboard.h"
 #include "tests/support/local_cluster.h"
 #include "tests/support/prometheus_server.h"
@@ -100,7 +100,7 @@ struct Cluster {
     missing.set_name("jobs/00000000-0000-4000-8000-000000000000");
     v1::Job none;
     local->jobs().GetJob(local->TenantContext().get(), missing, &none);  // NOT_FOUND, on purpose
-    std::this_thread::sleep_for(seconds(5));        // a few scrapes after all of it
+    std::this_thread::sleep_for(seconds(5));  // a few scrapes after all of it
     return true;
   }
 

@@ -256,7 +256,6 @@ TEST_F(IsolationE2eTest, UnderTheRlimitFallbackTheRankFailsWithTheSameReason) {
 }
 
 void IsolationE2eTest::OverLimitStoppedNeighbourFinishes() {
-
   v1::JobSpec small;
   small.set_display_name("neighbour");
   for (int width : {8, 16, 2}) small.mutable_model()->mutable_mlp()->add_layers(width);
@@ -268,9 +267,12 @@ void IsolationE2eTest::OverLimitStoppedNeighbourFinishes() {
   small.set_batch_size_per_rank(16);
   small.set_max_steps(300);
   const std::string neighbour = cluster_->Submit(small).name();
-  ASSERT_EQ(cluster_->AwaitJob(neighbour, [](const v1::Job& job) {
-              return job.state() == v1::Job::RUNNING || testing::Ended(job);
-            }).state(),
+  ASSERT_EQ(cluster_
+                ->AwaitJob(neighbour,
+                           [](const v1::Job& job) {
+                             return job.state() == v1::Job::RUNNING || testing::Ended(job);
+                           })
+                .state(),
             v1::Job::RUNNING);
 
   // Two 16384 x 16384 layers: 1 GiB of float32 weights each, before gradients.
@@ -287,8 +289,8 @@ void IsolationE2eTest::OverLimitStoppedNeighbourFinishes() {
   EXPECT_THAT(failed.state_reason(),
               HasSubstr("out of memory: limit " + std::to_string(kLimit) + " bytes"));
   EXPECT_LT(seconds, 30) << "from submission to FAILED";
-  std::cerr << "over-limit job: FAILED " << seconds << " s after submission: "
-            << failed.state_reason() << "\n";
+  std::cerr << "over-limit job: FAILED " << seconds
+            << " s after submission: " << failed.state_reason() << "\n";
 
   const v1::Job finished = cluster_->AwaitJob(neighbour, testing::Ended);
   EXPECT_EQ(finished.state(), v1::Job::SUCCEEDED) << cluster_->Describe(neighbour);
@@ -358,22 +360,25 @@ TEST(DemoScriptTest, LeavesNoProcessBehind) {
                          "distributed: {worldSize: 4, ranksPerNode: 2}\n";
   chmod(dir.path().c_str(), 0755);
   chmod(spec.c_str(), 0644);
-  const std::string script =
-      "job=$(\"$GRADHUB_BIN/gradhub\" submit -f " + spec + ") || exit 1\n"
-      "\"$GRADHUB_BIN/gradhub\" watch \"$job\" >/dev/null; status=$?\n"
-      "for f in $(grep -ls '" + marker + "' /proc/[0-9]*/environ 2>/dev/null); do\n"
-      "  tr '\\0' ' ' < \"${f%/environ}/cmdline\"; echo; done > " + count + "\n"
-      "exit $status\n";
+  const std::string script = "job=$(\"$GRADHUB_BIN/gradhub\" submit -f " + spec +
+                             ") || exit 1\n"
+                             "\"$GRADHUB_BIN/gradhub\" watch \"$job\" >/dev/null; status=$?\n"
+                             "for f in $(grep -ls '" +
+                             marker +
+                             "' /proc/[0-9]*/environ 2>/dev/null); do\n"
+                             "  tr '\\0' ' ' < \"${f%/environ}/cmdline\"; echo; done > " +
+                             count +
+                             "\n"
+                             "exit $status\n";
   const std::string source = std::getenv("GRADHUB_SOURCE_DIR");
-  const auto run = testing::Run(
-      {"/usr/bin/env", marker, source + "/deploy/local/cluster.sh",
-       std::getenv("GRADHUB_BUILD_DIR"), "--", "/bin/sh", "-c", script},
-      {}, std::chrono::seconds(240));
+  const auto run = testing::Run({"/usr/bin/env", marker, source + "/deploy/local/cluster.sh",
+                                 std::getenv("GRADHUB_BUILD_DIR"), "--", "/bin/sh", "-c", script},
+                                {}, std::chrono::seconds(240));
   EXPECT_EQ(run.exit_code, 0) << run.out << run.err;
   // What ran while the cluster did (the marker reaches every kind of process).
   const std::string during = ReadFile(count);
-  for (const char* kind : {"postgres", "gradhub-api", "gradhub-checkpoint", "gradhub-metrics",
-                           "gradhub-agent"}) {
+  for (const char* kind :
+       {"postgres", "gradhub-api", "gradhub-checkpoint", "gradhub-metrics", "gradhub-agent"}) {
     EXPECT_THAT(during, HasSubstr(kind)) << during;
   }
   std::vector<pid_t> left;

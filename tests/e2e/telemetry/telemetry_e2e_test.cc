@@ -27,7 +27,9 @@ v1::JobSpec Spec() {
       " validationFraction: 0.1}\n"
       "optimizer: {sgd: {lr: 0.05, momentum: 0.9}}\n"
       "batchSizePerRank: 16\n"
-      "maxSteps: " + std::to_string(kSteps) + "\n"
+      "maxSteps: " +
+      std::to_string(kSteps) +
+      "\n"
       "logEverySteps: 100\n"
       "distributed: {worldSize: 2, ranksPerNode: 2}\n");
 }
@@ -60,8 +62,8 @@ double Sample(const std::string& text, const std::string& series) {
 // allreduce time, all ranks, nccl-tests' 2 (n - 1) / n) against the engine's own measure, which
 // each rank prints at the end: within 10%.
 void ExpectBusBandwidthAsTheEngineMeasuredIt(LocalCluster& cluster, const std::string& name) {
-  const double bytes = DoneField(cluster, name, "allreduceBytes", 0) +
-                       DoneField(cluster, name, "allreduceBytes", 1);
+  const double bytes =
+      DoneField(cluster, name, "allreduceBytes", 0) + DoneField(cluster, name, "allreduceBytes", 1);
   const double seconds = DoneField(cluster, name, "allreduceSeconds", 0) +
                          DoneField(cluster, name, "allreduceSeconds", 1);
   ASSERT_GT(bytes, 0);
@@ -69,8 +71,10 @@ void ExpectBusBandwidthAsTheEngineMeasuredIt(LocalCluster& cluster, const std::s
   const double engine = bytes / seconds * 2.0 * (2 - 1) / 2;
   const std::string id = name.substr(5);
   const std::string text = cluster.ScrapeMetrics();
-  const double exported_bytes = Sample(text, "gradhub_allreduce_bytes_total{job_id=\"" + id + "\"}");
-  const double exported_seconds = Sample(text, "gradhub_allreduce_seconds_sum{job_id=\"" + id + "\"}");
+  const double exported_bytes =
+      Sample(text, "gradhub_allreduce_bytes_total{job_id=\"" + id + "\"}");
+  const double exported_seconds =
+      Sample(text, "gradhub_allreduce_seconds_sum{job_id=\"" + id + "\"}");
   ASSERT_GT(exported_seconds, 0) << text;
   const double exported = exported_bytes / exported_seconds * 2.0 * (2 - 1) / 2;
   EXPECT_NEAR(exported, engine, 0.10 * engine)
@@ -126,7 +130,8 @@ TEST(TelemetryE2eTest, MetricsServiceKilledMidJobCostsSamplesNotTrainingTime) {
   const auto deadline = Clock::now() + seconds(30);
   while (Clock::now() < deadline) {
     text = cluster.ScrapeMetrics();
-    if (Sample(text, rank0) > during.progress().step() && Sample(text, rank1) > during.progress().step()) {
+    if (Sample(text, rank0) > during.progress().step() &&
+        Sample(text, rank1) > during.progress().step()) {
       break;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(500));

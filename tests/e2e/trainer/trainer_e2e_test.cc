@@ -40,10 +40,15 @@ std::vector<RunResult> RunJob(const std::string& spec, int world, const std::str
                               const std::vector<std::string>& extra = {}) {
   std::vector<std::unique_ptr<Subprocess>> ranks;
   for (int rank = 0; rank < world; ++rank) {
-    std::vector<std::string> argv = {BinaryPath("gradhub-trainer"), "--spec", spec,
-                                     "--rank", std::to_string(rank),
-                                     "--world-size", std::to_string(world),
-                                     "--threads", "1"};
+    std::vector<std::string> argv = {BinaryPath("gradhub-trainer"),
+                                     "--spec",
+                                     spec,
+                                     "--rank",
+                                     std::to_string(rank),
+                                     "--world-size",
+                                     std::to_string(world),
+                                     "--threads",
+                                     "1"};
     if (world > 1) {
       argv.push_back("--store");
       argv.push_back("file:" + scratch + "/rdzv");
@@ -63,15 +68,20 @@ std::vector<RunResult> RunJob(const std::string& spec, int world, const std::str
   return results;
 }
 
-std::string DigitsSpec(const std::string& dir, const std::string& model = "mlp: {layers: [64, 128, 10]}",
+std::string DigitsSpec(const std::string& dir,
+                       const std::string& model = "mlp: {layers: [64, 128, 10]}",
                        const std::string& extra = "maxEpochs: 25\n") {
-  return WriteFile(dir + "/digits.yaml", "model: {" + model + "}\n"
-                   "dataset: {csv: {path: " + std::string(kDigits) + ", normalize: standard},"
-                   " validationFraction: 0.2}\n"
-                   "optimizer: {sgd: {lr: 0.05, momentum: 0.9}}\n"
-                   "batchSizePerRank: 32\n"
-                   "logEverySteps: 50\n"
-                   "seed: 1\n" + extra);
+  return WriteFile(dir + "/digits.yaml", "model: {" + model +
+                                             "}\n"
+                                             "dataset: {csv: {path: " +
+                                             std::string(kDigits) +
+                                             ", normalize: standard},"
+                                             " validationFraction: 0.2}\n"
+                                             "optimizer: {sgd: {lr: 0.05, momentum: 0.9}}\n"
+                                             "batchSizePerRank: 32\n"
+                                             "logEverySteps: 50\n"
+                                             "seed: 1\n" +
+                                             extra);
 }
 
 class TrainerE2eTest : public ::testing::Test {
@@ -99,8 +109,8 @@ TEST_F(TrainerE2eTest, DigitsReach95PercentAtWorldSize1And2) {
 }
 
 TEST_F(TrainerE2eTest, SameSeedSameParametersBitForBit) {
-  const std::string spec = DigitsSpec(dir_.path(), "mlp: {layers: [64, 64, 10], dropout: 0.1}",
-                                      "maxSteps: 150\n");
+  const std::string spec =
+      DigitsSpec(dir_.path(), "mlp: {layers: [64, 64, 10], dropout: 0.1}", "maxSteps: 150\n");
   for (int world : {1, 2}) {
     auto first = RunJob(spec, world, dir_.path());
     auto second = RunJob(spec, world, dir_.path());
@@ -116,14 +126,20 @@ TEST_F(TrainerE2eTest, SameSeedSameParametersBitForBit) {
 }
 
 TEST_F(TrainerE2eTest, KilledRunResumesFromCheckpointBitForBit) {
-  const std::string spec = DigitsSpec(dir_.path(), "mlp: {layers: [64, 512, 512, 10], dropout: 0.1}",
-                                      "maxSteps: 3000\ncheckpoint: {everySteps: 100}\n");
+  const std::string spec =
+      DigitsSpec(dir_.path(), "mlp: {layers: [64, 512, 512, 10], dropout: 0.1}",
+                 "maxSteps: 3000\ncheckpoint: {everySteps: 100}\n");
   auto uninterrupted = RunJob(spec, 1, dir_.path());
   ASSERT_EQ(uninterrupted[0].exit_code, 0) << uninterrupted[0].err;
 
   const std::string checkpoints = dir_.path() + "/ckpt";
-  const std::vector<std::string> argv = {BinaryPath("gradhub-trainer"), "--spec", spec,
-                                         "--threads", "1", "--checkpoint-dir", checkpoints};
+  const std::vector<std::string> argv = {BinaryPath("gradhub-trainer"),
+                                         "--spec",
+                                         spec,
+                                         "--threads",
+                                         "1",
+                                         "--checkpoint-dir",
+                                         checkpoints};
   {
     Subprocess victim(argv);
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(2);
@@ -148,15 +164,22 @@ TEST_F(TrainerE2eTest, KilledRunResumesFromCheckpointBitForBit) {
 }
 
 TEST_F(TrainerE2eTest, CorruptCheckpointIsSkipped) {
-  const std::string spec = DigitsSpec(dir_.path(), "mlp: {layers: [64, 32, 10]}",
-                                      "maxSteps: 200\ncheckpoint: {everySteps: 100, keepLast: 5}\n");
+  const std::string spec =
+      DigitsSpec(dir_.path(), "mlp: {layers: [64, 32, 10]}",
+                 "maxSteps: 200\ncheckpoint: {everySteps: 100, keepLast: 5}\n");
   const std::string checkpoints = dir_.path() + "/ckpt";
-  const std::vector<std::string> argv = {BinaryPath("gradhub-trainer"), "--spec", spec,
-                                         "--threads", "1", "--checkpoint-dir", checkpoints};
+  const std::vector<std::string> argv = {BinaryPath("gradhub-trainer"),
+                                         "--spec",
+                                         spec,
+                                         "--threads",
+                                         "1",
+                                         "--checkpoint-dir",
+                                         checkpoints};
   ASSERT_EQ(testing::Run(argv).exit_code, 0);
   // Flip a byte in the newest checkpoint: the run must fall back to the one before.
   {
-    std::fstream file(checkpoints + "/ckpt-200.gh", std::ios::in | std::ios::out | std::ios::binary);
+    std::fstream file(checkpoints + "/ckpt-200.gh",
+                      std::ios::in | std::ios::out | std::ios::binary);
     file.seekp(100);
     file.put('\x7f');
   }
@@ -205,7 +228,8 @@ TEST_F(TrainerE2eTest, PreemptedRunSavesItsLastStepAndResumesBitForBit) {
   EXPECT_NE(resumed[0].err.find("resumed from step " + stopped_at + "\n"), std::string::npos)
       << resumed[0].err;
   EXPECT_NE(resumed[1].err.find("resumed from step " + stopped_at + "\n"), std::string::npos)
-      << "rank 1 gets the state from rank 0\n" << resumed[1].err;
+      << "rank 1 gets the state from rank 0\n"
+      << resumed[1].err;
   EXPECT_EQ(DoneField(resumed[0].out, "parametersSha256"),
             DoneField(uninterrupted[0].out, "parametersSha256"));
 }
@@ -222,14 +246,17 @@ TEST_F(TrainerE2eTest, ResumeRefusesAChangedSpecButNotAHarmlessChange) {
   };
   ASSERT_EQ(run(DigitsSpec(dir_.path(), model, "maxSteps: 100\n")).exit_code, 0);
 
-  RunResult changed = run(WriteFile(dir_.path() + "/lr.yaml",
-                                    "model: {" + model + "}\n"
-                                    "dataset: {csv: {path: " + std::string(kDigits) +
-                                    ", normalize: standard}, validationFraction: 0.2}\n"
-                                    "optimizer: {sgd: {lr: 0.07, momentum: 0.9}}\n"
-                                    "batchSizePerRank: 32\nmaxSteps: 200\nseed: 1\n"));
+  RunResult changed = run(
+      WriteFile(dir_.path() + "/lr.yaml", "model: {" + model +
+                                              "}\n"
+                                              "dataset: {csv: {path: " +
+                                              std::string(kDigits) +
+                                              ", normalize: standard}, validationFraction: 0.2}\n"
+                                              "optimizer: {sgd: {lr: 0.07, momentum: 0.9}}\n"
+                                              "batchSizePerRank: 32\nmaxSteps: 200\nseed: 1\n"));
   EXPECT_EQ(changed.exit_code, 10) << changed.err;
-  EXPECT_NE(changed.err.find("spec: changed since the checkpoint"), std::string::npos) << changed.err;
+  EXPECT_NE(changed.err.find("spec: changed since the checkpoint"), std::string::npos)
+      << changed.err;
   EXPECT_NE(changed.err.find("lr"), std::string::npos) << changed.err;
 
   RunResult longer = run(DigitsSpec(dir_.path(), model, "maxSteps: 200\nevalEverySteps: 40\n"));
@@ -238,9 +265,10 @@ TEST_F(TrainerE2eTest, ResumeRefusesAChangedSpecButNotAHarmlessChange) {
 }
 
 TEST_F(TrainerE2eTest, ExitCodesTellUserErrorsApart) {
-  RunResult bad_spec = testing::Run({BinaryPath("gradhub-trainer"), "--spec",
-                                     WriteFile(dir_.path() + "/bad.yaml",
-                                               "model: {mlp: {layers: [64]}}\nbatchSizePerRank: 0\n")});
+  RunResult bad_spec =
+      testing::Run({BinaryPath("gradhub-trainer"), "--spec",
+                    WriteFile(dir_.path() + "/bad.yaml",
+                              "model: {mlp: {layers: [64]}}\nbatchSizePerRank: 0\n")});
   EXPECT_EQ(bad_spec.exit_code, 10) << bad_spec.err;
   EXPECT_NE(bad_spec.err.find("model.mlp.layers"), std::string::npos) << bad_spec.err;
   EXPECT_NE(bad_spec.err.find("batchSizePerRank"), std::string::npos) << bad_spec.err;
@@ -267,16 +295,18 @@ TEST_F(TrainerE2eTest, TorchScriptModelFromPythonTrains) {
       "import torch\n"
       "m = torch.jit.script(torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(),"
       " torch.nn.Linear(32, 10)))\n"
-      "m.save('" + model + "')\n";
+      "m.save('" +
+      model + "')\n";
   WriteFile(dir_.path() + "/make_model.py", script);
   RunResult made = testing::Run({"/usr/bin/python3", dir_.path() + "/make_model.py"});
   if (made.exit_code != 0) GTEST_SKIP() << "Debian's python3-torch unavailable: " << made.err;
-  RunResult run = testing::Run({BinaryPath("gradhub-trainer"), "--threads", "1", "--spec",
-                                DigitsSpec(dir_.path(), "torchscript: {path: " + model + "}",
-                                           "maxSteps: 300\n")});
+  RunResult run = testing::Run(
+      {BinaryPath("gradhub-trainer"), "--threads", "1", "--spec",
+       DigitsSpec(dir_.path(), "torchscript: {path: " + model + "}", "maxSteps: 300\n")});
   ASSERT_EQ(run.exit_code, 0) << run.err;
   std::smatch first;
-  ASSERT_TRUE(std::regex_search(run.out, first, std::regex(R"("event":"progress","step":50,[^}]*"loss":([0-9.e-]+))")))
+  ASSERT_TRUE(std::regex_search(
+      run.out, first, std::regex(R"("event":"progress","step":50,[^}]*"loss":([0-9.e-]+))")))
       << run.out;
   const double early = std::stod(first[1]);
   const double late = std::stod(DoneField(run.out, "loss"));
@@ -294,13 +324,15 @@ TEST_F(TrainerE2eTest, CharacterTransformerLearnsEnglish) {
   }
   ASSERT_GE(corpus.size(), 100u * 1024);
   const std::string text = WriteFile(dir_.path() + "/corpus.txt", corpus);
-  const std::string spec = WriteFile(
-      dir_.path() + "/lm.yaml",
-      "model: {transformer: {contextLength: 32, dModel: 64, layers: 2, heads: 4}}\n"
-      "dataset: {text: {path: " + text + "}, validationFraction: 0.02}\n"
-      "optimizer: {adamw: {lr: 0.003, weightDecay: 0.0}}\n"
-      "lrSchedule: {cosine: {minLr: 0.0003}, warmupSteps: 50}\n"
-      "batchSizePerRank: 32\nmaxSteps: 1200\nlogEverySteps: 200\nseed: 3\n");
+  const std::string spec =
+      WriteFile(dir_.path() + "/lm.yaml",
+                "model: {transformer: {contextLength: 32, dModel: 64, layers: 2, heads: 4}}\n"
+                "dataset: {text: {path: " +
+                    text +
+                    "}, validationFraction: 0.02}\n"
+                    "optimizer: {adamw: {lr: 0.003, weightDecay: 0.0}}\n"
+                    "lrSchedule: {cosine: {minLr: 0.0003}, warmupSteps: 50}\n"
+                    "batchSizePerRank: 32\nmaxSteps: 1200\nlogEverySteps: 200\nseed: 3\n");
   RunResult run = testing::Run({BinaryPath("gradhub-trainer"), "--spec", spec, "--threads", "2"},
                                {}, std::chrono::minutes(10));
   ASSERT_EQ(run.exit_code, 0) << run.err;
@@ -320,14 +352,18 @@ TEST_F(TrainerE2eTest, Bf16AccuracyWithinOnePercentOfFp32) {
     double accuracy[2] = {0, 0};
     std::string sha[2];
     for (int bf16 : {0, 1}) {
-      const std::string spec = WriteFile(
-          dir_.path() + "/precision.yaml",
-          "model: {" + model + "}\n"
-          "dataset: {csv: {path: " + std::string(kDigits) + ", normalize: standard},"
-          " validationFraction: 0.2}\n"
-          "optimizer: {sgd: {lr: " + lr + ", momentum: 0.9}}\n"
-          "batchSizePerRank: 32\nmaxEpochs: 20\nseed: 1\n" +
-          (bf16 ? "precision: BF16\n" : ""));
+      const std::string spec = WriteFile(dir_.path() + "/precision.yaml",
+                                         "model: {" + model +
+                                             "}\n"
+                                             "dataset: {csv: {path: " +
+                                             std::string(kDigits) +
+                                             ", normalize: standard},"
+                                             " validationFraction: 0.2}\n"
+                                             "optimizer: {sgd: {lr: " +
+                                             lr +
+                                             ", momentum: 0.9}}\n"
+                                             "batchSizePerRank: 32\nmaxEpochs: 20\nseed: 1\n" +
+                                             (bf16 ? "precision: BF16\n" : ""));
       auto results = RunJob(spec, 1, dir_.path());
       ASSERT_EQ(results[0].exit_code, 0) << results[0].err;
       accuracy[bf16] = std::stod(DoneField(results[0].out, "eval.accuracy"));
@@ -342,9 +378,9 @@ TEST_F(TrainerE2eTest, Bf16AccuracyWithinOnePercentOfFp32) {
 }
 
 TEST_F(TrainerE2eTest, Fp16IsRefusedOnCpuNamingPrecision) {
-  RunResult run = testing::Run({BinaryPath("gradhub-trainer"), "--threads", "1", "--spec",
-                                DigitsSpec(dir_.path(), "mlp: {layers: [64, 10]}",
-                                           "maxSteps: 5\nprecision: FP16\n")});
+  RunResult run = testing::Run(
+      {BinaryPath("gradhub-trainer"), "--threads", "1", "--spec",
+       DigitsSpec(dir_.path(), "mlp: {layers: [64, 10]}", "maxSteps: 5\nprecision: FP16\n")});
   EXPECT_EQ(run.exit_code, 10) << run.err;
   EXPECT_NE(run.err.find("precision: FP16"), std::string::npos) << run.err;
   EXPECT_NE(run.err.find("CUDA"), std::string::npos) << run.err;
@@ -359,10 +395,13 @@ TEST_F(TrainerE2eTest, ShardedAndPerRankModesResumeBitForBit) {
   for (const std::string& mode :
        {std::string("distributed: {shardOptimizerState: true}\n"),
         std::string("distributed: {localSgd: {period: 7, warmupSteps: 20}}\n"),
-        std::string("distributed: {commHook: POWER_SGD, powerSgd: {startStep: 30, matrixApproximationRank: 2}}\n")}) {
+        std::string("distributed: {commHook: POWER_SGD, powerSgd: {startStep: 30, "
+                    "matrixApproximationRank: 2}}\n")}) {
     const std::string model = "mlp: {layers: [64, 128, 10], dropout: 0.1}";
-    const std::string checkpoints = dir_.path() + "/ckpt-" + std::to_string(std::hash<std::string>()(mode));
-    auto uninterrupted = RunJob(DigitsSpec(dir_.path(), model, mode + "maxSteps: 200\n"), 2, dir_.path());
+    const std::string checkpoints =
+        dir_.path() + "/ckpt-" + std::to_string(std::hash<std::string>()(mode));
+    auto uninterrupted =
+        RunJob(DigitsSpec(dir_.path(), model, mode + "maxSteps: 200\n"), 2, dir_.path());
     ASSERT_EQ(uninterrupted[0].exit_code, 0) << mode << uninterrupted[0].err;
     ASSERT_EQ(uninterrupted[1].exit_code, 0) << mode << uninterrupted[1].err;
     auto first = RunJob(DigitsSpec(dir_.path(), model, mode + "maxSteps: 100\n"), 2, dir_.path(),

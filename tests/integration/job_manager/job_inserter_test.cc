@@ -63,8 +63,7 @@ class JobInserterTest : public db::DatabaseTest {
   std::vector<absl::StatusOr<v1::Job>> InsertBehindOneBatch(JobInserter& inserter, NewJob first,
                                                             std::vector<NewJob> queued) {
     JobsTableLock lock(*pool_);
-    std::vector<absl::StatusOr<v1::Job>> results(queued.size() + 1,
-                                                 absl::UnknownError("not run"));
+    std::vector<absl::StatusOr<v1::Job>> results(queued.size() + 1, absl::UnknownError("not run"));
     std::vector<std::thread> threads;
     threads.emplace_back([&] { results[0] = inserter.Insert(first); });
     WaitUntil([&] { return inserter.stats().batches == 1; });
@@ -102,9 +101,10 @@ TEST_F(JobInserterTest, QueuedCreatesShareOneStatementAndEachGetsItsOwnJob) {
     ASSERT_TRUE(results[i].ok()) << i << ": " << results[i].status();
     EXPECT_EQ(results[i]->spec().display_name(), "job-" + std::to_string(i));
     // The row returned under this job's name is the row this request wrote.
-    auto stored = pool_->Exec("SELECT spec ->> 'displayName' AS name, labels ->> 'n' AS n"
-                              " FROM jobs WHERE 'jobs/' || id::text = $1",
-                              {results[i]->name()});
+    auto stored = pool_->Exec(
+        "SELECT spec ->> 'displayName' AS name, labels ->> 'n' AS n"
+        " FROM jobs WHERE 'jobs/' || id::text = $1",
+        {results[i]->name()});
     ASSERT_TRUE(stored.ok() && !stored->empty()) << stored.status();
     EXPECT_EQ(stored->row(0).Get<std::string>("name"), "job-" + std::to_string(i));
     EXPECT_EQ(stored->row(0).Get<std::string>("n"), "job-" + std::to_string(i));

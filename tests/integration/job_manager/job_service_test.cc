@@ -23,7 +23,8 @@ class JobServiceTest : public db::DatabaseTest {
     auth_ = std::make_unique<Authenticator>(pool_.get(), "admin-secret");
     jobs_ = std::make_unique<JobManager>(pool_.get(), SpecLimits{});
     service_ = std::make_unique<JobService>(jobs_.get(), auth_.get());
-    server_ = std::make_unique<testing::TestGrpcServer>(std::vector<grpc::Service*>{service_.get()});
+    server_ =
+        std::make_unique<testing::TestGrpcServer>(std::vector<grpc::Service*>{service_.get()});
     stub_ = v1::JobService::NewStub(server_->NewChannel());
     for (const char* name : {"team-a", "team-b"}) ASSERT_TRUE(auth_->CreateTenant(name, "").ok());
     token_a_ = auth_->CreateTenantToken("team-a", "")->secret;
@@ -151,11 +152,12 @@ TEST_F(JobServiceTest, AdminTokenReadsEveryTenantsJobsButCreatesNone) {
 TEST_F(JobServiceTest, GetJobMetricsChecksTokensTenantsAndMaxPoints) {
   v1::Job job;
   ASSERT_TRUE(stub_->CreateJob(As(token_a_).get(), Create(""), &job).ok());
-  ASSERT_TRUE(pool_->Exec("INSERT INTO job_metric_points"
-                          " (job_id, step, attempt, loss, eval_metrics)"
-                          " VALUES ($1::uuid, 10, 1, 2.5, NULL),"
-                          " ($1::uuid, 20, 1, 1.5, '{\"accuracy\": 0.5}')",
-                          {JobId(job.name())})
+  ASSERT_TRUE(pool_
+                  ->Exec("INSERT INTO job_metric_points"
+                         " (job_id, step, attempt, loss, eval_metrics)"
+                         " VALUES ($1::uuid, 10, 1, 2.5, NULL),"
+                         " ($1::uuid, 20, 1, 1.5, '{\"accuracy\": 0.5}')",
+                         {JobId(job.name())})
                   .ok());
   v1::GetJobMetricsRequest request;
   request.set_name(job.name());

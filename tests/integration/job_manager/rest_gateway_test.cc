@@ -1,13 +1,13 @@
 // The REST gateway over real HTTP on loopback, backed by a real PostgreSQL.
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
-#include <google/protobuf/util/json_util.h>
 #include <arpa/inet.h>
+#include <gmock/gmock.h>
+#include <google/protobuf/util/json_util.h>
+#include <gtest/gtest.h>
 #include <httplib.h>
 #include <netinet/in.h>
+#include <stdlib.h>
 #include <sys/socket.h>
 #include <unistd.h>
-#include <stdlib.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -110,8 +110,8 @@ TEST_F(RestGatewayTest, CreateGetListCancelEvents) {
   ASSERT_EQ(list->status, 200) << list->body;
   EXPECT_THAT(list->body, HasSubstr(name));
 
-  auto cancelled = client_->Post(("/v1/" + name + ":cancel").c_str(), headers_a_, "{}",
-                                 "application/json");
+  auto cancelled =
+      client_->Post(("/v1/" + name + ":cancel").c_str(), headers_a_, "{}", "application/json");
   ASSERT_EQ(cancelled->status, 200) << cancelled->body;
   EXPECT_THAT(cancelled->body, HasSubstr("CANCELLED"));
   auto events = client_->Get(("/v1/" + name + "/events").c_str(), headers_a_);
@@ -140,8 +140,9 @@ std::string RawPost(int port, const std::string& path, const std::string& author
     close(fd);
     return "";
   }
-  const std::string request = "POST " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: " +
-                              authorization + "\r\nConnection: close\r\n\r\n";
+  const std::string request = "POST " + path +
+                              " HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: " + authorization +
+                              "\r\nConnection: close\r\n\r\n";
   if (write(fd, request.data(), request.size()) != static_cast<ssize_t>(request.size())) {
     close(fd);
     return "";
@@ -180,7 +181,8 @@ TEST_F(RestGatewayTest, ErrorsHaveTheRightStatus) {
   auto malformed = client_->Post("/v1/jobs", headers_a_, "{\"model\": ", "application/json");
   EXPECT_EQ(malformed->status, 400);
   EXPECT_THAT(malformed->body, HasSubstr("request body"));
-  auto unknown_field = client_->Post("/v1/jobs", headers_a_, R"({"modle": {}})", "application/json");
+  auto unknown_field =
+      client_->Post("/v1/jobs", headers_a_, R"({"modle": {}})", "application/json");
   EXPECT_EQ(unknown_field->status, 400);
   EXPECT_THAT(unknown_field->body, HasSubstr("modle"));
   auto invalid = client_->Post("/v1/jobs", headers_a_, R"({"distributed": {"worldSize": -1}})",
@@ -232,9 +234,10 @@ TEST_F(RestGatewayTest, LogsStreamAsJsonLinesPerRankAndAfterSeq) {
   const std::string id = name.substr(5);
   for (int rank = 0; rank < 2; ++rank) {
     for (int seq = 1; seq <= 3; ++seq) {
-      ASSERT_TRUE(pool_->Exec("INSERT INTO job_logs (job_id, attempt, rank, stream, seq, line)"
-                              " VALUES ($1::uuid, 0, $2, 'STDOUT', $3, $4)",
-                              {id, rank, seq, absl::StrCat("rank ", rank, " line ", seq)})
+      ASSERT_TRUE(pool_
+                      ->Exec("INSERT INTO job_logs (job_id, attempt, rank, stream, seq, line)"
+                             " VALUES ($1::uuid, 0, $2, 'STDOUT', $3, $4)",
+                             {id, rank, seq, absl::StrCat("rank ", rank, " line ", seq)})
                       .ok());
     }
   }
@@ -274,8 +277,8 @@ TEST_F(RestGatewayTest, EventsArePagedAndFilteredAndCancelKeepsItsReason) {
   ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(rest->body, &page).ok());
   EXPECT_EQ(page.events_size(), 2);  // cancel requested, cancelled
   EXPECT_TRUE(page.next_page_token().empty());
-  auto requested = client_->Get(
-      ("/v1/" + name + "/events?filter=type%3DCANCEL_REQUESTED").c_str(), headers_a_);
+  auto requested =
+      client_->Get(("/v1/" + name + "/events?filter=type%3DCANCEL_REQUESTED").c_str(), headers_a_);
   ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(requested->body, &page).ok());
   ASSERT_EQ(page.events_size(), 1);
   EXPECT_EQ(page.events(0).message(), "wrong dataset");
@@ -299,12 +302,13 @@ TEST_F(RestGatewayTest, AdminTokenReadsEveryTenantsJobsButCreatesNone) {
 TEST_F(RestGatewayTest, JobMetricsAreDownsampledAsJson) {
   const std::string name = Create();
   // 1..100, an evaluation at 50: what NodeManager records from rank 0's lines.
-  ASSERT_TRUE(pool_->Exec("INSERT INTO job_metric_points (job_id, step, attempt, loss,"
-                          " learning_rate, samples_per_second, eval_metrics)"
-                          " SELECT $1::uuid, s, 1, 1.0 / s, 0.1, 250,"
-                          "   CASE WHEN s = 50 THEN '{\"accuracy\": 0.9}'::jsonb END"
-                          " FROM generate_series(1, 100) AS s",
-                          {name.substr(5)})
+  ASSERT_TRUE(pool_
+                  ->Exec("INSERT INTO job_metric_points (job_id, step, attempt, loss,"
+                         " learning_rate, samples_per_second, eval_metrics)"
+                         " SELECT $1::uuid, s, 1, 1.0 / s, 0.1, 250,"
+                         "   CASE WHEN s = 50 THEN '{\"accuracy\": 0.9}'::jsonb END"
+                         " FROM generate_series(1, 100) AS s",
+                         {name.substr(5)})
                   .ok());
   auto got = client_->Get(("/v1/" + name + "/metrics?maxPoints=10").c_str(), headers_a_);
   ASSERT_EQ(got->status, 200) << got->body;
@@ -348,10 +352,22 @@ TEST_F(RestGatewayTest, MetricsCountRequestsByMethodAndCodeAndJobsByState) {
   auto scraped = client_->Get("/metrics");
   ASSERT_EQ(scraped->status, 200);
   const std::string& text = scraped->body;
-  EXPECT_THAT(text, HasSubstr(R"(gradhub_api_requests_total{code="OK",method="JobService.CreateJob",transport="rest"} 2)"));
-  EXPECT_THAT(text, HasSubstr(R"(gradhub_api_requests_total{code="UNAUTHENTICATED",method="JobService.CreateJob",transport="rest"} 1)"));
-  EXPECT_THAT(text, HasSubstr(R"(gradhub_api_request_duration_seconds_count{method="JobService.CreateJob",transport="rest"} 3)"));
-  EXPECT_THAT(text, HasSubstr(R"(gradhub_api_requests_total{code="NOT_FOUND",method="unrouted",transport="rest"} 1)"));
+  EXPECT_THAT(
+      text,
+      HasSubstr(
+          R"(gradhub_api_requests_total{code="OK",method="JobService.CreateJob",transport="rest"} 2)"));
+  EXPECT_THAT(
+      text,
+      HasSubstr(
+          R"(gradhub_api_requests_total{code="UNAUTHENTICATED",method="JobService.CreateJob",transport="rest"} 1)"));
+  EXPECT_THAT(
+      text,
+      HasSubstr(
+          R"(gradhub_api_request_duration_seconds_count{method="JobService.CreateJob",transport="rest"} 3)"));
+  EXPECT_THAT(
+      text,
+      HasSubstr(
+          R"(gradhub_api_requests_total{code="NOT_FOUND",method="unrouted",transport="rest"} 1)"));
   EXPECT_THAT(text, HasSubstr(R"(gradhub_jobs{state="PENDING"} 2)"));
   EXPECT_THAT(text, HasSubstr(R"(gradhub_jobs{state="RUNNING"} 0)"));
   EXPECT_THAT(text, HasSubstr("gradhub_api_database_up 1"));
@@ -364,7 +380,8 @@ TEST_F(RestGatewayTest, ServesHttpsWithTheGivenCertificateAndRefusesAnUnusableOn
   const std::string cert = dir / "cert.pem", key = dir / "key.pem";
   const std::string command = absl::StrCat(
       "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=localhost"
-      " -addext subjectAltName=IP:127.0.0.1 -keyout ", key, " -out ", cert, " 2>/dev/null");
+      " -addext subjectAltName=IP:127.0.0.1 -keyout ",
+      key, " -out ", cert, " 2>/dev/null");
   ASSERT_EQ(std::system(command.c_str()), 0) << command;
 
   RestGatewayOptions options;

@@ -85,8 +85,7 @@ class SchedulerTest : public db::DatabaseTest {
     status.set_signal(signal);
     if (state == v1::RankStatus::RUNNING) {  // as an agent reports a rank that made progress
       status.set_last_step(10);
-      *status.mutable_last_step_time() =
-          google::protobuf::util::TimeUtil::GetCurrentTime();
+      *status.mutable_last_step_time() = google::protobuf::util::TimeUtil::GetCurrentTime();
     }
     return status;
   }
@@ -203,8 +202,8 @@ TEST_F(SchedulerTest, KilledRankStopsTheOthersAndTheNextAttemptWaitsForThem) {
 
   // A SIGKILLed rank on b.
   const v1::RankAssignment killed = on_b[1];
-  auto desired_b = Beat(b, {Status(on_b[0], v1::RankStatus::RUNNING),
-                            Status(killed, v1::RankStatus::FAILED, 0, 9)});
+  auto desired_b = Beat(
+      b, {Status(on_b[0], v1::RankStatus::RUNNING), Status(killed, v1::RankStatus::FAILED, 0, 9)});
   Pass();
   v1::Job restarting = Get(job);
   EXPECT_EQ(restarting.state(), v1::Job::RESTARTING);
@@ -436,8 +435,8 @@ TEST_F(SchedulerTest, AStartingApiGivesSilentNodesAGraceThenLosesThemWithTheReas
   Pass();
   ASSERT_EQ(Get(job).state(), v1::Job::RUNNING);
   auto age = [&] {
-    ASSERT_TRUE(pool_->Exec("UPDATE nodes SET last_heartbeat_time = now() - interval '1 minute'")
-                    .ok());
+    ASSERT_TRUE(
+        pool_->Exec("UPDATE nodes SET last_heartbeat_time = now() - interval '1 minute'").ok());
   };
 
   age();  // the api was down for a minute and has just started again
@@ -469,11 +468,11 @@ TEST_F(SchedulerTest, ANodeSilentSinceItSpokeToThisApiGetsNoStartupGrace) {
   options.node_lease = absl::Milliseconds(300);
   options.startup_grace = absl::Hours(1);
   Scheduler fresh(pool_.get(), options);
-  ASSERT_TRUE(pool_->Exec("UPDATE nodes SET last_heartbeat_time = now() - interval '1 minute'")
-                  .ok());
+  ASSERT_TRUE(
+      pool_->Exec("UPDATE nodes SET last_heartbeat_time = now() - interval '1 minute'").ok());
   ASSERT_TRUE(fresh.RunOnce().ok());
   EXPECT_EQ(nodes_->GetNode("nodes/a")->state(), v1::Node::READY);  // silent since before
-  Beat(a, {});  // heard by this api
+  Beat(a, {});                                                      // heard by this api
   absl::SleepFor(absl::Milliseconds(500));
   ASSERT_TRUE(fresh.RunOnce().ok());
   EXPECT_EQ(nodes_->GetNode("nodes/a")->state(), v1::Node::LOST);
@@ -516,9 +515,8 @@ TEST_F(SchedulerTest, CancelIsCancellingUntilEveryRankIsReportedGone) {
                        : v1::JobEvent::Type_Name(e.type()));
   }
   EXPECT_THAT(tail, ::testing::ElementsAre("STATE_UNSPECIFIED->PENDING", "PENDING->SCHEDULED",
-                                           "SCHEDULED->RUNNING",
-                                           "CANCEL_REQUESTED", "RUNNING->CANCELLING",
-                                           "CANCELLING->CANCELLED"));
+                                           "SCHEDULED->RUNNING", "CANCEL_REQUESTED",
+                                           "RUNNING->CANCELLING", "CANCELLING->CANCELLED"));
 
   // A job without ranks is CANCELLED at once.
   v1::Job waiting = Submit(8);

@@ -52,11 +52,12 @@ class GrpcStoreTest : public ::testing::Test {
  protected:
   api::RendezvousStore rendezvous_;
   // As gradhub-api's, but one fixed token stands for "a node token".
-  api::StoreService service_{&rendezvous_, [](const std::string& authorization) {
-    return authorization == std::string("Bearer ") + kNodeToken
-               ? absl::OkStatus()
-               : absl::UnauthenticatedError("missing or invalid bearer token");
-  }};
+  api::StoreService service_{
+      &rendezvous_, [](const std::string& authorization) {
+        return authorization == std::string("Bearer ") + kNodeToken
+                   ? absl::OkStatus()
+                   : absl::UnauthenticatedError("missing or invalid bearer token");
+      }};
   testing::TestGrpcServer server_{{&service_}};
   std::shared_ptr<ddp::Store> store_ = MakeGrpcStore(server_.address(), WithToken(kNodeToken));
 };
@@ -92,8 +93,7 @@ TEST_F(GrpcStoreTest, SendsItsTokenAndAWrongOneIsAStoreError) {
       stranger->Get(std::string(kPrefix) + "k", milliseconds(1000));
       ADD_FAILURE() << "read the store with token '" << token << "'";
     } catch (const ddp::StoreError& error) {
-      EXPECT_NE(std::string(error.what()).find("bearer token"), std::string::npos)
-          << error.what();
+      EXPECT_NE(std::string(error.what()).find("bearer token"), std::string::npos) << error.what();
     }
   }
   GrpcStoreOptions unreadable_ca = WithToken(kNodeToken);

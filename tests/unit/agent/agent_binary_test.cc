@@ -1,9 +1,9 @@
 // gradhub-agent as a process, without a server: flags, SIGTERM, and step 1 (leftovers).
 // Against a real gradhub-api it is tested end to end under tests/e2e.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <signal.h>
 
 #include <filesystem>
 

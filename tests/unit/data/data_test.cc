@@ -12,10 +12,10 @@
 #include <string>
 #include <vector>
 
-#include "services/common/contract/user_error.h"
 #include "gpu_worker/data/batch_loader.h"
 #include "gpu_worker/data/dataset.h"
 #include "gpu_worker/data/sampler.h"
+#include "services/common/contract/user_error.h"
 
 namespace gradhub::data {
 namespace {

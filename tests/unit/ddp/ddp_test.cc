@@ -21,8 +21,8 @@ constexpr double kTolerance = 1e-5;
 struct Mlp : torch::nn::Module {
   explicit Mlp(std::vector<int64_t> widths) {
     for (size_t i = 0; i + 1 < widths.size(); ++i) {
-      layers.push_back(register_module("fc" + std::to_string(i),
-                                       torch::nn::Linear(widths[i], widths[i + 1])));
+      layers.push_back(
+          register_module("fc" + std::to_string(i), torch::nn::Linear(widths[i], widths[i + 1])));
     }
   }
   torch::Tensor forward(torch::Tensor x) {
@@ -39,7 +39,8 @@ struct Mlp : torch::nn::Module {
 // single-process reference, where SyncBatchNorm is plain BatchNorm.
 struct SmallCnn : torch::nn::Module {
   explicit SmallCnn(std::shared_ptr<ProcessGroup> group)
-      : conv(register_module("conv", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 4, 3).padding(1)))),
+      : conv(register_module("conv",
+                             torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 4, 3).padding(1)))),
         norm(register_module("norm", SyncBatchNorm(SyncBatchNormOptions{4}, std::move(group)))),
         fc(register_module("fc", torch::nn::Linear(4 * 4 * 4, 10))) {}
   torch::Tensor forward(torch::Tensor x) {
@@ -224,10 +225,12 @@ TEST_F(DdpTest, CnnWithSyncBatchNormEqualsSingleProcess) {
   TrainReference(scenario, *reference, forward);
   for (int r = 0; r < scenario.world_size; ++r) {
     EXPECT_LE(MaxAbsDifference(*cnns[r], *reference), kTolerance) << "rank " << r;
-    EXPECT_LE((cnns[r]->norm->running_mean - reference->norm->running_mean).abs().max().item<double>(),
-              kTolerance);
-    EXPECT_LE((cnns[r]->norm->running_var - reference->norm->running_var).abs().max().item<double>(),
-              kTolerance);
+    EXPECT_LE(
+        (cnns[r]->norm->running_mean - reference->norm->running_mean).abs().max().item<double>(),
+        kTolerance);
+    EXPECT_LE(
+        (cnns[r]->norm->running_var - reference->norm->running_var).abs().max().item<double>(),
+        kTolerance);
   }
 }
 

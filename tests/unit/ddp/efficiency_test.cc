@@ -22,8 +22,8 @@ namespace {
 struct Mlp : torch::nn::Module {
   explicit Mlp(const std::vector<int64_t>& widths) {
     for (size_t i = 0; i + 1 < widths.size(); ++i) {
-      layers.push_back(register_module("fc" + std::to_string(i),
-                                       torch::nn::Linear(widths[i], widths[i + 1])));
+      layers.push_back(
+          register_module("fc" + std::to_string(i), torch::nn::Linear(widths[i], widths[i + 1])));
     }
   }
   torch::Tensor forward(torch::Tensor x) {
@@ -111,14 +111,16 @@ Outcome Train(const RunSpec& run) {
     std::unique_ptr<ZeroRedundancyOptimizer> zero;
     if (run.zero) {
       zero = std::make_unique<ZeroRedundancyOptimizer>(
-          model->parameters(), group,
-          [&](std::vector<at::Tensor> p) { return MakeOptimizer(run.optimizer, run.lr, std::move(p)); });
+          model->parameters(), group, [&](std::vector<at::Tensor> p) {
+            return MakeOptimizer(run.optimizer, run.lr, std::move(p));
+          });
     } else {
       plain = MakeOptimizer(run.optimizer, run.lr, model->parameters());
     }
     std::unique_ptr<PeriodicModelAverager> averager;
     if (run.local_sgd) {
-      averager = std::make_unique<PeriodicModelAverager>(model->parameters(), group, *run.local_sgd);
+      averager =
+          std::make_unique<PeriodicModelAverager>(model->parameters(), group, *run.local_sgd);
     }
     for (int step = 0; step < run.steps; ++step) {
       auto [x, y] = task.Batch(step, run.batch_per_rank * n);
@@ -143,7 +145,8 @@ Outcome Train(const RunSpec& run) {
         outcome.bytes.push_back(bytes);
       }
     }
-    for (const auto& p : model->parameters()) outcome.parameters[rank].push_back(p.detach().clone());
+    for (const auto& p : model->parameters())
+      outcome.parameters[rank].push_back(p.detach().clone());
     if (rank == 0) {
       torch::NoGradGuard no_grad;
       auto [x, y] = task.Batch(-1, 4096);  // a batch no step trained on
@@ -156,7 +159,8 @@ Outcome Train(const RunSpec& run) {
 
 double MaxDifference(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
   double worst = 0;
-  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, (a[i] - b[i]).abs().max().item<double>());
+  for (size_t i = 0; i < a.size(); ++i)
+    worst = std::max(worst, (a[i] - b[i]).abs().max().item<double>());
   return worst;
 }
 
@@ -334,7 +338,8 @@ TEST_F(EfficiencyTest, PowerSgdRank4LossWithin3PercentAndTenTimesFewerBytes) {
       << exact.losses.front() << ")";
   // The task was learned: single-batch losses are noisy (16 examples), so means over steps.
   const double early = std::accumulate(exact.losses.begin(), exact.losses.begin() + 10, 0.0) / 10;
-  EXPECT_LT(exact_loss, 0.92 * early) << "the task was not learned: " << early << " -> " << exact_loss;
+  EXPECT_LT(exact_loss, 0.92 * early)
+      << "the task was not learned: " << early << " -> " << exact_loss;
   EXPECT_EQ(compressed.bytes[5], exact.bytes[5]) << "uncompressed before start_iter";
   EXPECT_GE(exact.bytes.back(), 10 * compressed.bytes.back())
       << exact.bytes.back() << " vs " << compressed.bytes.back();

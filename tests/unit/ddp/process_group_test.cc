@@ -80,12 +80,23 @@ double ToDouble(at::BFloat16 v) { return static_cast<float>(v); }
 template <typename Fn>
 void VisitType(at::ScalarType type, Fn&& fn) {
   switch (type) {
-    case at::kFloat: fn(float{}); return;
-    case at::kDouble: fn(double{}); return;
-    case at::kHalf: fn(at::Half{}); return;
-    case at::kBFloat16: fn(at::BFloat16{}); return;
-    case at::kLong: fn(int64_t{}); return;
-    default: FAIL() << "test does not handle dtype " << type;
+    case at::kFloat:
+      fn(float{});
+      return;
+    case at::kDouble:
+      fn(double{});
+      return;
+    case at::kHalf:
+      fn(at::Half{});
+      return;
+    case at::kBFloat16:
+      fn(at::BFloat16{});
+      return;
+    case at::kLong:
+      fn(int64_t{});
+      return;
+    default:
+      FAIL() << "test does not handle dtype " << type;
   }
 }
 
@@ -121,9 +132,9 @@ template <typename Fn>
     }
   });
   if (wrong == 0) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << wrong << " of " << tensor.numel()
-                                       << " elements wrong, first at " << first << ": got "
-                                       << first_got << ", want " << first_want;
+  return ::testing::AssertionFailure()
+         << wrong << " of " << tensor.numel() << " elements wrong, first at " << first << ": got "
+         << first_got << ", want " << first_want;
 }
 
 // Rank r's element i in a world of n: n * ((i + r) % 5 + 1). Sums, averages (sum / n) and
@@ -207,11 +218,12 @@ TEST_P(GlooAllReduceTest, SumAverageMaxMin) {
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    AllDtypes, GlooAllReduceTest, ::testing::Combine(kWorldsAndTypes, ::testing::Bool()),
-    [](const auto& info) {
-      return Name(std::get<0>(info.param)) + "_" + PathName(std::get<1>(info.param));
-    });
+INSTANTIATE_TEST_SUITE_P(AllDtypes, GlooAllReduceTest,
+                         ::testing::Combine(kWorldsAndTypes, ::testing::Bool()),
+                         [](const auto& info) {
+                           return Name(std::get<0>(info.param)) + "_" +
+                                  PathName(std::get<1>(info.param));
+                         });
 
 // Both paths reduce with the same kernels: for two ranks the results are the same bit for
 // bit, rounding included, and on every rank; for three, shared memory sums in rank order.
@@ -233,8 +245,8 @@ TEST_P(SharedMemoryMatchesTcpTest, BitForBitOnEveryRank) {
       inputs[rank] = at::empty({numel}, at::TensorOptions().dtype(type));
       FillRandom(inputs[rank], 1000 + rank);
       for (bool shared_memory : {true, false}) {
-        auto pg = CreateProcessGroup(
-            GlooOptions(rank, n, store, PathName(shared_memory), shared_memory));
+        auto pg =
+            CreateProcessGroup(GlooOptions(rank, n, store, PathName(shared_memory), shared_memory));
         ASSERT_EQ(UsesSharedMemory(pg), shared_memory);
         for (ReduceOp op : ops) {
           at::Tensor tensor = inputs[rank].clone();
@@ -309,8 +321,7 @@ TEST_P(GlooCollectivesTest, AllGatherIntoSeparateAndAdjacentOutputs) {
       for (int r = 0; r < n; ++r) rows.push_back(flat[r]);
       pg->AllGather(rows, input)->Wait();
       for (int r = 0; r < n; ++r) {
-        EXPECT_TRUE(HasValues(rows[r], [&](int64_t i) { return Value(i, r, n); }))
-            << "row " << r;
+        EXPECT_TRUE(HasValues(rows[r], [&](int64_t i) { return Value(i, r, n); })) << "row " << r;
       }
     }
   });
@@ -461,8 +472,8 @@ TEST(GlooProcessGroupTest, EightAllReducesInFlightAtOnce) {
       for (int k = 0; k < 8; ++k) {
         // Different sizes and values per bucket, so a mix-up between them shows.
         const int64_t numel = (k % 2 == 0) ? 1000 * (k + 1) : kMiB / 4;
-        tensors.push_back(MakeTensor(at::kFloat, numel,
-                                     [&](int64_t i) { return Value(i + k, rank, 3) + k; }));
+        tensors.push_back(
+            MakeTensor(at::kFloat, numel, [&](int64_t i) { return Value(i + k, rank, 3) + k; }));
         works.push_back(pg->AllReduce(tensors.back()));
       }
       for (int k = 0; k < 8; ++k) {
@@ -558,8 +569,9 @@ TEST(GlooProcessGroupTest, RejectsBadArgumentsNamingTheOp) {
     message = ThrownMessage([&] { pg->AllGather({at::ones({2})}, at::ones({2})); });
     EXPECT_THAT(message, HasSubstr("allgather"));
     EXPECT_THAT(message, HasSubstr("one per rank"));
-    message = ThrownMessage(
-        [&] { pg->AllGather({at::ones({2}), at::ones({2}, at::kDouble)}, at::ones({2})); });
+    message = ThrownMessage([&] {
+      pg->AllGather({at::ones({2}), at::ones({2}, at::kDouble)}, at::ones({2}));
+    });
     EXPECT_THAT(message, HasSubstr("outputs[1] has dtype float64"));
     message = ThrownMessage([&] { pg->AllGather({int8, int8}, int8); });
     EXPECT_THAT(message, HasSubstr("allgather"));
@@ -616,8 +628,8 @@ TEST(GlooSharedMemoryTest, UsedByDefaultOnOneHostNotForAWorldOfOne) {
 TEST(GlooSharedMemoryTest, OneRankWithoutItMakesEveryRankUseTcp) {
   auto store = std::make_shared<InMemoryStore>();
   spawnThreads(3, [&](int rank) {
-    auto pg = CreateProcessGroup(
-        GlooOptions(rank, 3, store, "default", /*shared_memory=*/rank != 1));
+    auto pg =
+        CreateProcessGroup(GlooOptions(rank, 3, store, "default", /*shared_memory=*/rank != 1));
     EXPECT_FALSE(UsesSharedMemory(pg)) << "rank " << rank;
     at::Tensor tensor = at::full({kMiB}, static_cast<double>(rank));
     pg->AllReduce(tensor)->Wait();
@@ -663,7 +675,7 @@ TEST(GlooSharedMemoryTest, NoSegmentFileOutlivesConstruction) {
     pg->Barrier()->Wait();  // both constructed
     EXPECT_TRUE(std::filesystem::is_empty(dir)) << "rank " << rank;
     std::vector<at::Tensor> tensors = {at::ones({kMiB}), at::ones({kMiB})};
-    auto first = pg->AllReduce(tensors[0]);  // channel 0
+    auto first = pg->AllReduce(tensors[0]);   // channel 0
     auto second = pg->AllReduce(tensors[1]);  // channel 1
     first->Wait();
     second->Wait();
@@ -786,10 +798,11 @@ at::Tensor CudaTensor(at::ScalarType type, const at::Tensor& host) {
 }
 
 at::Tensor ToHost(const at::Tensor& device_tensor) {
-  at::Tensor host = at::empty(device_tensor.sizes(), at::TensorOptions().dtype(device_tensor.scalar_type()));
-  EXPECT_EQ(cudaMemcpy(host.data_ptr(), device_tensor.data_ptr(), host.nbytes(),
-                       cudaMemcpyDeviceToHost),
-            cudaSuccess);
+  at::Tensor host =
+      at::empty(device_tensor.sizes(), at::TensorOptions().dtype(device_tensor.scalar_type()));
+  EXPECT_EQ(
+      cudaMemcpy(host.data_ptr(), device_tensor.data_ptr(), host.nbytes(), cudaMemcpyDeviceToHost),
+      cudaSuccess);
   return host;
 }
 

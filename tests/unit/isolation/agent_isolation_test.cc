@@ -164,10 +164,9 @@ TEST(RankIsolationTest, ARankRunsAsItsUserWithoutSupplementaryGroupsOrAWayBack) 
   chmod(dir.path().c_str(), 0711);
   RankProcessOptions options;
   options.identity = *user;
-  const Finished done = RunShell(
-      "grep -E '^(Uid|Gid|Groups|NoNewPrivs):' /proc/self/status; cat " + secret +
-          " >/dev/null 2>&1 && echo READ || echo DENIED",
-      std::move(options));
+  const Finished done = RunShell("grep -E '^(Uid|Gid|Groups|NoNewPrivs):' /proc/self/status; cat " +
+                                     secret + " >/dev/null 2>&1 && echo READ || echo DENIED",
+                                 std::move(options));
   const std::string uid = std::to_string(user->uid), gid = std::to_string(user->gid);
   EXPECT_THAT(done.out, HasSubstr("Uid:\t" + uid + "\t" + uid + "\t" + uid + "\t" + uid));
   EXPECT_THAT(done.out, HasSubstr("Gid:\t" + gid + "\t" + gid + "\t" + gid + "\t" + gid));
@@ -209,8 +208,8 @@ TEST(RankIsolationTest, TheKernelStopsARankAtItsCgroupLimit) {
   if (geteuid() != 0 || !mechanism.ok() || *mechanism == MemoryMechanism::kRlimit) {
     GTEST_SKIP() << "needs root and a writable memory cgroup";
   }
-  const std::string parent = *mechanism == MemoryMechanism::kCgroupV2 ? probe.v2_parent
-                                                                      : probe.v1_parent;
+  const std::string parent =
+      *mechanism == MemoryMechanism::kCgroupV2 ? probe.v2_parent : probe.v1_parent;
   auto dir = PrepareAgentCgroup(*mechanism, parent,
                                 AgentCgroupName("isolation-test", std::to_string(getpid())));
   ASSERT_TRUE(dir.ok()) << dir.status();

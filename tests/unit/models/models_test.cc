@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "services/common/contract/user_error.h"
 #include "gpu_worker/models/model.h"
+#include "services/common/contract/user_error.h"
 
 namespace gradhub::models {
 namespace {

@@ -127,8 +127,8 @@ TEST(JobSpecTest, PowerSgdDefaults) {
   EXPECT_EQ(p.min_compression_rate(), 2);
   EXPECT_TRUE(p.error_feedback());
   EXPECT_TRUE(p.warm_start());
-  v1::JobSpec zero_start = WithDefaults(
-      ParseJobSpec("distributed: {commHook: POWER_SGD, powerSgd: {startStep: 0, warmStart: false}}\n"));
+  v1::JobSpec zero_start = WithDefaults(ParseJobSpec(
+      "distributed: {commHook: POWER_SGD, powerSgd: {startStep: 0, warmStart: false}}\n"));
   EXPECT_EQ(zero_start.distributed().power_sgd().start_step(), 0);
   EXPECT_FALSE(zero_start.distributed().power_sgd().warm_start());
   EXPECT_FALSE(WithDefaults(v1::JobSpec()).distributed().has_power_sgd());

@@ -32,21 +32,36 @@ using detail::StrCat;
 template <typename Fn>
 void DispatchDtype(at::ScalarType type, Fn&& fn) {
   switch (type) {
-    case at::kFloat: fn(float{}); return;
-    case at::kDouble: fn(double{}); return;
-    case at::kHalf: fn(at::Half{}); return;
-    case at::kBFloat16: fn(at::BFloat16{}); return;
-    case at::kLong: fn(int64_t{}); return;
-    default: throw std::invalid_argument("unsupported dtype " + detail::DtypeName(type));
+    case at::kFloat:
+      fn(float{});
+      return;
+    case at::kDouble:
+      fn(double{});
+      return;
+    case at::kHalf:
+      fn(at::Half{});
+      return;
+    case at::kBFloat16:
+      fn(at::BFloat16{});
+      return;
+    case at::kLong:
+      fn(int64_t{});
+      return;
+    default:
+      throw std::invalid_argument("unsupported dtype " + detail::DtypeName(type));
   }
 }
 
 const char* OpName(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return "sum";
-    case ReduceOp::kAverage: return "average";
-    case ReduceOp::kMax: return "max";
-    case ReduceOp::kMin: return "min";
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kAverage:
+      return "average";
+    case ReduceOp::kMax:
+      return "max";
+    case ReduceOp::kMin:
+      return "min";
   }
   return "?";
 }
@@ -80,7 +95,8 @@ std::string ReasonFor(std::exception_ptr error, std::chrono::milliseconds timeou
     std::rethrow_exception(error);
   } catch (const gloo::IoException& e) {
     const std::string what = e.what();
-    if (what.find("Timed out") != std::string::npos || what.find("timed out") != std::string::npos) {
+    if (what.find("Timed out") != std::string::npos ||
+        what.find("timed out") != std::string::npos) {
       return StrCat("timed out after ", timeout.count(), " ms (", what, ")");
     }
     if (what.find("closed") != std::string::npos || what.find("reset") != std::string::npos ||
@@ -102,8 +118,8 @@ std::string ReasonFor(std::exception_ptr error, std::chrono::milliseconds timeou
 GlooProcessGroup::GlooProcessGroup(const ProcessGroupOptions& options)
     : ProcessGroup(options.rank, options.size, options.name), timeout_(options.timeout) {
   const std::string who = StrCat("process group '", name(), "' rank ", rank(), "/", size());
-  GRADHUB_ARG_CHECK(options.size >= 1 && options.rank >= 0 && options.rank < options.size,
-                    who, ": rank must be in [0, size)");
+  GRADHUB_ARG_CHECK(options.size >= 1 && options.rank >= 0 && options.rank < options.size, who,
+                    ": rank must be in [0, size)");
   GRADHUB_ARG_CHECK(options.store != nullptr, who, ": options.store is null");
   GRADHUB_ARG_CHECK(options.channels >= 1, who, ": options.channels must be >= 1, got ",
                     options.channels);
@@ -144,8 +160,8 @@ GlooProcessGroup::GlooProcessGroup(const ProcessGroupOptions& options)
   try {
     setup = SharedMemorySetup::Establish(shm);
   } catch (const std::exception& e) {
-    throw CommError(StrCat(who, ": shared-memory setup (store keys '", shm.prefix, "*') failed: ",
-                           e.what()));
+    throw CommError(
+        StrCat(who, ": shared-memory setup (store keys '", shm.prefix, "*') failed: ", e.what()));
   }
   if (rank() == 0 && !setup.failure.empty()) {
     std::fprintf(stderr, "%s: shared-memory allreduce unavailable, using TCP: %s\n", who.c_str(),
@@ -177,8 +193,8 @@ GlooProcessGroup::~GlooProcessGroup() {
 
 std::string GlooProcessGroup::Describe(const char* kind, uint64_t seq,
                                        const std::string& detail) const {
-  return StrCat(kind, " #", seq, detail.empty() ? "" : " (" + detail + ")", " in group '",
-                name(), "' rank ", rank(), "/", size());
+  return StrCat(kind, " #", seq, detail.empty() ? "" : " (" + detail + ")", " in group '", name(),
+                "' rank ", rank(), "/", size());
 }
 
 std::shared_ptr<Work> GlooProcessGroup::Submit(const char* kind, const std::string& detail,
@@ -277,15 +293,15 @@ void GlooProcessGroup::MarkBroken(const std::string& reason) {
 }
 
 std::exception_ptr GlooProcessGroup::UnusableError(const std::string& description) const {
-  return std::make_exception_ptr(CommError(StrCat(description, ": process group '", name(),
-                                                  "' is unusable after an earlier failure: ",
-                                                  BrokenReason())));
+  return std::make_exception_ptr(
+      CommError(StrCat(description, ": process group '", name(),
+                       "' is unusable after an earlier failure: ", BrokenReason())));
 }
 
 std::shared_ptr<Work> GlooProcessGroup::Broadcast(std::vector<at::Tensor> tensors, int root) {
   const std::string where = StrCat("broadcast in group '", name(), "' rank ", rank(), "/", size());
-  GRADHUB_ARG_CHECK(root >= 0 && root < size(), where, ": root ", root, " is not in [0, ",
-                    size(), ")");
+  GRADHUB_ARG_CHECK(root >= 0 && root < size(), where, ": root ", root, " is not in [0, ", size(),
+                    ")");
   size_t total_bytes = 0;
   for (size_t i = 0; i < tensors.size(); ++i) {
     detail::CheckTensorArg(where, StrCat("tensors[", i, "]"), tensors[i], c10::Device(c10::kCPU));
@@ -336,32 +352,32 @@ std::shared_ptr<Work> GlooProcessGroup::Broadcast(std::vector<at::Tensor> tensor
 std::shared_ptr<Work> GlooProcessGroup::AllReduce(at::Tensor tensor, ReduceOp op) {
   const std::string where = StrCat("allreduce in group '", name(), "' rank ", rank(), "/", size());
   detail::CheckTensorArg(where, "tensor", tensor, c10::Device(c10::kCPU));
-  const std::string detail = StrCat(detail::DtypeName(tensor.scalar_type()), ", ",
-                                    tensor.numel(), " elements, ", OpName(op));
+  const std::string detail = StrCat(detail::DtypeName(tensor.scalar_type()), ", ", tensor.numel(),
+                                    " elements, ", OpName(op));
   const detail::ReduceKernel kernel = detail::KernelFor(tensor.scalar_type(), op, size());
   const int group_size = size();
   const auto timeout = timeout_;
   const bool empty = tensor.numel() == 0;
-  return Submit("allreduce", detail, empty, /*after_prior=*/false,
-                [tensor = std::move(tensor), kernel, group_size, timeout](Channel& channel,
-                                                                          uint32_t tag) {
-                  void* data = tensor.data_ptr();
-                  const size_t n = static_cast<size_t>(tensor.numel());
-                  if (channel.shared_memory != nullptr) {
-                    channel.shared_memory->AllReduce(data, n, kernel, timeout);
-                    return;
-                  }
-                  DispatchDtype(tensor.scalar_type(), [&](auto type_tag) {
-                    using T = decltype(type_tag);
-                    gloo::AllreduceOptions opts(channel.context);
-                    opts.setOutput(static_cast<T*>(data), n);  // in place: output doubles as input
-                    opts.setReduceFunction(kernel.reduce);
-                    opts.setTag(tag);
-                    opts.setTimeout(timeout);
-                    gloo::allreduce(opts);
-                  });
-                  if (kernel.divide != nullptr) kernel.divide(data, n, group_size);
-                });
+  return Submit(
+      "allreduce", detail, empty, /*after_prior=*/false,
+      [tensor = std::move(tensor), kernel, group_size, timeout](Channel& channel, uint32_t tag) {
+        void* data = tensor.data_ptr();
+        const size_t n = static_cast<size_t>(tensor.numel());
+        if (channel.shared_memory != nullptr) {
+          channel.shared_memory->AllReduce(data, n, kernel, timeout);
+          return;
+        }
+        DispatchDtype(tensor.scalar_type(), [&](auto type_tag) {
+          using T = decltype(type_tag);
+          gloo::AllreduceOptions opts(channel.context);
+          opts.setOutput(static_cast<T*>(data), n);  // in place: output doubles as input
+          opts.setReduceFunction(kernel.reduce);
+          opts.setTag(tag);
+          opts.setTimeout(timeout);
+          gloo::allreduce(opts);
+        });
+        if (kernel.divide != nullptr) kernel.divide(data, n, group_size);
+      });
 }
 
 std::shared_ptr<Work> GlooProcessGroup::AllGather(std::vector<at::Tensor> outputs,
@@ -374,18 +390,18 @@ std::shared_ptr<Work> GlooProcessGroup::AllGather(std::vector<at::Tensor> output
     const std::string arg = StrCat("outputs[", r, "]");
     detail::CheckTensorArg(where, arg, outputs[r], c10::Device(c10::kCPU));
     GRADHUB_ARG_CHECK(outputs[r].scalar_type() == input.scalar_type(), where, ": ", arg,
-                      " has dtype ", detail::DtypeName(outputs[r].scalar_type()),
-                      ", input has ", detail::DtypeName(input.scalar_type()));
+                      " has dtype ", detail::DtypeName(outputs[r].scalar_type()), ", input has ",
+                      detail::DtypeName(input.scalar_type()));
     GRADHUB_ARG_CHECK(outputs[r].sizes() == input.sizes(), where, ": ", arg, " has shape ",
                       outputs[r].sizes(), ", input has ", input.sizes());
   }
-  const std::string detail = StrCat(detail::DtypeName(input.scalar_type()), ", ",
-                                    input.numel(), " elements per rank");
+  const std::string detail =
+      StrCat(detail::DtypeName(input.scalar_type()), ", ", input.numel(), " elements per rank");
   const auto timeout = timeout_;
   const bool empty = input.numel() == 0;
   return Submit("allgather", detail, empty, /*after_prior=*/false,
-                [outputs = std::move(outputs), input = std::move(input), timeout](
-                    Channel& channel, uint32_t tag) {
+                [outputs = std::move(outputs), input = std::move(input), timeout](Channel& channel,
+                                                                                  uint32_t tag) {
                   const size_t bytes = input.nbytes();
                   // gloo gathers into one buffer; use the outputs directly when they already
                   // are one (slices of a flat tensor), else a temporary.

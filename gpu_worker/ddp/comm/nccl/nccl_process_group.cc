@@ -42,13 +42,18 @@ class DeviceGuard {
 
 ncclDataType_t NcclType(at::ScalarType type) {
   switch (type) {
-    case at::kFloat: return ncclFloat32;
-    case at::kDouble: return ncclFloat64;
-    case at::kHalf: return ncclFloat16;
+    case at::kFloat:
+      return ncclFloat32;
+    case at::kDouble:
+      return ncclFloat64;
+    case at::kHalf:
+      return ncclFloat16;
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0)
-    case at::kBFloat16: return ncclBfloat16;
+    case at::kBFloat16:
+      return ncclBfloat16;
 #endif
-    case at::kLong: return ncclInt64;
+    case at::kLong:
+      return ncclInt64;
     default:
       throw std::invalid_argument("dtype " + detail::DtypeName(type) +
                                   " has no NCCL type in this build");
@@ -57,10 +62,14 @@ ncclDataType_t NcclType(at::ScalarType type) {
 
 const char* OpName(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return "sum";
-    case ReduceOp::kAverage: return "average";
-    case ReduceOp::kMax: return "max";
-    case ReduceOp::kMin: return "min";
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kAverage:
+      return "average";
+    case ReduceOp::kMax:
+      return "max";
+    case ReduceOp::kMin:
+      return "min";
   }
   return "?";
 }
@@ -72,8 +81,8 @@ NcclProcessGroup::NcclProcessGroup(const ProcessGroupOptions& options)
       timeout_(options.timeout),
       device_(options.device) {
   const std::string who = StrCat("process group '", name(), "' rank ", rank(), "/", size());
-  GRADHUB_ARG_CHECK(options.size >= 1 && options.rank >= 0 && options.rank < options.size,
-                    who, ": rank must be in [0, size)");
+  GRADHUB_ARG_CHECK(options.size >= 1 && options.rank >= 0 && options.rank < options.size, who,
+                    ": rank must be in [0, size)");
   GRADHUB_ARG_CHECK(options.store != nullptr, who, ": options.store is null");
   GRADHUB_ARG_CHECK(options.timeout.count() > 0, who, ": options.timeout must be positive");
 
@@ -89,8 +98,8 @@ NcclProcessGroup::NcclProcessGroup(const ProcessGroupOptions& options)
                            ")"));
   }
   if (device_ < 0 || device_ >= count) {
-    throw CommError(StrCat(who, ": options.device ", device_, " does not exist (", count,
-                           " GPUs visible)"));
+    throw CommError(
+        StrCat(who, ": options.device ", device_, " does not exist (", count, " GPUs visible)"));
   }
 
   DeviceGuard guard(device_);
@@ -104,9 +113,8 @@ NcclProcessGroup::NcclProcessGroup(const ProcessGroupOptions& options)
       options.store->Set(id_key, std::string(id.internal, sizeof(id.internal)));
     } else {
       const std::string value = options.store->Get(id_key, timeout_);
-      GRADHUB_COMM_ENFORCE(value.size() == sizeof(id.internal), "store key '", id_key,
-                           "' holds ", value.size(), " bytes, an ncclUniqueId has ",
-                           sizeof(id.internal));
+      GRADHUB_COMM_ENFORCE(value.size() == sizeof(id.internal), "store key '", id_key, "' holds ",
+                           value.size(), " bytes, an ncclUniqueId has ", sizeof(id.internal));
       std::memcpy(id.internal, value.data(), sizeof(id.internal));
     }
     // Step 2.
@@ -171,8 +179,8 @@ NcclProcessGroup::~NcclProcessGroup() {
 
 std::string NcclProcessGroup::Describe(const char* kind, uint64_t seq,
                                        const std::string& detail) const {
-  return StrCat(kind, " #", seq, detail.empty() ? "" : " (" + detail + ")", " in group '",
-                name(), "' rank ", rank(), "/", size());
+  return StrCat(kind, " #", seq, detail.empty() ? "" : " (" + detail + ")", " in group '", name(),
+                "' rank ", rank(), "/", size());
 }
 
 void NcclProcessGroup::AwaitIssued(const char* what, Clock::time_point deadline) {
@@ -211,9 +219,9 @@ cudaEvent_t NcclProcessGroup::TakeEventLocked() {
 void NcclProcessGroup::ReturnEventLocked(cudaEvent_t event) { free_events_.push_back(event); }
 
 std::exception_ptr NcclProcessGroup::UnusableErrorLocked(const std::string& description) const {
-  return std::make_exception_ptr(CommError(StrCat(description, ": process group '", name(),
-                                                  "' is unusable after an earlier failure: ",
-                                                  broken_reason_)));
+  return std::make_exception_ptr(
+      CommError(StrCat(description, ": process group '", name(),
+                       "' is unusable after an earlier failure: ", broken_reason_)));
 }
 
 std::vector<std::pair<std::shared_ptr<Work>, std::exception_ptr>> NcclProcessGroup::AbortLocked(
@@ -303,8 +311,8 @@ void NcclProcessGroup::WatchdogLoop() {
     }
     std::string failure;
     if (queried != cudaErrorNotReady) {
-      failure = StrCat("CUDA error while waiting for completion: ", cudaGetErrorName(queried),
-                       ": ", cudaGetErrorString(queried));
+      failure = StrCat("CUDA error while waiting for completion: ", cudaGetErrorName(queried), ": ",
+                       cudaGetErrorString(queried));
     } else {
       ncclResult_t async = ncclSuccess;
       if (comm_ != nullptr) ncclCommGetAsyncError(comm_, &async);
@@ -333,8 +341,8 @@ void NcclProcessGroup::WatchdogLoop() {
 
 std::shared_ptr<Work> NcclProcessGroup::Broadcast(std::vector<at::Tensor> tensors, int root) {
   const std::string where = StrCat("broadcast in group '", name(), "' rank ", rank(), "/", size());
-  GRADHUB_ARG_CHECK(root >= 0 && root < size(), where, ": root ", root, " is not in [0, ",
-                    size(), ")");
+  GRADHUB_ARG_CHECK(root >= 0 && root < size(), where, ": root ", root, " is not in [0, ", size(),
+                    ")");
   const c10::Device device(c10::kCUDA, static_cast<c10::DeviceIndex>(device_));
   size_t total_bytes = 0;
   for (size_t i = 0; i < tensors.size(); ++i) {
@@ -366,9 +374,15 @@ std::shared_ptr<Work> NcclProcessGroup::AllReduce(at::Tensor tensor, ReduceOp op
   const ncclDataType_t type = NcclType(tensor.scalar_type());
   ncclRedOp_t nccl_op = ncclSum;
   switch (op) {
-    case ReduceOp::kSum: nccl_op = ncclSum; break;
-    case ReduceOp::kMax: nccl_op = ncclMax; break;
-    case ReduceOp::kMin: nccl_op = ncclMin; break;
+    case ReduceOp::kSum:
+      nccl_op = ncclSum;
+      break;
+    case ReduceOp::kMax:
+      nccl_op = ncclMax;
+      break;
+    case ReduceOp::kMin:
+      nccl_op = ncclMin;
+      break;
     case ReduceOp::kAverage:
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0)
       GRADHUB_ARG_CHECK(nccl_version_ >= NCCL_VERSION(2, 10, 0), where,
@@ -380,8 +394,8 @@ std::shared_ptr<Work> NcclProcessGroup::AllReduce(at::Tensor tensor, ReduceOp op
       throw std::invalid_argument(where + ": average needs ncclAvg (NCCL >= 2.10 at build time)");
 #endif
   }
-  const std::string detail = StrCat(detail::DtypeName(tensor.scalar_type()), ", ",
-                                    tensor.numel(), " elements, ", OpName(op));
+  const std::string detail = StrCat(detail::DtypeName(tensor.scalar_type()), ", ", tensor.numel(),
+                                    " elements, ", OpName(op));
   const bool empty = tensor.numel() == 0;
   return Launch("allreduce", detail, empty, {tensor}, [&] {
     GRADHUB_NCCL_CHECK(ncclAllReduce(tensor.data_ptr(), tensor.data_ptr(),
@@ -401,13 +415,13 @@ std::shared_ptr<Work> NcclProcessGroup::AllGather(std::vector<at::Tensor> output
     const std::string arg = StrCat("outputs[", r, "]");
     detail::CheckTensorArg(where, arg, outputs[r], device);
     GRADHUB_ARG_CHECK(outputs[r].scalar_type() == input.scalar_type(), where, ": ", arg,
-                      " has dtype ", detail::DtypeName(outputs[r].scalar_type()),
-                      ", input has ", detail::DtypeName(input.scalar_type()));
+                      " has dtype ", detail::DtypeName(outputs[r].scalar_type()), ", input has ",
+                      detail::DtypeName(input.scalar_type()));
     GRADHUB_ARG_CHECK(outputs[r].sizes() == input.sizes(), where, ": ", arg, " has shape ",
                       outputs[r].sizes(), ", input has ", input.sizes());
   }
-  const std::string detail = StrCat(detail::DtypeName(input.scalar_type()), ", ",
-                                    input.numel(), " elements per rank");
+  const std::string detail =
+      StrCat(detail::DtypeName(input.scalar_type()), ", ", input.numel(), " elements per rank");
   const size_t bytes = input.nbytes();
   std::vector<at::Tensor> keep_alive = outputs;
   keep_alive.push_back(input);
@@ -418,16 +432,15 @@ std::shared_ptr<Work> NcclProcessGroup::AllGather(std::vector<at::Tensor> output
       adjacent = adjacent && outputs[r].data_ptr() == base + r * bytes;
     }
     if (adjacent) {  // outputs are slices of one flat tensor: gather straight into it
-      GRADHUB_NCCL_CHECK(
-          ncclAllGather(input.data_ptr(), base, bytes, ncclUint8, comm_, stream_));
+      GRADHUB_NCCL_CHECK(ncclAllGather(input.data_ptr(), base, bytes, ncclUint8, comm_, stream_));
       return;
     }
     // Separate outputs: rank r broadcasts its input into outputs[r] (NCCL's recipe for
     // gathering into separate buffers), grouped into one launch; no scratch memory.
     GRADHUB_NCCL_CHECK(ncclGroupStart());
     for (size_t r = 0; r < outputs.size(); ++r) {
-      GRADHUB_NCCL_CHECK(ncclBroadcast(input.data_ptr(), outputs[r].data_ptr(), bytes,
-                                       ncclUint8, static_cast<int>(r), comm_, stream_));
+      GRADHUB_NCCL_CHECK(ncclBroadcast(input.data_ptr(), outputs[r].data_ptr(), bytes, ncclUint8,
+                                       static_cast<int>(r), comm_, stream_));
     }
     GRADHUB_NCCL_CHECK(ncclGroupEnd());
   });
