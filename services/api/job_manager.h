@@ -20,6 +20,10 @@
 
 namespace gradhub::api {
 
+// Thread-safe: every method may be called from any thread at once (gRPC's and the REST
+// gateway's request threads). Each call runs its statements on its own pooled connection;
+// PostgreSQL's transactions order them. The only state here is the cache of the nodes' data
+// roots, under roots_mu_. Streams (WatchJob, StreamLogs) block their calling thread until done.
 class JobManager {
  public:
   JobManager(db::Pool* pool, SpecLimits limits, JobInserterOptions inserts = {})

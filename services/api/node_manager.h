@@ -33,6 +33,9 @@ struct NodeManagerOptions {
   std::function<void()> after_desired_read_for_test;
 };
 
+// Thread-safe: every agent's calls arrive on gRPC's threads at once. Each call is one
+// transaction on its own pooled connection; calls of one node are ordered by its row lock and
+// its heartbeat seq. The store address is the only state here, under mu_.
 class NodeManager {
  public:
   NodeManager(db::Pool* pool, NodeManagerOptions options)

@@ -77,6 +77,10 @@ struct SchedulerOptions {
   std::function<void(absl::Duration)> on_running;
 };
 
+// Thread-safety: Start, Stop and the destructor from the owning thread; Nudge from any thread
+// at any time (request threads call it). RunOnce from one thread at a time besides the loop
+// (pass_mu_ serializes passes); concurrent api replicas are serialized by the advisory lock
+// each pass takes in PostgreSQL.
 class Scheduler {
  public:
   Scheduler(db::Pool* pool, SchedulerOptions options) : pool_(pool), options_(options) {}
