@@ -31,21 +31,6 @@ struct RequestRecord {
 };
 thread_local RequestRecord current_request;
 
-// The errors httplib answers by itself (no route, oversized body, malformed request), as the
-// status the same error would have had from a handler.
-absl::Status StatusForHttpError(int status) {
-  switch (status) {
-    case 404:
-      return absl::NotFoundError("no such resource");
-    case 413:
-      return absl::ResourceExhaustedError("request body is over the size limit");
-    case 400:
-      return absl::InvalidArgumentError("malformed HTTP request");
-    default:
-      return absl::UnknownError(absl::StrCat("HTTP ", status));
-  }
-}
-
 void SendError(httplib::Response& response, const absl::Status& status) {
   current_request.code = status.code();
   response.status = HttpStatusFor(status.code());

@@ -125,10 +125,10 @@ void CheckpointRest::Route() {
   // httplib's own errors (no route, malformed request) in the same shape as the handlers'.
   server_->set_error_handler([](const httplib::Request&, httplib::Response& response) {
     if (!response.body.empty()) return;
+    // The body's code is the HTTP status sent (a 413 says 413, not its gRPC meaning's 429).
     const int status = response.status;
-    SendError(response, status == 404 ? absl::NotFoundError("no such resource")
-                                      : absl::UnknownError(absl::StrCat("HTTP ", status)));
-    response.status = status;
+    response.set_content(HttpErrorJson(StatusForHttpError(status), status) + "\n",
+                         "application/json");
   });
 }
 

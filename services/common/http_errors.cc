@@ -2,6 +2,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/str_cat.h"
+
 namespace gradhub {
 
 int HttpStatusFor(absl::StatusCode code) {
@@ -46,6 +48,19 @@ std::string HttpErrorJson(const absl::Status& status, int http_status) {
                                  {"status", absl::StatusCodeToString(status.code())},
                                  {"message", std::string(status.message())}}}};
   return body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+absl::Status StatusForHttpError(int http_status) {
+  switch (http_status) {
+    case 404:
+      return absl::NotFoundError("no such resource");
+    case 413:
+      return absl::ResourceExhaustedError("request body is over the size limit");
+    case 400:
+      return absl::InvalidArgumentError("malformed HTTP request");
+    default:
+      return absl::UnknownError(absl::StrCat("HTTP ", http_status));
+  }
 }
 
 }  // namespace gradhub

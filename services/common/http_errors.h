@@ -18,4 +18,9 @@ std::string HttpErrorJson(const absl::Status& status);
 // by itself (413 for an oversized body has no google.rpc code of its own).
 std::string HttpErrorJson(const absl::Status& status, int http_status);
 
+// The errors an HTTP server answers by itself (no route, oversized body, malformed request), as
+// the status the same error would have had from a handler. Send it with HttpErrorJson(status,
+// http_status), so that a 413 says 413.
+absl::Status StatusForHttpError(int http_status);
+
 }  // namespace gradhub

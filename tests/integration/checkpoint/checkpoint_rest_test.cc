@@ -116,6 +116,18 @@ TEST_F(CheckpointRestTest, AnotherTenantGetsNotFoundEverywhere) {
   EXPECT_EQ(client_->Get(("/v1/" + saved.name() + ":download").c_str(), a_)->status, 200);
 }
 
+TEST_F(CheckpointRestTest, ErrorsTheHttpLayerAnswersCarryTheirOwnCode) {
+  const v1::Checkpoint saved = Save(job_, 1, 10, Blob(10));
+  const std::string huge(100 * 1024, ' ');  // over the 64 KiB body limit
+  auto oversized = client_->Delete(("/v1/" + saved.name()).c_str(), a_, huge, "application/json");
+  ASSERT_EQ(oversized->status, 413);
+  EXPECT_THAT(oversized->body, HasSubstr("\"code\":413"));
+  EXPECT_THAT(oversized->body, HasSubstr("RESOURCE_EXHAUSTED"));
+  auto unrouted = client_->Get("/v1/no/such/route", a_);
+  ASSERT_EQ(unrouted->status, 404);
+  EXPECT_THAT(unrouted->body, HasSubstr("\"code\":404"));
+}
+
 TEST_F(CheckpointRestTest, HealthReadinessAndMetrics) {
   EXPECT_EQ(client_->Get("/healthz")->status, 200);
   EXPECT_EQ(client_->Get("/readyz")->status, 200);
