@@ -106,7 +106,9 @@ int Serve(const gradhub::api::ApiConfig& config) {
               .on_running = [&metrics](absl::Duration latency) {
                 metrics.ObserveSchedulingLatency(latency);
               }});
-  gradhub::api::NodeManager nodes(&pool, {.heartbeat_interval = config.heartbeat_interval});
+  gradhub::api::NodeManagerOptions node_options;
+  node_options.heartbeat_interval = config.heartbeat_interval;
+  gradhub::api::NodeManager nodes(&pool, node_options);
   gradhub::api::NodeService node_service(&nodes, &auth, [&] { scheduler.Nudge(); });
   gradhub::api::AdminService admin_service(&auth);
 
