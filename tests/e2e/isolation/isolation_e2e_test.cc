@@ -227,7 +227,9 @@ TEST_F(IsolationE2eTest, RanksReadTheirDataAndNeverRunAsRoot) {
     std::smatch uid;
     ASSERT_TRUE(std::regex_search(status, uid, std::regex("Uid:\\s+(\\d+)\\s+(\\d+)\\s+(\\d+)")));
     for (int i = 1; i <= 3; ++i) EXPECT_NE(uid[i].str(), "0") << "rank pid " << pid;
-    if (geteuid() == 0) EXPECT_THAT(status, ::testing::ContainsRegex("Groups:[ \t]*\n"));
+    if (geteuid() == 0) {
+      EXPECT_THAT(status, ::testing::ContainsRegex("Groups:[ \t]*\n"));
+    }
   }
   cluster_->Cancel(name);
   EXPECT_EQ(cluster_->AwaitJob(name, testing::Ended).state(), v1::Job::CANCELLED);
