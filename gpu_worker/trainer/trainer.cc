@@ -25,6 +25,7 @@
 #include "gpu_worker/trainer/optimization.h"
 #include "services/common/contract/job_spec.h"
 #include "services/common/contract/user_error.h"
+#include "services/common/json_text.h"
 #include "services/common/sha256.h"
 
 namespace gradhub::trainer {
@@ -60,7 +61,7 @@ class JsonLine {
   }
   JsonLine& Add(const std::string& key, int64_t value) { return Raw(key, std::to_string(value)); }
   JsonLine& Add(const std::string& key, const std::string& value) {
-    return Raw(key, "\"" + value + "\"");  // our own identifiers and hex digests only
+    return Raw(key, QuoteJson(value));
   }
   std::string str() const { return "{" + body_ + "}"; }
 

@@ -18,6 +18,7 @@
 #include "absl/strings/strip.h"
 #include "absl/time/time.h"
 #include "services/common/contract/job_spec.h"
+#include "services/common/json_text.h"
 
 namespace gradhub::cli {
 namespace {
@@ -55,36 +56,6 @@ class Block {
  private:
   std::vector<std::pair<std::string, std::string>> lines_;
 };
-
-std::string QuoteJson(const std::string& text) {
-  std::string out = "\"";
-  for (unsigned char c : text) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        if (c < 0x20) {
-          out += absl::StrFormat("\\u%04x", c);
-        } else {
-          out += static_cast<char>(c);
-        }
-    }
-  }
-  return out + "\"";
-}
 
 // A YAML scalar for a string: plain when no YAML (or ParseJobSpec) reader could take it for
 // anything else, otherwise double-quoted (YAML's double-quoted style is JSON's).

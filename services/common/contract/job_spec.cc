@@ -9,41 +9,10 @@
 #include <sstream>
 
 #include "services/common/contract/user_error.h"
+#include "services/common/json_text.h"
 
 namespace gradhub {
 namespace {
-
-std::string JsonString(const std::string& text) {
-  std::string out = "\"";
-  for (unsigned char c : text) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        if (c < 0x20) {
-          char escape[8];
-          std::snprintf(escape, sizeof(escape), "\\u%04x", c);
-          out += escape;
-        } else {
-          out += static_cast<char>(c);
-        }
-    }
-  }
-  return out + "\"";
-}
 
 // YAML scalars are untyped; the proto3 JSON parser accepts numbers and booleans only
 // unquoted, and every string quoted. Plain scalars that read as numbers or booleans go
@@ -61,7 +30,7 @@ void ToJson(const YAML::Node& node, std::string* out) {
       for (const auto& item : node) {
         if (!first) *out += ",";
         first = false;
-        *out += JsonString(item.first.Scalar()) + ":";
+        *out += QuoteJson(item.first.Scalar()) + ":";
         ToJson(item.second, out);
       }
       *out += "}";
@@ -77,7 +46,7 @@ void ToJson(const YAML::Node& node, std::string* out) {
       return;
     }
     case YAML::NodeType::Scalar:
-      *out += node.Tag() == "!" || !LooksLikeJsonLiteral(node.Scalar()) ? JsonString(node.Scalar())
+      *out += node.Tag() == "!" || !LooksLikeJsonLiteral(node.Scalar()) ? QuoteJson(node.Scalar())
                                                                         : node.Scalar();
       return;
     case YAML::NodeType::Null:
