@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <regex>
@@ -349,9 +350,20 @@ TEST_F(RestGatewayTest, MetricsCountRequestsByMethodAndCodeAndJobsByState) {
   auto unrouted = client_->Get("/v2/nothing");
   ASSERT_EQ(unrouted->status, 404);
   EXPECT_THAT(unrouted->body, HasSubstr("NOT_FOUND")) << "httplib's own errors, same shape";
-  auto scraped = client_->Get("/metrics");
-  ASSERT_EQ(scraped->status, 200);
-  const std::string& text = scraped->body;
+  // A request is recorded after its last byte is sent (httplib's logger), so the client may
+  // read an answer a moment before the server has counted it: scrape until all five are.
+  std::string text;
+  for (auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+       std::chrono::steady_clock::now() < deadline;
+       std::this_thread::sleep_for(std::chrono::milliseconds(20))) {
+    auto scraped = client_->Get("/metrics");
+    ASSERT_EQ(scraped->status, 200);
+    text = scraped->body;
+    if (text.find(R"(code="UNAUTHENTICATED",method="JobService.CreateJob")") != std::string::npos &&
+        text.find(R"(code="NOT_FOUND",method="unrouted")") != std::string::npos) {
+      break;
+    }
+  }
   EXPECT_THAT(
       text,
       HasSubstr(
