@@ -203,10 +203,6 @@ absl::StatusOr<int32_t> ListPageSize(int32_t requested) {
   return requested == 0 ? kDefaultPageSize : std::min(requested, kMaxPageSize);
 }
 
-bool IsTerminal(State state) {
-  return state == v1::Job::SUCCEEDED || state == v1::Job::FAILED || state == v1::Job::CANCELLED;
-}
-
 State StateAfterCancel(State state, int64_t live_ranks) {
   if (IsTerminal(state) || state == v1::Job::CANCELLING) return state;
   return live_ranks > 0 ? v1::Job::CANCELLING : v1::Job::CANCELLED;

@@ -12,6 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "gradhub/v1/jobs.pb.h"
+#include "services/common/contract/job_states.h"
 #include "services/common/db/pool.h"
 
 namespace gradhub::api {
@@ -33,9 +34,6 @@ EventDetails Because(std::string message);
 
 // Whether the lifecycle in ARCHITECTURE.md allows `from -> to`.
 bool IsAllowedTransition(v1::Job::State from, v1::Job::State to);
-
-// SUCCEEDED, FAILED, CANCELLED. CANCELLING is not: processes of the job may still run.
-bool IsTerminal(v1::Job::State state);
 
 // Where CancelJob takes a job in `state` that has `live_ranks` ranks not yet reported gone:
 // CANCELLING while any is live (it becomes CANCELLED when the last one is gone), CANCELLED

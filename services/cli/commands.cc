@@ -14,6 +14,7 @@
 #include "absl/strings/strip.h"
 #include "services/cli/checkpoint_commands.h"
 #include "services/common/contract/job_spec.h"
+#include "services/common/contract/job_states.h"
 #include "services/common/contract/user_error.h"
 
 namespace gradhub::cli {
@@ -43,10 +44,6 @@ std::string TenantName(const std::string& arg) {
   if (arg.empty()) return "";
   if (arg.rfind("tenants/", 0) == 0) return arg.size() > 8 ? arg : "";
   return arg.find('/') == std::string::npos ? "tenants/" + arg : "";
-}
-
-bool IsTerminal(v1::Job::State state) {
-  return state == v1::Job::SUCCEEDED || state == v1::Job::FAILED || state == v1::Job::CANCELLED;
 }
 
 int ExitCodeForJob(v1::Job::State state) {

@@ -18,6 +18,7 @@
 #include "absl/strings/strip.h"
 #include "absl/time/time.h"
 #include "services/common/contract/job_spec.h"
+#include "services/common/contract/job_states.h"
 #include "services/common/json_text.h"
 
 namespace gradhub::cli {
@@ -195,10 +196,6 @@ std::string Shortest(double value, int significant) {
 
 std::string StateName(v1::Job::State state) { return v1::Job::State_Name(state); }
 
-bool HasEnded(v1::Job::State state) {
-  return state == v1::Job::SUCCEEDED || state == v1::Job::FAILED || state == v1::Job::CANCELLED;
-}
-
 // Until the trainer reports a total (it derives one from max_epochs), the spec's max_steps is
 // the best known bound; 0 when there is none.
 int64_t TotalSteps(const v1::Job& job) {
@@ -361,7 +358,7 @@ std::string ProgressBar(const v1::Job& job, int width) {
   const double fraction = std::clamp(static_cast<double>(job.progress().step()) / total, 0.0, 1.0);
   const int filled = static_cast<int>(fraction * width);
   std::string eta;
-  if (!HasEnded(job.state())) {
+  if (!IsTerminal(job.state())) {
     const std::optional<absl::Duration> left = TimeLeft(job);
     eta = absl::StrCat(" ETA ", left ? ShortDuration(*left) : "?");
   }
@@ -376,7 +373,7 @@ std::optional<absl::Duration> TimeLeft(const v1::Job& job) {
   const int64_t total = TotalSteps(job);
   const int64_t samples_per_step = int64_t{spec.batch_size_per_rank()} *
                                    spec.distributed().world_size() * spec.grad_accumulation_steps();
-  if (HasEnded(job.state()) || !progress.has_last_report_time() || total <= 0 ||
+  if (IsTerminal(job.state()) || !progress.has_last_report_time() || total <= 0 ||
       samples_per_step <= 0 || !(progress.samples_per_second() > 0)) {
     return std::nullopt;
   }
