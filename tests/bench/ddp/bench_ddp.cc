@@ -28,27 +28,13 @@
 #include "gpu_worker/ddp/model_averager.h"
 #include "gpu_worker/ddp/store/file_store.h"
 #include "gpu_worker/ddp/zero_redundancy_optimizer.h"
+#include "tests/unit/ddp/test_mlp.h"
 
 namespace {
 
 using gradhub::ddp::DistributedDataParallel;
 
-struct Mlp : torch::nn::Module {
-  explicit Mlp(const std::vector<int64_t>& widths) {
-    for (size_t i = 0; i + 1 < widths.size(); ++i) {
-      layers.push_back(
-          register_module("fc" + std::to_string(i), torch::nn::Linear(widths[i], widths[i + 1])));
-    }
-  }
-  torch::Tensor forward(torch::Tensor x) {
-    for (size_t i = 0; i < layers.size(); ++i) {
-      x = layers[i]->forward(x);
-      if (i + 1 < layers.size()) x = torch::relu(x);
-    }
-    return x;
-  }
-  std::vector<torch::nn::Linear> layers;
-};
+using gradhub::testing::Mlp;
 
 std::vector<int64_t> ParseWidths(const std::string& text) {
   std::vector<int64_t> widths;

@@ -9,6 +9,7 @@
 #include "gpu_worker/ddp/distributed_data_parallel.h"
 #include "gpu_worker/ddp/store/in_memory_store.h"
 #include "gpu_worker/ddp/sync_batch_norm.h"
+#include "tests/unit/ddp/test_mlp.h"
 #include "tests/unit/ddp/test_ranks.h"
 
 namespace gradhub::ddp {
@@ -18,22 +19,7 @@ constexpr int kSteps = 20;
 constexpr int kBatchPerRank = 8;
 constexpr double kTolerance = 1e-5;
 
-struct Mlp : torch::nn::Module {
-  explicit Mlp(std::vector<int64_t> widths) {
-    for (size_t i = 0; i + 1 < widths.size(); ++i) {
-      layers.push_back(
-          register_module("fc" + std::to_string(i), torch::nn::Linear(widths[i], widths[i + 1])));
-    }
-  }
-  torch::Tensor forward(torch::Tensor x) {
-    for (size_t i = 0; i < layers.size(); ++i) {
-      x = layers[i]->forward(x);
-      if (i + 1 < layers.size()) x = torch::relu(x);
-    }
-    return x;
-  }
-  std::vector<torch::nn::Linear> layers;
-};
+using gradhub::testing::Mlp;
 
 // Conv -> SyncBatchNorm -> ReLU -> pool -> Linear, for 1x8x8 images. `group` is null for the
 // single-process reference, where SyncBatchNorm is plain BatchNorm.

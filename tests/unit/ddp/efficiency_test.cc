@@ -14,27 +14,13 @@
 #include "gpu_worker/ddp/model_averager.h"
 #include "gpu_worker/ddp/store/in_memory_store.h"
 #include "gpu_worker/ddp/zero_redundancy_optimizer.h"
+#include "tests/unit/ddp/test_mlp.h"
 #include "tests/unit/ddp/test_ranks.h"
 
 namespace gradhub::ddp {
 namespace {
 
-struct Mlp : torch::nn::Module {
-  explicit Mlp(const std::vector<int64_t>& widths) {
-    for (size_t i = 0; i + 1 < widths.size(); ++i) {
-      layers.push_back(
-          register_module("fc" + std::to_string(i), torch::nn::Linear(widths[i], widths[i + 1])));
-    }
-  }
-  torch::Tensor forward(torch::Tensor x) {
-    for (size_t i = 0; i < layers.size(); ++i) {
-      x = layers[i]->forward(x);
-      if (i + 1 < layers.size()) x = torch::relu(x);
-    }
-    return x;
-  }
-  std::vector<torch::nn::Linear> layers;
-};
+using gradhub::testing::Mlp;
 
 // A learnable task: labels from a fixed random linear teacher; each step a new global batch,
 // the same on every rank (each rank takes its slice).
