@@ -352,8 +352,8 @@ absl::StatusOr<v1::Checkpoint> CheckpointManager::CommitLocked(const CheckpointR
     }
   }
   // 5. The row, its event and retention in one transaction; then the retired blobs.
-  std::vector<CheckpointRow> retired;
-  absl::StatusOr<v1::Checkpoint> committed = WriteCommittedRow(row, sha256, &retired);
+  std::vector<CheckpointRow> retired, abandoned;
+  absl::StatusOr<v1::Checkpoint> committed = WriteCommittedRow(row, sha256, &retired, &abandoned);
   if (absl::IsFailedPrecondition(committed.status()) || absl::IsAlreadyExists(committed.status())) {
     // The attempt ended or the step was committed by another upload: this one never will be.
     Failure(absl::IsAlreadyExists(committed.status()) ? "step_exists" : "not_current_attempt");
@@ -363,6 +363,14 @@ absl::StatusOr<v1::Checkpoint> CheckpointManager::CommitLocked(const CheckpointR
   state.committed = true;
   ForgetState(row.upload_id);
   RemoveDeleted(retired);
+  for (const CheckpointRow& upload : abandoned) {
+    // Without its row, a writer still holding the upload's state gets NOT_FOUND at commit; an
+    // upload file it recreates is an orphan for Cleanup.
+    ForgetState(upload.upload_id);
+    blobs_->Abort(upload.upload_id).IgnoreError();
+    blobs_->Delete(upload.blob_key).IgnoreError();  // a crash between its blob and its row
+    Failure("superseded");
+  }
   return committed;
 }
 
@@ -380,9 +388,11 @@ absl::StatusOr<int64_t> CheckpointManager::HashBlob(const std::string& blob_key,
 }
 
 absl::StatusOr<v1::Checkpoint> CheckpointManager::WriteCommittedRow(
-    const CheckpointRow& row, const std::string& sha256, std::vector<CheckpointRow>* retired) {
+    const CheckpointRow& row, const std::string& sha256, std::vector<CheckpointRow>* retired,
+    std::vector<CheckpointRow>* abandoned) {
   return pool_->Transact([&](db::Transaction& tx) -> absl::StatusOr<v1::Checkpoint> {
     retired->clear();
+    abandoned->clear();
     // The job's row locked: commits of one job (and its retention) run one at a time, and the
     // job cannot move to another attempt until this one's checkpoint is in.
     GRADHUB_ASSIGN_OR_RETURN(const JobRow job, ReadJobRow(tx, row.job_id, JobLock::kNoKeyUpdate));
@@ -425,6 +435,19 @@ absl::StatusOr<v1::Checkpoint> CheckpointManager::WriteCommittedRow(
     for (const db::Row& r : old) {
       GRADHUB_ASSIGN_OR_RETURN(CheckpointRow gone, CheckpointFromRow(r));
       retired->push_back(std::move(gone));
+    }
+    // Uploads this commit supersedes (checkpoint.proto, StartUpload): an earlier step, or an
+    // earlier attempt. Their rows go now; their upload files after the transaction.
+    GRADHUB_ASSIGN_OR_RETURN(
+        db::Result superseded,
+        tx.Exec(absl::StrCat("DELETE FROM checkpoints c WHERE c.job_id = $1::uuid"
+                             " AND c.state = 'UPLOADING' AND (c.attempt < $2 OR c.step < $3)"
+                             " RETURNING ",
+                             kCheckpointColumns),
+                {row.job_id, row.attempt, row.step}));
+    for (const db::Row& r : superseded) {
+      GRADHUB_ASSIGN_OR_RETURN(CheckpointRow gone, CheckpointFromRow(r));
+      abandoned->push_back(std::move(gone));
     }
     return done.proto;
   });

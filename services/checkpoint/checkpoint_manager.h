@@ -207,9 +207,12 @@ class CheckpointManager {
                                               UploadState& state);
   // Hashes a committed blob into *sha; returns its size.
   absl::StatusOr<int64_t> HashBlob(const std::string& blob_key, Sha256Stream* sha);
+  // Step 5's transaction. *retired: checkpoints retention marked DELETED; *abandoned: the
+  // uploads this commit superseded, whose rows it deleted (checkpoint.proto, StartUpload).
   absl::StatusOr<v1::Checkpoint> WriteCommittedRow(const CheckpointRow& row,
                                                    const std::string& sha256,
-                                                   std::vector<CheckpointRow>* retired);
+                                                   std::vector<CheckpointRow>* retired,
+                                                   std::vector<CheckpointRow>* abandoned);
   // Removes the blobs and rows of checkpoints marked DELETED.
   int RemoveDeleted(const std::vector<CheckpointRow>& rows);
   void Failure(std::string_view reason);

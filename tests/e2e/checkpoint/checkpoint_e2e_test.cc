@@ -236,8 +236,15 @@ TEST_F(CheckpointE2eTest, CheckpointServiceKilledMidUploadLosesNothing) {
   ASSERT_EQ(done.state(), v1::Job::SUCCEEDED) << done.state_reason() << cluster_->Describe(name);
   EXPECT_EQ(done.attempt(), 1) << "a store outage must not fail the attempt";
   EXPECT_EQ(FinalParameters(*cluster_, name), reference);
+  bool half_written = false;
   for (const auto& c : Checkpoints(name)) {
     EXPECT_NE(c.state(), v1::Checkpoint::UPLOADING) << c.name() << " left half-written";
+    half_written |= c.state() == v1::Checkpoint::UPLOADING;
+  }
+  if (half_written) {
+    for (const auto& line : cluster_->Logs(name, 1, 0)) {
+      if (line.find("checkpoint") != std::string::npos) std::cerr << "rank 0: " << line << "\n";
+    }
   }
 }
 

@@ -171,6 +171,31 @@ TEST_F(CheckpointManagerTest, AStragglerOfAFailedAttemptCannotUploadOrCommit) {
   EXPECT_THAT(refused.status().message(), HasSubstr("PENDING"));
 }
 
+// A trainer has at most one save in flight: once a later step commits, an earlier upload it
+// abandoned (say, refused while the service restarted) can never be the one a restart resumes
+// from, and must not stay UPLOADING until the TTL.
+TEST_F(CheckpointManagerTest, ACommitDiscardsTheUploadsOfEarlierStepsOfTheJob) {
+  const std::string job = InsertJob(*pool_, tenant_a_);
+  const std::string other_job = InsertJob(*pool_, tenant_a_);
+  const std::string data = Blob(1000);
+  auto abandoned = Start(Admin(), job, 1, 200, 1000);
+  ASSERT_TRUE(abandoned.ok());
+  ASSERT_TRUE(Write(Admin(), *abandoned, data, 0, 500).ok());
+  auto elsewhere = Start(Admin(), other_job, 1, 100, 1000);  // another job's is not touched
+  ASSERT_TRUE(elsewhere.ok());
+  auto later = Start(Admin(), job, 1, 400, 1000);  // a later step, still uploading: kept
+  ASSERT_TRUE(later.ok());
+  Save(job, 1, 300, data);
+
+  std::vector<std::pair<int64_t, v1::Checkpoint::State>> listed;
+  for (const v1::Checkpoint& c : ListAll(Admin(), job)) listed.emplace_back(c.step(), c.state());
+  EXPECT_EQ(listed, (std::vector<std::pair<int64_t, v1::Checkpoint::State>>{
+                        {400, v1::Checkpoint::UPLOADING}, {300, v1::Checkpoint::COMMITTED}}));
+  EXPECT_EQ(ListAll(Admin(), other_job).size(), 1u);
+  EXPECT_TRUE(absl::IsNotFound(Write(Admin(), *abandoned, data, 500, 1000).status()));
+  EXPECT_TRUE(absl::IsNotFound(Commit(Admin(), *abandoned, Sha256Hex(data)).status()));
+}
+
 TEST_F(CheckpointManagerTest, TrainersNeedTheirNodesCurrentSessionAndARankOfTheAttempt) {
   const std::string job = InsertJob(*pool_, tenant_a_);
   const Node placed = InsertNode(*pool_, "gpu-1"), idle = InsertNode(*pool_, "gpu-2");
@@ -391,9 +416,10 @@ TEST_F(CheckpointManagerTest, CleanupAfterACrashRemovesWhatNoRowNeedsAndMarksWha
   // A fresh upload stays.
   auto fresh = Start(Admin(), job, 1, 40, 100);
   ASSERT_TRUE(Write(Admin(), *fresh, Blob(100), 0, 50).ok());
-  // A deletion marked but not finished.
-  const std::string marked_blob = BlobPathOf(Save(job, 1, 50, Blob(100, 5)));
-  ASSERT_TRUE(pool_->Exec("UPDATE checkpoints SET state = 'DELETED' WHERE step = 50").ok());
+  // A deletion marked but not finished (of an early step: a commit of a later one would
+  // supersede the uploads above).
+  const std::string marked_blob = BlobPathOf(Save(job, 1, 5, Blob(100, 5)));
+  ASSERT_TRUE(pool_->Exec("UPDATE checkpoints SET state = 'DELETED' WHERE step = 5").ok());
 
   NewManager({.chunk_size_bytes = 64 << 10, .upload_ttl = absl::Hours(1)});
   auto report = manager_->Cleanup();
