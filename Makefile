@@ -17,7 +17,7 @@ PACKAGES := \
   libgtest-dev libgmock-dev googletest prometheus \
   python3-torch python3-sklearn clang-format
 
-.PHONY: setup build demo test bench fmt fmt-check clean
+.PHONY: setup build demo test bench fmt fmt-check clean compose-test
 
 # Idempotent: installs only what is missing, and touches the network only then; creates the
 # ranks' user if it is missing.
@@ -42,16 +42,25 @@ $(BUILD_DIR)/build.ninja:
 build: $(BUILD_DIR)/build.ninja
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 
-# The main job: a local cluster (PostgreSQL, gradhub-api, two agents with 2 slots each) trains a
-# world-size-4 job on the digits dataset, submitted and watched with the gradhub CLI.
+# The main job: `gradhub cluster up` (PostgreSQL, api, checkpoint, metrics, two agents with 2
+# slots each, Prometheus), then the digits example submitted and watched with the gradhub CLI,
+# its validation accuracy, checkpoints and metrics; the cluster goes down again unless
+# KEEP_CLUSTER=1 (deploy/local/demo.sh).
 demo: build
-	deploy/local/cluster.sh $(BUILD_DIR)
+	deploy/local/demo.sh $(BUILD_DIR)
 
 test: build
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -j $(JOBS)
 
 bench: build
 	tests/bench/run.sh $(BUILD_DIR)
+
+# docker-compose.yml for real (tests/e2e/compose/run.sh; root, a few minutes, not in `make
+# test`): Debian's docker.io and docker-compose (installed if missing; dockerd started and
+# stopped again), images built locally from build/bin, the topology up, a job submitted from
+# the host through the published ports to SUCCEEDED with checkpoints and metrics, then down -v.
+compose-test: build
+	tests/e2e/compose/run.sh $(BUILD_DIR)
 
 # Every C++ file as .clang-format says; fmt-check (run by .ci/run) fails on any difference.
 fmt:

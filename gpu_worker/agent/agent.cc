@@ -102,13 +102,17 @@ grpc::ChannelArguments AgentChannelArguments() {
 }
 
 Agent::Agent(AgentConfig config, v1::NodeService::StubInterface* stub)
-    : config_(std::move(config)), stub_(stub), shipper_(stub, [&] {
-        LogShipperOptions options;
-        options.token = config_.token;
-        options.max_buffer_bytes =
-            static_cast<size_t>(std::max<int64_t>(config_.log_buffer_bytes, 1 << 20));
-        return options;
-      }()) {}
+    : config_(std::move(config)),
+      stub_(stub),
+      shipper_(stub,
+               [&] {
+                 LogShipperOptions options;
+                 options.token = config_.token;
+                 options.max_buffer_bytes =
+                     static_cast<size_t>(std::max<int64_t>(config_.log_buffer_bytes, 1 << 20));
+                 return options;
+               }()),
+      watch_(stub, config_.token, [this] { WakeForAssignments(); }) {}
 
 Agent::~Agent() = default;
 
@@ -120,7 +124,14 @@ void Agent::Shutdown() {
 
 void Agent::SleepUntil(absl::Time deadline) {
   std::unique_lock<std::mutex> lock(sleep_mu_);
-  sleep_cv_.wait_until(lock, absl::ToChronoTime(deadline), [&] { return shutdown_.load(); });
+  sleep_cv_.wait_until(lock, absl::ToChronoTime(deadline),
+                       [&] { return shutdown_.load() || assignments_news_.load(); });
+}
+
+void Agent::WakeForAssignments() {
+  std::lock_guard<std::mutex> lock(sleep_mu_);
+  assignments_news_ = true;
+  sleep_cv_.notify_all();
 }
 
 void Agent::Context(grpc::ClientContext* context, absl::Duration timeout) const {
@@ -159,6 +170,7 @@ bool Agent::Register() {
   seq_ = 0;
   registered_ = true;
   last_heartbeat_ok_ = absl::Now();
+  watch_.Watch(node_name_, session_id_);
   const int slots = response.node().slots() > 0 ? response.node().slots() : node->slots();
   std::cout << "gradhub-agent: registered as " << node_name_ << " with " << slots << " slots"
             << std::endl;
@@ -279,7 +291,9 @@ void Agent::StartRank(const v1::RankAssignment& assignment) {
   if (!process.ok()) return fail(process.status());
   rank.process = *std::move(process);
   std::cerr << "gradhub-agent: started " << key.ToString() << " as pid " << rank.process->pid()
-            << " in " << launch->dir << "\n";
+            << " in " << launch->dir << " (GRADHUB_DEVICE=" << launch->env.at("GRADHUB_DEVICE")
+            << " CUDA_VISIBLE_DEVICES=" << launch->env.at("CUDA_VISIBLE_DEVICES")
+            << " GRADHUB_BACKEND=" << launch->env.at("GRADHUB_BACKEND") << ")\n";
 }
 
 void Agent::StopAll(const std::string& reason) {
@@ -339,6 +353,7 @@ void Agent::Run() {
   while (!shutdown_) {
     if (!registered_) {
       if (!Register()) {
+        assignments_news_ = false;  // news of a session that is over
         SleepUntil(absl::Now() + register_backoff);
         register_backoff = std::min(register_backoff * 2, kMaxRegisterBackoff);
         continue;
@@ -347,6 +362,7 @@ void Agent::Run() {
     }
     const absl::Time started = absl::Now();
     absl::Time next = started + interval_;
+    assignments_news_ = false;  // this heartbeat's answer covers whatever the watch saw so far
     switch (Heartbeat()) {
       case HeartbeatResult::kOk:
         heartbeat_backoff = kInitialBackoff;
@@ -375,10 +391,12 @@ void Agent::Run() {
     // Until the next heartbeat is due, or a rank exits: an exit is news the scheduler acts on
     // (restart, finish), so it goes up at once.
     exited_reported_ = CountExited();
-    while (!shutdown_ && absl::Now() < next && CountExited() == exited_reported_) {
+    while (!shutdown_ && !assignments_news_ && absl::Now() < next &&
+           CountExited() == exited_reported_) {
       SleepUntil(std::min(next, absl::Now() + kExitPollInterval));
     }
   }
+  watch_.Stop();
   StopAll("the agent is shutting down");
   WaitAllExited();
   for (const auto& [key, rank] : ranks_) shipper_.Close(key);

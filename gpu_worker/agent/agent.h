@@ -8,6 +8,9 @@
 //   3./4. On an answer it reconciles with the desired set (reconcile.h, a pure function):
 //      starts never-seen keys, stops running undesired ranks (SIGTERM, SIGKILL after
 //      --stop-grace), drops exited undesired ones. A key once started is never started again.
+//   5. Beside the heartbeat a WatchAssignments stream (assignment_watch.h, nodes.proto step 8)
+//      wakes the loop as soon as the desired set changes; the loop then heartbeats at once and
+//      reconciles with that answer, so new work starts without waiting for the interval.
 //   6. FAILED_PRECONDITION (session superseded or node LOST): stop every rank, wait for them
 //      to exit, forget them (the server already counts them as gone) and register again.
 //   7. Errors other than FAILED_PRECONDITION (server unreachable during an api restart,
@@ -18,8 +21,8 @@
 //
 // Threads: Run() is the protocol loop and the only thread that touches the rank table; rank
 // processes are forked, read and reaped by RankProcess's supervisor thread; the LogShipper
-// has its own thread. Output flows supervisor thread -> LineCallback -> LogShipper buffer ->
-// ReportLogs. Every RPC carries `authorization: Bearer <node token>`.
+// and the AssignmentWatch have a thread each. Output flows supervisor thread -> LineCallback ->
+// LogShipper buffer -> ReportLogs. Every RPC carries `authorization: Bearer <node token>`.
 #pragma once
 
 #include <grpcpp/support/channel_arguments.h>
@@ -33,6 +36,7 @@
 #include <string>
 
 #include "absl/time/time.h"
+#include "gpu_worker/agent/assignment_watch.h"
 #include "gpu_worker/agent/config.h"
 #include "gpu_worker/agent/log_shipper.h"
 #include "gpu_worker/agent/rank_process.h"
@@ -86,14 +90,17 @@ class Agent {
   bool AnyRunning() const;
   // Ranks whose process has exited; a change since the last heartbeat is reported at once.
   size_t CountExited() const;
-  // Sleeps until `deadline` or Shutdown().
+  // Sleeps until `deadline`, Shutdown() or news from the AssignmentWatch.
   void SleepUntil(absl::Time deadline);
+  // The AssignmentWatch's callback (its thread): a heartbeat is due now.
+  void WakeForAssignments();
   void Context(grpc::ClientContext* context, absl::Duration timeout) const;
 
   const AgentConfig config_;
   v1::NodeService::StubInterface* const stub_;
 
   std::atomic<bool> shutdown_{false};
+  std::atomic<bool> assignments_news_{false};  // set by the watch, cleared before a heartbeat
   std::mutex sleep_mu_;
   std::condition_variable sleep_cv_;
 
@@ -115,6 +122,8 @@ class Agent {
   LogShipper shipper_;
   std::map<RankKey, Rank> ranks_;
   std::set<RankKey> ever_started_;
+  // Last: its thread calls WakeForAssignments, so it is stopped before anything above goes.
+  AssignmentWatch watch_;
 };
 
 }  // namespace gradhub::agent

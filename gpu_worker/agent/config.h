@@ -6,6 +6,8 @@
 
 #include "absl/time/time.h"
 #include "gpu_worker/agent/isolation.h"
+#include "gpu_worker/agent/node_devices.h"
+#include "services/common/contract/defaults.h"
 #include "services/common/flags.h"
 
 namespace gradhub::agent {
@@ -18,7 +20,10 @@ struct AgentConfig {
   std::string token;
   std::string tls_ca_file;
   std::string name;  // the hostname unless set
-  int64_t slots = 1;
+  // -1 = one per GPU on a CUDA node, 1 on a CPU node (EffectiveSlots, node_description.h).
+  int64_t slots = -1;
+  // For tests only: see this many GPUs that are not there (FakeGpus, node_devices.h).
+  int64_t fake_gpus = 0;
   std::string labels;  // k=v,k=v
   std::string address = "127.0.0.1";
   std::string work_dir = "/var/lib/gradhub/agent";
@@ -29,7 +34,7 @@ struct AgentConfig {
   absl::Duration stop_grace = absl::Seconds(10);
   // How long ranks keep running while no Heartbeat succeeds (api restart, network): see
   // agent.h step 7.
-  absl::Duration api_outage_grace = absl::Seconds(60);
+  absl::Duration api_outage_grace = absl::FromChrono(defaults::kApiOutageGrace);
   int64_t log_buffer_bytes = int64_t{64} << 20;
   absl::Duration shutdown_log_flush = absl::Seconds(5);
   // Isolation between tenants (isolation.h).
@@ -42,6 +47,8 @@ struct AgentConfig {
 
   // Not a flag: what main made of the isolation flags on this machine (SetUpIsolation).
   NodeIsolation isolation;
+  // Not a flag: the GPUs main found (DiscoverNodeDevices) before resolving slots.
+  NodeDevices devices;
 
   void Register(Flags& flags) {
     flags.String("server", "GRADHUB_SERVER", &server, "host:port of the gradhub-api gRPC port")
@@ -51,7 +58,12 @@ struct AgentConfig {
                 "PEM certificates trusted for TLS to --server (its ranks get it too); "
                 "empty = plaintext")
         .String("name", "GRADHUB_NODE_NAME", &name, "Node name, stable across restarts")
-        .Int("slots", "GRADHUB_SLOTS", &slots, "Ranks this CPU node runs at once")
+        .Int("slots", "GRADHUB_SLOTS", &slots,
+             "Ranks this node runs at once; -1 = one per GPU on a GPU node (each rank gets its "
+             "own GPU, so never more than the GPUs), 1 on a CPU node")
+        .Int("fake-gpus", "GRADHUB_FAKE_GPUS", &fake_gpus,
+             "For tests only: register as a GPU node with this many GPUs that are not there "
+             "(their ranks cannot use them); 0 = the GPUs the CUDA runtime finds")
         .String("labels", "GRADHUB_NODE_LABELS", &labels,
                 "Node labels matched by JobSpec.nodeSelector, as k=v,k=v")
         .String("address", "GRADHUB_NODE_ADDRESS", &address,

@@ -55,10 +55,20 @@ int main(int argc, char** argv) {
     std::cerr << flags.Usage();
     return 2;
   }
+  if (config.fake_gpus < 0 || config.fake_gpus > 64) {
+    std::cerr << "gradhub-agent: --fake-gpus: must be in [0, 64]\n";
+    return 2;
+  }
+  // Once, before anything that divides by the slots (the memory limit per slot): the GPUs
+  // decide the kind and the default slots.
+  config.devices = gradhub::agent::DiscoverNodeDevices(config.fake_gpus);
   if (auto node = gradhub::agent::DescribeNode(config); !node.ok()) {
     std::cerr << "gradhub-agent: " << node.status().message() << "\n";
     return 2;
+  } else {
+    config.slots = node->slots();
   }
+  std::cerr << "gradhub-agent: " << config.devices.summary << "; " << config.slots << " slot(s)\n";
   std::error_code error;
   config.work_dir = std::filesystem::absolute(config.work_dir, error).lexically_normal().string();
   std::filesystem::create_directories(config.work_dir, error);

@@ -26,24 +26,40 @@ std::string NodeResourceName(const std::string& name) {
   return absl::StartsWith(name, "nodes/") ? name : "nodes/" + name;
 }
 
-void DescribeDevices(const AgentConfig& config, v1::Node* node) {
-  node->set_kind(v1::Node::CPU);
-  node->set_slots(static_cast<int32_t>(config.slots));
+absl::StatusOr<int64_t> EffectiveSlots(const AgentConfig& config) {
+  const int64_t gpus = static_cast<int64_t>(config.devices.gpus.size());
+  if (config.slots == -1) return config.devices.cuda ? gpus : 1;
+  if (config.slots < 1 || config.slots > 4096) {
+    return absl::InvalidArgumentError("--slots: must be in [1, 4096], or -1 for one per GPU");
+  }
+  if (config.devices.cuda && config.slots > gpus) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--slots: ", config.slots, " is more than this node's ", gpus,
+                     " GPU(s); each rank gets a GPU of its own, so a GPU node runs at most one "
+                     "rank per GPU (leave --slots at -1 for one per GPU)"));
+  }
+  return config.slots;
+}
+
+absl::Status DescribeDevices(const AgentConfig& config, v1::Node* node) {
+  absl::StatusOr<int64_t> slots = EffectiveSlots(config);
+  if (!slots.ok()) return slots.status();
+  node->set_kind(config.devices.cuda ? v1::Node::CUDA : v1::Node::CPU);
+  node->set_slots(static_cast<int32_t>(*slots));
   node->clear_devices();
+  for (const v1::DeviceInfo& gpu : config.devices.gpus) *node->add_devices() = gpu;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<v1::Node> DescribeNode(const AgentConfig& config) {
   if (config.name.empty() || config.name == "nodes/") {
     return absl::InvalidArgumentError("--name: must not be empty");
   }
-  if (config.slots < 1 || config.slots > 4096) {
-    return absl::InvalidArgumentError("--slots: must be in [1, 4096]");
-  }
   auto labels = ParseLabels(config.labels);
   if (!labels.ok()) return labels.status();
   v1::Node node;
   node.set_name(NodeResourceName(config.name));
-  DescribeDevices(config, &node);
+  if (absl::Status devices = DescribeDevices(config, &node); !devices.ok()) return devices;
   node.mutable_labels()->insert(labels->begin(), labels->end());
   node.set_address(config.address);
   node.set_agent_version(kAgentVersion);

@@ -19,12 +19,17 @@ absl::StatusOr<std::map<std::string, std::string>> ParseLabels(const std::string
 // `nodes/<name>`; a name already written as `nodes/<name>` is kept.
 std::string NodeResourceName(const std::string& name);
 
-// The devices seam. Today every node registers as a CPU node with `config.slots` slots.
-// GPU discovery goes here: fill node->devices from the CUDA runtime (gpu_worker/devices'
-// DiscoverDevices() already lists them), set kind CUDA and, unless --slots was given, one
-// slot per device. Nothing else in the agent depends on how devices were found:
-// RankAssignment.device_indices arrive from the server and become CUDA_VISIBLE_DEVICES.
-void DescribeDevices(const AgentConfig& config, v1::Node* node);
+// --slots against the devices (config.devices): -1 = one per GPU on a CUDA node, 1 on a CPU
+// node. INVALID_ARGUMENT naming --slots outside [1, 4096], or above the GPUs of a CUDA node:
+// every rank there gets a GPU of its own (slot i is GPU i), so a slot more would be a rank
+// without one. Fewer slots than GPUs leave the last GPUs unused.
+absl::StatusOr<int64_t> EffectiveSlots(const AgentConfig& config);
+
+// Kind, slots and devices from config.devices: a CUDA node lists every GPU (index, model,
+// memory, compute capability, uuid, driver and CUDA versions); a CPU node none. Nothing else
+// in the agent depends on how devices were found: RankAssignment.device_indices arrive from
+// the server and become CUDA_VISIBLE_DEVICES (rank_launch.h).
+absl::Status DescribeDevices(const AgentConfig& config, v1::Node* node);
 
 // The whole RegisterNode description: name, kind, slots, devices, labels, address, version,
 // and the data roots (config.isolation, as main set it up).

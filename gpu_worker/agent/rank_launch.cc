@@ -31,6 +31,33 @@ bool PathSafeId(const std::string& id) {
   return true;
 }
 
+// CUDA_VISIBLE_DEVICES, GRADHUB_DEVICE and GRADHUB_BACKEND (see RankLaunch::env).
+//
+// A rank sees only the GPU(s) of its slot, through CUDA_VISIBLE_DEVICES, rather than every
+// GPU and a local-rank-to-device map: CUDA then numbers its GPU cuda:0, so libtorch and NCCL
+// need no mapping, and a rank of one tenant cannot open another tenant's GPU by index, which
+// a map would only ask it not to do. A rank without devices gets an empty list: no GPU at all,
+// even where the agent itself was started with some visible.
+void SetDeviceEnvironment(const NodeDevices& devices, const v1::RankAssignment& assignment,
+                          std::map<std::string, std::string>* env) {
+  std::vector<std::string> visible;
+  for (const int32_t index : assignment.device_indices()) {
+    visible.push_back(index >= 0 && static_cast<size_t>(index) < devices.visible_ids.size()
+                          ? devices.visible_ids[index]
+                          : absl::StrCat(index));
+  }
+  (*env)["CUDA_VISIBLE_DEVICES"] = absl::StrJoin(visible, ",");
+  const bool cuda = devices.cuda && !visible.empty();
+  (*env)["GRADHUB_DEVICE"] = cuda ? "cuda" : "cpu";
+  // AUTO is decided here, where the ranks landed: NCCL on a GPU node, Gloo on a CPU node. An
+  // explicit choice passes through; the trainer refuses NCCL without a GPU.
+  v1::DistributedSpec::Backend backend = assignment.spec().distributed().backend();
+  if (backend == v1::DistributedSpec::AUTO) {
+    backend = cuda ? v1::DistributedSpec::NCCL : v1::DistributedSpec::GLOO;
+  }
+  (*env)["GRADHUB_BACKEND"] = v1::DistributedSpec::Backend_Name(backend);
+}
+
 }  // namespace
 
 absl::StatusOr<RankLaunch> PlanRankLaunch(const AgentConfig& config, const std::string& session_id,
@@ -78,9 +105,7 @@ absl::StatusOr<RankLaunch> PlanRankLaunch(const AgentConfig& config, const std::
   env["GRADHUB_METRICS_SERVER"] = config.metrics_server;
   env["GRADHUB_NODE_NAME"] = config.name;
   env["GRADHUB_NODE_SESSION"] = session_id;
-  if (!assignment.device_indices().empty()) {
-    env["CUDA_VISIBLE_DEVICES"] = absl::StrJoin(assignment.device_indices(), ",");
-  }
+  SetDeviceEnvironment(config.devices, assignment, &env);
   env["GRADHUB_DATA_ROOTS"] = JoinRootList(config.isolation.data_roots);
   env["GRADHUB_MAX_INPUT_BYTES"] = absl::StrCat(config.isolation.max_input_bytes);
   env["GRADHUB_MEMORY_LIMIT_BYTES"] = absl::StrCat(config.isolation.memory_limit_bytes);

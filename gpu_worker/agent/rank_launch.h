@@ -29,8 +29,11 @@ struct RankLaunch {
   //   GRADHUB_STORE=grpc://<store_address> (empty without one: a world of 1 needs none),
   //   GRADHUB_TOKEN=<node token>, GRADHUB_CHECKPOINT_DIR, GRADHUB_CHECKPOINT_SERVER,
   //   GRADHUB_METRICS_SERVER, GRADHUB_NODE_NAME and GRADHUB_NODE_SESSION (which bind the
-  //   rank's calls to the checkpoint store to this node), and CUDA_VISIBLE_DEVICES from
-  //   device_indices when there are any; GRADHUB_DATA_ROOTS (':'-separated, possibly empty),
+  //   rank's calls to the checkpoint store to this node); CUDA_VISIBLE_DEVICES: the GPUs of
+  //   device_indices as config.devices names them, empty for none (the rank then sees no
+  //   GPU); GRADHUB_DEVICE: cuda when the node is a CUDA node and the rank has a GPU, else
+  //   cpu; GRADHUB_BACKEND: the spec's backend with AUTO resolved here (NCCL on cuda, GLOO on
+  //   cpu); GRADHUB_DATA_ROOTS (':'-separated, possibly empty),
   //   GRADHUB_MAX_INPUT_BYTES and GRADHUB_MEMORY_LIMIT_BYTES from config.isolation (the
   //   trainer's input policy and its out-of-memory message).
   std::map<std::string, std::string> env;

@@ -1,8 +1,6 @@
 #include "gpu_worker/agent/rank_process.h"
 
 #include <fcntl.h>
-#include <google/protobuf/struct.pb.h>
-#include <google/protobuf/util/json_util.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/eventfd.h>
@@ -25,6 +23,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gpu_worker/agent/leftovers.h"
+#include "services/common/contract/progress_record.h"
 
 extern char** environ;
 
@@ -312,14 +311,11 @@ void ResetSignals() {
   _exit(127);
 }
 
+// The step of a trainer's progress record (any of its events), or nullopt for other lines.
 std::optional<int64_t> ProgressStep(const std::string& text) {
-  const size_t first = text.find_first_not_of(" \t");
-  if (first == std::string::npos || text[first] != '{') return std::nullopt;
-  google::protobuf::Struct object;
-  if (!google::protobuf::util::JsonStringToMessage(text, &object).ok()) return std::nullopt;
-  const auto it = object.fields().find("step");
-  if (it == object.fields().end() || !it->second.has_number_value()) return std::nullopt;
-  return static_cast<int64_t>(it->second.number_value());
+  const std::optional<ProgressRecord> record = ParseProgressRecord(text);
+  if (!record) return std::nullopt;
+  return record->step;
 }
 
 // The process-wide forking, reading and reaping thread (see rank_process.h). Created on first

@@ -130,8 +130,8 @@ struct RankProcessStatus {
   bool exited = false;
   int exit_code = 0;  // set once exited by a normal exit
   int signal = 0;     // set once exited by a signal
-  // From stdout lines that are JSON objects with a numeric "step" (the trainer's progress,
-  // eval and done events): the highest step seen and when its line was read.
+  // From the trainer's progress records on stdout (any event, progress_record.h): the highest
+  // step seen and when its line was read.
   int64_t last_step = 0;
   absl::Time last_step_time = absl::InfinitePast();
   // The last non-empty stderr line, at most kMaxMessageBytes.

@@ -6,7 +6,7 @@
 namespace gradhub::data {
 
 BatchLoader::BatchLoader(const Dataset& dataset, std::vector<int64_t> indices, int64_t batch_size,
-                         bool drop_last, int prefetch, int64_t start_batch)
+                         bool drop_last, int prefetch, int64_t start_batch, bool pin_memory)
     : dataset_(dataset),
       indices_(std::move(indices)),
       batch_size_(batch_size),
@@ -16,6 +16,7 @@ BatchLoader::BatchLoader(const Dataset& dataset, std::vector<int64_t> indices, i
                        : (static_cast<int64_t>(indices_.size()) + batch_size - 1) / batch_size),
       prefetch_(std::max(1, prefetch)),
       next_to_build_(std::max<int64_t>(0, start_batch)),
+      pin_memory_(pin_memory),
       thread_([this] { Produce(); }) {
   if (batch_size <= 0) throw std::invalid_argument("BatchLoader: batch size must be positive");
 }
@@ -44,6 +45,10 @@ void BatchLoader::Produce() {
                                                             (batch + 1) * batch_size_);
       at::Tensor x, y;
       dataset_.Batch(std::vector<int64_t>(begin, end), &x, &y);
+      if (pin_memory_) {
+        x = x.pin_memory();
+        y = y.pin_memory();
+      }
       {
         std::lock_guard<std::mutex> lock(mutex_);
         ready_.emplace_back(std::move(x), std::move(y));

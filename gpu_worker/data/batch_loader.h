@@ -21,8 +21,11 @@ namespace gradhub::data {
 class BatchLoader {
  public:
   // Starts at batch number `start_batch` (a resumed run skips what it already trained on).
+  // `pin_memory` (CUDA training only: pinning needs the CUDA runtime): batches are built in
+  // page-locked host memory, on the loading thread, so that the trainer's copies to the GPU
+  // can be asynchronous (non_blocking) and overlap the step before.
   BatchLoader(const Dataset& dataset, std::vector<int64_t> indices, int64_t batch_size,
-              bool drop_last, int prefetch, int64_t start_batch = 0);
+              bool drop_last, int prefetch, int64_t start_batch = 0, bool pin_memory = false);
   ~BatchLoader();
   BatchLoader(const BatchLoader&) = delete;
   BatchLoader& operator=(const BatchLoader&) = delete;
@@ -39,6 +42,7 @@ class BatchLoader {
   const int64_t num_batches_;
   const size_t prefetch_;
   int64_t next_to_build_;
+  const bool pin_memory_;
 
   std::mutex mutex_;
   std::condition_variable changed_;

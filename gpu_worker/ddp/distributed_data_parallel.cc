@@ -32,20 +32,27 @@ std::string Describe(const int64_t* signature, size_t* position) {
   return text.str();
 }
 
-// Every rank's vector, padded with -1 to the longest.
-std::vector<std::vector<int64_t>> AllGather(ProcessGroup& group, std::vector<int64_t> values) {
-  at::Tensor length = at::tensor({static_cast<int64_t>(values.size())}, at::kLong);
+// Every rank's vector, padded with -1 to the longest. The tensors travel on `device`, the
+// parameters' (an NCCL group moves only tensors on its GPU), and are read back on the CPU.
+std::vector<std::vector<int64_t>> AllGather(ProcessGroup& group, std::vector<int64_t> values,
+                                            const c10::Device& device) {
+  const auto options = at::TensorOptions().dtype(at::kLong).device(device);
+  at::Tensor length = at::tensor({static_cast<int64_t>(values.size())}, at::kLong).to(device);
   std::vector<at::Tensor> lengths;
-  for (int r = 0; r < group.size(); ++r) lengths.push_back(at::empty({1}, at::kLong));
+  for (int r = 0; r < group.size(); ++r) lengths.push_back(at::empty({1}, options));
   group.AllGather(lengths, length)->Wait();
   int64_t longest = 0;
-  for (const auto& l : lengths) longest = std::max(longest, l.item<int64_t>());
+  for (auto& l : lengths) {
+    l = l.cpu();
+    longest = std::max(longest, l.item<int64_t>());
+  }
   values.resize(longest, -1);
   std::vector<at::Tensor> gathered;
-  for (int r = 0; r < group.size(); ++r) gathered.push_back(at::empty({longest}, at::kLong));
-  group.AllGather(gathered, at::tensor(values, at::kLong))->Wait();
+  for (int r = 0; r < group.size(); ++r) gathered.push_back(at::empty({longest}, options));
+  group.AllGather(gathered, at::tensor(values, at::kLong).to(device))->Wait();
   std::vector<std::vector<int64_t>> result;
   for (int r = 0; r < group.size(); ++r) {
+    gathered[r] = gathered[r].cpu();
     const int64_t* data = gathered[r].data_ptr<int64_t>();
     result.emplace_back(data, data + longest);
     result.back().resize(lengths[r].item<int64_t>());
@@ -59,7 +66,8 @@ void VerifySameParameters(ProcessGroup& group, const std::vector<std::string>& n
                           const std::vector<at::Tensor>& parameters) {
   std::vector<int64_t> mine = Signature(parameters);
   mine.insert(mine.begin(), static_cast<int64_t>(parameters.size()));
-  const auto all = AllGather(group, mine);
+  const auto all =
+      AllGather(group, mine, parameters.empty() ? c10::Device(c10::kCPU) : parameters[0].device());
   const std::vector<int64_t>& reference = all[0];
   for (int r = 1; r < group.size(); ++r) {
     const std::vector<int64_t>& theirs = all[r];

@@ -140,8 +140,11 @@ void Reducer::RebuildBucketsFromRank0() {
   if (ready_order_.size() == parameters_.size()) {
     std::copy(ready_order_.begin(), ready_order_.end(), order.begin());
   }
-  at::Tensor shared = at::tensor(order, at::kLong);
+  // On the parameters' device: an NCCL group moves only tensors on its GPU.
+  const c10::Device device = parameters_.empty() ? c10::Device(c10::kCPU) : parameters_[0].device();
+  at::Tensor shared = at::tensor(order, at::kLong).to(device);
   group_->Broadcast({shared}, 0)->Wait();
+  shared = shared.cpu();
   if (shared[0].item<int64_t>() < 0) return;  // rank 0 saw an incomplete step: keep buckets
   std::vector<size_t> agreed(parameters_.size());
   const int64_t* data = shared.data_ptr<int64_t>();

@@ -10,11 +10,26 @@
 #endif
 
 #include <cstdio>
+#include <fstream>
+#include <regex>
 
 namespace gradhub::devices {
 namespace {
 
 #if GRADHUB_HAVE_CUDA
+// The kernel module's version, which nvidia-smi calls the driver version: the CUDA runtime
+// only knows the CUDA version the driver supports. Read from the file the module publishes,
+// so no NVML is linked: "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  ...", or
+// "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  550.54.15  ..." for the open one.
+std::string KernelDriverVersion() {
+  std::ifstream in("/proc/driver/nvidia/version");
+  std::string line;
+  if (!std::getline(in, line)) return "";
+  std::smatch match;
+  static const std::regex kVersion(R"(Kernel Module(?: for \S+)?\s+([0-9]+\.[0-9.]+))");
+  return std::regex_search(line, match, kVersion) ? match[1].str() : "";
+}
+
 std::string FormatUuid(const cudaUUID_t& uuid) {
   // The same spelling as nvidia-smi -L, so operators can match devices.
   std::string text = "GPU-";
@@ -38,6 +53,11 @@ DeviceInventory DiscoverDevices() {
 #endif
 #if GRADHUB_HAVE_CUDA
   inventory.cuda_built = true;
+  inventory.driver_version = KernelDriverVersion();
+  if (int version = 0; cudaDriverGetVersion(&version) == cudaSuccess && version > 0) {
+    inventory.cuda_driver_version =
+        std::to_string(version / 1000) + "." + std::to_string(version % 1000 / 10);
+  }
   int count = 0;
   cudaError_t error = cudaGetDeviceCount(&count);
   if (error != cudaSuccess) {

@@ -23,6 +23,10 @@ struct DeviceInventory {
   int nccl_version = 0;  // NCCL_VERSION_CODE-style number of the linked library, 0 without
   std::vector<GpuInfo> gpus;
   std::string gpu_unavailable_reason;
+  // Node-wide, empty when unknown: the NVIDIA kernel driver ("550.54.15", from
+  // /proc/driver/nvidia/version) and the newest CUDA version it supports ("12.4").
+  std::string driver_version;
+  std::string cuda_driver_version;
 };
 
 DeviceInventory DiscoverDevices();

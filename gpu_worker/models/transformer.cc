@@ -30,7 +30,8 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
     at::Tensor scores = torch::matmul(qkv[0], qkv[1].transpose(-2, -1)) /
                         std::sqrt(static_cast<double>(head_width));
     const at::Tensor future =
-        torch::ones({time, time}, torch::TensorOptions().dtype(torch::kBool)).triu(1);
+        torch::ones({time, time}, torch::TensorOptions().dtype(torch::kBool).device(x.device()))
+            .triu(1);
     scores = scores.masked_fill(future, -std::numeric_limits<float>::infinity());
     at::Tensor attention = torch::softmax(scores, -1);
     if (dropout_ > 0) attention = torch::dropout(attention, dropout_, is_training());

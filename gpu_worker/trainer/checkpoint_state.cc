@@ -19,6 +19,11 @@ constexpr char kSpec[] = "spec";
 // Added with sharded and per-rank state: "rank_state_<rank>", a SerializeRankState each.
 constexpr char kRankState[] = "rank_state_";
 constexpr char kPowerSgd[] = "powersgd";
+// Added with precision FP16: ddp::LossScaler::State, an archive of three scalar tensors.
+constexpr char kLossScaler[] = "loss_scaler";
+constexpr char kScale[] = "scale";
+constexpr char kGrowthTracker[] = "growth_tracker";
+constexpr char kSkippedSteps[] = "skipped_steps";
 
 std::string ArchiveBytes(torch::serialize::OutputArchive& archive) {
   std::string bytes;
@@ -46,6 +51,28 @@ std::string ChangedFields(const v1::JobSpec& saved, const v1::JobSpec& now) {
     if (c == '\n') c = ';';
   }
   return report;
+}
+
+void WriteLossScaler(const ddp::LossScaler::State& state,
+                     torch::serialize::OutputArchive& archive) {
+  torch::serialize::OutputArchive part;
+  part.write(kScale, torch::tensor(state.scale, at::kDouble));
+  part.write(kGrowthTracker, torch::tensor(state.growth_tracker, at::kLong));
+  part.write(kSkippedSteps, torch::tensor(state.skipped_steps, at::kLong));
+  archive.write(kLossScaler, part);
+}
+
+// Leaves `state` as it is when the archive has none (a checkpoint from before FP16).
+void ReadLossScaler(torch::serialize::InputArchive& archive, ddp::LossScaler::State& state) {
+  torch::serialize::InputArchive part;
+  if (!archive.try_read(kLossScaler, part)) return;
+  at::Tensor scale, growth_tracker, skipped_steps;
+  part.read(kScale, scale);
+  part.read(kGrowthTracker, growth_tracker);
+  part.read(kSkippedSteps, skipped_steps);
+  state.scale = scale.item<double>();
+  state.growth_tracker = growth_tracker.item<int64_t>();
+  state.skipped_steps = skipped_steps.item<int64_t>();
 }
 
 }  // namespace
@@ -91,10 +118,11 @@ std::string SerializeRankState(const RankStateParts& parts) {
   return ArchiveBytes(archive);
 }
 
-void RestoreRankState(const std::string& bytes, const RankStateParts& parts) {
+void RestoreRankState(const std::string& bytes, const RankStateParts& parts,
+                      const c10::Device& device) {
   torch::serialize::InputArchive archive;
   std::istringstream in(bytes);
-  archive.load_from(in);
+  archive.load_from(in, device);
   if (parts.module) {
     torch::serialize::InputArchive part;
     archive.read(kModel, part);
@@ -114,7 +142,8 @@ void RestoreRankState(const std::string& bytes, const RankStateParts& parts) {
 
 std::string SerializeState(torch::nn::Module& module, torch::optim::Optimizer* optimizer,
                            int64_t step, const v1::JobSpec& spec,
-                           const std::vector<std::string>& rank_states) {
+                           const std::vector<std::string>& rank_states,
+                           const ddp::LossScaler::State* loss_scaler) {
   torch::serialize::OutputArchive archive, model_archive, optimizer_archive;
   module.save(model_archive);
   archive.write(kModel, model_archive);
@@ -127,6 +156,7 @@ std::string SerializeState(torch::nn::Module& module, torch::optim::Optimizer* o
   for (size_t rank = 0; rank < rank_states.size(); ++rank) {
     archive.write(kRankState + std::to_string(rank), c10::IValue(rank_states[rank]));
   }
+  if (loss_scaler) WriteLossScaler(*loss_scaler, archive);
   // Appended straight into one string reserved for the whole state: an ostringstream would
   // copy every byte again on each growth and once more in str().
   std::string bytes;
@@ -144,10 +174,14 @@ std::string SerializeState(torch::nn::Module& module, torch::optim::Optimizer* o
 
 int64_t RestoreState(const std::string& bytes, torch::nn::Module& module,
                      torch::optim::Optimizer* optimizer, const v1::JobSpec& spec, int rank,
-                     std::string* rank_state) {
+                     std::string* rank_state, const c10::Device& device,
+                     ddp::LossScaler::State* loss_scaler) {
   torch::serialize::InputArchive archive, model_archive, optimizer_archive;
   std::istringstream in(bytes);
-  archive.load_from(in);
+  // Read straight onto the module's device: a tensor read onto another device would replace
+  // the parameter's data (set_data) rather than fill it, and a CUDA tensor cannot be read at
+  // all where there is no GPU.
+  archive.load_from(in, device);
   c10::IValue saved_spec;
   if (archive.try_read(kSpec, saved_spec)) {
     v1::JobSpec saved;
@@ -172,6 +206,7 @@ int64_t RestoreState(const std::string& bytes, torch::nn::Module& module,
     *rank_state = archive.try_read(kRankState + std::to_string(rank), saved) ? saved.toStringRef()
                                                                              : std::string();
   }
+  if (loss_scaler) ReadLossScaler(archive, *loss_scaler);
   at::Tensor step;
   archive.read(kStep, step);
   return step.item<int64_t>();

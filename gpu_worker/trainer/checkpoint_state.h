@@ -4,10 +4,13 @@
 // random numbers are functions of (seed, rank, step), so no generator state is stored.
 #pragma once
 
+#include <c10/core/Device.h>
+
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "gpu_worker/ddp/mixed_precision.h"
 #include "gradhub/v1/jobs.pb.h"
 
 namespace torch {
@@ -36,7 +39,9 @@ struct RankStateParts {
   bool empty() const { return !module && !optimizer && !powersgd; }
 };
 std::string SerializeRankState(const RankStateParts& parts);
-void RestoreRankState(const std::string& bytes, const RankStateParts& parts);
+// Tensors are read onto `device` (map_location), whatever device they were saved from.
+void RestoreRankState(const std::string& bytes, const RankStateParts& parts,
+                      const c10::Device& device = c10::kCPU);
 
 // The spec with every field cleared that cannot change the parameters a run ends with, so two
 // specs that differ only there resume each other's checkpoints. Harmless: displayName, labels,
@@ -49,18 +54,27 @@ void RestoreRankState(const std::string& bytes, const RankStateParts& parts);
 v1::JobSpec ResumeRelevantSpec(const v1::JobSpec& spec_with_defaults);
 
 // The archive's bytes (torch's zip format), a copy in host memory that training may run on
-// from while it is uploaded. `optimizer` null: its state is in `rank_states` only (ZeRO).
-// `rank_states`: SerializeRankState of every rank, in rank order, or empty.
+// from while it is uploaded. Tensors on a GPU are copied out as they are written (the archive
+// records their device; RestoreState maps them to the device it is given, so a checkpoint
+// saved on a GPU loads on a CPU-only node and back). `optimizer` null: its state is in
+// `rank_states` only (ZeRO). `rank_states`: SerializeRankState of every rank, in rank order, or
+// empty. `loss_scaler` (precision FP16; null otherwise): the scaler's state, the same on every
+// rank (every rank skips the same steps), so saved once.
 std::string SerializeState(torch::nn::Module& module, torch::optim::Optimizer* optimizer,
                            int64_t step, const v1::JobSpec& spec_with_defaults,
-                           const std::vector<std::string>& rank_states = {});
+                           const std::vector<std::string>& rank_states = {},
+                           const ddp::LossScaler::State* loss_scaler = nullptr);
 
-// Loads the state into `module` and `optimizer` (unless null) and returns its step; with
+// Loads the state into `module` and `optimizer` (unless null), every tensor read onto
+// `device` (the module's: torch's map_location), and returns its step; with
 // `rank_state`, sets it to rank `rank`'s saved rank state (empty when the checkpoint has
-// none). Throws UserError ("spec") naming the changed fields when the checkpoint was written
-// under a spec whose ResumeRelevantSpec differs.
+// none); with `loss_scaler`, sets it to the saved scaler state, or leaves it as it is (the
+// scaler's initial state) when the checkpoint has none. Throws UserError ("spec") naming the
+// changed fields when the checkpoint was written under a spec whose ResumeRelevantSpec differs.
 int64_t RestoreState(const std::string& bytes, torch::nn::Module& module,
                      torch::optim::Optimizer* optimizer, const v1::JobSpec& spec_with_defaults,
-                     int rank = 0, std::string* rank_state = nullptr);
+                     int rank = 0, std::string* rank_state = nullptr,
+                     const c10::Device& device = c10::kCPU,
+                     ddp::LossScaler::State* loss_scaler = nullptr);
 
 }  // namespace gradhub::trainer

@@ -3,6 +3,7 @@
 #include <signal.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <iostream>
 #include <memory>
 #include <new>
@@ -18,6 +19,7 @@
 #include "gpu_worker/trainer/trainer.h"
 #include "services/common/abseil_mode.h"
 #include "services/common/contract/data_paths.h"
+#include "services/common/contract/defaults.h"
 #include "services/common/contract/input_file.h"
 #include "services/common/contract/job_spec.h"
 #include "services/common/contract/trainer_exit_codes.h"
@@ -45,7 +47,10 @@ struct TrainerConfig {
   std::string node;
   std::string node_session;
   int64_t threads = 0;
-  absl::Duration collective_timeout = absl::Seconds(60);
+  // Set by the agent from the node it runs on (gpu_worker/agent/rank_launch.h).
+  std::string device = "cpu";
+  std::string backend;
+  absl::Duration collective_timeout = absl::FromChrono(defaults::kCollectiveTimeout);
   absl::Duration preempt_grace = absl::Seconds(8);
   // The node's input policy (services/common/contract/input_file.h), set by the agent.
   std::string data_roots = "*";
@@ -86,6 +91,12 @@ struct TrainerConfig {
                   "On SIGTERM, how long rank 0 may take to commit its last checkpoint")
         .Int("threads", "GRADHUB_THREADS", &threads,
              "Intra-op threads; 0 = cores divided by local ranks")
+        .String("device", "GRADHUB_DEVICE", &device,
+                "cpu, or cuda: train on the GPU CUDA_VISIBLE_DEVICES gives this rank (cuda:0; "
+                "without it cuda:<local rank>) (set by the agent)")
+        .String("backend", "GRADHUB_BACKEND", &backend,
+                "NCCL or GLOO: what the spec's backend AUTO becomes (set by the agent from the "
+                "node's kind); empty = NCCL on cuda, GLOO on cpu")
         .Duration("collective-timeout", "GRADHUB_COLLECTIVE_TIMEOUT", &collective_timeout,
                   "A collective that does not complete in this time fails the rank")
         .String("data-roots", "GRADHUB_DATA_ROOTS", &data_roots,
@@ -147,6 +158,20 @@ std::shared_ptr<trainer::TelemetrySink> OpenTelemetry(const TrainerConfig& confi
   options.rank = static_cast<int32_t>(config.rank);
   options.node = config.node.empty() ? "" : "nodes/" + config.node;
   return std::make_shared<trainer::MetricsTelemetrySink>(options);
+}
+
+// --device and --backend into the trainer's options; UserError naming the flag otherwise.
+void SetPlacement(const TrainerConfig& config, trainer::TrainerOptions* options) {
+  if (config.device == "cuda") {
+    options->device = trainer::DeviceKind::kCuda;
+  } else if (config.device != "cpu") {
+    throw UserError("--device", "'" + config.device + "' is not cpu or cuda");
+  }
+  if (!config.backend.empty() &&
+      (!v1::DistributedSpec::Backend_Parse(config.backend, &options->backend) ||
+       options->backend == v1::DistributedSpec::AUTO)) {
+    throw UserError("--backend", "'" + config.backend + "' is not NCCL or GLOO");
+  }
 }
 
 InputPolicy InputPolicyOf(const TrainerConfig& config) {
@@ -225,6 +250,12 @@ int main(int argc, char** argv) {
         static_cast<int>(config.local_world_size > 0 ? config.local_world_size : config.world_size);
     options.store = OpenStore(config);
     options.threads = static_cast<int>(config.threads);
+    SetPlacement(config, &options);
+    // What this rank was started with, in its log: where it trains is decided from these.
+    const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+    std::cerr << who << "GRADHUB_DEVICE=" << config.device
+              << " GRADHUB_BACKEND=" << (config.backend.empty() ? "(unset)" : config.backend)
+              << " CUDA_VISIBLE_DEVICES=" << (visible ? visible : "(unset)") << "\n";
     options.collective_timeout = absl::ToChronoMilliseconds(config.collective_timeout);
     options.checkpoints = OpenCheckpoints(config, spec);
     options.telemetry = OpenTelemetry(config);
@@ -249,6 +280,9 @@ int main(int argc, char** argv) {
       return trainer::kExitPreempted;
     }
     std::cerr << who << "lost its peers: " << error.what() << "\n";
+    return trainer::kExitInfrastructure;
+  } catch (const trainer::DeviceUnavailable& error) {
+    std::cerr << who << "no GPU: " << error.what() << "\n";
     return trainer::kExitInfrastructure;
   } catch (const ddp::StoreError& error) {
     std::cerr << who << "rendezvous failed: " << error.what() << "\n";

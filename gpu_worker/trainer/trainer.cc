@@ -4,12 +4,11 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
-#include <iomanip>
 #include <iostream>
 #include <limits>
 #include <optional>
-#include <sstream>
 #include <thread>
 
 #include "gpu_worker/data/batch_loader.h"
@@ -24,8 +23,8 @@
 #include "gpu_worker/trainer/checkpoint_state.h"
 #include "gpu_worker/trainer/optimization.h"
 #include "services/common/contract/job_spec.h"
+#include "services/common/contract/progress_record.h"
 #include "services/common/contract/user_error.h"
-#include "services/common/json_text.h"
 #include "services/common/sha256.h"
 
 namespace gradhub::trainer {
@@ -46,32 +45,6 @@ using Clock = std::chrono::steady_clock;
 double Seconds(std::chrono::nanoseconds duration) {
   return std::chrono::duration<double>(duration).count();
 }
-
-// One JSON object per line; keys in insertion order, numbers printed exactly enough.
-class JsonLine {
- public:
-  JsonLine& Add(const std::string& key, double value) {
-    std::ostringstream number;
-    if (std::isfinite(value)) {
-      number << std::setprecision(9) << value;
-    } else {
-      number << "null";
-    }
-    return Raw(key, number.str());
-  }
-  JsonLine& Add(const std::string& key, int64_t value) { return Raw(key, std::to_string(value)); }
-  JsonLine& Add(const std::string& key, const std::string& value) {
-    return Raw(key, QuoteJson(value));
-  }
-  std::string str() const { return "{" + body_ + "}"; }
-
- private:
-  JsonLine& Raw(const std::string& key, const std::string& value) {
-    body_ += (body_.empty() ? "\"" : ",\"") + key + "\":" + value;
-    return *this;
-  }
-  std::string body_;
-};
 
 // The generator is reseeded every step from (seed, rank, step): dropout masks differ between
 // ranks and steps, yet a run resumed at step s draws exactly what the uninterrupted run drew,
@@ -105,18 +78,83 @@ std::string ParametersSha256(torch::nn::Module& module) {
   return Sha256Hex(bytes);
 }
 
+// Where one rank trains and how it reduces, from the spec's backend and what the agent said
+// (TrainerOptions::device and ::backend).
+struct Placement {
+  // Of the model, its optimizer state, the batches and every tensor a collective moves.
+  c10::Device device = c10::kCPU;
+  ddp::Backend backend = ddp::Backend::kGloo;
+  bool cuda() const { return device.is_cuda(); }
+};
+
+Placement ResolvePlacement(const v1::JobSpec& spec, const TrainerOptions& options) {
+  using Spec = v1::DistributedSpec;
+  const bool gpu = options.device == DeviceKind::kCuda;
+  Spec::Backend backend = spec.distributed().backend();
+  if (backend == Spec::AUTO) backend = options.backend;
+  if (backend == Spec::AUTO) backend = gpu ? Spec::NCCL : Spec::GLOO;
+  Placement placement;
+  if (backend == Spec::GLOO) return placement;  // Gloo reduces CPU tensors: train on the CPU
+  if (!gpu) {
+    throw UserError("distributed.backend",
+                    "NCCL needs a GPU node; this rank runs on a CPU node (GRADHUB_DEVICE=cpu): "
+                    "use AUTO or GLOO there, or a nodeSelector that picks GPU nodes");
+  }
+  if (!torch::cuda::is_available()) {
+    const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+    throw DeviceUnavailable(
+        std::string("this rank was given a GPU (GRADHUB_DEVICE=cuda, CUDA_VISIBLE_DEVICES=") +
+        (visible ? visible : "unset") +
+        ") but can use none: a libtorch without CUDA, no NVIDIA driver, or no such device");
+  }
+  placement.backend = ddp::Backend::kNccl;
+  // cuda:0 under the agent (CUDA_VISIBLE_DEVICES shows the rank its GPU alone); by hand on a
+  // machine with several, the local rank's, as torchrun does.
+  const int64_t visible = static_cast<int64_t>(torch::cuda::device_count());
+  placement.device =
+      c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(options.local_rank % visible));
+  return placement;
+}
+
+// A batch onto the training device. From pinned memory (BatchLoader's pin_memory) the copy is
+// asynchronous: queued on the stream ahead of the step's kernels, with no wait on the host.
+at::Tensor ToDevice(const at::Tensor& tensor, const c10::Device& device) {
+  return device.is_cpu() ? tensor : tensor.to(device, /*non_blocking=*/true);
+}
+
+// torch::nn::utils::clip_grad_norm_ returns the total norm as a double, which waits for the
+// GPU at every step; this scales the gradients by the same clamp(max_norm / (norm + 1e-6), 1)
+// without reading anything back. The CPU keeps torch's.
+void ClipGradNormOnDevice(const std::vector<at::Tensor>& parameters, double max_norm) {
+  torch::NoGradGuard no_grad;
+  std::vector<at::Tensor> norms;
+  for (const at::Tensor& p : parameters) {
+    if (p.grad().defined()) norms.push_back(p.grad().norm(2));
+  }
+  if (norms.empty()) return;
+  const at::Tensor coefficient =
+      torch::clamp_max(max_norm / (torch::stack(norms).norm(2) + 1e-6), 1.0);
+  for (const at::Tensor& p : parameters) {
+    if (p.grad().defined()) p.grad().mul_(coefficient);
+  }
+}
+
 struct EvalResult {
   double loss = 0;
   std::map<std::string, double> metrics;
 };
 
-// Forward and loss in its scope run under autocast to bfloat16 when the spec asks for BF16;
-// nothing changes otherwise. (FP16 never gets here: CheckedSpec refuses it on CPU.)
+// Forward and loss in its scope run under autocast to bfloat16 when the spec asks for BF16,
+// and to float16 for FP16 on a GPU; nothing changes otherwise. (FP16 on the CPU runs only
+// under TrainerOptions::fp16_scaling_on_cpu_for_test, without autocast: the CPU's has no
+// float16.) `device`: the training device's type, whose autocast is turned on.
 class PrecisionScope {
  public:
-  explicit PrecisionScope(const v1::JobSpec& spec) {
-    if (spec.precision() == v1::JobSpec::BF16)
-      autocast_.emplace(c10::DeviceType::CPU, at::kBFloat16);
+  PrecisionScope(const v1::JobSpec& spec, c10::DeviceType device) {
+    if (spec.precision() == v1::JobSpec::BF16) autocast_.emplace(device, at::kBFloat16);
+    if (spec.precision() == v1::JobSpec::FP16 && device == c10::DeviceType::CUDA) {
+      autocast_.emplace(device, at::kHalf);
+    }
   }
 
  private:
@@ -124,37 +162,44 @@ class PrecisionScope {
 };
 
 // Each rank evaluates every world_size-th validation example; sums are reduced so every
-// rank reports the same numbers.
-
+// rank reports the same numbers. The sums stay on `device` (float64) until reduced: one read
+// of three numbers per evaluation, not one per batch.
 EvalResult Evaluate(models::Model& model, const data::Dataset& dataset,
                     const std::vector<int64_t>& validation, const TrainerOptions& options,
-                    ddp::ProcessGroup& group, int64_t batch_size, const v1::JobSpec& spec) {
+                    ddp::ProcessGroup& group, int64_t batch_size, const v1::JobSpec& spec,
+                    const c10::Device& device) {
   std::vector<int64_t> mine;
   for (size_t i = options.rank; i < validation.size(); i += options.world_size) {
     mine.push_back(validation[i]);
   }
   model.module()->eval();
-  double loss_sum = 0, correct = 0, count = 0;
+  const auto sum_options = at::TensorOptions().dtype(at::kDouble).device(device);
+  at::Tensor loss_sum = torch::zeros({}, sum_options), correct = torch::zeros({}, sum_options);
+  double count = 0;
   {
     torch::NoGradGuard no_grad;
-    data::BatchLoader loader(dataset, mine, batch_size, /*drop_last=*/false, /*prefetch=*/2);
+    data::BatchLoader loader(dataset, mine, batch_size, /*drop_last=*/false, /*prefetch=*/2,
+                             /*start_batch=*/0, /*pin_memory=*/device.is_cuda());
     at::Tensor x, y;
     while (loader.Next(&x, &y)) {
-      PrecisionScope precision(spec);
+      x = ToDevice(x, device);
+      y = ToDevice(y, device);
+      PrecisionScope precision(spec, device.type());
       at::Tensor output = model.Forward(x);
       const double items = dataset.shape().task == Task::kLanguageModel
                                ? static_cast<double>(y.numel())
                                : static_cast<double>(y.size(0));
-      loss_sum += Loss(dataset.shape().task, output, y).item<double>() * items;
+      loss_sum += Loss(dataset.shape().task, output, y).to(at::kDouble) * items;
       if (dataset.shape().task == Task::kClassification) {
-        correct += output.argmax(1).eq(y).sum().item<double>();
+        correct += output.argmax(1).eq(y).sum().to(at::kDouble);
       }
       count += items;
     }
   }
   model.module()->train();
-  at::Tensor sums = torch::tensor({loss_sum, correct, count}, at::kDouble);
+  at::Tensor sums = torch::stack({loss_sum, correct, torch::full({}, count, sum_options)});
   group.AllReduce(sums, ddp::ReduceOp::kSum)->Wait();
+  sums = sums.cpu();
   EvalResult result;
   const double total = sums[2].item<double>();
   result.loss = total > 0 ? sums[0].item<double>() / total : 0;
@@ -169,32 +214,44 @@ EvalResult Evaluate(models::Model& model, const data::Dataset& dataset,
 
 // Sends `bytes` from rank 0 to every rank (the others pass nullopt and get rank 0's value).
 // nullopt everywhere when rank 0 has none. Two broadcasts: the length, then the bytes, padded
-// to whole int64 elements because the process groups move typed tensors.
+// to whole int64 elements because the process groups move typed tensors. They travel on
+// `device` (an NCCL group moves only tensors on its GPU) and are read back on the CPU.
 std::optional<std::string> BroadcastBytes(ddp::ProcessGroup& group,
-                                          std::optional<std::string> bytes) {
-  at::Tensor length = torch::tensor({bytes ? static_cast<int64_t>(bytes->size()) : int64_t{-1}});
+                                          std::optional<std::string> bytes,
+                                          const c10::Device& device) {
+  at::Tensor length =
+      torch::tensor({bytes ? static_cast<int64_t>(bytes->size()) : int64_t{-1}}).to(device);
   group.Broadcast({length}, 0)->Wait();
   const int64_t size = length.item<int64_t>();
   if (size < 0) return std::nullopt;
   at::Tensor payload = torch::zeros({(size + 7) / 8}, at::kLong);
   if (group.rank() == 0) std::memcpy(payload.data_ptr(), bytes->data(), bytes->size());
+  payload = payload.to(device);
   group.Broadcast({payload}, 0)->Wait();
+  payload = payload.cpu();
   return std::string(static_cast<const char*>(payload.data_ptr()), static_cast<size_t>(size));
 }
 
 // Every rank's `bytes`, in rank order, on every rank: lengths first, then the bytes padded to
-// the longest (as int64 elements, which the process groups move).
-std::vector<std::string> AllGatherBytes(ddp::ProcessGroup& group, const std::string& bytes) {
+// the longest (as int64 elements, which the process groups move), on `device` as above.
+std::vector<std::string> AllGatherBytes(ddp::ProcessGroup& group, const std::string& bytes,
+                                        const c10::Device& device) {
+  const auto on_device = at::TensorOptions().dtype(at::kLong).device(device);
   std::vector<at::Tensor> lengths;
-  for (int r = 0; r < group.size(); ++r) lengths.push_back(torch::empty({1}, at::kLong));
-  group.AllGather(lengths, torch::tensor({static_cast<int64_t>(bytes.size())}))->Wait();
+  for (int r = 0; r < group.size(); ++r) lengths.push_back(torch::empty({1}, on_device));
+  group.AllGather(lengths, torch::tensor({static_cast<int64_t>(bytes.size())}).to(device))->Wait();
   int64_t longest = 1;
-  for (const at::Tensor& length : lengths) longest = std::max(longest, length.item<int64_t>());
+  for (at::Tensor& length : lengths) {
+    length = length.cpu();
+    longest = std::max(longest, length.item<int64_t>());
+  }
   at::Tensor mine = torch::zeros({(longest + 7) / 8}, at::kLong);
   std::memcpy(mine.data_ptr(), bytes.data(), bytes.size());
+  mine = mine.to(device);
   std::vector<at::Tensor> all;
   for (int r = 0; r < group.size(); ++r) all.push_back(torch::empty_like(mine));
   group.AllGather(all, mine)->Wait();
+  for (at::Tensor& part : all) part = part.cpu();
   std::vector<std::string> result;
   for (int r = 0; r < group.size(); ++r) {
     result.emplace_back(static_cast<const char*>(all[r].data_ptr()),
@@ -213,7 +270,8 @@ struct Interval {
 
 // One rank's training run. The constructor sets everything up; Run() resumes, then steps
 // until the end, reporting, evaluating and checkpointing between steps:
-//   setup    spec, threads, data, process group, model, optimizer, step plan
+//   setup    spec, device and backend, threads, data, process group, model (moved to its
+//            device before the optimizer sees it), optimizer, step plan
 //   resume   rank 0 loads the latest checkpoint and broadcasts it; then DDP is built
 //   step     forward/backward over the micro-batches, optimizer step
 //   report   a progress line every log_every_steps (loss averaged over ranks)
@@ -227,7 +285,11 @@ class TrainingRun {
       : options_(options),
         log_(options.log ? *options.log : std::cerr),
         leader_(options.rank == 0),
-        spec_(CheckedSpec(user_spec, options)) {
+        spec_(CheckedSpec(user_spec, options)),
+        placement_(ResolvePlacement(spec_, options)) {
+    CheckFp16();
+    log_ << "gradhub-trainer: rank " << options_.rank << " trains on " << placement_.device.str()
+         << " with " << (placement_.backend == ddp::Backend::kNccl ? "NCCL" : "Gloo") << "\n";
     ConfigureThreads();
     BuildData();
     BuildModel();
@@ -260,16 +322,41 @@ class TrainingRun {
                                                    std::to_string(options.world_size) + " ranks");
     }
     spec.mutable_distributed()->set_world_size(options.world_size);
-    if (spec.distributed().backend() == v1::DistributedSpec::NCCL) {
-      throw UserError("distributed.backend", "NCCL needs a GPU node; this trainer runs on CPU");
-    }
-    // Validation at submission cannot know where the ranks land; the trainer does.
-    if (spec.precision() == v1::JobSpec::FP16) {
+    // NCCL on a CPU node: ResolvePlacement; FP16 on one: CheckFp16. Validation at submission
+    // cannot know where the ranks land; the trainer does.
+    return spec;
+  }
+
+  // precision FP16 runs on a GPU (autocast to float16) with a loss scaler; refused on the CPU
+  // (its autocast has no float16; a GLOO backend trains there too), except in tests.
+  // Of the distributed settings, shardOptimizerState works: every rank unscales the same
+  // averaged gradients, finds the same overflow and skips the same ZeRO step. Refused:
+  //   localSgd   its local steps sync no gradients, so ranks would overflow, skip and scale
+  //              apart, and the scaler's state would become per-rank state;
+  //   POWER_SGD  its error feedback and warm-start Q would take in the scaled gradients, an
+  //              overflow's inf included, and carry them into every later step.
+  void CheckFp16() {
+    if (spec_.precision() != v1::JobSpec::FP16) return;
+    if (!placement_.cuda() && !options_.fp16_scaling_on_cpu_for_test) {
       throw UserError("precision",
                       "FP16 (autocast to float16 with dynamic loss scaling) needs a CUDA GPU; "
-                      "this trainer runs on CPU: use BF16 (autocast to bfloat16) or FP32");
+                      "this rank trains on the CPU: use BF16 (autocast to bfloat16) or FP32, "
+                      "or backend NCCL on a GPU node");
     }
-    return spec;
+    const auto& distributed = spec_.distributed();
+    if (distributed.has_local_sgd()) {
+      throw UserError("distributed.localSgd",
+                      "cannot be combined with precision FP16 (ranks would skip different "
+                      "overflowed steps): use BF16 or FP32, or synchronous training");
+    }
+    if (distributed.comm_hook() == v1::DistributedSpec::POWER_SGD) {
+      throw UserError("distributed.commHook",
+                      "POWER_SGD cannot be combined with precision FP16 (its error feedback "
+                      "would keep overflowed gradients): use FP16 or BF16 compression, or "
+                      "precision BF16");
+    }
+    scaler_.emplace(placement_.cuda() ? ddp::LossScalerOptions{}
+                                      : *options_.fp16_scaling_on_cpu_for_test);
   }
 
   void ConfigureThreads() {
@@ -297,9 +384,15 @@ class TrainingRun {
     group_options.size = options_.world_size;
     group_options.store = options_.store;
     group_options.timeout = options_.collective_timeout;
+    // NCCL: the engine's group, with its own collective timeout and abort of a communicator
+    // whose peer died (gpu_worker/ddp/comm/nccl), on this rank's GPU.
+    group_options.backend = placement_.backend;
+    if (placement_.cuda()) group_options.device = placement_.device.index();
     group_ = ddp::CreateProcessGroup(group_options);
     model_ = models::BuildModel(spec_.model(), dataset_->shape());
     module_ = model_->module();
+    // Before the optimizer is built: its state (momentum, moments) is then made on the device.
+    module_->to(placement_.device);
     module_->train();
     const auto& distributed = spec_.distributed();
     if (distributed.shard_optimizer_state()) {
@@ -380,7 +473,8 @@ class TrainingRun {
     if (PerRankState()) {
       // Every rank takes part in saving per-rank state, so every rank must know whether
       // rank 0 saves at all.
-      at::Tensor saves = torch::tensor({int64_t{leader_ && options_.checkpoints ? 1 : 0}});
+      at::Tensor saves =
+          torch::tensor({int64_t{leader_ && options_.checkpoints ? 1 : 0}}).to(placement_.device);
       group_->Broadcast({saves}, 0)->Wait();
       checkpointing_ = saves.item<int64_t>() != 0;
     }
@@ -390,11 +484,14 @@ class TrainingRun {
         bytes = std::move(latest->bytes);
       }
     }
-    bytes = BroadcastBytes(*group_, std::move(bytes));
+    bytes = BroadcastBytes(*group_, std::move(bytes), placement_.device);
     std::string rank_state;
     if (bytes) {
-      step_ = RestoreState(*bytes, *module_, zero_ ? nullptr : optimizer_.get(), spec_,
-                           options_.rank, &rank_state);
+      ddp::LossScaler::State scaler_state = scaler_ ? scaler_->state() : ddp::LossScaler::State{};
+      step_ =
+          RestoreState(*bytes, *module_, zero_ ? nullptr : optimizer_.get(), spec_, options_.rank,
+                       &rank_state, placement_.device, scaler_ ? &scaler_state : nullptr);
+      if (scaler_) scaler_->set_state(scaler_state);
       resumed_from_step_ = step_;
       last_checkpoint_step_ = step_;
       log_ << "gradhub-trainer: rank " << options_.rank << " resumed from step " << step_ << "\n";
@@ -424,7 +521,7 @@ class TrainingRun {
         throw std::runtime_error("the checkpoint of step " + std::to_string(step_) +
                                  " holds no state of rank " + std::to_string(options_.rank));
       }
-      RestoreRankState(rank_state, RankState());
+      RestoreRankState(rank_state, RankState(), placement_.device);
     }
   }
 
@@ -435,7 +532,7 @@ class TrainingRun {
     const int64_t first_micro = (step_ % steps_per_epoch_) * accumulation_;
     data::BatchLoader loader(*dataset_, sampler_->EpochIndices(epoch), batch_,
                              spec_.dataset().drop_last(), spec_.dataset().prefetch_batches(),
-                             first_micro);
+                             first_micro, /*pin_memory=*/placement_.cuda());
     for (int64_t in_epoch = step_ % steps_per_epoch_;
          in_epoch < steps_per_epoch_ && step_ < total_steps_; ++in_epoch) {
       RunStep(loader);
@@ -458,38 +555,79 @@ class TrainingRun {
     const auto step_start = Clock::now();
     at::manual_seed(StepSeed(spec_.seed(), options_.rank, step_));
     ddp_->ZeroGrad();
-    double step_loss = 0;
     StepReport phases;  // this step's, summed over micro-batches
-    at::Tensor x, y;
     // A local SGD step sends nothing: every micro-batch runs without gradient sync.
     const bool local = averager_ && !averager_->Synchronous(step_);
-    for (int64_t micro = 0; micro < accumulation_; ++micro) {
-      if (!loader.Next(&x, &y)) throw std::logic_error("data loader ended before the epoch");
-      std::optional<ddp::DistributedDataParallel::NoSyncGuard> no_sync;
-      if (local || micro + 1 < accumulation_) no_sync.emplace(ddp_.get());
-      at::Tensor loss = ddp_->Forward([&] {
-        PrecisionScope precision(spec_);
-        return Loss(dataset_->shape().task, model_->Forward(x), y);
-      });
-      ddp_->Backward(loss / accumulation_);
-      step_loss += loss.item<double>() / accumulation_;
-      phases.forward_seconds += Seconds(ddp_->last_timings().forward);
-      phases.backward_seconds += Seconds(ddp_->last_timings().backward);
-      phases.allreduce_wait_seconds += Seconds(ddp_->last_timings().allreduce_wait);
-    }
-    if (!std::isfinite(step_loss)) {
-      throw TrainingFailure("loss is " + std::to_string(step_loss) + " at step " +
-                            std::to_string(step_) + " on rank " + std::to_string(options_.rank));
-    }
+    TakeStepLoss(ForwardBackward(loader, local, phases));
     const auto optimizer_start = Clock::now();
-    if (spec_.grad_clip_norm() > 0) {
-      torch::nn::utils::clip_grad_norm_(module_->parameters(), spec_.grad_clip_norm());
-    }
     const double lr = LearningRateAt(spec_, step_);
     // Parameters are float32: a larger step size cannot be applied, only diverge.
     if (!(std::abs(lr) <= std::numeric_limits<float>::max())) {
       throw TrainingFailure("learning rate " + std::to_string(lr) + " overflows float32 at step " +
                             std::to_string(step_));
+    }
+    ApplyGradients(lr);
+    step_bytes_ = local ? 0 : ddp_->last_reduction().bytes;
+    step_allreduce_seconds_ = local ? 0 : Seconds(ddp_->last_reduction().allreduce);
+    if (averager_) step_bytes_ += averager_->AfterStep(step_);
+    const auto step_end = Clock::now();
+    ++step_;
+    phases.optimizer_seconds = Seconds(step_end - optimizer_start);
+    phases.step_seconds = Seconds(step_end - step_start);
+    phases.learning_rate = lr;
+    phases.loss = last_loss_;  // read at this step: ReadsLossAt is true with telemetry
+    AddToInterval(phases);
+    if (options_.telemetry) StartStepTelemetry(phases);
+  }
+
+  // The micro-batches of one step: forward, loss and backward of each, gradients synced at the
+  // last unless `local`. With FP16 the backward is of the scaled loss (LossScaler), while the
+  // loss returned is the true one: its NaN check fails the run only for a non-finite loss, not
+  // for the overflowed gradients of a skipped step. Returns the step's loss (float64, on the
+  // training device: read by TakeStepLoss) and adds the phases' timings to `phases`.
+  at::Tensor ForwardBackward(data::BatchLoader& loader, bool local, StepReport& phases) {
+    at::Tensor step_loss, x, y;
+    for (int64_t micro = 0; micro < accumulation_; ++micro) {
+      if (!loader.Next(&x, &y)) throw std::logic_error("data loader ended before the epoch");
+      x = ToDevice(x, placement_.device);
+      y = ToDevice(y, placement_.device);
+      std::optional<ddp::DistributedDataParallel::NoSyncGuard> no_sync;
+      if (local || micro + 1 < accumulation_) no_sync.emplace(ddp_.get());
+      at::Tensor loss = ddp_->Forward([&] {
+        PrecisionScope precision(spec_, placement_.device.type());
+        return Loss(dataset_->shape().task, model_->Forward(x), y);
+      });
+      const at::Tensor scaled = loss / accumulation_;
+      ddp_->Backward(scaler_ ? scaler_->Scale(scaled) : scaled);
+      const at::Tensor part = loss.detach().to(at::kDouble) / accumulation_;
+      step_loss = micro == 0 ? part : step_loss + part;
+      phases.forward_seconds += Seconds(ddp_->last_timings().forward);
+      phases.backward_seconds += Seconds(ddp_->last_timings().backward);
+      phases.allreduce_wait_seconds += Seconds(ddp_->last_timings().allreduce_wait);
+    }
+    return step_loss;
+  }
+
+  // After the gradient sync: with FP16, unscale (before clipping, which needs the true norm)
+  // and skip the step when a gradient overflowed, as every rank does (mixed_precision.h); then
+  // clip, set the learning rate `lr` and step.
+  void ApplyGradients(double lr) {
+    if (scaler_) {
+      const bool found_inf = scaler_->Unscale(module_->parameters());
+      scaler_->Update(found_inf);
+      if (found_inf) {
+        if (leader_) {
+          log_ << "gradhub-trainer: step " << step_ + 1
+               << " skipped: a gradient overflowed float16; loss scale now " << scaler_->scale()
+               << ", " << scaler_->skipped_steps() << " steps skipped\n";
+        }
+        return;
+      }
+    }
+    if (spec_.grad_clip_norm() > 0 && placement_.cuda()) {
+      ClipGradNormOnDevice(module_->parameters(), spec_.grad_clip_norm());
+    } else if (spec_.grad_clip_norm() > 0) {
+      torch::nn::utils::clip_grad_norm_(module_->parameters(), spec_.grad_clip_norm());
     }
     SetLearningRate(LocalOptimizer(), lr);
     if (zero_) {
@@ -497,18 +635,52 @@ class TrainingRun {
     } else {
       optimizer_->step();
     }
-    step_bytes_ = local ? 0 : ddp_->last_reduction().bytes;
-    step_allreduce_seconds_ = local ? 0 : Seconds(ddp_->last_reduction().allreduce);
-    if (averager_) step_bytes_ += averager_->AfterStep(step_);
-    const auto step_end = Clock::now();
-    ++step_;
-    last_loss_ = step_loss;
-    phases.optimizer_seconds = Seconds(step_end - optimizer_start);
-    phases.step_seconds = Seconds(step_end - step_start);
-    phases.learning_rate = lr;
-    phases.loss = step_loss;
-    AddToInterval(phases);
-    if (options_.telemetry) StartStepTelemetry(phases);
+  }
+
+  // Steps (counted from 1) after which the loss is read back from a GPU: those that report it
+  // (progress lines, and every step's telemetry when there is a metrics service), that
+  // evaluate or checkpoint (which wait for the GPU anyway, and must not save a model that went
+  // NaN unnoticed), and the last. Every step on the CPU, where reading waits for nothing.
+  bool ReadsLossAt(int64_t step) const {
+    if (!placement_.cuda() || options_.telemetry) return true;
+    const int64_t eval = spec_.eval_every_steps(), every = spec_.checkpoint().every_steps();
+    return step % spec_.log_every_steps() == 0 || step == total_steps_ ||
+           (eval > 0 && step % eval == 0) || (every > 0 && step % every == 0);
+  }
+
+  // Adds the loss of the step being done (step_ + 1) to those not yet read, and reads them
+  // when ReadsLossAt says so.
+  void TakeStepLoss(const at::Tensor& step_loss) {
+    unread_loss_ = unread_steps_ == 0 ? step_loss : unread_loss_ + step_loss;
+    last_step_loss_ = step_loss;
+    ++unread_steps_;
+    if (ReadsLossAt(step_ + 1)) ReadLoss(step_);
+  }
+
+  // Reads the losses not yet read (a wait for the GPU), the last of them step `last` (counted
+  // from 0, as in the failure message): adds them to the interval and fails the run with
+  // TrainingFailure if any was not finite, naming the step, or on a GPU the steps since the
+  // last read.
+  void ReadLoss(int64_t last) {
+    if (unread_steps_ == 0) return;
+    double sum = 0;
+    if (unread_steps_ == 1) {
+      sum = last_loss_ = unread_loss_.item<double>();
+    } else {
+      const at::Tensor both = torch::stack({unread_loss_, last_step_loss_}).cpu();
+      sum = both[0].item<double>();
+      last_loss_ = both[1].item<double>();
+    }
+    const int64_t first = last + 1 - unread_steps_;
+    unread_steps_ = 0;
+    if (!std::isfinite(sum)) {
+      throw TrainingFailure(
+          "loss is " + std::to_string(sum) +
+          (first == last ? " at step " + std::to_string(last)
+                         : " in steps " + std::to_string(first) + " to " + std::to_string(last)) +
+          " on rank " + std::to_string(options_.rank));
+    }
+    interval_.loss += sum;
   }
 
   void AddToInterval(const StepReport& step) {
@@ -523,8 +695,7 @@ class TrainingRun {
     sums.allreduce_bytes = step_bytes_;
     sums.buckets = ddp_->last_reduction().buckets;
     sums.learning_rate = step.learning_rate;
-    interval_.loss += step.loss;
-    ++interval_.steps;
+    ++interval_.steps;  // its loss is added when read (ReadLoss)
   }
 
   // --- telemetry ---
@@ -553,7 +724,8 @@ class TrainingRun {
   void MaybeReport(bool last) {
     if (step_ % spec_.log_every_steps() != 0 && !last) return;
     // The loss of all ranks, not only rank 0's shard.
-    at::Tensor mean_loss = torch::tensor({interval_.loss / interval_.steps}, at::kDouble);
+    at::Tensor mean_loss =
+        torch::tensor({interval_.loss / interval_.steps}, at::kDouble).to(placement_.device);
     group_->AllReduce(mean_loss, ddp::ReduceOp::kAverage)->Wait();
     const double elapsed = Seconds(Clock::now() - interval_.start);
     StepReport r = interval_.sums;
@@ -566,42 +738,60 @@ class TrainingRun {
     r.loss = mean_loss.item<double>();
     r.samples_per_second =
         elapsed > 0 ? interval_.steps * batch_ * accumulation_ * options_.world_size / elapsed : 0;
-    Emit(r, "progress");
+    Emit(r, ProgressEvent::kProgress);
     if (leader_) {
       log_ << "gradhub-trainer: step " << step_ << "/" << total_steps_ << " loss " << r.loss
            << " lr " << r.learning_rate << " " << static_cast<int64_t>(r.samples_per_second)
-           << " samples/s\n";
+           << " samples/s";
+      if (scaler_) {
+        log_ << " loss scale " << scaler_->scale() << " skipped " << scaler_->skipped_steps();
+      }
+      log_ << "\n";
     }
     interval_ = Interval();
   }
 
-  void Emit(const StepReport& r, const std::string& event) {
+  void Emit(const StepReport& r, ProgressEvent event) {
     if (!leader_ || options_.progress == nullptr) return;
-    JsonLine line;
-    line.Add("event", event).Add("step", r.step).Add("totalSteps", total_steps_);
+    ProgressRecord record;
+    record.event = event;
+    record.step = r.step;
+    record.total_steps = total_steps_;
     if (r.eval_metrics.empty()) {
-      line.Add("epoch", r.epoch).Add("loss", r.loss);
-      line.Add("lr", r.learning_rate).Add("samplesPerSecond", r.samples_per_second);
-      line.Add("forwardSeconds", r.forward_seconds).Add("backwardSeconds", r.backward_seconds);
-      line.Add("allreduceWaitSeconds", r.allreduce_wait_seconds);
-      line.Add("optimizerSeconds", r.optimizer_seconds).Add("stepSeconds", r.step_seconds);
-      line.Add("allreduceBytes", r.allreduce_bytes);
+      record.epoch = r.epoch;
+      record.loss = r.loss;
+      record.learning_rate = r.learning_rate;
+      record.samples_per_second = r.samples_per_second;
+      record.forward_seconds = r.forward_seconds;
+      record.backward_seconds = r.backward_seconds;
+      record.allreduce_wait_seconds = r.allreduce_wait_seconds;
+      record.optimizer_seconds = r.optimizer_seconds;
+      record.step_seconds = r.step_seconds;
+      record.allreduce_bytes = r.allreduce_bytes;
+      AddLossScaler(record);
     }
-    for (const auto& [name, value] : r.eval_metrics) line.Add("eval." + name, value);
-    *options_.progress << line.str() << std::endl;
+    record.eval_metrics = r.eval_metrics;
+    *options_.progress << FormatProgressRecord(record) << std::endl;
+  }
+
+  // FP16: the loss scale and the steps skipped so far.
+  void AddLossScaler(ProgressRecord& record) const {
+    if (!scaler_) return;
+    record.loss_scale = scaler_->scale();
+    record.skipped_steps = scaler_->skipped_steps();
   }
 
   // --- evaluate ---
 
   EvalResult EvaluateAndReport() {
     if (split_.validation.empty()) return EvalResult{};
-    EvalResult eval =
-        Evaluate(*model_, *dataset_, split_.validation, options_, *group_, batch_, spec_);
+    EvalResult eval = Evaluate(*model_, *dataset_, split_.validation, options_, *group_, batch_,
+                               spec_, placement_.device);
     step_telemetry_.eval_metrics = eval.metrics;
     StepReport r;
     r.step = step_;
     r.eval_metrics = eval.metrics;
-    Emit(r, "eval");
+    Emit(r, ProgressEvent::kEval);
     if (leader_) {
       log_ << "gradhub-trainer: step " << step_ << " validation";
       for (const auto& [name, value] : eval.metrics) log_ << " " << name << " " << value;
@@ -624,12 +814,12 @@ class TrainingRun {
     const auto start = Clock::now();
     if (PerRankState()) {
       if (!checkpointing_ || stopping) return false;
-      rank_states = AllGatherBytes(*group_, SerializeRankState(RankState()));
+      rank_states = AllGatherBytes(*group_, SerializeRankState(RankState()), placement_.device);
       last_checkpoint_step_ = step_;
     }
     if (!writer_) return false;
-    std::string bytes =
-        SerializeState(*module_, zero_ ? nullptr : optimizer_.get(), step_, spec_, rank_states);
+    std::string bytes = SerializeState(*module_, zero_ ? nullptr : optimizer_.get(), step_, spec_,
+                                       rank_states, scaler_ ? &scaler_->state() : nullptr);
     checkpoint_snapshot_seconds_ += Seconds(Clock::now() - start);
     checkpoint_bytes_ = static_cast<int64_t>(bytes.size());
     const double waited = writer_->Submit({step_, std::move(bytes)});
@@ -662,6 +852,7 @@ class TrainingRun {
     if (options_.stop_requested == nullptr || !options_.stop_requested->load()) return;
     if (!stop_seen_) stop_seen_ = Clock::now();
     if (leader_) {
+      ReadLoss(step_ - 1);  // a GPU may hold unread losses: never save a model that went NaN
       const bool saved_this_step = SaveCheckpoint(/*stopping=*/true);
       std::string saved = "no checkpoint store";
       if (writer_) {
@@ -700,33 +891,48 @@ class TrainingRun {
     result.checkpoints_saved = checkpoints_saved_;
     result.checkpoint_snapshot_seconds = checkpoint_snapshot_seconds_;
     result.checkpoint_wait_seconds = checkpoint_wait_seconds_;
+    if (scaler_) {
+      result.skipped_steps = scaler_->skipped_steps();
+      result.loss_scale = scaler_->scale();
+    }
     // Every rank reports its end state, so a launcher can tell the ranks agree.
     if (options_.progress) {
-      JsonLine line;
-      line.Add("event", std::string("done")).Add("rank", int64_t{options_.rank}).Add("step", step_);
-      line.Add("totalSteps", total_steps_);
-      line.Add("loss", last_loss_).Add("trainSeconds", loop_seconds_);
-      line.Add("allreduceBytes", run_allreduce_bytes_)
-          .Add("allreduceSeconds", run_allreduce_seconds_);
-      line.Add("optimizerStateBytes", ddp::OptimizerStateBytes(LocalOptimizer()));
-      line.Add("busBandwidthBytesPerSecond",
-               BusBandwidth(run_allreduce_bytes_, run_allreduce_seconds_, options_.world_size));
-      for (const auto& [name, value] : result.eval_metrics) line.Add("eval." + name, value);
-      if (writer_) {
-        line.Add("checkpoints", checkpoints_saved_).Add("checkpointBytes", checkpoint_bytes_);
-        line.Add("checkpointSnapshotSeconds", checkpoint_snapshot_seconds_);
-        line.Add("checkpointWaitSeconds", checkpoint_wait_seconds_);
-      }
-      line.Add("parametersSha256", result.parameters_sha256);
-      *options_.progress << line.str() << std::endl;
+      *options_.progress << FormatProgressRecord(DoneRecord(result)) << std::endl;
     }
     return result;
+  }
+
+  // This rank's end state and its run's totals (progress_record.h, event done).
+  ProgressRecord DoneRecord(const TrainResult& result) {
+    ProgressRecord record;
+    record.event = ProgressEvent::kDone;
+    record.rank = options_.rank;
+    record.step = step_;
+    record.total_steps = total_steps_;
+    record.loss = last_loss_;
+    record.train_seconds = loop_seconds_;
+    record.allreduce_bytes = run_allreduce_bytes_;
+    record.allreduce_seconds = run_allreduce_seconds_;
+    record.optimizer_state_bytes = ddp::OptimizerStateBytes(LocalOptimizer());
+    record.bus_bandwidth_bytes_per_second =
+        BusBandwidth(run_allreduce_bytes_, run_allreduce_seconds_, options_.world_size);
+    AddLossScaler(record);
+    record.eval_metrics = result.eval_metrics;
+    if (writer_) {
+      record.checkpoints = checkpoints_saved_;
+      record.checkpoint_bytes = checkpoint_bytes_;
+      record.checkpoint_snapshot_seconds = checkpoint_snapshot_seconds_;
+      record.checkpoint_wait_seconds = checkpoint_wait_seconds_;
+    }
+    record.parameters_sha256 = result.parameters_sha256;
+    return record;
   }
 
   const TrainerOptions& options_;
   std::ostream& log_;
   const bool leader_;
   const v1::JobSpec spec_;  // with defaults, world size as launched
+  const Placement placement_;
 
   std::unique_ptr<data::Dataset> dataset_;
   data::Split split_;
@@ -739,6 +945,8 @@ class TrainingRun {
   std::unique_ptr<ddp::DistributedDataParallel> ddp_;
   std::unique_ptr<data::DistributedSampler> sampler_;
   std::unique_ptr<AsyncCheckpointWriter> writer_;
+  // precision FP16 only: the same state on every rank, which skip the same steps.
+  std::optional<ddp::LossScaler> scaler_;
 
   int64_t batch_ = 0, accumulation_ = 0, steps_per_epoch_ = 0, total_steps_ = 0;
   int64_t step_ = 0;            // optimizer steps done
@@ -755,7 +963,10 @@ class TrainingRun {
   // The engine's own measure of this rank's gradient allreduces over the run.
   int64_t run_allreduce_bytes_ = 0;
   double run_allreduce_seconds_ = 0;
-  double last_loss_ = 0;
+  double last_loss_ = 0;  // of the last step whose loss was read
+  // The losses of steps not read yet (ReadsLossAt), their sum on the device, and the last one.
+  at::Tensor unread_loss_, last_step_loss_;
+  int64_t unread_steps_ = 0;
   EvalResult last_eval_;
   Interval interval_;
   StepReport step_telemetry_;  // of the step in progress of being reported

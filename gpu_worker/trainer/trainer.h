@@ -6,12 +6,15 @@
 #include <iosfwd>
 #include <map>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
+#include "gpu_worker/ddp/mixed_precision.h"
 #include "gpu_worker/ddp/store.h"
 #include "gpu_worker/trainer/sinks.h"
 #include "gradhub/v1/jobs.pb.h"
+#include "services/common/contract/defaults.h"
 
 namespace gradhub::trainer {
 
@@ -28,6 +31,15 @@ class Preempted : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// The node said this rank has a GPU (GRADHUB_DEVICE=cuda) but this process can use none:
+// libtorch without CUDA, or no device visible. The node's fault, not the job's.
+class DeviceUnavailable : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+enum class DeviceKind { kCpu, kCuda };
+
 struct TrainerOptions {
   int rank = 0;
   int world_size = 1;
@@ -41,7 +53,16 @@ struct TrainerOptions {
   std::shared_ptr<TelemetrySink> telemetry;  // null: progress lines only
   // Intra-op threads of this rank; 0 = the machine's cores divided among its local ranks.
   int threads = 0;
-  std::chrono::milliseconds collective_timeout = std::chrono::seconds(60);
+  // Where this rank trains (GRADHUB_DEVICE, set by the agent). kCuda: on
+  // cuda:<local_rank modulo the GPUs it sees>, which is cuda:0 under the agent: it makes the
+  // rank's own GPU the only one visible (CUDA_VISIBLE_DEVICES).
+  DeviceKind device = DeviceKind::kCpu;
+  // The backend the agent resolved the spec's AUTO to where the rank landed
+  // (GRADHUB_BACKEND); AUTO here = NCCL on kCuda, GLOO on kCpu. A spec's explicit NCCL or
+  // GLOO wins. NCCL on kCpu is a UserError; GLOO on kCuda trains on the CPU (Gloo reduces CPU
+  // tensors).
+  v1::DistributedSpec::Backend backend = v1::DistributedSpec::AUTO;
+  std::chrono::milliseconds collective_timeout = defaults::kCollectiveTimeout;
   // Set (by a SIGTERM handler) when the trainer should stop. Rank 0 then finishes its step,
   // saves, waits up to preempt_grace for the commit and throws Preempted. Other ranks keep
   // training until rank 0 has gone (their next collective fails) or preempt_grace has passed.
@@ -50,6 +71,11 @@ struct TrainerOptions {
   // Machine-readable progress (one JSON object per line, rank 0 only) and human-readable log.
   std::ostream* progress = nullptr;
   std::ostream* log = nullptr;
+  // Tests only: no flag or environment variable sets it. Set, a spec with precision FP16 runs
+  // on the CPU too, without autocast (libtorch 1.13's CPU autocast has no float16, so the
+  // compute stays float32) but with a loss scaler of these options: the scaling, the skipped
+  // steps and the scaler's checkpoint state are then tested where there is no GPU.
+  std::optional<ddp::LossScalerOptions> fp16_scaling_on_cpu_for_test;
 };
 
 struct TrainResult {
@@ -63,12 +89,17 @@ struct TrainResult {
   double final_loss = 0;
   std::map<std::string, double> eval_metrics;  // of the final evaluation
   std::string parameters_sha256;               // of every parameter's bytes, in order
+  // precision FP16: optimizer steps skipped because a gradient overflowed (resumed runs
+  // included), and the loss scale at the end. 0 otherwise.
+  int64_t skipped_steps = 0;
+  double loss_scale = 0;
 };
 
 // Trains the job on this rank until max_steps / max_epochs, resuming from the newest
 // checkpoint when rank 0's sink has one. Throws UserError (spec, data, shapes, a checkpoint
-// of another spec), TrainingFailure (NaN), Preempted, ddp::CommError / ddp::StoreError (peers,
-// rendezvous) and std::runtime_error (I/O, a final checkpoint that could not be saved).
+// of another spec, NCCL on a CPU), TrainingFailure (NaN), Preempted, DeviceUnavailable,
+// ddp::CommError / ddp::StoreError (peers, rendezvous) and std::runtime_error (I/O, a final
+// checkpoint that could not be saved).
 TrainResult Train(const v1::JobSpec& spec, const TrainerOptions& options);
 
 }  // namespace gradhub::trainer

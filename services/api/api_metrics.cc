@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "gradhub/v1/jobs.pb.h"
 #include "gradhub/v1/nodes.pb.h"
+#include "services/common/contract/job_states.h"
 
 namespace gradhub::api {
 namespace {
@@ -22,8 +23,6 @@ const prometheus::Histogram::BucketBoundaries kLatencyBuckets = {
 // From a tenth of a second (an idle cluster) to two hours (a large job waiting for slots).
 const prometheus::Histogram::BucketBoundaries kSchedulingBuckets = {
     0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200};
-
-constexpr char kLiveRankStates[] = "('ASSIGNED', 'STARTING', 'RUNNING', 'STOPPING')";
 
 prometheus::MetricFamily Gauges(const char* name, const char* help, const char* label,
                                 const std::map<std::string, double>& values,
@@ -79,7 +78,7 @@ std::optional<std::vector<prometheus::MetricFamily>> ReadNodes(db::Pool& pool) {
       " coalesce(sum(least(u.used, n.slots)), 0)::bigint AS used"
       " FROM nodes n LEFT JOIN (SELECT node_id, count(*) AS used FROM rank_assignments"
       "   WHERE state IN ",
-      kLiveRankStates,
+      kLiveRankStatesSql,
       " GROUP BY node_id) u ON u.node_id = n.id"
       " GROUP BY n.state"));
   if (!rows.ok()) return std::nullopt;

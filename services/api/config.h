@@ -2,7 +2,9 @@
 
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "services/common/contract/defaults.h"
 #include "services/common/db/settings.h"
 #include "services/common/flags.h"
 
@@ -19,7 +21,7 @@ struct ApiConfig {
   int64_t max_request_bytes = 4 << 20;
   absl::Duration shutdown_grace = absl::Seconds(10);
   std::string store_address;
-  absl::Duration heartbeat_interval = absl::Seconds(1);
+  absl::Duration heartbeat_interval = absl::FromChrono(defaults::kHeartbeatInterval);
   absl::Duration backfill_window = absl::Seconds(60);
   absl::Duration scheduler_interval = absl::Milliseconds(200);
   std::string tls_cert_file;
@@ -43,9 +45,11 @@ struct ApiConfig {
     flags.String("store-address", "GRADHUB_STORE_ADDRESS", &store_address,
                  "host:port at which trainers reach this server's StoreService; empty = "
                  "127.0.0.1 and the gRPC port");
-    flags.Duration("heartbeat-interval", "GRADHUB_HEARTBEAT_INTERVAL", &heartbeat_interval,
-                   "How often agents heartbeat; a node silent for 3 intervals is lost, once the "
-                   "api has been up for 10 (agents reconnect after an api restart)");
+    flags.Duration(
+        "heartbeat-interval", "GRADHUB_HEARTBEAT_INTERVAL", &heartbeat_interval,
+        absl::StrCat("How often agents heartbeat; a node silent for ", defaults::kLeaseHeartbeats,
+                     " intervals is lost, once the api has been up for 10 (agents "
+                     "reconnect after an api restart)"));
     flags.Duration("backfill-window", "GRADHUB_BACKFILL_WINDOW", &backfill_window,
                    "How long a job that does not fit may be passed over by smaller ones");
     flags.Duration("scheduler-interval", "GRADHUB_SCHEDULER_INTERVAL", &scheduler_interval,

@@ -13,6 +13,7 @@
 #include "services/api/job_metrics.h"
 #include "services/api/job_records.h"
 #include "services/common/contract/data_paths.h"
+#include "services/common/contract/job_states.h"
 #include "services/common/status_macros.h"
 
 namespace gradhub::api {
@@ -36,9 +37,10 @@ absl::StatusOr<int64_t> StopRanksOfCancelledJob(db::Transaction& tx, const std::
                                   " WHERE job_id = $1::uuid AND state IN ('SCHEDULED', 'RUNNING')",
                                   {id})
                               .status());
-  GRADHUB_RETURN_IF_ERROR(tx.Exec("UPDATE rank_assignments SET state = 'STOPPING',"
-                                  " update_time = now() WHERE job_id = $1::uuid"
-                                  " AND state IN ('ASSIGNED', 'STARTING', 'RUNNING')",
+  GRADHUB_RETURN_IF_ERROR(tx.Exec(absl::StrCat("UPDATE rank_assignments SET state = 'STOPPING',"
+                                               " update_time = now() WHERE job_id = $1::uuid"
+                                               " AND state IN ",
+                                               kRunnableRankStatesSql),
                                   {id})
                               .status());
   GRADHUB_ASSIGN_OR_RETURN(db::Result live,
@@ -84,7 +86,9 @@ absl::StatusOr<v1::Job> JobManager::CreateJob(int64_t tenant_id, const v1::JobSp
   row.world_size = effective.distributed().world_size();
   row.max_infra_restarts = effective.max_restarts().infrastructure();
   row.max_job_restarts = effective.max_restarts().job();
-  return inserter_.Insert(row);
+  absl::StatusOr<v1::Job> created = inserter_.Insert(row);
+  if (created.ok() && on_created_) on_created_(created->name());
+  return created;
 }
 
 absl::StatusOr<std::vector<SpecIssue>> JobManager::CheckSpecPaths(const v1::JobSpec& spec) {
@@ -202,24 +206,27 @@ absl::StatusOr<v1::Job> JobManager::CancelJob(int64_t tenant_id, const std::stri
   }
   const std::string why =
       reason.empty() ? "cancelled by the user" : absl::StrCat("cancelled by the user: ", reason);
-  return pool_->Transact([&](db::Transaction& tx) -> absl::StatusOr<v1::Job> {
-    GRADHUB_ASSIGN_OR_RETURN(v1::Job job, ReadJob(tx, name, tenant_id, true));
-    // As jobs.proto says: cancelling a job that already ended, or is being cancelled, returns
-    // it unchanged.
-    if (IsTerminal(job.state()) || job.state() == v1::Job::CANCELLING) return job;
-    const std::string id = JobId(name);
-    GRADHUB_RETURN_IF_ERROR(
-        tx.Exec("UPDATE jobs SET cancel_requested = true WHERE id = $1::uuid", {id}).status());
-    GRADHUB_RETURN_IF_ERROR(AppendEvent(tx, id, job.attempt(), v1::JobEvent::CANCEL_REQUESTED,
-                                        std::nullopt, std::nullopt, Because(reason)));
-    GRADHUB_ASSIGN_OR_RETURN(const int64_t live, StopRanksOfCancelledJob(tx, id));
-    const State next = StateAfterCancel(job.state(), live);
-    return ApplyTransition(
-        tx, job, next,
-        Because(next == v1::Job::CANCELLING
-                    ? absl::StrCat(why, "; stopping ", live, live == 1 ? " rank" : " ranks")
-                    : why));
-  });
+  absl::StatusOr<v1::Job> cancelled =
+      pool_->Transact([&](db::Transaction& tx) -> absl::StatusOr<v1::Job> {
+        GRADHUB_ASSIGN_OR_RETURN(v1::Job job, ReadJob(tx, name, tenant_id, true));
+        // As jobs.proto says: cancelling a job that already ended, or is being cancelled, returns
+        // it unchanged.
+        if (IsTerminal(job.state()) || job.state() == v1::Job::CANCELLING) return job;
+        const std::string id = JobId(name);
+        GRADHUB_RETURN_IF_ERROR(
+            tx.Exec("UPDATE jobs SET cancel_requested = true WHERE id = $1::uuid", {id}).status());
+        GRADHUB_RETURN_IF_ERROR(AppendEvent(tx, id, job.attempt(), v1::JobEvent::CANCEL_REQUESTED,
+                                            std::nullopt, std::nullopt, Because(reason)));
+        GRADHUB_ASSIGN_OR_RETURN(const int64_t live, StopRanksOfCancelledJob(tx, id));
+        const State next = StateAfterCancel(job.state(), live);
+        return ApplyTransition(
+            tx, job, next,
+            Because(next == v1::Job::CANCELLING
+                        ? absl::StrCat(why, "; stopping ", live, live == 1 ? " rank" : " ranks")
+                        : why));
+      });
+  if (cancelled.ok() && on_cancelled_) on_cancelled_();
+  return cancelled;
 }
 
 absl::StatusOr<v1::Job> JobManager::Transition(const std::string& name, State to,

@@ -29,6 +29,16 @@ class JobManager {
   JobManager(db::Pool* pool, SpecLimits limits, JobInserterOptions inserts = {})
       : pool_(pool), limits_(limits), inserter_(pool, inserts) {}
 
+  // Told after a job was created (its name: main hands it to the scheduler's fast path) and
+  // after one was cancelled (its ranks are no longer desired: main nudges the scheduler and
+  // wakes the agents). Set before the first call; empty = nobody to tell.
+  void set_on_created(std::function<void(const std::string& name)> on_created) {
+    on_created_ = std::move(on_created);
+  }
+  void set_on_cancelled(std::function<void()> on_cancelled) {
+    on_cancelled_ = std::move(on_cancelled);
+  }
+
   // INVALID_ARGUMENT naming every bad field, including every file path the spec names
   // (data_paths.h) that is not clean or lies under no registered node's data roots. While no
   // node is registered at all, paths are only checked for form: the api cannot know what will
@@ -115,6 +125,8 @@ class JobManager {
   db::Pool* pool_;
   SpecLimits limits_;
   JobInserter inserter_;
+  std::function<void(const std::string&)> on_created_;
+  std::function<void()> on_cancelled_;
   std::mutex roots_mu_;
   bool roots_read_ = false;                                // guarded by roots_mu_
   std::chrono::steady_clock::time_point roots_read_time_;  // guarded by roots_mu_

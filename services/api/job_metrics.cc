@@ -1,32 +1,16 @@
 #include "services/api/job_metrics.h"
 
 #include <algorithm>
-#include <cmath>
 #include <limits>
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "services/api/job_records.h"
+#include "services/common/contract/progress_record.h"
 #include "services/common/status_macros.h"
 
 namespace gradhub::api {
 namespace {
-
-constexpr char kProgressPrefix[] = R"({"event":"progress")";
-constexpr char kEvalPrefix[] = R"({"event":"eval")";
-constexpr char kEvalKeyPrefix[] = "eval.";
-
-// `value` when it is a finite number; the trainer prints NaN and infinities as null.
-std::optional<double> Finite(const nlohmann::json& value) {
-  if (!value.is_number()) return std::nullopt;
-  const double number = value.get<double>();
-  return std::isfinite(number) ? std::optional<double>(number) : std::nullopt;
-}
-
-std::optional<double> Finite(const nlohmann::json& object, const char* key) {
-  const auto it = object.find(key);
-  return it == object.end() ? std::nullopt : Finite(*it);
-}
 
 // The lines of one batch folded into one per step, so that the upsert below never meets the
 // same row twice in one statement (PostgreSQL refuses that), in step order.
@@ -116,31 +100,18 @@ v1::JobMetricPoint PointFromRow(const db::Row& row) {
 }  // namespace
 
 std::optional<MetricLine> ParseMetricLine(const std::string& line) {
-  // The prefix test first: most lines are neither, and are not worth a JSON parse.
-  const bool progress = line.rfind(kProgressPrefix, 0) == 0;
-  if (!progress && line.rfind(kEvalPrefix, 0) != 0) return std::nullopt;
-  const nlohmann::json parsed = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-  if (!parsed.is_object()) return std::nullopt;
-  const auto step = parsed.find("step");
-  if (step == parsed.end() || !step->is_number_integer()) return std::nullopt;
+  const std::optional<ProgressRecord> record = ParseProgressRecord(line);
+  if (!record || record->event == ProgressEvent::kDone) return std::nullopt;
   MetricLine out;
-  out.step = step->get<int64_t>();
-  if (out.step < 0) return std::nullopt;
-  out.progress = progress;
-  if (progress) {
-    out.loss = Finite(parsed, "loss");
-    out.learning_rate = Finite(parsed, "lr");
-    out.samples_per_second = Finite(parsed, "samplesPerSecond");
-    const auto total = parsed.find("totalSteps");
-    if (total != parsed.end() && total->is_number_integer())
-      out.total_steps = total->get<int64_t>();
-    return out;
-  }
-  for (const auto& [key, value] : parsed.items()) {
-    if (key.rfind(kEvalKeyPrefix, 0) != 0 || key.size() == sizeof(kEvalKeyPrefix) - 1) continue;
-    if (const std::optional<double> number = Finite(value)) {
-      out.eval_metrics[key.substr(sizeof(kEvalKeyPrefix) - 1)] = *number;
-    }
+  out.step = record->step;
+  out.progress = record->event == ProgressEvent::kProgress;
+  if (out.progress) {
+    out.loss = record->loss;
+    out.learning_rate = record->learning_rate;
+    out.samples_per_second = record->samples_per_second;
+    out.total_steps = record->total_steps.value_or(0);
+  } else {
+    out.eval_metrics = record->eval_metrics;
   }
   return out;
 }

@@ -3,8 +3,8 @@
 // reading. The table is job_metric_points (migrations/0005_job_metrics.sql).
 //
 // Writing, in the transaction that stores a batch of rank 0's stdout lines:
-//   1. ParseMetricLine picks out `{"event":"progress",...}` (step, loss, lr, samplesPerSecond)
-//      and `{"event":"eval",...}` (step and `eval.<name>` keys) lines.
+//   1. ParseMetricLine picks out the trainer's progress records (progress_record.h) of the
+//      events progress (step, loss, lr, samplesPerSecond) and eval (step and eval metrics).
 //   2. RecordMetricPoints merges the batch's lines by step and upserts one row per step, only
 //      for the job's current attempt. On a row already there: the same attempt merges (a
 //      re-shipped line changes nothing), a newer attempt replaces it, an older one is ignored.

@@ -12,6 +12,7 @@
 
 #include "services/api/admin_service.h"
 #include "services/api/api_metrics.h"
+#include "services/api/assignment_notifier.h"
 #include "services/api/authenticator.h"
 #include "services/api/config.h"
 #include "services/api/grpc_metrics.h"
@@ -24,6 +25,7 @@
 #include "services/api/scheduler.h"
 #include "services/api/store_service.h"
 #include "services/common/abseil_mode.h"
+#include "services/common/contract/defaults.h"
 #include "services/common/db/connection.h"
 #include "services/common/db/migrator.h"
 #include "services/common/db/pool.h"
@@ -78,6 +80,126 @@ int CreateToken(const gradhub::api::ApiConfig& config, const std::string& tenant
   return 0;
 }
 
+gradhub::api::SchedulerOptions SchedulerOptionsFor(const gradhub::api::ApiConfig& config,
+                                                   gradhub::api::ApiMetrics* metrics,
+                                                   gradhub::api::AssignmentNotifier* notifier) {
+  return {.interval = config.scheduler_interval,
+          .node_lease = config.heartbeat_interval * gradhub::defaults::kLeaseHeartbeats,
+          .startup_grace = config.heartbeat_interval * 10,
+          .backfill_window = config.backfill_window,
+          .peer_failure_grace = std::max(absl::Seconds(3), config.heartbeat_interval * 2),
+          .on_running =
+              [metrics](absl::Duration latency) { metrics->ObserveSchedulingLatency(latency); },
+          .on_assignments_changed = [notifier] { notifier->Notify(); }};
+}
+
+gradhub::api::NodeManagerOptions NodeManagerOptionsFor(const gradhub::api::ApiConfig& config) {
+  gradhub::api::NodeManagerOptions options;
+  options.heartbeat_interval = config.heartbeat_interval;
+  return options;
+}
+
+// The api's managers and the gRPC services over them, built in dependency order (members are
+// initialized in declaration order and destroyed in reverse, so that no service outlives what
+// it points to). Nothing runs yet: StartGrpc and StartBackground start them.
+struct ApiServices {
+  explicit ApiServices(const gradhub::api::ApiConfig& config)
+      : pool(config.database.Pool("gradhub-api")),
+        auth(&pool, config.admin_token),
+        jobs(&pool, gradhub::SpecLimits{.max_world_size = static_cast<int>(config.max_world_size)}),
+        job_service(&jobs, &auth),
+        store_service(&store,
+                      [this](const std::string& authorization) {
+                        return auth.RequireNodeOrAdmin(authorization);
+                      }),
+        metrics(&pool),
+        scheduler(&pool, SchedulerOptionsFor(config, &metrics, &notifier)),
+        nodes(&pool, NodeManagerOptionsFor(config)),
+        node_service(
+            &nodes, &auth, [this] { scheduler.Nudge(); }, &notifier),
+        admin_service(&auth) {
+    jobs.set_on_created([this](const std::string& name) { scheduler.JobCreated(name); });
+    jobs.set_on_cancelled([this] {
+      scheduler.Nudge();
+      notifier.Notify();
+    });
+  }
+
+  gradhub::db::Pool pool;
+  gradhub::api::Authenticator auth;
+  gradhub::api::JobManager jobs;
+  gradhub::api::JobService job_service;
+  gradhub::api::RendezvousStore store;
+  gradhub::api::StoreService store_service;
+  gradhub::api::ApiMetrics metrics;
+  gradhub::api::AssignmentNotifier notifier;
+  gradhub::api::Scheduler scheduler;
+  gradhub::api::NodeManager nodes;
+  gradhub::api::NodeService node_service;
+  gradhub::api::AdminService admin_service;
+};
+
+// The gRPC server with every service registered, bound and started, and the port it bound in
+// *port; null (after saying why on stderr) when it could not bind.
+std::unique_ptr<grpc::Server> StartGrpc(const gradhub::api::ApiConfig& config,
+                                        const std::shared_ptr<grpc::ServerCredentials>& credentials,
+                                        ApiServices& services, int* port) {
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(config.grpc_address, credentials, port);
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(gradhub::api::MetricsInterceptorFactory(&services.metrics));
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
+  builder.SetMaxReceiveMessageSize(static_cast<int>(config.max_request_bytes));
+  // The sync server keeps at most MAX_POLLERS idle threads (default 2) and ends the rest: under
+  // a few dozen concurrent calls that is a thread created and one ended per call, most of what
+  // a CreateJob cost the server. Threads are still made only when every one is busy.
+  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS,
+                              kMaxIdleRpcThreads);
+  builder.RegisterService(&services.job_service);
+  services.store_service.AddTo(builder);
+  builder.RegisterService(&services.node_service);
+  builder.RegisterService(&services.admin_service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server || *port == 0) {
+    std::cerr << "gradhub-api: cannot serve gRPC on " << config.grpc_address << "\n";
+    return nullptr;
+  }
+  return server;
+}
+
+// What runs beside the calls, once gRPC is up: the store's completions and the scheduler.
+void StartBackground(const gradhub::api::ApiConfig& config, int grpc_port, ApiServices& services) {
+  services.store_service.Start();
+  // Known only once the port is bound (it may be 0 = any).
+  services.nodes.set_store_address(config.store_address.empty()
+                                       ? "127.0.0.1:" + std::to_string(grpc_port)
+                                       : config.store_address);
+  services.scheduler.Start();
+}
+
+gradhub::api::RestGatewayOptions RestOptionsFor(const gradhub::api::ApiConfig& config) {
+  gradhub::api::RestGatewayOptions options;
+  options.max_body_bytes = static_cast<size_t>(config.max_request_bytes);
+  options.tls_cert_file = config.tls_cert_file;
+  options.tls_key_file = config.tls_key_file;
+  return options;
+}
+
+// Blocks until SIGTERM or SIGINT, then stops taking work in this order: the scheduler first
+// (no new placements), the store's waiters, gRPC calls (given shutdown_grace to finish), REST.
+void WaitForShutdown(const gradhub::ShutdownSignals& signals, const gradhub::api::ApiConfig& config,
+                     ApiServices& services, grpc::Server& server, gradhub::api::RestGateway& rest) {
+  const int received = signals.Wait();
+  std::cerr << "gradhub-api: signal " << received << ", shutting down\n";
+  services.scheduler.Stop();
+  services.notifier.Shutdown();  // ends the agents' WatchAssignments streams
+  services.store_service.Shutdown();
+  server.Shutdown(std::chrono::system_clock::now() + absl::ToChronoSeconds(config.shutdown_grace));
+  server.Wait();
+  services.store_service.Stop();
+  rest.Stop();
+}
+
 int Serve(const gradhub::api::ApiConfig& config) {
   auto credentials = gradhub::ServerCredentials(config.tls_cert_file, config.tls_key_file);
   if (!credentials.ok()) {
@@ -86,63 +208,13 @@ int Serve(const gradhub::api::ApiConfig& config) {
   }
   if (int rc = Migrate(config); rc != 0) return rc;
   const gradhub::ShutdownSignals signals;
-
-  gradhub::db::Pool pool(config.database.Pool("gradhub-api"));
-  gradhub::api::Authenticator auth(&pool, config.admin_token);
-  gradhub::api::JobManager jobs(
-      &pool, gradhub::SpecLimits{.max_world_size = static_cast<int>(config.max_world_size)});
-  gradhub::api::JobService job_service(&jobs, &auth);
-  gradhub::api::RendezvousStore store;
-  gradhub::api::StoreService store_service(&store, [&auth](const std::string& authorization) {
-    return auth.RequireNodeOrAdmin(authorization);
-  });
-  gradhub::api::ApiMetrics metrics(&pool);
-  gradhub::api::Scheduler scheduler(
-      &pool, {.interval = config.scheduler_interval,
-              .node_lease = config.heartbeat_interval * 3,
-              .startup_grace = config.heartbeat_interval * 10,
-              .backfill_window = config.backfill_window,
-              .peer_failure_grace = std::max(absl::Seconds(3), config.heartbeat_interval * 2),
-              .on_running = [&metrics](absl::Duration latency) {
-                metrics.ObserveSchedulingLatency(latency);
-              }});
-  gradhub::api::NodeManagerOptions node_options;
-  node_options.heartbeat_interval = config.heartbeat_interval;
-  gradhub::api::NodeManager nodes(&pool, node_options);
-  gradhub::api::NodeService node_service(&nodes, &auth, [&] { scheduler.Nudge(); });
-  gradhub::api::AdminService admin_service(&auth);
-
+  ApiServices services(config);
   int port = 0;
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort(config.grpc_address, *credentials, &port);
-  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
-  interceptors.push_back(gradhub::api::MetricsInterceptorFactory(&metrics));
-  builder.experimental().SetInterceptorCreators(std::move(interceptors));
-  builder.SetMaxReceiveMessageSize(static_cast<int>(config.max_request_bytes));
-  // The sync server keeps at most MAX_POLLERS idle threads (default 2) and ends the rest: under
-  // a few dozen concurrent calls that is a thread created and one ended per call, most of what
-  // a CreateJob cost the server. Threads are still made only when every one is busy.
-  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS,
-                              kMaxIdleRpcThreads);
-  builder.RegisterService(&job_service);
-  store_service.AddTo(builder);
-  builder.RegisterService(&node_service);
-  builder.RegisterService(&admin_service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (!server || port == 0) {
-    std::cerr << "gradhub-api: cannot serve gRPC on " << config.grpc_address << "\n";
-    return 1;
-  }
-  store_service.Start();
-  // Known only once the port is bound (it may be 0 = any).
-  nodes.set_store_address(config.store_address.empty() ? "127.0.0.1:" + std::to_string(port)
-                                                       : config.store_address);
-  scheduler.Start();
-  gradhub::api::RestGatewayOptions rest_options;
-  rest_options.max_body_bytes = static_cast<size_t>(config.max_request_bytes);
-  rest_options.tls_cert_file = config.tls_cert_file;
-  rest_options.tls_key_file = config.tls_key_file;
-  gradhub::api::RestGateway rest(&jobs, &auth, &metrics, rest_options);
+  std::unique_ptr<grpc::Server> server = StartGrpc(config, *credentials, services, &port);
+  if (!server) return 1;
+  StartBackground(config, port, services);
+  gradhub::api::RestGateway rest(&services.jobs, &services.auth, &services.metrics,
+                                 RestOptionsFor(config));
   const absl::StatusOr<int> http_port =
       rest.Start(config.http_host, static_cast<int>(config.http_port));
   if (!http_port.ok()) {
@@ -152,15 +224,7 @@ int Serve(const gradhub::api::ApiConfig& config) {
   // Lines a launcher can parse for the ports actually bound.
   std::cout << "gradhub-api: serving REST on port " << *http_port << std::endl;
   std::cout << "gradhub-api: serving gRPC on port " << port << std::endl;
-
-  const int received = signals.Wait();
-  std::cerr << "gradhub-api: signal " << received << ", shutting down\n";
-  scheduler.Stop();
-  store_service.Shutdown();
-  server->Shutdown(std::chrono::system_clock::now() + absl::ToChronoSeconds(config.shutdown_grace));
-  server->Wait();
-  store_service.Stop();
-  rest.Stop();
+  WaitForShutdown(signals, config, services, *server, rest);
   return 0;
 }
 

@@ -13,7 +13,9 @@
 #include "services/api/attempts.h"
 #include "services/api/job_metrics.h"
 #include "services/api/job_records.h"
+#include "services/api/scheduling_rules.h"
 #include "services/common/contract/data_paths.h"
+#include "services/common/contract/job_states.h"
 #include "services/common/status_macros.h"
 
 namespace gradhub::api {
@@ -22,13 +24,14 @@ namespace {
 using google::protobuf::util::TimeUtil;
 using RankKey = std::tuple<std::string, int32_t, int32_t>;  // job id, attempt, rank
 
-constexpr char kNodeColumns[] =
+const std::string kNodeColumns = absl::StrCat(
     "n.id, n.name, n.state, n.device_kind, n.slots, n.labels::text AS labels, n.address,"
-    " n.agent_version, n.data_roots::text AS data_roots,"
+    " n.agent_version, n.data_roots::text AS data_roots, n.devices::text AS devices,"
     " coalesce(n.session_id::text, '') AS session_id, n.last_heartbeat_seq,"
     " (extract(epoch FROM n.last_heartbeat_time) * 1e6)::bigint AS heartbeat_us,"
     " (SELECT count(*) FROM rank_assignments a WHERE a.node_id = n.id"
-    "   AND a.state IN ('ASSIGNED', 'STARTING', 'RUNNING', 'STOPPING'))::int AS slots_in_use";
+    "   AND a.state IN ",
+    kLiveRankStatesSql, ")::int AS slots_in_use");
 
 constexpr int32_t kMaxSlots = 4096;
 
@@ -48,6 +51,19 @@ std::string RootsJson(const google::protobuf::RepeatedPtrField<std::string>& roo
   return json.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
+// The node's GPUs as a JSON array of DeviceInfo in the proto3 JSON mapping, so that a field
+// added to DeviceInfo is stored without a migration.
+std::string DevicesJson(const google::protobuf::RepeatedPtrField<v1::DeviceInfo>& devices) {
+  nlohmann::json json = nlohmann::json::array();
+  for (const v1::DeviceInfo& device : devices) {
+    std::string text;
+    if (google::protobuf::util::MessageToJsonString(device, &text).ok()) {
+      json.push_back(nlohmann::json::parse(text));
+    }
+  }
+  return json.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
 v1::Node NodeFromRow(const db::Row& row) {
   v1::Node node;
   node.set_name("nodes/" + row.Get<std::string>("name"));
@@ -62,6 +78,15 @@ v1::Node NodeFromRow(const db::Row& row) {
   node.set_agent_version(row.Get<std::string>("agent_version"));
   const nlohmann::json roots = nlohmann::json::parse(row.Get<std::string>("data_roots"));
   for (const auto& root : roots) node.add_data_roots(root.get<std::string>());
+  const nlohmann::json devices = nlohmann::json::parse(row.Get<std::string>("devices"));
+  google::protobuf::util::JsonParseOptions lenient;
+  lenient.ignore_unknown_fields = true;  // written by a newer api
+  for (const auto& device : devices) {
+    v1::DeviceInfo info;
+    if (google::protobuf::util::JsonStringToMessage(device.dump(), &info, lenient).ok()) {
+      *node.add_devices() = std::move(info);
+    }
+  }
   v1::Node::State state = v1::Node::STATE_UNSPECIFIED;
   v1::Node::State_Parse(row.Get<std::string>("state"), &state);
   node.set_state(state);
@@ -105,47 +130,50 @@ absl::Status RecordRank(db::Transaction& tx, int64_t node_id, const v1::RankStat
   if (state == nullptr || job_id.empty()) return absl::OkStatus();
   const int64_t step_us =
       status.has_last_step_time() ? TimeUtil::TimestampToMicroseconds(status.last_step_time()) : 0;
+  const std::string sql = absl::StrCat(
+      "UPDATE rank_assignments a SET"
+      " state = CASE"
+      "   WHEN a.state = 'STOPPING' AND $5 IN ('SUCCEEDED', 'FAILED', 'STOPPED') THEN 'STOPPED'"
+      "   WHEN a.state = 'STOPPING' THEN 'STOPPING'"
+      "   WHEN a.state = 'RUNNING' AND $5 = 'STARTING' THEN 'RUNNING'"
+      "   ELSE $5 END,"
+      " pid = nullif($6::int, 0), last_step = greatest(a.last_step, $7::bigint),"
+      " last_step_time = CASE WHEN $7::bigint > a.last_step AND $8::bigint > 0"
+      "   THEN timestamptz 'epoch' + $8::bigint * interval '1 microsecond'"
+      "   ELSE a.last_step_time END,"
+      " exit_code = nullif($9, 0), signal = nullif($10, 0), message = $11,"
+      " update_time = CASE WHEN a.state = $5 THEN a.update_time ELSE now() END"
+      " WHERE a.job_id = $1::uuid AND a.attempt = $2 AND a.rank = $3 AND a.node_id = $4"
+      " AND a.state IN ",
+      kLiveRankStatesSql);
   return tx
-      .Exec(
-          "UPDATE rank_assignments a SET"
-          " state = CASE"
-          "   WHEN a.state = 'STOPPING' AND $5 IN ('SUCCEEDED', 'FAILED', 'STOPPED') THEN 'STOPPED'"
-          "   WHEN a.state = 'STOPPING' THEN 'STOPPING'"
-          "   WHEN a.state = 'RUNNING' AND $5 = 'STARTING' THEN 'RUNNING'"
-          "   ELSE $5 END,"
-          " pid = nullif($6::int, 0), last_step = greatest(a.last_step, $7::bigint),"
-          " last_step_time = CASE WHEN $7::bigint > a.last_step AND $8::bigint > 0"
-          "   THEN timestamptz 'epoch' + $8::bigint * interval '1 microsecond' ELSE "
-          "a.last_step_time END,"
-          " exit_code = nullif($9, 0), signal = nullif($10, 0), message = $11,"
-          " update_time = CASE WHEN a.state = $5 THEN a.update_time ELSE now() END"
-          " WHERE a.job_id = $1::uuid AND a.attempt = $2 AND a.rank = $3 AND a.node_id = $4"
-          " AND a.state IN ('ASSIGNED', 'STARTING', 'RUNNING', 'STOPPING')",
-          {job_id, status.attempt(), status.rank(), node_id, std::string(state), status.pid(),
-           status.last_step(), step_us, status.exit_code(), status.signal(), status.message()})
+      .Exec(sql,
+            {job_id, status.attempt(), status.rank(), node_id, std::string(state), status.pid(),
+             status.last_step(), step_us, status.exit_code(), status.signal(), status.message()})
       .status();
 }
 
-// Every live rank row on the node, each with whether it is desired (step 3: a live rank of the
-// current attempt of a job in flight), in ONE statement and so from one snapshot. Reading the
-// desired set and then the live rows in a second statement under READ COMMITTED let a placement
-// committed between the two look live but undesired, and be stopped before its agent ever saw
-// it (issue 23; scheduler_test APlacementCommittedDuringAHeartbeatIsNotStopped). Rows placed
-// after this snapshot are simply not seen: the next heartbeat hands them out.
+// Every live rank row on the node with what FateOfLiveRank needs (step 3), in ONE statement
+// and so from one snapshot. Reading the desired set and then the live rows in a second
+// statement under READ COMMITTED let a placement committed between the two look live but
+// undesired, and be stopped before its agent ever saw it (issue 23; scheduler_test
+// APlacementCommittedDuringAHeartbeatIsNotStopped). Rows placed after this snapshot are simply
+// not seen: the next heartbeat hands them out.
 absl::StatusOr<db::Result> ReadNodeRanks(db::Transaction& tx, int64_t node_id) {
   return tx.Exec(
-      "SELECT a.job_id::text AS job_id, a.attempt, a.rank, a.local_rank, a.slot, a.state,"
-      " d.desired, j.world_size, CASE WHEN d.desired THEN j.spec::text ELSE '' END AS spec,"
-      " at.rendezvous_prefix,"
-      " (SELECT count(*) FROM rank_assignments b WHERE b.job_id = a.job_id"
-      "   AND b.attempt = a.attempt AND b.node_id = a.node_id)::int AS local_world_size"
-      " FROM rank_assignments a JOIN jobs j ON j.id = a.job_id"
-      " JOIN job_attempts at ON at.job_id = a.job_id AND at.attempt = a.attempt"
-      " CROSS JOIN LATERAL (SELECT a.state IN ('ASSIGNED', 'STARTING', 'RUNNING')"
-      "   AND j.state IN ('SCHEDULED', 'RUNNING') AND j.current_attempt = a.attempt"
-      "   AND at.state IN ('SCHEDULED', 'RUNNING') AS desired) d"
-      " WHERE a.node_id = $1 AND a.state IN ('ASSIGNED', 'STARTING', 'RUNNING', 'STOPPING')"
-      " ORDER BY a.job_id, a.rank",
+      absl::StrCat(
+          "SELECT a.job_id::text AS job_id, a.attempt, a.rank, a.local_rank, a.slot, a.state,"
+          " j.state AS job_state, at.state AS attempt_state,"
+          " j.current_attempt = a.attempt AS current_attempt, j.world_size,"
+          // The spec only where the rank may be desired: it is what makes a heartbeat heavy.
+          " CASE WHEN a.state <> 'STOPPING' THEN j.spec::text ELSE '' END AS spec,"
+          " at.rendezvous_prefix,"
+          " (SELECT count(*) FROM rank_assignments b WHERE b.job_id = a.job_id"
+          "   AND b.attempt = a.attempt AND b.node_id = a.node_id)::int AS local_world_size"
+          " FROM rank_assignments a JOIN jobs j ON j.id = a.job_id"
+          " JOIN job_attempts at ON at.job_id = a.job_id AND at.attempt = a.attempt"
+          " WHERE a.node_id = $1 AND a.state IN ",
+          kLiveRankStatesSql, " ORDER BY a.job_id, a.rank"),
       {node_id});
 }
 
@@ -169,12 +197,11 @@ absl::StatusOr<v1::RankAssignment> AssignmentFromRow(const db::Row& row, bool cu
   return rank;
 }
 
-// An undesired live row of ReadNodeRanks: STOPPING while the agent still runs it (it stops it),
-// STOPPED once it does not. Only from the state read: a row changed since is left to the next
-// heartbeat.
-absl::Status RetireRank(db::Transaction& tx, int64_t node_id, const db::Row& row, bool alive) {
+// An undesired live row of ReadNodeRanks whose fate is kStopping or kStopped. Only from the
+// state read: a row changed since is left to the next heartbeat.
+absl::Status RetireRank(db::Transaction& tx, int64_t node_id, const db::Row& row, RankFate fate) {
   const std::string state = row.Get<std::string>("state");
-  const std::string next = alive ? "STOPPING" : "STOPPED";
+  const std::string next = fate == RankFate::kStopping ? "STOPPING" : "STOPPED";
   if (state == next) return absl::OkStatus();
   return tx
       .Exec(
@@ -184,6 +211,25 @@ absl::Status RetireRank(db::Transaction& tx, int64_t node_id, const db::Row& row
           {row.Get<std::string>("job_id"), row.Get<int32_t>("attempt"), row.Get<int32_t>("rank"),
            node_id, next, state})
       .status();
+}
+
+// The node's row (id, state, device_kind, last_heartbeat_seq) if `session` is its current
+// session; FAILED_PRECONDITION otherwise (step 6). `lock` is appended to the SELECT.
+absl::StatusOr<db::Result> ReadSession(db::Transaction& tx, const std::string& name,
+                                       const std::string& session, const char* lock) {
+  GRADHUB_ASSIGN_OR_RETURN(
+      db::Result rows,
+      tx.Exec(absl::StrCat("SELECT id, state, device_kind, coalesce(session_id::text, '') AS"
+                           " session_id, last_heartbeat_seq FROM nodes WHERE name = $1",
+                           lock),
+              {name}));
+  if (rows.empty() || rows.row(0).Get<std::string>("session_id") != session ||
+      rows.row(0).Get<std::string>("state") == "LOST") {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "session '", session, "' of nodes/", name,
+        " is not current (superseded, or the node was lost); stop every rank and register"));
+  }
+  return rows;
 }
 
 void SetDuration(absl::Duration duration, google::protobuf::Duration* out) {
@@ -243,18 +289,19 @@ absl::StatusOr<v1::RegisterNodeResponse> NodeManager::RegisterNode(
     GRADHUB_ASSIGN_OR_RETURN(
         db::Result session,
         tx.Exec("INSERT INTO nodes (name, device_kind, slots, labels, address, agent_version,"
-                " session_id, last_heartbeat_time, data_roots)"
-                " VALUES ($1, $2, $3, $4::jsonb, $5, $6, gen_random_uuid(), now(), $7::jsonb)"
+                " session_id, last_heartbeat_time, data_roots, devices)"
+                " VALUES ($1, $2, $3, $4::jsonb, $5, $6, gen_random_uuid(), now(), $7::jsonb,"
+                " $8::jsonb)"
                 " ON CONFLICT (name) DO UPDATE SET device_kind = EXCLUDED.device_kind,"
                 " slots = EXCLUDED.slots, labels = EXCLUDED.labels, address = EXCLUDED.address,"
                 " agent_version = EXCLUDED.agent_version, session_id = EXCLUDED.session_id,"
-                " data_roots = EXCLUDED.data_roots,"
+                " data_roots = EXCLUDED.data_roots, devices = EXCLUDED.devices,"
                 " last_heartbeat_seq = 0, last_heartbeat_time = now(),"
                 " state = CASE WHEN nodes.state = 'LOST' THEN 'READY' ELSE nodes.state END"
                 " RETURNING session_id::text AS session_id",
                 {name, node.kind() == v1::Node::CUDA ? "CUDA" : "CPU", node.slots(),
                  LabelsJson(node.labels()), node.address(), node.agent_version(),
-                 RootsJson(node.data_roots())}));
+                 RootsJson(node.data_roots()), DevicesJson(node.devices())}));
     v1::RegisterNodeResponse response;
     response.set_session_id(session.row(0).Get<std::string>("session_id"));
     SetDuration(options_.heartbeat_interval, response.mutable_heartbeat_interval());
@@ -267,17 +314,8 @@ absl::StatusOr<v1::HeartbeatResponse> NodeManager::Heartbeat(const v1::Heartbeat
   const std::string name = NodeId(request.node());
   if (name.empty()) return absl::InvalidArgumentError("node: not nodes/NAME");
   return pool_->Transact([&](db::Transaction& tx) -> absl::StatusOr<v1::HeartbeatResponse> {
-    GRADHUB_ASSIGN_OR_RETURN(
-        db::Result rows,
-        tx.Exec("SELECT id, state, device_kind, coalesce(session_id::text, '') AS session_id,"
-                " last_heartbeat_seq FROM nodes WHERE name = $1 FOR NO KEY UPDATE",
-                {name}));
-    if (rows.empty() || rows.row(0).Get<std::string>("session_id") != request.session_id() ||
-        rows.row(0).Get<std::string>("state") == "LOST") {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "session '", request.session_id(), "' of nodes/", name,
-          " is not current (superseded, or the node was lost); stop every rank and register"));
-    }
+    GRADHUB_ASSIGN_OR_RETURN(const db::Result rows,
+                             ReadSession(tx, name, request.session_id(), " FOR NO KEY UPDATE"));
     const int64_t node_id = rows.row(0).Get<int64_t>("id");
     const bool cuda = rows.row(0).Get<std::string>("device_kind") == "CUDA";
     // A late duplicate (step 5) is answered but not recorded: a newer report already was.
@@ -303,17 +341,21 @@ absl::StatusOr<v1::HeartbeatResponse> NodeManager::Heartbeat(const v1::Heartbeat
     v1::HeartbeatResponse response;
     const std::string store_address = this->store_address();
     for (const db::Row& row : ranks) {
-      if (row.Get<bool>("desired")) {
-        GRADHUB_ASSIGN_OR_RETURN(*response.add_desired_ranks(),
-                                 AssignmentFromRow(row, cuda, store_address));
-        continue;
-      }
-      // A live row neither desired nor running on the agent is gone: a cancelled job's rank
-      // that never started, or one the agent has stopped and dropped. That frees its slot.
-      if (!fresh) continue;
       const RankKey key(row.Get<std::string>("job_id"), row.Get<int32_t>("attempt"),
                         row.Get<int32_t>("rank"));
-      GRADHUB_RETURN_IF_ERROR(RetireRank(tx, node_id, row, alive.count(key) > 0));
+      const RankFate fate =
+          FateOfLiveRank({row.Get<std::string>("state"), row.Get<std::string>("job_state"),
+                          row.Get<std::string>("attempt_state"), row.Get<bool>("current_attempt"),
+                          alive.count(key) > 0},
+                         fresh);
+      if (fate == RankFate::kDesired) {
+        GRADHUB_ASSIGN_OR_RETURN(*response.add_desired_ranks(),
+                                 AssignmentFromRow(row, cuda, store_address));
+      } else if (fate != RankFate::kUnchanged) {
+        // Not desired: still running there (the agent stops it), or gone (a cancelled job's
+        // rank that never started, one the agent stopped and dropped), which frees its slot.
+        GRADHUB_RETURN_IF_ERROR(RetireRank(tx, node_id, row, fate));
+      }
     }
     v1::Node::State state = v1::Node::STATE_UNSPECIFIED;
     v1::Node::State_Parse(rows.row(0).Get<std::string>("state"), &state);
@@ -321,6 +363,36 @@ absl::StatusOr<v1::HeartbeatResponse> NodeManager::Heartbeat(const v1::Heartbeat
     SetDuration(options_.heartbeat_interval, response.mutable_heartbeat_interval());
     return response;
   });
+}
+
+absl::StatusOr<v1::WatchAssignmentsResponse> NodeManager::DesiredAssignments(
+    const v1::WatchAssignmentsRequest& request) {
+  const std::string name = NodeId(request.node());
+  if (name.empty()) return absl::InvalidArgumentError("node: not nodes/NAME");
+  return pool_->Transact(
+      [&](db::Transaction& tx) -> absl::StatusOr<v1::WatchAssignmentsResponse> {
+        GRADHUB_ASSIGN_OR_RETURN(const db::Result rows,
+                                 ReadSession(tx, name, request.session_id(), ""));
+        const int64_t node_id = rows.row(0).Get<int64_t>("id");
+        const bool cuda = rows.row(0).Get<std::string>("device_kind") == "CUDA";
+        GRADHUB_ASSIGN_OR_RETURN(const db::Result ranks, ReadNodeRanks(tx, node_id));
+        v1::WatchAssignmentsResponse response;
+        const std::string store_address = this->store_address();
+        for (const db::Row& row : ranks) {
+          const RankFate fate = FateOfLiveRank(
+              {row.Get<std::string>("state"), row.Get<std::string>("job_state"),
+               row.Get<std::string>("attempt_state"), row.Get<bool>("current_attempt"), false},
+              /*fresh_report=*/false);
+          if (fate != RankFate::kDesired) continue;
+          GRADHUB_ASSIGN_OR_RETURN(*response.add_desired_ranks(),
+                                   AssignmentFromRow(row, cuda, store_address));
+        }
+        v1::Node::State state = v1::Node::STATE_UNSPECIFIED;
+        v1::Node::State_Parse(rows.row(0).Get<std::string>("state"), &state);
+        response.set_node_state(state);
+        return response;
+      },
+      {.read_only = true});
 }
 
 absl::StatusOr<int64_t> NodeManager::StoreLogs(const v1::ReportLogsRequest& request) {

@@ -21,12 +21,13 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "gradhub/v1/nodes.pb.h"
+#include "services/common/contract/defaults.h"
 #include "services/common/db/pool.h"
 
 namespace gradhub::api {
 
 struct NodeManagerOptions {
-  absl::Duration heartbeat_interval = absl::Seconds(1);
+  absl::Duration heartbeat_interval = absl::FromChrono(defaults::kHeartbeatInterval);
   // Test seam: called inside Heartbeat's transaction right after the desired set has been
   // read, before the node's undesired live ranks are marked gone, so that a test can commit a
   // placement in between (tests/integration/job_manager/scheduler_test.cc).
@@ -47,6 +48,11 @@ class NodeManager {
 
   // Steps 2-6. FAILED_PRECONDITION for a session that is not current (re-register).
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& request);
+
+  // Step 8: the node's desired set as a read-only snapshot (records nothing, retires nothing).
+  // FAILED_PRECONDITION for a session that is not current.
+  absl::StatusOr<v1::WatchAssignmentsResponse> DesiredAssignments(
+      const v1::WatchAssignmentsRequest& request);
 
   // Stores one batch of a rank's output (duplicates absorbed) and returns the acked seq. Rank
   // 0's progress lines also update the job's progress, which is what WatchJob shows.

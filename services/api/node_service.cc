@@ -1,9 +1,23 @@
 #include "services/api/node_service.h"
 
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
+
+#include <string>
+
+#include "absl/time/clock.h"
+
 #include "services/api/job_service.h"
 #include "services/common/grpc_status.h"
 
 namespace gradhub::api {
+namespace {
+
+// A stream that saw no change sends its set again this often: a proxy or load balancer in
+// between never sees it idle long enough to cut it.
+constexpr absl::Duration kWatchKeepalive = absl::Seconds(30);
+
+}  // namespace
 
 absl::Status NodeService::Require(const grpc::ServerContext& context, Principal::Kind kind) const {
   absl::StatusOr<Principal> principal = auth_->Authenticate(AuthorizationOf(context));
@@ -36,6 +50,38 @@ grpc::Status NodeService::Heartbeat(grpc::ServerContext* context,
     }
   }
   return answer;
+}
+
+grpc::Status NodeService::WatchAssignments(
+    grpc::ServerContext* context, const v1::WatchAssignmentsRequest* request,
+    grpc::ServerWriter<v1::WatchAssignmentsResponse>* writer) {
+  if (auto status = Require(*context, Principal::Kind::kNode); !status.ok()) return ToGrpc(status);
+  if (notifier_ == nullptr) {
+    return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "this server pushes no assignments");
+  }
+  // Sent again only when it differs (or as a keepalive): most changes are other nodes'.
+  std::string last_sent;
+  absl::Time sent_at = absl::InfinitePast();
+  const auto cancelled = [context] { return context->IsCancelled(); };
+  while (!cancelled() && !notifier_->shutting_down()) {
+    const uint64_t seen = notifier_->generation();  // before the read: a change after it wakes us
+    absl::StatusOr<v1::WatchAssignmentsResponse> desired = nodes_->DesiredAssignments(*request);
+    if (!desired.ok()) return ToGrpc(desired.status());
+    std::string bytes;
+    google::protobuf::io::StringOutputStream out(&bytes);
+    google::protobuf::io::CodedOutputStream coded(&out);
+    coded.SetSerializationDeterministic(true);
+    desired->SerializeToCodedStream(&coded);
+    coded.Trim();
+    const absl::Time now = absl::Now();
+    if (bytes != last_sent || now - sent_at >= kWatchKeepalive) {
+      if (!writer->Write(*desired)) return grpc::Status::OK;  // the client went away
+      last_sent = std::move(bytes);
+      sent_at = now;
+    }
+    notifier_->WaitForChange(seen, sent_at + kWatchKeepalive, cancelled);
+  }
+  return grpc::Status::OK;
 }
 
 grpc::Status NodeService::ReportLogs(grpc::ServerContext* context,

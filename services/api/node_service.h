@@ -5,6 +5,7 @@
 #include <functional>
 
 #include "gradhub/v1/nodes.grpc.pb.h"
+#include "services/api/assignment_notifier.h"
 #include "services/api/authenticator.h"
 #include "services/api/call_authorization.h"
 #include "services/api/node_manager.h"
@@ -13,15 +14,23 @@ namespace gradhub::api {
 
 class NodeService final : public v1::NodeService::Service {
  public:
-  // Not owned; both must outlive the service. `on_change` (may be empty) is called after a
-  // heartbeat that may have changed what the scheduler should do (e.g. the scheduler's Nudge).
-  NodeService(NodeManager* nodes, const Authenticator* auth, std::function<void()> on_change = {})
-      : nodes_(nodes), auth_(auth), on_change_(std::move(on_change)) {}
+  // Not owned; all must outlive the service. `on_change` (may be empty) is called after a
+  // call that may have changed what the scheduler should do (e.g. the scheduler's Nudge).
+  // `notifier` (may be null: then WatchAssignments is UNIMPLEMENTED) wakes the streams.
+  NodeService(NodeManager* nodes, const Authenticator* auth, std::function<void()> on_change = {},
+              AssignmentNotifier* notifier = nullptr)
+      : nodes_(nodes), auth_(auth), on_change_(std::move(on_change)), notifier_(notifier) {}
 
   grpc::Status RegisterNode(grpc::ServerContext* context, const v1::RegisterNodeRequest* request,
                             v1::RegisterNodeResponse* response) override;
   grpc::Status Heartbeat(grpc::ServerContext* context, const v1::HeartbeatRequest* request,
                          v1::HeartbeatResponse* response) override;
+  // Step 8 of nodes.proto: the desired set, then again on each change (AssignmentNotifier),
+  // and at least every kWatchKeepalive; ends when the client cancels, the session ends
+  // (FAILED_PRECONDITION) or the notifier shuts down.
+  grpc::Status WatchAssignments(grpc::ServerContext* context,
+                                const v1::WatchAssignmentsRequest* request,
+                                grpc::ServerWriter<v1::WatchAssignmentsResponse>* writer) override;
   grpc::Status ReportLogs(grpc::ServerContext* context,
                           grpc::ServerReader<v1::ReportLogsRequest>* reader,
                           v1::ReportLogsResponse* response) override;
@@ -41,6 +50,7 @@ class NodeService final : public v1::NodeService::Service {
   NodeManager* nodes_;
   const Authenticator* auth_;
   std::function<void()> on_change_;
+  AssignmentNotifier* notifier_;
 };
 
 }  // namespace gradhub::api

@@ -16,8 +16,9 @@
 #include "absl/strings/str_split.h"
 #include "services/api/attempts.h"
 #include "services/api/job_records.h"
-#include "services/common/contract/data_paths.h"
+#include "services/api/scheduling_rules.h"
 #include "services/common/contract/job_spec.h"
+#include "services/common/contract/job_states.h"
 #include "services/common/status_macros.h"
 
 namespace gradhub::api {
@@ -25,8 +26,6 @@ namespace {
 
 // pg_advisory_xact_lock key of the scheduler: "gradhub" "sched" in ASCII, arbitrary but fixed.
 constexpr int64_t kSchedulerLock = 0x6772616468756273;
-
-constexpr char kLiveRankStates[] = "('ASSIGNED', 'STARTING', 'RUNNING', 'STOPPING')";
 
 absl::Status TakeSchedulerLock(db::Transaction& tx) {
   return tx.Exec("SELECT pg_advisory_xact_lock($1)", {kSchedulerLock}).status();
@@ -37,84 +36,6 @@ double Seconds(absl::Duration d) { return absl::ToDoubleSeconds(d); }
 // The idle time after a pass, as a multiple of the time the pass took (see Start).
 constexpr int kPassSpacing = 9;
 
-// Capacity of one node as the placement sees it.
-struct NodeCapacity {
-  int64_t id = 0;
-  std::string name;
-  bool schedulable = false;  // READY, heartbeating, of the device kind the job needs
-  bool labels_match = false;
-  bool roots_match = false;  // its data roots hold every path the job names
-  std::vector<int32_t> free_slots;
-};
-
-struct RankPlacement {
-  int32_t rank, local_rank, slot;
-  const NodeCapacity* node;
-};
-
-// Packs ranks onto as few nodes as possible: nodes with the most free slots first (rank 0 on
-// the first), at most ranks_per_node on each. Empty when they do not all fit; then *why says
-// what is missing.
-std::vector<RankPlacement> Pack(const std::vector<NodeCapacity>& nodes, int32_t world_size,
-                                int32_t ranks_per_node,
-                                const google::protobuf::Map<std::string, std::string>& selector,
-                                std::string* why) {
-  std::vector<const NodeCapacity*> eligible;
-  bool any_labelled = false;
-  bool any_serves = false;
-  for (const NodeCapacity& node : nodes) {
-    any_labelled |= node.labels_match;
-    any_serves |= node.labels_match && node.roots_match;
-    if (node.schedulable && node.labels_match && node.roots_match && !node.free_slots.empty()) {
-      eligible.push_back(&node);
-    }
-  }
-  std::stable_sort(eligible.begin(), eligible.end(), [](const auto* a, const auto* b) {
-    return a->free_slots.size() > b->free_slots.size();
-  });
-  const size_t per_node = ranks_per_node > 0 ? static_cast<size_t>(ranks_per_node) : SIZE_MAX;
-  std::vector<RankPlacement> placed;
-  int32_t free_total = 0;
-  for (const NodeCapacity* node : eligible) {
-    const size_t take = std::min(
-        {node->free_slots.size(), per_node, static_cast<size_t>(world_size) - placed.size()});
-    free_total += static_cast<int32_t>(std::min(node->free_slots.size(), per_node));
-    for (size_t i = 0; i < take; ++i) {
-      placed.push_back({static_cast<int32_t>(placed.size()), static_cast<int32_t>(i),
-                        node->free_slots[i], node});
-    }
-  }
-  if (placed.size() == static_cast<size_t>(world_size)) return placed;
-  if (!selector.empty() && !any_labelled) {
-    std::vector<std::string> wanted;
-    for (const auto& [key, value] : selector) wanted.push_back(key + "=" + value);
-    std::sort(wanted.begin(), wanted.end());
-    *why = absl::StrCat("no node with label ", absl::StrJoin(wanted, ","));
-  } else if (!any_serves) {
-    *why = "no node's data roots hold every file the spec names (see each node's dataRoots)";
-  } else if (eligible.empty()) {
-    *why = absl::StrCat("needs ", world_size, " slots, no ready node has a free slot");
-  } else {
-    *why = absl::StrCat(
-        "needs ", world_size, " slots",
-        ranks_per_node > 0 ? absl::StrCat(" (at most ", ranks_per_node, " per node)") : "", ", ",
-        free_total, " usable on ", eligible.size(), " ready nodes, ",
-        eligible.front()->free_slots.size(), " free on the largest node");
-  }
-  return {};
-}
-
-// A node as the scheduler sees it, before any job's needs are applied.
-struct NodeRecord {
-  int64_t id = 0;
-  std::string name;
-  bool ready = false;  // READY and heartbeating
-  std::string device_kind;
-  nlohmann::json labels;
-  std::vector<std::string> data_roots;
-  std::vector<int32_t> free_slots;
-};
-
 absl::StatusOr<std::vector<NodeRecord>> ReadNodes(db::Transaction& tx, absl::Duration lease) {
   GRADHUB_ASSIGN_OR_RETURN(
       db::Result rows,
@@ -122,11 +43,10 @@ absl::StatusOr<std::vector<NodeRecord>> ReadNodes(db::Transaction& tx, absl::Dur
           absl::StrCat(
               "SELECT n.id, n.name, n.slots, n.device_kind, n.labels::text AS labels,"
               " n.data_roots::text AS data_roots,"
-              " (n.state = 'READY' AND n.last_heartbeat_time > now() - $1 * interval '1 second')"
-              "   AS ready,"
+              " n.state, n.last_heartbeat_time > now() - $1 * interval '1 second' AS heartbeating,"
               " (SELECT coalesce(string_agg(a.slot::text, ','), '') FROM rank_assignments a"
               "   WHERE a.node_id = n.id AND a.state IN ",
-              kLiveRankStates,
+              kLiveRankStatesSql,
               ") AS used"
               " FROM nodes n WHERE n.state <> 'LOST' ORDER BY n.name"),
           {Seconds(lease)}));
@@ -135,9 +55,14 @@ absl::StatusOr<std::vector<NodeRecord>> ReadNodes(db::Transaction& tx, absl::Dur
     NodeRecord node;
     node.id = row.Get<int64_t>("id");
     node.name = row.Get<std::string>("name");
-    node.ready = row.Get<bool>("ready");
-    node.device_kind = row.Get<std::string>("device_kind");
-    node.labels = nlohmann::json::parse(row.Get<std::string>("labels"));
+    v1::Node::State_Parse(row.Get<std::string>("state"), &node.state);
+    node.heartbeating = row.Get<bool>("heartbeating");
+    v1::Node::DeviceKind_Parse(row.Get<std::string>("device_kind"), &node.kind);
+    // Named: a range-for over a temporary's items() would outlive the temporary.
+    const nlohmann::json labels = nlohmann::json::parse(row.Get<std::string>("labels"));
+    for (const auto& [key, value] : labels.items()) {
+      if (value.is_string()) node.labels[key] = value.get<std::string>();
+    }
     for (const auto& root : nlohmann::json::parse(row.Get<std::string>("data_roots"))) {
       node.data_roots.push_back(root.get<std::string>());
     }
@@ -149,26 +74,6 @@ absl::StatusOr<std::vector<NodeRecord>> ReadNodes(db::Transaction& tx, absl::Dur
     for (int32_t slot = 0; slot < row.Get<int32_t>("slots"); ++slot) {
       if (!used.count(slot)) node.free_slots.push_back(slot);
     }
-    nodes.push_back(std::move(node));
-  }
-  return nodes;
-}
-
-std::vector<NodeCapacity> CapacityFor(const std::vector<NodeRecord>& records,
-                                      const v1::JobSpec& spec) {
-  const bool needs_cuda = spec.distributed().backend() == v1::DistributedSpec::NCCL;
-  std::vector<NodeCapacity> nodes;
-  for (const NodeRecord& record : records) {
-    NodeCapacity node;
-    node.id = record.id;
-    node.name = record.name;
-    node.schedulable = record.ready && (!needs_cuda || record.device_kind == "CUDA");
-    node.labels_match = true;
-    node.roots_match = RootsServeSpec(record.data_roots, spec);
-    for (const auto& [key, value] : spec.node_selector()) {
-      node.labels_match &= record.labels.contains(key) && record.labels[key] == value;
-    }
-    node.free_slots = record.free_slots;
     nodes.push_back(std::move(node));
   }
   return nodes;
@@ -213,8 +118,7 @@ absl::Status SetPendingReason(db::Transaction& tx, const v1::Job& job, const std
 }
 
 // Creates the next attempt of `job` with its ranks where `placement` says, and schedules it.
-absl::Status CreateAttempt(db::Transaction& tx, v1::Job job,
-                           const std::vector<RankPlacement>& placement) {
+absl::Status CreateAttempt(db::Transaction& tx, v1::Job job, const GangPlacement& placement) {
   const std::string id = JobId(job.name());
   const int32_t attempt = job.attempt() + 1;
   GRADHUB_RETURN_IF_ERROR(
@@ -224,49 +128,111 @@ absl::Status CreateAttempt(db::Transaction& tx, v1::Job job,
           .status());
   GRADHUB_RETURN_IF_ERROR(
       tx.Exec("UPDATE jobs SET current_attempt = $2 WHERE id = $1::uuid", {id, attempt}).status());
-  std::map<std::string, std::vector<int32_t>> ranks_by_node;
-  std::vector<std::string> node_order;
-  for (const RankPlacement& rank : placement) {
+  for (const RankPlacement& rank : placement.ranks) {
     GRADHUB_RETURN_IF_ERROR(
         tx.Exec("INSERT INTO rank_assignments (job_id, attempt, rank, node_id, local_rank, slot)"
                 " VALUES ($1::uuid, $2, $3, $4, $5, $6)",
-                {id, attempt, rank.rank, rank.node->id, rank.local_rank, rank.slot})
+                {id, attempt, rank.rank, rank.node_id, rank.local_rank, rank.slot})
             .status());
-    if (!ranks_by_node.count(rank.node->name)) node_order.push_back(rank.node->name);
-    ranks_by_node[rank.node->name].push_back(rank.rank);
-  }
-  std::vector<std::string> where;
-  for (const std::string& node : node_order) {
-    const auto& ranks = ranks_by_node[node];
-    where.push_back(absl::StrCat("nodes/", node, " (rank", ranks.size() > 1 ? "s " : " ",
-                                 ranks.front(),
-                                 ranks.size() > 1 ? absl::StrCat("-", ranks.back()) : "", ")"));
   }
   job.set_attempt(attempt);
-  return ApplyTransition(
-             tx, job, v1::Job::SCHEDULED,
-             Because(absl::StrCat("attempt ", attempt, " placed on ", absl::StrJoin(where, ", "))))
+  return ApplyTransition(tx, job, v1::Job::SCHEDULED, Because(PlacementMessage(attempt, placement)))
       .status();
 }
 
-struct RankRow {
-  int32_t rank;
-  std::string state, node, message;
-  int32_t exit_code, signal;
-  double age_seconds;  // since its state last changed
-};
+// Marks an attempt whose job ended (cancelled) or moved on as ended with it, and asks its live
+// ranks to stop.
+absl::Status EndAttemptWithItsJob(db::Transaction& tx, const v1::Job& job, int32_t attempt) {
+  const std::string id = JobId(job.name());
+  const bool cancelled = job.state() == v1::Job::CANCELLED || job.state() == v1::Job::CANCELLING;
+  const std::string ended = cancelled                           ? "CANCELLED"
+                            : job.state() == v1::Job::SUCCEEDED ? "SUCCEEDED"
+                                                                : "FAILED";
+  GRADHUB_RETURN_IF_ERROR(tx.Exec("UPDATE job_attempts SET state = $3, end_time = now()"
+                                  " WHERE job_id = $1::uuid AND attempt = $2",
+                                  {id, attempt, ended})
+                              .status());
+  return tx
+      .Exec(absl::StrCat("UPDATE rank_assignments SET state = 'STOPPING', update_time = now()"
+                         " WHERE job_id = $1::uuid AND attempt = $2 AND state IN ",
+                         kRunnableRankStatesSql),
+            {id, attempt})
+      .status();
+}
+
+// What JudgeAttempt needs of the current attempt of `job` (read FOR UPDATE in `tx`); nullopt
+// when the attempt is not in flight any more.
+absl::StatusOr<std::optional<AttemptSnapshot>> ReadAttemptSnapshot(db::Transaction& tx,
+                                                                   const v1::Job& job) {
+  const std::string id = JobId(job.name());
+  GRADHUB_ASSIGN_OR_RETURN(db::Result attempt_row,
+                           tx.Exec("SELECT state, extract(epoch FROM now() - greatest(create_time,"
+                                   " coalesce(start_time, create_time)))::float8 AS idle_s"
+                                   " FROM job_attempts WHERE job_id = $1::uuid AND attempt = $2",
+                                   {id, job.attempt()}));
+  if (attempt_row.empty()) return std::nullopt;
+  const std::string state = attempt_row.row(0).Get<std::string>("state");
+  if (state != "SCHEDULED" && state != "RUNNING") return std::nullopt;
+  AttemptSnapshot snapshot;
+  snapshot.job_state = job.state();
+  // The stored spec is as submitted: its defaults apply here.
+  snapshot.hang_timeout_seconds = WithDefaults(job.spec()).hang_timeout_seconds();
+  snapshot.seconds_since_start = attempt_row.row(0).Get<double>("idle_s");
+  GRADHUB_ASSIGN_OR_RETURN(
+      db::Result rank_rows,
+      tx.Exec("SELECT a.rank, a.state, n.name AS node, a.message,"
+              " coalesce(a.exit_code, 0) AS exit_code, coalesce(a.signal, 0) AS signal,"
+              " extract(epoch FROM now() - a.update_time)::float8 AS age_s,"
+              " extract(epoch FROM now() - a.last_step_time)::float8 AS step_age_s"
+              " FROM rank_assignments a JOIN nodes n ON n.id = a.node_id"
+              " WHERE a.job_id = $1::uuid AND a.attempt = $2 ORDER BY a.update_time, a.rank",
+              {id, job.attempt()}));
+  for (const db::Row& row : rank_rows) {
+    snapshot.ranks.push_back({row.Get<int32_t>("rank"), row.Get<std::string>("state"),
+                              row.Get<std::string>("node"), row.Get<std::string>("message"),
+                              row.Get<int32_t>("exit_code"), row.Get<int32_t>("signal"),
+                              row.Get<double>("age_s")});
+    if (!row.IsNull("step_age_s")) {
+      const double age = row.Get<double>("step_age_s");
+      snapshot.seconds_since_step = std::min(snapshot.seconds_since_step.value_or(age), age);
+    }
+  }
+  return snapshot;
+}
+
+// Writes JudgeAttempt's verdict on the current attempt of `job`. Returns the time the job
+// waited in the queue when the verdict made it RUNNING.
+absl::StatusOr<std::optional<double>> ApplyVerdict(db::Transaction& tx, v1::Job job,
+                                                   const AttemptVerdict& verdict) {
+  if (verdict.failure) {
+    GRADHUB_RETURN_IF_ERROR(FailAttempt(tx, job, *verdict.failure));
+    return std::nullopt;
+  }
+  const std::string id = JobId(job.name());
+  std::optional<double> queued_seconds;
+  if (verdict.now_running) {
+    GRADHUB_ASSIGN_OR_RETURN(
+        db::Result started, tx.Exec("UPDATE job_attempts SET state = 'RUNNING', start_time = now()"
+                                    " WHERE job_id = $1::uuid AND attempt = $2 RETURNING (SELECT"
+                                    " extract(epoch FROM now() - j.queued_time)::float8 FROM jobs j"
+                                    " WHERE j.id = $1::uuid) AS queued_s",
+                                    {id, job.attempt()}));
+    if (!started.empty()) queued_seconds = started.row(0).Get<double>("queued_s");
+    GRADHUB_ASSIGN_OR_RETURN(
+        job, ApplyTransition(tx, job, v1::Job::RUNNING, Because(verdict.started_reason)));
+  }
+  if (verdict.succeeded) {
+    GRADHUB_RETURN_IF_ERROR(tx.Exec("UPDATE job_attempts SET state = 'SUCCEEDED',"
+                                    " end_time = now() WHERE job_id = $1::uuid AND attempt = $2",
+                                    {id, job.attempt()})
+                                .status());
+    GRADHUB_RETURN_IF_ERROR(
+        ApplyTransition(tx, job, v1::Job::SUCCEEDED, Because(verdict.succeeded_reason)).status());
+  }
+  return queued_seconds;
+}
 
 }  // namespace
-
-bool MayDeclareNodesLost(absl::Duration api_uptime, absl::Duration startup_grace) {
-  return api_uptime >= startup_grace;
-}
-
-std::string NodeLostReason(const std::string& node, double silent_seconds, absl::Duration lease) {
-  return absl::StrCat("nodes/", node, " lost: no heartbeat for ",
-                      static_cast<int64_t>(silent_seconds), " s (lease ",
-                      absl::FormatDuration(lease), ")");
-}
 
 absl::Status Scheduler::RunOnce() {
   std::lock_guard<std::mutex> one_pass_at_a_time(pass_mu_);
@@ -277,67 +243,80 @@ absl::Status Scheduler::RunOnce() {
 }
 
 absl::Status Scheduler::SweepNodes() {
+  absl::Status status = pool_->Transact([&](db::Transaction& tx) -> absl::Status {
+    GRADHUB_RETURN_IF_ERROR(TakeSchedulerLock(tx));
+    GRADHUB_RETURN_IF_ERROR(DeclareLostNodes(tx));
+    return ApplyDrains(tx);
+  });
+  AssignmentsChanged();
+  return status;
+}
+
+void Scheduler::AssignmentsChanged() {
+  if (assignments_changed_.exchange(false) && options_.on_assignments_changed) {
+    options_.on_assignments_changed();
+  }
+}
+
+absl::Status Scheduler::DeclareLostNodes(db::Transaction& tx) {
   // Protocol step 2 (scheduler.h): right after this api started, a node's last heartbeat may
   // be older than the lease only because no api was there to take it. Its agent keeps its
   // ranks running (up to its --api-outage-grace) and reconnects within a few seconds; until
   // startup_grace has passed, silence proves nothing.
   const bool may_lose = MayDeclareNodesLost(absl::Now() - start_time_, options_.startup_grace);
-  return pool_->Transact([&](db::Transaction& tx) -> absl::Status {
-    GRADHUB_RETURN_IF_ERROR(TakeSchedulerLock(tx));
-    GRADHUB_ASSIGN_OR_RETURN(
-        db::Result lost,
-        // A node that has heartbeated to this api since it started needs no grace: its silence
-        // is its own. (Compares the api's clock with the database's: they must agree to well
-        // under a lease, as NTP keeps them.)
-        tx.Exec("UPDATE nodes SET state = 'LOST', session_id = NULL WHERE state <> 'LOST'"
-                " AND last_heartbeat_time < now() - $1 * interval '1 second'"
-                " AND ($2 OR last_heartbeat_time > to_timestamp($3))"
-                " RETURNING id, name,"
-                " extract(epoch FROM now() - last_heartbeat_time)::float8 AS silent_s",
-                {Seconds(options_.node_lease), may_lose,
-                 absl::ToDoubleSeconds(start_time_ - absl::UnixEpoch())}));
-    for (const db::Row& row : lost) {
-      const std::string name = row.Get<std::string>("name");
-      GRADHUB_RETURN_IF_ERROR(ForgetRanksOnNode(
-          tx, row.Get<int64_t>("id"), name,
-          NodeLostReason(name, row.Get<double>("silent_s"), options_.node_lease)));
+  GRADHUB_ASSIGN_OR_RETURN(
+      db::Result lost,
+      // A node that has heartbeated to this api since it started needs no grace: its silence
+      // is its own. (Compares the api's clock with the database's: they must agree to well
+      // under a lease, as NTP keeps them.)
+      tx.Exec("UPDATE nodes SET state = 'LOST', session_id = NULL WHERE state <> 'LOST'"
+              " AND last_heartbeat_time < now() - $1 * interval '1 second'"
+              " AND ($2 OR last_heartbeat_time > to_timestamp($3))"
+              " RETURNING id, name,"
+              " extract(epoch FROM now() - last_heartbeat_time)::float8 AS silent_s",
+              {Seconds(options_.node_lease), may_lose,
+               absl::ToDoubleSeconds(start_time_ - absl::UnixEpoch())}));
+  for (const db::Row& row : lost) {
+    MarkAssignmentsChanged();  // the attempts' ranks on other nodes are to stop
+    const std::string name = row.Get<std::string>("name");
+    GRADHUB_RETURN_IF_ERROR(
+        ForgetRanksOnNode(tx, row.Get<int64_t>("id"), name,
+                          NodeLostReason(name, row.Get<double>("silent_s"), options_.node_lease)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Scheduler::ApplyDrains(db::Transaction& tx) {
+  GRADHUB_ASSIGN_OR_RETURN(
+      db::Result rows,
+      tx.Exec(absl::StrCat("SELECT DISTINCT n.id, n.name, a.job_id::text AS job_id, a.attempt,"
+                           " a.rank FROM nodes n LEFT JOIN rank_assignments a ON a.node_id = n.id"
+                           " AND a.state IN ",
+                           kLiveRankStatesSql,
+                           " WHERE n.state = 'DRAINING' ORDER BY n.id, a.rank")));
+  std::vector<DrainingRank> draining;
+  for (const db::Row& row : rows) {
+    DrainingRank rank{row.Get<int64_t>("id"), row.Get<std::string>("name")};
+    if (!row.IsNull("job_id")) {
+      rank.job_id = row.Get<std::string>("job_id");
+      rank.attempt = row.Get<int32_t>("attempt");
+      rank.rank = row.Get<int32_t>("rank");
     }
-    // Draining: restart the jobs that still run there; cordon once nothing is left.
-    GRADHUB_ASSIGN_OR_RETURN(
-        db::Result draining,
-        tx.Exec(
-            absl::StrCat("SELECT DISTINCT n.id, n.name, a.job_id::text AS job_id, a.attempt, a.rank"
-                         " FROM nodes n LEFT JOIN rank_assignments a ON a.node_id = n.id"
-                         " AND a.state IN ",
-                         kLiveRankStates,
-                         " WHERE n.state = 'DRAINING'"
-                         " ORDER BY n.id, a.rank")));
-    std::set<int64_t> busy;
-    std::set<std::string> failed_jobs;
-    for (const db::Row& row : draining) {
-      if (row.IsNull("job_id")) continue;
-      busy.insert(row.Get<int64_t>("id"));
-      const std::string job_id = row.Get<std::string>("job_id");
-      if (!failed_jobs.insert(job_id).second) continue;
-      GRADHUB_ASSIGN_OR_RETURN(v1::Job job, ReadJob(tx, "jobs/" + job_id, -1, true));
-      if (job.attempt() != row.Get<int32_t>("attempt")) continue;
-      AttemptFailure failure;
-      failure.event = v1::JobEvent::NODE_LOST;
-      failure.kind = v1::JobEvent::INFRASTRUCTURE;
-      failure.details.node = "nodes/" + row.Get<std::string>("name");
-      failure.details.rank = row.Get<int32_t>("rank");
-      failure.details.message = failure.details.node + " is being drained";
-      GRADHUB_RETURN_IF_ERROR(FailAttempt(tx, job, failure));
-    }
-    for (const db::Row& row : draining) {
-      if (busy.count(row.Get<int64_t>("id"))) continue;
-      GRADHUB_RETURN_IF_ERROR(tx.Exec("UPDATE nodes SET state = 'CORDONED' WHERE id = $1"
-                                      " AND state = 'DRAINING'",
-                                      {row.Get<int64_t>("id")})
-                                  .status());
-    }
-    return absl::OkStatus();
-  });
+    draining.push_back(std::move(rank));
+  }
+  const DrainPlan plan = PlanDrains(draining);
+  for (const DrainPlan::Restart& restart : plan.restarts) {
+    GRADHUB_ASSIGN_OR_RETURN(v1::Job job, ReadJob(tx, "jobs/" + restart.job_id, -1, true));
+    if (job.attempt() != restart.attempt) continue;
+    MarkAssignmentsChanged();
+    GRADHUB_RETURN_IF_ERROR(FailAttempt(tx, job, restart.failure));
+  }
+  for (const int64_t node : plan.cordon) {
+    GRADHUB_RETURN_IF_ERROR(
+        tx.Exec("UPDATE nodes SET state = 'CORDONED' WHERE id = $1 AND state = 'DRAINING'", {node})
+            .status());
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Scheduler::ReconcileAttempts() {
@@ -348,152 +327,42 @@ absl::Status Scheduler::ReconcileAttempts() {
   for (const db::Row& entry : active) {
     const std::string name = "jobs/" + entry.Get<std::string>("job_id");
     const int32_t attempt = entry.Get<int32_t>("attempt");
-    std::optional<double> queued_seconds;  // set when this pass makes the job RUNNING
-    absl::Status status = pool_->Transact([&](db::Transaction& tx) -> absl::Status {
-      queued_seconds.reset();  // a retried transaction starts over
-      GRADHUB_RETURN_IF_ERROR(TakeSchedulerLock(tx));
-      GRADHUB_ASSIGN_OR_RETURN(v1::Job job, ReadJob(tx, name, -1, true));
-      const std::string id = JobId(name);
-      GRADHUB_ASSIGN_OR_RETURN(
-          db::Result attempt_row,
-          tx.Exec("SELECT state, extract(epoch FROM now() - greatest(create_time,"
-                  " coalesce(start_time, create_time)))::float8 AS idle_s"
-                  " FROM job_attempts WHERE job_id = $1::uuid AND attempt = $2",
-                  {id, attempt}));
-      if (attempt_row.empty()) return absl::OkStatus();
-      const std::string attempt_state = attempt_row.row(0).Get<std::string>("state");
-      if (attempt_state != "SCHEDULED" && attempt_state != "RUNNING") return absl::OkStatus();
-      // A job that ended (cancelled) or moved on takes its attempt with it.
-      if (job.attempt() != attempt || IsTerminal(job.state()) ||
-          job.state() == v1::Job::CANCELLING) {
-        const bool cancelled =
-            job.state() == v1::Job::CANCELLED || job.state() == v1::Job::CANCELLING;
-        const std::string ended = cancelled                           ? "CANCELLED"
-                                  : job.state() == v1::Job::SUCCEEDED ? "SUCCEEDED"
-                                                                      : "FAILED";
-        GRADHUB_RETURN_IF_ERROR(tx.Exec("UPDATE job_attempts SET state = $3, end_time = now()"
-                                        " WHERE job_id = $1::uuid AND attempt = $2",
-                                        {id, attempt, ended})
-                                    .status());
-        return tx
-            .Exec(
-                "UPDATE rank_assignments SET state = 'STOPPING', update_time = now()"
-                " WHERE job_id = $1::uuid AND attempt = $2"
-                " AND state IN ('ASSIGNED', 'STARTING', 'RUNNING')",
-                {id, attempt})
-            .status();
-      }
-      GRADHUB_ASSIGN_OR_RETURN(
-          db::Result rank_rows,
-          tx.Exec("SELECT a.rank, a.state, n.name AS node, a.message,"
-                  " coalesce(a.exit_code, 0) AS exit_code, coalesce(a.signal, 0) AS signal,"
-                  " extract(epoch FROM now() - a.update_time)::float8 AS age_s,"
-                  " extract(epoch FROM now() - a.last_step_time)::float8 AS step_age_s"
-                  " FROM rank_assignments a JOIN nodes n ON n.id = a.node_id"
-                  " WHERE a.job_id = $1::uuid AND a.attempt = $2 ORDER BY a.update_time, a.rank",
-                  {id, attempt}));
-      std::vector<RankRow> ranks;
-      int started = 0, succeeded = 0;
-      std::optional<double> newest_step_age;
-      for (const db::Row& row : rank_rows) {
-        ranks.push_back({row.Get<int32_t>("rank"), row.Get<std::string>("state"),
-                         row.Get<std::string>("node"), row.Get<std::string>("message"),
-                         row.Get<int32_t>("exit_code"), row.Get<int32_t>("signal"),
-                         row.Get<double>("age_s")});
-        const std::string& state = ranks.back().state;
-        started += state == "STARTING" || state == "RUNNING" || state == "SUCCEEDED";
-        succeeded += state == "SUCCEEDED";
-        if (!row.IsNull("step_age_s")) {
-          const double age = row.Get<double>("step_age_s");
-          newest_step_age = newest_step_age ? std::min(*newest_step_age, age) : age;
-        }
-      }
-
-      // A failed rank: blame the first one that did not merely lose its peers, or, once the
-      // grace has passed without one, the first that did.
-      const RankRow* culprit = nullptr;
-      const RankRow* peer_loss = nullptr;
-      for (const RankRow& rank : ranks) {
-        if (rank.state != "FAILED" && rank.state != "STOPPED") continue;
-        const auto kind = rank.state == "STOPPED" ? v1::JobEvent::INFRASTRUCTURE
-                                                  : FailureKindOfExit(rank.exit_code, rank.signal);
-        if (kind != v1::JobEvent::INFRASTRUCTURE) {
-          culprit = &rank;
-          break;
-        }
-        // Of the infrastructure failures, one its agent stopped says why (lost node, an api
-        // outage past the agent's grace); ranks that merely lost their peers say less.
-        if (peer_loss == nullptr || (peer_loss->state != "STOPPED" && rank.state == "STOPPED")) {
-          peer_loss = &rank;
-        }
-      }
-      if (culprit == nullptr && peer_loss != nullptr &&
-          (peer_loss->age_seconds >= Seconds(options_.peer_failure_grace) ||
-           started - succeeded == 0)) {
-        culprit = peer_loss;
-      }
-      if (culprit != nullptr) {
-        AttemptFailure failure;
-        failure.event = v1::JobEvent::RANK_FAILED;
-        failure.kind = culprit->state == "STOPPED"
-                           ? v1::JobEvent::INFRASTRUCTURE
-                           : FailureKindOfExit(culprit->exit_code, culprit->signal);
-        failure.details.rank = culprit->rank;
-        failure.details.node = "nodes/" + culprit->node;
-        failure.details.exit_code = culprit->exit_code;
-        failure.details.signal = culprit->signal;
-        failure.details.message =
-            RankFailureMessage(culprit->rank, culprit->state == "STOPPED", culprit->exit_code,
-                               culprit->signal, culprit->message);
-        return FailAttempt(tx, job, failure);
-      }
-      if (job.state() == v1::Job::SCHEDULED && started == static_cast<int>(ranks.size())) {
-        GRADHUB_ASSIGN_OR_RETURN(
-            db::Result started_row,
-            tx.Exec("UPDATE job_attempts SET state = 'RUNNING', start_time = now()"
-                    " WHERE job_id = $1::uuid AND attempt = $2 RETURNING (SELECT"
-                    " extract(epoch FROM now() - j.queued_time)::float8 FROM jobs j"
-                    " WHERE j.id = $1::uuid) AS queued_s",
-                    {id, attempt}));
-        if (!started_row.empty()) queued_seconds = started_row.row(0).Get<double>("queued_s");
-        GRADHUB_ASSIGN_OR_RETURN(
-            job, ApplyTransition(tx, job, v1::Job::RUNNING,
-                                 Because(absl::StrCat("all ", ranks.size(), " ranks started"))));
-      }
-      if (succeeded == static_cast<int>(ranks.size()) && job.state() == v1::Job::RUNNING) {
-        GRADHUB_RETURN_IF_ERROR(tx.Exec("UPDATE job_attempts SET state = 'SUCCEEDED',"
-                                        " end_time = now() WHERE job_id = $1::uuid"
-                                        " AND attempt = $2",
-                                        {id, attempt})
-                                    .status());
-        return ApplyTransition(tx, job, v1::Job::SUCCEEDED,
-                               Because(absl::StrCat("all ", ranks.size(), " ranks exited 0")))
-            .status();
-      }
-      // The watchdog: no step from any rank (or no start) for hang_timeout.
-      // The stored spec is as submitted: its defaults apply here.
-      const int32_t hang = WithDefaults(job.spec()).hang_timeout_seconds();
-      const double idle = newest_step_age
-                              ? std::min(*newest_step_age, attempt_row.row(0).Get<double>("idle_s"))
-                              : attempt_row.row(0).Get<double>("idle_s");
-      if (idle > hang) {
-        AttemptFailure failure;
-        failure.event = v1::JobEvent::HANG_DETECTED;
-        failure.kind = v1::JobEvent::JOB;
-        failure.details.message = absl::StrCat("no training step for ", static_cast<int64_t>(idle),
-                                               " s (hang_timeout_seconds ", hang, ")");
-        return FailAttempt(tx, job, failure);
-      }
-      return absl::OkStatus();
-    });
-    if (!status.ok()) {
-      std::cerr << "gradhub-api: scheduler: " << name << " attempt " << attempt << ": " << status
-                << "\n";
-    } else if (queued_seconds && options_.on_running) {
-      options_.on_running(absl::Seconds(*queued_seconds));
+    absl::StatusOr<std::optional<double>> queued = ReconcileAttempt(name, attempt);
+    AssignmentsChanged();
+    if (!queued.ok()) {
+      std::cerr << "gradhub-api: scheduler: " << name << " attempt " << attempt << ": "
+                << queued.status() << "\n";
+    } else if (*queued && options_.on_running) {
+      options_.on_running(absl::Seconds(**queued));
     }
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::optional<double>> Scheduler::ReconcileAttempt(const std::string& name,
+                                                                  int32_t attempt) {
+  return pool_->Transact([&](db::Transaction& tx) -> absl::StatusOr<std::optional<double>> {
+    GRADHUB_RETURN_IF_ERROR(TakeSchedulerLock(tx));
+    GRADHUB_ASSIGN_OR_RETURN(v1::Job job, ReadJob(tx, name, -1, true));
+    // A job that ended (cancelled) or moved on takes its attempt with it.
+    if (job.attempt() != attempt || IsTerminal(job.state()) || job.state() == v1::Job::CANCELLING) {
+      GRADHUB_ASSIGN_OR_RETURN(
+          db::Result in_flight,
+          tx.Exec("SELECT 1 FROM job_attempts WHERE job_id = $1::uuid AND attempt = $2"
+                  " AND state IN ('SCHEDULED', 'RUNNING')",
+                  {JobId(name), attempt}));
+      if (in_flight.empty()) return std::nullopt;
+      MarkAssignmentsChanged();
+      GRADHUB_RETURN_IF_ERROR(EndAttemptWithItsJob(tx, job, attempt));
+      return std::nullopt;
+    }
+    GRADHUB_ASSIGN_OR_RETURN(const std::optional<AttemptSnapshot> snapshot,
+                             ReadAttemptSnapshot(tx, job));
+    if (!snapshot) return std::nullopt;
+    const AttemptVerdict verdict = JudgeAttempt(*snapshot, options_.peer_failure_grace);
+    if (verdict.failure) MarkAssignmentsChanged();
+    return ApplyVerdict(tx, job, verdict);
+  });
 }
 
 absl::Status Scheduler::FinishCancellations() {
@@ -501,9 +370,11 @@ absl::Status Scheduler::FinishCancellations() {
   // agent, nor forgotten with a lost node); then the job is CANCELLED.
   GRADHUB_ASSIGN_OR_RETURN(
       db::Result done,
-      pool_->Exec("SELECT 'jobs/' || j.id::text AS name FROM jobs j WHERE j.state = 'CANCELLING'"
-                  " AND NOT EXISTS (SELECT 1 FROM rank_assignments a WHERE a.job_id = j.id"
-                  "   AND a.state IN ('ASSIGNED', 'STARTING', 'RUNNING', 'STOPPING'))"));
+      pool_->Exec(absl::StrCat(
+          "SELECT 'jobs/' || j.id::text AS name FROM jobs j WHERE j.state = 'CANCELLING'"
+          " AND NOT EXISTS (SELECT 1 FROM rank_assignments a WHERE a.job_id = j.id"
+          "   AND a.state IN ",
+          kLiveRankStatesSql, ")")));
   for (const db::Row& row : done) {
     const std::string name = row.Get<std::string>("name");
     absl::Status status = pool_->Transact([&](db::Transaction& tx) -> absl::Status {
@@ -511,10 +382,11 @@ absl::Status Scheduler::FinishCancellations() {
       GRADHUB_ASSIGN_OR_RETURN(v1::Job job, ReadJob(tx, name, -1, true));
       if (job.state() != v1::Job::CANCELLING) return absl::OkStatus();
       GRADHUB_ASSIGN_OR_RETURN(
-          db::Result live, tx.Exec("SELECT 1 FROM rank_assignments WHERE job_id = $1::uuid"
-                                   " AND state IN ('ASSIGNED', 'STARTING', 'RUNNING', 'STOPPING')"
-                                   " LIMIT 1",
-                                   {JobId(name)}));
+          db::Result live,
+          tx.Exec(absl::StrCat("SELECT 1 FROM rank_assignments WHERE job_id = $1::uuid"
+                               " AND state IN ",
+                               kLiveRankStatesSql, " LIMIT 1"),
+                  {JobId(name)}));
       if (!live.empty()) return absl::OkStatus();
       // The reason CancelJob gave ("cancelled by the user: ...; stopping 4 ranks"), now done.
       const std::string why = job.state_reason().substr(0, job.state_reason().find("; stopping "));
@@ -531,124 +403,136 @@ absl::Status Scheduler::FinishCancellations() {
   return absl::OkStatus();
 }
 
-absl::Status Scheduler::PlaceJobs() {
-  // The queue and the nodes are read once per pass without locks. A job that cannot be placed
-  // in that snapshot and already says why is left alone: taking its row lock would make every
-  // waiting job a durable commit on every pass. A placement, or a new reason, is decided again
-  // in a transaction under the scheduler lock from what it reads there.
+absl::StatusOr<db::Result> Scheduler::ReadQueue() {
   // Of each job only what placement reads, in no order: PostgreSQL's sort of a long queue
   // cost more than its scan (and spilled to disk past work_mem once the table had statistics),
   // while QueueOrder takes a few milliseconds. One backend: a parallel scan would take every
   // core of a small database host while it lasts, and CreateJob's latency with them.
-  GRADHUB_ASSIGN_OR_RETURN(
-      db::Result queue,
-      pool_->Transact(
-          [&](db::Transaction& tx) -> absl::StatusOr<db::Result> {
-            GRADHUB_RETURN_IF_ERROR(
-                tx.Exec("SET LOCAL max_parallel_workers_per_gather = 0").status());
-            return tx.Exec(
-                absl::StrCat("SELECT 'jobs/' || j.id::text AS name, j.priority,"
-                             " (extract(epoch FROM j.create_time) * 1e6)::bigint AS create_us,"
-                             " j.state_reason, j.current_attempt,"
-                             " extract(epoch FROM now() - j.queued_time)::float8 AS waited_s,"
-                             " j.state = 'RESTARTING' AND EXISTS (SELECT 1 FROM rank_assignments a"
-                             "   WHERE a.job_id = j.id AND a.state IN ",
-                             kLiveRankStates,
-                             ") AS stopping"
-                             " FROM jobs j WHERE j.state IN ('PENDING', 'RESTARTING')"));
-          },
-          {.read_only = true}));
+  return pool_->Transact(
+      [&](db::Transaction& tx) -> absl::StatusOr<db::Result> {
+        GRADHUB_RETURN_IF_ERROR(tx.Exec("SET LOCAL max_parallel_workers_per_gather = 0").status());
+        return tx.Exec(
+            absl::StrCat("SELECT 'jobs/' || j.id::text AS name, j.priority,"
+                         " (extract(epoch FROM j.create_time) * 1e6)::bigint AS create_us,"
+                         " j.state_reason, j.current_attempt,"
+                         " extract(epoch FROM now() - j.queued_time)::float8 AS waited_s,"
+                         " j.state = 'RESTARTING' AND EXISTS (SELECT 1 FROM rank_assignments a"
+                         "   WHERE a.job_id = j.id AND a.state IN ",
+                         kLiveRankStatesSql,
+                         ") AS stopping"
+                         " FROM jobs j WHERE j.state IN ('PENDING', 'RESTARTING')"));
+      },
+      {.read_only = true});
+}
+
+absl::Status Scheduler::PlaceJobs() {
+  // The queue and the nodes are read once per pass without locks, and QueuePass decides each
+  // job against that snapshot. A job that cannot be placed in it and already says why is left
+  // alone: taking its row lock would make every waiting job a durable commit on every pass. A
+  // placement is decided again (QueuePass::Confirm) in a transaction under the scheduler lock
+  // from what it reads there, then written.
+  GRADHUB_ASSIGN_OR_RETURN(const db::Result queue, ReadQueue());
   GRADHUB_ASSIGN_OR_RETURN(const std::vector<const PlacementSpec*> specs,
                            ReadPlacementSpecs(queue));
   GRADHUB_ASSIGN_OR_RETURN(
-      const std::vector<NodeRecord> snapshot,
+      std::vector<NodeRecord> snapshot,
       pool_->Transact([&](db::Transaction& tx) { return ReadNodes(tx, options_.node_lease); },
                       {.read_only = true}));
-
-  std::optional<std::string> blocked_by;  // the first job that did not fit, once past its window
-  // Where `job` goes on `nodes`, or why it waits (then `blocked` may be set).
-  struct Decision {
-    std::vector<NodeCapacity> capacity;  // what `placement` points into
-    std::vector<RankPlacement> placement;
-    std::string why;
-  };
-  // Within the pass the snapshot stays as read, so a job shape that did not fit it will not
-  // fit for the next job of that shape either, and a long queue is mostly a few shapes.
-  std::unordered_map<std::string_view, std::string> unfit_in_snapshot;  // shape -> why
-  // `shape` is given only for a decision against the snapshot.
-  auto decide = [&](const std::string& name, int32_t attempt, const v1::JobSpec& spec,
-                    const std::string* shape, const std::vector<NodeRecord>& nodes, bool stopping,
-                    double waited, std::optional<std::string>& blocked) {
-    Decision decision;
-    const auto unfit = shape == nullptr ? unfit_in_snapshot.end() : unfit_in_snapshot.find(*shape);
-    if (stopping) {
-      decision.why = absl::StrCat("waiting for the ranks of attempt ", attempt, " to stop");
-    } else if (blocked) {
-      decision.why =
-          absl::StrCat("waiting behind ", *blocked,
-                       ", which comes first and has waited longer than the backfill window (",
-                       absl::FormatDuration(options_.backfill_window), ")");
-    } else {
-      if (unfit != unfit_in_snapshot.end()) {
-        decision.why = unfit->second;
-      } else {
-        decision.capacity = CapacityFor(nodes, spec);
-        decision.placement =
-            Pack(decision.capacity, spec.distributed().world_size(),
-                 spec.distributed().ranks_per_node(), spec.node_selector(), &decision.why);
-        if (decision.placement.empty() && shape != nullptr) {
-          unfit_in_snapshot.emplace(*shape, decision.why);
-        }
-      }
-      if (decision.placement.empty() && waited >= Seconds(options_.backfill_window)) {
-        blocked = name;
-      }
-    }
-    return decision;
-  };
-
+  QueuePass pass(std::move(snapshot), options_.backfill_window);
   // Reasons are written together at the end of the pass, one statement per distinct reason:
   // a burst of submissions to a full cluster would otherwise cost one more durable commit per
   // new job. They are only advice to the user, so the snapshot is good enough for them; a
   // placement is still decided under the lock.
   std::map<std::string, std::vector<std::string>> new_reasons;  // why -> job ids
+  blocking_.reset();
   for (const int i : QueueOrder(queue)) {
     if (stopping_) break;  // SIGTERM: the next api picks the queue up where this one left it
     const db::Row entry = queue.row(i);
-    const std::string name = entry.Get<std::string>("name");
-    const bool stopping = entry.Get<bool>("stopping");
-    const double waited = entry.Get<double>("waited_s");
+    QueuedJob job;
+    job.name = entry.Get<std::string>("name");
+    job.attempt = entry.Get<int32_t>("current_attempt");
+    job.stopping = entry.Get<bool>("stopping");
+    job.waited = absl::Seconds(entry.Get<double>("waited_s"));
     // Unreadable (not cached) means decided in the transaction, from the whole stored job.
     if (const PlacementSpec* cached = specs[static_cast<size_t>(i)]; cached != nullptr) {
-      std::optional<std::string> blocked_in_snapshot = blocked_by;
-      const Decision guess =
-          decide(name, entry.Get<int32_t>("current_attempt"), cached->spec, &cached->shape,
-                 snapshot, stopping, waited, blocked_in_snapshot);
-      if (guess.placement.empty()) {
-        blocked_by = blocked_in_snapshot;
+      job.spec = &cached->spec;
+      job.shape = cached->shape;
+      const GangPlacement guess = pass.Next(job);
+      if (!guess.placed()) {
         if (guess.why != entry.Get<std::string>("state_reason")) {
-          new_reasons[guess.why].push_back(JobId(name));
+          new_reasons[guess.why].push_back(JobId(job.name));
         }
         continue;
       }
     }
-    absl::Status status = pool_->Transact([&](db::Transaction& tx) -> absl::Status {
-      GRADHUB_RETURN_IF_ERROR(TakeSchedulerLock(tx));
-      GRADHUB_ASSIGN_OR_RETURN(v1::Job job, ReadJob(tx, name, -1, true));
-      if (job.state() != v1::Job::PENDING && job.state() != v1::Job::RESTARTING) {
-        return absl::OkStatus();
-      }
-      GRADHUB_ASSIGN_OR_RETURN(std::vector<NodeRecord> nodes, ReadNodes(tx, options_.node_lease));
-      const Decision decision = decide(job.name(), job.attempt(), WithDefaults(job.spec()), nullptr,
-                                       nodes, stopping, waited, blocked_by);
-      if (decision.placement.empty()) return SetPendingReason(tx, job, decision.why);
-      return CreateAttempt(tx, job, decision.placement);
-    });
+    absl::Status status = PlaceJob(job, pass);
+    AssignmentsChanged();  // at once, not at the end of the pass: the agents start the ranks
     if (!status.ok()) {
-      std::cerr << "gradhub-api: scheduler: placing " << name << ": " << status << "\n";
+      std::cerr << "gradhub-api: scheduler: placing " << job.name << ": " << status << "\n";
     }
   }
+  NoteBlockingJob(queue, pass);
   return SetPendingReasons(new_reasons);
+}
+
+void Scheduler::NoteBlockingJob(const db::Result& queue, const QueuePass& pass) {
+  blocking_.reset();
+  if (!pass.blocked_by()) return;
+  for (const db::Row& entry : queue) {
+    if (entry.Get<std::string>("name") != *pass.blocked_by()) continue;
+    blocking_ = QueuePosition{entry.Get<int32_t>("priority"), entry.Get<int64_t>("create_us"),
+                              entry.Get<std::string>("name")};
+  }
+}
+
+absl::Status Scheduler::PlaceNewJobs(const std::vector<std::string>& names) {
+  std::lock_guard<std::mutex> one_pass_at_a_time(pass_mu_);
+  std::vector<std::string> ids;
+  for (const std::string& name : names) ids.push_back(JobId(name));
+  GRADHUB_ASSIGN_OR_RETURN(
+      const db::Result rows,
+      pool_->Exec("SELECT 'jobs/' || j.id::text AS name, j.priority,"
+                  " (extract(epoch FROM j.create_time) * 1e6)::bigint AS create_us,"
+                  " j.current_attempt, extract(epoch FROM now() - j.queued_time)::float8 AS"
+                  " waited_s FROM jobs j WHERE j.id = ANY($1::uuid[]) AND j.state = 'PENDING'",
+                  {UuidArray(ids)}));
+  QueuePass pass({}, options_.backfill_window);  // Confirm reads the nodes under the lock
+  for (const int i : QueueOrder(rows)) {
+    const db::Row row = rows.row(i);
+    const QueuePosition position{row.Get<int32_t>("priority"), row.Get<int64_t>("create_us"),
+                                 row.Get<std::string>("name")};
+    // Capacity was unchanged when the jobs were handed over (WaitPlacingNewJobs).
+    if (!FastPathMayPlace(position, blocking_, false)) continue;  // the next pass says why
+    QueuedJob job;
+    job.name = position.name;
+    job.attempt = row.Get<int32_t>("current_attempt");
+    job.waited = absl::Seconds(row.Get<double>("waited_s"));
+    absl::Status status = PlaceJob(job, pass);
+    AssignmentsChanged();
+    if (!status.ok()) {
+      std::cerr << "gradhub-api: scheduler: placing " << job.name << ": " << status << "\n";
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Scheduler::PlaceJob(QueuedJob queued, QueuePass& pass) {
+  return pool_->Transact([&](db::Transaction& tx) -> absl::Status {
+    GRADHUB_RETURN_IF_ERROR(TakeSchedulerLock(tx));
+    GRADHUB_ASSIGN_OR_RETURN(v1::Job job, ReadJob(tx, queued.name, -1, true));
+    if (job.state() != v1::Job::PENDING && job.state() != v1::Job::RESTARTING) {
+      return absl::OkStatus();
+    }
+    GRADHUB_ASSIGN_OR_RETURN(const std::vector<NodeRecord> nodes,
+                             ReadNodes(tx, options_.node_lease));
+    const v1::JobSpec spec = WithDefaults(job.spec());  // stored as submitted
+    queued.spec = &spec;
+    queued.attempt = job.attempt();
+    const GangPlacement placement = pass.Confirm(queued, nodes);
+    if (!placement.placed()) return SetPendingReason(tx, job, placement.why);
+    MarkAssignmentsChanged();
+    return CreateAttempt(tx, job, placement);
+  });
 }
 
 absl::StatusOr<std::vector<const Scheduler::PlacementSpec*>> Scheduler::ReadPlacementSpecs(
@@ -711,6 +595,10 @@ void Scheduler::Start() {
   loop_ = std::thread([this] {
     std::unique_lock<std::mutex> lock(mu_);
     while (!stopping_) {
+      // What the pass will see needs no fast path, and its verdicts are fresh.
+      nudged_ = false;
+      capacity_changed_ = false;
+      new_jobs_.clear();
       lock.unlock();
       const auto started = std::chrono::steady_clock::now();
       if (absl::Status status = RunOnce(); !status.ok()) {
@@ -723,13 +611,36 @@ void Scheduler::Start() {
       // one took, even when nudged. With a quarter, a 20,000-job queue's passes (100 ms of
       // database CPU each) took enough of a 2-core host to put CreateJob's p99 at 1,000/s
       // from 7 ms to 15-23 ms (tests/bench/create_jobs); a short queue's pass takes a few
-      // milliseconds, so its jobs are still placed within the interval.
-      wake_.wait_for(lock, kPassSpacing * took, [this] { return stopping_.load(); });
-      wake_.wait_for(lock, absl::ToChronoNanoseconds(options_.interval) - kPassSpacing * took,
-                     [this] { return stopping_ || nudged_; });
-      nudged_ = false;
+      // milliseconds, so its jobs are still placed within the interval. Meanwhile new jobs
+      // take the fast path, which reads only them.
+      const auto now = std::chrono::steady_clock::now();
+      WaitPlacingNewJobs(lock, now + kPassSpacing * took, /*nudgeable=*/false);
+      WaitPlacingNewJobs(lock, now + absl::ToChronoNanoseconds(options_.interval),
+                         /*nudgeable=*/true);
     }
   });
+}
+
+// The fast path's rule: a job created since the last pass may be placed before the next one
+// when that pass's verdict on every job ahead of it still holds. Nothing ahead of it closed
+// the queue (blocking_), and no capacity was freed since (capacity_changed_: any Nudge), so
+// every job ahead that did not fit then still does not fit now, and the pass would have placed
+// the new job the same way, as backfill within the window.
+void Scheduler::WaitPlacingNewJobs(std::unique_lock<std::mutex>& lock,
+                                   std::chrono::steady_clock::time_point until, bool nudgeable) {
+  while (!stopping_) {
+    wake_.wait_until(lock, until, [&] {
+      return stopping_ || (nudgeable && nudged_) || (!new_jobs_.empty() && !capacity_changed_);
+    });
+    if (stopping_ || (nudgeable && nudged_) || std::chrono::steady_clock::now() >= until) return;
+    std::vector<std::string> jobs;
+    jobs.swap(new_jobs_);
+    lock.unlock();
+    if (absl::Status status = PlaceNewJobs(jobs); !status.ok()) {
+      std::cerr << "gradhub-api: scheduler: fast path: " << status << "\n";
+    }
+    lock.lock();
+  }
 }
 
 void Scheduler::Stop() {
@@ -745,6 +656,16 @@ void Scheduler::Nudge() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     nudged_ = true;
+    capacity_changed_ = true;
+  }
+  wake_.notify_all();
+}
+
+void Scheduler::JobCreated(const std::string& name) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    new_jobs_.push_back(name);
+    nudged_ = true;  // a short queue's pass is as quick as the fast path, and sets reasons
   }
   wake_.notify_all();
 }

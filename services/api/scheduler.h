@@ -13,8 +13,8 @@
 // The control plane may restart under running jobs. The protocol that keeps them running
 // (the agent's side is in gpu_worker/agent/agent.h and reconcile.h):
 //   1. While gradhub-api is away, agents keep their ranks running for their
-//      --api-outage-grace (default 60 s), retrying Heartbeat; the ranks need the api only to
-//      rendezvous, which a running attempt has done.
+//      --api-outage-grace (defaults::kApiOutageGrace), retrying Heartbeat; the ranks need the api
+//      only to rendezvous, which a running attempt has done.
 //   2. A starting api does not declare a node LOST for startup_grace (at least one lease)
 //      unless the node has heartbeated to it since it started: a node's last heartbeat from
 //      before is old only because no api was there to take it.
@@ -37,14 +37,20 @@
 // has waited less than backfill_window; after that nothing behind it starts, so the free
 // slots accumulate for it. The blocked job therefore waits at most backfill_window plus the
 // run time of the jobs that backfilled during that window.
+//
+// The rules themselves (placement, backfill, the verdict on an attempt, restart budgets,
+// drains) are pure functions in scheduling_rules.h, each tested without a database; this
+// class reads their snapshots and writes their decisions.
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -54,14 +60,17 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "gradhub/v1/jobs.pb.h"
+#include "services/api/scheduling_rules.h"
+#include "services/common/contract/defaults.h"
 #include "services/common/db/pool.h"
 
 namespace gradhub::api {
 
 struct SchedulerOptions {
   absl::Duration interval = absl::Milliseconds(200);
-  // A node without a heartbeat for this long is LOST (3 x the heartbeat interval).
-  absl::Duration node_lease = absl::Seconds(3);
+  // A node without a heartbeat for this long is LOST (kLeaseHeartbeats heartbeat intervals).
+  absl::Duration node_lease =
+      absl::FromChrono(defaults::kHeartbeatInterval) * defaults::kLeaseHeartbeats;
   // After the scheduler is constructed (the api starts), no node is declared LOST for this
   // long (protocol step 2). At least node_lease; main gives 10 heartbeat intervals: agents
   // usually get through 1-2 s after the api is back, but one of ~10 runs of the e2e test saw
@@ -75,12 +84,16 @@ struct SchedulerOptions {
   // Called once a pass has committed a job's move to RUNNING, with the time since the job
   // entered the queue (submitted, or restarting): its scheduling latency. Empty = not reported.
   std::function<void(absl::Duration)> on_running;
+  // Called right after a transaction that changed some node's desired set committed (a
+  // placement; ranks told to stop by a failure, a cancellation, a drain or a lost node): the
+  // agents' WatchAssignments streams (AssignmentNotifier). Empty = agents learn on heartbeats.
+  std::function<void()> on_assignments_changed;
 };
 
-// Thread-safety: Start, Stop and the destructor from the owning thread; Nudge from any thread
-// at any time (request threads call it). RunOnce from one thread at a time besides the loop
-// (pass_mu_ serializes passes); concurrent api replicas are serialized by the advisory lock
-// each pass takes in PostgreSQL.
+// Thread-safety: Start, Stop and the destructor from the owning thread; Nudge and JobCreated
+// from any thread at any time (request threads call them). RunOnce from one thread at a time
+// besides the loop (pass_mu_ serializes passes); concurrent api replicas are serialized by the
+// advisory lock each pass takes in PostgreSQL.
 class Scheduler {
  public:
   Scheduler(db::Pool* pool, SchedulerOptions options) : pool_(pool), options_(options) {}
@@ -93,14 +106,38 @@ class Scheduler {
   // pass took) on a thread of its own until Stop.
   void Start();
   void Stop();
-  // Something changed (a job was created, a rank exited): run the next pass now.
+  // Something changed (a rank exited, a node came or went, a job was cancelled): run the next
+  // pass now.
   void Nudge();
+  // A job was created: placed on the fast path at once if it can be (see Start), else by the
+  // next pass, which runs now.
+  void JobCreated(const std::string& name);
 
  private:
+  // Pass step 1 in one transaction: lost nodes, then drains (PlanDrains).
   absl::Status SweepNodes();
+  absl::Status DeclareLostNodes(db::Transaction& tx);
+  absl::Status ApplyDrains(db::Transaction& tx);
+  // Step 2: each attempt in flight, in a transaction of its own (JudgeAttempt). Returns the
+  // time the job waited in the queue when this made it RUNNING.
   absl::Status ReconcileAttempts();
+  absl::StatusOr<std::optional<double>> ReconcileAttempt(const std::string& name, int32_t attempt);
+  // Step 3.
   absl::Status FinishCancellations();
+  // Step 4: the queue against a snapshot of the nodes (QueuePass::Next), each placement
+  // confirmed and written under the lock (PlaceJob).
   absl::Status PlaceJobs();
+  absl::StatusOr<db::Result> ReadQueue();
+  absl::Status PlaceJob(QueuedJob job, QueuePass& pass);
+  // The fast path (Start): jobs created since the last pass, placed in queue order without
+  // reading the queue, when the last pass's verdict on every job ahead of them still holds.
+  absl::Status PlaceNewJobs(const std::vector<std::string>& names);
+  // Remembers the job that closed the queue in this pass, for the fast path.
+  void NoteBlockingJob(const db::Result& queue, const QueuePass& pass);
+  // Between passes: waits until `until` (or Stop, or when `nudgeable` a Nudge), running the
+  // fast path for new jobs meanwhile. `lock` holds mu_.
+  void WaitPlacingNewJobs(std::unique_lock<std::mutex>& lock,
+                          std::chrono::steady_clock::time_point until, bool nudgeable);
   // What placement reads of a waiting job's spec (distributed, nodeSelector), kept across
   // passes: a spec never changes, and parsing each waiting job's from JSON on every pass was a
   // third of the api's CPU with 10,000 jobs queued.
@@ -118,8 +155,14 @@ class Scheduler {
   // Sets each job's state_reason (reason -> job ids) where the job still waits.
   absl::Status SetPendingReasons(const std::map<std::string, std::vector<std::string>>& reasons);
 
+  // Set inside a transaction that changes a desired set; AssignmentsChanged() reports it once
+  // the transaction has committed (an agent that heard earlier would read the old set).
+  void MarkAssignmentsChanged() { assignments_changed_ = true; }
+  void AssignmentsChanged();
+
   db::Pool* pool_;
   const SchedulerOptions options_;
+  std::atomic<bool> assignments_changed_{false};
   // startup_grace counts from here: construction, then Start() (once the api serves). Set
   // before the loop's thread exists; read only by passes.
   absl::Time start_time_ = absl::Now();
@@ -128,19 +171,19 @@ class Scheduler {
   // Atomic as well as guarded: a pass over a long queue reads it without the lock, to end early.
   std::atomic<bool> stopping_{false};
   bool nudged_ = false;
+  std::vector<std::string> new_jobs_;  // created since the last pass began
+  // A Nudge since the last pass began: capacity may have been freed (or the queue changed
+  // otherwise), so the last pass's verdicts may not hold and the fast path waits for a pass.
+  bool capacity_changed_ = true;
   std::thread loop_;
   std::mutex pass_mu_;  // one pass at a time (the loop's, a test's); guards what follows
   uint64_t passes_ = 0;
   // Job name -> its placement spec, for the jobs waiting at the last pass. Pointers to the
   // values stay valid while their jobs wait (an unordered_map does not move its nodes).
   std::unordered_map<std::string, PlacementSpec> placement_specs_;
+  // The job that closed the queue in the last pass (past its backfill window, unplaced), by
+  // its place in the queue: the fast path places no new job behind it.
+  std::optional<QueuePosition> blocking_;
 };
-
-// Protocol step 2 as a rule: whether the sweep may declare nodes LOST, `api_uptime` after the
-// scheduler started.
-bool MayDeclareNodesLost(absl::Duration api_uptime, absl::Duration startup_grace);
-
-// The reason a lost node's attempts fail with: "nodes/a lost: no heartbeat for 7 s (lease 3s)".
-std::string NodeLostReason(const std::string& node, double silent_seconds, absl::Duration lease);
 
 }  // namespace gradhub::api

@@ -3,14 +3,13 @@
 #include "absl/strings/str_cat.h"
 #include "services/api/job_records.h"
 #include "services/common/contract/job_spec.h"
+#include "services/common/contract/job_states.h"
 #include "services/common/status_macros.h"
 
 namespace gradhub::checkpoint {
 namespace {
 
 using Kind = api::Principal::Kind;
-
-constexpr char kActiveRankStates[] = "('ASSIGNED', 'STARTING', 'RUNNING', 'STOPPING')";
 
 const char* LockClause(JobLock lock) {
   switch (lock) {
@@ -71,7 +70,7 @@ absl::StatusOr<NodeFacts> CheckNodeSession(db::Transaction& tx, const Caller& ca
                            " coalesce(bool_or(a.attempt = $4::int), false) AS placed_for_attempt"
                            " FROM nodes n LEFT JOIN rank_assignments a ON a.node_id = n.id"
                            "   AND a.job_id = $3::uuid AND a.state IN ",
-                           kActiveRankStates, " WHERE n.name = $1 GROUP BY n.id"),
+                           kLiveRankStatesSql, " WHERE n.name = $1 GROUP BY n.id"),
               {facts.node, caller.node_session, job_id, attempt}));
   if (rows.empty() || !rows.row(0).Get<bool>("current") ||
       rows.row(0).Get<std::string>("state") == "LOST") {

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "services/cli/client_config.h"
 #include "services/cli/commands.h"
 
 namespace gradhub::cli {
@@ -13,7 +14,8 @@ namespace {
 
 // Commands that are a group word plus a subcommand ("nodes cordon").
 const std::set<std::string>& Groups() {
-  static const auto* const kGroups = new std::set<std::string>{"nodes", "admin", "checkpoints"};
+  static const auto* const kGroups =
+      new std::set<std::string>{"nodes", "admin", "checkpoints", "cluster"};
   return *kGroups;
 }
 
@@ -44,7 +46,11 @@ std::string Usage(const std::string& group) {
                            CommandList(group),
                            "\nJOB is jobs/<id> or the bare <id>; NODE is nodes/<name> or <name>.\n"
                            "Global flags may also follow the command. "
-                           "`gradhub COMMAND --help` shows a command's flags."));
+                           "`gradhub COMMAND --help` shows a command's flags.\n"
+                           "Between a variable and the default comes the client config, ",
+                           ClientConfigPath(),
+                           " ($GRADHUB_CONFIG), which `gradhub cluster up` writes: its keys "
+                           "server, checkpoint-server, token and tls-ca."));
   globals.Register(flags);
   return absl::StrCat(flags.Usage(), "\n", kExitCodesHelp);
 }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <filesystem>
 #include <limits>
 #include <random>
 #include <thread>
@@ -13,6 +14,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "services/cli/checkpoint_commands.h"
+#include "services/cli/cluster_commands.h"
 #include "services/common/contract/job_spec.h"
 #include "services/common/contract/job_states.h"
 #include "services/common/contract/user_error.h"
@@ -178,6 +180,28 @@ int WatchUntilDone(Invocation& inv, const std::string& name) {
 // ---------------------------------------------------------------------------------------------
 // Jobs.
 
+// A relative path in a spec names a file beside the spec (as docker-compose resolves its
+// paths), so that an example and its data move together; the nodes are handed absolute
+// paths, since their working directory is not ours.
+void ResolveSpecPaths(const std::string& spec_file, v1::JobSpec* spec) {
+  const std::filesystem::path base =
+      std::filesystem::absolute(std::filesystem::path(spec_file)).parent_path();
+  auto resolve = [&](std::string* path) {
+    if (path->empty() || std::filesystem::path(*path).is_absolute()) return;
+    *path = (base / *path).lexically_normal().string();
+  };
+  v1::DatasetSpec* dataset = spec->mutable_dataset();
+  if (dataset->has_csv()) resolve(dataset->mutable_csv()->mutable_path());
+  if (dataset->has_idx()) {
+    resolve(dataset->mutable_idx()->mutable_images_path());
+    resolve(dataset->mutable_idx()->mutable_labels_path());
+  }
+  if (dataset->has_text()) resolve(dataset->mutable_text()->mutable_path());
+  if (spec->model().has_torchscript()) {
+    resolve(spec->mutable_model()->mutable_torchscript()->mutable_path());
+  }
+}
+
 int Submit(Invocation& inv) {
   std::string file, request_id;
   bool watch = false;
@@ -195,6 +219,7 @@ int Submit(Invocation& inv) {
   v1::CreateJobRequest request;
   try {
     *request.mutable_spec() = LoadJobSpec(file);
+    ResolveSpecPaths(file, request.mutable_spec());
   } catch (const UserError& error) {
     // Refused before anything is sent; the message names the field (or the line).
     return inv.Fail(kInvalidArgument, "INVALID_ARGUMENT", error.what());
@@ -675,7 +700,9 @@ absl::StatusOr<std::string> BuildFilter(
 const std::vector<Command>& AllCommands() {
   static const auto* const kCommands = new std::vector<Command>{
       {"submit", "-f FILE [--request-id ID] [--watch]",
-       "Submit a job from a YAML or JSON spec; prints its name (jobs/<id>).", Submit},
+       "Submit a job from a YAML or JSON spec (relative paths in it are relative to FILE); "
+       "prints its name (jobs/<id>).",
+       Submit},
       {"get", "JOB", "Show a job's state and progress.", Get},
       {"list", "[--state S] [--label K=V]... [--page-size N] [--all]", "List jobs, newest first.",
        List},
@@ -710,6 +737,21 @@ const std::vector<Command>& AllCommands() {
        "Create a token and print its secret, shown only once (admin token).", CreateToken},
       {"admin revoke-token", "TOKEN_NAME",
        "Revoke a token (tenants/<id>/tokens/<id>); idempotent (admin token).", RevokeToken},
+      {"cluster up", "[--data-root DIR]...",
+       "Start a local cluster (PostgreSQL, api, checkpoint, metrics, two agents, Prometheus) "
+       "in the background and make it this CLI's default; harmless when it is up. State and "
+       "logs in $GRADHUB_STATE_DIR, else $XDG_STATE_HOME/gradhub, else ~/.gradhub (as root "
+       "/var/lib/gradhub/local); $GRADHUB_DATABASE_URL: that database instead of a private "
+       "PostgreSQL; $GRADHUB_BIN: where the services' binaries are (default: beside gradhub).",
+       ClusterUpCommand},
+      {"cluster status", "", "Show the local cluster's services; exit 6 if one has stopped.",
+       ClusterStatusCommand},
+      {"cluster down", "", "Stop the local cluster (only what `cluster up` started).",
+       ClusterDownCommand},
+      {"cluster logs", "[SERVICE] [--tail N]",
+       "Print a local service's log (postgres, api, checkpoint, metrics, node-a, node-b, "
+       "prometheus); without SERVICE, all of them.",
+       ClusterLogsCommand},
   };
   return *kCommands;
 }

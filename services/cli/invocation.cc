@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "services/cli/client_config.h"
 #include "services/common/grpc_credentials.h"
 
 namespace gradhub::cli {
@@ -79,6 +80,7 @@ bool Invocation::Parse(size_t min_positional, size_t max_positional) {
     if (!taken) args.push_back(std::move(arg));
   }
 
+  if (!ApplyClientConfig()) return false;
   std::vector<const char*> argv = {"gradhub"};
   for (const std::string& arg : args) argv.push_back(arg.c_str());
   absl::StatusOr<Flags::Parsed> parsed = flags_.Parse(static_cast<int>(argv.size()), argv.data());
@@ -131,6 +133,27 @@ bool Invocation::Parse(size_t min_positional, size_t max_positional) {
     return false;
   }
   credentials_ = *std::move(credentials);
+  return true;
+}
+
+bool Invocation::ApplyClientConfig() {
+  // Before Flags::Parse, which then overrides these with the variables and the flags given.
+  // `gradhub cluster` calls no server, and must work (`down` above all) whatever the config.
+  if (command_.rfind("cluster ", 0) == 0) return true;
+  const std::string path = ClientConfigPath();
+  absl::StatusOr<std::map<std::string, std::string>> config = ReadClientConfig(path);
+  if (!config.ok()) {
+    Fail(kUsage, "USAGE", std::string(config.status().message()));
+    return false;
+  }
+  const std::pair<const char*, std::string*> keys[] = {
+      {"server", &globals_.server},
+      {"checkpoint-server", &globals_.checkpoint_server},
+      {"token", &globals_.token},
+      {"tls-ca", &globals_.tls_ca_file}};
+  for (const auto& [key, value] : keys) {
+    if (auto found = config->find(key); found != config->end()) *value = found->second;
+  }
   return true;
 }
 

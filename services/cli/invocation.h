@@ -22,7 +22,8 @@
 
 namespace gradhub::cli {
 
-// Flags that every command accepts, before or after the command words.
+// Flags that every command accepts, before or after the command words. Between these defaults
+// and the variables come the keys of the client config (client_config.h).
 struct GlobalOptions {
   std::string server = "localhost:7070";
   std::string checkpoint_server = "localhost:7071";
@@ -86,6 +87,10 @@ class Invocation {
   int UsageError(const std::string& message);
 
  private:
+  // Takes the defaults of the global flags from the client config (client_config.h); false
+  // after reporting a config that cannot be read.
+  bool ApplyClientConfig();
+
   std::string command_;
   std::string synopsis_;
   std::vector<std::string> args_;

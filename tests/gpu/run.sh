@@ -1,9 +1,20 @@
 #!/usr/bin/env bash
-# The GPU check, for a machine with a GPU and a CUDA PyTorch but nothing else: builds the
-# engine alone (no gRPC, PostgreSQL, Gloo or gtest) against that PyTorch's libtorch and NCCL,
-# runs gpu_check (NCCL collectives at world size 1, DDP training on cuda:0 in FP32, then in BF16
-# autocast and in FP16 autocast with dynamic loss scaling, one poisoned step skipped) and times a step
-# against PyTorch eager. Never part of CI. Usage: tests/gpu/run.sh [BUILD_DIR]
+# The GPU check, for a machine with a GPU and a CUDA PyTorch but nothing else (no network).
+# Never part of CI. Usage: tests/gpu/run.sh [BUILD_DIR]
+#   1. Configures the node build (-DGRADHUB_BUILD_SERVICES=OFF: no PostgreSQL, no HTTP
+#      servers, no tests) against that PyTorch's libtorch (Torch_DIR) and NCCL, and builds
+#      gpu_check, plus gradhub-trainer and gradhub-agent when the node's gRPC, protobuf and the
+#      rest are there (cmake/GradhubNodeDeps.cmake names what is missing and its Debian
+#      packages; without them the trainer rows below say so and are skipped).
+#   2. gpu_check: NCCL collectives at world size 1, DDP training on cuda:0 in FP32, BF16 and
+#      FP16 autocast (one poisoned step skipped), one step timed against PyTorch eager.
+#   3. gradhub-trainer as the agent starts it on a GPU node (GRADHUB_DEVICE=cuda,
+#      GRADHUB_BACKEND=NCCL, CUDA_VISIBLE_DEVICES=0), world size 1 (two NCCL ranks cannot share
+#      one GPU): the same job on cuda:0 and on the CPU (Gloo) end within tolerance; BF16 on the
+#      GPU within tolerance of FP32; a checkpoint saved on the GPU at step 100 resumes on the
+#      GPU (close to the uninterrupted run) and on the CPU (map_location).
+#   4. A table last. Exit 0 only if every check passed. Within 10 minutes on one H200 with a
+#      cold build (the trainer jobs take seconds each).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 build="${1:-build-gpu}"
@@ -16,18 +27,144 @@ nccl_root=$("$python" -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.n
   || echo /usr/local/cuda)
 nccl_lib=$(ls "$nccl_root"/lib/libnccl.so* "$nccl_root"/lib64/libnccl.so* 2>/dev/null | head -1)
 generator=$(command -v ninja >/dev/null && echo Ninja || echo "Unix Makefiles")
+set +e
 cmake -S . -B "$build" -G "$generator" -DCMAKE_BUILD_TYPE=Release \
   -DGRADHUB_BUILD_SERVICES=OFF -DGRADHUB_BUILD_TESTS=OFF -DGRADHUB_USE_CCACHE=OFF \
-  -DCMAKE_PREFIX_PATH="$torch_prefix" \
-  -DGRADHUB_NCCL_INCLUDE_DIR="$nccl_root/include" -DGRADHUB_NCCL_LIBRARY="$nccl_lib"
-cmake --build "$build" --target gpu_check -j "$(nproc)"
+  -DCMAKE_PREFIX_PATH="$torch_prefix" -DTorch_DIR="$torch_prefix/Torch" \
+  -DGRADHUB_NCCL_INCLUDE_DIR="$nccl_root/include" -DGRADHUB_NCCL_LIBRARY="$nccl_lib" \
+  >"$build.configure.log" 2>&1
+configured=$?
+set -e
+grep -iE "gradhub|error" "$build.configure.log" || true
+[ "$configured" -eq 0 ] || { echo "tests/gpu/run.sh: configure failed, see $build.configure.log" >&2; exit 1; }
+targets=(gpu_check)
+node_build=no
+if cmake --build "$build" --target help | grep -q 'gradhub-trainer'; then
+  targets+=(gradhub-trainer gradhub-agent)
+  node_build=yes
+fi
+cmake --build "$build" --target "${targets[@]}" -j "$(nproc)"
+
+failures=0
+rows=()  # "check|figures|verdict"
+row() { rows+=("$1|$2|$3"); [ "$3" = PASS ] || [ "$3" = SKIP ] || failures=$((failures + 1)); }
+
+# --- 2. the engine alone ---
 set +e
 "$build/bin/gpu_check" | tee "$build/gpu_check.out"
-status=${PIPESTATUS[0]}
+check_status=${PIPESTATUS[0]}
 set -e
 ours=$(awk '/^step_ms/ {print $2}' "$build/gpu_check.out")
 theirs=$("$python" tests/gpu/pytorch_eager.py | awk '/^step_ms/ {print $2}')
+row "gpu_check (NCCL, DDP FP32/BF16/FP16)" "exit $check_status" \
+  "$([ "$check_status" -eq 0 ] && echo PASS || echo FAIL)"
+row "step ms, MLP 784-1024-1024-10 b64" \
+  "$(awk -v r="${theirs:-0}" -v g="${ours:-0}" 'BEGIN { printf "pytorch %.3f gradhub %.3f ratio %.2f", r, g, (r > 0 ? g / r : 0) }')" \
+  "$([ -n "$ours" ] && echo PASS || echo FAIL)"
+
+# --- 3. the trainer as a GPU node runs it ---
+work="$build/trainer-check"
+rm -rf "$work" && mkdir -p "$work"
+# Noisy enough (about 72% accuracy after 200 steps) that the comparisons below mean something.
+spec() {  # spec FILE MAX_STEPS [PRECISION]
+  cat >"$1" <<EOF
+model: {mlp: {layers: [32, 256, 256, 4]}}
+dataset: {synthetic: {numSamples: 8192, numFeatures: 32, numClasses: 4, noise: 6.0}, validationFraction: 0.1}
+optimizer: {sgd: {lr: 0.05, momentum: 0.9}}
+batchSizePerRank: 64
+maxSteps: $2
+logEverySteps: 50
+checkpoint: {everySteps: 100}
+precision: ${3:-FP32}
+seed: 7
+EOF
+}
+# trainer NAME DEVICE SPEC [CHECKPOINT_DIR]: one rank, as the agent starts it on that device.
+trainer() {
+  local name=$1 device=$2 spec_file=$3 ckpt=${4:-}
+  local backend=GLOO visible=""
+  [ "$device" = cuda ] && backend=NCCL && visible=0
+  local args=(--spec "$spec_file" --rank 0 --world-size 1 --job-id "$name" --threads 8)
+  [ -n "$ckpt" ] && args+=(--checkpoint-dir "$ckpt")
+  CUDA_VISIBLE_DEVICES="$visible" GRADHUB_DEVICE="$device" GRADHUB_BACKEND="$backend" \
+    timeout 300 "$build/bin/gradhub-trainer" "${args[@]}" >"$work/$name.out" 2>"$work/$name.err"
+}
+# field NAME KEY: KEY of the run's done line ("" when it has none; never fails).
+field() {
+  "$python" - "$work/$1.out" "$2" <<'EOF' || true
+import json, sys
+value = ""
+try:
+    for line in open(sys.argv[1]):
+        if line.startswith('{"event":"done"'):
+            value = json.loads(line).get(sys.argv[2], "")
+except (OSError, ValueError):
+    pass
+print(value)
+EOF
+}
+# close A B REL ABS: |A - B| <= REL * |B| + ABS
+close() { "$python" -c "import sys; a,b,r,t=map(float,sys.argv[1:]); sys.exit(0 if abs(a-b) <= r*abs(b)+t else 1)" "$@"; }
+run_row() {  # run_row LABEL NAME DEVICE SPEC [CKPT]
+  local label=$1 name=$2
+  shift 2
+  if trainer "$name" "$@"; then
+    row "$label" "loss $(field "$name" loss) eval.loss $(field "$name" eval.loss) acc $(field "$name" eval.accuracy) in $(field "$name" trainSeconds) s" PASS
+  else
+    row "$label" "exit $? ($(tail -1 "$work/$name.err"))" FAIL
+  fi
+}
+
+if [ "$node_build" = yes ]; then
+  spec "$work/200.yaml" 200
+  spec "$work/100.yaml" 100
+  spec "$work/bf16.yaml" 200 BF16
+  run_row "trainer cpu, Gloo, 200 steps" cpu cpu "$work/200.yaml"
+  run_row "trainer cuda:0, NCCL, 200 steps" gpu cuda "$work/200.yaml"
+  grep -q "trains on cuda:0 with NCCL" "$work/gpu.err" \
+    && row "trainer placed on cuda:0 with NCCL" "from its log" PASS \
+    || row "trainer placed on cuda:0 with NCCL" "$(grep -m1 'trains on' "$work/gpu.err" || echo none)" FAIL
+  for key in eval.loss eval.accuracy; do
+    gpu=$(field gpu $key) cpu=$(field cpu $key)
+    close "${gpu:-nan}" "${cpu:-0}" 0.05 0.02 2>/dev/null \
+      && row "cuda:0 vs cpu, $key" "$gpu vs $cpu (5% + 0.02)" PASS \
+      || row "cuda:0 vs cpu, $key" "$gpu vs $cpu (5% + 0.02)" FAIL
+  done
+  run_row "trainer cuda:0, NCCL, BF16 autocast" bf16 cuda "$work/bf16.yaml"
+  bf16=$(field bf16 eval.accuracy) fp32=$(field gpu eval.accuracy)
+  close "${bf16:-nan}" "${fp32:-0}" 0 0.03 2>/dev/null \
+    && row "BF16 vs FP32 accuracy on cuda:0" "$bf16 vs $fp32 (3 points)" PASS \
+    || row "BF16 vs FP32 accuracy on cuda:0" "$bf16 vs $fp32 (3 points)" FAIL
+  # A checkpoint saved on the GPU at step 100, resumed on the GPU and on the CPU to step 200.
+  mkdir -p "$work/ckpt-gpu"
+  run_row "cuda:0 to step 100, checkpoint" half cuda "$work/100.yaml" "$work/ckpt-gpu"
+  cp -r "$work/ckpt-gpu" "$work/ckpt-cpu"
+  run_row "resumed on cuda:0 to 200" resumed-gpu cuda "$work/200.yaml" "$work/ckpt-gpu"
+  run_row "resumed on cpu to 200 (map_location)" resumed-cpu cpu "$work/200.yaml" "$work/ckpt-cpu"
+  for name in resumed-gpu resumed-cpu; do
+    grep -q "resumed from step 100" "$work/$name.err" \
+      && row "$name resumed from step 100" "from its log" PASS \
+      || row "$name resumed from step 100" "$(tail -1 "$work/$name.err")" FAIL
+  done
+  resumed=$(field resumed-gpu loss) whole=$(field gpu loss)
+  close "${resumed:-nan}" "${whole:-0}" 1e-3 1e-4 2>/dev/null \
+    && row "resumed on cuda:0 vs uninterrupted, loss" "$resumed vs $whole (0.1%)" PASS \
+    || row "resumed on cuda:0 vs uninterrupted, loss" "$resumed vs $whole (0.1%)" FAIL
+  resumed=$(field resumed-cpu eval.accuracy) whole=$(field gpu eval.accuracy)
+  close "${resumed:-nan}" "${whole:-0}" 0 0.03 2>/dev/null \
+    && row "resumed on cpu vs cuda:0, accuracy" "$resumed vs $whole (3 points)" PASS \
+    || row "resumed on cpu vs cuda:0, accuracy" "$resumed vs $whole (3 points)" FAIL
+else
+  row "gradhub-trainer on cuda:0" \
+    "not built: $(grep -o 'missing [^.]*' "$build.configure.log" | head -1 || echo 'node deps missing')" SKIP
+fi
+
+# --- 4. the table ---
 echo
-printf '%-34s %12s %12s %7s\n' "step, MLP 784-1024-1024-10 b64" "pytorch_ms" "gradhub_ms" ratio
-awk -v r="$theirs" -v g="$ours" 'BEGIN { printf "%-34s %12.3f %12.3f %7.2f\n", "cuda:0, SGD momentum", r, g, g/r }'
-exit "$status"
+printf '%-44s %-64s %s\n' check figures verdict
+for entry in "${rows[@]}"; do
+  IFS='|' read -r check figures verdict <<<"$entry"
+  printf '%-44s %-64s %s\n' "$check" "$figures" "$verdict"
+done
+echo "failures: $failures"
+[ "$failures" -eq 0 ]

@@ -120,8 +120,9 @@ bool LocalCluster::StartApi() {
   api_ = std::make_unique<Subprocess>(std::vector<std::string>{
       BinaryPath("gradhub-api"), "--database-url", url_, "--grpc-address",
       "127.0.0.1:" + std::to_string(api_grpc_port_), "--http-host", "127.0.0.1", "--http-port",
-      std::to_string(api_http_port_), "--heartbeat-interval", "1s", "--scheduler-interval", "100ms",
-      "--shutdown-grace", "2s", "--admin-token", kAdminToken, "serve"});
+      std::to_string(api_http_port_), "--heartbeat-interval", options_.heartbeat_interval,
+      "--scheduler-interval", "100ms", "--shutdown-grace", "2s", "--admin-token", kAdminToken,
+      "serve"});
   const std::string port = AwaitOutput(*api_, "serving gRPC on port ([0-9]+)");
   const std::string http_port = AwaitOutput(*api_, "serving REST on port ([0-9]+)");
   if (port.empty() || http_port.empty()) return false;
@@ -197,7 +198,9 @@ bool LocalCluster::StartAgent(const std::string& name) {
       "--name",
       name,
       "--slots",
-      std::to_string(options_.slots),
+      options_.fake_gpus > 0 ? "-1" : std::to_string(options_.slots),
+      "--fake-gpus",
+      std::to_string(options_.fake_gpus),
       "--work-dir",
       work,
       "--stop-grace",
@@ -233,6 +236,11 @@ bool LocalCluster::StartAgent(const std::string& name) {
 void LocalCluster::KillAgent(const std::string& name, int signal) {
   agents_.at(name)->Kill(signal);
   agents_.at(name)->Wait();
+}
+
+std::string LocalCluster::AgentStderr(const std::string& name) const {
+  const auto agent = agents_.find(name);
+  return agent == agents_.end() || agent->second == nullptr ? "" : agent->second->err();
 }
 
 std::vector<pid_t> LocalCluster::TrainersOf(const std::string& name) const {

@@ -23,12 +23,17 @@ struct LocalClusterOptions {
   // Agents, started by Start() with `slots` CPU slots each.
   std::vector<std::string> agents = {"a", "b"};
   int slots = 2;
+  // > 0: every agent sees this many GPUs that are not there (gradhub-agent --fake-gpus) and
+  // registers a CUDA node with its default slots, one per GPU (`slots` is then not passed).
+  int fake_gpus = 0;
   // Start gradhub-checkpoint and hand it to the agents; each agent then keeps its own cache
   // (<dir>/agent-<name>/checkpoints). Without it, the agents share <dir>/checkpoints.
   bool checkpoint_service = false;
   // Start gradhub-metrics and hand it to the agents.
   bool metrics_service = false;
   std::string agent_stop_grace = "2s";
+  // gradhub-api --heartbeat-interval (the lease is 3 of them).
+  std::string heartbeat_interval = "1s";
   // How long agents keep their ranks running while gradhub-api is unreachable.
   std::string agent_api_outage_grace = "60s";
   // Node isolation (gpu_worker/agent/isolation.h). Each agent's --data-root; the cluster's
@@ -99,6 +104,8 @@ class LocalCluster {
   v1::JobService::Stub& jobs() { return *jobs_; }
   v1::CheckpointService::Stub& checkpoints() { return *checkpoints_; }
   Subprocess* checkpoint_process() { return checkpoint_.get(); }
+  // What agent `name` has printed on stderr so far ("" if there is no such agent).
+  std::string AgentStderr(const std::string& name) const;
 
  private:
   LocalClusterOptions options_;

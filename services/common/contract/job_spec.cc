@@ -8,6 +8,7 @@
 #include <regex>
 #include <sstream>
 
+#include "services/common/contract/defaults.h"
 #include "services/common/contract/user_error.h"
 #include "services/common/json_text.h"
 
@@ -326,7 +327,9 @@ v1::JobSpec WithDefaults(v1::JobSpec spec) {
   }
   if (spec.grad_accumulation_steps() == 0) spec.set_grad_accumulation_steps(1);
   if (spec.log_every_steps() == 0) spec.set_log_every_steps(10);
-  if (spec.hang_timeout_seconds() == 0) spec.set_hang_timeout_seconds(600);
+  if (spec.hang_timeout_seconds() == 0) {
+    spec.set_hang_timeout_seconds(defaults::kHangTimeoutSeconds);
+  }
   if (spec.checkpoint().keep_last() == 0) spec.mutable_checkpoint()->set_keep_last(3);
   if (spec.dataset().prefetch_batches() == 0) spec.mutable_dataset()->set_prefetch_batches(2);
   return spec;

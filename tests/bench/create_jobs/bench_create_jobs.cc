@@ -72,6 +72,9 @@ struct Options {
   int64_t rate = 0;  // requests/s; 0 = closed loop
   std::string label;
   std::string trace;  // file for the per-call trace; "" = none
+  // KEY=VALUE: every job asks for a node label no node has, and stays PENDING (the scheduling
+  // bench's backlog); "" = the minimal spec as is.
+  std::string node_selector;
 };
 
 // What one client saw in the measured window. Owned by its thread until the join.
@@ -137,6 +140,10 @@ class Client {
         id_prefix_(std::move(id_prefix)) {
     request_.mutable_spec()->CopyFrom(gradhub::testing::MinimalJobSpec());
     request_.mutable_spec()->set_display_name("bench-create-jobs");
+    if (const size_t eq = options.node_selector.find('='); eq != std::string::npos) {
+      (*request_.mutable_spec()->mutable_node_selector())[options.node_selector.substr(0, eq)] =
+          options.node_selector.substr(eq + 1);
+    }
   }
 
   // One CreateJob with a request_id never used before. Returns the status code (kBadResponse
@@ -259,7 +266,10 @@ int main(int argc, char** argv) {
               "first column of the data line; default closed or rate-R")
       .String("trace", "", &options.trace,
               "write every counted call to this file: ms from the window's start, latency ms, "
-              "status code");
+              "status code")
+      .String("node-selector", "", &options.node_selector,
+              "KEY=VALUE added to every job's nodeSelector (a label no node has keeps the jobs "
+              "PENDING)");
   auto parsed = flags.Parse(argc, argv);
   if (!parsed.ok()) {
     std::cerr << "bench_create_jobs: " << parsed.status().message() << "\n";

@@ -386,6 +386,50 @@ TEST_F(TrainerE2eTest, Fp16IsRefusedOnCpuNamingPrecision) {
   EXPECT_NE(run.err.find("CUDA"), std::string::npos) << run.err;
 }
 
+// The agent tells a rank its node's kind (--device, GRADHUB_DEVICE) and what backend AUTO
+// became there (--backend, GRADHUB_BACKEND); the spec's explicit backend wins.
+TEST_F(TrainerE2eTest, NcclOnACpuNodeIsAUserErrorNamingTheBackend) {
+  const std::string spec = DigitsSpec(dir_.path(), "mlp: {layers: [64, 10]}",
+                                      "maxSteps: 5\ndistributed: {backend: NCCL}\n");
+  for (const std::vector<std::string>& device :
+       {std::vector<std::string>{}, std::vector<std::string>{"--device", "cpu"}}) {
+    std::vector<std::string> argv = {BinaryPath("gradhub-trainer"), "--threads", "1", "--spec",
+                                     spec};
+    argv.insert(argv.end(), device.begin(), device.end());
+    RunResult run = testing::Run(argv);
+    EXPECT_EQ(run.exit_code, 10) << run.err;
+    EXPECT_NE(run.err.find("distributed.backend"), std::string::npos) << run.err;
+    EXPECT_NE(run.err.find("NCCL needs a GPU node"), std::string::npos) << run.err;
+  }
+  RunResult bad = testing::Run({BinaryPath("gradhub-trainer"), "--spec", spec, "--device", "tpu"});
+  EXPECT_EQ(bad.exit_code, 10) << bad.err;
+  EXPECT_NE(bad.err.find("--device"), std::string::npos) << bad.err;
+}
+
+// A rank told it has a GPU that it cannot use fails as the node's fault (exit 12), naming the
+// device it was given, before any training.
+TEST_F(TrainerE2eTest, GpuRankWithoutAUsableGpuIsAnInfrastructureFailure) {
+  if (std::filesystem::exists("/proc/driver/nvidia/version")) GTEST_SKIP() << "a GPU is here";
+  RunResult run = testing::Run(
+      {BinaryPath("gradhub-trainer"), "--threads", "1", "--device", "cuda", "--backend", "NCCL",
+       "--spec", DigitsSpec(dir_.path(), "mlp: {layers: [64, 10]}", "maxSteps: 5\n")},
+      {{"CUDA_VISIBLE_DEVICES", "1"}});
+  EXPECT_EQ(run.exit_code, 12) << run.err;
+  EXPECT_NE(run.err.find("GRADHUB_DEVICE=cuda GRADHUB_BACKEND=NCCL CUDA_VISIBLE_DEVICES=1"),
+            std::string::npos)
+      << run.err;
+  EXPECT_NE(run.err.find("no GPU: this rank was given a GPU"), std::string::npos) << run.err;
+}
+
+// Gloo reduces CPU tensors, so a Gloo job on a GPU node trains on the CPU.
+TEST_F(TrainerE2eTest, GlooOnAGpuNodeTrainsOnTheCpu) {
+  RunResult run = testing::Run(
+      {BinaryPath("gradhub-trainer"), "--threads", "1", "--device", "cuda", "--backend", "GLOO",
+       "--spec", DigitsSpec(dir_.path(), "mlp: {layers: [64, 10]}", "maxSteps: 5\n")});
+  EXPECT_EQ(run.exit_code, 0) << run.err;
+  EXPECT_NE(run.err.find("trains on cpu with Gloo"), std::string::npos) << run.err;
+}
+
 // Every mode whose ranks hold state of their own (ZeRO's optimizer shards, local SGD's
 // replicas between averages, PowerSGD's error feedback and warm-start Q) resumes bit for bit
 // at world size 2: 100 steps, then the same spec continued to 200 from the checkpoint of step

@@ -26,12 +26,23 @@ TEST(AgentBinaryTest, HelpListsEveryFlagWithItsVariable) {
         "--work-dir", "--checkpoint-root", "--trainer", "gradhub-trainer", "--stop-grace", "10s"}) {
     EXPECT_NE(result.out.find(text), std::string::npos) << text << " missing in\n" << result.out;
   }
+  EXPECT_NE(result.out.find("GRADHUB_FAKE_GPUS"), std::string::npos) << result.out;
 }
 
 TEST(AgentBinaryTest, BadFlagsAreUsageErrors) {
   EXPECT_EQ(testing::Run({BinaryPath("gradhub-agent"), "--no-such-flag"}).exit_code, 2);
   EXPECT_EQ(testing::Run({BinaryPath("gradhub-agent"), "--slots", "0"}).exit_code, 2);
   EXPECT_EQ(testing::Run({BinaryPath("gradhub-agent"), "--labels", "oops"}).exit_code, 2);
+  EXPECT_EQ(testing::Run({BinaryPath("gradhub-agent"), "--fake-gpus", "-1"}).exit_code, 2);
+}
+
+// Each rank gets a GPU of its own, so a GPU node has at most one slot per GPU.
+TEST(AgentBinaryTest, RefusesMoreSlotsThanGpus) {
+  const auto result =
+      testing::Run({BinaryPath("gradhub-agent"), "--fake-gpus", "2", "--slots", "3"});
+  EXPECT_EQ(result.exit_code, 2);
+  EXPECT_NE(result.err.find("--slots: 3 is more than this node's 2 GPU(s)"), std::string::npos)
+      << result.err;
 }
 
 // Ranks never run as root, and a rank user that could not enter its directory is found at

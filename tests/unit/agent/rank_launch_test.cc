@@ -8,9 +8,12 @@
 
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 #include "gpu_worker/agent/agent.h"
 #include "gpu_worker/agent/node_description.h"
+#include "gpu_worker/agent/node_devices.h"
+#include "gpu_worker/devices/devices.h"
 #include "tests/support/subprocess.h"
 
 namespace gradhub::agent {
@@ -80,6 +83,10 @@ TEST(RankLaunchTest, DirectoriesAndEnvironmentFollowTheTrainerContract) {
       {"GRADHUB_DATA_ROOTS", "/data:/srv/models"},
       {"GRADHUB_MAX_INPUT_BYTES", "1073741824"},
       {"GRADHUB_MEMORY_LIMIT_BYTES", "6442450944"},
+      // A CPU node: no GPU visible, whatever the agent sees, and AUTO is Gloo.
+      {"CUDA_VISIBLE_DEVICES", ""},
+      {"GRADHUB_DEVICE", "cpu"},
+      {"GRADHUB_BACKEND", "GLOO"},
       {"NCCL_DEBUG", "INFO"},
   };
   EXPECT_EQ(launch->env, want);
@@ -98,6 +105,70 @@ TEST(RankLaunchTest, DevicesAndCheckpointRoot) {
   EXPECT_EQ(launch->env.at("GRADHUB_CHECKPOINT_DIR"),
             "/shared/ckpt/0b7c7a4e-1f4e-4d1c-9a57-2f0c1b1d3e55");
   EXPECT_EQ(launch->env.at("GRADHUB_STORE"), "");
+}
+
+// Two ranks of one AUTO job on a node with two GPUs: each sees only its own, as cuda:0, and
+// both are told the node is a GPU node and to use NCCL.
+TEST(RankLaunchTest, RanksOnAGpuNodeGetTheirOwnGpuAndNcclForAuto) {
+  AgentConfig config = Config("/w");
+  config.devices = FakeGpus(2);
+  std::set<std::string> visible;
+  for (int local_rank : {0, 1}) {
+    v1::RankAssignment assignment = Assignment();
+    assignment.set_rank(local_rank);
+    assignment.set_local_rank(local_rank);
+    assignment.add_device_indices(local_rank);  // the server's: the rank's slot
+    const auto launch = PlanRankLaunch(config, "session-1", assignment);
+    ASSERT_TRUE(launch.ok()) << launch.status();
+    EXPECT_EQ(launch->env.at("GRADHUB_DEVICE"), "cuda");
+    EXPECT_EQ(launch->env.at("GRADHUB_BACKEND"), "NCCL");
+    visible.insert(launch->env.at("CUDA_VISIBLE_DEVICES"));
+  }
+  EXPECT_EQ(visible, (std::set<std::string>{"0", "1"}));
+}
+
+TEST(RankLaunchTest, AnExplicitBackendPassesThroughAndAutoIsGlooOnACpuNode) {
+  AgentConfig gpu = Config("/w");
+  gpu.devices = FakeGpus(1);
+  v1::RankAssignment assignment = Assignment();
+  assignment.add_device_indices(0);
+  assignment.mutable_spec()->mutable_distributed()->set_backend(v1::DistributedSpec::GLOO);
+  EXPECT_EQ(PlanRankLaunch(gpu, "s", assignment)->env.at("GRADHUB_BACKEND"), "GLOO");
+
+  v1::RankAssignment on_cpu = Assignment();
+  on_cpu.mutable_spec()->mutable_distributed()->set_backend(v1::DistributedSpec::NCCL);
+  const auto launch = PlanRankLaunch(Config("/w"), "s", on_cpu);
+  EXPECT_EQ(launch->env.at("GRADHUB_BACKEND"), "NCCL");  // the trainer refuses it, naming why
+  EXPECT_EQ(launch->env.at("GRADHUB_DEVICE"), "cpu");
+  EXPECT_EQ(launch->env.at("CUDA_VISIBLE_DEVICES"), "");
+}
+
+// An agent started with CUDA_VISIBLE_DEVICES=2,3 numbers those GPUs 0 and 1; its ranks must
+// be given the GPUs it was given, not the machine's first two.
+TEST(RankLaunchTest, DeviceIndicesAreNamedAsTheAgentSeesThem) {
+  devices::DeviceInventory inventory;
+  inventory.driver_version = "550.54.15";
+  inventory.cuda_driver_version = "12.4";
+  for (int i = 0; i < 2; ++i) {
+    devices::GpuInfo gpu;
+    gpu.index = i;
+    gpu.name = "NVIDIA H200";
+    gpu.total_memory_bytes = int64_t{141} << 30;
+    gpu.compute_capability = "9.0";
+    gpu.uuid = "GPU-" + std::to_string(i);
+    inventory.gpus.push_back(gpu);
+  }
+  AgentConfig config = Config("/w");
+  config.devices = FromInventory(inventory, "2,3");
+  ASSERT_TRUE(config.devices.cuda);
+  EXPECT_EQ(config.devices.gpus[1].driver_version(), "550.54.15");
+  EXPECT_EQ(config.devices.gpus[1].cuda_version(), "12.4");
+  v1::RankAssignment assignment = Assignment();
+  assignment.add_device_indices(1);
+  EXPECT_EQ(PlanRankLaunch(config, "s", assignment)->env.at("CUDA_VISIBLE_DEVICES"), "3");
+  config.devices = FromInventory(inventory, nullptr);
+  EXPECT_EQ(PlanRankLaunch(config, "s", assignment)->env.at("CUDA_VISIBLE_DEVICES"), "1");
+  EXPECT_FALSE(FromInventory(devices::DeviceInventory{}, nullptr).cuda);
 }
 
 TEST(RankLaunchTest, RefusesJobNamesThatAreNotPathSafe) {
@@ -198,6 +269,38 @@ TEST(NodeDescriptionTest, LabelsNameAndSlots) {
   EXPECT_FALSE(node->agent_version().empty());
   config.slots = 0;
   EXPECT_EQ(DescribeNode(config).status().code(), absl::StatusCode::kInvalidArgument);
+  config.slots = -1;  // the default: one slot on a CPU node
+  EXPECT_EQ(DescribeNode(config)->slots(), 1);
+}
+
+TEST(NodeDescriptionTest, AgentWithTwoFakeGpusRegistersACudaNodeWithTwoSlotsAndItsDevices) {
+  AgentConfig config = Config("/w");
+  config.devices = FakeGpus(2);
+  auto node = DescribeNode(config);
+  ASSERT_TRUE(node.ok()) << node.status();
+  EXPECT_EQ(node->kind(), v1::Node::CUDA);
+  EXPECT_EQ(node->slots(), 2);
+  ASSERT_EQ(node->devices_size(), 2);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(node->devices(i).index(), i);
+    EXPECT_NE(node->devices(i).name().find("Fake GPU"), std::string::npos);
+    EXPECT_GT(node->devices(i).total_memory_bytes(), 0);
+    EXPECT_FALSE(node->devices(i).driver_version().empty());
+    EXPECT_FALSE(node->devices(i).cuda_version().empty());
+  }
+  config.slots = 1;  // fewer slots than GPUs: allowed, the second GPU idles
+  EXPECT_EQ(DescribeNode(config)->slots(), 1);
+}
+
+TEST(NodeDescriptionTest, SlotsAboveTheGpuCountAreRefusedNamingSlots) {
+  AgentConfig config = Config("/w");
+  config.devices = FakeGpus(2);
+  config.slots = 3;
+  const auto node = DescribeNode(config);
+  EXPECT_EQ(node.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(node.status().message().find("--slots: 3 is more than this node's 2 GPU(s)"),
+            std::string::npos)
+      << node.status();
 }
 
 }  // namespace

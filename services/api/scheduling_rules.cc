@@ -1,0 +1,389 @@
+#include "services/api/scheduling_rules.h"
+
+#include <algorithm>
+#include <cstddef>
+#include <set>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "services/common/contract/data_paths.h"
+#include "services/common/contract/trainer_exit_codes.h"
+
+namespace gradhub::api {
+namespace {
+
+bool TakesRanks(const NodeRecord& node) {
+  return node.state == v1::Node::READY && node.heartbeating;
+}
+
+bool LabelsMatch(const NodeRecord& node, const v1::JobSpec& spec) {
+  for (const auto& [key, value] : spec.node_selector()) {
+    const auto it = node.labels.find(key);
+    if (it == node.labels.end() || it->second != value) return false;
+  }
+  return true;
+}
+
+std::string KindName(v1::Node::DeviceKind kind) { return v1::Node::DeviceKind_Name(kind); }
+
+// Step 2 of PlaceGang on the nodes of one device kind that are eligible.
+std::vector<RankPlacement> Pack(std::vector<const NodeRecord*> eligible, int32_t world_size,
+                                int32_t ranks_per_node) {
+  std::stable_sort(eligible.begin(), eligible.end(), [](const auto* a, const auto* b) {
+    return a->free_slots.size() > b->free_slots.size();
+  });
+  const size_t per_node = ranks_per_node > 0 ? static_cast<size_t>(ranks_per_node) : SIZE_MAX;
+  std::vector<RankPlacement> placed;
+  for (const NodeRecord* node : eligible) {
+    const size_t take = std::min(
+        {node->free_slots.size(), per_node, static_cast<size_t>(world_size) - placed.size()});
+    for (size_t i = 0; i < take; ++i) {
+      placed.push_back({static_cast<int32_t>(placed.size()), static_cast<int32_t>(i),
+                        node->free_slots[i], node->id, node->name});
+    }
+  }
+  if (placed.size() != static_cast<size_t>(world_size)) placed.clear();
+  return placed;
+}
+
+// Step 3 of PlaceGang: why the job does not fit, most specific first.
+std::string WhyUnplaced(const v1::JobSpec& spec, const std::vector<NodeRecord>& nodes,
+                        const std::vector<v1::Node::DeviceKind>& kinds) {
+  const int32_t world_size = spec.distributed().world_size();
+  const int32_t per_node = spec.distributed().ranks_per_node();
+  bool any_labelled = false, any_serves = false, any_kind = false;
+  int32_t usable = 0;
+  size_t ready = 0, largest = 0;
+  for (const NodeRecord& node : nodes) {
+    if (!LabelsMatch(node, spec)) continue;
+    any_labelled = true;
+    if (!RootsServeSpec(node.data_roots, spec)) continue;
+    any_serves = true;
+    if (std::find(kinds.begin(), kinds.end(), node.kind) == kinds.end()) continue;
+    any_kind = true;
+    if (!TakesRanks(node) || node.free_slots.empty()) continue;
+    ++ready;
+    largest = std::max(largest, node.free_slots.size());
+    usable += static_cast<int32_t>(
+        per_node > 0 ? std::min<size_t>(node.free_slots.size(), static_cast<size_t>(per_node))
+                     : node.free_slots.size());
+  }
+  if (!spec.node_selector().empty() && !any_labelled) {
+    std::vector<std::string> wanted;
+    for (const auto& [key, value] : spec.node_selector()) wanted.push_back(key + "=" + value);
+    std::sort(wanted.begin(), wanted.end());
+    return absl::StrCat("no node with label ", absl::StrJoin(wanted, ","));
+  }
+  if (!any_serves) {
+    return "no node's data roots hold every file the spec names (see each node's dataRoots)";
+  }
+  if (!any_kind) {
+    std::vector<std::string> names;
+    for (const auto kind : kinds) names.push_back(KindName(kind));
+    return absl::StrCat("backend ", v1::DistributedSpec::Backend_Name(spec.distributed().backend()),
+                        spec.precision() == v1::JobSpec::FP16 ? " with precision FP16" : "",
+                        " runs on ", absl::StrJoin(names, " or "), " nodes; no such node is ",
+                        "registered");
+  }
+  if (ready == 0)
+    return absl::StrCat("needs ", world_size, " slots, no ready node has a free slot");
+  return absl::StrCat("needs ", world_size, " slots",
+                      per_node > 0 ? absl::StrCat(" (at most ", per_node, " per node)") : "", ", ",
+                      usable, " usable on ", ready, " ready nodes, ", largest,
+                      " free on the largest node");
+}
+
+}  // namespace
+
+std::vector<v1::Node::DeviceKind> DeviceKindsFor(const v1::JobSpec& spec) {
+  if (spec.distributed().backend() == v1::DistributedSpec::NCCL ||
+      spec.precision() == v1::JobSpec::FP16) {
+    return {v1::Node::CUDA};
+  }
+  if (spec.distributed().backend() == v1::DistributedSpec::GLOO) return {v1::Node::CPU};
+  return {v1::Node::CUDA, v1::Node::CPU};
+}
+
+GangPlacement PlaceGang(const v1::JobSpec& spec, const std::vector<NodeRecord>& nodes) {
+  const std::vector<v1::Node::DeviceKind> kinds = DeviceKindsFor(spec);
+  GangPlacement placement;
+  for (const v1::Node::DeviceKind kind : kinds) {
+    std::vector<const NodeRecord*> eligible;  // step 1
+    for (const NodeRecord& node : nodes) {
+      if (TakesRanks(node) && node.kind == kind && !node.free_slots.empty() &&
+          LabelsMatch(node, spec) && RootsServeSpec(node.data_roots, spec)) {
+        eligible.push_back(&node);
+      }
+    }
+    placement.ranks = Pack(std::move(eligible), spec.distributed().world_size(),
+                           spec.distributed().ranks_per_node());
+    if (placement.placed()) {
+      placement.kind = kind;
+      return placement;
+    }
+  }
+  placement.why = WhyUnplaced(spec, nodes, kinds);
+  return placement;
+}
+
+std::optional<std::string> QueuePass::WaitsRegardless(const QueuedJob& job) const {
+  if (job.stopping) {
+    return absl::StrCat("waiting for the ranks of attempt ", job.attempt, " to stop");
+  }
+  if (blocked_by_) {
+    return absl::StrCat("waiting behind ", *blocked_by_,
+                        ", which comes first and has waited longer than the backfill window (",
+                        absl::FormatDuration(backfill_window_), ")");
+  }
+  return std::nullopt;
+}
+
+void QueuePass::NoteUnplaced(const QueuedJob& job) {
+  if (!blocked_by_ && job.waited >= backfill_window_) blocked_by_ = job.name;
+}
+
+GangPlacement QueuePass::Next(const QueuedJob& job) {
+  GangPlacement placement;
+  if (std::optional<std::string> why = WaitsRegardless(job)) {
+    placement.why = *std::move(why);
+    return placement;
+  }
+  const std::string shape(job.shape);
+  if (const auto unfit = unfit_shapes_.find(shape);
+      !shape.empty() && unfit != unfit_shapes_.end()) {
+    placement.why = unfit->second;
+  } else {
+    placement = PlaceGang(*job.spec, snapshot_);
+  }
+  if (!placement.placed()) {
+    if (!shape.empty()) unfit_shapes_.emplace(shape, placement.why);
+    NoteUnplaced(job);
+    return placement;
+  }
+  // The placed ranks' slots are taken for the rest of the pass.
+  for (const RankPlacement& rank : placement.ranks) {
+    for (NodeRecord& node : snapshot_) {
+      if (node.id != rank.node_id) continue;
+      auto& free = node.free_slots;
+      free.erase(std::remove(free.begin(), free.end(), rank.slot), free.end());
+    }
+  }
+  return placement;
+}
+
+GangPlacement QueuePass::Confirm(const QueuedJob& job, const std::vector<NodeRecord>& nodes) {
+  GangPlacement placement;
+  if (std::optional<std::string> why = WaitsRegardless(job)) {
+    placement.why = *std::move(why);
+    return placement;
+  }
+  placement = PlaceGang(*job.spec, nodes);
+  if (!placement.placed()) NoteUnplaced(job);
+  return placement;
+}
+
+bool QueuePosition::Before(const QueuePosition& other) const {
+  if (priority != other.priority) return priority > other.priority;
+  if (create_us != other.create_us) return create_us < other.create_us;
+  return name < other.name;
+}
+
+bool FastPathMayPlace(const QueuePosition& job, const std::optional<QueuePosition>& blocking,
+                      bool capacity_changed) {
+  return !capacity_changed && (!blocking || job.Before(*blocking));
+}
+
+std::string PlacementMessage(int32_t attempt, const GangPlacement& placement) {
+  std::vector<std::string> where;  // "nodes/a (ranks 0-1)", in the order of their first rank
+  size_t first = 0;
+  for (size_t i = 1; i <= placement.ranks.size(); ++i) {
+    if (i < placement.ranks.size() && placement.ranks[i].node == placement.ranks[first].node) {
+      continue;
+    }
+    const int32_t low = placement.ranks[first].rank, high = placement.ranks[i - 1].rank;
+    where.push_back(absl::StrCat("nodes/", placement.ranks[first].node,
+                                 low == high ? absl::StrCat(" (rank ", low, ")")
+                                             : absl::StrCat(" (ranks ", low, "-", high, ")")));
+    first = i;
+  }
+  return absl::StrCat("attempt ", attempt, " placed on ", absl::StrJoin(where, ", "),
+                      placement.kind == v1::Node::CUDA ? ", CUDA" : "");
+}
+
+v1::JobEvent::FailureKind FailureKindOfExit(int exit_code, int signal) {
+  if (signal == 0 && exit_code == trainer::kExitUserError) return v1::JobEvent::USER;
+  // Out of memory at the rank's limit: reported as this code, with signal 9 when the kernel's
+  // cgroup OOM killer stopped it. The spec needs more than a slot gives; a retry cannot help.
+  if (exit_code == trainer::kExitOutOfMemory) return v1::JobEvent::USER;
+  if (signal == 0 &&
+      (exit_code == trainer::kExitInfrastructure || exit_code == trainer::kExitPreempted)) {
+    return v1::JobEvent::INFRASTRUCTURE;
+  }
+  return v1::JobEvent::JOB;
+}
+
+std::string RankFailureMessage(int32_t rank, bool stopped, int exit_code, int signal,
+                               const std::string& agent_message) {
+  if (stopped) {
+    constexpr absl::string_view kAgentPrefix = "stopped by the agent: ";
+    absl::string_view why = agent_message;
+    if (absl::StartsWith(why, kAgentPrefix)) why.remove_prefix(kAgentPrefix.size());
+    return absl::StrCat("rank ", rank, " was stopped by its agent", why.empty() ? "" : ": ", why);
+  }
+  const std::string exit = signal != 0 ? absl::StrCat("killed by signal ", signal)
+                                       : absl::StrCat("exited with code ", exit_code);
+  // Without output of its own the agent reports the exit itself, which says nothing new.
+  const bool has_line = !agent_message.empty() && agent_message != exit;
+  return absl::StrCat("rank ", rank, signal != 0 ? " was " : " ", exit,
+                      has_line ? absl::StrCat(" (last log line: ", agent_message, ")") : "");
+}
+
+namespace {
+
+v1::JobEvent::FailureKind KindOf(const RankReport& rank) {
+  return rank.state == "STOPPED" ? v1::JobEvent::INFRASTRUCTURE
+                                 : FailureKindOfExit(rank.exit_code, rank.signal);
+}
+
+// JudgeAttempt's steps 1-2: the rank to blame, or null.
+const RankReport* Culprit(const AttemptSnapshot& attempt, absl::Duration peer_failure_grace) {
+  const RankReport* peer_loss = nullptr;
+  int running = 0;  // ranks that could still report the real cause
+  for (const RankReport& rank : attempt.ranks) {
+    running += rank.state == "STARTING" || rank.state == "RUNNING";
+    if (rank.state != "FAILED" && rank.state != "STOPPED") continue;
+    if (KindOf(rank) != v1::JobEvent::INFRASTRUCTURE) return &rank;  // step 1
+    if (peer_loss == nullptr || (peer_loss->state != "STOPPED" && rank.state == "STOPPED")) {
+      peer_loss = &rank;
+    }
+  }
+  if (peer_loss == nullptr) return nullptr;
+  const bool graced = peer_loss->seconds_in_state >= absl::ToDoubleSeconds(peer_failure_grace);
+  return graced || running == 0 ? peer_loss : nullptr;
+}
+
+}  // namespace
+
+AttemptVerdict JudgeAttempt(const AttemptSnapshot& attempt, absl::Duration peer_failure_grace) {
+  AttemptVerdict verdict;
+  if (const RankReport* culprit = Culprit(attempt, peer_failure_grace)) {
+    AttemptFailure failure;
+    failure.event = v1::JobEvent::RANK_FAILED;
+    failure.kind = KindOf(*culprit);
+    failure.rank = culprit->rank;
+    failure.node = "nodes/" + culprit->node;
+    failure.exit_code = culprit->exit_code;
+    failure.signal = culprit->signal;
+    failure.message = RankFailureMessage(culprit->rank, culprit->state == "STOPPED",
+                                         culprit->exit_code, culprit->signal, culprit->message);
+    verdict.failure = std::move(failure);
+    return verdict;
+  }
+  const size_t ranks = attempt.ranks.size();
+  size_t started = 0, succeeded = 0;
+  for (const RankReport& rank : attempt.ranks) {
+    started += rank.state == "STARTING" || rank.state == "RUNNING" || rank.state == "SUCCEEDED";
+    succeeded += rank.state == "SUCCEEDED";
+  }
+  verdict.now_running = attempt.job_state == v1::Job::SCHEDULED && started == ranks;  // step 3
+  if (verdict.now_running) verdict.started_reason = absl::StrCat("all ", ranks, " ranks started");
+  const bool running = attempt.job_state == v1::Job::RUNNING || verdict.now_running;
+  if (running && succeeded == ranks) {
+    verdict.succeeded = true;
+    verdict.succeeded_reason = absl::StrCat("all ", ranks, " ranks exited 0");
+    return verdict;
+  }
+  if (verdict.now_running) return verdict;  // it started just now: the watchdog counts from here
+  const double idle = std::min(attempt.seconds_since_start,
+                               attempt.seconds_since_step.value_or(attempt.seconds_since_start));
+  if (idle > attempt.hang_timeout_seconds) {  // step 4
+    AttemptFailure failure;
+    failure.event = v1::JobEvent::HANG_DETECTED;
+    failure.kind = v1::JobEvent::JOB;
+    failure.message = absl::StrCat("no training step for ", static_cast<int64_t>(idle),
+                                   " s (hang_timeout_seconds ", attempt.hang_timeout_seconds, ")");
+    verdict.failure = std::move(failure);
+  }
+  return verdict;
+}
+
+RestartDecision DecideRestart(const v1::Job& job, v1::JobEvent::FailureKind kind,
+                              const std::string& cause) {
+  RestartDecision decision;
+  int32_t used = 0, allowed = 0;
+  if (kind == v1::JobEvent::INFRASTRUCTURE) {
+    decision.counter = "infra_restarts";
+    used = job.infrastructure_restarts();
+    allowed = job.spec().max_restarts().infrastructure();
+  } else if (kind == v1::JobEvent::JOB) {
+    decision.counter = "job_restarts";
+    used = job.job_restarts();
+    allowed = job.spec().max_restarts().job();
+  }
+  const std::string kind_name = v1::JobEvent::FailureKind_Name(kind);
+  decision.reason = cause;
+  if (decision.counter == nullptr || used >= allowed) {
+    if (decision.counter != nullptr) {
+      absl::StrAppend(&decision.reason, " (", used, " of ", allowed, " ", kind_name,
+                      " restarts used)");
+    }
+    decision.counter = nullptr;
+    return decision;
+  }
+  decision.restart = true;
+  absl::StrAppend(&decision.reason, "; restart ", used + 1, " of ", allowed);
+  return decision;
+}
+
+DrainPlan PlanDrains(const std::vector<DrainingRank>& ranks) {
+  DrainPlan plan;
+  std::set<int64_t> busy;
+  std::set<std::pair<std::string, int32_t>> restarting;
+  for (const DrainingRank& rank : ranks) {
+    if (!rank.job_id) continue;
+    busy.insert(rank.node_id);
+    if (!restarting.emplace(*rank.job_id, rank.attempt).second) continue;
+    DrainPlan::Restart restart;
+    restart.job_id = *rank.job_id;
+    restart.attempt = rank.attempt;
+    restart.failure.event = v1::JobEvent::NODE_LOST;
+    restart.failure.kind = v1::JobEvent::INFRASTRUCTURE;
+    restart.failure.node = "nodes/" + rank.node;
+    restart.failure.rank = rank.rank;
+    restart.failure.message = restart.failure.node + " is being drained";
+    plan.restarts.push_back(std::move(restart));
+  }
+  std::set<int64_t> cordoned;
+  for (const DrainingRank& rank : ranks) {
+    if (!busy.count(rank.node_id) && cordoned.insert(rank.node_id).second) {
+      plan.cordon.push_back(rank.node_id);
+    }
+  }
+  return plan;
+}
+
+bool MayDeclareNodesLost(absl::Duration api_uptime, absl::Duration startup_grace) {
+  return api_uptime >= startup_grace;
+}
+
+std::string NodeLostReason(const std::string& node, double silent_seconds, absl::Duration lease) {
+  return absl::StrCat("nodes/", node, " lost: no heartbeat for ",
+                      static_cast<int64_t>(silent_seconds), " s (lease ",
+                      absl::FormatDuration(lease), ")");
+}
+
+RankFate FateOfLiveRank(const LiveRank& rank, bool fresh_report) {
+  const bool runnable = rank.rank_state == "ASSIGNED" || rank.rank_state == "STARTING" ||
+                        rank.rank_state == "RUNNING";
+  const bool job_in_flight = rank.job_state == "SCHEDULED" || rank.job_state == "RUNNING";
+  const bool attempt_in_flight =
+      rank.attempt_state == "SCHEDULED" || rank.attempt_state == "RUNNING";
+  if (runnable && job_in_flight && rank.current_attempt && attempt_in_flight) {
+    return RankFate::kDesired;
+  }
+  if (!fresh_report) return RankFate::kUnchanged;
+  return rank.running_on_agent ? RankFate::kStopping : RankFate::kStopped;
+}
+
+}  // namespace gradhub::api

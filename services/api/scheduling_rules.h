@@ -1,0 +1,277 @@
+// The control plane's decisions as pure functions: each takes a snapshot of what PostgreSQL
+// holds (nodes, the queue, an attempt's ranks, a node's live ranks) and returns what to do.
+// None of them touches the database or the clock, so each rule has a test of its own
+// (tests/unit/api/scheduling_rules_test.cc); Scheduler and NodeManager read the snapshot and
+// apply the actions in a transaction under the scheduler's advisory lock.
+//
+// Thread-compatible: plain functions of their arguments; QueuePass is one pass's state.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "gradhub/v1/jobs.pb.h"
+#include "gradhub/v1/nodes.pb.h"
+
+namespace gradhub::api {
+
+// ---------------------------------------------------------------------------------------------
+// Placement
+
+// A node as placement sees it, before any job's needs are applied.
+struct NodeRecord {
+  int64_t id = 0;
+  std::string name;
+  v1::Node::State state = v1::Node::READY;  // only READY nodes take new ranks
+  bool heartbeating = false;                // within its lease
+  v1::Node::DeviceKind kind = v1::Node::CPU;
+  std::map<std::string, std::string> labels;
+  std::vector<std::string> data_roots;
+  std::vector<int32_t> free_slots;  // ascending; on CUDA nodes a slot is a GPU
+};
+
+struct RankPlacement {
+  int32_t rank = 0;
+  int32_t local_rank = 0;
+  int32_t slot = 0;
+  int64_t node_id = 0;
+  std::string node;  // name
+};
+
+// Where a gang goes, or why it waits.
+struct GangPlacement {
+  std::vector<RankPlacement> ranks;  // every rank of the job, in rank order; empty = it waits
+  v1::Node::DeviceKind kind = v1::Node::CPU;  // of every node it is on; decides backend AUTO
+  std::string why;                            // set when it waits
+  bool placed() const { return !ranks.empty(); }
+};
+
+// The device kinds a job may run on (one kind for the whole gang: NCCL and Gloo do not mix):
+// NCCL or FP16 need CUDA nodes; GLOO runs on CPU nodes (a GPU slot would sit idle under it);
+// AUTO runs on either, and becomes NCCL on CUDA nodes and GLOO on CPU nodes.
+std::vector<v1::Node::DeviceKind> DeviceKindsFor(const v1::JobSpec& spec);
+
+// Gang placement of one job (its spec with defaults applied) on `nodes`:
+//   1. Eligible nodes: READY (not cordoned or draining) and heartbeating, labels matching the node
+//   selector, data roots holding every file
+//      the spec names, of a device kind the job runs on (DeviceKindsFor, in that order of
+//      preference), with a free slot.
+//   2. Of one device kind at a time, pack the ranks onto as few nodes as possible: the nodes
+//      with the most free slots first (rank 0 on the first), at most ranks_per_node on each,
+//      lowest free slots first.
+//   3. All ranks placed, or none: then `why` names what is missing, most specific first (no
+//      labelled node, no node serving the files, no node of the device kind, no free slot,
+//      else the count of usable slots).
+GangPlacement PlaceGang(const v1::JobSpec& spec, const std::vector<NodeRecord>& nodes);
+
+// A job in the queue as one pass of the scheduler sees it.
+struct QueuedJob {
+  std::string name;                   // jobs/ID
+  int32_t attempt = 0;                // its current (last) attempt; the next is attempt + 1
+  const v1::JobSpec* spec = nullptr;  // with defaults applied
+  // The placement-relevant part of the spec as text: jobs of one shape fit a snapshot of the
+  // nodes or not together. Empty = not known (never shared with another job).
+  std::string_view shape;
+  bool stopping = false;  // RESTARTING with ranks of its last attempt still live
+  absl::Duration waited;  // since it entered the queue (submitted, or restarting)
+};
+
+// One pass over the queue, in its order (priority, then submission). For each job:
+//   1. a job whose last attempt's ranks are still live waits for them: its next attempt would
+//      otherwise share their slots and their rendezvous;
+//   2. once a job that does not fit has waited backfill_window, no job behind it is placed
+//      (backfill is over): the slots that free up accumulate for it;
+//   3. otherwise the job is placed if its gang fits (PlaceGang); a job that does not fit waits
+//      with PlaceGang's reason and, past its window, closes the queue behind it (step 2).
+// Next decides against the pass's snapshot of the nodes and takes the slots of what it
+// places from it, so later jobs of the pass see them taken. Confirm decides again against
+// nodes read under the scheduler's lock, before the placement is written.
+class QueuePass {
+ public:
+  QueuePass(std::vector<NodeRecord> snapshot, absl::Duration backfill_window)
+      : snapshot_(std::move(snapshot)), backfill_window_(backfill_window) {}
+
+  GangPlacement Next(const QueuedJob& job);
+  GangPlacement Confirm(const QueuedJob& job, const std::vector<NodeRecord>& nodes);
+  // The job that closed the queue (step 2), once one has.
+  const std::optional<std::string>& blocked_by() const { return blocked_by_; }
+
+ private:
+  // Steps 1-2: why the job waits whatever the nodes hold; nullopt = look at the nodes.
+  std::optional<std::string> WaitsRegardless(const QueuedJob& job) const;
+  // Step 3's consequence for the queue behind a job that did not fit.
+  void NoteUnplaced(const QueuedJob& job);
+
+  std::vector<NodeRecord> snapshot_;
+  const absl::Duration backfill_window_;
+  std::optional<std::string> blocked_by_;  // the first job past its window that did not fit
+  // A shape that did not fit the snapshot will not fit it for the next job of that shape
+  // either (the snapshot only loses slots during a pass), and a long queue is mostly a few
+  // shapes: shape -> why.
+  std::unordered_map<std::string, std::string> unfit_shapes_;
+};
+
+// A job's place in the queue: priority (highest first), then submission time, then name.
+struct QueuePosition {
+  int32_t priority = 0;
+  int64_t create_us = 0;  // submission time, microseconds since the epoch
+  std::string name;
+  bool Before(const QueuePosition& other) const;
+};
+
+// The scheduler's fast path (scheduler.h): a job created since the last pass may be placed
+// before the next one only while that pass's verdict on every job ahead of it still holds:
+//   1. no capacity was freed since (a rank exited, a node came, a job was cancelled): the jobs
+//      ahead that did not fit then still do not fit, so the new job only backfills;
+//   2. it is ahead of the job that closed the queue in that pass, if one did (QueuePass step 2).
+bool FastPathMayPlace(const QueuePosition& job, const std::optional<QueuePosition>& blocking,
+                      bool capacity_changed);
+
+// The event text of a placement: "attempt 3 placed on nodes/a (ranks 0-1), nodes/b (rank 2)",
+// with ", CUDA" when on GPU nodes.
+std::string PlacementMessage(int32_t attempt, const GangPlacement& placement);
+
+// ---------------------------------------------------------------------------------------------
+// Attempts in flight
+
+// One rank of an attempt as its agent last reported it.
+struct RankReport {
+  int32_t rank = 0;
+  std::string state;  // rank_assignments.state: ASSIGNED STARTING RUNNING STOPPING SUCCEEDED ...
+  std::string node;   // name
+  std::string message;
+  int32_t exit_code = 0;
+  int32_t signal = 0;
+  double seconds_in_state = 0;  // since its state last changed
+};
+
+struct AttemptSnapshot {
+  v1::Job::State job_state = v1::Job::STATE_UNSPECIFIED;
+  int32_t hang_timeout_seconds = 0;  // the spec's, with its default applied
+  // In the order their state last changed, then by rank: the first failure reported first.
+  std::vector<RankReport> ranks;
+  double seconds_since_start = 0;  // since the attempt was created or, once RUNNING, started
+  std::optional<double> seconds_since_step;  // since the newest step of any rank
+};
+
+// How an attempt ended badly, whatever noticed it (a rank's exit, the hang watchdog, a lost or
+// drained node, an agent that restarted): the event, the failure kind (the budget it spends,
+// see DecideRestart) and what the history keeps.
+struct AttemptFailure {
+  v1::JobEvent::Type event = v1::JobEvent::RANK_FAILED;  // or NODE_LOST, HANG_DETECTED
+  v1::JobEvent::FailureKind kind = v1::JobEvent::JOB;
+  int32_t rank = -1;  // -1 = not about one rank
+  std::string node;   // nodes/NAME, or empty
+  int32_t exit_code = 0;
+  int32_t signal = 0;
+  std::string message;
+};
+
+// The kind of failure a trainer's exit means (services/common/contract/trainer_exit_codes.h): a
+// user error fails the job at once; losing peers or the store is the infrastructure's fault;
+// anything else (NaN, a crash, a kill) is the job's.
+v1::JobEvent::FailureKind FailureKindOfExit(int exit_code, int signal);
+
+// The RANK_FAILED message of a rank that ended an attempt, cause first and the rank's own
+// words apart, so that its last log line never reads as the cause:
+//   stopped (by its agent, or forgotten with its node): "rank 2 was stopped by its agent: WHY";
+//   failed: "rank 2 was killed by signal 9 (last log line: ...)" or
+//           "rank 2 exited with code 1 (last log line: ...)".
+// `agent_message` is what the agent reported: for a failed rank its last stderr line (or the
+// exit itself, when it printed none), for a stopped one the reason it was stopped.
+std::string RankFailureMessage(int32_t rank, bool stopped, int exit_code, int signal,
+                               const std::string& agent_message);
+
+struct AttemptVerdict {
+  bool now_running = false;  // SCHEDULED and every rank has started: the job becomes RUNNING
+  bool succeeded = false;    // RUNNING (or now_running) and every rank exited 0
+  std::optional<AttemptFailure> failure;
+  std::string started_reason;    // with now_running: "all 4 ranks started"
+  std::string succeeded_reason;  // with succeeded: "all 4 ranks exited 0"
+};
+
+// The verdict on an attempt in flight (its job SCHEDULED or RUNNING on it):
+//   1. A failed rank is blamed if its exit is not an infrastructure failure (USER or JOB:
+//      a crash, a NaN, a kill); the first such report wins.
+//   2. Otherwise, among infrastructure failures (a rank that lost its peers, one its agent
+//      stopped), one its agent stopped says more. It is blamed only once it has been reported
+//      for peer_failure_grace, or when no rank is running any more: the rank that really died
+//      may be reported a heartbeat later from another node, and blaming the infrastructure
+//      for a user's crash would spend the wrong budget.
+//   3. No failure: every rank started (STARTING, RUNNING or SUCCEEDED) makes a SCHEDULED job
+//      RUNNING; every rank SUCCEEDED makes it SUCCEEDED.
+//   4. The hang watchdog: no step from any rank, and no start, for hang_timeout_seconds fails
+//      the attempt (HANG_DETECTED, a JOB failure).
+AttemptVerdict JudgeAttempt(const AttemptSnapshot& attempt, absl::Duration peer_failure_grace);
+
+// What the job becomes after a failed attempt: the failure's kind spends a budget of
+// JobSpec.max_restarts (INFRASTRUCTURE its own, JOB its own; USER none: it fails at once).
+struct RestartDecision {
+  bool restart = false;
+  // The jobs column counting what this failure spent (infra_restarts, job_restarts), or null.
+  const char* counter = nullptr;
+  std::string reason;  // the job's state_reason: cause, then the budget
+};
+RestartDecision DecideRestart(const v1::Job& job, v1::JobEvent::FailureKind kind,
+                              const std::string& cause);
+
+// ---------------------------------------------------------------------------------------------
+// Nodes
+
+// A DRAINING node's live rank (or, with no job, the node without one).
+struct DrainingRank {
+  int64_t node_id = 0;
+  std::string node;
+  std::optional<std::string> job_id;
+  int32_t attempt = 0;
+  int32_t rank = 0;
+};
+
+struct DrainPlan {
+  struct Restart {
+    std::string job_id;
+    int32_t attempt = 0;
+    AttemptFailure failure;
+  };
+  std::vector<Restart> restarts;  // one per attempt running there, naming its lowest rank
+  std::vector<int64_t> cordon;    // nodes with no live rank left
+};
+
+// A drain: every attempt with a rank on a DRAINING node fails as INFRASTRUCTURE (NODE_LOST,
+// "nodes/x is being drained") so its job restarts elsewhere; a DRAINING node with no live rank
+// left becomes CORDONED. `ranks` in node, then rank order.
+DrainPlan PlanDrains(const std::vector<DrainingRank>& ranks);
+
+// Protocol step 2 (scheduler.h) as a rule: whether the sweep may declare nodes LOST, `api_uptime`
+// after the scheduler started.
+bool MayDeclareNodesLost(absl::Duration api_uptime, absl::Duration startup_grace);
+
+// The reason a lost node's attempts fail with: "nodes/a lost: no heartbeat for 7 s (lease 3s)".
+std::string NodeLostReason(const std::string& node, double silent_seconds, absl::Duration lease);
+
+// Heartbeat step 3 (nodes.proto): what the api does with one live rank row of the node.
+struct LiveRank {
+  std::string rank_state;         // ASSIGNED STARTING RUNNING STOPPING
+  std::string job_state;          // jobs.state
+  std::string attempt_state;      // job_attempts.state
+  bool current_attempt = false;   // its attempt is the job's current one
+  bool running_on_agent = false;  // this heartbeat reports it STARTING or RUNNING
+};
+enum class RankFate {
+  kDesired,    // handed to the agent: it keeps or starts the rank
+  kUnchanged,  // not desired, but the report is stale: the next heartbeat decides
+  kStopping,   // not desired and still running there: the agent stops it
+  kStopped,    // not desired and gone from the agent: its slot is free
+};
+// A rank is desired while it has not been told to stop, its job is SCHEDULED or RUNNING on
+// this attempt, and the attempt is in flight. An undesired one is retired only on a fresh
+// report (a late duplicate says nothing about now).
+RankFate FateOfLiveRank(const LiveRank& rank, bool fresh_report);
+
+}  // namespace gradhub::api

@@ -1,0 +1,462 @@
+// The control plane's rules (services/api/scheduling_rules.h) without a database: a test per
+// rule, named after it. scheduler_test runs the same rules through PostgreSQL end to end.
+#include "services/api/scheduling_rules.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "services/common/contract/trainer_exit_codes.h"
+
+namespace gradhub::api {
+namespace {
+
+using ::testing::HasSubstr;
+
+NodeRecord Node(int64_t id, const std::string& name, int free_slots,
+                v1::Node::DeviceKind kind = v1::Node::CPU) {
+  NodeRecord node;
+  node.id = id;
+  node.name = name;
+  node.kind = kind;
+  node.heartbeating = true;
+  for (int32_t slot = 0; slot < free_slots; ++slot) node.free_slots.push_back(slot);
+  return node;
+}
+
+v1::JobSpec Spec(int32_t world_size, int32_t ranks_per_node = 0,
+                 v1::DistributedSpec::Backend backend = v1::DistributedSpec::AUTO) {
+  v1::JobSpec spec;
+  spec.mutable_distributed()->set_world_size(world_size);
+  spec.mutable_distributed()->set_ranks_per_node(ranks_per_node);
+  spec.mutable_distributed()->set_backend(backend);
+  return spec;
+}
+
+// "a:0,a:1,b:0": node and slot of each rank, in rank order.
+std::string Where(const GangPlacement& placement) {
+  std::string out;
+  for (const RankPlacement& rank : placement.ranks) {
+    if (!out.empty()) out += ",";
+    out += rank.node + ":" + std::to_string(rank.slot);
+  }
+  return out;
+}
+
+// --- placement ---
+
+TEST(PlaceGang, PacksOntoTheNodesWithTheMostFreeSlotsFirst) {
+  const GangPlacement placement = PlaceGang(Spec(3), {Node(1, "a", 1), Node(2, "b", 2)});
+  EXPECT_EQ(Where(placement), "b:0,b:1,a:0");
+  EXPECT_EQ(placement.ranks[2].local_rank, 0);
+  EXPECT_EQ(placement.ranks[1].local_rank, 1);
+}
+
+TEST(PlaceGang, RanksPerNodeCapsEachNode) {
+  EXPECT_EQ(Where(PlaceGang(Spec(2, 1), {Node(1, "a", 4), Node(2, "b", 4)})), "a:0,b:0");
+}
+
+TEST(PlaceGang, AllRanksOrNoneAndTheReasonCountsTheUsableSlots) {
+  const GangPlacement placement = PlaceGang(Spec(5, 2), {Node(1, "a", 4), Node(2, "b", 1)});
+  EXPECT_FALSE(placement.placed());
+  EXPECT_EQ(placement.why,
+            "needs 5 slots (at most 2 per node), 3 usable on 2 ready nodes, 4 free on the largest "
+            "node");
+}
+
+TEST(PlaceGang, ACordonedOrDrainingOrSilentNodeTakesNoRanks) {
+  NodeRecord cordoned = Node(1, "a", 2), draining = Node(2, "b", 2), silent = Node(3, "c", 2);
+  cordoned.state = v1::Node::CORDONED;
+  draining.state = v1::Node::DRAINING;
+  silent.heartbeating = false;
+  const GangPlacement placement = PlaceGang(Spec(1), {cordoned, draining, silent});
+  EXPECT_FALSE(placement.placed());
+  EXPECT_EQ(placement.why, "needs 1 slots, no ready node has a free slot");
+  EXPECT_EQ(Where(PlaceGang(Spec(1), {cordoned, Node(4, "d", 1)})), "d:0");
+}
+
+TEST(PlaceGang, ANodeSelectorWithoutAMatchingNodeSaysSo) {
+  v1::JobSpec spec = Spec(1);
+  (*spec.mutable_node_selector())["zone"] = "b";
+  NodeRecord labelled = Node(1, "a", 1);
+  labelled.labels["zone"] = "a";
+  EXPECT_EQ(PlaceGang(spec, {labelled}).why, "no node with label zone=b");
+  labelled.labels["zone"] = "b";
+  EXPECT_EQ(Where(PlaceGang(spec, {labelled})), "a:0");
+}
+
+TEST(PlaceGang, OnlyNodesWhoseDataRootsHoldTheFilesServeTheJob) {
+  v1::JobSpec spec = Spec(1);
+  spec.mutable_dataset()->mutable_csv()->set_path("/data/train.csv");
+  NodeRecord without = Node(1, "a", 1), with = Node(2, "b", 1);
+  with.data_roots = {"/data"};
+  EXPECT_THAT(PlaceGang(spec, {without}).why, HasSubstr("data roots"));
+  EXPECT_EQ(Where(PlaceGang(spec, {without, with})), "b:0");
+}
+
+TEST(PlaceGang, NcclOnACpuOnlyClusterWaitsSayingWhy) {
+  const GangPlacement placement =
+      PlaceGang(Spec(2, 0, v1::DistributedSpec::NCCL), {Node(1, "a", 8)});
+  EXPECT_FALSE(placement.placed());
+  EXPECT_EQ(placement.why, "backend NCCL runs on CUDA nodes; no such node is registered");
+}
+
+TEST(PlaceGang, Fp16NeedsCudaNodes) {
+  v1::JobSpec spec = Spec(1);
+  spec.set_precision(v1::JobSpec::FP16);
+  EXPECT_THAT(PlaceGang(spec, {Node(1, "a", 8)}).why, HasSubstr("with precision FP16"));
+  EXPECT_EQ(PlaceGang(spec, {Node(1, "a", 8), Node(2, "g", 1, v1::Node::CUDA)}).kind,
+            v1::Node::CUDA);
+}
+
+TEST(PlaceGang, AutoPrefersCudaNodesAndNeverMixesDeviceKinds) {
+  const std::vector<NodeRecord> nodes = {Node(1, "cpu", 4), Node(2, "gpu", 2, v1::Node::CUDA)};
+  const GangPlacement fits_gpus = PlaceGang(Spec(2), nodes);
+  EXPECT_EQ(Where(fits_gpus), "gpu:0,gpu:1");
+  EXPECT_EQ(fits_gpus.kind, v1::Node::CUDA);
+  // Three ranks do not fit the GPUs: all of them go to CPU slots, none split across kinds.
+  const GangPlacement too_big = PlaceGang(Spec(3), nodes);
+  EXPECT_EQ(Where(too_big), "cpu:0,cpu:1,cpu:2");
+  EXPECT_EQ(too_big.kind, v1::Node::CPU);
+}
+
+TEST(PlaceGang, GlooRunsOnCpuNodesOnly) {
+  const GangPlacement placement =
+      PlaceGang(Spec(1, 0, v1::DistributedSpec::GLOO), {Node(1, "gpu", 2, v1::Node::CUDA)});
+  EXPECT_EQ(placement.why, "backend GLOO runs on CPU nodes; no such node is registered");
+}
+
+TEST(PlaceGang, OnCudaNodesEachRankGetsItsOwnGpuAndNoMoreRanksThanGpus) {
+  const GangPlacement placement =
+      PlaceGang(Spec(3, 0, v1::DistributedSpec::NCCL),
+                {Node(1, "g1", 2, v1::Node::CUDA), Node(2, "g2", 2, v1::Node::CUDA)});
+  EXPECT_EQ(Where(placement), "g1:0,g1:1,g2:0");
+  EXPECT_EQ(PlacementMessage(4, placement),
+            "attempt 4 placed on nodes/g1 (ranks 0-1), nodes/g2 (rank 2), CUDA");
+}
+
+// --- the queue ---
+
+QueuedJob Queued(const std::string& name, const v1::JobSpec& spec, double waited_seconds,
+                 const std::string& shape = "") {
+  QueuedJob job;
+  job.name = name;
+  job.spec = &spec;
+  job.waited = absl::Seconds(waited_seconds);
+  job.shape = shape;
+  return job;
+}
+
+TEST(QueuePass, InsideItsBackfillWindowABlockedJobLetsSmallerOnesAround) {
+  const v1::JobSpec big = Spec(4), small = Spec(1);
+  QueuePass pass({Node(1, "a", 2)}, absl::Seconds(60));
+  EXPECT_FALSE(pass.Next(Queued("jobs/big", big, 10)).placed());
+  EXPECT_TRUE(pass.Next(Queued("jobs/small", small, 0)).placed());
+}
+
+TEST(QueuePass, PastItsBackfillWindowNothingBehindTheBlockedJobStarts) {
+  const v1::JobSpec big = Spec(4), small = Spec(1);
+  QueuePass pass({Node(1, "a", 2)}, absl::Seconds(60));
+  EXPECT_FALSE(pass.Next(Queued("jobs/big", big, 61)).placed());
+  const GangPlacement behind = pass.Next(Queued("jobs/small", small, 0));
+  EXPECT_FALSE(behind.placed());
+  EXPECT_THAT(behind.why, HasSubstr("waiting behind jobs/big"));
+  EXPECT_THAT(behind.why, HasSubstr("backfill window (1m)"));
+}
+
+TEST(QueuePass, ARestartingJobWaitsForItsLastAttemptsRanksToStop) {
+  const v1::JobSpec spec = Spec(1);
+  QueuePass pass({Node(1, "a", 2)}, absl::Seconds(60));
+  QueuedJob job = Queued("jobs/j", spec, 0);
+  job.attempt = 2;
+  job.stopping = true;
+  EXPECT_EQ(pass.Next(job).why, "waiting for the ranks of attempt 2 to stop");
+}
+
+TEST(QueuePass, APlacementTakesItsSlotsForTheRestOfThePass) {
+  const v1::JobSpec spec = Spec(2);
+  QueuePass pass({Node(1, "a", 3)}, absl::Seconds(60));
+  EXPECT_EQ(Where(pass.Next(Queued("jobs/1", spec, 0))), "a:0,a:1");
+  const GangPlacement second = pass.Next(Queued("jobs/2", spec, 0));
+  EXPECT_FALSE(second.placed());
+  EXPECT_THAT(second.why, HasSubstr("1 usable on 1 ready nodes"));
+}
+
+TEST(QueuePass, AShapeThatDidNotFitIsNotPackedAgainInThePass) {
+  const v1::JobSpec fits = Spec(1), unfit = Spec(3);
+  QueuePass pass({Node(1, "a", 2)}, absl::Seconds(60));
+  EXPECT_FALSE(pass.Next(Queued("jobs/1", unfit, 0, "shape")).placed());
+  // The same shape text: the cached reason, even with a spec that would fit (shapes are the
+  // placement-relevant part of the spec, so this cannot happen outside a test).
+  const GangPlacement cached = pass.Next(Queued("jobs/2", fits, 0, "shape"));
+  EXPECT_FALSE(cached.placed());
+  EXPECT_TRUE(pass.Next(Queued("jobs/3", fits, 0, "other")).placed());
+}
+
+TEST(QueuePass, ConfirmDecidesAgainstTheNodesReadUnderTheLockAndMayBlockTheQueue) {
+  const v1::JobSpec spec = Spec(2), small = Spec(1);
+  QueuePass pass({Node(1, "a", 2)}, absl::Seconds(60));
+  ASSERT_TRUE(pass.Next(Queued("jobs/1", spec, 100)).placed());
+  // Meanwhile the slots were taken: the confirmation says so, and the job (past its window)
+  // now holds the queue.
+  EXPECT_FALSE(pass.Confirm(Queued("jobs/1", spec, 100), {Node(1, "a", 1)}).placed());
+  EXPECT_THAT(pass.Next(Queued("jobs/2", small, 0)).why, HasSubstr("waiting behind jobs/1"));
+}
+
+TEST(FastPathMayPlace, OnlyWhileTheLastPassVerdictsHoldAndAheadOfTheJobClosingTheQueue) {
+  const QueuePosition blocking{0, 1000, "jobs/b"};
+  EXPECT_TRUE(FastPathMayPlace({0, 2000, "jobs/new"}, std::nullopt, false));
+  EXPECT_FALSE(FastPathMayPlace({0, 2000, "jobs/new"}, std::nullopt, true))
+      << "capacity freed: a job ahead may fit now";
+  EXPECT_FALSE(FastPathMayPlace({0, 2000, "jobs/new"}, blocking, false)) << "behind the blocker";
+  EXPECT_TRUE(FastPathMayPlace({5, 2000, "jobs/urgent"}, blocking, false)) << "higher priority";
+}
+
+// --- attempts in flight ---
+
+RankReport Rank(int32_t rank, const std::string& state, double seconds_in_state = 0,
+                int32_t exit_code = 0, int32_t signal = 0) {
+  RankReport report;
+  report.rank = rank;
+  report.state = state;
+  report.node = "n" + std::to_string(rank);
+  report.exit_code = exit_code;
+  report.signal = signal;
+  report.seconds_in_state = seconds_in_state;
+  return report;
+}
+
+AttemptSnapshot Attempt(std::vector<RankReport> ranks,
+                        v1::Job::State job_state = v1::Job::RUNNING) {
+  AttemptSnapshot attempt;
+  attempt.job_state = job_state;
+  attempt.hang_timeout_seconds = 600;
+  attempt.ranks = std::move(ranks);
+  return attempt;
+}
+
+constexpr absl::Duration kGrace = absl::Seconds(3);
+constexpr int kPeerLost = trainer::kExitInfrastructure;
+
+TEST(JudgeAttempt, ACrashedRankIsBlamedAtOnce) {
+  const AttemptVerdict verdict =
+      JudgeAttempt(Attempt({Rank(0, "RUNNING"), Rank(1, "FAILED", 0, 0, 9)}), kGrace);
+  ASSERT_TRUE(verdict.failure);
+  EXPECT_EQ(verdict.failure->rank, 1);
+  EXPECT_EQ(verdict.failure->kind, v1::JobEvent::JOB);
+  EXPECT_EQ(verdict.failure->node, "nodes/n1");
+  EXPECT_EQ(verdict.failure->message, "rank 1 was killed by signal 9");
+}
+
+TEST(JudgeAttempt, WithinThePeerFailureGraceARankThatLostItsPeersIsNotBlamedYet) {
+  const AttemptVerdict verdict =
+      JudgeAttempt(Attempt({Rank(0, "FAILED", 1, kPeerLost), Rank(1, "RUNNING")}), kGrace);
+  EXPECT_FALSE(verdict.failure);
+}
+
+TEST(JudgeAttempt, AfterThePeerFailureGraceTheInfrastructureIsBlamed) {
+  const AttemptVerdict verdict =
+      JudgeAttempt(Attempt({Rank(0, "FAILED", 3, kPeerLost), Rank(1, "RUNNING")}), kGrace);
+  ASSERT_TRUE(verdict.failure);
+  EXPECT_EQ(verdict.failure->rank, 0);
+  EXPECT_EQ(verdict.failure->kind, v1::JobEvent::INFRASTRUCTURE);
+}
+
+TEST(JudgeAttempt, APeerLossIsBlamedAtOnceWhenNoRankRunsAnyMore) {
+  const AttemptVerdict verdict = JudgeAttempt(
+      Attempt({Rank(0, "FAILED", 0, kPeerLost), Rank(1, "FAILED", 0, kPeerLost)}), kGrace);
+  ASSERT_TRUE(verdict.failure);
+  EXPECT_EQ(verdict.failure->kind, v1::JobEvent::INFRASTRUCTURE);
+}
+
+TEST(JudgeAttempt, TheRankThatReallyDiedWinsOverOnesThatLostTheirPeers) {
+  // Rank 1's peers noticed first; rank 0's crash was reported a heartbeat later.
+  const AttemptVerdict verdict =
+      JudgeAttempt(Attempt({Rank(1, "FAILED", 2, kPeerLost), Rank(0, "FAILED", 0, 0, 11)}), kGrace);
+  ASSERT_TRUE(verdict.failure);
+  EXPECT_EQ(verdict.failure->rank, 0);
+  EXPECT_EQ(verdict.failure->kind, v1::JobEvent::JOB);
+}
+
+TEST(JudgeAttempt, ARankItsAgentStoppedSaysMoreThanOneThatLostItsPeers) {
+  RankReport stopped = Rank(1, "STOPPED", 5);
+  stopped.message = "no successful heartbeat for 61 s";
+  const AttemptVerdict verdict =
+      JudgeAttempt(Attempt({Rank(0, "FAILED", 5, kPeerLost), stopped}), kGrace);
+  ASSERT_TRUE(verdict.failure);
+  EXPECT_EQ(verdict.failure->rank, 1);
+  EXPECT_EQ(verdict.failure->message,
+            "rank 1 was stopped by its agent: no successful heartbeat for 61 s");
+}
+
+TEST(JudgeAttempt, AUserErrorIsTheUsersFailure) {
+  const AttemptVerdict verdict =
+      JudgeAttempt(Attempt({Rank(0, "FAILED", 0, trainer::kExitUserError)}), kGrace);
+  ASSERT_TRUE(verdict.failure);
+  EXPECT_EQ(verdict.failure->kind, v1::JobEvent::USER);
+}
+
+TEST(JudgeAttempt, EveryRankStartedMakesAScheduledJobRunning) {
+  EXPECT_FALSE(
+      JudgeAttempt(Attempt({Rank(0, "STARTING"), Rank(1, "ASSIGNED")}, v1::Job::SCHEDULED), kGrace)
+          .now_running);
+  const AttemptVerdict verdict =
+      JudgeAttempt(Attempt({Rank(0, "STARTING"), Rank(1, "RUNNING")}, v1::Job::SCHEDULED), kGrace);
+  EXPECT_TRUE(verdict.now_running);
+  EXPECT_EQ(verdict.started_reason, "all 2 ranks started");
+  EXPECT_FALSE(verdict.succeeded);
+}
+
+TEST(JudgeAttempt, EveryRankExitedZeroMakesItSucceeded) {
+  EXPECT_FALSE(JudgeAttempt(Attempt({Rank(0, "SUCCEEDED"), Rank(1, "RUNNING")}), kGrace).succeeded);
+  const AttemptVerdict verdict =
+      JudgeAttempt(Attempt({Rank(0, "SUCCEEDED"), Rank(1, "SUCCEEDED")}), kGrace);
+  EXPECT_TRUE(verdict.succeeded);
+  EXPECT_EQ(verdict.succeeded_reason, "all 2 ranks exited 0");
+  // Ranks so quick that the job never was seen RUNNING: both at once.
+  const AttemptVerdict quick =
+      JudgeAttempt(Attempt({Rank(0, "SUCCEEDED")}, v1::Job::SCHEDULED), kGrace);
+  EXPECT_TRUE(quick.now_running);
+  EXPECT_TRUE(quick.succeeded);
+}
+
+TEST(JudgeAttempt, TheHangWatchdogFailsAnAttemptWithoutAStepForTheTimeout) {
+  AttemptSnapshot attempt = Attempt({Rank(0, "RUNNING"), Rank(1, "RUNNING")});
+  attempt.hang_timeout_seconds = 30;
+  attempt.seconds_since_start = 500;
+  attempt.seconds_since_step = 29;
+  EXPECT_FALSE(JudgeAttempt(attempt, kGrace).failure);
+  attempt.seconds_since_step = 31;
+  const AttemptVerdict verdict = JudgeAttempt(attempt, kGrace);
+  ASSERT_TRUE(verdict.failure);
+  EXPECT_EQ(verdict.failure->event, v1::JobEvent::HANG_DETECTED);
+  EXPECT_EQ(verdict.failure->kind, v1::JobEvent::JOB);
+  EXPECT_EQ(verdict.failure->message, "no training step for 31 s (hang_timeout_seconds 30)");
+}
+
+TEST(JudgeAttempt, TheHangWatchdogCountsFromTheStartBeforeAnyStep) {
+  AttemptSnapshot attempt = Attempt({Rank(0, "STARTING")}, v1::Job::SCHEDULED);
+  attempt.ranks.push_back(Rank(1, "ASSIGNED"));
+  attempt.hang_timeout_seconds = 30;
+  attempt.seconds_since_start = 29;
+  EXPECT_FALSE(JudgeAttempt(attempt, kGrace).failure);
+  attempt.seconds_since_start = 31;
+  EXPECT_TRUE(JudgeAttempt(attempt, kGrace).failure);
+}
+
+// --- restart budgets ---
+
+v1::Job JobWithBudgets(int32_t infra_used, int32_t infra, int32_t job_used, int32_t job) {
+  v1::Job out;
+  out.set_infrastructure_restarts(infra_used);
+  out.set_job_restarts(job_used);
+  out.mutable_spec()->mutable_max_restarts()->set_infrastructure(infra);
+  out.mutable_spec()->mutable_max_restarts()->set_job(job);
+  return out;
+}
+
+TEST(DecideRestart, AnInfrastructureFailureSpendsItsOwnBudgetUntilItRunsOut) {
+  const RestartDecision first =
+      DecideRestart(JobWithBudgets(0, 2, 5, 5), v1::JobEvent::INFRASTRUCTURE, "lost");
+  EXPECT_TRUE(first.restart);
+  EXPECT_STREQ(first.counter, "infra_restarts");
+  EXPECT_EQ(first.reason, "lost; restart 1 of 2");
+  const RestartDecision out =
+      DecideRestart(JobWithBudgets(2, 2, 0, 5), v1::JobEvent::INFRASTRUCTURE, "lost");
+  EXPECT_FALSE(out.restart);
+  EXPECT_EQ(out.counter, nullptr);
+  EXPECT_EQ(out.reason, "lost (2 of 2 INFRASTRUCTURE restarts used)");
+}
+
+TEST(DecideRestart, AJobFailureSpendsItsOwnBudgetUntilItRunsOut) {
+  const RestartDecision first =
+      DecideRestart(JobWithBudgets(2, 2, 0, 1), v1::JobEvent::JOB, "crash");
+  EXPECT_TRUE(first.restart);
+  EXPECT_STREQ(first.counter, "job_restarts");
+  const RestartDecision out = DecideRestart(JobWithBudgets(0, 2, 1, 1), v1::JobEvent::JOB, "crash");
+  EXPECT_FALSE(out.restart);
+  EXPECT_EQ(out.reason, "crash (1 of 1 JOB restarts used)");
+}
+
+TEST(DecideRestart, AUserFailureFailsTheJobAtOnce) {
+  const RestartDecision decision =
+      DecideRestart(JobWithBudgets(0, 9, 0, 9), v1::JobEvent::USER, "bad spec");
+  EXPECT_FALSE(decision.restart);
+  EXPECT_EQ(decision.reason, "bad spec");
+}
+
+// --- nodes ---
+
+TEST(PlanDrains, EachAttemptOnADrainingNodeRestartsOnceNamingItsLowestRank) {
+  const DrainPlan plan =
+      PlanDrains({{1, "a", "j1", 3, 0}, {1, "a", "j1", 3, 1}, {1, "a", "j2", 1, 4}});
+  ASSERT_EQ(plan.restarts.size(), 2u);
+  EXPECT_EQ(plan.restarts[0].job_id, "j1");
+  EXPECT_EQ(plan.restarts[0].attempt, 3);
+  EXPECT_EQ(plan.restarts[0].failure.rank, 0);
+  EXPECT_EQ(plan.restarts[0].failure.event, v1::JobEvent::NODE_LOST);
+  EXPECT_EQ(plan.restarts[0].failure.kind, v1::JobEvent::INFRASTRUCTURE);
+  EXPECT_EQ(plan.restarts[0].failure.message, "nodes/a is being drained");
+  EXPECT_EQ(plan.restarts[1].job_id, "j2");
+  EXPECT_TRUE(plan.cordon.empty()) << "a node with live ranks stays DRAINING";
+}
+
+TEST(PlanDrains, ADrainingNodeWithNoLiveRankLeftIsCordoned) {
+  const DrainPlan plan = PlanDrains({{1, "a"}, {2, "b", "j", 1, 0}});
+  EXPECT_EQ(plan.cordon, std::vector<int64_t>{1});
+  EXPECT_EQ(plan.restarts.size(), 1u);
+}
+
+TEST(NodeLease, TheSweepWaitsForTheStartupGrace) {
+  EXPECT_FALSE(MayDeclareNodesLost(absl::Seconds(1), absl::Seconds(6)));
+  EXPECT_TRUE(MayDeclareNodesLost(absl::Seconds(6), absl::Seconds(6)));
+  EXPECT_EQ(NodeLostReason("a", 7.6, absl::Seconds(3)),
+            "nodes/a lost: no heartbeat for 7 s (lease 3s)");
+}
+
+TEST(RankFailureMessage, KeepsTheCauseApartFromTheLastLogLine) {
+  EXPECT_EQ(RankFailureMessage(1, false, 0, 9, "resumed from step 600"),
+            "rank 1 was killed by signal 9 (last log line: resumed from step 600)");
+  EXPECT_EQ(RankFailureMessage(1, false, 0, 9, "killed by signal 9"),
+            "rank 1 was killed by signal 9");
+  EXPECT_EQ(RankFailureMessage(0, false, 3, 0, "nan loss"),
+            "rank 0 exited with code 3 (last log line: nan loss)");
+  EXPECT_EQ(RankFailureMessage(2, true, 0, 0, "stopped by the agent: no successful heartbeat"),
+            "rank 2 was stopped by its agent: no successful heartbeat");
+  EXPECT_EQ(RankFailureMessage(2, true, 0, 0, ""), "rank 2 was stopped by its agent");
+}
+
+// --- the heartbeat's desired set ---
+
+LiveRank Live(const std::string& rank_state, const std::string& job_state = "RUNNING",
+              bool running_on_agent = true) {
+  return {rank_state, job_state, job_state == "SCHEDULED" ? "SCHEDULED" : "RUNNING", true,
+          running_on_agent};
+}
+
+TEST(FateOfLiveRank, ARankOfTheCurrentAttemptOfAJobInFlightIsDesired) {
+  EXPECT_EQ(FateOfLiveRank(Live("ASSIGNED", "SCHEDULED", false), true), RankFate::kDesired);
+  EXPECT_EQ(FateOfLiveRank(Live("RUNNING"), true), RankFate::kDesired);
+}
+
+TEST(FateOfLiveRank, AnUndesiredRankStillRunningIsStoppedAndOneGoneIsFreed) {
+  EXPECT_EQ(FateOfLiveRank(Live("RUNNING", "CANCELLING"), true), RankFate::kStopping);
+  EXPECT_EQ(FateOfLiveRank(Live("STOPPING"), true), RankFate::kStopping);
+  EXPECT_EQ(FateOfLiveRank(Live("ASSIGNED", "CANCELLING", false), true), RankFate::kStopped);
+  LiveRank old_attempt = Live("RUNNING");
+  old_attempt.current_attempt = false;
+  EXPECT_EQ(FateOfLiveRank(old_attempt, true), RankFate::kStopping);
+  LiveRank failed_attempt = Live("RUNNING", "RESTARTING");
+  failed_attempt.attempt_state = "FAILED";
+  EXPECT_EQ(FateOfLiveRank(failed_attempt, true), RankFate::kStopping);
+}
+
+TEST(FateOfLiveRank, AStaleReportRetiresNothing) {
+  EXPECT_EQ(FateOfLiveRank(Live("RUNNING", "CANCELLING", false), false), RankFate::kUnchanged);
+  EXPECT_EQ(FateOfLiveRank(Live("RUNNING"), false), RankFate::kDesired);
+}
+
+}  // namespace
+}  // namespace gradhub::api
