@@ -64,6 +64,13 @@ std::string DevicesJson(const google::protobuf::RepeatedPtrField<v1::DeviceInfo>
   return json.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
+// The state column of a nodes row.
+v1::Node::State NodeStateOf(const db::Row& row) {
+  v1::Node::State state = v1::Node::STATE_UNSPECIFIED;
+  v1::Node::State_Parse(row.Get<std::string>("state"), &state);
+  return state;
+}
+
 v1::Node NodeFromRow(const db::Row& row) {
   v1::Node node;
   node.set_name("nodes/" + row.Get<std::string>("name"));
@@ -87,9 +94,7 @@ v1::Node NodeFromRow(const db::Row& row) {
       *node.add_devices() = std::move(info);
     }
   }
-  v1::Node::State state = v1::Node::STATE_UNSPECIFIED;
-  v1::Node::State_Parse(row.Get<std::string>("state"), &state);
-  node.set_state(state);
+  node.set_state(NodeStateOf(row));
   if (!row.IsNull("heartbeat_us")) {
     *node.mutable_last_heartbeat_time() = MicrosColumn(row, "heartbeat_us");
   }
@@ -175,6 +180,13 @@ absl::StatusOr<db::Result> ReadNodeRanks(db::Transaction& tx, int64_t node_id) {
           " WHERE a.node_id = $1 AND a.state IN ",
           kLiveRankStatesSql, " ORDER BY a.job_id, a.rank"),
       {node_id});
+}
+
+// A row of ReadNodeRanks as FateOfLiveRank takes it.
+LiveRank LiveRankOf(const db::Row& row, bool running_on_agent) {
+  return {row.Get<std::string>("state"), row.Get<std::string>("job_state"),
+          row.Get<std::string>("attempt_state"), row.Get<bool>("current_attempt"),
+          running_on_agent};
 }
 
 // The assignment handed to the agent for a desired row of ReadNodeRanks.
@@ -343,11 +355,7 @@ absl::StatusOr<v1::HeartbeatResponse> NodeManager::Heartbeat(const v1::Heartbeat
     for (const db::Row& row : ranks) {
       const RankKey key(row.Get<std::string>("job_id"), row.Get<int32_t>("attempt"),
                         row.Get<int32_t>("rank"));
-      const RankFate fate =
-          FateOfLiveRank({row.Get<std::string>("state"), row.Get<std::string>("job_state"),
-                          row.Get<std::string>("attempt_state"), row.Get<bool>("current_attempt"),
-                          alive.count(key) > 0},
-                         fresh);
+      const RankFate fate = FateOfLiveRank(LiveRankOf(row, alive.count(key) > 0), fresh);
       if (fate == RankFate::kDesired) {
         GRADHUB_ASSIGN_OR_RETURN(*response.add_desired_ranks(),
                                  AssignmentFromRow(row, cuda, store_address));
@@ -357,9 +365,7 @@ absl::StatusOr<v1::HeartbeatResponse> NodeManager::Heartbeat(const v1::Heartbeat
         GRADHUB_RETURN_IF_ERROR(RetireRank(tx, node_id, row, fate));
       }
     }
-    v1::Node::State state = v1::Node::STATE_UNSPECIFIED;
-    v1::Node::State_Parse(rows.row(0).Get<std::string>("state"), &state);
-    response.set_node_state(state);
+    response.set_node_state(NodeStateOf(rows.row(0)));
     SetDuration(options_.heartbeat_interval, response.mutable_heartbeat_interval());
     return response;
   });
@@ -379,17 +385,14 @@ absl::StatusOr<v1::WatchAssignmentsResponse> NodeManager::DesiredAssignments(
         v1::WatchAssignmentsResponse response;
         const std::string store_address = this->store_address();
         for (const db::Row& row : ranks) {
-          const RankFate fate = FateOfLiveRank(
-              {row.Get<std::string>("state"), row.Get<std::string>("job_state"),
-               row.Get<std::string>("attempt_state"), row.Get<bool>("current_attempt"), false},
-              /*fresh_report=*/false);
-          if (fate != RankFate::kDesired) continue;
+          if (FateOfLiveRank(LiveRankOf(row, false), /*fresh_report=*/false) !=
+              RankFate::kDesired) {
+            continue;
+          }
           GRADHUB_ASSIGN_OR_RETURN(*response.add_desired_ranks(),
                                    AssignmentFromRow(row, cuda, store_address));
         }
-        v1::Node::State state = v1::Node::STATE_UNSPECIFIED;
-        v1::Node::State_Parse(rows.row(0).Get<std::string>("state"), &state);
-        response.set_node_state(state);
+        response.set_node_state(NodeStateOf(rows.row(0)));
         return response;
       },
       {.read_only = true});

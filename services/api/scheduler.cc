@@ -79,30 +79,22 @@ absl::StatusOr<std::vector<NodeRecord>> ReadNodes(db::Transaction& tx, absl::Dur
   return nodes;
 }
 
-// The rows of the queue in the order the scheduler serves it: priority (highest first), then
-// submission time, then job id (as the text of canonical uuids sorts, like the uuids).
+// Where the queue row `row` stands (QueuePosition: priority, submission time, job id).
+QueuePosition PositionOf(const db::Row& row) {
+  return {row.Get<int32_t>("priority"), row.Get<int64_t>("create_us"),
+          row.Get<std::string>("name")};
+}
+
+// The rows of the queue in the order the scheduler serves it (QueuePosition::Before).
 std::vector<int> QueueOrder(const db::Result& queue) {
-  struct Key {
-    int32_t priority;
-    int64_t create_us;
-    std::string name;
-    int row;
-  };
-  std::vector<Key> keys;
+  std::vector<std::pair<QueuePosition, int>> keys;
   keys.reserve(static_cast<size_t>(queue.rows()));
-  for (int i = 0; i < queue.rows(); ++i) {
-    const db::Row row = queue.row(i);
-    keys.push_back({row.Get<int32_t>("priority"), row.Get<int64_t>("create_us"),
-                    row.Get<std::string>("name"), i});
-  }
-  std::sort(keys.begin(), keys.end(), [](const Key& a, const Key& b) {
-    if (a.priority != b.priority) return a.priority > b.priority;
-    if (a.create_us != b.create_us) return a.create_us < b.create_us;
-    return a.name < b.name;
-  });
+  for (int i = 0; i < queue.rows(); ++i) keys.emplace_back(PositionOf(queue.row(i)), i);
+  std::sort(keys.begin(), keys.end(),
+            [](const auto& a, const auto& b) { return a.first.Before(b.first); });
   std::vector<int> order;
   order.reserve(keys.size());
-  for (const Key& key : keys) order.push_back(key.row);
+  for (const auto& key : keys) order.push_back(key.second);
   return order;
 }
 
@@ -479,9 +471,7 @@ void Scheduler::NoteBlockingJob(const db::Result& queue, const QueuePass& pass) 
   blocking_.reset();
   if (!pass.blocked_by()) return;
   for (const db::Row& entry : queue) {
-    if (entry.Get<std::string>("name") != *pass.blocked_by()) continue;
-    blocking_ = QueuePosition{entry.Get<int32_t>("priority"), entry.Get<int64_t>("create_us"),
-                              entry.Get<std::string>("name")};
+    if (entry.Get<std::string>("name") == *pass.blocked_by()) blocking_ = PositionOf(entry);
   }
 }
 
@@ -499,8 +489,7 @@ absl::Status Scheduler::PlaceNewJobs(const std::vector<std::string>& names) {
   QueuePass pass({}, options_.backfill_window);  // Confirm reads the nodes under the lock
   for (const int i : QueueOrder(rows)) {
     const db::Row row = rows.row(i);
-    const QueuePosition position{row.Get<int32_t>("priority"), row.Get<int64_t>("create_us"),
-                                 row.Get<std::string>("name")};
+    const QueuePosition position = PositionOf(row);
     // Capacity was unchanged when the jobs were handed over (WaitPlacingNewJobs).
     if (!FastPathMayPlace(position, blocking_, false)) continue;  // the next pass says why
     QueuedJob job;

@@ -17,6 +17,21 @@ namespace gradhub::ddp {
 inline constexpr std::chrono::milliseconds kDefaultCollectiveTimeout = std::chrono::seconds(60);
 
 enum class ReduceOp { kSum, kAverage, kMax, kMin };
+
+// "sum", "average", "max", "min": for error messages.
+inline const char* ReduceOpName(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kAverage:
+      return "average";
+    case ReduceOp::kMax:
+      return "max";
+    case ReduceOp::kMin:
+      return "min";
+  }
+  return "?";
+}
 enum class Backend { kGloo, kNccl };
 
 struct ProcessGroupOptions {

@@ -49,10 +49,13 @@ class SchedulerTest : public db::DatabaseTest {
   };
 
   Agent Register(const std::string& name, int slots,
-                 const std::vector<std::string>& data_roots = {"/data"}) {
+                 const std::vector<std::string>& data_roots = {"/data"},
+                 const std::map<std::string, std::string>& labels = {}) {
     v1::RegisterNodeRequest request;
     request.mutable_node()->set_name("nodes/" + name);
     request.mutable_node()->set_slots(slots);
+    for (const auto& [key, value] : labels)
+      (*request.mutable_node()->mutable_labels())[key] = value;
     // By default /data, where MinimalJobSpec's dataset is.
     for (const std::string& root : data_roots) request.mutable_node()->add_data_roots(root);
     auto response = nodes_->RegisterNode(request);
@@ -361,13 +364,7 @@ TEST_F(SchedulerTest, NodeSelectorWithoutMatchingNodeSaysSo) {
 // temporary and crashed as soon as a node had any).
 TEST_F(SchedulerTest, NodeSelectorPlacesOnTheLabelledNode) {
   Register("a", 4);
-  v1::RegisterNodeRequest request;
-  request.mutable_node()->set_name("nodes/b");
-  request.mutable_node()->set_slots(1);
-  request.mutable_node()->add_data_roots("/data");
-  (*request.mutable_node()->mutable_labels())["gpu"] = "h200";
-  (*request.mutable_node()->mutable_labels())["zone"] = "eu-west-1a";
-  ASSERT_TRUE(nodes_->RegisterNode(request).ok());
+  Register("b", 1, {"/data"}, {{"gpu", "h200"}, {"zone", "eu-west-1a"}});
   v1::JobSpec spec = testing::MinimalJobSpec();
   (*spec.mutable_node_selector())["gpu"] = "h200";
   auto job = jobs_->CreateJob(tenant_, spec, "");

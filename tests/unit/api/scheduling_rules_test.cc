@@ -205,6 +205,13 @@ TEST(QueuePass, ConfirmDecidesAgainstTheNodesReadUnderTheLockAndMayBlockTheQueue
   EXPECT_THAT(pass.Next(Queued("jobs/2", small, 0)).why, HasSubstr("waiting behind jobs/1"));
 }
 
+TEST(QueuePosition, PriorityFirstThenSubmissionThenName) {
+  EXPECT_TRUE(QueuePosition({5, 2000, "jobs/b"}).Before({0, 1000, "jobs/a"}));
+  EXPECT_TRUE(QueuePosition({0, 1000, "jobs/b"}).Before({0, 2000, "jobs/a"}));
+  EXPECT_TRUE(QueuePosition({0, 1000, "jobs/a"}).Before({0, 1000, "jobs/b"}));
+  EXPECT_FALSE(QueuePosition({0, 1000, "jobs/a"}).Before({0, 1000, "jobs/a"}));
+}
+
 TEST(FastPathMayPlace, OnlyWhileTheLastPassVerdictsHoldAndAheadOfTheJobClosingTheQueue) {
   const QueuePosition blocking{0, 1000, "jobs/b"};
   EXPECT_TRUE(FastPathMayPlace({0, 2000, "jobs/new"}, std::nullopt, false));

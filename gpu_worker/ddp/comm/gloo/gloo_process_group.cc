@@ -52,20 +52,6 @@ void DispatchDtype(at::ScalarType type, Fn&& fn) {
   }
 }
 
-const char* OpName(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kSum:
-      return "sum";
-    case ReduceOp::kAverage:
-      return "average";
-    case ReduceOp::kMax:
-      return "max";
-    case ReduceOp::kMin:
-      return "min";
-  }
-  return "?";
-}
-
 // Step 1 of the protocol: an explicit hostname is used as given (gloo reports what is wrong
 // with it); the machine's hostname only when some address it resolves to can be bound here,
 // which is what gloo's tcp::CreateDevice will try; otherwise loopback.
@@ -353,7 +339,7 @@ std::shared_ptr<Work> GlooProcessGroup::AllReduce(at::Tensor tensor, ReduceOp op
   const std::string where = StrCat("allreduce in group '", name(), "' rank ", rank(), "/", size());
   detail::CheckTensorArg(where, "tensor", tensor, c10::Device(c10::kCPU));
   const std::string detail = StrCat(detail::DtypeName(tensor.scalar_type()), ", ", tensor.numel(),
-                                    " elements, ", OpName(op));
+                                    " elements, ", ReduceOpName(op));
   const detail::ReduceKernel kernel = detail::KernelFor(tensor.scalar_type(), op, size());
   const int group_size = size();
   const auto timeout = timeout_;

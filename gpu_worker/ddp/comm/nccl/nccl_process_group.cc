@@ -60,20 +60,6 @@ ncclDataType_t NcclType(at::ScalarType type) {
   }
 }
 
-const char* OpName(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kSum:
-      return "sum";
-    case ReduceOp::kAverage:
-      return "average";
-    case ReduceOp::kMax:
-      return "max";
-    case ReduceOp::kMin:
-      return "min";
-  }
-  return "?";
-}
-
 }  // namespace
 
 NcclProcessGroup::NcclProcessGroup(const ProcessGroupOptions& options)
@@ -395,7 +381,7 @@ std::shared_ptr<Work> NcclProcessGroup::AllReduce(at::Tensor tensor, ReduceOp op
 #endif
   }
   const std::string detail = StrCat(detail::DtypeName(tensor.scalar_type()), ", ", tensor.numel(),
-                                    " elements, ", OpName(op));
+                                    " elements, ", ReduceOpName(op));
   const bool empty = tensor.numel() == 0;
   return Launch("allreduce", detail, empty, {tensor}, [&] {
     GRADHUB_NCCL_CHECK(ncclAllReduce(tensor.data_ptr(), tensor.data_ptr(),
