@@ -1,8 +1,10 @@
 #include "services/checkpoint/checkpoint_manager.h"
 
 #include <algorithm>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <utility>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -204,7 +206,34 @@ absl::StatusOr<std::unique_ptr<UploadWriter>> CheckpointManager::OpenUpload(
   return std::unique_ptr<UploadWriter>(new UploadWriter(this, std::move(row), std::move(state)));
 }
 
-absl::StatusOr<int64_t> UploadWriter::Write(int64_t offset, std::string_view data) {
+absl::Status UploadWriter::Write(int64_t offset, std::string data) {
+  {
+    absl::MutexLock lock(&result_mu_);
+    if (!result_.ok()) return result_.status();
+  }
+  auto chunk = std::make_shared<const std::string>(std::move(data));
+  const size_t bytes = chunk->size();
+  worker_.Submit(bytes, [this, offset, chunk = std::move(chunk)]() mutable {
+    {
+      absl::MutexLock lock(&result_mu_);
+      if (!result_.ok()) return;  // after an error, nothing more is written
+    }
+    absl::StatusOr<int64_t> written = WriteNow(offset, std::move(chunk));
+    absl::MutexLock lock(&result_mu_);
+    result_ = std::move(written);
+  });
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> UploadWriter::Finish() {
+  worker_.Drain();
+  absl::MutexLock lock(&result_mu_);
+  return result_;
+}
+
+absl::StatusOr<int64_t> UploadWriter::WriteNow(int64_t offset,
+                                               std::shared_ptr<const std::string> chunk) {
+  std::string_view data = *chunk;
   UploadState& state = *state_;
   absl::MutexLock lock(&state.mu);
   if (state.discarded) return UploadNotFound(row_.upload_id);
@@ -238,7 +267,7 @@ absl::StatusOr<int64_t> UploadWriter::Write(int64_t offset, std::string_view dat
   }
   if (*held > state.held) {
     if (state.hashed == state.held) {
-      state.sha.Update(data.substr(static_cast<size_t>(state.held - offset)));
+      state.sha.Update(std::move(chunk), static_cast<size_t>(state.held - offset));
       state.hashed = *held;
     }
     if (manager_->metrics_ != nullptr) manager_->metrics_->RecordReceived(*held - state.held);
@@ -326,11 +355,11 @@ absl::StatusOr<v1::Checkpoint> CheckpointManager::CommitLocked(const CheckpointR
   }
   // 2. The hash this process kept while the bytes arrived, when it saw all of them.
   const bool hashed = !in_store && state.hashed == row.size_bytes;
-  if (hashed && state.sha.Hex() != sha256) {
+  if (const std::string received = hashed ? state.sha.Hex() : ""; hashed && received != sha256) {
     Failure("sha256_mismatch");
     GRADHUB_RETURN_IF_ERROR(Discard(row, state));
     return absl::DataLossError(absl::StrCat("sha256 ", sha256,
-                                            " does not match the bytes received (", state.sha.Hex(),
+                                            " does not match the bytes received (", received,
                                             "); the upload is discarded, start a new one"));
   }
   // 3. Durable and visible under the blob key.

@@ -8,8 +8,9 @@
 //      one UPLOADING row with a fresh upload_id (or the row of an earlier call with the same
 //      request_id).
 //   2. OpenUpload + UploadWriter::Write per chunk: bytes go to the BlobStore's upload without
-//      gaps, and into a SHA-256 kept for the upload in memory as they arrive, so the commit
-//      need not read the upload back.
+//      gaps, and into a SHA-256 kept for the upload in memory as they arrive (computed on a
+//      thread of the upload's own while the stream writes the next chunk), so the commit need
+//      not read the upload back.
 //   3. Commit: size check; sha256 check against the in-memory hash (a mismatch discards the
 //      upload: DATA_LOSS); BlobStore::Commit makes the blob durable and visible; when this
 //      process did not see every byte (it restarted during the upload), the committed blob is
@@ -38,7 +39,9 @@
 #include "services/checkpoint/checkpoint_access.h"
 #include "services/checkpoint/checkpoint_metrics.h"
 #include "services/checkpoint/checkpoint_records.h"
+#include "services/common/background_sha256.h"
 #include "services/common/db/pool.h"
+#include "services/common/ordered_worker.h"
 #include "services/common/sha256.h"
 
 namespace gradhub::checkpoint {
@@ -71,14 +74,22 @@ struct ScrubReport {
 class CheckpointManager;
 
 // One UploadChunks stream's writes to one upload, authorized once when opened. Not
-// thread-safe; one per stream.
+// thread-safe; one per stream. Chunks are written in order on a thread of the writer's own (an
+// OrderedWorker), so the stream receives the next chunk while one goes to disk:
+//   1. Write(offset, chunk) queues the chunk (blocking while kQueuedBytes wait) and returns the
+//      first error of a chunk written before, if any;
+//   2. the thread writes each chunk at its offset and hashes it (WriteNow); after an error it
+//      drops the chunks queued behind it;
+//   3. Finish() waits for the queue and answers the contiguous bytes held, or that first error.
+// WriteNow's answers: OUT_OF_RANGE for a gap or for bytes beyond the declared size;
+// FAILED_PRECONDITION once the upload is committed (an empty chunk, a probe, then answers its
+// size); NOT_FOUND once it was discarded.
 class UploadWriter {
  public:
-  // Writes `data` at `offset` and returns the contiguous bytes held afterwards. Empty data
-  // only asks for that number. OUT_OF_RANGE for a gap or for bytes beyond the declared size;
-  // FAILED_PRECONDITION once the upload is committed (a probe then answers its size);
-  // NOT_FOUND once it was discarded.
-  absl::StatusOr<int64_t> Write(int64_t offset, std::string_view data);
+  static constexpr size_t kQueuedBytes = 4 << 20;
+
+  absl::Status Write(int64_t offset, std::string data);
+  absl::StatusOr<int64_t> Finish();
   const std::string& upload_id() const { return row_.upload_id; }
 
  private:
@@ -92,7 +103,7 @@ class UploadWriter {
     int64_t held = 0;
     // `sha` covers bytes [0, hashed). While hashed == held the hash follows every append; after
     // a restart (or a failed write) it stops, and the commit hashes the blob instead.
-    Sha256Stream sha;
+    BackgroundSha256 sha;
     int64_t hashed = 0;
     bool committed = false;
     bool discarded = false;
@@ -109,9 +120,15 @@ class UploadWriter {
   };
   UploadWriter(CheckpointManager* manager, CheckpointRow row, std::shared_ptr<UploadState> state)
       : manager_(manager), row_(std::move(row)), state_(std::move(state)) {}
+  absl::StatusOr<int64_t> WriteNow(int64_t offset, std::shared_ptr<const std::string> chunk);
+
   CheckpointManager* manager_;
   CheckpointRow row_;
   std::shared_ptr<UploadState> state_;
+  // The outcome of the last chunk written: held bytes, or the first error (then final).
+  absl::Mutex result_mu_;
+  absl::StatusOr<int64_t> result_ ABSL_GUARDED_BY(result_mu_) = 0;
+  OrderedWorker worker_{kQueuedBytes};  // declared last: drained and joined first
 };
 
 // One download of one committed checkpoint. Not thread-safe; one per call.

@@ -36,7 +36,6 @@ grpc::Status CheckpointService::UploadChunks(grpc::ServerContext* context,
   if (!caller.ok()) return ToGrpc(caller.status());
   const size_t max_chunk = static_cast<size_t>(manager_->options().chunk_size_bytes);
   std::unique_ptr<UploadWriter> writer;
-  int64_t held = 0;
   v1::UploadChunkRequest chunk;
   // One upload per stream: the first message names it, later ones may leave upload_id empty.
   while (reader->Read(&chunk)) {
@@ -53,14 +52,17 @@ grpc::Status CheckpointService::UploadChunks(grpc::ServerContext* context,
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                           absl::StrCat("data: at most ", max_chunk, " bytes per chunk"));
     }
-    absl::StatusOr<int64_t> written = writer->Write(chunk.offset(), chunk.data());
-    if (!written.ok()) return ToGrpc(written.status());
-    held = *written;
+    // An error of an earlier chunk ends the stream; the chunks are written while the next
+    // one arrives.
+    const absl::Status queued = writer->Write(chunk.offset(), std::move(*chunk.mutable_data()));
+    if (!queued.ok()) return ToGrpc(queued);
   }
   if (writer == nullptr) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "upload_id: the stream was empty");
   }
-  response->set_received_bytes(held);
+  const absl::StatusOr<int64_t> held = writer->Finish();
+  if (!held.ok()) return ToGrpc(held.status());
+  response->set_received_bytes(*held);
   return grpc::Status::OK;
 }
 

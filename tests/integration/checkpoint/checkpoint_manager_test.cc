@@ -62,18 +62,31 @@ TEST_F(CheckpointManagerTest, UploadsInChunksCommitsAndServesIt) {
   EXPECT_THAT(event->row(0).Get<std::string>("message"), HasSubstr("300000 bytes"));
 }
 
-TEST_F(CheckpointManagerTest, AGapIsOutOfRangeAndBytesBeyondTheSizeToo) {
+TEST_F(CheckpointManagerTest, AfterAChunkFailsAStreamWritesNothingMore) {
   const std::string job = InsertJob(*pool_, tenant_a_);
   const std::string data = Blob(1000);
   auto upload = Start(Admin(), job, 1, 1, 1000);
   ASSERT_EQ(*Write(Admin(), *upload, data, 0, 400), 400);
   auto writer = manager_->OpenUpload(Admin(), *upload);
   ASSERT_TRUE(writer.ok());
-  EXPECT_TRUE(absl::IsOutOfRange((*writer)->Write(500, "x").status()));
-  EXPECT_TRUE(absl::IsOutOfRange((*writer)->Write(999, "xy").status()));
-  EXPECT_EQ(*(*writer)->Write(0, ""), 400);  // the probe
+  EXPECT_TRUE((*writer)->Write(500, "x").ok());  // queued; it fails on the writer's thread
+  const absl::Status later = (*writer)->Write(400, data.substr(400, 100));
+  EXPECT_TRUE(later.ok() || absl::IsOutOfRange(later)) << later;  // the first error, once seen
+  EXPECT_TRUE(absl::IsOutOfRange((*writer)->Finish().status()));
+  EXPECT_TRUE(absl::IsOutOfRange((*writer)->Write(400, data.substr(400, 100))));
+  EXPECT_EQ(*WriteOne(Admin(), *upload, 0, ""), 400);  // the chunk behind the gap was dropped
+}
+
+TEST_F(CheckpointManagerTest, AGapIsOutOfRangeAndBytesBeyondTheSizeToo) {
+  const std::string job = InsertJob(*pool_, tenant_a_);
+  const std::string data = Blob(1000);
+  auto upload = Start(Admin(), job, 1, 1, 1000);
+  ASSERT_EQ(*Write(Admin(), *upload, data, 0, 400), 400);
+  EXPECT_TRUE(absl::IsOutOfRange(WriteOne(Admin(), *upload, 500, "x").status()));
+  EXPECT_TRUE(absl::IsOutOfRange(WriteOne(Admin(), *upload, 999, "xy").status()));
+  EXPECT_EQ(*WriteOne(Admin(), *upload, 0, ""), 400);  // the probe
   // Bytes sent again are ignored: the first copy is what the hash check sees.
-  EXPECT_EQ(*(*writer)->Write(300, data.substr(300, 200)), 500);
+  EXPECT_EQ(*WriteOne(Admin(), *upload, 300, data.substr(300, 200)), 500);
   EXPECT_EQ(*Write(Admin(), *upload, data, 500, 1000), 1000);
   EXPECT_TRUE(Commit(Admin(), *upload, Sha256Hex(data)).ok());
 }
@@ -112,10 +125,8 @@ TEST_F(CheckpointManagerTest, CommitNeedsEveryByteAndIsIdempotent) {
   EXPECT_EQ(again->commit_time().seconds(), first->commit_time().seconds());
   EXPECT_EQ(Events(job).size(), 1u);  // one commit, one event
   // A probe of a committed upload answers its size; more data is refused.
-  auto writer = manager_->OpenUpload(Admin(), *upload);
-  ASSERT_TRUE(writer.ok()) << writer.status();
-  EXPECT_EQ(*(*writer)->Write(0, ""), 2000);
-  EXPECT_TRUE(absl::IsFailedPrecondition((*writer)->Write(0, "x").status()));
+  EXPECT_EQ(*WriteOne(Admin(), *upload, 0, ""), 2000);
+  EXPECT_TRUE(absl::IsFailedPrecondition(WriteOne(Admin(), *upload, 0, "x").status()));
 }
 
 TEST_F(CheckpointManagerTest, TheSameRequestIdGetsTheSameUpload) {
@@ -337,9 +348,7 @@ TEST_F(CheckpointManagerTest, AnUploadResumesAfterARestartAndTheCommitHashesTheB
   auto upload = Start(Admin(), job, 1, 10, 400000);
   ASSERT_TRUE(Write(Admin(), *upload, data, 0, 250000).ok());
   NewManager();  // the server restarted: no hash in memory
-  auto writer = manager_->OpenUpload(Admin(), *upload);
-  ASSERT_TRUE(writer.ok());
-  EXPECT_EQ(*(*writer)->Write(0, ""), 250000);
+  EXPECT_EQ(*WriteOne(Admin(), *upload, 0, ""), 250000);
   ASSERT_TRUE(Write(Admin(), *upload, data, 250000, 400000).ok());
   EXPECT_TRUE(absl::IsDataLoss(Commit(Admin(), *upload, Sha256Hex(data + "!")).status()));
   EXPECT_TRUE(ListAll(Admin(), job).empty());

@@ -243,15 +243,22 @@ class CheckpointTest : public db::DatabaseTest {
                                 size_t chunk = 64 << 10) {
     auto writer = manager_->OpenUpload(caller, upload_id);
     if (!writer.ok()) return writer.status();
-    int64_t held = 0;
     for (size_t offset = from; offset < to; offset += chunk) {
-      auto written =
-          (*writer)->Write(static_cast<int64_t>(offset),
-                           std::string_view(data).substr(offset, std::min(chunk, to - offset)));
-      if (!written.ok()) return written.status();
-      held = *written;
+      const absl::Status queued = (*writer)->Write(
+          static_cast<int64_t>(offset), data.substr(offset, std::min(chunk, to - offset)));
+      if (!queued.ok()) return queued;
     }
-    return held;
+    return (*writer)->Finish();
+  }
+
+  // One chunk through a writer of its own (an empty one probes); the bytes held afterwards.
+  absl::StatusOr<int64_t> WriteOne(const Caller& caller, const std::string& upload_id,
+                                   int64_t offset, std::string data) {
+    auto writer = manager_->OpenUpload(caller, upload_id);
+    if (!writer.ok()) return writer.status();
+    const absl::Status queued = (*writer)->Write(offset, std::move(data));
+    if (!queued.ok()) return queued;
+    return (*writer)->Finish();
   }
 
   absl::StatusOr<v1::Checkpoint> Commit(const Caller& caller, const std::string& upload_id,

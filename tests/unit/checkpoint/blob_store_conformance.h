@@ -206,4 +206,28 @@ TEST_P(BlobStoreConformanceTest, LargeBlobsRoundTripInChunks) {
   EXPECT_TRUE(ReadAll("j/big", 0, 1 << 20) == data);
 }
 
+// Chunks of every awkward size: shorter than a disk block, ending mid-block, then whole blocks
+// from a mid-block offset, overlapping resends. A backend that writes whole blocks (the local
+// one with O_DIRECT) must read back and keep the partial block it ended in.
+TEST_P(BlobStoreConformanceTest, RaggedAppendsKeepEveryByteInPlace) {
+  const std::string data = Pattern(3 * 4096 + 1234 + (1 << 20), 9);
+  const std::vector<size_t> sizes = {1, 4095, 5000, 100, 4096, 1 << 20, 8192, 1};
+  size_t offset = 0;
+  for (size_t i = 0; offset < data.size(); ++i) {
+    const size_t size = std::min(sizes[i % sizes.size()], data.size() - offset);
+    // Every other chunk starts a few bytes early, as a client that resumes at an older offset.
+    const size_t back = i % 2 == 1 ? std::min<size_t>(offset, 17) : 0;
+    ASSERT_EQ(Append("ragged", static_cast<int64_t>(offset - back),
+                     data.substr(offset - back, size + back)),
+              static_cast<int64_t>(offset + size));
+    ASSERT_EQ(*store_->UploadedBytes("ragged"), static_cast<int64_t>(offset + size));
+    offset += size;
+  }
+  // An overlapping resend that straddles the end changes nothing that was held.
+  ASSERT_EQ(Append("ragged", static_cast<int64_t>(data.size() - 10), data.substr(data.size() - 10)),
+            static_cast<int64_t>(data.size()));
+  ASSERT_TRUE(store_->Commit("ragged", "j/ragged").ok());
+  EXPECT_TRUE(ReadAll("j/ragged", 0, 1 << 20) == data);
+}
+
 }  // namespace gradhub::checkpoint

@@ -20,9 +20,9 @@ std::string MakeTempDir() {
   return pattern;
 }
 
-std::shared_ptr<BlobStore> MakeLocal() {
+std::shared_ptr<BlobStore> MakeLocal(LocalBlobStore::Options options) {
   const std::string dir = MakeTempDir();
-  auto store = LocalBlobStore::Open(dir + "/data");
+  auto store = LocalBlobStore::Open(dir + "/data", options);
   if (!store.ok()) return nullptr;
   return std::shared_ptr<BlobStore>(store->release(), [dir](BlobStore* s) {
     delete s;
@@ -30,9 +30,14 @@ std::shared_ptr<BlobStore> MakeLocal() {
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, BlobStoreConformanceTest,
-                         ::testing::Values(BlobStoreFactory{"Local", MakeLocal}),
-                         BlobStoreFactoryName);
+// Both ways of writing: O_DIRECT (what ext4 and xfs get) and the page cache (a filesystem
+// without O_DIRECT).
+INSTANTIATE_TEST_SUITE_P(
+    Backends, BlobStoreConformanceTest,
+    ::testing::Values(BlobStoreFactory{"Local", [] { return MakeLocal({.direct_io = true}); }},
+                      BlobStoreFactory{"LocalBuffered",
+                                       [] { return MakeLocal({.direct_io = false}); }}),
+    BlobStoreFactoryName);
 
 class LocalBlobStoreTest : public ::testing::Test {
  protected:
