@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "gpu_worker/checkpoint_client/chunk_upload.h"
 #include "gradhub/v1/checkpoint.grpc.pb.h"
 #include "services/common/grpc_credentials.h"
 #include "services/common/sha256.h"
@@ -58,8 +59,8 @@ class GrpcCheckpointSink final : public trainer::CheckpointSink {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(-1);
     args.SetMaxSendMessageSize(-1);
-    stub_ = v1::CheckpointService::NewStub(
-        grpc::CreateCustomChannel(options_.address, std::move(credentials), args));
+    channel_ = grpc::CreateCustomChannel(options_.address, std::move(credentials), args);
+    stub_ = v1::CheckpointService::NewStub(channel_);
   }
 
   void Save(const trainer::Checkpoint& checkpoint) override {
@@ -143,41 +144,24 @@ class GrpcCheckpointSink final : public trainer::CheckpointSink {
   }
 
   int64_t HeldBytes(const std::string& upload_id) {
-    v1::UploadChunkRequest probe;
-    probe.set_upload_id(upload_id);
-    v1::UploadChunksResponse response;
     auto context = Context();
-    auto stream = stub_->UploadChunks(context.get(), &response);
-    stream->Write(probe);
-    stream->WritesDone();
-    grpc::Status status = stream->Finish();
-    if (!status.ok()) throw CallFailed("UploadChunks (probe)", status);
-    return response.received_bytes();
+    const ChunkUploadResult probe = UploadChunks(channel_, context.get(), upload_id, {}, 0, 1);
+    if (!probe.status.ok()) throw CallFailed("UploadChunks (probe)", probe.status);
+    return probe.received_bytes;
   }
 
   void SendFrom(const std::string& upload_id, const std::string& bytes, int64_t offset,
                 int64_t chunk) {
-    v1::UploadChunksResponse response;
     auto context = Context();
-    auto stream = stub_->UploadChunks(context.get(), &response);
-    v1::UploadChunkRequest request;
-    request.set_upload_id(upload_id);
+    const ChunkUploadResult sent =
+        UploadChunks(channel_, context.get(), upload_id, bytes, offset, chunk);
+    if (!sent.status.ok()) throw CallFailed("UploadChunks", sent.status);
     const int64_t size = static_cast<int64_t>(bytes.size());
-    while (offset < size) {
-      const int64_t n = std::min(chunk, size - offset);
-      request.set_offset(offset);
-      request.set_data(bytes.data() + offset, static_cast<size_t>(n));
-      if (!stream->Write(request)) break;  // the stream broke; Finish says why
-      offset += n;
-    }
-    stream->WritesDone();
-    grpc::Status status = stream->Finish();
-    if (!status.ok()) throw CallFailed("UploadChunks", status);
-    if (response.received_bytes() != size) {
+    if (sent.received_bytes != size) {
       throw CallFailed("UploadChunks",
                        grpc::Status(grpc::StatusCode::ABORTED,
-                                    "server holds " + std::to_string(response.received_bytes()) +
-                                        " of " + std::to_string(size) + " bytes"));
+                                    "server holds " + std::to_string(sent.received_bytes) + " of " +
+                                        std::to_string(size) + " bytes"));
     }
   }
 
@@ -266,6 +250,7 @@ class GrpcCheckpointSink final : public trainer::CheckpointSink {
 
   const GrpcCheckpointSinkOptions options_;
   std::ostream& log_;
+  std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::CheckpointService::Stub> stub_;
   int restarts_ = 0;  // DATA_LOSS restarts, part of the request id
 };

@@ -1,5 +1,6 @@
 // bench_checkpoint: one checkpoint through a running gradhub-checkpoint (see run.sh beside it),
-// as a trainer moves it: one gRPC stream of chunks of the size the server announces.
+// as a trainer moves it: one gRPC stream of chunks of the size the server announces, sent by
+// the trainer's own code (gpu_worker/checkpoint_client/chunk_upload.h).
 //
 //   upload:   StartUpload, UploadChunks, CommitCheckpoint (the server's hash check, fsync,
 //             rename, transaction); timed from StartUpload to the commit's answer. The client's
@@ -19,6 +20,7 @@
 #include <iostream>
 #include <string>
 
+#include "gpu_worker/checkpoint_client/chunk_upload.h"
 #include "gradhub/v1/checkpoint.grpc.pb.h"
 #include "services/common/abseil_mode.h"
 #include "services/common/flags.h"
@@ -51,7 +53,8 @@ int Fail(const char* what, const grpc::Status& status) {
   return 1;
 }
 
-int Upload(v1::CheckpointService::Stub& stub, const Options& options) {
+int Upload(const std::shared_ptr<grpc::Channel>& channel, v1::CheckpointService::Stub& stub,
+           const Options& options) {
   // Not zeros: a filesystem or a link that compressed zeros would flatter the figure.
   std::string data(static_cast<size_t>(options.mib) << 20, '\0');
   uint64_t x = 88172645463325252ull;
@@ -70,20 +73,12 @@ int Upload(v1::CheckpointService::Stub& stub, const Options& options) {
   if (auto s = stub.StartUpload(Context(options).get(), begin, &started); !s.ok()) {
     return Fail("StartUpload", s);
   }
-  const size_t chunk = static_cast<size_t>(started.chunk_size_bytes());
+  // As the trainer sends (gpu_worker/checkpoint_client): the chunks framed around the bytes.
   auto context = Context(options);
-  v1::UploadChunksResponse received;
-  auto writer = stub.UploadChunks(context.get(), &received);
-  v1::UploadChunkRequest request;
-  request.set_upload_id(started.upload_id());
-  for (size_t offset = 0; offset < data.size(); offset += chunk) {
-    request.set_offset(static_cast<int64_t>(offset));
-    request.set_data(data.data() + offset, std::min(chunk, data.size() - offset));
-    if (!writer->Write(request)) break;
-    request.clear_upload_id();
-  }
-  writer->WritesDone();
-  if (auto s = writer->Finish(); !s.ok()) return Fail("UploadChunks", s);
+  const gradhub::checkpoint_client::ChunkUploadResult sent =
+      gradhub::checkpoint_client::UploadChunks(channel, context.get(), started.upload_id(), data, 0,
+                                               started.chunk_size_bytes());
+  if (!sent.status.ok()) return Fail("UploadChunks", sent.status);
   const Clock::time_point streamed = Clock::now();
   v1::CommitCheckpointRequest commit;
   commit.set_upload_id(started.upload_id());
@@ -145,7 +140,8 @@ int main(int argc, char** argv) {
   }
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(8 << 20);
-  auto stub = v1::CheckpointService::NewStub(
-      grpc::CreateCustomChannel(options.server, grpc::InsecureChannelCredentials(), args));
-  return options.mode == "upload" ? Upload(*stub, options) : Download(*stub, options);
+  auto channel =
+      grpc::CreateCustomChannel(options.server, grpc::InsecureChannelCredentials(), args);
+  auto stub = v1::CheckpointService::NewStub(channel);
+  return options.mode == "upload" ? Upload(channel, *stub, options) : Download(*stub, options);
 }
