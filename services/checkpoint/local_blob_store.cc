@@ -6,14 +6,13 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstdlib>
-#include <cstring>
 #include <filesystem>
 #include <system_error>
 #include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "services/common/direct_write.h"
 #include "services/common/status_macros.h"
 
 namespace gradhub::checkpoint {
@@ -22,9 +21,6 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr char kUploadSuffix[] = ".part";
-// Direct I/O wants buffers, offsets and lengths aligned to the device's logical block; 4096
-// covers 512-byte and 4K devices alike.
-constexpr size_t kDirectAlignment = 4096;
 
 absl::Status Errno(const std::string& what, const std::string& path) {
   return absl::ErrnoToStatus(errno, absl::StrCat(what, " ", path));
@@ -39,14 +35,6 @@ class Fd {
   }
   Fd(const Fd&) = delete;
   Fd& operator=(const Fd&) = delete;
-  Fd(Fd&& other) noexcept : fd_(other.release()) {}
-  Fd& operator=(Fd&& other) noexcept {
-    if (this != &other) {
-      if (fd_ >= 0) close(fd_);
-      fd_ = other.release();
-    }
-    return *this;
-  }
   int get() const { return fd_; }
   int release() { return std::exchange(fd_, -1); }
 
@@ -70,77 +58,6 @@ absl::Status MakeDirs(const fs::path& root, const fs::path& dir) {
   GRADHUB_RETURN_IF_ERROR(MakeDirs(root, dir.parent_path()));
   if (mkdir(dir.c_str(), 0750) != 0 && errno != EEXIST) return Errno("mkdir", dir.string());
   return FsyncPath(dir.parent_path().string());
-}
-
-absl::Status WriteAll(int fd, std::string_view data, int64_t offset, const std::string& path) {
-  while (!data.empty()) {
-    const ssize_t n = pwrite(fd, data.data(), data.size(), offset);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return Errno("write", path);
-    data.remove_prefix(static_cast<size_t>(n));
-    offset += n;
-  }
-  return absl::OkStatus();
-}
-
-// A page-aligned staging buffer per thread for direct writes, kept between appends: a fresh
-// megabyte per chunk would cost page faults on every chunk.
-class AlignedBuffer {
- public:
-  char* Reserve(size_t bytes) {
-    if (bytes > capacity_) {
-      std::free(data_);
-      capacity_ = (bytes + kDirectAlignment - 1) / kDirectAlignment * kDirectAlignment;
-      data_ = static_cast<char*>(std::aligned_alloc(kDirectAlignment, capacity_));
-      if (data_ == nullptr) capacity_ = 0;
-    }
-    return data_;
-  }
-  ~AlignedBuffer() { std::free(data_); }
-
- private:
-  char* data_ = nullptr;
-  size_t capacity_ = 0;
-};
-
-// Appends `data` at `held` (the file's size) through an O_DIRECT descriptor:
-//   1. the staging buffer starts at the block boundary at or below `held`, with the bytes of
-//      that partial block read back from the file (only after an append that ended mid-block);
-//   2. the whole blocks go out with O_DIRECT, straight to the device;
-//   3. the tail shorter than a block is written through the page cache (O_DIRECT switched off
-//      on the descriptor), so the file never holds padding and its size stays the bytes held.
-// A short direct write or a device that refuses an aligned one finishes the append buffered.
-absl::Status AppendDirect(int fd, std::string_view data, int64_t held, const std::string& path) {
-  thread_local AlignedBuffer staging;
-  const int64_t start = held / kDirectAlignment * kDirectAlignment;
-  const size_t head = static_cast<size_t>(held - start);
-  const size_t total = head + data.size();
-  char* buffer = staging.Reserve(total + kDirectAlignment);
-  if (buffer == nullptr) return absl::ResourceExhaustedError("no memory for a direct write");
-  if (head > 0) {
-    const ssize_t n = pread(fd, buffer, kDirectAlignment, start);
-    if (n < 0) return Errno("read", path);
-    if (static_cast<size_t>(n) < head) {
-      return absl::DataLossError(
-          absl::StrCat("read ", n, " of the ", head, " bytes at ", start, " of ", path));
-    }
-  }
-  std::memcpy(buffer + head, data.data(), data.size());
-  size_t written = 0;
-  const size_t whole = total / kDirectAlignment * kDirectAlignment;
-  while (written < whole) {
-    const ssize_t n = pwrite(fd, buffer + written, whole - written, start + written);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && errno != EINVAL) return Errno("write", path);
-    if (n <= 0) break;
-    written += static_cast<size_t>(n);
-    if (written % kDirectAlignment != 0) break;
-  }
-  if (written == total) return absl::OkStatus();
-  const int flags = fcntl(fd, F_GETFL);
-  if (flags < 0 || fcntl(fd, F_SETFL, flags & ~O_DIRECT) != 0) return Errno("fcntl", path);
-  return WriteAll(fd, std::string_view(buffer + written, total - written),
-                  start + static_cast<int64_t>(written), path);
 }
 
 class LocalBlobReader final : public BlobReader {
@@ -221,18 +138,14 @@ absl::StatusOr<int64_t> LocalBlobStore::Append(const std::string& upload, int64_
   GRADHUB_RETURN_IF_ERROR(CheckBlobKey(upload, false));
   if (offset < 0) return absl::InvalidArgumentError("offset: must not be negative");
   const std::string path = UploadPath(upload);
-  const int create = offset == 0 ? O_CREAT : 0;
-  // Read and write: a direct append that starts mid-block reads that block back first.
-  bool direct = options_.direct_io;
-  Fd fd(open(path.c_str(), O_RDWR | O_CLOEXEC | (direct ? O_DIRECT : 0) | create, 0640));
-  if (fd.get() < 0 && errno == EINVAL && direct) {  // a filesystem without O_DIRECT
-    direct = false;
-    fd = Fd(open(path.c_str(), O_RDWR | O_CLOEXEC | create, 0640));
-  }
-  if (fd.get() < 0 && errno == ENOENT) {
+  absl::StatusOr<OpenedForWrite> opened =
+      OpenForWrite(path, offset == 0 ? O_CREAT : 0, 0640, options_.direct_io);
+  if (!opened.ok() && absl::IsNotFound(opened.status())) {
     return absl::OutOfRangeError(absl::StrCat("offset ", offset, " is beyond the 0 bytes held"));
   }
-  if (fd.get() < 0) return Errno("open", path);
+  if (!opened.ok()) return opened.status();
+  Fd fd(opened->fd);
+  const bool direct = opened->direct;
   struct stat st;
   if (fstat(fd.get(), &st) != 0) return Errno("stat", path);
   const int64_t held = st.st_size;

@@ -9,14 +9,11 @@
 //   2. create the blob's directory if need be, fsync its parent;
 //   3. rename the file to the blob's path (atomic within one filesystem);
 //   4. fsync the blob's directory, which makes the rename durable.
-// Uploads are written with O_DIRECT (whole blocks straight to the device, a sub-block tail
-// through the page cache; see AppendDirect), so the fsync at commit finds nothing but metadata
-// and the device's cache left to flush. Why not the page cache: a checkpoint is written once and
-// read rarely, so caching it only evicts what other processes use; and its cost is not the
-// copy but finding fresh pages: on a VM, once the cache outgrows the memory it recycles, dd's
-// own buffered write of 256 MiB with fsync falls from 1.3 GB/s to 90-170 MB/s here, while
-// O_DIRECT stays at about 1 GB/s. On a filesystem without O_DIRECT (an old tmpfs) appends are
-// buffered, and their written pages handed to the kernel's writeback every kWritebackBytes
+// Uploads are written with O_DIRECT (services/common/direct_write.h: whole blocks straight to
+// the device, a sub-block tail through the page cache), so the fsync at commit finds nothing but
+// metadata and the device's cache left to flush, and a checkpoint does not evict the page cache
+// of the machine. On a filesystem without O_DIRECT (an old tmpfs) appends are buffered, and
+// their written pages handed to the kernel's writeback every kWritebackBytes
 // (sync_file_range, which does not wait).
 #pragma once
 

@@ -33,26 +33,44 @@ run_job() {
   done
   echo "no done line for $job" >&2; return 1
 }
-with="$(run_job "$every")"
-without="$(run_job 0)"
-"$py" - "$with" "$without" <<'PY'
-import json, sys, time, torch
+# Rounds of both runs, in alternating order, so that drift in the machine's speed (this VM's
+# loop time wanders by 5-10% between runs) hits both alike; the stall is the median of the
+# rounds' differences.
+rounds="${GRADHUB_BENCH_ROUNDS:-3}"
+runs=()
+for round in $(seq "$rounds"); do
+  if [ $((round % 2)) = 1 ]; then
+    with="$(run_job "$every")"; without="$(run_job 0)"
+  else
+    without="$(run_job 0)"; with="$(run_job "$every")"
+  fi
+  runs+=("$with" "$without")
+done
+"$py" - "${runs[@]}" <<'PY'
+import json, statistics, sys, time, torch
 torch.set_num_threads(1)
-w, wo = json.loads(sys.argv[1]), json.loads(sys.argv[2])
-n_with, n_without = w["checkpoints"], wo["checkpoints"]
-size = w["checkpointBytes"]
+runs = [json.loads(a) for a in sys.argv[1:]]
+pairs = list(zip(runs[0::2], runs[1::2]))
+size = pairs[0][0]["checkpointBytes"]
 src = torch.empty(size, dtype=torch.uint8).fill_(1)
 copies = []
 for _ in range(5):
     t = time.perf_counter(); dst = src.clone(); copies.append(time.perf_counter() - t)
 copy = sorted(copies)[2]
-extra = n_with - n_without
-stall = (w["trainSeconds"] - wo["trainSeconds"]) / extra
-snapshot = w["checkpointSnapshotSeconds"] / n_with
-wait = w["checkpointWaitSeconds"] / n_with
-print("| checkpoint MiB | checkpoints | loop s (with / without) | stall per ckpt s | snapshot s | waited s | plain copy s (ref) | stall / snapshot | stall / copy |")
+stalls, snapshots, waits = [], [], []
+for w, wo in pairs:
+    extra = w["checkpoints"] - wo["checkpoints"]
+    stalls.append((w["trainSeconds"] - wo["trainSeconds"]) / extra)
+    snapshots.append(w["checkpointSnapshotSeconds"] / w["checkpoints"])
+    waits.append(w["checkpointWaitSeconds"] / w["checkpoints"])
+stall, snapshot, wait = (statistics.median(x) for x in (stalls, snapshots, waits))
+w, wo = pairs[0]
+print("| checkpoint MiB | checkpoints | rounds | stall per ckpt s (median) | snapshot s | waited s | plain copy s (ref) | stall / snapshot | stall / copy |")
 print("|---|---|---|---|---|---|---|---|---|")
-print("| %.0f | %d / %d | %.2f / %.2f | %.3f | %.3f | %.3f | %.3f | %.2f | %.2f |" % (
-    size / 2**20, n_with, n_without, w["trainSeconds"], wo["trainSeconds"], stall, snapshot,
-    wait, copy, stall / snapshot, stall / copy))
+print("| %.0f | %d / %d | %d | %.3f | %.3f | %.3f | %.3f | %.2f | %.2f |" % (
+    size / 2**20, w["checkpoints"], wo["checkpoints"], len(pairs), stall, snapshot, wait, copy,
+    stall / snapshot, stall / copy))
+print("rounds: loop s with / without: " + ", ".join(
+    "%.2f / %.2f" % (w["trainSeconds"], wo["trainSeconds"]) for w, wo in pairs) +
+    "; stall per ckpt s: " + ", ".join("%.3f" % s for s in stalls))
 PY

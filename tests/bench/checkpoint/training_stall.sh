@@ -9,7 +9,8 @@
 # training; with every core training (the default) it slows the loop by taking CPU, not by
 # blocking it. GRADHUB_THREADS=1 (inherited by the trainer through the agent) leaves a core to
 # it, as a GPU node's host CPUs would.
-# Usage: [GRADHUB_THREADS=N] tests/bench/checkpoint/training_stall.sh [BUILD_DIR] [STEPS] [EVERY]
+# Usage: [GRADHUB_THREADS=N] [GRADHUB_BENCH_ROUNDS=3] tests/bench/checkpoint/training_stall.sh
+#          [BUILD_DIR] [STEPS] [EVERY]
 set -euo pipefail
 build_dir="$(realpath "${1:-build}")"
 here="$(dirname "$(realpath "$0")")"

@@ -1,0 +1,51 @@
+// Writing large files around the page cache (O_DIRECT), for bytes written once and read
+// rarely: checkpoint blobs in gradhub-checkpoint and their copies in a node's cache.
+//
+// Why: caching such a file only evicts what other processes use, and the cost of a buffered
+// write is not the copy but finding fresh pages. On a VM, once the cache outgrows the memory it
+// recycles, dd's own buffered write of 256 MiB with fsync fell from 1.3 GB/s to 90-170 MB/s
+// here, while O_DIRECT stayed at about 1 GB/s with half the CPU (DMA instead of a copy).
+//
+// AppendDirect(fd, data, held, path) appends `data` at `held`, the file's size, in pieces of
+// at most kDirectStagingBytes through a page-aligned staging buffer kept per thread:
+//   1. a piece starts at the block boundary at or below the file's end, with the bytes of that
+//      partial block read back first (only after an append that ended mid-block);
+//   2. its whole blocks go out with O_DIRECT, straight to the device;
+//   3. a tail shorter than a block goes through the page cache (O_DIRECT switched off on the
+//      descriptor), so the file never holds padding and its size is always the bytes written.
+// A short direct write, or a device that refuses an aligned one, finishes the append buffered.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace gradhub {
+
+// Direct I/O wants buffers, offsets and lengths aligned to the device's logical block; 4096
+// covers 512-byte and 4K devices alike.
+inline constexpr size_t kDirectAlignment = 4096;
+inline constexpr size_t kDirectStagingBytes = 4 << 20;
+
+struct OpenedForWrite {
+  int fd = -1;
+  bool direct = false;  // opened with O_DIRECT
+};
+
+// open(path, flags | O_RDWR | O_CLOEXEC [| O_DIRECT], mode): with O_DIRECT when `direct` and
+// the filesystem allows it (read and write: an append that starts mid-block reads that block
+// back). The caller closes the descriptor.
+absl::StatusOr<OpenedForWrite> OpenForWrite(const std::string& path, int flags, int mode,
+                                            bool direct);
+
+// The protocol above, on a descriptor from OpenForWrite with direct = true.
+absl::Status AppendDirect(int fd, std::string_view data, int64_t held, const std::string& path);
+
+// pwrite until everything is written (EINTR and short writes retried).
+absl::Status WriteAll(int fd, std::string_view data, int64_t offset, const std::string& path);
+
+}  // namespace gradhub
