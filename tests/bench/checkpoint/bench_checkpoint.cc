@@ -11,8 +11,9 @@
 //             download` does; timed from the call to the last byte verified.
 //
 // Output: one line, "<mode> <seconds> <bytes> <name>", for run.sh; an upload's line ends with
-// the seconds of its CommitCheckpoint alone.
+// the seconds of its CommitCheckpoint alone and the client's CPU seconds for the upload.
 #include <grpcpp/grpcpp.h>
+#include <sys/resource.h>
 
 #include <chrono>
 #include <cstdio>
@@ -47,6 +48,14 @@ std::unique_ptr<grpc::ClientContext> Context(const Options& options) {
   return context;
 }
 
+// User and system CPU of this process (all its threads, gRPC's included).
+double CpuSeconds() {
+  struct rusage usage;
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<double>(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) +
+         static_cast<double>(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1e6;
+}
+
 int Fail(const char* what, const grpc::Status& status) {
   std::cerr << "bench_checkpoint: " << what << ": " << status.error_code() << " "
             << status.error_message() << "\n";
@@ -63,6 +72,7 @@ int Upload(const std::shared_ptr<grpc::Channel>& channel, v1::CheckpointService:
     std::memcpy(&data[i], &x, 8);
   }
   const std::string sha256 = gradhub::Sha256Hex(data);
+  const double cpu_start = CpuSeconds();
   const Clock::time_point start = Clock::now();
   v1::StartUploadRequest begin;
   begin.set_job(options.job);
@@ -88,9 +98,9 @@ int Upload(const std::shared_ptr<grpc::Channel>& channel, v1::CheckpointService:
     return Fail("CommitCheckpoint", s);
   }
   const Clock::time_point end = Clock::now();
-  std::printf("upload %.4f %zu %s %.4f\n", std::chrono::duration<double>(end - start).count(),
+  std::printf("upload %.4f %zu %s %.4f %.4f\n", std::chrono::duration<double>(end - start).count(),
               data.size(), checkpoint.name().c_str(),
-              std::chrono::duration<double>(end - streamed).count());
+              std::chrono::duration<double>(end - streamed).count(), CpuSeconds() - cpu_start);
   return 0;
 }
 

@@ -101,9 +101,10 @@ for round in $(seq "$rounds"); do
   openssl dgst -sha256 "$work/dd.bin" > /dev/null
   echo "sha256 $(awk -v a="$sha_start" -v b="$(date +%s.%N)" 'BEGIN {print b - a}')" >> "$work/times"
   ticks0="$(cpu_ticks "$server_pid")"
-  read -r _ seconds _ name commit < <("${bench[@]}" --mode upload --job "jobs/$job" --step "$round" --mib "$mib")
+  read -r _ seconds _ name commit client_cpu < <("${bench[@]}" --mode upload --job "jobs/$job" --step "$round" --mib "$mib")
   echo "upload $seconds" >> "$work/times"
   echo "commit $commit" >> "$work/times"
+  echo "client_cpu $client_cpu" >> "$work/times"
   echo "upload_cpu $(awk -v a="$ticks0" -v b="$(cpu_ticks "$server_pid")" -v hz="$(getconf CLK_TCK)" 'BEGIN {print (b - a) / hz}')" >> "$work/times"
   drop
   echo "dd_read $(dd if="$work/dd.bin" of=/dev/null bs=1M 2>&1 | seconds_of)" >> "$work/times"
@@ -135,6 +136,7 @@ awk -v mib="$mib" '
     printf "%-46s %9s %9s %8.2f %8s %7s\n", "  upload against dd oflag=direct", "-", "-", x / u, "-", "-"
     printf "%-46s %9.3f %9s %8s %8s %7s\n", "  of which CommitCheckpoint", median(t["commit"]), "-", "-", "-", "-"
     printf "%-46s %9.3f %9s %8s %8s %7s\n", "  gradhub-checkpoint CPU seconds per upload", median(t["upload_cpu"]), "-", "-", "-", "-"
+    printf "%-46s %9.3f %9s %8s %8s %7s\n", "  client CPU seconds per upload", median(t["client_cpu"]), "-", "-", "-", "-"
     printf "%-46s %9.3f %9.1f %8s %8s %7s\n", "dd read (reference)", r, mib / r, "1.00", "-", "-"
     printf "%-46s %9.3f %9.1f %8.2f %8s %7s\n", "download with sha256 check", d, mib / d, r / d, "-", "-"
     printf "all rounds (s): dd write%s | dd direct%s | upload%s | dd read%s | download%s\n", t["dd_write"], t["dd_direct"], t["upload"], t["dd_read"], t["download"]
