@@ -7,9 +7,11 @@
 // tests/gpu/run.sh's.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <regex>
 #include <set>
 #include <string>
+#include <thread>
 
 #include "gradhub/v1/jobs.grpc.pb.h"
 #include "gradhub/v1/nodes.grpc.pb.h"
@@ -68,9 +70,14 @@ TEST_F(GpuNodeE2eTest, AutoJobRanksOnTheGpuNodeStartWithDistinctDevicesAndNccl) 
   std::set<std::string> devices;
   for (int rank = 0; rank < 2; ++rank) {
     std::string device;
-    for (const std::string& line : cluster_->Logs(job.name(), 0, rank)) {
-      std::smatch match;
-      if (std::regex_search(line, match, started)) device = match[1].str();
+    // Logs reach the api after the job's end may (under load, CI found it did); wait for them.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(15);
+    while (device.empty() && std::chrono::steady_clock::now() < deadline) {
+      for (const std::string& line : cluster_->Logs(job.name(), 0, rank)) {
+        std::smatch match;
+        if (std::regex_search(line, match, started)) device = match[1].str();
+      }
+      if (device.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
     EXPECT_FALSE(device.empty()) << "rank " << rank << " logged no environment line; "
                                  << cluster_->Describe(job.name());

@@ -71,6 +71,10 @@ TEST(AgentBinaryTest, KillsLeftoversKeepsRetryingAndExitsZeroOnSigterm) {
   testing::Subprocess agent({BinaryPath("gradhub-agent"), "--server", "127.0.0.1:1", "--token", "t",
                              "--name", "test-node", "--work-dir", dir.path()});
   EXPECT_EQ(leftover.Wait(std::chrono::seconds(10)), 128 + SIGKILL) << agent.err();
+  // The agent removes the pid file after the kill: give it a moment under load.
+  for (int i = 0; i < 100 && std::filesystem::exists(dir.path() + "/pids/old.1.0.pid"); ++i) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
   EXPECT_FALSE(std::filesystem::exists(dir.path() + "/pids/old.1.0.pid"));
   absl::SleepFor(absl::Seconds(1));  // a few RegisterNode attempts
   EXPECT_TRUE(agent.running()) << agent.err();
