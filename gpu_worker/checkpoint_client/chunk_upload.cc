@@ -113,4 +113,9 @@ ChunkUploadResult UploadChunks(const std::shared_ptr<grpc::Channel>& channel,
   return result;
 }
 
+ChunkUploadResult ProbeUpload(const std::shared_ptr<grpc::Channel>& channel,
+                              grpc::ClientContext* context, const std::string& upload_id) {
+  return UploadChunks(channel, context, upload_id, {}, 0, 1);
+}
+
 }  // namespace gradhub::checkpoint_client

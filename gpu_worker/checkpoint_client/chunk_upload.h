@@ -37,4 +37,9 @@ ChunkUploadResult UploadChunks(const std::shared_ptr<grpc::Channel>& channel,
                                grpc::ClientContext* context, const std::string& upload_id,
                                std::string_view bytes, int64_t offset, int64_t chunk_bytes);
 
+// How many contiguous bytes the server holds of `upload_id`: a stream of one chunk without
+// data, as a client resuming a broken upload asks.
+ChunkUploadResult ProbeUpload(const std::shared_ptr<grpc::Channel>& channel,
+                              grpc::ClientContext* context, const std::string& upload_id);
+
 }  // namespace gradhub::checkpoint_client

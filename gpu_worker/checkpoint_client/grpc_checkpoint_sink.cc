@@ -148,7 +148,7 @@ class GrpcCheckpointSink final : public trainer::CheckpointSink {
 
   int64_t HeldBytes(const std::string& upload_id) {
     auto context = Context();
-    const ChunkUploadResult probe = UploadChunks(channel_, context.get(), upload_id, {}, 0, 1);
+    const ChunkUploadResult probe = ProbeUpload(channel_, context.get(), upload_id);
     if (!probe.status.ok()) throw CallFailed("UploadChunks (probe)", probe.status);
     return probe.received_bytes;
   }
@@ -240,8 +240,7 @@ class GrpcCheckpointSink final : public trainer::CheckpointSink {
     // machine, tests/bench/checkpoint/training_stall.sh) and evicted the node's page cache.
     absl::StatusOr<OpenedForWrite> opened = OpenForWrite(temp, O_CREAT | O_TRUNC, 0600, true);
     if (!opened.ok()) return;
-    const absl::Status written = opened->direct ? AppendDirect(opened->fd, bytes, 0, temp.string())
-                                                : WriteAll(opened->fd, bytes, 0, temp.string());
+    const absl::Status written = Append(*opened, bytes, 0, temp.string());
     close(opened->fd);
     if (!written.ok()) {  // a cache: the store has the checkpoint, only a faster restart is lost
       log_ << "gradhub-trainer: checkpoint cache: " << written.message() << "\n";

@@ -145,7 +145,6 @@ absl::StatusOr<int64_t> LocalBlobStore::Append(const std::string& upload, int64_
   }
   if (!opened.ok()) return opened.status();
   Fd fd(opened->fd);
-  const bool direct = opened->direct;
   struct stat st;
   if (fstat(fd.get(), &st) != 0) return Errno("stat", path);
   const int64_t held = st.st_size;
@@ -157,12 +156,9 @@ absl::StatusOr<int64_t> LocalBlobStore::Append(const std::string& upload, int64_
   if (skip >= static_cast<int64_t>(data.size())) return held;  // all of it arrived before
   data.remove_prefix(static_cast<size_t>(skip));
   const int64_t end = held + static_cast<int64_t>(data.size());
-  if (direct) {
-    GRADHUB_RETURN_IF_ERROR(AppendDirect(fd.get(), data, held, path));
-    return end;
-  }
-  GRADHUB_RETURN_IF_ERROR(WriteAll(fd.get(), data, held, path));
-  // Starts writeback of every whole kWritebackBytes window this append completed.
+  GRADHUB_RETURN_IF_ERROR(gradhub::Append(*opened, data, held, path));
+  if (opened->direct) return end;
+  // Buffered: starts writeback of every whole kWritebackBytes window this append completed.
   const int64_t from = held / kWritebackBytes * kWritebackBytes;
   const int64_t to = end / kWritebackBytes * kWritebackBytes;
   if (to > from) sync_file_range(fd.get(), from, to - from, SYNC_FILE_RANGE_WRITE);

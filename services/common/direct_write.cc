@@ -93,7 +93,10 @@ absl::StatusOr<OpenedForWrite> OpenForWrite(const std::string& path, int flags, 
   return OpenedForWrite{fd, false};
 }
 
-absl::Status AppendDirect(int fd, std::string_view data, int64_t held, const std::string& path) {
+absl::Status Append(const OpenedForWrite& file, std::string_view data, int64_t held,
+                    const std::string& path) {
+  if (!file.direct) return WriteAll(file.fd, data, held, path);
+  const int fd = file.fd;
   while (!data.empty()) {
     // Pieces end on block boundaries of the file, so only the first may start mid-block.
     const size_t head = static_cast<size_t>(held % static_cast<int64_t>(kDirectAlignment));

@@ -6,8 +6,9 @@
 // recycles, dd's own buffered write of 256 MiB with fsync fell from 1.3 GB/s to 90-170 MB/s
 // here, while O_DIRECT stayed at about 1 GB/s with half the CPU (DMA instead of a copy).
 //
-// AppendDirect(fd, data, held, path) appends `data` at `held`, the file's size, in pieces of
-// at most kDirectStagingBytes through a page-aligned staging buffer kept per thread:
+// Append(file, data, held, path) on a direct descriptor appends `data` at `held`, the file's
+// size, in pieces of at most kDirectStagingBytes through a page-aligned staging buffer kept per
+// thread:
 //   1. a piece starts at the block boundary at or below the file's end, with the bytes of that
 //      partial block read back first (only after an append that ended mid-block);
 //   2. its whole blocks go out with O_DIRECT, straight to the device;
@@ -42,8 +43,10 @@ struct OpenedForWrite {
 absl::StatusOr<OpenedForWrite> OpenForWrite(const std::string& path, int flags, int mode,
                                             bool direct);
 
-// The protocol above, on a descriptor from OpenForWrite with direct = true.
-absl::Status AppendDirect(int fd, std::string_view data, int64_t held, const std::string& path);
+// Appends `data` at `held`, the file's size, the way `file` was opened: the protocol above
+// when it is direct, plain pwrites (WriteAll) when the filesystem had no O_DIRECT.
+absl::Status Append(const OpenedForWrite& file, std::string_view data, int64_t held,
+                    const std::string& path);
 
 // pwrite until everything is written (EINTR and short writes retried).
 absl::Status WriteAll(int fd, std::string_view data, int64_t offset, const std::string& path);

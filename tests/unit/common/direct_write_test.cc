@@ -53,8 +53,7 @@ TEST_P(DirectWriteTest, AppendsOfEverySizeLandInPlaceWithoutPadding) {
   int64_t held = 0;
   for (size_t size : sizes) {
     const std::string_view piece = std::string_view(data).substr(static_cast<size_t>(held), size);
-    const absl::Status written = opened->direct ? AppendDirect(opened->fd, piece, held, path)
-                                                : WriteAll(opened->fd, piece, held, path);
+    const absl::Status written = Append(*opened, piece, held, path);
     ASSERT_TRUE(written.ok()) << written;
     held += static_cast<int64_t>(size);
     struct stat st;
