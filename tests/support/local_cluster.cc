@@ -326,11 +326,15 @@ std::vector<std::string> LocalCluster::Logs(const std::string& name, int attempt
 }
 
 v1::Node LocalCluster::GetNode(const std::string& name) {
+  v1::Node node;
+  EXPECT_TRUE(TryGetNode(name, &node));
+  return node;
+}
+
+bool LocalCluster::TryGetNode(const std::string& name, v1::Node* node) {
   v1::GetNodeRequest request;
   request.set_name("nodes/" + name);
-  v1::Node node;
-  EXPECT_TRUE(nodes_->GetNode(AdminContext().get(), request, &node).ok());
-  return node;
+  return nodes_->GetNode(AdminContext().get(), request, node).ok();
 }
 
 v1::Node::State LocalCluster::NodeState(const std::string& name) {

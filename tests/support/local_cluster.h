@@ -84,6 +84,8 @@ class LocalCluster {
   std::vector<std::string> Logs(const std::string& name, int attempt, int rank);
   v1::Node::State NodeState(const std::string& name);
   v1::Node GetNode(const std::string& name);  // as an operator sees it (admin token)
+  // GetNode that may fail (an api still starting): false then, without failing the test.
+  bool TryGetNode(const std::string& name, v1::Node* node);
   // DrainNode as an operator would (admin token); false with a test failure if refused.
   bool Drain(const std::string& name);
 

@@ -89,6 +89,22 @@ class ControlPlaneFaultsE2eTest : public ::testing::Test {
     return n;
   }
 
+  // Waits (at most `max_seconds` after `since`) until both agents have heartbeated at or after
+  // `unix_ms`, and prints how long each took.
+  void AwaitHeartbeatsSince(int64_t unix_ms, Clock::time_point since, double max_seconds) {
+    for (const char* node : {"a", "b"}) {
+      v1::Node seen;
+      while ((!cluster_->TryGetNode(node, &seen) ||
+              google::protobuf::util::TimeUtil::TimestampToMilliseconds(
+                  seen.last_heartbeat_time()) < unix_ms) &&
+             SecondsSince(since) < max_seconds) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+      std::cout << "[ measured ] nodes/" << node << " heartbeat " << SecondsSince(since)
+                << " s after the api started" << std::endl;
+    }
+  }
+
   std::unique_ptr<testing::LocalCluster> cluster_;
 };
 
@@ -116,15 +132,7 @@ TEST_F(ControlPlaneFaultsE2eTest, AnApiRestartDoesNotRestartARunningJob) {
   const auto back = Clock::now();
 
   // Both agents get through with the sessions they had (adopted, not re-registered).
-  for (const char* node : {"a", "b"}) {
-    while (google::protobuf::util::TimeUtil::TimestampToMilliseconds(
-               cluster_->GetNode(node).last_heartbeat_time()) < back_unix_ms &&
-           SecondsSince(back) < 20) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    std::cout << "[ measured ] nodes/" << node << " heartbeat " << SecondsSince(back)
-              << " s after the api started" << std::endl;
-  }
+  AwaitHeartbeatsSince(back_unix_ms, back, 20);
   // Converged: the job reports progress again through the restarted api (its rank 0's log
   // lines, which the agent's log shipper retries with a backoff of up to 5 s), same attempt.
   const int64_t step_at_restart = cluster_->Get(name).progress().step();
@@ -190,9 +198,13 @@ TEST_F(ControlPlaneFaultsE2eTest, NewWorkIsPushedToTheAgentsAlsoAfterAnApiRestar
 
   cluster_->KillApi(SIGKILL);
   std::this_thread::sleep_for(seconds(1));
+  const int64_t back_unix_ms = absl::ToUnixMillis(absl::Now());
   ASSERT_TRUE(cluster_->StartApi());
-  // The streams reconnect within their backoff (at most 5 s); give them that.
-  std::this_thread::sleep_for(seconds(6));
+  // The streams reconnect after their backoff and gRPC's own reconnect backoff, which under
+  // load took longer than a fixed 6 s once (a clean-clone run). A reopened stream sends the
+  // node's set, and the agent answers with a heartbeat at once: wait for those (well before
+  // the 20 s heartbeat), then the job below shows whether the stream pushes.
+  AwaitHeartbeatsSince(back_unix_ms, Clock::now(), 15);
   const std::string after = submit_and_time_start();
 
   for (const std::string& name : {before, after}) {
