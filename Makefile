@@ -13,7 +13,7 @@ PACKAGES := \
   protobuf-compiler libprotobuf-dev protobuf-compiler-grpc libgrpc++-dev libabsl-dev \
   libpq-dev postgresql postgresql-contrib \
   libtorch-dev libopenblas0-pthread libgloo-dev \
-  prometheus-cpp-dev libcpp-httplib-dev libssl-dev openssl libyaml-cpp-dev nlohmann-json3-dev zlib1g-dev \
+  prometheus-cpp-dev libcpp-httplib-dev libssl-dev openssl libisal-dev libyaml-cpp-dev nlohmann-json3-dev zlib1g-dev \
   libgtest-dev libgmock-dev googletest prometheus \
   python3-torch python3-sklearn clang-format
 

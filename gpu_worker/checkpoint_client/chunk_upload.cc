@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "gradhub/v1/checkpoint.pb.h"
+#include "services/common/crc32c.h"
 
 namespace gradhub::checkpoint_client {
 namespace {
@@ -46,13 +47,14 @@ class Completions {
 
 }  // namespace
 
-std::string ChunkHeader(const std::string& upload_id, int64_t offset, size_t data_bytes) {
+std::string ChunkHeader(const std::string& upload_id, int64_t offset, std::string_view data) {
   v1::UploadChunkRequest fields;
   fields.set_upload_id(upload_id);
   fields.set_offset(offset);
+  if (!data.empty()) fields.set_crc32c(Crc32c(data));
   std::string header = fields.SerializeAsString();
   AppendVarint((kDataField << 3) | kLengthDelimited, &header);
-  AppendVarint(data_bytes, &header);
+  AppendVarint(data.size(), &header);
   return header;
 }
 
@@ -71,12 +73,11 @@ ChunkUploadResult UploadChunks(const std::shared_ptr<grpc::Channel>& channel,
   // Never an empty stream: a lone chunk without data asks how many bytes the server holds.
   while (open && (offset < size || first)) {
     const int64_t n = std::min(chunk_bytes, size - offset);
-    const std::string header = ChunkHeader(first ? upload_id : "", offset, static_cast<size_t>(n));
+    const std::string_view data = bytes.substr(static_cast<size_t>(offset), static_cast<size_t>(n));
+    const std::string header = ChunkHeader(first ? upload_id : "", offset, data);
     std::vector<grpc::Slice> slices;
     slices.emplace_back(header);
-    if (n > 0) {
-      slices.emplace_back(bytes.data() + offset, static_cast<size_t>(n), grpc::Slice::STATIC_SLICE);
-    }
+    if (n > 0) slices.emplace_back(data.data(), data.size(), grpc::Slice::STATIC_SLICE);
     grpc::ByteBuffer message(slices.data(), slices.size());
     call->Write(message, tag);
     open = completions.Wait();  // false: the stream broke; Finish says why

@@ -8,7 +8,9 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "services/api/job_records.h"
+#include "services/common/crc32c.h"
 #include "services/common/db/migrator.h"
 #include "services/common/status_macros.h"
 
@@ -206,34 +208,94 @@ absl::StatusOr<std::unique_ptr<UploadWriter>> CheckpointManager::OpenUpload(
   return std::unique_ptr<UploadWriter>(new UploadWriter(this, std::move(row), std::move(state)));
 }
 
-absl::Status UploadWriter::Write(int64_t offset, std::string data) {
+absl::Status UploadWriter::Write(int64_t offset, std::string data, std::optional<uint32_t> crc32c) {
   {
     absl::MutexLock lock(&result_mu_);
     if (!result_.ok()) return result_.status();
   }
-  auto chunk = std::make_shared<const std::string>(std::move(data));
-  const size_t bytes = chunk->size();
-  worker_.Submit(bytes, [this, offset, chunk = std::move(chunk)]() mutable {
+  if (data.empty()) {  // a probe: answered after what came before
+    Flush();
+    Queue(0, [this, offset] { return WriteNow(offset, "", true); });
+    return absl::OkStatus();
+  }
+  const bool continues =
+      filling_ != nullptr &&
+      offset == filling_->offset + static_cast<int64_t>(filling_->bytes.size()) &&
+      filling_->bytes.size() + data.size() <= kBatchBytes;
+  if (!continues) Flush();
+  if (filling_ == nullptr) {
+    absl::MutexLock lock(&spare_mu_);
+    if (spare_.empty()) {
+      filling_ = std::make_shared<Batch>();
+    } else {
+      filling_ = std::move(spare_.back());
+      spare_.pop_back();
+    }
+    filling_->offset = offset;
+    filling_->bytes.Truncate(0);
+    filling_->checked = true;
+  }
+  const size_t at = filling_->bytes.Append(data);
+  if (!crc32c.has_value()) {
+    filling_->checked = false;
+  } else if (const uint32_t received = Crc32c(filling_->bytes.view().substr(at));
+             received != *crc32c) {
+    filling_->bytes.Truncate(at);
+    Flush();
+    const int64_t end = offset + static_cast<int64_t>(data.size());
+    Queue(0, [this, offset, end, sent = *crc32c, received]() -> absl::StatusOr<int64_t> {
+      return CrcMismatch(offset, end, sent, received);
+    });
+    return absl::OkStatus();
+  }
+  if (filling_->bytes.size() >= kBatchBytes) Flush();
+  return absl::OkStatus();
+}
+
+void UploadWriter::Flush() {
+  std::shared_ptr<Batch> batch = std::move(filling_);
+  filling_ = nullptr;
+  if (batch == nullptr || batch->bytes.size() == 0) return;
+  const size_t bytes = batch->bytes.size();
+  Queue(bytes, [this, batch = std::move(batch)] {
+    absl::StatusOr<int64_t> written = WriteNow(batch->offset, batch->bytes.view(), batch->checked);
+    absl::MutexLock lock(&spare_mu_);
+    spare_.push_back(batch);
+    return written;
+  });
+}
+
+void UploadWriter::Queue(size_t bytes, std::function<absl::StatusOr<int64_t>()> task) {
+  worker_.Submit(bytes, [this, task = std::move(task)] {
     {
       absl::MutexLock lock(&result_mu_);
       if (!result_.ok()) return;  // after an error, nothing more is written
     }
-    absl::StatusOr<int64_t> written = WriteNow(offset, std::move(chunk));
+    absl::StatusOr<int64_t> outcome = task();
     absl::MutexLock lock(&result_mu_);
-    result_ = std::move(written);
+    result_ = std::move(outcome);
   });
-  return absl::OkStatus();
 }
 
 absl::StatusOr<int64_t> UploadWriter::Finish() {
+  Flush();
   worker_.Drain();
   absl::MutexLock lock(&result_mu_);
   return result_;
 }
 
-absl::StatusOr<int64_t> UploadWriter::WriteNow(int64_t offset,
-                                               std::shared_ptr<const std::string> chunk) {
-  std::string_view data = *chunk;
+absl::Status UploadWriter::CrcMismatch(int64_t offset, int64_t end, uint32_t sent,
+                                       uint32_t received) {
+  manager_->Failure("crc32c_mismatch");
+  absl::MutexLock lock(&state_->mu);
+  return absl::DataLossError(absl::StrFormat(
+      "crc32c: bytes %d..%d arrived with crc32c %08x, the chunk says %08x; nothing of it was "
+      "written, send it again from offset %d",
+      offset, end, received, sent, state_->held));
+}
+
+absl::StatusOr<int64_t> UploadWriter::WriteNow(int64_t offset, std::string_view data,
+                                               bool checked) {
   UploadState& state = *state_;
   absl::MutexLock lock(&state.mu);
   if (state.discarded) return UploadNotFound(row_.upload_id);
@@ -266,10 +328,7 @@ absl::StatusOr<int64_t> UploadWriter::WriteNow(int64_t offset,
     return held.status();
   }
   if (*held > state.held) {
-    if (state.hashed == state.held) {
-      state.sha.Update(std::move(chunk), static_cast<size_t>(state.held - offset));
-      state.hashed = *held;
-    }
+    if (!checked) state.checked = false;
     if (manager_->metrics_ != nullptr) manager_->metrics_->RecordReceived(*held - state.held);
     state.held = *held;
     state.last_write = absl::Now();
@@ -353,23 +412,16 @@ absl::StatusOr<v1::Checkpoint> CheckpointManager::CommitLocked(const CheckpointR
                        " bytes declared; keep uploading from offset ", state.held));
     }
   }
-  // 2. The hash this process kept while the bytes arrived, when it saw all of them.
-  const bool hashed = !in_store && state.hashed == row.size_bytes;
-  if (const std::string received = hashed ? state.sha.Hex() : ""; hashed && received != sha256) {
-    Failure("sha256_mismatch");
-    GRADHUB_RETURN_IF_ERROR(Discard(row, state));
-    return absl::DataLossError(absl::StrCat("sha256 ", sha256,
-                                            " does not match the bytes received (", received,
-                                            "); the upload is discarded, start a new one"));
-  }
-  // 3. Durable and visible under the blob key.
+  // 2. Durable and visible under the blob key.
+  const bool checked = !in_store && state.checked && state.held == row.size_bytes;
   if (!in_store) {
     if (row.size_bytes == 0) GRADHUB_RETURN_IF_ERROR(blobs_->Append(row.upload_id, 0, "").status());
     GRADHUB_RETURN_IF_ERROR(blobs_->Commit(row.upload_id, row.blob_key));
   }
-  // 4. Without the running hash (a restart during the upload), the blob is hashed instead;
-  //    no row says COMMITTED yet, so a mismatch is still an upload to discard.
-  if (!hashed) {
+  // 3. Bytes whose crc32c this process did not check (a chunk without one, a restart during
+  //    the upload) are read back and hashed; no row says COMMITTED yet, so a mismatch is still
+  //    an upload to discard. Checked bytes are the ones the client hashed: its sha256 stands.
+  if (!checked) {
     Sha256Stream sha;
     GRADHUB_ASSIGN_OR_RETURN(const int64_t size, HashBlob(row.blob_key, &sha));
     if (size != row.size_bytes || sha.Hex() != sha256) {
@@ -380,7 +432,7 @@ absl::StatusOr<v1::Checkpoint> CheckpointManager::CommitLocked(const CheckpointR
                                               "a new one"));
     }
   }
-  // 5. The row, its event and retention in one transaction; then the retired blobs.
+  // 4. The row, its event and retention in one transaction; then the retired blobs.
   std::vector<CheckpointRow> retired, abandoned;
   absl::StatusOr<v1::Checkpoint> committed = WriteCommittedRow(row, sha256, &retired, &abandoned);
   if (absl::IsFailedPrecondition(committed.status()) || absl::IsAlreadyExists(committed.status())) {
@@ -391,7 +443,9 @@ absl::StatusOr<v1::Checkpoint> CheckpointManager::CommitLocked(const CheckpointR
   if (!committed.ok()) return committed.status();
   state.committed = true;
   ForgetState(row.upload_id);
-  RemoveDeleted(retired);
+  if (!retired.empty()) {
+    removals_.Submit(1, [this, retired = std::move(retired)] { RemoveDeleted(retired); });
+  }
   for (const CheckpointRow& upload : abandoned) {
     // Without its row, a writer still holding the upload's state gets NOT_FOUND at commit; an
     // upload file it recreates is an orphan for Cleanup.

@@ -54,7 +54,9 @@ grpc::Status CheckpointService::UploadChunks(grpc::ServerContext* context,
     }
     // An error of an earlier chunk ends the stream; the chunks are written while the next
     // one arrives.
-    const absl::Status queued = writer->Write(chunk.offset(), std::move(*chunk.mutable_data()));
+    const absl::Status queued =
+        writer->Write(chunk.offset(), std::move(*chunk.mutable_data()),
+                      chunk.has_crc32c() ? std::optional<uint32_t>(chunk.crc32c()) : std::nullopt);
     if (!queued.ok()) return ToGrpc(queued);
   }
   if (writer == nullptr) {

@@ -7,6 +7,8 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <new>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 
@@ -17,34 +19,37 @@ absl::Status Errno(const std::string& what, const std::string& path) {
   return absl::ErrnoToStatus(errno, absl::StrCat(what, " ", path));
 }
 
-// A page-aligned staging buffer per thread, kept between appends: a fresh one per chunk would
-// cost page faults on every chunk.
-class AlignedBuffer {
- public:
-  char* Reserve(size_t bytes) {
-    if (bytes > capacity_) {
-      std::free(data_);
-      capacity_ = (bytes + kDirectAlignment - 1) / kDirectAlignment * kDirectAlignment;
-      data_ = static_cast<char*>(std::aligned_alloc(kDirectAlignment, capacity_));
-      if (data_ == nullptr) capacity_ = 0;
-    }
-    return data_;
+// The whole blocks of `data`, block-aligned in memory and in the file, straight to the device.
+// Returns how many bytes went out: fewer than the whole blocks when a write came back short or
+// the device refused it (the caller writes the rest through the staging buffer).
+absl::StatusOr<size_t> WriteAlignedBlocks(int fd, std::string_view data, int64_t held,
+                                          const std::string& path) {
+  const size_t whole = data.size() / kDirectAlignment * kDirectAlignment;
+  size_t written = 0;
+  while (written < whole) {
+    const ssize_t n = pwrite(fd, data.data() + written, whole - written, held + written);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno != EINVAL) return Errno("write", path);
+    if (n <= 0) break;
+    written += static_cast<size_t>(n);
+    if (written % kDirectAlignment != 0) break;
   }
-  ~AlignedBuffer() { std::free(data_); }
-
- private:
-  char* data_ = nullptr;
-  size_t capacity_ = 0;
-};
+  return written / kDirectAlignment * kDirectAlignment;
+}
 
 // Steps 1-3 for one piece of at most kDirectStagingBytes.
 absl::Status AppendPiece(int fd, std::string_view data, int64_t held, const std::string& path) {
+  // Kept per thread between appends: a fresh one per chunk would cost page faults every time.
   thread_local AlignedBuffer staging;
   const int64_t start = held / kDirectAlignment * kDirectAlignment;
   const size_t head = static_cast<size_t>(held - start);
   const size_t total = head + data.size();
-  char* buffer = staging.Reserve(kDirectStagingBytes + kDirectAlignment);
-  if (buffer == nullptr) return absl::ResourceExhaustedError("no memory for a direct write");
+  try {
+    staging.Reserve(kDirectStagingBytes + kDirectAlignment);
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError("no memory for a direct write");
+  }
+  char* buffer = staging.data();
   if (head > 0) {
     const ssize_t n = pread(fd, buffer, kDirectAlignment, start);
     if (n < 0) return Errno("read", path);
@@ -93,10 +98,53 @@ absl::StatusOr<OpenedForWrite> OpenForWrite(const std::string& path, int flags, 
   return OpenedForWrite{fd, false};
 }
 
+AlignedBuffer::AlignedBuffer(AlignedBuffer&& other) noexcept
+    : data_(std::exchange(other.data_, nullptr)),
+      size_(std::exchange(other.size_, 0)),
+      capacity_(std::exchange(other.capacity_, 0)) {}
+
+AlignedBuffer& AlignedBuffer::operator=(AlignedBuffer&& other) noexcept {
+  if (this != &other) {
+    std::free(data_);
+    data_ = std::exchange(other.data_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+    capacity_ = std::exchange(other.capacity_, 0);
+  }
+  return *this;
+}
+
+AlignedBuffer::~AlignedBuffer() { std::free(data_); }
+
+void AlignedBuffer::Reserve(size_t bytes) {
+  if (bytes <= capacity_) return;
+  const size_t capacity = (bytes + kDirectAlignment - 1) / kDirectAlignment * kDirectAlignment;
+  char* grown = static_cast<char*>(std::aligned_alloc(kDirectAlignment, capacity));
+  if (grown == nullptr) throw std::bad_alloc();
+  if (size_ > 0) std::memcpy(grown, data_, size_);
+  std::free(data_);
+  data_ = grown;
+  capacity_ = capacity;
+}
+
+size_t AlignedBuffer::Append(std::string_view bytes) {
+  const size_t at = size_;
+  Reserve(size_ + bytes.size());
+  if (!bytes.empty()) std::memcpy(data_ + at, bytes.data(), bytes.size());
+  size_ += bytes.size();
+  return at;
+}
+
 absl::Status Append(const OpenedForWrite& file, std::string_view data, int64_t held,
                     const std::string& path) {
   if (!file.direct) return WriteAll(file.fd, data, held, path);
   const int fd = file.fd;
+  if (held % static_cast<int64_t>(kDirectAlignment) == 0 &&
+      reinterpret_cast<uintptr_t>(data.data()) % kDirectAlignment == 0) {
+    absl::StatusOr<size_t> written = WriteAlignedBlocks(fd, data, held, path);
+    if (!written.ok()) return written.status();
+    data.remove_prefix(*written);
+    held += static_cast<int64_t>(*written);
+  }
   while (!data.empty()) {
     // Pieces end on block boundaries of the file, so only the first may start mid-block.
     const size_t head = static_cast<size_t>(held % static_cast<int64_t>(kDirectAlignment));

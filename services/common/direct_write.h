@@ -7,8 +7,9 @@
 // here, while O_DIRECT stayed at about 1 GB/s with half the CPU (DMA instead of a copy).
 //
 // Append(file, data, held, path) on a direct descriptor appends `data` at `held`, the file's
-// size, in pieces of at most kDirectStagingBytes through a page-aligned staging buffer kept per
-// thread:
+// size. Data in block-aligned memory (AlignedBuffer) appended at a block boundary goes to the
+// device as it is, its whole blocks in one write. Other data goes in pieces of at most
+// kDirectStagingBytes through a page-aligned staging buffer kept per thread:
 //   1. a piece starts at the block boundary at or below the file's end, with the bytes of that
 //      partial block read back first (only after an append that ended mid-block);
 //   2. its whole blocks go out with O_DIRECT, straight to the device;
@@ -17,6 +18,7 @@
 // A short direct write, or a device that refuses an aligned one, finishes the append buffered.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -31,6 +33,32 @@ namespace gradhub {
 // covers 512-byte and 4K devices alike.
 inline constexpr size_t kDirectAlignment = 4096;
 inline constexpr size_t kDirectStagingBytes = 4 << 20;
+
+// Bytes in memory aligned to kDirectAlignment, appended to up to a capacity that grows on
+// demand: what Append writes without staging. Kept and reused, it also spares the page faults
+// of fresh memory per write. Move-only.
+class AlignedBuffer {
+ public:
+  AlignedBuffer() = default;
+  AlignedBuffer(AlignedBuffer&& other) noexcept;
+  AlignedBuffer& operator=(AlignedBuffer&& other) noexcept;
+  ~AlignedBuffer();
+
+  // Room for at least `bytes` in all; what it holds is kept. Throws std::bad_alloc.
+  void Reserve(size_t bytes);
+  // Appends `bytes`, growing as needed; returns where they start in view().
+  size_t Append(std::string_view bytes);
+  // Keeps the first `bytes` only.
+  void Truncate(size_t bytes) { size_ = std::min(size_, bytes); }
+  char* data() { return data_; }
+  std::string_view view() const { return {data_, size_}; }
+  size_t size() const { return size_; }
+
+ private:
+  char* data_ = nullptr;
+  size_t size_ = 0;
+  size_t capacity_ = 0;
+};
 
 struct OpenedForWrite {
   int fd = -1;

@@ -17,8 +17,9 @@ namespace gradhub {
 //      slower than the producer; one task is always admitted, however large.
 //   2. The thread (started by the first Submit) runs the tasks in order.
 //   3. Drain() waits until every task submitted before it has run.
-// Submit and Drain come from one producer at a time. The destructor runs what is queued, then
-// joins the thread.
+// Submit and Drain may come from several threads: tasks run in the order Submit admitted
+// them, and Drain waits for everyone's. The destructor runs what is queued, then joins the
+// thread.
 class OrderedWorker {
  public:
   explicit OrderedWorker(size_t max_queued_bytes) : max_queued_bytes_(max_queued_bytes) {}

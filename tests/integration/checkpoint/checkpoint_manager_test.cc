@@ -69,11 +69,11 @@ TEST_F(CheckpointManagerTest, AfterAChunkFailsAStreamWritesNothingMore) {
   ASSERT_EQ(*Write(Admin(), *upload, data, 0, 400), 400);
   auto writer = manager_->OpenUpload(Admin(), *upload);
   ASSERT_TRUE(writer.ok());
-  EXPECT_TRUE((*writer)->Write(500, "x").ok());  // queued; it fails on the writer's thread
-  const absl::Status later = (*writer)->Write(400, data.substr(400, 100));
+  EXPECT_TRUE((*writer)->Write(500, "x", Crc32c("x")).ok());  // queued; fails on the writer
+  const absl::Status later = (*writer)->Write(400, data.substr(400, 100), std::nullopt);
   EXPECT_TRUE(later.ok() || absl::IsOutOfRange(later)) << later;  // the first error, once seen
   EXPECT_TRUE(absl::IsOutOfRange((*writer)->Finish().status()));
-  EXPECT_TRUE(absl::IsOutOfRange((*writer)->Write(400, data.substr(400, 100))));
+  EXPECT_TRUE(absl::IsOutOfRange((*writer)->Write(400, data.substr(400, 100), std::nullopt)));
   EXPECT_EQ(*WriteOne(Admin(), *upload, 0, ""), 400);  // the chunk behind the gap was dropped
 }
 
@@ -91,11 +91,46 @@ TEST_F(CheckpointManagerTest, AGapIsOutOfRangeAndBytesBeyondTheSizeToo) {
   EXPECT_TRUE(Commit(Admin(), *upload, Sha256Hex(data)).ok());
 }
 
-TEST_F(CheckpointManagerTest, AWrongSha256IsDataLossAndDiscardsTheUpload) {
+TEST_F(CheckpointManagerTest, AChunkWhoseCrc32cDiffersIsDataLossAndNothingOfItIsWritten) {
+  const std::string job = InsertJob(*pool_, tenant_a_);
+  const std::string data = Blob(1000);
+  auto upload = Start(Admin(), job, 1, 1, 1000);
+  ASSERT_EQ(*Write(Admin(), *upload, data, 0, 400), 400);
+  const auto wrong = WriteOne(Admin(), *upload, 400, data.substr(400, 100), ChunkCrc::kWrong);
+  EXPECT_TRUE(absl::IsDataLoss(wrong.status())) << wrong.status();
+  EXPECT_THAT(wrong.status().message(), HasSubstr("send it again from offset 400"));
+  EXPECT_EQ(*WriteOne(Admin(), *upload, 0, ""), 400);
+  EXPECT_EQ(*blobs_->UploadedBytes(*upload), 400);
+  // Sent again, the upload goes on and commits without hashing anything here.
+  EXPECT_EQ(*Write(Admin(), *upload, data, 400, 1000), 1000);
+  auto committed = Commit(Admin(), *upload, Sha256Hex(data));
+  ASSERT_TRUE(committed.ok()) << committed.status();
+  EXPECT_EQ(*ReadAll(Admin(), committed->name()), data);
+}
+
+TEST_F(CheckpointManagerTest, WithEveryCrc32cCheckedTheClientsSha256StandsUntilADownloadDisagrees) {
+  // The trainer hashes the memory it sends, so its sha256 and its chunks' crc32c describe the
+  // same bytes. A client that claims another sha256 gets it recorded; the first download finds
+  // out, marks the checkpoint BAD, and resume takes the one before.
+  const std::string job = InsertJob(*pool_, tenant_a_);
+  const v1::Checkpoint before = Save(job, 1, 10, Blob(3000, 1));
+  const std::string data = Blob(5000, 2);
+  auto upload = Start(Admin(), job, 1, 20, 5000);
+  ASSERT_TRUE(Write(Admin(), *upload, data, 0, 5000).ok());
+  auto claimed = Commit(Admin(), *upload, Sha256Hex(data + "x"));
+  ASSERT_TRUE(claimed.ok()) << claimed.status();
+  EXPECT_TRUE(absl::IsDataLoss(ReadAll(Admin(), claimed->name()).status()));
+  EXPECT_EQ(manager_->GetLatest(Admin(), JobName(job))->name(), before.name());
+}
+
+TEST_F(CheckpointManagerTest, WithoutCrc32cAWrongSha256IsDataLossAndDiscardsTheUpload) {
+  // One chunk without crc32c (a client that predates the field) and the commit reads the blob
+  // back to hash it.
   const std::string job = InsertJob(*pool_, tenant_a_);
   const std::string data = Blob(5000);
   auto upload = Start(Admin(), job, 1, 10, 5000);
-  ASSERT_TRUE(Write(Admin(), *upload, data, 0, 5000).ok());
+  ASSERT_TRUE(Write(Admin(), *upload, data, 0, 4000).ok());
+  ASSERT_TRUE(Write(Admin(), *upload, data, 4000, 5000, 64 << 10, ChunkCrc::kLeftOut).ok());
   EXPECT_TRUE(absl::IsInvalidArgument(Commit(Admin(), *upload, "not-a-sha").status()));
   EXPECT_TRUE(absl::IsInvalidArgument(
       Commit(Admin(), *upload, Sha256Hex(data).substr(0, 63) + "G").status()));
@@ -272,6 +307,7 @@ TEST_F(CheckpointManagerTest, RetentionKeepsExactlyKeepLastOfTheHighestSteps) {
   std::vector<int64_t> steps;
   for (const v1::Checkpoint& c : ListAll(Admin(), job)) steps.push_back(c.step());
   EXPECT_EQ(steps, (std::vector<int64_t>{50, 40}));
+  manager_->WaitForRemovals();  // the retired blobs go after the commit answered
   EXPECT_EQ(blobs_->ListBlobs()->size(), 2u);
   EXPECT_EQ(Count("SELECT count(*)::bigint AS n FROM checkpoints"), 2);
 

@@ -147,10 +147,33 @@ TEST_F(CheckpointServiceTest, AGapEndsTheStreamWithOutOfRange) {
   EXPECT_EQ(big.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
 }
 
+TEST_F(CheckpointServiceTest, AChunkWithAWrongCrc32cIsDataLossAndTheUploadGoesOnFromWhatIsHeld) {
+  const std::string data = Blob(3 * kChunk, 5);
+  const v1::StartUploadResponse started = StartOverGrpc(1, static_cast<int64_t>(data.size()));
+  ASSERT_TRUE(SendChunks(*stub_, trainer_, started.upload_id(), data, 0, kChunk, kChunk).ok());
+  EXPECT_EQ(SendChunks(*stub_, trainer_, started.upload_id(), data, kChunk, 3 * kChunk, kChunk,
+                       nullptr, ChunkCrc::kWrong)
+                .error_code(),
+            grpc::StatusCode::DATA_LOSS);
+  const int64_t held = Probe(*stub_, trainer_, started.upload_id());
+  EXPECT_EQ(held, kChunk);
+  ASSERT_TRUE(SendChunks(*stub_, trainer_, started.upload_id(), data, static_cast<size_t>(held),
+                         data.size(), kChunk)
+                  .ok());
+  v1::Checkpoint checkpoint;
+  ASSERT_TRUE(CommitOverGrpc(started.upload_id(), Sha256Hex(data), &checkpoint).ok());
+  std::string downloaded;
+  ASSERT_TRUE(Download(*stub_, trainer_, checkpoint.name(), 0, &downloaded).ok());
+  EXPECT_TRUE(downloaded == data);
+}
+
 TEST_F(CheckpointServiceTest, AWrongShaIsDataLossAndAStragglerIsFailedPrecondition) {
+  // Chunks without crc32c: the server hashes the blob at commit.
   const std::string data = Blob(1000);
   const v1::StartUploadResponse started = StartOverGrpc(1, 1000);
-  ASSERT_TRUE(SendChunks(*stub_, trainer_, started.upload_id(), data, 0, 1000, kChunk).ok());
+  ASSERT_TRUE(SendChunks(*stub_, trainer_, started.upload_id(), data, 0, 1000, kChunk, nullptr,
+                         ChunkCrc::kLeftOut)
+                  .ok());
   v1::Checkpoint checkpoint;
   EXPECT_EQ(CommitOverGrpc(started.upload_id(), Sha256Hex("other"), &checkpoint).error_code(),
             grpc::StatusCode::DATA_LOSS);

@@ -10,13 +10,16 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 
 #include "gradhub/v1/checkpoint.grpc.pb.h"
 #include "services/api/authenticator.h"
 #include "services/checkpoint/checkpoint_manager.h"
 #include "services/checkpoint/checkpoint_metrics.h"
 #include "services/checkpoint/local_blob_store.h"
+#include "services/common/crc32c.h"
 #include "services/common/sha256.h"
 #include "tests/integration/db/db_test_util.h"
 
@@ -106,6 +109,22 @@ inline void Restart(db::Pool& pool, const std::string& job_id) {
 
 inline std::string JobName(const std::string& job_id) { return "jobs/" + job_id; }
 
+// What an uploaded chunk says of its crc32c: as the trainer does (kSent), nothing, as a client
+// that predates the field (kLeftOut), or a wrong one (kWrong: as if the bytes changed on the
+// way).
+enum class ChunkCrc { kSent, kLeftOut, kWrong };
+inline std::optional<uint32_t> CrcOf(std::string_view data, ChunkCrc crc) {
+  switch (crc) {
+    case ChunkCrc::kSent:
+      return Crc32c(data);
+    case ChunkCrc::kWrong:
+      return Crc32c(data) ^ 1u;
+    case ChunkCrc::kLeftOut:
+      break;
+  }
+  return std::nullopt;
+}
+
 // ---------------------------------------------------------------------------------------------
 // gRPC clients.
 
@@ -127,7 +146,8 @@ inline std::unique_ptr<grpc::ClientContext> Context(const CallAs& as) {
 // the server's received_bytes in *received.
 inline grpc::Status SendChunks(v1::CheckpointService::Stub& stub, const CallAs& as,
                                const std::string& upload_id, const std::string& data, size_t from,
-                               size_t to, size_t chunk, int64_t* received = nullptr) {
+                               size_t to, size_t chunk, int64_t* received = nullptr,
+                               ChunkCrc crc = ChunkCrc::kSent) {
   auto context = Context(as);
   v1::UploadChunksResponse response;
   auto writer = stub.UploadChunks(context.get(), &response);
@@ -136,6 +156,7 @@ inline grpc::Status SendChunks(v1::CheckpointService::Stub& stub, const CallAs& 
     request.set_upload_id(upload_id);
     request.set_offset(static_cast<int64_t>(offset));
     request.set_data(data.substr(offset, std::min(chunk, to - offset)));
+    if (const auto sum = CrcOf(request.data(), crc)) request.set_crc32c(*sum);
     if (!writer->Write(request)) break;
   }
   writer->WritesDone();
@@ -240,12 +261,14 @@ class CheckpointTest : public db::DatabaseTest {
   // Writes data[from, to) in chunks through one writer; the bytes held after the last one.
   absl::StatusOr<int64_t> Write(const Caller& caller, const std::string& upload_id,
                                 const std::string& data, size_t from, size_t to,
-                                size_t chunk = 64 << 10) {
+                                size_t chunk = 64 << 10, ChunkCrc crc = ChunkCrc::kSent) {
     auto writer = manager_->OpenUpload(caller, upload_id);
     if (!writer.ok()) return writer.status();
     for (size_t offset = from; offset < to; offset += chunk) {
-      const absl::Status queued = (*writer)->Write(
-          static_cast<int64_t>(offset), data.substr(offset, std::min(chunk, to - offset)));
+      std::string piece = data.substr(offset, std::min(chunk, to - offset));
+      const std::optional<uint32_t> sum = CrcOf(piece, crc);
+      const absl::Status queued =
+          (*writer)->Write(static_cast<int64_t>(offset), std::move(piece), sum);
       if (!queued.ok()) return queued;
     }
     return (*writer)->Finish();
@@ -253,10 +276,12 @@ class CheckpointTest : public db::DatabaseTest {
 
   // One chunk through a writer of its own (an empty one probes); the bytes held afterwards.
   absl::StatusOr<int64_t> WriteOne(const Caller& caller, const std::string& upload_id,
-                                   int64_t offset, std::string data) {
+                                   int64_t offset, std::string data,
+                                   ChunkCrc crc = ChunkCrc::kSent) {
     auto writer = manager_->OpenUpload(caller, upload_id);
     if (!writer.ok()) return writer.status();
-    const absl::Status queued = (*writer)->Write(offset, std::move(data));
+    const std::optional<uint32_t> sum = data.empty() ? std::nullopt : CrcOf(data, crc);
+    const absl::Status queued = (*writer)->Write(offset, std::move(data), sum);
     if (!queued.ok()) return queued;
     return (*writer)->Finish();
   }

@@ -1,4 +1,4 @@
-// OrderedWorker and BackgroundSha256: order, the memory bound, and draining.
+// OrderedWorker: order, the memory bound, draining, and several producers.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -8,9 +8,7 @@
 #include <thread>
 #include <vector>
 
-#include "services/common/background_sha256.h"
 #include "services/common/ordered_worker.h"
-#include "services/common/sha256.h"
 
 namespace gradhub {
 namespace {
@@ -70,25 +68,18 @@ TEST(OrderedWorkerTest, TheDestructorRunsWhatIsQueued) {
   EXPECT_EQ(ran, 10);
 }
 
-TEST(BackgroundSha256Test, EqualsTheHashOfTheWholeInPieces) {
-  std::string whole;
-  BackgroundSha256 sha(4096);  // a small bound, so Update waits for the hashing thread
-  for (int i = 0; i < 50; ++i) {
-    auto piece = std::make_shared<std::string>(1000 + i * 37, static_cast<char>('a' + i % 26));
-    whole += piece->substr(5);
-    sha.Update(piece, 5);
+TEST(OrderedWorkerTest, TasksFromSeveralThreadsAllRunAndDrainWaitsForEveryone) {
+  std::atomic<int> ran{0};
+  OrderedWorker worker(1);  // the smallest bound: producers wait for each other's tasks
+  std::vector<std::thread> producers;
+  for (int p = 0; p < 4; ++p) {
+    producers.emplace_back([&] {
+      for (int i = 0; i < 100; ++i) worker.Submit(1, [&] { ++ran; });
+    });
   }
-  EXPECT_EQ(sha.Hex(), Sha256Hex(whole));
-  // Update may go on after Hex().
-  auto more = std::make_shared<std::string>("tail");
-  sha.Update(more);
-  EXPECT_EQ(sha.Hex(), Sha256Hex(whole + "tail"));
-}
-
-TEST(BackgroundSha256Test, NothingGivenIsTheEmptyHash) {
-  BackgroundSha256 sha;
-  sha.Update(std::make_shared<std::string>("abc"), 3);  // nothing past the end
-  EXPECT_EQ(sha.Hex(), Sha256Hex(""));
+  for (std::thread& producer : producers) producer.join();
+  worker.Drain();
+  EXPECT_EQ(ran, 400);
 }
 
 }  // namespace

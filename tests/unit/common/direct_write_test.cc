@@ -12,6 +12,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 namespace gradhub {
 namespace {
@@ -62,6 +63,45 @@ TEST_P(DirectWriteTest, AppendsOfEverySizeLandInPlaceWithoutPadding) {
   }
   close(opened->fd);
   EXPECT_TRUE(ReadAll(path) == data);
+}
+
+TEST_P(DirectWriteTest, AlignedBytesLandInPlaceAtABoundaryAndMidBlockAlike) {
+  const std::string path = dir_ + "/file";
+  absl::StatusOr<OpenedForWrite> opened = OpenForWrite(path, O_CREAT | O_TRUNC, 0600, GetParam());
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  // Whole blocks at a boundary (written as they are), a tail, then aligned memory at a file
+  // offset mid-block (staged), and nothing.
+  const std::vector<size_t> sizes = {1 << 20, (1 << 20) + 100, 3 * kDirectAlignment, 0, 7};
+  std::string data;
+  int64_t held = 0;
+  for (size_t size : sizes) {
+    AlignedBuffer piece;
+    piece.Append(Pattern(size, static_cast<int>(size % 97)));
+    if (size > 0)
+      ASSERT_EQ(reinterpret_cast<uintptr_t>(piece.view().data()) % kDirectAlignment, 0u);
+    ASSERT_EQ(piece.view().size(), size);
+    const absl::Status written = Append(*opened, piece.view(), held, path);
+    ASSERT_TRUE(written.ok()) << written;
+    data += piece.view();
+    held += static_cast<int64_t>(size);
+    struct stat st;
+    ASSERT_EQ(fstat(opened->fd, &st), 0);
+    EXPECT_EQ(st.st_size, held);
+  }
+  close(opened->fd);
+  EXPECT_TRUE(ReadAll(path) == data);
+}
+
+TEST(AlignedBufferTest, GrowsKeepingItsBytesAndStaysAligned) {
+  AlignedBuffer buffer;
+  EXPECT_EQ(buffer.Append("abc"), 0u);
+  EXPECT_EQ(buffer.Append(Pattern(3 * kDirectAlignment, 1)), 3u);  // grows
+  EXPECT_EQ(buffer.view(), "abc" + Pattern(3 * kDirectAlignment, 1));
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(buffer.data()) % kDirectAlignment, 0u);
+  buffer.Truncate(2);
+  EXPECT_EQ(buffer.view(), "ab");
+  AlignedBuffer moved = std::move(buffer);
+  EXPECT_EQ(moved.view(), "ab");
 }
 
 TEST_P(DirectWriteTest, OpeningWhatCannotBeOpenedNamesThePath) {
