@@ -582,26 +582,33 @@ absl::StatusOr<std::unique_ptr<CheckpointDownload>> CheckpointManager::OpenDownl
   }
   absl::StatusOr<std::unique_ptr<BlobReader>> reader = blobs_->Open(row.blob_key, 0);
   if (!reader.ok() && !absl::IsNotFound(reader.status())) return reader.status();
-  auto download = std::unique_ptr<CheckpointDownload>(
-      new CheckpointDownload(this, std::move(row), reader.ok() ? *std::move(reader) : nullptr));
-  if (download->reader_ == nullptr) return download->Corrupt("its blob is missing");
-  if (download->reader_->size() != download->row_.size_bytes) {
-    return download->Corrupt(absl::StrCat("its blob has ", download->reader_->size(),
-                                          " bytes instead of ", download->row_.size_bytes));
+  auto download = std::unique_ptr<CheckpointDownload>(new CheckpointDownload(this, std::move(row)));
+  if (!reader.ok()) return download->Corrupt("its blob is missing");
+  if ((*reader)->size() != download->row_.size_bytes) {
+    return download->Corrupt(absl::StrCat("its blob has ", (*reader)->size(), " bytes instead of ",
+                                          download->row_.size_bytes));
   }
+  download->ahead_ = std::make_unique<HashingReadAhead>(
+      *std::move(reader), download->row_.size_bytes, static_cast<size_t>(options_.chunk_size_bytes),
+      CheckpointDownload::kReadAheadBytes);
   GRADHUB_RETURN_IF_ERROR(download->Skip(offset));
   return download;
+}
+
+absl::Status CheckpointDownload::Take(std::string* data) {
+  const absl::Status read = ahead_->Next(data);
+  if (absl::IsDataLoss(read)) return Corrupt(std::string(read.message()));
+  if (read.ok() && data->empty()) return Corrupt("its blob ended early");
+  return read;
 }
 
 absl::Status CheckpointDownload::Skip(int64_t offset) {
   std::string chunk;
   while (position_ < offset) {
-    const size_t want = static_cast<size_t>(
-        std::min<int64_t>(manager_->options_.chunk_size_bytes, offset - position_));
-    GRADHUB_RETURN_IF_ERROR(reader_->Read(want, &chunk));
-    if (chunk.empty()) return Corrupt("its blob ended early");
-    sha_.Update(chunk);
-    position_ += static_cast<int64_t>(chunk.size());
+    GRADHUB_RETURN_IF_ERROR(Take(&chunk));
+    const int64_t end = position_ + static_cast<int64_t>(chunk.size());
+    if (end > offset) skipped_tail_ = chunk.substr(static_cast<size_t>(offset - position_));
+    position_ = std::min(end, offset);
   }
   return absl::OkStatus();
 }
@@ -610,11 +617,12 @@ absl::Status CheckpointDownload::Next(std::string* data) {
   data->clear();
   const int64_t size = row_.size_bytes;
   if (position_ < size) {
-    const size_t want = static_cast<size_t>(
-        std::min<int64_t>(manager_->options_.chunk_size_bytes, size - position_));
-    GRADHUB_RETURN_IF_ERROR(reader_->Read(want, data));
-    if (data->empty()) return Corrupt("its blob ended early");
-    sha_.Update(*data);
+    if (!skipped_tail_.empty()) {
+      *data = std::move(skipped_tail_);
+      skipped_tail_.clear();
+    } else {
+      GRADHUB_RETURN_IF_ERROR(Take(data));
+    }
     position_ += static_cast<int64_t>(data->size());
     if (position_ < size) return absl::OkStatus();
   } else if (verified_) {
@@ -622,7 +630,7 @@ absl::Status CheckpointDownload::Next(std::string* data) {
   }
   // The whole blob was read: the last chunk goes out only if it matched.
   verified_ = true;
-  if (sha_.Hex() != row_.sha256) {
+  if (ahead_->Sha256Hex() != row_.sha256) {
     data->clear();
     return Corrupt("its blob no longer matches its sha256");
   }

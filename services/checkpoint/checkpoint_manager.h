@@ -41,6 +41,7 @@
 #include "services/checkpoint/checkpoint_access.h"
 #include "services/checkpoint/checkpoint_metrics.h"
 #include "services/checkpoint/checkpoint_records.h"
+#include "services/checkpoint/hashing_read_ahead.h"
 #include "services/common/db/pool.h"
 #include "services/common/direct_write.h"
 #include "services/common/ordered_worker.h"
@@ -166,24 +167,28 @@ class CheckpointDownload {
   // Where the next chunk starts.
   int64_t offset() const { return position_; }
   // The next chunk (at most the chunk size) into *data, empty at the end. Every byte of the
-  // blob is hashed, those before the starting offset included; the last chunk is handed out
-  // only once the whole blob matched its sha256: otherwise DATA_LOSS, and the checkpoint is
-  // marked BAD with a CHECKPOINT_CORRUPT event.
+  // blob is hashed, those before the starting offset included, on a thread that reads ahead
+  // (hashing_read_ahead.h); the last chunk is handed out only once the whole blob matched its
+  // sha256: otherwise DATA_LOSS, and the checkpoint is marked BAD with a CHECKPOINT_CORRUPT
+  // event.
   absl::Status Next(std::string* data);
 
  private:
   friend class CheckpointManager;
-  CheckpointDownload(CheckpointManager* manager, CheckpointRow row,
-                     std::unique_ptr<BlobReader> reader)
-      : manager_(manager), row_(std::move(row)), reader_(std::move(reader)) {}
+  // Read ahead: up to this many bytes wait for the stream.
+  static constexpr size_t kReadAheadBytes = 8 << 20;
+  CheckpointDownload(CheckpointManager* manager, CheckpointRow row)
+      : manager_(manager), row_(std::move(row)) {}
   // Hashes [0, offset) without handing it out (a resumed download).
   absl::Status Skip(int64_t offset);
+  // The next chunk read ahead; a short blob is corruption.
+  absl::Status Take(std::string* data);
   absl::Status Corrupt(const std::string& reason);
 
   CheckpointManager* manager_;
   CheckpointRow row_;
-  std::unique_ptr<BlobReader> reader_;
-  Sha256Stream sha_;
+  std::unique_ptr<HashingReadAhead> ahead_;
+  std::string skipped_tail_;  // bytes of a chunk past the starting offset, handed out first
   int64_t position_ = 0;
   bool verified_ = false;  // the whole blob was hashed and matched
 };
