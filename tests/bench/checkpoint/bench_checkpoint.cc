@@ -2,10 +2,11 @@
 // as a trainer moves it: one gRPC stream of chunks of the size the server announces, sent by
 // the trainer's own code (gpu_worker/checkpoint_client/chunk_upload.h).
 //
-//   upload:   StartUpload, UploadChunks, CommitCheckpoint (the server's hash check, fsync,
-//             rename, transaction); timed from StartUpload to the commit's answer. The client's
-//             sha256 of the blob is computed before the clock starts (a trainer hashes as it
-//             serializes; that is the trainer's cost, not the store's).
+//   upload:   StartUpload, UploadChunks (each chunk with its crc32c, which the server checks
+//             before writing), CommitCheckpoint (fsync, rename, transaction); timed from
+//             StartUpload to the commit's answer. The client's sha256 of the blob is computed
+//             before the clock starts (a trainer hashes on its save thread before it uploads:
+//             that is the trainer's cost, which training_stall.sh measures, not the store's).
 //   download: DownloadCheckpoint of the checkpoint uploaded before, from offset 0, hashing what
 //             arrives and checking it against the announced sha256, as `gradhub checkpoints
 //             download` does; timed from the call to the last byte verified.

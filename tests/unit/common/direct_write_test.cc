@@ -12,6 +12,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace gradhub {
@@ -41,55 +42,49 @@ class DirectWriteTest : public ::testing::TestWithParam<bool> {
     return all.str();
   }
 
+  // Appends the pieces one after another to a new file, checking its size after each, then
+  // its bytes.
+  void AppendEachAndCompare(const std::vector<std::string_view>& pieces) {
+    const std::string path = dir_ + "/file";
+    absl::StatusOr<OpenedForWrite> opened = OpenForWrite(path, O_CREAT | O_TRUNC, 0600, GetParam());
+    ASSERT_TRUE(opened.ok()) << opened.status();
+    std::string expected;
+    for (std::string_view piece : pieces) {
+      const absl::Status written =
+          Append(*opened, piece, static_cast<int64_t>(expected.size()), path);
+      ASSERT_TRUE(written.ok()) << written;
+      expected += piece;
+      struct stat st;
+      ASSERT_EQ(fstat(opened->fd, &st), 0);
+      EXPECT_EQ(st.st_size, static_cast<off_t>(expected.size()));
+    }
+    close(opened->fd);
+    EXPECT_TRUE(ReadAll(path) == expected);
+  }
+
   std::string dir_;
 };
 
 TEST_P(DirectWriteTest, AppendsOfEverySizeLandInPlaceWithoutPadding) {
-  const std::string path = dir_ + "/file";
-  absl::StatusOr<OpenedForWrite> opened = OpenForWrite(path, O_CREAT | O_TRUNC, 0600, GetParam());
-  ASSERT_TRUE(opened.ok()) << opened.status();
   // Several staging pieces at once, then ragged appends that start mid-block.
   const std::string data = Pattern(9 * kDirectStagingBytes / 4 + 1234 + 5000 + 6 * (1 << 20), 3);
-  const std::vector<size_t> sizes = {9 * kDirectStagingBytes / 4 + 1234, 5000, 6 << 20};
-  int64_t held = 0;
-  for (size_t size : sizes) {
-    const std::string_view piece = std::string_view(data).substr(static_cast<size_t>(held), size);
-    const absl::Status written = Append(*opened, piece, held, path);
-    ASSERT_TRUE(written.ok()) << written;
-    held += static_cast<int64_t>(size);
-    struct stat st;
-    ASSERT_EQ(fstat(opened->fd, &st), 0);
-    EXPECT_EQ(st.st_size, held);
-  }
-  close(opened->fd);
-  EXPECT_TRUE(ReadAll(path) == data);
+  const std::string_view all = data;
+  const size_t first = 9 * kDirectStagingBytes / 4 + 1234;
+  AppendEachAndCompare({all.substr(0, first), all.substr(first, 5000), all.substr(first + 5000)});
 }
 
-TEST_P(DirectWriteTest, AlignedBytesLandInPlaceAtABoundaryAndMidBlockAlike) {
-  const std::string path = dir_ + "/file";
-  absl::StatusOr<OpenedForWrite> opened = OpenForWrite(path, O_CREAT | O_TRUNC, 0600, GetParam());
-  ASSERT_TRUE(opened.ok()) << opened.status();
+TEST_P(DirectWriteTest, AlignedBuffersLandInPlaceAtABoundaryAndMidBlockAlike) {
   // Whole blocks at a boundary (written as they are), a tail, then aligned memory at a file
   // offset mid-block (staged), and nothing.
-  const std::vector<size_t> sizes = {1 << 20, (1 << 20) + 100, 3 * kDirectAlignment, 0, 7};
-  std::string data;
-  int64_t held = 0;
-  for (size_t size : sizes) {
-    AlignedBuffer piece;
-    piece.Append(Pattern(size, static_cast<int>(size % 97)));
-    if (size > 0)
-      ASSERT_EQ(reinterpret_cast<uintptr_t>(piece.view().data()) % kDirectAlignment, 0u);
-    ASSERT_EQ(piece.view().size(), size);
-    const absl::Status written = Append(*opened, piece.view(), held, path);
-    ASSERT_TRUE(written.ok()) << written;
-    data += piece.view();
-    held += static_cast<int64_t>(size);
-    struct stat st;
-    ASSERT_EQ(fstat(opened->fd, &st), 0);
-    EXPECT_EQ(st.st_size, held);
+  std::vector<AlignedBuffer> buffers;
+  std::vector<std::string_view> pieces;
+  for (size_t size :
+       {size_t{1} << 20, (size_t{1} << 20) + 100, 3 * kDirectAlignment, size_t{0}, size_t{7}}) {
+    buffers.emplace_back().Append(Pattern(size, static_cast<int>(size % 97)));
+    ASSERT_EQ(reinterpret_cast<uintptr_t>(buffers.back().data()) % kDirectAlignment, 0u);
   }
-  close(opened->fd);
-  EXPECT_TRUE(ReadAll(path) == data);
+  for (const AlignedBuffer& buffer : buffers) pieces.push_back(buffer.view());
+  AppendEachAndCompare(pieces);
 }
 
 TEST(AlignedBufferTest, GrowsKeepingItsBytesAndStaysAligned) {
