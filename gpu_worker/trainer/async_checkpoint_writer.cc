@@ -1,25 +1,10 @@
 #include "gpu_worker/trainer/async_checkpoint_writer.h"
 
-#include <sys/resource.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-
 #include <iostream>
 
 namespace gradhub::trainer {
 
 using Clock = std::chrono::steady_clock;
-
-namespace {
-
-// Linux gives each thread its own nice value: this lowers the calling thread's only. Raising
-// it back would need CAP_SYS_NICE; lowering never does.
-void YieldTheCpuToTraining() {
-  const auto thread = static_cast<id_t>(syscall(SYS_gettid));
-  setpriority(PRIO_PROCESS, thread, AsyncCheckpointWriter::kSaveNice);  // best effort
-}
-
-}  // namespace
 
 AsyncCheckpointWriter::AsyncCheckpointWriter(std::shared_ptr<CheckpointSink> sink,
                                              std::ostream* log)
@@ -60,7 +45,6 @@ SaveOutcome AsyncCheckpointWriter::last_outcome() const {
 }
 
 void AsyncCheckpointWriter::Run() {
-  YieldTheCpuToTraining();
   std::unique_lock<std::mutex> lock(mutex_);
   while (true) {
     changed_.wait(lock, [&] { return stopping_ || pending_.has_value(); });

@@ -9,10 +9,6 @@
 //   3. Flush(timeout) waits for the save in flight, for a final checkpoint or a preemption.
 // A failed save does not stop training (the previous checkpoint is still there); it is logged,
 // and Flush reports it so the last save of a run is never lost silently.
-// The thread runs at nice kSaveNice: hashing and sending a checkpoint is background work, and
-// on a host whose cores all train (a CPU node) every core it takes stalls the loop's parallel
-// ops. Measured with tests/bench/checkpoint/training_stall.sh, both cores training: stall per
-// 160 MiB checkpoint 0.555 s at nice 0, 0.369 s at 19. The loop still never waited for a save.
 #pragma once
 
 #include <chrono>
@@ -38,8 +34,6 @@ struct SaveOutcome {
 // Thread-compatible: called from the training thread only.
 class AsyncCheckpointWriter {
  public:
-  static constexpr int kSaveNice = 19;
-
   AsyncCheckpointWriter(std::shared_ptr<CheckpointSink> sink, std::ostream* log);
   // Waits for the save in flight (a checkpoint is not thrown away), then stops the thread.
   ~AsyncCheckpointWriter();

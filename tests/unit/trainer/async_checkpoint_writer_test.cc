@@ -2,11 +2,6 @@
 #include "gpu_worker/trainer/async_checkpoint_writer.h"
 
 #include <gtest/gtest.h>
-#include <sys/resource.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-
-#include <cerrno>
 
 #include <condition_variable>
 #include <mutex>
@@ -116,30 +111,6 @@ TEST(AsyncCheckpointWriterTest, DestructionWaitsForTheSaveInFlight) {
     release.detach();
   }
   EXPECT_EQ(sink->saved(), std::vector<int64_t>{40}) << "a checkpoint is never thrown away";
-}
-
-// Records the nice value of the thread that saves.
-class NiceRecordingSink : public CheckpointSink {
- public:
-  void Save(const Checkpoint&) override {
-    errno = 0;
-    nice_ = getpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)));
-  }
-  std::optional<Checkpoint> LoadLatest() override { return std::nullopt; }
-  int nice_ = -100;
-};
-
-TEST(AsyncCheckpointWriterTest, SavesRunBelowTheTrainingThreadsPriority) {
-  auto sink = std::make_shared<NiceRecordingSink>();
-  std::ostringstream log;
-  AsyncCheckpointWriter writer(sink, &log);
-  writer.Submit({1, "a"});
-  ASSERT_TRUE(writer.Flush(milliseconds(5000)).has_value());
-  EXPECT_EQ(sink->nice_, AsyncCheckpointWriter::kSaveNice);
-  errno = 0;
-  EXPECT_LT(getpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid))),
-            AsyncCheckpointWriter::kSaveNice)
-      << "only the save thread is lowered";
 }
 
 }  // namespace
