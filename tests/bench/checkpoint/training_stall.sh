@@ -7,8 +7,8 @@
 # of the same number of bytes (torch clone, Debian's python3-torch) in the same run.
 # The upload (client hash and crc32c, gRPC, and here also the server's receive, crc32c check,
 # write and fsync) runs beside training; with every core training (the default) it slows the
-# loop by taking CPU, not by blocking it. GRADHUB_THREADS=1 (inherited by the trainer through the agent) leaves a core to
-# it, as a GPU node's host CPUs would.
+# loop by taking CPU, not by blocking it. GRADHUB_THREADS=1 (inherited by the trainer through
+# the agent) leaves a core to it, as a GPU node's host CPUs would.
 # Usage: [GRADHUB_THREADS=N] [GRADHUB_BENCH_ROUNDS=3] tests/bench/checkpoint/training_stall.sh
 #          [BUILD_DIR] [STEPS] [EVERY]
 set -euo pipefail
