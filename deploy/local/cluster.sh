@@ -88,7 +88,7 @@ for node in node-a node-b; do
 done
 
 for _ in $(seq 100); do
-  grep -q "registered" "$work/node-a.out" && grep -q "registered" "$work/node-b.out" && break
+  grep -qs "registered" "$work/node-a.out" && grep -qs "registered" "$work/node-b.out" && break
   sleep 0.1
 done
 if [ $# -gt 0 ]; then GRADHUB_BIN="$bin" "$@"; exit $?; fi
