@@ -6,8 +6,10 @@
 //   1. Hash the bytes; StartUpload with a request id made of attempt, step and hash, so a
 //      retried start finds the same upload.
 //   2. Ask how many bytes the server holds (an UploadChunks stream with one empty chunk) and
-//      stream the rest in the chunk size the server announced. A broken stream goes back to
-//      step 2 after a backoff, so only the missing tail is sent again.
+//      stream the rest in the chunk size the server announced, each chunk with its CRC-32C. A
+//      broken stream, or a chunk the server found changed on the way (DATA_LOSS from
+//      UploadChunks), goes back to step 1 after a backoff: the same request id finds the same
+//      upload, so only the missing tail is sent again.
 //   3. CommitCheckpoint with the hash. DATA_LOSS (the server's bytes differ) starts over at
 //      step 1 under a new request id; NOT_FOUND (the upload expired) likewise.
 //   Retryable failures (UNAVAILABLE, DEADLINE_EXCEEDED, ABORTED, INTERNAL, RESOURCE_EXHAUSTED)
