@@ -59,16 +59,10 @@ absl::Status AppendPiece(int fd, std::string_view data, int64_t held, const std:
     }
   }
   std::memcpy(buffer + head, data.data(), data.size());
-  size_t written = 0;
-  const size_t whole = total / kDirectAlignment * kDirectAlignment;
-  while (written < whole) {
-    const ssize_t n = pwrite(fd, buffer + written, whole - written, start + written);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && errno != EINVAL) return Errno("write", path);
-    if (n <= 0) break;
-    written += static_cast<size_t>(n);
-    if (written % kDirectAlignment != 0) break;
-  }
+  absl::StatusOr<size_t> direct =
+      WriteAlignedBlocks(fd, std::string_view(buffer, total), start, path);
+  if (!direct.ok()) return direct.status();
+  const size_t written = *direct;
   if (written == total) return absl::OkStatus();
   const int flags = fcntl(fd, F_GETFL);
   if (flags < 0) return Errno("fcntl", path);
