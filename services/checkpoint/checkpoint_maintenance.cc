@@ -128,20 +128,21 @@ absl::StatusOr<ScrubReport> CheckpointManager::Scrub(const std::function<bool()>
 }
 
 absl::Status CheckpointManager::ScrubOne(const CheckpointRow& row, ScrubReport* report) {
-  Sha256Stream sha;
-  absl::StatusOr<int64_t> size = HashBlob(row.blob_key, &sha);
+  absl::StatusOr<BlobDigest> digest = HashBlob(row.blob_key);
   std::string reason;
-  if (absl::IsNotFound(size.status())) {
+  if (absl::IsNotFound(digest.status())) {
     reason = "its blob is missing";
-  } else if (!size.ok()) {
-    return size.status();
-  } else if (*size != row.size_bytes) {
-    reason = absl::StrCat("its blob has ", *size, " bytes instead of ", row.size_bytes);
-  } else if (sha.Hex() != row.sha256) {
+  } else if (absl::IsDataLoss(digest.status())) {
+    reason = std::string(digest.status().message());  // it shrank while being read
+  } else if (!digest.ok()) {
+    return digest.status();
+  } else if (digest->size != row.size_bytes) {
+    reason = absl::StrCat("its blob has ", digest->size, " bytes instead of ", row.size_bytes);
+  } else if (digest->sha256 != row.sha256) {
     reason = "its blob no longer matches its sha256 (found by the scrub)";
   }
   ++report->checked;
-  if (size.ok()) report->bytes += *size;
+  if (digest.ok()) report->bytes += digest->size;
   if (reason.empty()) return absl::OkStatus();
   GRADHUB_ASSIGN_OR_RETURN(const bool marked, MarkBad(*pool_, row.id, reason));
   if (marked) {

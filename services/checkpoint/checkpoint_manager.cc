@@ -422,12 +422,12 @@ absl::StatusOr<v1::Checkpoint> CheckpointManager::CommitLocked(const CheckpointR
   //    the upload) are read back and hashed; no row says COMMITTED yet, so a mismatch is still
   //    an upload to discard. Checked bytes are the ones the client hashed: its sha256 stands.
   if (!checked) {
-    Sha256Stream sha;
-    GRADHUB_ASSIGN_OR_RETURN(const int64_t size, HashBlob(row.blob_key, &sha));
-    if (size != row.size_bytes || sha.Hex() != sha256) {
+    GRADHUB_ASSIGN_OR_RETURN(const BlobDigest digest, HashBlob(row.blob_key));
+    if (digest.size != row.size_bytes || digest.sha256 != sha256) {
       Failure("sha256_mismatch");
       GRADHUB_RETURN_IF_ERROR(Discard(row, state));
-      return absl::DataLossError(absl::StrCat("sha256 ", sha256, " does not match the ", size,
+      return absl::DataLossError(absl::StrCat("sha256 ", sha256, " does not match the ",
+                                              digest.size,
                                               " bytes received; the upload is discarded, start "
                                               "a new one"));
     }
@@ -457,17 +457,19 @@ absl::StatusOr<v1::Checkpoint> CheckpointManager::CommitLocked(const CheckpointR
   return committed;
 }
 
-absl::StatusOr<int64_t> CheckpointManager::HashBlob(const std::string& blob_key,
-                                                    Sha256Stream* sha) {
+absl::StatusOr<CheckpointManager::BlobDigest> CheckpointManager::HashBlob(
+    const std::string& blob_key) {
   GRADHUB_ASSIGN_OR_RETURN(std::unique_ptr<BlobReader> reader, blobs_->Open(blob_key, 0));
+  BlobDigest digest;
+  digest.size = reader->size();
+  HashingReadAhead ahead(std::move(reader), digest.size,
+                         static_cast<size_t>(options_.chunk_size_bytes));
   std::string chunk;
-  int64_t size = 0;
-  while (true) {
-    GRADHUB_RETURN_IF_ERROR(reader->Read(static_cast<size_t>(options_.chunk_size_bytes), &chunk));
-    if (chunk.empty()) return size;
-    sha->Update(chunk);
-    size += static_cast<int64_t>(chunk.size());
-  }
+  do {
+    GRADHUB_RETURN_IF_ERROR(ahead.Next(&chunk));
+  } while (!chunk.empty());
+  digest.sha256 = ahead.Sha256Hex();
+  return digest;
 }
 
 absl::StatusOr<v1::Checkpoint> CheckpointManager::WriteCommittedRow(
@@ -588,9 +590,9 @@ absl::StatusOr<std::unique_ptr<CheckpointDownload>> CheckpointManager::OpenDownl
     return download->Corrupt(absl::StrCat("its blob has ", (*reader)->size(), " bytes instead of ",
                                           download->row_.size_bytes));
   }
-  download->ahead_ = std::make_unique<HashingReadAhead>(
-      *std::move(reader), download->row_.size_bytes, static_cast<size_t>(options_.chunk_size_bytes),
-      CheckpointDownload::kReadAheadBytes);
+  download->ahead_ =
+      std::make_unique<HashingReadAhead>(*std::move(reader), download->row_.size_bytes,
+                                         static_cast<size_t>(options_.chunk_size_bytes));
   GRADHUB_RETURN_IF_ERROR(download->Skip(offset));
   return download;
 }

@@ -45,7 +45,6 @@
 #include "services/common/db/pool.h"
 #include "services/common/direct_write.h"
 #include "services/common/ordered_worker.h"
-#include "services/common/sha256.h"
 
 namespace gradhub::checkpoint {
 
@@ -175,8 +174,6 @@ class CheckpointDownload {
 
  private:
   friend class CheckpointManager;
-  // Read ahead: up to this many bytes wait for the stream.
-  static constexpr size_t kReadAheadBytes = 8 << 20;
   CheckpointDownload(CheckpointManager* manager, CheckpointRow row)
       : manager_(manager), row_(std::move(row)) {}
   // Hashes [0, offset) without handing it out (a resumed download).
@@ -258,8 +255,13 @@ class CheckpointManager {
   absl::Status Discard(const CheckpointRow& row, UploadState& state);
   absl::StatusOr<v1::Checkpoint> CommitLocked(const CheckpointRow& row, const std::string& sha256,
                                               UploadState& state);
-  // Hashes a committed blob into *sha; returns its size.
-  absl::StatusOr<int64_t> HashBlob(const std::string& blob_key, Sha256Stream* sha);
+  // Reads a committed blob whole (through a HashingReadAhead, as downloads do): its size and
+  // sha256. DATA_LOSS when it ends before the size it had when opened.
+  struct BlobDigest {
+    int64_t size = 0;
+    std::string sha256;
+  };
+  absl::StatusOr<BlobDigest> HashBlob(const std::string& blob_key);
   // Step 5's transaction. *retired: checkpoints retention marked DELETED; *abandoned: the
   // uploads this commit superseded, whose rows it deleted (checkpoint.proto, StartUpload).
   absl::StatusOr<v1::Checkpoint> WriteCommittedRow(const CheckpointRow& row,

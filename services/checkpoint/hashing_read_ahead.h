@@ -28,9 +28,11 @@ namespace gradhub::checkpoint {
 
 class HashingReadAhead {
  public:
+  static constexpr size_t kQueuedBytes = 8 << 20;
+
   // `reader` must be at offset 0 when the hash is to cover the whole blob.
   HashingReadAhead(std::unique_ptr<BlobReader> reader, int64_t size, size_t chunk_bytes,
-                   size_t max_queued_bytes);
+                   size_t max_queued_bytes = kQueuedBytes);
   ~HashingReadAhead();
   HashingReadAhead(const HashingReadAhead&) = delete;
   HashingReadAhead& operator=(const HashingReadAhead&) = delete;
