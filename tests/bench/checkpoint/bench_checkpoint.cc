@@ -12,7 +12,8 @@
 //             download` does; timed from the call to the last byte verified.
 //
 // Output: one line, "<mode> <seconds> <bytes> <name>", for run.sh; an upload's line ends with
-// the seconds of its CommitCheckpoint alone and the client's CPU seconds for the upload.
+// the seconds of its CommitCheckpoint alone and the client's CPU seconds for the upload, a
+// download's with the client's CPU seconds for the download.
 #include <grpcpp/grpcpp.h>
 #include <sys/resource.h>
 
@@ -106,6 +107,7 @@ int Upload(const std::shared_ptr<grpc::Channel>& channel, v1::CheckpointService:
 }
 
 int Download(v1::CheckpointService::Stub& stub, const Options& options) {
+  const double cpu_start = CpuSeconds();
   const Clock::time_point start = Clock::now();
   auto context = Context(options);
   v1::DownloadCheckpointRequest request;
@@ -126,7 +128,8 @@ int Download(v1::CheckpointService::Stub& stub, const Options& options) {
     return 1;
   }
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  std::printf("download %.4f %zu %s\n", seconds, bytes, options.name.c_str());
+  std::printf("download %.4f %zu %s %.4f\n", seconds, bytes, options.name.c_str(),
+              CpuSeconds() - cpu_start);
   return 0;
 }
 
