@@ -62,28 +62,15 @@ absl::Status MakeDirs(const fs::path& root, const fs::path& dir) {
 
 class LocalBlobReader final : public BlobReader {
  public:
-  LocalBlobReader(int fd, int64_t size, std::string path)
-      : fd_(fd), size_(size), path_(std::move(path)) {}
+  explicit LocalBlobReader(std::unique_ptr<DirectFileReader> file) : file_(std::move(file)) {}
 
   absl::Status Read(size_t max_bytes, std::string* out) override {
-    out->resize(max_bytes);
-    size_t filled = 0;
-    while (filled < max_bytes) {
-      const ssize_t n = read(fd_.get(), out->data() + filled, max_bytes - filled);
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) return Errno("read", path_);
-      if (n == 0) break;
-      filled += static_cast<size_t>(n);
-    }
-    out->resize(filled);
-    return absl::OkStatus();
+    return file_->Read(max_bytes, out);
   }
-  int64_t size() const override { return size_; }
+  int64_t size() const override { return file_->size(); }
 
  private:
-  Fd fd_;
-  const int64_t size_;
-  const std::string path_;
+  const std::unique_ptr<DirectFileReader> file_;
 };
 
 }  // namespace
@@ -211,21 +198,18 @@ absl::Status LocalBlobStore::Abort(const std::string& upload) {
 absl::StatusOr<std::unique_ptr<BlobReader>> LocalBlobStore::Open(const std::string& blob,
                                                                  int64_t offset) {
   GRADHUB_RETURN_IF_ERROR(CheckBlobKey(blob, true));
-  const std::string path = BlobPath(blob);
-  Fd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0 && errno == ENOENT) {
+  // Around the page cache as uploads are written (direct_write.h): a blob is read once per
+  // download or scrub.
+  absl::StatusOr<std::unique_ptr<DirectFileReader>> file =
+      DirectFileReader::Open(BlobPath(blob), offset, options_.direct_io);
+  if (absl::IsNotFound(file.status())) {
     return absl::NotFoundError(absl::StrCat("blob '", blob, "' not found"));
   }
-  if (fd.get() < 0) return Errno("open", path);
-  struct stat st;
-  if (fstat(fd.get(), &st) != 0) return Errno("stat", path);
-  if (offset < 0 || offset > st.st_size) {
-    return absl::OutOfRangeError(
-        absl::StrCat("offset ", offset, " is outside the blob's ", st.st_size, " bytes"));
+  if (absl::IsOutOfRange(file.status())) {
+    return absl::OutOfRangeError(absl::StrCat("offset ", offset, " is outside blob '", blob, "'"));
   }
-  if (lseek(fd.get(), offset, SEEK_SET) < 0) return Errno("seek", path);
-  posix_fadvise(fd.get(), offset, 0, POSIX_FADV_SEQUENTIAL);
-  return std::make_unique<LocalBlobReader>(fd.release(), st.st_size, path);
+  if (!file.ok()) return file.status();
+  return std::make_unique<LocalBlobReader>(*std::move(file));
 }
 
 absl::StatusOr<int64_t> LocalBlobStore::BlobSize(const std::string& blob) {

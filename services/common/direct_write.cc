@@ -1,6 +1,7 @@
 #include "services/common/direct_write.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -160,6 +161,85 @@ absl::Status WriteAll(int fd, std::string_view data, int64_t offset, const std::
     offset += n;
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<DirectFileReader>> DirectFileReader::Open(const std::string& path,
+                                                                         int64_t offset,
+                                                                         bool direct) {
+  int fd = -1;
+  if (direct) {
+    fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
+    // EINVAL: no O_DIRECT on this filesystem; any other error the plain open names again.
+    if (fd < 0) direct = false;
+  }
+  if (fd < 0) fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0 && errno == ENOENT) return absl::NotFoundError(absl::StrCat(path, " not found"));
+  if (fd < 0) return Errno("open", path);
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    absl::Status failed = Errno("stat", path);
+    close(fd);
+    return failed;
+  }
+  if (offset < 0 || offset > st.st_size) {
+    close(fd);
+    return absl::OutOfRangeError(
+        absl::StrCat("offset ", offset, " is outside the ", st.st_size, " bytes of ", path));
+  }
+  if (!direct) posix_fadvise(fd, offset, 0, POSIX_FADV_SEQUENTIAL);
+  return std::unique_ptr<DirectFileReader>(
+      new DirectFileReader(fd, direct, st.st_size, offset, path));
+}
+
+DirectFileReader::~DirectFileReader() { close(fd_); }
+
+absl::Status DirectFileReader::Read(size_t max_bytes, std::string* out) {
+  out->clear();
+  out->reserve(max_bytes);
+  while (out->size() < max_bytes) {
+    const size_t wanted = max_bytes - out->size();
+    absl::StatusOr<size_t> got = direct_ ? ReadDirect(wanted, out) : ReadBuffered(wanted, out);
+    if (!got.ok()) return got.status();
+    if (*got == 0) break;
+    position_ += static_cast<int64_t>(*got);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<size_t> DirectFileReader::ReadDirect(size_t max_bytes, std::string* out) {
+  const int64_t alignment = static_cast<int64_t>(kDirectAlignment);
+  const int64_t start = position_ / alignment * alignment;  // step 1
+  const size_t skip = static_cast<size_t>(position_ - start);
+  const size_t length =
+      (skip + max_bytes + kDirectAlignment - 1) / kDirectAlignment * kDirectAlignment;
+  blocks_.Reserve(length);
+  ssize_t n;
+  do {
+    n = pread(fd_, blocks_.data(), length, start);
+  } while (n < 0 && errno == EINTR);
+  if (n < 0 && errno == EINVAL) {  // step 2: the device wants no direct reads after all
+    const int flags = fcntl(fd_, F_GETFL);
+    if (flags < 0 || fcntl(fd_, F_SETFL, flags & ~O_DIRECT) != 0) return Errno("fcntl", path_);
+    direct_ = false;
+    return ReadBuffered(max_bytes, out);
+  }
+  if (n < 0) return Errno("read", path_);
+  if (static_cast<size_t>(n) <= skip) return 0;  // the end of the file
+  const size_t got = std::min(static_cast<size_t>(n) - skip, max_bytes);
+  out->append(blocks_.data() + skip, got);
+  return got;
+}
+
+absl::StatusOr<size_t> DirectFileReader::ReadBuffered(size_t max_bytes, std::string* out) {
+  const size_t at = out->size();
+  out->resize(at + max_bytes);
+  ssize_t n;
+  do {
+    n = pread(fd_, out->data() + at, max_bytes, position_);
+  } while (n < 0 && errno == EINTR);
+  out->resize(at + static_cast<size_t>(std::max<ssize_t>(n, 0)));
+  if (n < 0) return Errno("read", path_);
+  return static_cast<size_t>(n);
 }
 
 }  // namespace gradhub

@@ -16,11 +16,18 @@
 //   3. a tail shorter than a block goes through the page cache (O_DIRECT switched off on the
 //      descriptor), so the file never holds padding and its size is always the bytes written.
 // A short direct write, or a device that refuses an aligned one, finishes the append buffered.
+//
+// DirectFileReader reads such a file back the same way, once and in order (a download, a
+// scrub). Through the page cache the kernel first finds fresh pages for every byte, then copies
+// it out of them, and keeps the file cached for nobody: gradhub-checkpoint spent 0.52-0.69 s of
+// CPU per 256 MiB download that way here, 0.28-0.30 s reading direct (tests/bench/checkpoint,
+// both in alternate rounds of one run).
 #pragma once
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 
@@ -75,6 +82,42 @@ absl::StatusOr<OpenedForWrite> OpenForWrite(const std::string& path, int flags, 
 // when it is direct, plain pwrites (WriteAll) when the filesystem had no O_DIRECT.
 absl::Status Append(const OpenedForWrite& file, std::string_view data, int64_t held,
                     const std::string& path);
+
+// Reads a file in order from an offset, with O_DIRECT when `direct` and the filesystem allows
+// it. Not thread-safe. Each Read:
+//   1. direct: reads whole blocks, from the block boundary at or below the position, into a
+//      block-aligned buffer it keeps, and hands out the bytes from the position on;
+//   2. otherwise plain preads: a filesystem without O_DIRECT (open says EINVAL), a device that
+//      refuses an aligned read (EINVAL; the descriptor then drops O_DIRECT), or `direct` false.
+class DirectFileReader {
+ public:
+  // NOT_FOUND when `path` does not exist; OUT_OF_RANGE when `offset` is beyond its end.
+  static absl::StatusOr<std::unique_ptr<DirectFileReader>> Open(const std::string& path,
+                                                                int64_t offset, bool direct);
+  ~DirectFileReader();
+  DirectFileReader(const DirectFileReader&) = delete;
+  DirectFileReader& operator=(const DirectFileReader&) = delete;
+
+  // The next bytes into *out: `max_bytes` of them, fewer only at the end of the file.
+  absl::Status Read(size_t max_bytes, std::string* out);
+  // The file's size when it was opened.
+  int64_t size() const { return size_; }
+  bool direct() const { return direct_; }
+
+ private:
+  DirectFileReader(int fd, bool direct, int64_t size, int64_t position, std::string path)
+      : fd_(fd), direct_(direct), size_(size), position_(position), path_(std::move(path)) {}
+  // One read at the position: bytes handed out, 0 at the end of the file.
+  absl::StatusOr<size_t> ReadDirect(size_t max_bytes, std::string* out);
+  absl::StatusOr<size_t> ReadBuffered(size_t max_bytes, std::string* out);
+
+  const int fd_;
+  bool direct_;
+  const int64_t size_;
+  int64_t position_;
+  const std::string path_;
+  AlignedBuffer blocks_;  // direct reads land here
+};
 
 // pwrite until everything is written (EINTR and short writes retried).
 absl::Status WriteAll(int fd, std::string_view data, int64_t offset, const std::string& path);

@@ -1,5 +1,6 @@
 // direct_write.h: appends of every size and start land byte for byte, the file never holds
-// padding, and the buffered path (no O_DIRECT) writes the same file.
+// padding, and the buffered path (no O_DIRECT) writes the same file; DirectFileReader reads
+// from every offset, in pieces of every size, the bytes the file holds.
 #include "services/common/direct_write.h"
 
 #include <fcntl.h>
@@ -105,6 +106,45 @@ TEST_P(DirectWriteTest, OpeningWhatCannotBeOpenedNamesThePath) {
   ASSERT_FALSE(opened.ok());
   EXPECT_TRUE(absl::IsNotFound(opened.status()));
   EXPECT_NE(opened.status().message().find("missing/file"), std::string::npos);
+}
+
+TEST_P(DirectWriteTest, ReadsFromEveryOffsetInPiecesOfEverySizeGiveTheFileBack) {
+  const std::string path = dir_ + "/file";
+  const std::string content = Pattern(3 * kDirectAlignment + 1234, 5);
+  std::ofstream(path, std::ios::binary) << content;
+  for (const size_t offset : {size_t{0}, size_t{1}, kDirectAlignment - 1, kDirectAlignment,
+                              size_t{5000}, content.size() - 1, content.size()}) {
+    for (const size_t piece : {size_t{1}, kDirectAlignment - 1, kDirectAlignment,
+                               kDirectAlignment + 1, size_t{10000}, size_t{1} << 20}) {
+      SCOPED_TRACE(::testing::Message() << "offset " << offset << ", pieces of " << piece);
+      absl::StatusOr<std::unique_ptr<DirectFileReader>> reader =
+          DirectFileReader::Open(path, static_cast<int64_t>(offset), GetParam());
+      ASSERT_TRUE(reader.ok()) << reader.status();
+      if (!GetParam()) {
+        EXPECT_FALSE((*reader)->direct());
+      }
+      EXPECT_EQ((*reader)->size(), static_cast<int64_t>(content.size()));
+      std::string read, next;
+      do {
+        ASSERT_TRUE((*reader)->Read(piece, &next).ok());
+        // Whole pieces until the end: a short one is the last before the empty one.
+        if (next.size() < piece) {
+          EXPECT_EQ(read.size() + next.size(), content.size() - offset);
+        }
+        read += next;
+      } while (!next.empty());
+      EXPECT_TRUE(read == content.substr(offset));
+    }
+  }
+}
+
+TEST_P(DirectWriteTest, ReadingAMissingFileIsNotFoundAndPastItsEndOutOfRange) {
+  EXPECT_TRUE(absl::IsNotFound(DirectFileReader::Open(dir_ + "/missing", 0, GetParam()).status()));
+  const std::string path = dir_ + "/file";
+  std::ofstream(path, std::ios::binary) << "four";
+  EXPECT_TRUE(absl::IsOutOfRange(DirectFileReader::Open(path, 5, GetParam()).status()));
+  EXPECT_TRUE(absl::IsOutOfRange(DirectFileReader::Open(path, -1, GetParam()).status()));
+  EXPECT_TRUE(DirectFileReader::Open(path, 4, GetParam()).ok());
 }
 
 INSTANTIATE_TEST_SUITE_P(DirectAndBuffered, DirectWriteTest, ::testing::Bool(),
