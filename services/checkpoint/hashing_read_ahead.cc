@@ -13,6 +13,7 @@ HashingReadAhead::HashingReadAhead(std::unique_ptr<BlobReader> reader, int64_t s
       size_(size),
       chunk_bytes_(chunk_bytes),
       max_queued_bytes_(max_queued_bytes),
+      hasher_(2 * chunk_bytes),
       thread_([this] { ReadAll(); }) {}
 
 HashingReadAhead::~HashingReadAhead() {
@@ -25,14 +26,14 @@ HashingReadAhead::~HashingReadAhead() {
 }
 
 void HashingReadAhead::ReadAll() {
-  int64_t read = 0;
-  absl::Status failed;
   if (size_ == 0) {
     std::lock_guard<std::mutex> lock(mu_);
     hex_ = sha_.Hex();
     changed_.notify_all();
   }
-  while (read < size_) {
+  int64_t read = 0;
+  absl::Status failed;
+  while (read < size_ && !Stopping()) {
     std::string chunk;
     failed =
         reader_->Read(static_cast<size_t>(std::min<int64_t>(chunk_bytes_, size_ - read)), &chunk);
@@ -41,20 +42,33 @@ void HashingReadAhead::ReadAll() {
           absl::StrCat("its blob ended early, at ", read, " of ", size_, " bytes"));
     }
     if (!failed.ok()) break;
-    sha_.Update(chunk);  // step 1, outside the lock: the consumer takes chunks meanwhile
     read += static_cast<int64_t>(chunk.size());
-    std::unique_lock<std::mutex> lock(mu_);
-    changed_.wait(lock, [&] { return stopping_ || queued_bytes_ < max_queued_bytes_; });
-    if (stopping_) return;
-    if (read == size_) hex_ = sha_.Hex();  // step 2
-    queued_bytes_ += chunk.size();
-    queue_.push_back(std::move(chunk));
-    changed_.notify_all();
+    const size_t bytes = chunk.size();
+    hasher_.Submit(bytes, [this, chunk = std::move(chunk), last = read == size_]() mutable {
+      HashAndQueue(std::move(chunk), last);  // step 1: the next read starts meanwhile
+    });
   }
+  hasher_.Drain();  // step 4: the chunks before a failure are queued first
   std::lock_guard<std::mutex> lock(mu_);
-  error_ = failed;  // step 3
+  error_ = failed;
   done_ = true;
   changed_.notify_all();
+}
+
+void HashingReadAhead::HashAndQueue(std::string chunk, bool last) {
+  sha_.Update(chunk);  // step 2, outside the lock: the consumer takes chunks meanwhile
+  std::unique_lock<std::mutex> lock(mu_);
+  changed_.wait(lock, [&] { return stopping_ || queued_bytes_ < max_queued_bytes_; });
+  if (stopping_) return;
+  if (last) hex_ = sha_.Hex();  // step 3
+  queued_bytes_ += chunk.size();
+  queue_.push_back(std::move(chunk));
+  changed_.notify_all();
+}
+
+bool HashingReadAhead::Stopping() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stopping_;
 }
 
 absl::Status HashingReadAhead::Next(std::string* data) {
