@@ -14,7 +14,8 @@
 // metadata and the device's cache left to flush, and a checkpoint does not evict the page cache
 // of the machine. On a filesystem without O_DIRECT (an old tmpfs) appends are buffered, and
 // their written pages handed to the kernel's writeback every kWritebackBytes
-// (sync_file_range, which does not wait).
+// (sync_file_range, which does not wait). Blobs are read with O_DIRECT too (DirectFileReader):
+// a download or a scrub reads each byte once.
 #pragma once
 
 #include <string>
@@ -26,8 +27,9 @@ namespace gradhub::checkpoint {
 class LocalBlobStore final : public BlobStore {
  public:
   struct Options {
-    // O_DIRECT where the filesystem allows it; false writes through the page cache always (the
-    // path a filesystem without O_DIRECT takes; tests run the conformance suite on both).
+    // O_DIRECT where the filesystem allows it; false writes and reads through the page cache
+    // always (the path a filesystem without O_DIRECT takes; tests run the conformance suite on
+    // both).
     bool direct_io = true;
   };
   // Creates the directories when missing. The data directory must be on one filesystem.
