@@ -1,6 +1,7 @@
 #include "services/checkpoint/checkpoint_access.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "services/api/job_records.h"
 #include "services/common/contract/job_spec.h"
 #include "services/common/contract/job_states.h"
@@ -93,6 +94,20 @@ absl::StatusOr<Caller> IdentifyCaller(const api::Authenticator& auth,
                                       std::string node_session) {
   GRADHUB_ASSIGN_OR_RETURN(api::Principal principal, auth.Authenticate(authorization));
   return Caller{std::move(principal), std::move(node), std::move(node_session)};
+}
+
+std::string CallerKey(const Caller& caller) {
+  switch (caller.principal.kind) {
+    case Kind::kAdmin:
+      return "admin";
+    case Kind::kTenant:
+      return absl::StrCat("tenant:", caller.principal.tenant_id);
+    case Kind::kNode:
+      break;
+  }
+  absl::string_view node = caller.node;
+  absl::ConsumePrefix(&node, "nodes/");
+  return absl::StrCat("node:", node);
 }
 
 absl::Status CheckKind(const Caller& caller, Access access) {

@@ -32,6 +32,10 @@ struct Caller {
   std::string node_session;  // `gradhub-node-session`
 };
 
+// Who the caller is for limits per caller (transfer_slots.h): "admin", "tenant:<id>" or
+// "node:<name>" (the name as the call says it: ask once AuthorizeJob has checked it).
+std::string CallerKey(const Caller& caller);
+
 // The caller behind `authorization` ("Bearer ..."); UNAUTHENTICATED as the Authenticator says.
 absl::StatusOr<Caller> IdentifyCaller(const api::Authenticator& auth,
                                       const std::string& authorization, std::string node,

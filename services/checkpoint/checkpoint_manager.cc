@@ -132,12 +132,24 @@ std::string ScrubReport::ToString() const {
 
 CheckpointManager::CheckpointManager(db::Pool* pool, BlobStore* blobs, CheckpointMetrics* metrics,
                                      CheckpointManagerOptions options)
-    : pool_(pool), blobs_(blobs), metrics_(metrics), options_(std::move(options)) {}
+    : pool_(pool),
+      blobs_(blobs),
+      metrics_(metrics),
+      options_(std::move(options)),
+      transfers_(options_.max_transfers, options_.max_transfers_per_caller, [metrics](int n) {
+        if (metrics != nullptr) metrics->SetTransfersInProgress(n);
+      }) {}
 
 CheckpointManager::~CheckpointManager() = default;
 
 void CheckpointManager::Failure(std::string_view reason) {
   if (metrics_ != nullptr) metrics_->RecordFailure(reason);
+}
+
+absl::StatusOr<TransferSlots::Slot> CheckpointManager::AcquireTransfer(const Caller& caller) {
+  absl::StatusOr<TransferSlots::Slot> slot = transfers_.Acquire(CallerKey(caller));
+  if (!slot.ok()) Failure("too_many_transfers");
+  return slot;
 }
 
 void CheckpointManager::FoundBad(std::string_view found_by) {
@@ -202,10 +214,12 @@ absl::StatusOr<std::unique_ptr<UploadWriter>> CheckpointManager::OpenUpload(
             .status();
       },
       {.read_only = true}));
+  GRADHUB_ASSIGN_OR_RETURN(TransferSlots::Slot slot, AcquireTransfer(caller));
   // A committed upload only answers probes: it needs no state of its own in the map.
   std::shared_ptr<UploadState> state =
       row.state == "UPLOADING" ? State(upload_id) : std::make_shared<UploadState>();
-  return std::unique_ptr<UploadWriter>(new UploadWriter(this, std::move(row), std::move(state)));
+  return std::unique_ptr<UploadWriter>(
+      new UploadWriter(this, std::move(row), std::move(state), std::move(slot)));
 }
 
 absl::Status UploadWriter::Write(int64_t offset, std::string data, std::optional<uint32_t> crc32c) {
@@ -582,9 +596,11 @@ absl::StatusOr<std::unique_ptr<CheckpointDownload>> CheckpointManager::OpenDownl
     return absl::OutOfRangeError(
         absl::StrCat("offset ", offset, " is beyond the checkpoint's ", row.size_bytes, " bytes"));
   }
+  GRADHUB_ASSIGN_OR_RETURN(TransferSlots::Slot slot, AcquireTransfer(caller));
   absl::StatusOr<std::unique_ptr<BlobReader>> reader = blobs_->Open(row.blob_key, 0);
   if (!reader.ok() && !absl::IsNotFound(reader.status())) return reader.status();
-  auto download = std::unique_ptr<CheckpointDownload>(new CheckpointDownload(this, std::move(row)));
+  auto download = std::unique_ptr<CheckpointDownload>(
+      new CheckpointDownload(this, std::move(row), std::move(slot)));
   if (!reader.ok()) return download->Corrupt("its blob is missing");
   if ((*reader)->size() != download->row_.size_bytes) {
     return download->Corrupt(absl::StrCat("its blob has ", (*reader)->size(), " bytes instead of ",

@@ -42,6 +42,7 @@
 #include "services/checkpoint/checkpoint_metrics.h"
 #include "services/checkpoint/checkpoint_records.h"
 #include "services/checkpoint/hashing_read_ahead.h"
+#include "services/checkpoint/transfer_slots.h"
 #include "services/common/db/pool.h"
 #include "services/common/direct_write.h"
 #include "services/common/ordered_worker.h"
@@ -54,6 +55,11 @@ struct CheckpointManagerOptions {
   int32_t chunk_size_bytes = 1 << 20;
   // Uploads without a commit and without a written byte for this long are discarded.
   absl::Duration upload_ttl = absl::Hours(1);
+  // Transfers (upload streams, downloads) served at once, in all and per caller
+  // (transfer_slots.h); beyond either, RESOURCE_EXHAUSTED. Each holds up to about 12 MiB of
+  // buffers.
+  int max_transfers = 64;
+  int max_transfers_per_caller = 16;
 };
 
 // What one Cleanup pass did, for the log.
@@ -129,8 +135,9 @@ class UploadWriter {
       loaded = true;
     }
   };
-  UploadWriter(CheckpointManager* manager, CheckpointRow row, std::shared_ptr<UploadState> state)
-      : manager_(manager), row_(std::move(row)), state_(std::move(state)) {}
+  UploadWriter(CheckpointManager* manager, CheckpointRow row, std::shared_ptr<UploadState> state,
+               TransferSlots::Slot slot)
+      : manager_(manager), row_(std::move(row)), state_(std::move(state)), slot_(std::move(slot)) {}
   // Contiguous bytes from `offset`; `checked`: every chunk in it came with a crc32c that
   // matched.
   struct Batch {
@@ -148,6 +155,7 @@ class UploadWriter {
   CheckpointManager* manager_;
   CheckpointRow row_;
   std::shared_ptr<UploadState> state_;
+  TransferSlots::Slot slot_;  // held while the stream runs
   // The outcome of the last chunk written: held bytes, or the first error (then final).
   absl::Mutex result_mu_;
   absl::StatusOr<int64_t> result_ ABSL_GUARDED_BY(result_mu_) = 0;
@@ -174,8 +182,8 @@ class CheckpointDownload {
 
  private:
   friend class CheckpointManager;
-  CheckpointDownload(CheckpointManager* manager, CheckpointRow row)
-      : manager_(manager), row_(std::move(row)) {}
+  CheckpointDownload(CheckpointManager* manager, CheckpointRow row, TransferSlots::Slot slot)
+      : manager_(manager), row_(std::move(row)), slot_(std::move(slot)) {}
   // Hashes [0, offset) without handing it out (a resumed download).
   absl::Status Skip(int64_t offset);
   // The next chunk read ahead; a short blob is corruption.
@@ -184,6 +192,7 @@ class CheckpointDownload {
 
   CheckpointManager* manager_;
   CheckpointRow row_;
+  TransferSlots::Slot slot_;  // held while the download runs
   std::unique_ptr<HashingReadAhead> ahead_;
   std::string skipped_tail_;  // bytes of a chunk past the starting offset, handed out first
   int64_t position_ = 0;
@@ -272,6 +281,8 @@ class CheckpointManager {
   int RemoveDeleted(const std::vector<CheckpointRow>& rows);
   void Failure(std::string_view reason);
   void FoundBad(std::string_view found_by);
+  // A transfer slot for `caller`, already authorized; RESOURCE_EXHAUSTED is counted as a failure.
+  absl::StatusOr<TransferSlots::Slot> AcquireTransfer(const Caller& caller);
 
   // Cleanup steps (checkpoint_maintenance.cc).
   absl::Status CleanupUploads(CleanupReport* report);
@@ -283,6 +294,7 @@ class CheckpointManager {
   BlobStore* blobs_;
   CheckpointMetrics* metrics_;
   const CheckpointManagerOptions options_;
+  TransferSlots transfers_;
 
   absl::Mutex states_mu_;
   std::unordered_map<std::string, std::shared_ptr<UploadState>> states_ ABSL_GUARDED_BY(states_mu_);

@@ -1,6 +1,7 @@
 #include "services/checkpoint/checkpoint_metrics.h"
 
 #include <prometheus/counter.h>
+#include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 #include <prometheus/text_serializer.h>
@@ -45,7 +46,13 @@ CheckpointMetrics::CheckpointMetrics(db::Pool* pool)
       bad_(&prometheus::BuildCounter()
                 .Name("gradhub_checkpoint_bad_total")
                 .Help("Checkpoints marked BAD (blob corrupt or missing), by where it was found.")
-                .Register(*registry_)) {}
+                .Register(*registry_)),
+      transfers_(&prometheus::BuildGauge()
+                      .Name("gradhub_checkpoint_transfers_in_progress")
+                      .Help("Upload streams and downloads this process serves now (at most "
+                            "--max-transfers).")
+                      .Register(*registry_)
+                      .Add({})) {}
 
 CheckpointMetrics::~CheckpointMetrics() = default;
 
@@ -67,6 +74,10 @@ void CheckpointMetrics::RecordFailure(std::string_view reason) {
 
 void CheckpointMetrics::RecordBad(std::string_view found_by) {
   bad_->Add({{"found_by", std::string(found_by)}}).Increment();
+}
+
+void CheckpointMetrics::SetTransfersInProgress(int transfers) {
+  transfers_->Set(static_cast<double>(transfers));
 }
 
 std::string CheckpointMetrics::Scrape() const {

@@ -1,6 +1,7 @@
 // What gradhub-checkpoint exposes at /metrics (Prometheus text format): bytes received and
-// sent, commit latency, failures by reason, BAD blobs found, and uploads in progress (counted in
-// PostgreSQL at scrape time, so every replica reports the same truth).
+// sent, commit latency, failures by reason, BAD blobs found, uploads in progress (counted in
+// PostgreSQL at scrape time, so every replica reports the same truth), and the transfers this
+// process serves now.
 //
 // Thread-safe: the Record* methods may be called from any thread (prometheus-cpp's metrics are
 // atomic).
@@ -18,6 +19,7 @@ class Registry;
 template <typename T>
 class Family;
 class Counter;
+class Gauge;
 class Histogram;
 }  // namespace prometheus
 
@@ -39,6 +41,8 @@ class CheckpointMetrics {
   void RecordFailure(std::string_view reason);
   // A checkpoint marked BAD, by where it was found ("download", "scrub", "cleanup").
   void RecordBad(std::string_view found_by);
+  // Transfers (upload streams, downloads) this process serves now (transfer_slots.h).
+  void SetTransfersInProgress(int transfers);
 
   // The text exposition format, version 0.0.4.
   std::string Scrape() const;
@@ -51,6 +55,7 @@ class CheckpointMetrics {
   prometheus::Histogram* commit_latency_;
   prometheus::Family<prometheus::Counter>* failures_;
   prometheus::Family<prometheus::Counter>* bad_;
+  prometheus::Gauge* transfers_;
 };
 
 }  // namespace gradhub::checkpoint

@@ -18,6 +18,8 @@ struct CheckpointConfig {
   std::string data_dir = "/var/lib/gradhub/checkpoints";
   std::string admin_token;
   int64_t chunk_bytes = 1 << 20;
+  int64_t max_transfers = 64;
+  int64_t max_transfers_per_caller = 16;
   absl::Duration upload_ttl = absl::Hours(1);
   absl::Duration cleanup_interval = absl::Minutes(10);
   absl::Duration scrub_interval = absl::Hours(24);
@@ -42,6 +44,12 @@ struct CheckpointConfig {
     flags.Int("chunk-bytes", "GRADHUB_CHECKPOINT_CHUNK_BYTES", &chunk_bytes,
               "Largest data of one UploadChunkRequest (announced by StartUpload) and of one "
               "download message; at most 3 MiB");
+    flags.Int("max-transfers", "GRADHUB_CHECKPOINT_MAX_TRANSFERS", &max_transfers,
+              "Upload streams and downloads served at once (each holds up to ~12 MiB of "
+              "buffers); beyond, RESOURCE_EXHAUSTED (HTTP 429), which trainers retry");
+    flags.Int("max-transfers-per-caller", "GRADHUB_CHECKPOINT_MAX_TRANSFERS_PER_CALLER",
+              &max_transfers_per_caller,
+              "Of those, how many one tenant, one node or the admin may have at once");
     flags.Duration("upload-ttl", "GRADHUB_CHECKPOINT_UPLOAD_TTL", &upload_ttl,
                    "Uploads neither committed nor written to for this long are discarded");
     flags.Duration("cleanup-interval", "GRADHUB_CHECKPOINT_CLEANUP_INTERVAL", &cleanup_interval,

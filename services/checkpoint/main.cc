@@ -35,6 +35,8 @@ constexpr char kSummary[] =
     "  migrate   apply the schema migrations compiled into this binary, then exit";
 
 constexpr int kMaxIdleRpcThreads = 32;
+// Far above what a store's memory and threads serve: a mistyped limit is refused, not obeyed.
+constexpr int64_t kMaxTransfers = 100000;
 using gradhub::checkpoint::kMessageOverheadBytes;
 
 void Log(const std::string& line) { std::cerr << "gradhub-checkpoint: " << line << std::endl; }
@@ -103,6 +105,14 @@ int Serve(const CheckpointConfig& config) {
                      " and ", gradhub::checkpoint::kMaxChunkBytes));
     return 2;
   }
+  for (const auto& [flag, value] :
+       {std::pair{"--max-transfers", config.max_transfers},
+        {"--max-transfers-per-caller", config.max_transfers_per_caller}}) {
+    if (value < 1 || value > kMaxTransfers) {
+      Log(absl::StrCat(flag, ": must be between 1 and ", kMaxTransfers));
+      return 2;
+    }
+  }
   auto credentials = gradhub::ServerCredentials(config.tls_cert_file, config.tls_key_file);
   if (!credentials.ok()) {
     Log(std::string(credentials.status().message()));
@@ -122,7 +132,9 @@ int Serve(const CheckpointConfig& config) {
   gradhub::checkpoint::CheckpointManager manager(
       &pool, blobs->get(), &metrics,
       {.chunk_size_bytes = static_cast<int32_t>(config.chunk_bytes),
-       .upload_ttl = config.upload_ttl});
+       .upload_ttl = config.upload_ttl,
+       .max_transfers = static_cast<int>(config.max_transfers),
+       .max_transfers_per_caller = static_cast<int>(config.max_transfers_per_caller)});
   // Before the first call: what a crash left half done is finished or removed.
   RunCleanup(manager);
 

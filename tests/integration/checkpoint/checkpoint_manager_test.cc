@@ -301,6 +301,41 @@ TEST_F(CheckpointManagerTest, ATenantSeesOnlyItsOwnJobsCheckpoints) {
   EXPECT_TRUE(blobs_->ListBlobs()->empty());
 }
 
+TEST_F(CheckpointManagerTest, PastItsTransferLimitACallerIsRefusedWhileOthersStillTransfer) {
+  NewManager({.chunk_size_bytes = 64 << 10, .max_transfers = 3, .max_transfers_per_caller = 1});
+  const std::string job = InsertJob(*pool_, tenant_a_);
+  const Node node = InsertNode(*pool_, "gpu-1");
+  PlaceRank(*pool_, job, 1, 0, node);
+  const v1::Checkpoint saved = Save(job, 1, 10, Blob(1000));
+  const Caller a = As(token_a_);
+
+  auto first = manager_->OpenDownload(a, saved.name(), 0);
+  ASSERT_TRUE(first.ok()) << first.status();
+  auto second = manager_->OpenDownload(a, saved.name(), 0);
+  ASSERT_TRUE(absl::IsResourceExhausted(second.status())) << second.status();
+  EXPECT_THAT(second.status().message(), HasSubstr("--max-transfers-per-caller"));
+  // The tenant's limit holds back no one else: its job's trainer still uploads and reads.
+  auto upload = Start(Trainer(node), job, 1, 20, 10);
+  ASSERT_TRUE(upload.ok()) << upload.status();
+  auto writer = manager_->OpenUpload(Trainer(node), *upload);
+  ASSERT_TRUE(writer.ok()) << writer.status();
+  EXPECT_TRUE(ReadAll(Admin(), saved.name()).ok());
+  // Three transfers in all (the tenant's download, the trainer's stream, the admin's): full.
+  auto third = manager_->OpenDownload(Admin(), saved.name(), 0);
+  ASSERT_TRUE(third.ok()) << third.status();
+  EXPECT_THAT(metrics_->Scrape(), HasSubstr("gradhub_checkpoint_transfers_in_progress 3"));
+  auto refused = manager_->OpenDownload(As(token_a_), saved.name(), 0);
+  EXPECT_TRUE(absl::IsResourceExhausted(refused.status()));
+  EXPECT_THAT(metrics_->Scrape(), HasSubstr("reason=\"too_many_transfers\""));
+
+  // A transfer's end frees its slot.
+  first->reset();
+  third->reset();
+  writer->reset();
+  EXPECT_EQ(*ReadAll(a, saved.name()), Blob(1000));
+  EXPECT_THAT(metrics_->Scrape(), HasSubstr("gradhub_checkpoint_transfers_in_progress 0"));
+}
+
 TEST_F(CheckpointManagerTest, RetentionKeepsExactlyKeepLastOfTheHighestSteps) {
   const std::string job = InsertJob(*pool_, tenant_a_, "RUNNING", 1, /*keep_last=*/2);
   for (int64_t step : {10, 30, 20, 40, 50}) Save(job, 1, step, Blob(1000, static_cast<int>(step)));

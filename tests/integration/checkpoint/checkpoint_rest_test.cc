@@ -66,6 +66,25 @@ TEST_F(CheckpointRestTest, DownloadsRawBytesWithTheirSha256AndServesRanges) {
   EXPECT_THAT(closed->body, HasSubstr("bytes=N-"));  // the error body, whole
 }
 
+TEST_F(CheckpointRestTest, ADownloadPastTheCallersTransferLimitIs429) {
+  const v1::Checkpoint saved = Save(job_, 1, 10, Blob(1000));
+  std::vector<std::unique_ptr<CheckpointDownload>> held;  // the tenant's transfers in progress
+  for (int i = 0; i < CheckpointManagerOptions().max_transfers_per_caller; ++i) {
+    auto download = manager_->OpenDownload(As(token_a_), saved.name(), 0);
+    ASSERT_TRUE(download.ok()) << download.status();
+    held.push_back(*std::move(download));
+  }
+  const std::string path = "/v1/" + saved.name() + ":download";
+  auto refused = client_->Get(path.c_str(), a_);
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->status, 429);
+  EXPECT_THAT(refused->body, HasSubstr("--max-transfers-per-caller"));
+  held.clear();
+  auto served = client_->Get(path.c_str(), a_);
+  ASSERT_TRUE(served);
+  EXPECT_EQ(served->status, 200);
+  EXPECT_TRUE(served->body == Blob(1000));
+}
 TEST_F(CheckpointRestTest, ACorruptBlobCutsTheDownloadShort) {
   const std::string data = Blob(4 << 20, 3);
   const v1::Checkpoint saved = Save(job_, 1, 10, data);
