@@ -14,6 +14,7 @@
 
 #include "gpu_worker/checkpoint_client/chunk_upload.h"
 #include "gradhub/v1/checkpoint.grpc.pb.h"
+#include "services/common/background_sha256.h"
 #include "services/common/direct_write.h"
 #include "services/common/grpc_credentials.h"
 #include "services/common/sha256.h"
@@ -185,10 +186,13 @@ class GrpcCheckpointSink final : public trainer::CheckpointSink {
   }
 
   // Resumes a broken stream at the bytes already received; the whole blob's hash is checked
-  // at the end (the server checks it too, and says DATA_LOSS first if it differs).
+  // at the end (the server checks it too, and says DATA_LOSS first if it differs), computed on
+  // a thread of its own while the chunks arrive.
   std::string Download(const v1::Checkpoint& checkpoint) {
+    const size_t size = static_cast<size_t>(checkpoint.size_bytes());
     std::string bytes;
-    bytes.reserve(static_cast<size_t>(checkpoint.size_bytes()));
+    bytes.reserve(size);
+    BackgroundSha256 sha;
     for (int broken = 0;; ++broken) {
       v1::DownloadCheckpointRequest request;
       request.set_name(checkpoint.name());
@@ -202,7 +206,13 @@ class GrpcCheckpointSink final : public trainer::CheckpointSink {
                                    std::to_string(chunk.offset()) + ", expected " +
                                    std::to_string(bytes.size()));
         }
-        bytes += chunk.data();
+        if (chunk.data().size() > size - bytes.size()) {
+          throw std::runtime_error("checkpoint store sent more than the " + std::to_string(size) +
+                                   " bytes of " + checkpoint.name());
+        }
+        std::string data = std::move(*chunk.mutable_data());
+        bytes += data;
+        sha.Update(std::move(data));
       }
       grpc::Status status = stream->Finish();
       if (status.ok()) break;
@@ -211,7 +221,7 @@ class GrpcCheckpointSink final : public trainer::CheckpointSink {
       log_ << "gradhub-trainer: download of " << checkpoint.name() << " broke at " << bytes.size()
            << " bytes: " << status.error_message() << "; resuming\n";
     }
-    if (Sha256Hex(bytes) != checkpoint.sha256()) {
+    if (sha.Hex() != checkpoint.sha256()) {
       throw CallFailed("DownloadCheckpoint",
                        grpc::Status(grpc::StatusCode::DATA_LOSS,
                                     checkpoint.name() + " does not match its sha256"));

@@ -7,11 +7,12 @@
 #include <fstream>
 #include <limits>
 #include <regex>
+#include <utility>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "services/cli/commands.h"
-#include "services/common/sha256.h"
+#include "services/common/background_sha256.h"
 
 namespace gradhub::cli {
 namespace {
@@ -20,7 +21,7 @@ namespace {
 struct Progress {
   explicit Progress(std::ofstream* out) : file(out) {}
   std::ofstream* file;
-  Sha256Stream sha;
+  BackgroundSha256 sha;  // hashes while the next chunks arrive
   int64_t written = 0;
   std::string announced_sha256;
 };
@@ -49,8 +50,8 @@ grpc::Status StreamInto(Invocation& inv, const std::string& name, Progress* prog
       reader->Finish();
       return grpc::Status(grpc::StatusCode::INTERNAL, "cannot write the output file");
     }
-    progress->sha.Update(message.data());
     progress->written += static_cast<int64_t>(message.data().size());
+    progress->sha.Update(std::move(*message.mutable_data()));
   }
   return reader->Finish();
 }

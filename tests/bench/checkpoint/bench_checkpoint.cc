@@ -8,8 +8,9 @@
 //             before the clock starts (a trainer hashes on its save thread before it uploads:
 //             that is the trainer's cost, which training_stall.sh measures, not the store's).
 //   download: DownloadCheckpoint of the checkpoint uploaded before, from offset 0, hashing what
-//             arrives and checking it against the announced sha256, as `gradhub checkpoints
-//             download` does; timed from the call to the last byte verified.
+//             arrives on a thread of its own and checking it against the announced sha256, as
+//             `gradhub checkpoints download` does; timed from the call to the last byte
+//             verified.
 //
 // Output: one line, "<mode> <seconds> <bytes> <name>", for run.sh; an upload's line ends with
 // the seconds of its CommitCheckpoint alone and the client's CPU seconds for the upload, a
@@ -22,10 +23,12 @@
 #include <cstring>
 #include <iostream>
 #include <string>
+#include <utility>
 
 #include "gpu_worker/checkpoint_client/chunk_upload.h"
 #include "gradhub/v1/checkpoint.grpc.pb.h"
 #include "services/common/abseil_mode.h"
+#include "services/common/background_sha256.h"
 #include "services/common/flags.h"
 #include "services/common/sha256.h"
 
@@ -114,13 +117,13 @@ int Download(v1::CheckpointService::Stub& stub, const Options& options) {
   request.set_name(options.name);
   auto reader = stub.DownloadCheckpoint(context.get(), request);
   v1::DownloadCheckpointResponse message;
-  gradhub::Sha256Stream sha;
+  gradhub::BackgroundSha256 sha;  // as the CLI: hashing while the next chunks arrive
   std::string announced;
   size_t bytes = 0;
   while (reader->Read(&message)) {
     if (!message.sha256().empty()) announced = message.sha256();
-    sha.Update(message.data());
     bytes += message.data().size();
+    sha.Update(std::move(*message.mutable_data()));
   }
   if (auto s = reader->Finish(); !s.ok()) return Fail("DownloadCheckpoint", s);
   if (sha.Hex() != announced) {

@@ -1,4 +1,5 @@
-// OrderedWorker: order, the memory bound, draining, and several producers.
+// OrderedWorker: order, the memory bound, draining, and several producers; BackgroundSha256 on
+// top of it.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -6,8 +7,10 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
+#include "services/common/background_sha256.h"
 #include "services/common/ordered_worker.h"
 
 namespace gradhub {
@@ -80,6 +83,26 @@ TEST(OrderedWorkerTest, TasksFromSeveralThreadsAllRunAndDrainWaitsForEveryone) {
   for (std::thread& producer : producers) producer.join();
   worker.Drain();
   EXPECT_EQ(ran, 400);
+}
+
+TEST(BackgroundSha256Test, EqualsTheHashOfTheWholeInPieces) {
+  std::string whole;
+  BackgroundSha256 sha(4096);  // a small bound, so Update waits for the hashing thread
+  for (int i = 0; i < 50; ++i) {
+    std::string piece(1000 + i * 37, static_cast<char>('a' + i % 26));
+    whole += piece;
+    sha.Update(std::move(piece));
+  }
+  EXPECT_EQ(sha.Hex(), Sha256Hex(whole));
+  // Update may go on after Hex().
+  sha.Update("tail");
+  EXPECT_EQ(sha.Hex(), Sha256Hex(whole + "tail"));
+}
+
+TEST(BackgroundSha256Test, NothingGivenIsTheEmptyHash) {
+  BackgroundSha256 sha;
+  sha.Update("");
+  EXPECT_EQ(sha.Hex(), Sha256Hex(""));
 }
 
 }  // namespace
