@@ -197,6 +197,7 @@ class GrpcCheckpointSink final : public trainer::CheckpointSink {
       v1::DownloadCheckpointRequest request;
       request.set_name(checkpoint.name());
       request.set_offset(static_cast<int64_t>(bytes.size()));
+      request.set_verify_sha256(verify_sha256_);
       auto context = Context();
       auto stream = stub_->DownloadCheckpoint(context.get(), request);
       v1::DownloadCheckpointResponse chunk;
@@ -222,6 +223,9 @@ class GrpcCheckpointSink final : public trainer::CheckpointSink {
            << " bytes: " << status.error_message() << "; resuming\n";
     }
     if (sha.Hex() != checkpoint.sha256()) {
+      // The server checked the crc32c it recorded; the next try asks it to hash the bytes too,
+      // and to mark the checkpoint BAD if they are the ones that differ (step 3).
+      verify_sha256_ = true;
       throw CallFailed("DownloadCheckpoint",
                        grpc::Status(grpc::StatusCode::DATA_LOSS,
                                     checkpoint.name() + " does not match its sha256"));
@@ -273,6 +277,8 @@ class GrpcCheckpointSink final : public trainer::CheckpointSink {
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::CheckpointService::Stub> stub_;
   int restarts_ = 0;  // DATA_LOSS restarts, part of the request id
+  // Set once a download did not match its sha256: later downloads ask the server to check it.
+  bool verify_sha256_ = false;
 };
 
 }  // namespace

@@ -21,7 +21,9 @@
 //   2. A cached copy (cache_dir/<sha256>.ckpt) whose bytes still hash right is used as is.
 //   3. Otherwise download, resuming at the received offset after a broken stream, and check
 //      the hash. DATA_LOSS from the server means it found the blob corrupt and marked it BAD:
-//      back to step 1, which now names the previous good checkpoint.
+//      back to step 1, which now names the previous good checkpoint. A hash that differs is
+//      retried from step 1 with verify_sha256: the server, which otherwise checks only the
+//      crc32c it recorded, then hashes the blob too, and marks it BAD if its bytes differ.
 #pragma once
 
 #include <chrono>

@@ -140,6 +140,9 @@ absl::Status CheckpointManager::ScrubOne(const CheckpointRow& row, ScrubReport* 
     reason = absl::StrCat("its blob has ", digest->size, " bytes instead of ", row.size_bytes);
   } else if (digest->sha256 != row.sha256) {
     reason = "its blob no longer matches its sha256 (found by the scrub)";
+  } else if (row.crc32c.has_value() && digest->crc32c != *row.crc32c) {
+    // Downloads check the crc32c: one that does not match would fail every one of them.
+    reason = "its blob no longer matches its crc32c (found by the scrub)";
   }
   ++report->checked;
   if (digest.ok()) report->bytes += digest->size;

@@ -123,6 +123,7 @@ class UploadWriter {
     // a chunk without crc32c and by bytes this process did not write (a restart, a failed
     // write): the commit then hashes the blob.
     bool checked = true;
+    uint32_t crc32c = 0;  // of [0, held) while `checked`: the commit records it
     bool committed = false;
     bool discarded = false;
     absl::Time last_write = absl::InfinitePast();  // of this process's last append
@@ -174,10 +175,11 @@ class CheckpointDownload {
   // Where the next chunk starts.
   int64_t offset() const { return position_; }
   // The next chunk (at most the chunk size) into *data, empty at the end. Every byte of the
-  // blob is hashed, those before the starting offset included, on a thread that reads ahead
-  // (hashing_read_ahead.h); the last chunk is handed out only once the whole blob matched its
-  // sha256: otherwise DATA_LOSS, and the checkpoint is marked BAD with a CHECKPOINT_CORRUPT
-  // event.
+  // blob is checked, those before the starting offset included, on threads that read ahead
+  // (hashing_read_ahead.h); the last chunk is handed out only once the whole blob matched the
+  // crc32c recorded at its commit (its sha256 when there is none) and, when the download was
+  // opened with verify_sha256, its sha256: otherwise DATA_LOSS, and the checkpoint is marked
+  // BAD with a CHECKPOINT_CORRUPT event.
   absl::Status Next(std::string* data);
 
  private:
@@ -196,7 +198,8 @@ class CheckpointDownload {
   std::unique_ptr<HashingReadAhead> ahead_;
   std::string skipped_tail_;  // bytes of a chunk past the starting offset, handed out first
   int64_t position_ = 0;
-  bool verified_ = false;  // the whole blob was hashed and matched
+  bool check_sha256_ = false;  // besides the crc32c
+  bool verified_ = false;      // the whole blob was checked and matched
 };
 
 class CheckpointManager {
@@ -220,10 +223,12 @@ class CheckpointManager {
                                         const v1::CommitCheckpointRequest& request);
 
   // The COMMITTED checkpoint `name` from `offset`. NOT_FOUND when there is none; DATA_LOSS for
-  // one marked BAD; OUT_OF_RANGE for an offset beyond its end.
+  // one marked BAD; OUT_OF_RANGE for an offset beyond its end. `verify_sha256`: as
+  // DownloadCheckpointRequest.verify_sha256.
   absl::StatusOr<std::unique_ptr<CheckpointDownload>> OpenDownload(const Caller& caller,
                                                                    const std::string& name,
-                                                                   int64_t offset);
+                                                                   int64_t offset,
+                                                                   bool verify_sha256 = false);
 
   // Newest step first, paged like ListJobs; filter `state=UPLOADING|COMMITTED|BAD`.
   absl::StatusOr<v1::ListCheckpointsResponse> List(const Caller& caller,
@@ -264,17 +269,18 @@ class CheckpointManager {
   absl::Status Discard(const CheckpointRow& row, UploadState& state);
   absl::StatusOr<v1::Checkpoint> CommitLocked(const CheckpointRow& row, const std::string& sha256,
                                               UploadState& state);
-  // Reads a committed blob whole (through a HashingReadAhead, as downloads do): its size and
-  // sha256. DATA_LOSS when it ends before the size it had when opened.
+  // Reads a committed blob whole (through a HashingReadAhead, as downloads do): its size,
+  // sha256 and crc32c. DATA_LOSS when it ends before the size it had when opened.
   struct BlobDigest {
     int64_t size = 0;
     std::string sha256;
+    uint32_t crc32c = 0;
   };
   absl::StatusOr<BlobDigest> HashBlob(const std::string& blob_key);
   // Step 5's transaction. *retired: checkpoints retention marked DELETED; *abandoned: the
   // uploads this commit superseded, whose rows it deleted (checkpoint.proto, StartUpload).
   absl::StatusOr<v1::Checkpoint> WriteCommittedRow(const CheckpointRow& row,
-                                                   const std::string& sha256,
+                                                   const std::string& sha256, uint32_t crc32c,
                                                    std::vector<CheckpointRow>* retired,
                                                    std::vector<CheckpointRow>* abandoned);
   // Removes the blobs and rows of checkpoints marked DELETED.

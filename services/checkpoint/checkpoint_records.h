@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -21,6 +22,9 @@ struct CheckpointRow {
   std::string blob_key;   // BlobKey(...), in the blob store
   std::string state;      // UPLOADING, COMMITTED, BAD, DELETED
   std::string sha256;     // hex; empty until committed
+  // Of the blob, recorded at the commit; none before it, and for checkpoints committed before
+  // the store recorded it (migration 0008).
+  std::optional<uint32_t> crc32c;
   int32_t attempt = 0;
   int64_t step = 0;
   int64_t size_bytes = 0;

@@ -81,7 +81,7 @@ grpc::Status CheckpointService::DownloadCheckpoint(
   const absl::StatusOr<Caller> caller = CallerOf(*context);
   if (!caller.ok()) return ToGrpc(caller.status());
   absl::StatusOr<std::unique_ptr<CheckpointDownload>> download =
-      manager_->OpenDownload(*caller, request->name(), request->offset());
+      manager_->OpenDownload(*caller, request->name(), request->offset(), request->verify_sha256());
   if (!download.ok()) return ToGrpc(download.status());
   v1::DownloadCheckpointResponse message;
   message.set_sha256((*download)->checkpoint().sha256());

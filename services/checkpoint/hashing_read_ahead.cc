@@ -4,15 +4,16 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "services/common/crc32c.h"
 
 namespace gradhub::checkpoint {
 
 HashingReadAhead::HashingReadAhead(std::unique_ptr<BlobReader> reader, int64_t size,
-                                   size_t chunk_bytes, size_t max_queued_bytes)
+                                   size_t chunk_bytes, ReadAheadOptions options)
     : reader_(std::move(reader)),
       size_(size),
       chunk_bytes_(chunk_bytes),
-      max_queued_bytes_(max_queued_bytes),
+      options_(options),
       hasher_(2 * chunk_bytes),
       thread_([this] { ReadAll(); }) {}
 
@@ -28,7 +29,7 @@ HashingReadAhead::~HashingReadAhead() {
 void HashingReadAhead::ReadAll() {
   if (size_ == 0) {
     std::lock_guard<std::mutex> lock(mu_);
-    hex_ = sha_.Hex();
+    digests_ = BlobDigests{0, options_.sha256 ? sha_.Hex() : ""};
     changed_.notify_all();
   }
   int64_t read = 0;
@@ -56,11 +57,13 @@ void HashingReadAhead::ReadAll() {
 }
 
 void HashingReadAhead::HashAndQueue(std::string chunk, bool last) {
-  sha_.Update(chunk);  // step 2, outside the lock: the consumer takes chunks meanwhile
+  // Step 2, outside the lock: the consumer takes chunks meanwhile.
+  crc32c_ = Crc32cExtend(crc32c_, chunk);
+  if (options_.sha256) sha_.Update(chunk);
   std::unique_lock<std::mutex> lock(mu_);
-  changed_.wait(lock, [&] { return stopping_ || queued_bytes_ < max_queued_bytes_; });
+  changed_.wait(lock, [&] { return stopping_ || queued_bytes_ < options_.max_queued_bytes; });
   if (stopping_) return;
-  if (last) hex_ = sha_.Hex();  // step 3
+  if (last) digests_ = BlobDigests{crc32c_, options_.sha256 ? sha_.Hex() : ""};  // step 3
   queued_bytes_ += chunk.size();
   queue_.push_back(std::move(chunk));
   changed_.notify_all();
@@ -83,10 +86,10 @@ absl::Status HashingReadAhead::Next(std::string* data) {
   return absl::OkStatus();
 }
 
-std::string HashingReadAhead::Sha256Hex() {
+std::optional<BlobDigests> HashingReadAhead::Digests() {
   std::unique_lock<std::mutex> lock(mu_);
-  changed_.wait(lock, [&] { return !hex_.empty() || done_; });  // an empty blob: at once
-  return hex_;
+  changed_.wait(lock, [&] { return digests_.has_value() || done_; });  // an empty blob: at once
+  return digests_;
 }
 
 }  // namespace gradhub::checkpoint

@@ -19,8 +19,9 @@ namespace {
 
 // What one download has written so far.
 struct Progress {
-  explicit Progress(std::ofstream* out) : file(out) {}
+  Progress(std::ofstream* out, bool verify) : file(out), verify_sha256(verify) {}
   std::ofstream* file;
+  bool verify_sha256;    // DownloadCheckpointRequest.verify_sha256
   BackgroundSha256 sha;  // hashes while the next chunks arrive
   int64_t written = 0;
   std::string announced_sha256;
@@ -32,6 +33,7 @@ grpc::Status StreamInto(Invocation& inv, const std::string& name, Progress* prog
   v1::DownloadCheckpointRequest request;
   request.set_name(name);
   request.set_offset(progress->written);
+  request.set_verify_sha256(progress->verify_sha256);
   auto reader = inv.client().checkpoints().DownloadCheckpoint(context.get(), request);
   v1::DownloadCheckpointResponse message;
   while (reader->Read(&message)) {
@@ -149,35 +151,44 @@ int CheckpointsDownload(Invocation& inv) {
   if (name.empty()) return inv.UsageError("NAME must be jobs/<id>/checkpoints/<step>");
   if (file.empty()) return inv.UsageError("download needs -o FILE");
   const std::string partial = file + ".tmp";
-  std::ofstream out(partial, std::ios::binary | std::ios::trunc);
-  if (!out) return inv.Fail(kInternal, "INTERNAL", "cannot create " + partial);
-  Progress progress(&out);
-  // 1. and 2.: one stream, and one more from where it broke.
-  grpc::Status status = StreamInto(inv, name, &progress);
-  if (Resumable(status)) {
-    inv.err() << "gradhub: the download broke at byte " << progress.written << " ("
-              << status.error_message() << "); resuming\n";
+  grpc::Status status;
+  for (const bool verify_sha256 : {false, true}) {
+    std::ofstream out(partial, std::ios::binary | std::ios::trunc);
+    if (!out) return inv.Fail(kInternal, "INTERNAL", "cannot create " + partial);
+    Progress progress(&out, verify_sha256);
+    // 1. and 2.: one stream, and one more from where it broke.
     status = StreamInto(inv, name, &progress);
+    if (Resumable(status)) {
+      inv.err() << "gradhub: the download broke at byte " << progress.written << " ("
+                << status.error_message() << "); resuming\n";
+      status = StreamInto(inv, name, &progress);
+    }
+    out.close();
+    if (!status.ok()) break;
+    // 3. The bytes as written against the sha256 the server announced.
+    const std::string received = progress.sha.Hex();
+    if (!progress.announced_sha256.empty() && received == progress.announced_sha256) {
+      // 4.
+      std::error_code error;
+      std::filesystem::rename(partial, file, error);
+      if (!error) {
+        PrintDownloaded(inv, name, file, progress);
+        return kOk;
+      }
+      status = grpc::Status(grpc::StatusCode::INTERNAL, "rename: " + error.message());
+      break;
+    }
+    status =
+        grpc::Status(grpc::StatusCode::DATA_LOSS,
+                     absl::StrCat("the ", progress.written, " bytes received hash to ", received,
+                                  ", not to the announced ", progress.announced_sha256));
+    if (!verify_sha256) {
+      inv.err() << "gradhub: " << status.error_message()
+                << "; downloading again, the server checking the sha256 too\n";
+    }
   }
-  out.close();
-  auto fail = [&](const grpc::Status& why) {
-    std::remove(partial.c_str());
-    return inv.Fail(why, inv.checkpoint_server());
-  };
-  if (!status.ok()) return fail(status);
-  // 3. The bytes as written against the sha256 the server announced.
-  if (progress.announced_sha256.empty() || progress.sha.Hex() != progress.announced_sha256) {
-    return fail(grpc::Status(
-        grpc::StatusCode::DATA_LOSS,
-        absl::StrCat("the ", progress.written, " bytes received hash to ", progress.sha.Hex(),
-                     ", not to the announced ", progress.announced_sha256)));
-  }
-  // 4.
-  std::error_code error;
-  std::filesystem::rename(partial, file, error);
-  if (error) return fail(grpc::Status(grpc::StatusCode::INTERNAL, "rename: " + error.message()));
-  PrintDownloaded(inv, name, file, progress);
-  return kOk;
+  std::remove(partial.c_str());
+  return inv.Fail(status, inv.checkpoint_server());
 }
 
 }  // namespace gradhub::cli

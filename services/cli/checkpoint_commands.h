@@ -15,8 +15,11 @@ int CheckpointsList(Invocation& inv);
 //   1. stream the checkpoint into FILE.tmp, hashing it as it arrives;
 //   2. when the stream breaks (UNAVAILABLE, a reset connection), ask once more from the offset
 //      already written, so a large download does not start over;
-//   3. compare the sha256 the server announced with the bytes written; a mismatch (or the
-//      server's DATA_LOSS) removes FILE.tmp and fails;
+//   3. compare the sha256 the server announced with the bytes written; after a mismatch, do
+//      1.-3. once more from the start with verify_sha256, so that the server hashes the bytes
+//      it holds too (it checks only their CRC-32C otherwise) and marks the checkpoint BAD if
+//      they are the ones that differ; a second mismatch, or the server's DATA_LOSS, removes
+//      FILE.tmp and fails;
 //   4. rename FILE.tmp to FILE, so FILE is either absent or a whole, verified checkpoint.
 int CheckpointsDownload(Invocation& inv);
 

@@ -108,19 +108,79 @@ TEST_F(CheckpointManagerTest, AChunkWhoseCrc32cDiffersIsDataLossAndNothingOfItIs
   EXPECT_EQ(*ReadAll(Admin(), committed->name()), data);
 }
 
-TEST_F(CheckpointManagerTest, WithEveryCrc32cCheckedTheClientsSha256StandsUntilADownloadDisagrees) {
+TEST_F(CheckpointManagerTest, WithEveryCrc32cCheckedAWrongSha256IsFoundWhenADownloadAsksForIt) {
   // The trainer hashes the memory it sends, so its sha256 and its chunks' crc32c describe the
-  // same bytes. A client that claims another sha256 gets it recorded; the first download finds
-  // out, marks the checkpoint BAD, and resume takes the one before.
-  const std::string job = InsertJob(*pool_, tenant_a_);
+  // same bytes. A client that claims another sha256 gets it recorded, and downloads (which
+  // check the crc32c) serve the bytes. The client's own check fails; it asks again with
+  // verify_sha256, which marks the checkpoint BAD, and resume takes the one before.
+  const std::string job = InsertJob(*pool_, tenant_a_, "RUNNING", 1, 5);
   const v1::Checkpoint before = Save(job, 1, 10, Blob(3000, 1));
-  const std::string data = Blob(5000, 2);
-  auto upload = Start(Admin(), job, 1, 20, 5000);
-  ASSERT_TRUE(Write(Admin(), *upload, data, 0, 5000).ok());
-  auto claimed = Commit(Admin(), *upload, Sha256Hex(data + "x"));
-  ASSERT_TRUE(claimed.ok()) << claimed.status();
-  EXPECT_TRUE(absl::IsDataLoss(ReadAll(Admin(), claimed->name()).status()));
+  auto claim_wrongly = [&](int64_t step) {
+    const std::string data = Blob(5000, static_cast<int>(step));
+    auto upload = Start(Admin(), job, 1, step, 5000);
+    EXPECT_TRUE(Write(Admin(), *upload, data, 0, 5000).ok());
+    auto claimed = Commit(Admin(), *upload, Sha256Hex(data + "x"));
+    EXPECT_TRUE(claimed.ok()) << claimed.status();
+    EXPECT_EQ(*ReadAll(Admin(), claimed->name()), data);
+    return claimed.ok() ? *claimed : v1::Checkpoint();
+  };
+  const v1::Checkpoint claimed = claim_wrongly(20);
+  const absl::StatusOr<std::string> verified =
+      ReadAll(Admin(), claimed.name(), 0, /*verify_sha256=*/true);
+  EXPECT_TRUE(absl::IsDataLoss(verified.status())) << verified.status();
+  EXPECT_THAT(verified.status().message(), HasSubstr("does not match its sha256"));
   EXPECT_EQ(manager_->GetLatest(Admin(), JobName(job))->name(), before.name());
+  // The scrub, which hashes every blob, finds such a checkpoint too.
+  claim_wrongly(30);
+  auto scrubbed = manager_->Scrub();
+  ASSERT_TRUE(scrubbed.ok()) << scrubbed.status();
+  EXPECT_EQ(scrubbed->bad, 1);
+  EXPECT_EQ(manager_->GetLatest(Admin(), JobName(job))->name(), before.name());
+}
+
+TEST_F(CheckpointManagerTest, TheCommitRecordsTheBlobsCrc32cWhetherItCheckedTheChunksOrReadItBack) {
+  const std::string job = InsertJob(*pool_, tenant_a_, "RUNNING", 1, 5);
+  auto recorded = [&](const v1::Checkpoint& checkpoint) {
+    auto rows = pool_->Exec(
+        "SELECT crc32c FROM checkpoints WHERE job_id = $1::uuid AND step = $2 AND "
+        "state = 'COMMITTED'",
+        {job, checkpoint.step()});
+    EXPECT_TRUE(rows.ok() && rows->rows() == 1);
+    return rows.ok() && !rows->row(0).IsNull("crc32c") ? rows->row(0).Get<int64_t>("crc32c") : -1;
+  };
+  // Every chunk with a crc32c: the running CRC of what was written.
+  const std::string checked = Blob(200000, 1);
+  EXPECT_EQ(recorded(Save(job, 1, 10, checked)), static_cast<int64_t>(Crc32c(checked)));
+  // A chunk without one: the commit reads the blob back.
+  const std::string read_back = Blob(200000, 2);
+  auto upload = Start(Admin(), job, 1, 20, 200000);
+  ASSERT_TRUE(Write(Admin(), *upload, read_back, 0, 100000).ok());
+  ASSERT_TRUE(
+      Write(Admin(), *upload, read_back, 100000, 200000, 64 << 10, ChunkCrc::kLeftOut).ok());
+  auto committed = Commit(Admin(), *upload, Sha256Hex(read_back));
+  ASSERT_TRUE(committed.ok()) << committed.status();
+  EXPECT_EQ(recorded(*committed), static_cast<int64_t>(Crc32c(read_back)));
+  // Chunks sent again after a broken stream count once.
+  const std::string resent = Blob(300000, 3);
+  upload = Start(Admin(), job, 1, 30, 300000);
+  ASSERT_TRUE(Write(Admin(), *upload, resent, 0, 200000).ok());
+  ASSERT_TRUE(Write(Admin(), *upload, resent, 150000, 300000).ok());
+  committed = Commit(Admin(), *upload, Sha256Hex(resent));
+  ASSERT_TRUE(committed.ok()) << committed.status();
+  EXPECT_EQ(recorded(*committed), static_cast<int64_t>(Crc32c(resent)));
+}
+
+TEST_F(CheckpointManagerTest, ACheckpointCommittedWithoutACrc32cIsCheckedAgainstItsSha256) {
+  // Committed before migration 0008 recorded crc32c.
+  const std::string job = InsertJob(*pool_, tenant_a_);
+  const std::string data = Blob(100000, 4);
+  const v1::Checkpoint old = Save(job, 1, 10, data);
+  ASSERT_TRUE(pool_->Exec("UPDATE checkpoints SET crc32c = NULL").ok());
+  EXPECT_EQ(*ReadAll(Admin(), old.name()), data);
+  FlipByte(BlobPathOf(old), 99999);
+  const absl::StatusOr<std::string> flipped = ReadAll(Admin(), old.name());
+  EXPECT_TRUE(absl::IsDataLoss(flipped.status())) << flipped.status();
+  EXPECT_THAT(flipped.status().message(), HasSubstr("sha256"));
 }
 
 TEST_F(CheckpointManagerTest, WithoutCrc32cAWrongSha256IsDataLossAndDiscardsTheUpload) {

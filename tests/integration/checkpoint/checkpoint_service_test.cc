@@ -184,6 +184,24 @@ TEST_F(CheckpointServiceTest, AWrongShaIsDataLossAndAStragglerIsFailedPreconditi
             grpc::StatusCode::FAILED_PRECONDITION);
 }
 
+TEST_F(CheckpointServiceTest, ADownloadWithVerifySha256FindsASha256ThatNamesOtherBytes) {
+  // Chunks with crc32c: the commit records the client's sha256, and downloads check the crc32c.
+  const std::string data = Blob(3 * kChunk);
+  const v1::StartUploadResponse started = StartOverGrpc(1, static_cast<int64_t>(data.size()));
+  ASSERT_TRUE(SendChunks(*stub_, trainer_, started.upload_id(), data, 0, data.size(), kChunk).ok());
+  v1::Checkpoint checkpoint;
+  ASSERT_TRUE(CommitOverGrpc(started.upload_id(), Sha256Hex("other"), &checkpoint).ok());
+  std::string downloaded, sha256;
+  ASSERT_TRUE(Download(*stub_, trainer_, checkpoint.name(), 0, &downloaded, &sha256).ok());
+  EXPECT_TRUE(downloaded == data);
+  EXPECT_NE(Sha256Hex(downloaded), sha256);  // what the client finds
+  const grpc::Status verified =
+      Download(*stub_, trainer_, checkpoint.name(), 0, &downloaded, nullptr, true);
+  EXPECT_EQ(verified.error_code(), grpc::StatusCode::DATA_LOSS);
+  EXPECT_THAT(verified.error_message(), HasSubstr("marked BAD"));
+  EXPECT_LT(downloaded.size(), data.size());  // the last chunk was held back
+}
+
 TEST_F(CheckpointServiceTest, AnotherTenantsCheckpointsAreNotFound) {
   const v1::Checkpoint saved = Save(job_, 1, 10, Blob(100));
   const CallAs other{token_b_, "", ""}, owner{token_a_, "", ""};

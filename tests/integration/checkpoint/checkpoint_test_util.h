@@ -183,11 +183,12 @@ inline int64_t Probe(v1::CheckpointService::Stub& stub, const CallAs& as,
 // Downloads `name` from `offset`; the bytes in *data, the announced sha256 in *sha256.
 inline grpc::Status Download(v1::CheckpointService::Stub& stub, const CallAs& as,
                              const std::string& name, int64_t offset, std::string* data,
-                             std::string* sha256 = nullptr) {
+                             std::string* sha256 = nullptr, bool verify_sha256 = false) {
   auto context = Context(as);
   v1::DownloadCheckpointRequest request;
   request.set_name(name);
   request.set_offset(offset);
+  request.set_verify_sha256(verify_sha256);
   auto reader = stub.DownloadCheckpoint(context.get(), request);
   v1::DownloadCheckpointResponse message;
   data->clear();
@@ -308,8 +309,8 @@ class CheckpointTest : public db::DatabaseTest {
 
   // A whole download through the manager.
   absl::StatusOr<std::string> ReadAll(const Caller& caller, const std::string& name,
-                                      int64_t offset = 0) {
-    auto download = manager_->OpenDownload(caller, name, offset);
+                                      int64_t offset = 0, bool verify_sha256 = false) {
+    auto download = manager_->OpenDownload(caller, name, offset, verify_sha256);
     if (!download.ok()) return download.status();
     std::string all, chunk;
     while (true) {

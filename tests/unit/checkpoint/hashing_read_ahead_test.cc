@@ -1,12 +1,15 @@
-// HashingReadAhead: chunks in order with the blob's hash, read errors after the chunks before
-// them, a short blob as DATA_LOSS, and no hang when the download stops early.
+// HashingReadAhead: chunks in order with the blob's digests (CRC-32C, SHA-256 when asked), read
+// errors after the chunks before them, a short blob as DATA_LOSS, and no hang when the download
+// stops early.
 #include "services/checkpoint/hashing_read_ahead.h"
 
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 
+#include "services/common/crc32c.h"
 #include "services/common/sha256.h"
 
 namespace gradhub::checkpoint {
@@ -41,7 +44,8 @@ std::string Bytes(size_t size) {
 
 TEST(HashingReadAheadTest, HandsOutEveryChunkInOrderAndTheHashOfAll) {
   const std::string blob = Bytes(100000);
-  HashingReadAhead ahead(std::make_unique<MemoryReader>(blob), 100000, 4096, 3 * 4096);
+  HashingReadAhead ahead(std::make_unique<MemoryReader>(blob), 100000, 4096,
+                         {.max_queued_bytes = 3 * 4096});
   std::string all, chunk;
   do {
     ASSERT_TRUE(ahead.Next(&chunk).ok());
@@ -49,29 +53,49 @@ TEST(HashingReadAheadTest, HandsOutEveryChunkInOrderAndTheHashOfAll) {
     all += chunk;
   } while (!chunk.empty());
   EXPECT_TRUE(all == blob);
-  EXPECT_EQ(ahead.Sha256Hex(), Sha256Hex(blob));
+  const std::optional<BlobDigests> digests = ahead.Digests();
+  ASSERT_TRUE(digests.has_value());
+  EXPECT_EQ(digests->sha256, Sha256Hex(blob));
+  EXPECT_EQ(digests->crc32c, Crc32c(blob));
+}
+
+TEST(HashingReadAheadTest, WithoutSha256OnlyTheCrc32cIsComputed) {
+  const std::string blob = Bytes(50000);
+  HashingReadAhead ahead(std::make_unique<MemoryReader>(blob), 50000, 4096, {.sha256 = false});
+  std::string chunk;
+  do {
+    ASSERT_TRUE(ahead.Next(&chunk).ok());
+  } while (!chunk.empty());
+  const std::optional<BlobDigests> digests = ahead.Digests();
+  ASSERT_TRUE(digests.has_value());
+  EXPECT_EQ(digests->crc32c, Crc32c(blob));
+  EXPECT_EQ(digests->sha256, "");
 }
 
 TEST(HashingReadAheadTest, AnEmptyBlobHasTheEmptyHash) {
-  HashingReadAhead ahead(std::make_unique<MemoryReader>(""), 0, 4096, 4096);
+  HashingReadAhead ahead(std::make_unique<MemoryReader>(""), 0, 4096, {.max_queued_bytes = 4096});
   std::string chunk = "x";
   EXPECT_TRUE(ahead.Next(&chunk).ok());
   EXPECT_TRUE(chunk.empty());
-  EXPECT_EQ(ahead.Sha256Hex(), Sha256Hex(""));
+  ASSERT_TRUE(ahead.Digests().has_value());
+  EXPECT_EQ(ahead.Digests()->sha256, Sha256Hex(""));
+  EXPECT_EQ(ahead.Digests()->crc32c, 0u);
 }
 
 TEST(HashingReadAheadTest, AReadErrorComesAfterTheChunksReadBeforeIt) {
-  HashingReadAhead ahead(std::make_unique<MemoryReader>(Bytes(10000), 8192), 10000, 4096, 4096);
+  HashingReadAhead ahead(std::make_unique<MemoryReader>(Bytes(10000), 8192), 10000, 4096,
+                         {.max_queued_bytes = 4096});
   std::string chunk;
   EXPECT_TRUE(ahead.Next(&chunk).ok());
   EXPECT_TRUE(ahead.Next(&chunk).ok());
   EXPECT_EQ(chunk.size(), 4096u);
   EXPECT_TRUE(absl::IsUnavailable(ahead.Next(&chunk)));
-  EXPECT_EQ(ahead.Sha256Hex(), "");  // never complete
+  EXPECT_FALSE(ahead.Digests().has_value());  // never complete
 }
 
 TEST(HashingReadAheadTest, ABlobShorterThanItsSizeIsDataLoss) {
-  HashingReadAhead ahead(std::make_unique<MemoryReader>(Bytes(5000)), 9000, 4096, 4096);
+  HashingReadAhead ahead(std::make_unique<MemoryReader>(Bytes(5000)), 9000, 4096,
+                         {.max_queued_bytes = 4096});
   std::string chunk;
   EXPECT_TRUE(ahead.Next(&chunk).ok());
   EXPECT_TRUE(ahead.Next(&chunk).ok());
@@ -82,8 +106,9 @@ TEST(HashingReadAheadTest, ABlobShorterThanItsSizeIsDataLoss) {
 
 TEST(HashingReadAheadTest, StoppingBeforeTheEndDoesNotWaitForTheRest) {
   // The thread waits on a full queue; destroying it must end that wait.
-  auto ahead = std::make_unique<HashingReadAhead>(std::make_unique<MemoryReader>(Bytes(1 << 20)),
-                                                  1 << 20, 4096, 4096);
+  auto ahead =
+      std::make_unique<HashingReadAhead>(std::make_unique<MemoryReader>(Bytes(1 << 20)), 1 << 20,
+                                         4096, ReadAheadOptions{.max_queued_bytes = 4096});
   std::string chunk;
   ASSERT_TRUE(ahead->Next(&chunk).ok());
   ahead.reset();
