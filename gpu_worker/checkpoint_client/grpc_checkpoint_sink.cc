@@ -185,9 +185,9 @@ class GrpcCheckpointSink final : public trainer::CheckpointSink {
     return trainer::Checkpoint{latest.step(), std::move(bytes)};
   }
 
-  // Resumes a broken stream at the bytes already received; the whole blob's hash is checked
-  // at the end (the server checks it too, and says DATA_LOSS first if it differs), computed on
-  // a thread of its own while the chunks arrive.
+  // Resumes a broken stream at the bytes already received; the whole blob's hash is computed
+  // on a thread of its own while the chunks arrive, and checked at the end (the server checks
+  // the crc32c it recorded, and says DATA_LOSS first if the blob differs from it).
   std::string Download(const v1::Checkpoint& checkpoint) {
     const size_t size = static_cast<size_t>(checkpoint.size_bytes());
     std::string bytes;

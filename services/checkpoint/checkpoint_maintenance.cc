@@ -128,24 +128,24 @@ absl::StatusOr<ScrubReport> CheckpointManager::Scrub(const std::function<bool()>
 }
 
 absl::Status CheckpointManager::ScrubOne(const CheckpointRow& row, ScrubReport* report) {
-  absl::StatusOr<BlobDigest> digest = HashBlob(row.blob_key);
+  absl::StatusOr<HashedBlob> blob = HashBlob(row.blob_key);
   std::string reason;
-  if (absl::IsNotFound(digest.status())) {
+  if (absl::IsNotFound(blob.status())) {
     reason = "its blob is missing";
-  } else if (absl::IsDataLoss(digest.status())) {
-    reason = std::string(digest.status().message());  // it shrank while being read
-  } else if (!digest.ok()) {
-    return digest.status();
-  } else if (digest->size != row.size_bytes) {
-    reason = absl::StrCat("its blob has ", digest->size, " bytes instead of ", row.size_bytes);
-  } else if (digest->sha256 != row.sha256) {
+  } else if (absl::IsDataLoss(blob.status())) {
+    reason = std::string(blob.status().message());  // it shrank while being read
+  } else if (!blob.ok()) {
+    return blob.status();
+  } else if (blob->size != row.size_bytes) {
+    reason = absl::StrCat("its blob has ", blob->size, " bytes instead of ", row.size_bytes);
+  } else if (blob->digests.sha256 != row.sha256) {
     reason = "its blob no longer matches its sha256 (found by the scrub)";
-  } else if (row.crc32c.has_value() && digest->crc32c != *row.crc32c) {
+  } else if (row.crc32c.has_value() && blob->digests.crc32c != *row.crc32c) {
     // Downloads check the crc32c: one that does not match would fail every one of them.
     reason = "its blob no longer matches its crc32c (found by the scrub)";
   }
   ++report->checked;
-  if (digest.ok()) report->bytes += digest->size;
+  if (blob.ok()) report->bytes += blob->size;
   if (reason.empty()) return absl::OkStatus();
   GRADHUB_ASSIGN_OR_RETURN(const bool marked, MarkBad(*pool_, row.id, reason));
   if (marked) {

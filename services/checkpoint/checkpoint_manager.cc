@@ -442,13 +442,12 @@ absl::StatusOr<v1::Checkpoint> CheckpointManager::CommitLocked(const CheckpointR
   //    an upload to discard. Checked bytes are the ones the client hashed: its sha256 stands.
   uint32_t crc32c = state.crc32c;
   if (!checked) {
-    GRADHUB_ASSIGN_OR_RETURN(const BlobDigest digest, HashBlob(row.blob_key));
-    crc32c = digest.crc32c;
-    if (digest.size != row.size_bytes || digest.sha256 != sha256) {
+    GRADHUB_ASSIGN_OR_RETURN(const HashedBlob blob, HashBlob(row.blob_key));
+    crc32c = blob.digests.crc32c;
+    if (blob.size != row.size_bytes || blob.digests.sha256 != sha256) {
       Failure("sha256_mismatch");
       GRADHUB_RETURN_IF_ERROR(Discard(row, state));
-      return absl::DataLossError(absl::StrCat("sha256 ", sha256, " does not match the ",
-                                              digest.size,
+      return absl::DataLossError(absl::StrCat("sha256 ", sha256, " does not match the ", blob.size,
                                               " bytes received; the upload is discarded, start "
                                               "a new one"));
     }
@@ -479,12 +478,12 @@ absl::StatusOr<v1::Checkpoint> CheckpointManager::CommitLocked(const CheckpointR
   return committed;
 }
 
-absl::StatusOr<CheckpointManager::BlobDigest> CheckpointManager::HashBlob(
+absl::StatusOr<CheckpointManager::HashedBlob> CheckpointManager::HashBlob(
     const std::string& blob_key) {
   GRADHUB_ASSIGN_OR_RETURN(std::unique_ptr<BlobReader> reader, blobs_->Open(blob_key, 0));
-  BlobDigest digest;
-  digest.size = reader->size();
-  HashingReadAhead ahead(std::move(reader), digest.size,
+  HashedBlob blob;
+  blob.size = reader->size();
+  HashingReadAhead ahead(std::move(reader), blob.size,
                          static_cast<size_t>(options_.chunk_size_bytes));
   std::string chunk;
   do {
@@ -492,9 +491,8 @@ absl::StatusOr<CheckpointManager::BlobDigest> CheckpointManager::HashBlob(
   } while (!chunk.empty());
   const std::optional<BlobDigests> digests = ahead.Digests();
   if (!digests.has_value()) return absl::InternalError("the blob's read-ahead stopped early");
-  digest.sha256 = digests->sha256;
-  digest.crc32c = digests->crc32c;
-  return digest;
+  blob.digests = *digests;
+  return blob;
 }
 
 absl::StatusOr<v1::Checkpoint> CheckpointManager::WriteCommittedRow(

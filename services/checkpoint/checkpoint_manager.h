@@ -271,12 +271,11 @@ class CheckpointManager {
                                               UploadState& state);
   // Reads a committed blob whole (through a HashingReadAhead, as downloads do): its size,
   // sha256 and crc32c. DATA_LOSS when it ends before the size it had when opened.
-  struct BlobDigest {
+  struct HashedBlob {
     int64_t size = 0;
-    std::string sha256;
-    uint32_t crc32c = 0;
+    BlobDigests digests;
   };
-  absl::StatusOr<BlobDigest> HashBlob(const std::string& blob_key);
+  absl::StatusOr<HashedBlob> HashBlob(const std::string& blob_key);
   // Step 5's transaction. *retired: checkpoints retention marked DELETED; *abandoned: the
   // uploads this commit superseded, whose rows it deleted (checkpoint.proto, StartUpload).
   absl::StatusOr<v1::Checkpoint> WriteCommittedRow(const CheckpointRow& row,

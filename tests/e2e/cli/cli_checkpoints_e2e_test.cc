@@ -72,8 +72,9 @@ class CliCheckpointsE2eTest : public ::testing::Test {
     delete stranger_token_;
   }
 
-  // A committed checkpoint of a new job of "owner", saved over gRPC with the admin token.
-  v1::Checkpoint SaveOne(const std::string& data, int64_t step = 100) {
+  // A committed checkpoint of a new job of "owner", saved over gRPC with the admin token;
+  // `sha256` as the client claims it (by default that of `data`).
+  v1::Checkpoint SaveOne(const std::string& data, int64_t step = 100, std::string sha256 = "") {
     job_ = InsertJob(*pool_, owner_id_);
     auto stub = v1::CheckpointService::NewStub(
         grpc::CreateChannel(*address_, grpc::InsecureChannelCredentials()));
@@ -90,7 +91,7 @@ class CliCheckpointsE2eTest : public ::testing::Test {
                     .ok());
     v1::CommitCheckpointRequest commit;
     commit.set_upload_id(started.upload_id());
-    commit.set_sha256(Sha256Hex(data));
+    commit.set_sha256(sha256.empty() ? Sha256Hex(data) : sha256);
     v1::Checkpoint checkpoint;
     const grpc::Status committed =
         stub->CommitCheckpoint(Context(admin).get(), commit, &checkpoint);
@@ -189,6 +190,22 @@ TEST_F(CliCheckpointsE2eTest, ACorruptCheckpointLeavesNoFile) {
   EXPECT_THAT(result.err, HasSubstr("DATA_LOSS"));
   EXPECT_FALSE(std::filesystem::exists(file));
   EXPECT_FALSE(std::filesystem::exists(file + ".tmp"));
+}
+
+TEST_F(CliCheckpointsE2eTest, ASha256ThatNamesOtherBytesIsCheckedOnTheServerAndMarkedBad) {
+  // The store checks downloads against the crc32c it recorded, which these bytes match: the
+  // CLI finds the mismatch, downloads again with verify_sha256, and the store marks it BAD.
+  const std::string data = Blob(2 << 20, 4);
+  const v1::Checkpoint saved = SaveOne(data, 100, Sha256Hex("other bytes"));
+  const std::string file = out_.path() + "/claimed.bin";
+  RunResult result = Gradhub(*owner_token_, {"checkpoints", "download", saved.name(), "-o", file});
+  EXPECT_NE(result.exit_code, 0);
+  EXPECT_THAT(result.err, HasSubstr("downloading again, the server checking the sha256 too"));
+  EXPECT_THAT(result.err, HasSubstr("marked BAD"));
+  EXPECT_FALSE(std::filesystem::exists(file));
+  EXPECT_FALSE(std::filesystem::exists(file + ".tmp"));
+  auto state = pool_->Exec("SELECT state FROM checkpoints WHERE job_id = $1::uuid", {job_});
+  EXPECT_EQ(state->row(0).Get<std::string>("state"), "BAD");
 }
 
 // Serves one fixed blob; its first download stops half way with UNAVAILABLE.
