@@ -229,7 +229,7 @@ absl::Status UploadWriter::Write(int64_t offset, std::string data, std::optional
   }
   if (data.empty()) {  // a probe: answered after what came before
     Flush();
-    Queue(0, [this, offset] { return WriteNow(offset, "", true); });
+    Queue(0, [this, offset] { return WriteNow(offset, "", Crc32c("")); });
     return absl::OkStatus();
   }
   const bool continues =
@@ -248,19 +248,23 @@ absl::Status UploadWriter::Write(int64_t offset, std::string data, std::optional
     filling_->offset = offset;
     filling_->bytes.Truncate(0);
     filling_->checked = true;
+    filling_->crc32c = 0;
   }
   const size_t at = filling_->bytes.Append(data);
   if (!crc32c.has_value()) {
     filling_->checked = false;
-  } else if (const uint32_t received = Crc32c(filling_->bytes.view().substr(at));
-             received != *crc32c) {
-    filling_->bytes.Truncate(at);
-    Flush();
-    const int64_t end = offset + static_cast<int64_t>(data.size());
-    Queue(0, [this, offset, end, sent = *crc32c, received]() -> absl::StatusOr<int64_t> {
-      return CrcMismatch(offset, end, sent, received);
-    });
-    return absl::OkStatus();
+  } else {
+    const uint32_t received = Crc32c(filling_->bytes.view().substr(at));
+    if (received != *crc32c) {
+      filling_->bytes.Truncate(at);
+      Flush();
+      const int64_t end = offset + static_cast<int64_t>(data.size());
+      Queue(0, [this, offset, end, sent = *crc32c, received]() -> absl::StatusOr<int64_t> {
+        return CrcMismatch(offset, end, sent, received);
+      });
+      return absl::OkStatus();
+    }
+    filling_->crc32c = Crc32cCombine(filling_->crc32c, received, data.size());
   }
   if (filling_->bytes.size() >= kBatchBytes) Flush();
   return absl::OkStatus();
@@ -272,7 +276,9 @@ void UploadWriter::Flush() {
   if (batch == nullptr || batch->bytes.size() == 0) return;
   const size_t bytes = batch->bytes.size();
   Queue(bytes, [this, batch = std::move(batch)] {
-    absl::StatusOr<int64_t> written = WriteNow(batch->offset, batch->bytes.view(), batch->checked);
+    absl::StatusOr<int64_t> written =
+        WriteNow(batch->offset, batch->bytes.view(),
+                 batch->checked ? std::optional<uint32_t>(batch->crc32c) : std::nullopt);
     absl::MutexLock lock(&spare_mu_);
     spare_.push_back(batch);
     return written;
@@ -309,7 +315,7 @@ absl::Status UploadWriter::CrcMismatch(int64_t offset, int64_t end, uint32_t sen
 }
 
 absl::StatusOr<int64_t> UploadWriter::WriteNow(int64_t offset, std::string_view data,
-                                               bool checked) {
+                                               std::optional<uint32_t> crc32c) {
   UploadState& state = *state_;
   absl::MutexLock lock(&state.mu);
   if (state.discarded) return UploadNotFound(row_.upload_id);
@@ -342,11 +348,14 @@ absl::StatusOr<int64_t> UploadWriter::WriteNow(int64_t offset, std::string_view 
     return held.status();
   }
   if (*held > state.held) {
-    if (!checked) state.checked = false;
-    if (state.checked) {  // the bytes just stored, on this thread while the stream receives
-      state.crc32c =
-          Crc32cExtend(state.crc32c, data.substr(static_cast<size_t>(state.held - offset),
-                                                 static_cast<size_t>(*held - state.held)));
+    if (!crc32c.has_value()) state.checked = false;
+    if (state.checked) {
+      const size_t from = static_cast<size_t>(state.held - offset);
+      const size_t stored = static_cast<size_t>(*held - state.held);
+      state.crc32c = from == 0 && stored == data.size()
+                         ? Crc32cCombine(state.crc32c, *crc32c, stored)
+                         // Part of the batch was held already (sent again after a break).
+                         : Crc32cExtend(state.crc32c, data.substr(from, stored));
     }
     if (manager_->metrics_ != nullptr) manager_->metrics_->RecordReceived(*held - state.held);
     state.held = *held;

@@ -145,12 +145,15 @@ class UploadWriter {
     int64_t offset = 0;
     AlignedBuffer bytes;
     bool checked = true;
+    uint32_t crc32c = 0;  // of `bytes` while `checked`, combined from its chunks' (no 2nd pass)
   };
   // Hands the batch being filled to the thread.
   void Flush();
   // Queues `task` for the thread unless an earlier one failed; its outcome becomes result_.
   void Queue(size_t bytes, std::function<absl::StatusOr<int64_t>()> task);
-  absl::StatusOr<int64_t> WriteNow(int64_t offset, std::string_view data, bool checked);
+  // `crc32c`: of `data`, every chunk of which came with a crc32c that matched; none otherwise.
+  absl::StatusOr<int64_t> WriteNow(int64_t offset, std::string_view data,
+                                   std::optional<uint32_t> crc32c);
   absl::Status CrcMismatch(int64_t offset, int64_t end, uint32_t sent, uint32_t received);
 
   CheckpointManager* manager_;

@@ -15,4 +15,11 @@ uint32_t Crc32c(std::string_view data);
 // Crc32cExtend(Crc32c(a), b) == Crc32c(a + b), and Crc32cExtend(0, b) == Crc32c(b).
 uint32_t Crc32cExtend(uint32_t crc, std::string_view data);
 
+// The CRC-32C of a + b from Crc32c(a), Crc32c(b) and b's length, without the bytes:
+// Crc32cCombine(Crc32c(a), Crc32c(b), b.size()) == Crc32c(a + b). A few hundred operations
+// whatever the length, so a blob's CRC comes from its chunks' CRCs without a second pass over
+// its bytes. zlib's crc32_combine, for the Castagnoli polynomial (zlib has only CRC-32's, and
+// neither ISA-L nor Debian 12's abseil has this one).
+uint32_t Crc32cCombine(uint32_t crc_a, uint32_t crc_b, uint64_t length_b);
+
 }  // namespace gradhub
