@@ -47,6 +47,13 @@ absl::StatusOr<JobRow> ReadJob(db::Transaction& tx, const std::string& job_id, J
   return job;
 }
 
+// The node named in the call's `gradhub-node`, without its optional "nodes/" prefix.
+std::string NodeNameOf(const Caller& caller) {
+  absl::string_view node = caller.node;
+  absl::ConsumePrefix(&node, "nodes/");
+  return std::string(node);
+}
+
 // What the node named in the call may do with one job.
 struct NodeFacts {
   std::string node;
@@ -59,7 +66,7 @@ struct NodeFacts {
 absl::StatusOr<NodeFacts> CheckNodeSession(db::Transaction& tx, const Caller& caller,
                                            const std::string& job_id, int32_t attempt) {
   NodeFacts facts;
-  facts.node = caller.node.rfind("nodes/", 0) == 0 ? caller.node.substr(6) : caller.node;
+  facts.node = NodeNameOf(caller);
   if (facts.node.empty() || caller.node_session.empty()) {
     return absl::PermissionDeniedError(
         "a node token must come with gradhub-node and gradhub-node-session metadata");
@@ -105,9 +112,7 @@ std::string CallerKey(const Caller& caller) {
     case Kind::kNode:
       break;
   }
-  absl::string_view node = caller.node;
-  absl::ConsumePrefix(&node, "nodes/");
-  return absl::StrCat("node:", node);
+  return absl::StrCat("node:", NodeNameOf(caller));
 }
 
 absl::Status CheckKind(const Caller& caller, Access access) {
