@@ -117,13 +117,11 @@ TEST_F(CheckpointManagerTest, WithEveryCrc32cCheckedAWrongSha256IsFoundWhenADown
   const v1::Checkpoint before = Save(job, 1, 10, Blob(3000, 1));
   auto claim_wrongly = [&](int64_t step) {
     const std::string data = Blob(5000, static_cast<int>(step));
-    auto upload = Start(Admin(), job, 1, step, 5000);
-    EXPECT_TRUE(Write(Admin(), *upload, data, 0, 5000).ok());
-    auto claimed = Commit(Admin(), *upload, Sha256Hex(data + "x"));
-    EXPECT_TRUE(claimed.ok()) << claimed.status();
-    EXPECT_EQ(*ReadAll(Admin(), claimed->name()), data);
-    return claimed.ok() ? *claimed : v1::Checkpoint();
+    const v1::Checkpoint claimed = Save(job, 1, step, data, Sha256Hex(data + "x"));
+    EXPECT_EQ(*ReadAll(Admin(), claimed.name()), data);
+    return claimed;
   };
+
   const v1::Checkpoint claimed = claim_wrongly(20);
   const absl::StatusOr<std::string> verified =
       ReadAll(Admin(), claimed.name(), 0, /*verify_sha256=*/true);

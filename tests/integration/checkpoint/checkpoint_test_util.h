@@ -295,14 +295,15 @@ class CheckpointTest : public db::DatabaseTest {
     return manager_->Commit(caller, request);
   }
 
-  // Start, write all, commit, as the admin; the committed checkpoint.
-  v1::Checkpoint Save(const std::string& job_id, int attempt, int64_t step,
-                      const std::string& data) {
+  // Start, write all, commit, as the admin; the committed checkpoint. `sha256` as the client
+  // claims it (by default that of `data`).
+  v1::Checkpoint Save(const std::string& job_id, int attempt, int64_t step, const std::string& data,
+                      const std::string& sha256 = "") {
     auto upload = Start(Admin(), job_id, attempt, step, static_cast<int64_t>(data.size()));
     EXPECT_TRUE(upload.ok()) << upload.status();
     auto written = Write(Admin(), *upload, data, 0, data.size());
     EXPECT_TRUE(written.ok()) << written.status();
-    auto committed = Commit(Admin(), *upload, Sha256Hex(data));
+    auto committed = Commit(Admin(), *upload, sha256.empty() ? Sha256Hex(data) : sha256);
     EXPECT_TRUE(committed.ok()) << committed.status();
     return committed.ok() ? *committed : v1::Checkpoint();
   }
