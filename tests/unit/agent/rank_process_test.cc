@@ -8,12 +8,14 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "gpu_worker/agent/leftovers.h"
@@ -356,6 +358,16 @@ TEST(RankProcessTest, RankDiesWithItsAgent) {
     const pid_t rank = ParsePid(std::string(absl::StripSuffix(out, "\n")));
     ASSERT_GT(rank, 0);
     ASSERT_FALSE(ProcessGone(rank));
+    // Killed before the rank armed PR_SET_PDEATHSIG, the rank would end by its own check
+    // (exit 127), not by the signal this test is about: wait until it runs /bin/sleep, after
+    // the prctl. (Under load on a clean clone, the kill once came first.)
+    std::string comm;
+    while (absl::Now() < deadline) {
+      std::getline(std::ifstream(absl::StrCat("/proc/", rank, "/comm")), comm);
+      if (comm == "sleep") break;
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    ASSERT_EQ(comm, "sleep") << "the rank never reached exec";
     helper.Kill(SIGKILL);
     EXPECT_EQ(helper.Wait(std::chrono::seconds(5)), 128 + SIGKILL);
     const absl::Time killed = absl::Now();
