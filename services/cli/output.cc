@@ -69,14 +69,47 @@ std::string YamlString(const std::string& text) {
   return QuoteJson(text);
 }
 
-// Shortest text that reads back as the same value, as the JSON printer does.
+// Magnitudes outside [kPlainFloor, kPlainCeiling) print in scientific notation: in plain
+// notation they would be mostly zeros, and no loss, rate or throughput is that small or large.
+constexpr double kPlainFloor = 1e-9;
+constexpr double kPlainCeiling = 1e16;
+
+std::optional<std::string> NonFinite(double value) {
+  if (std::isnan(value)) return "nan";
+  if (std::isinf(value)) return value > 0 ? "inf" : "-inf";
+  return std::nullopt;
+}
+
+bool Plain(double value) {
+  const double magnitude = std::fabs(value);
+  return magnitude == 0 || (magnitude >= kPlainFloor && magnitude < kPlainCeiling);
+}
+
+// "2.500" -> "2.5", "3.000" -> "3", "-0" -> "0".
+std::string TrimZeros(std::string text) {
+  if (text.find('.') != std::string::npos) {
+    text.erase(text.find_last_not_of('0') + 1);
+    if (text.back() == '.') text.pop_back();
+  }
+  return text == "-0" ? "0" : text;
+}
+
+// The shortest text that reads back as `value` (std::to_chars), plain where Plain says so.
 template <typename T>
-std::string Number(T value) {
+std::string Exact(T value) {
+  if (auto text = NonFinite(value)) return *text;
+  char buffer[400];  // a fixed double below 1e16 takes at most ~30 characters
+  const auto format = Plain(value) ? std::chars_format::fixed : std::chars_format::general;
+  const auto result = std::to_chars(buffer, buffer + sizeof(buffer), value, format);
+  return std::string(buffer, result.ptr);
+}
+
+// A YAML scalar for a number; NaN and the infinities quoted, as the JSON mapping writes them.
+template <typename T>
+std::string YamlNumber(T value) {
   if (std::isnan(value)) return "\"NaN\"";
   if (std::isinf(value)) return value > 0 ? "\"Infinity\"" : "\"-Infinity\"";
-  char buffer[64];
-  const auto result = std::to_chars(buffer, buffer + sizeof(buffer), value);
-  return std::string(buffer, result.ptr);
+  return Exact(value);
 }
 
 std::string YamlScalar(const Message& message, const FieldDescriptor* field, int index) {
@@ -96,11 +129,11 @@ std::string YamlScalar(const Message& message, const FieldDescriptor* field, int
       return absl::StrCat(repeated ? r->GetRepeatedUInt64(message, field, index)
                                    : r->GetUInt64(message, field));
     case FieldDescriptor::CPPTYPE_DOUBLE:
-      return Number(repeated ? r->GetRepeatedDouble(message, field, index)
-                             : r->GetDouble(message, field));
+      return YamlNumber(repeated ? r->GetRepeatedDouble(message, field, index)
+                                 : r->GetDouble(message, field));
     case FieldDescriptor::CPPTYPE_FLOAT:
-      return Number(repeated ? r->GetRepeatedFloat(message, field, index)
-                             : r->GetFloat(message, field));
+      return YamlNumber(repeated ? r->GetRepeatedFloat(message, field, index)
+                                 : r->GetFloat(message, field));
     case FieldDescriptor::CPPTYPE_BOOL:
       return (repeated ? r->GetRepeatedBool(message, field, index) : r->GetBool(message, field))
                  ? "true"
@@ -190,10 +223,6 @@ void AppendYaml(const Message& message, int indent, std::string* out) {
   }
 }
 
-std::string Shortest(double value, int significant) {
-  return absl::StrFormat("%.*g", significant, value);
-}
-
 std::string StateName(v1::Job::State state) { return v1::Job::State_Name(state); }
 
 // Until the trainer reports a total (it derives one from max_epochs), the spec's max_steps is
@@ -240,6 +269,20 @@ std::string ToJson(const google::protobuf::Message& message, bool pretty) {
   if (json.empty() || json.back() != '\n') json += '\n';
   return json;
 }
+
+std::string PlainNumber(double value, int significant) {
+  if (auto text = NonFinite(value)) return *text;
+  if (!Plain(value)) return absl::StrFormat("%.*g", significant, value);
+  if (value == 0) return "0";
+  // Digits after the point: what `significant` leaves after the integer part's; for |value| < 1
+  // the leading zeros after the point count too (0.000025: exponent -5).
+  const int exponent = static_cast<int>(std::floor(std::log10(std::fabs(value))));
+  const int decimals = std::max(0, significant - 1 - exponent);
+  return TrimZeros(absl::StrFormat("%.*f", decimals, value));
+}
+
+std::string ExactNumber(double value) { return Exact(value); }
+std::string ExactNumber(float value) { return Exact(value); }
 
 std::string FormatTime(const google::protobuf::Timestamp& time) {
   if (time.seconds() == 0 && time.nanos() == 0) return "-";
@@ -297,9 +340,9 @@ std::string JobSummary(const v1::Job& job, const std::optional<std::string>& che
   const v1::JobProgress& progress = job.progress();
   std::string numbers = absl::StrCat(Steps(job), " steps");
   if (progress.has_last_report_time()) {
-    absl::StrAppend(&numbers, ", epoch ", progress.epoch(), ", loss ", Shortest(progress.loss(), 4),
-                    ", ", Shortest(progress.samples_per_second(), 4), " samples/s, lr ",
-                    Shortest(progress.learning_rate(), 4));
+    absl::StrAppend(&numbers, ", epoch ", progress.epoch(), ", loss ", PlainNumber(progress.loss()),
+                    ", ", PlainNumber(progress.samples_per_second()), " samples/s, lr ",
+                    PlainNumber(progress.learning_rate()));
   }
   Block block;
   block.Add("name", job.name())
@@ -315,7 +358,7 @@ std::string JobSummary(const v1::Job& job, const std::optional<std::string>& che
     const std::map<std::string, double> sorted(progress.eval_metrics().begin(),
                                                progress.eval_metrics().end());
     std::vector<std::string> metrics;
-    for (const auto& [key, value] : sorted) metrics.push_back(key + "=" + Shortest(value, 4));
+    for (const auto& [key, value] : sorted) metrics.push_back(key + "=" + PlainNumber(value));
     block.Add("eval", absl::StrJoin(metrics, ", "));
   }
   block.Add("labels", Labels(job.spec().labels()))
@@ -348,8 +391,8 @@ std::string ProgressLine(const v1::Job& job) {
   // Before the first report loss and throughput are unknown, not zero.
   const bool reported = progress.has_last_report_time();
   return absl::StrCat(StateName(job.state()), " ", Steps(job),
-                      " loss=", reported ? Shortest(progress.loss(), 4) : "-",
-                      " samples/s=", reported ? Shortest(progress.samples_per_second(), 4) : "-");
+                      " loss=", reported ? PlainNumber(progress.loss()) : "-",
+                      " samples/s=", reported ? PlainNumber(progress.samples_per_second()) : "-");
 }
 
 std::string ProgressBar(const v1::Job& job, int width) {
@@ -396,11 +439,11 @@ std::string MetricsTable(const v1::JobMetrics& metrics) {
     const std::map<std::string, double> eval(point.eval_metrics().begin(),
                                              point.eval_metrics().end());
     std::vector<std::string> named;
-    for (const auto& [name, value] : eval) named.push_back(name + "=" + Shortest(value, 4));
+    for (const auto& [name, value] : eval) named.push_back(name + "=" + PlainNumber(value));
     table.AddRow({absl::StrCat(point.step()), absl::StrCat(point.attempt()),
-                  point.has_loss() ? Shortest(point.loss(), 4) : "-",
-                  point.has_learning_rate() ? Shortest(point.learning_rate(), 4) : "-",
-                  point.has_samples_per_second() ? Shortest(point.samples_per_second(), 4) : "-",
+                  point.has_loss() ? PlainNumber(point.loss()) : "-",
+                  point.has_learning_rate() ? PlainNumber(point.learning_rate()) : "-",
+                  point.has_samples_per_second() ? PlainNumber(point.samples_per_second()) : "-",
                   named.empty() ? "-" : absl::StrJoin(named, " ")});
   }
   return table.Render();
@@ -432,10 +475,10 @@ std::string LossPlot(const v1::JobMetrics& metrics, int width, int height) {
   // Each labelled row shows the loss its cells stand for; a flat loss has but one.
   std::map<int, std::string> labels;
   if (top == bottom) {
-    labels[height / 2] = Shortest(top, 4);
+    labels[height / 2] = PlainNumber(top);
   } else {
     for (int row : {0, (height - 1) / 2, height - 1}) {
-      labels[row] = Shortest(top - (top - bottom) * row / (height - 1), 4);
+      labels[row] = PlainNumber(top - (top - bottom) * row / (height - 1));
     }
   }
   size_t label_width = 0;
@@ -475,8 +518,8 @@ std::string NodeSummary(const v1::Node& node) {
     Table devices({"  INDEX", "NAME", "MEMORY", "COMPUTE", "UUID"});
     for (const v1::DeviceInfo& device : node.devices()) {
       devices.AddRow({absl::StrCat("  ", device.index()), device.name(),
-                      absl::StrFormat("%.1f GiB", device.total_memory_bytes() / 1073741824.0),
-                      OrDash(device.compute_capability()), OrDash(device.uuid())});
+                      HumanBytes(device.total_memory_bytes()), OrDash(device.compute_capability()),
+                      OrDash(device.uuid())});
     }
     absl::StrAppend(&out, "devices:\n", devices.Render());
   }

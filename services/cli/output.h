@@ -26,6 +26,19 @@ enum class Format { kText, kJson };
 // streams print one compact document per line (newline-delimited JSON, like REST's streams).
 std::string ToJson(const google::protobuf::Message& message, bool pretty = true);
 
+// Every number the CLI shows people, in plain (fixed) notation: `significant` significant
+// digits, but never fewer than the integer part has, trailing zeros dropped. 18750.3 ->
+// "18750", 0.123456 -> "0.1235", 0.000025 -> "0.000025", 2.0 -> "2". Only magnitudes no
+// training reports (below 1e-9, from 1e16 up) fall back to scientific notation; NaN and the
+// infinities print as "nan", "inf", "-inf".
+inline constexpr int kDisplayDigits = 4;
+std::string PlainNumber(double value, int significant = kDisplayDigits);
+// The same notation with as many digits as it takes to read back as the same value (the
+// shortest such text), for renderings that are parsed again (ToYaml). A float's digits are
+// the float's: 0.1f -> "0.1".
+std::string ExactNumber(double value);
+std::string ExactNumber(float value);
+
 // RFC 3339 in UTC to the second, or "-" for an unset timestamp.
 std::string FormatTime(const google::protobuf::Timestamp& time);
 

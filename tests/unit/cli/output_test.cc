@@ -6,10 +6,12 @@
 #include <google/protobuf/util/time_util.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_split.h"
+#include "services/common/contract/job_spec.h"
 
 namespace gradhub::cli {
 namespace {
@@ -38,6 +40,77 @@ v1::Job Running(int64_t step, double samples_per_second) {
   *job.mutable_progress()->mutable_last_report_time() =
       google::protobuf::util::TimeUtil::SecondsToTimestamp(1700000000);
   return job;
+}
+
+TEST(PlainNumberTest, FixedNotationWithFourSignificantDigits) {
+  EXPECT_EQ(PlainNumber(18750.3), "18750") << "the integer part is never rounded away";
+  EXPECT_EQ(PlainNumber(1234567.8), "1234568");
+  EXPECT_EQ(PlainNumber(0.123456), "0.1235");
+  EXPECT_EQ(PlainNumber(2.34567), "2.346");
+  EXPECT_EQ(PlainNumber(0.000025), "0.000025");
+  EXPECT_EQ(PlainNumber(0.0001234567), "0.0001235");
+  EXPECT_EQ(PlainNumber(3e-7), "0.0000003");
+  EXPECT_EQ(PlainNumber(2.0), "2");
+  EXPECT_EQ(PlainNumber(0.5), "0.5");
+  EXPECT_EQ(PlainNumber(-0.25), "-0.25");
+  EXPECT_EQ(PlainNumber(0.0), "0");
+  EXPECT_EQ(PlainNumber(-0.0), "0");
+  EXPECT_EQ(PlainNumber(65536), "65536");
+  // Rounding that carries into the next power of ten.
+  EXPECT_EQ(PlainNumber(9.99996), "10");
+  EXPECT_EQ(PlainNumber(0.099999), "0.1");
+  EXPECT_EQ(PlainNumber(1.23456, 2), "1.2");
+  // Beyond what training reports: scientific, and the non-finite values by name.
+  EXPECT_EQ(PlainNumber(1e-12), "1e-12");
+  EXPECT_EQ(PlainNumber(3e20), "3e+20");
+  EXPECT_EQ(PlainNumber(std::nan("")), "nan");
+  EXPECT_EQ(PlainNumber(-HUGE_VAL), "-inf");
+}
+
+TEST(PlainNumberTest, ExactNumberReadsBackAsTheSameValue) {
+  EXPECT_EQ(ExactNumber(0.00003), "0.00003");
+  EXPECT_EQ(ExactNumber(0.1), "0.1");
+  EXPECT_EQ(ExactNumber(18750.0), "18750");
+  EXPECT_EQ(ExactNumber(1e-8), "0.00000001");
+  EXPECT_EQ(ExactNumber(0.1f), "0.1") << "a float's own shortest digits";
+  EXPECT_EQ(ExactNumber(1.0 / 3), "0.3333333333333333");
+  EXPECT_EQ(ExactNumber(1e-300), "1e-300");
+}
+
+// The JobSpec rendered for `describe` keeps its numbers plain and parses back to itself.
+TEST(ToYamlTest, NumbersArePlainAndReadBack) {
+  v1::JobSpec spec;
+  spec.mutable_optimizer()->mutable_adam()->set_lr(0.00003);
+  spec.mutable_optimizer()->mutable_adam()->set_eps(1e-8);
+  spec.mutable_model()->mutable_mlp()->set_dropout(0.1f);
+  const std::string yaml = ToYaml(spec);
+  EXPECT_THAT(yaml, HasSubstr("lr: 0.00003"));
+  EXPECT_THAT(yaml, HasSubstr("eps: 0.00000001"));
+  EXPECT_THAT(yaml, HasSubstr("dropout: 0.1"));
+  EXPECT_THAT(yaml, Not(HasSubstr("e-")));
+  const v1::JobSpec parsed = ParseJobSpec(yaml);
+  EXPECT_EQ(parsed.optimizer().adam().lr(), 0.00003);
+  EXPECT_EQ(parsed.optimizer().adam().eps(), 1e-8);
+  EXPECT_EQ(parsed.model().mlp().dropout(), 0.1f);
+}
+
+// `watch` on a pipe, `get` and `metrics`: the numbers a user sees are plain.
+TEST(PlainNumberTest, EveryProgressViewPrintsPlainNumbers) {
+  v1::Job job = Running(400, 18750);
+  job.mutable_progress()->set_learning_rate(0.00003);
+  job.mutable_progress()->set_epoch(2);
+  EXPECT_EQ(ProgressLine(job), "RUNNING 400/1000 loss=0.5 samples/s=18750");
+  EXPECT_THAT(JobSummary(job),
+              HasSubstr("400/1000 steps, epoch 2, loss 0.5, 18750 samples/s, lr 0.00003"));
+  v1::JobMetrics metrics;
+  v1::JobMetricPoint* point = metrics.add_points();
+  point->set_step(1);
+  point->set_loss(123456.7);
+  point->set_learning_rate(0.00003);
+  point->set_samples_per_second(18750);
+  EXPECT_THAT(Lines(MetricsTable(metrics))[1],
+              testing::MatchesRegex("1 +0 +123457 +0.00003 +18750 +-"));
+  EXPECT_THAT(LossPlot(metrics, 10, 3), HasSubstr("123457 |*"));
 }
 
 TEST(FormatDurationTest, TwoUnitsAtMost) {
