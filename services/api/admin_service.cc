@@ -1,6 +1,6 @@
 #include "services/api/admin_service.h"
 
-#include "services/api/call_authorization.h"
+#include "services/common/auth/call_authorization.h"
 #include "services/common/grpc_status.h"
 
 namespace gradhub::api {

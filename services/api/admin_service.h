@@ -3,8 +3,8 @@
 #pragma once
 
 #include "gradhub/v1/tenants.grpc.pb.h"
-#include "services/api/authenticator.h"
 #include "services/api/tenant_manager.h"
+#include "services/common/auth/authenticator.h"
 
 namespace gradhub::api {
 

@@ -7,9 +7,9 @@
 
 #include "absl/status/status.h"
 #include "gradhub/v1/jobs.pb.h"
-#include "services/api/job_records.h"
 #include "services/api/scheduling_rules.h"
 #include "services/common/db/pool.h"
+#include "services/common/job_records.h"
 
 namespace gradhub::api {
 

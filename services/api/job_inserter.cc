@@ -8,7 +8,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
-#include "services/api/job_records.h"
+#include "services/common/job_records.h"
 #include "services/common/status_macros.h"
 
 namespace gradhub::api {

@@ -11,9 +11,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "services/api/job_metrics.h"
-#include "services/api/job_records.h"
 #include "services/common/contract/data_paths.h"
 #include "services/common/contract/job_states.h"
+#include "services/common/job_records.h"
 #include "services/common/status_macros.h"
 
 namespace gradhub::api {

@@ -14,9 +14,9 @@
 #include "absl/status/statusor.h"
 #include "gradhub/v1/jobs.pb.h"
 #include "services/api/job_inserter.h"
-#include "services/api/job_records.h"
 #include "services/common/contract/job_spec.h"
 #include "services/common/db/pool.h"
+#include "services/common/job_records.h"
 
 namespace gradhub::api {
 

@@ -5,8 +5,8 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
-#include "services/api/job_records.h"
 #include "services/common/contract/progress_record.h"
+#include "services/common/job_records.h"
 #include "services/common/status_macros.h"
 
 namespace gradhub::api {

@@ -2,9 +2,9 @@
 
 #include <string>
 
-#include "services/api/call_authorization.h"
-#include "services/api/job_records.h"
+#include "services/common/auth/call_authorization.h"
 #include "services/common/grpc_status.h"
+#include "services/common/job_records.h"
 
 namespace gradhub::api {
 

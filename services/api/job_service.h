@@ -5,8 +5,8 @@
 #pragma once
 
 #include "gradhub/v1/jobs.grpc.pb.h"
-#include "services/api/authenticator.h"
 #include "services/api/job_manager.h"
+#include "services/common/auth/authenticator.h"
 
 namespace gradhub::api {
 

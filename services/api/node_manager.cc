@@ -12,10 +12,10 @@
 #include "absl/strings/str_cat.h"
 #include "services/api/attempts.h"
 #include "services/api/job_metrics.h"
-#include "services/api/job_records.h"
 #include "services/api/scheduling_rules.h"
 #include "services/common/contract/data_paths.h"
 #include "services/common/contract/job_states.h"
+#include "services/common/job_records.h"
 #include "services/common/status_macros.h"
 
 namespace gradhub::api {

@@ -6,9 +6,9 @@
 
 #include "gradhub/v1/nodes.grpc.pb.h"
 #include "services/api/assignment_notifier.h"
-#include "services/api/authenticator.h"
-#include "services/api/call_authorization.h"
 #include "services/api/node_manager.h"
+#include "services/common/auth/authenticator.h"
+#include "services/common/auth/call_authorization.h"
 
 namespace gradhub::api {
 

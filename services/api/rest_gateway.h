@@ -13,8 +13,8 @@
 
 #include "absl/status/statusor.h"
 #include "services/api/api_metrics.h"
-#include "services/api/authenticator.h"
 #include "services/api/job_manager.h"
+#include "services/common/auth/authenticator.h"
 #include "services/common/http_server.h"
 
 namespace httplib {

@@ -15,10 +15,10 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "services/api/attempts.h"
-#include "services/api/job_records.h"
 #include "services/api/scheduling_rules.h"
 #include "services/common/contract/job_spec.h"
 #include "services/common/contract/job_states.h"
+#include "services/common/job_records.h"
 #include "services/common/status_macros.h"
 
 namespace gradhub::api {

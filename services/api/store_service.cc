@@ -9,7 +9,7 @@
 #include <grpcpp/alarm.h>
 
 #include "absl/time/time.h"
-#include "services/api/call_authorization.h"
+#include "services/common/auth/call_authorization.h"
 #include "services/common/grpc_status.h"
 
 namespace gradhub::api {

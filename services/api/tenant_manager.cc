@@ -6,7 +6,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "services/api/job_records.h"
+#include "services/common/job_records.h"
 #include "services/common/status_macros.h"
 
 namespace gradhub::api {

@@ -5,7 +5,7 @@
 
 #include "absl/status/statusor.h"
 #include "gradhub/v1/tenants.pb.h"
-#include "services/api/authenticator.h"
+#include "services/common/auth/authenticator.h"
 
 namespace gradhub::api {
 

@@ -2,9 +2,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
-#include "services/api/job_records.h"
 #include "services/common/contract/job_spec.h"
 #include "services/common/contract/job_states.h"
+#include "services/common/job_records.h"
 #include "services/common/status_macros.h"
 
 namespace gradhub::checkpoint {

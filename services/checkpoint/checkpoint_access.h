@@ -19,7 +19,7 @@
 
 #include "absl/status/statusor.h"
 #include "gradhub/v1/jobs.pb.h"
-#include "services/api/authenticator.h"
+#include "services/common/auth/authenticator.h"
 #include "services/common/db/pool.h"
 
 namespace gradhub::checkpoint {

@@ -9,9 +9,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "services/api/job_records.h"
 #include "services/common/crc32c.h"
 #include "services/common/db/migrator.h"
+#include "services/common/job_records.h"
 #include "services/common/status_macros.h"
 
 namespace gradhub::checkpoint {

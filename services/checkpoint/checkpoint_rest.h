@@ -19,9 +19,9 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
-#include "services/api/authenticator.h"
 #include "services/checkpoint/checkpoint_manager.h"
 #include "services/checkpoint/checkpoint_metrics.h"
+#include "services/common/auth/authenticator.h"
 #include "services/common/http_server.h"
 
 namespace httplib {

@@ -3,7 +3,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "services/api/call_authorization.h"
+#include "services/common/auth/call_authorization.h"
 #include "services/common/grpc_status.h"
 
 namespace gradhub::checkpoint {

@@ -6,9 +6,9 @@
 #pragma once
 
 #include "gradhub/v1/checkpoint.grpc.pb.h"
-#include "services/api/authenticator.h"
 #include "services/checkpoint/checkpoint_manager.h"
 #include "services/checkpoint/checkpoint_metrics.h"
+#include "services/common/auth/authenticator.h"
 
 namespace gradhub::checkpoint {
 

@@ -8,7 +8,6 @@
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
-#include "services/api/authenticator.h"
 #include "services/checkpoint/checkpoint_limits.h"
 #include "services/checkpoint/checkpoint_manager.h"
 #include "services/checkpoint/checkpoint_metrics.h"
@@ -18,6 +17,7 @@
 #include "services/checkpoint/local_blob_store.h"
 #include "services/checkpoint/periodic_task.h"
 #include "services/common/abseil_mode.h"
+#include "services/common/auth/authenticator.h"
 #include "services/common/db/migrator.h"
 #include "services/common/db/pool.h"
 #include "services/common/grpc_credentials.h"

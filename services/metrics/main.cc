@@ -9,8 +9,8 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "services/api/authenticator.h"
 #include "services/common/abseil_mode.h"
+#include "services/common/auth/authenticator.h"
 #include "services/common/db/pool.h"
 #include "services/common/grpc_credentials.h"
 #include "services/common/shutdown_signals.h"

@@ -1,7 +1,7 @@
 #include "services/metrics/telemetry_service.h"
 
 #include "absl/strings/str_cat.h"
-#include "services/api/call_authorization.h"
+#include "services/common/auth/call_authorization.h"
 #include "services/common/grpc_status.h"
 
 namespace gradhub::metrics {

@@ -15,10 +15,10 @@
 #include <string_view>
 
 #include "gradhub/v1/checkpoint.grpc.pb.h"
-#include "services/api/authenticator.h"
 #include "services/checkpoint/checkpoint_manager.h"
 #include "services/checkpoint/checkpoint_metrics.h"
 #include "services/checkpoint/local_blob_store.h"
+#include "services/common/auth/authenticator.h"
 #include "services/common/crc32c.h"
 #include "services/common/sha256.h"
 #include "tests/integration/db/db_test_util.h"

@@ -3,7 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "services/api/authenticator.h"
+#include "services/common/auth/authenticator.h"
 #include "tests/integration/db/db_test_util.h"
 
 namespace gradhub::api {

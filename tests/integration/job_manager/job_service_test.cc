@@ -3,8 +3,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "services/api/job_records.h"
 #include "services/api/job_service.h"
+#include "services/common/job_records.h"
 #include "tests/integration/db/db_test_util.h"
 #include "tests/support/grpc_test_server.h"
 #include "tests/support/job_specs.h"

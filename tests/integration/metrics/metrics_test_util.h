@@ -14,7 +14,7 @@
 #include <thread>
 #include <vector>
 
-#include "services/api/authenticator.h"
+#include "services/common/auth/authenticator.h"
 #include "tests/integration/db/db_test_util.h"
 #include "tests/support/subprocess.h"
 

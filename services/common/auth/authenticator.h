@@ -1,6 +1,9 @@
 // Bearer tokens: tenants and their tokens, node tokens for agents, and the admin token that
 // bootstraps both. Only the SHA-256 of a token is stored, so a copy of the database does not
 // let anyone in; the secret is shown once, when it is created.
+//
+// Shared by the three services (api, checkpoint, metrics): each checks the same tokens against
+// the api's tables. The namespace stays gradhub::api, the owner of those tables.
 #pragma once
 
 #include <cstdint>

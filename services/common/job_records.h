@@ -1,6 +1,8 @@
 // The SQL primitives of jobs that JobManager, NodeManager and the Scheduler share: reading a
 // job row, appending to its history, and the one way a job changes state. Each runs inside a
-// caller's transaction, so a caller composes them into one atomic change.
+// caller's transaction, so a caller composes them into one atomic change. The checkpoint store
+// uses them too (a checkpoint's job, its events, list filters and paging). The namespace stays
+// gradhub::api, the owner of the jobs tables.
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,4 @@
-#include "services/api/job_records.h"
+#include "services/common/job_records.h"
 
 #include <google/protobuf/util/json_util.h>
 #include <google/protobuf/util/time_util.h>

@@ -1,4 +1,4 @@
-#include "services/api/authenticator.h"
+#include "services/common/auth/authenticator.h"
 
 #include <openssl/crypto.h>
 #include <openssl/rand.h>

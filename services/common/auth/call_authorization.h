@@ -1,4 +1,4 @@
-// The bearer credential of a gRPC call, for every service of gradhub-api.
+// The bearer credential of a gRPC call, for every gRPC service of every gradhub server.
 #pragma once
 
 #include <grpcpp/server_context.h>
