@@ -22,6 +22,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 
 #include "absl/status/status.h"
@@ -42,6 +43,60 @@ struct ReadAheadOptions {
   size_t max_queued_bytes = 8 << 20;
 };
 
+// The digests of bytes given in order: a CRC-32C and, when asked for, a SHA-256.
+// Not thread-safe (the hashing thread's alone).
+class BlobDigester {
+ public:
+  explicit BlobDigester(bool sha256) : sha256_(sha256) {}
+  void Update(std::string_view data);
+  // Of everything given so far; Update may continue afterwards.
+  BlobDigests Digests() const;
+
+ private:
+  const bool sha256_;
+  uint32_t crc32c_ = 0;
+  Sha256Stream sha_;
+};
+
+// The hand-off from the hashing thread to whoever takes the chunks (steps 2 to 4 above): chunks
+// in order, at most `max_queued_bytes` of them (one chunk always fits), then the end (OK or why
+// the blob could not be read to its end), and the blob's digests once known.
+// Thread-safe; Push, SetDigests and Close come from the producer, Pop and Digests from the
+// consumer, Stop from whoever gives up on the rest.
+class ReadAheadQueue {
+ public:
+  explicit ReadAheadQueue(size_t max_queued_bytes) : max_queued_bytes_(max_queued_bytes) {}
+
+  // Waits until fewer than `max_queued_bytes` are queued, then sets `digests` (when given:
+  // those of the whole blob, with its last chunk) and queues `chunk`, so that the digests are
+  // known before the last chunk can be taken. False, with nothing queued, once stopped.
+  bool Push(std::string chunk, std::optional<BlobDigests> digests);
+  // The digests of a blob that has no chunk.
+  void SetDigests(BlobDigests digests);
+  // No chunk follows: Pop returns `status` once the queue is empty. Wakes Digests() waiters.
+  void Close(absl::Status status);
+  // The consumer is gone: ends every wait of Push, which queues nothing more.
+  void Stop();
+  bool stopped();
+
+  // The next chunk into *data; once closed and empty, `data` empty and Close's status.
+  absl::Status Pop(std::string* data);
+  // Waits for the digests or the close; nullopt when it closed without them.
+  std::optional<BlobDigests> Digests();
+
+ private:
+  const size_t max_queued_bytes_;
+  std::mutex mu_;
+  std::condition_variable changed_;
+  std::deque<std::string> chunks_;      // guarded by mu_
+  size_t queued_bytes_ = 0;             // guarded by mu_
+  bool closed_ = false;                 // guarded by mu_: no chunk follows
+  absl::Status error_;                  // guarded by mu_: Close's status
+  std::optional<BlobDigests> digests_;  // guarded by mu_
+  bool stopped_ = false;                // guarded by mu_
+};
+
+// Next and Digests may be called from any thread (a download calls them from one).
 class HashingReadAhead {
  public:
   // `reader` must be at offset 0 when the digests are to cover the whole blob.
@@ -52,35 +107,24 @@ class HashingReadAhead {
   HashingReadAhead& operator=(const HashingReadAhead&) = delete;
 
   // The next chunk into *data, in order; empty once all `size` bytes were handed out.
-  absl::Status Next(std::string* data);
+  absl::Status Next(std::string* data) { return queue_.Pop(data); }
   // The digests of the `size` bytes, once the thread has checked them all (at once after Next
   // handed out the last chunk); nullopt when the threads stopped early.
-  std::optional<BlobDigests> Digests();
+  std::optional<BlobDigests> Digests() { return queue_.Digests(); }
 
  private:
+  // Step 1 and 4, on the reading thread.
   void ReadAll();
   // Steps 2 and 3, on the hashing thread.
   void HashAndQueue(std::string chunk, bool last);
-  bool Stopping();
 
   const std::unique_ptr<BlobReader> reader_;
   const int64_t size_;
   const size_t chunk_bytes_;
-  const ReadAheadOptions options_;
-  // The hashing thread's until it is done.
-  uint32_t crc32c_ = 0;
-  Sha256Stream sha_;
-
-  std::mutex mu_;
-  std::condition_variable changed_;
-  std::deque<std::string> queue_;       // guarded by mu_
-  size_t queued_bytes_ = 0;             // guarded by mu_
-  bool done_ = false;                   // guarded by mu_: the thread read everything, or failed
-  absl::Status error_;                  // guarded by mu_: why it stopped early
-  std::optional<BlobDigests> digests_;  // guarded by mu_: set before the last chunk is queued
-  bool stopping_ = false;               // guarded by mu_
-  OrderedWorker hasher_;                // its tasks use the members above: destroyed before them
-  std::thread thread_;                  // declared last: started once the rest is built
+  BlobDigester digester_;  // the hashing thread's
+  ReadAheadQueue queue_;
+  OrderedWorker hasher_;  // its tasks use the members above: destroyed before them
+  std::thread thread_;    // declared last: started once the rest is built
 };
 
 }  // namespace gradhub::checkpoint

@@ -1,13 +1,17 @@
 // HashingReadAhead: chunks in order with the blob's digests (CRC-32C, SHA-256 when asked), read
 // errors after the chunks before them, a short blob as DATA_LOSS, and no hang when the download
-// stops early.
+// stops early. Its parts alone: BlobDigester (digests of pieces = digests of the whole) and
+// ReadAheadQueue (bounded, digests before the last chunk, the end after the chunks, Stop).
 #include "services/checkpoint/hashing_read_ahead.h"
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 
 #include "services/common/crc32c.h"
 #include "services/common/sha256.h"
@@ -40,6 +44,80 @@ std::string Bytes(size_t size) {
   std::string bytes(size, '\0');
   for (size_t i = 0; i < size; ++i) bytes[i] = static_cast<char>(i * 31 + i / 251);
   return bytes;
+}
+
+TEST(BlobDigesterTest, PiecesHaveTheDigestsOfTheWhole) {
+  const std::string blob = Bytes(10000);
+  BlobDigester digester(/*sha256=*/true);
+  EXPECT_EQ(digester.Digests().sha256, Sha256Hex(""));
+  digester.Update(std::string_view(blob).substr(0, 3000));
+  EXPECT_EQ(digester.Digests().crc32c, Crc32c(blob.substr(0, 3000)));  // and it goes on
+  digester.Update(std::string_view(blob).substr(3000));
+  EXPECT_EQ(digester.Digests().crc32c, Crc32c(blob));
+  EXPECT_EQ(digester.Digests().sha256, Sha256Hex(blob));
+}
+
+TEST(BlobDigesterTest, WithoutSha256TheShaIsEmpty) {
+  BlobDigester digester(/*sha256=*/false);
+  digester.Update("abc");
+  EXPECT_EQ(digester.Digests().crc32c, Crc32c("abc"));
+  EXPECT_EQ(digester.Digests().sha256, "");
+}
+
+TEST(ReadAheadQueueTest, ChunksInOrderThenTheStatusItClosedWith) {
+  ReadAheadQueue queue(1 << 20);
+  ASSERT_TRUE(queue.Push("ab", std::nullopt));
+  ASSERT_TRUE(queue.Push("cd", std::nullopt));
+  queue.Close(absl::UnavailableError("the disk went away"));
+  std::string chunk;
+  EXPECT_TRUE(queue.Pop(&chunk).ok());
+  EXPECT_EQ(chunk, "ab");
+  EXPECT_TRUE(queue.Pop(&chunk).ok());
+  EXPECT_EQ(chunk, "cd");
+  EXPECT_TRUE(absl::IsUnavailable(queue.Pop(&chunk)));
+  EXPECT_EQ(chunk, "");
+  EXPECT_FALSE(queue.Digests().has_value());  // closed without them: no wait
+}
+
+TEST(ReadAheadQueueTest, TheDigestsAreKnownBeforeTheLastChunkCanBeTaken) {
+  ReadAheadQueue queue(1 << 20);
+  ASSERT_TRUE(queue.Push("last", BlobDigests{7, "s"}));
+  std::string chunk;
+  ASSERT_TRUE(queue.Pop(&chunk).ok());
+  const std::optional<BlobDigests> digests = queue.Digests();  // not closed: must not wait
+  ASSERT_TRUE(digests.has_value());
+  EXPECT_EQ(digests->crc32c, 7u);
+  EXPECT_EQ(digests->sha256, "s");
+}
+
+TEST(ReadAheadQueueTest, PushWaitsForRoomAndStopEndsTheWait) {
+  ReadAheadQueue queue(4);
+  ASSERT_TRUE(queue.Push("12345", std::nullopt));  // one chunk always fits
+  std::atomic<bool> returned{false};
+  bool pushed = true;
+  std::thread producer([&] {
+    pushed = queue.Push("6", std::nullopt);
+    returned = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_FALSE(returned.load());  // the queue is full
+  queue.Stop();
+  producer.join();
+  EXPECT_FALSE(pushed);
+  EXPECT_TRUE(queue.stopped());
+}
+
+TEST(ReadAheadQueueTest, TakingAChunkMakesRoomForTheNext) {
+  ReadAheadQueue queue(4);
+  ASSERT_TRUE(queue.Push("12345", std::nullopt));
+  bool pushed = false;
+  std::thread producer([&] { pushed = queue.Push("6", std::nullopt); });
+  std::string chunk;
+  ASSERT_TRUE(queue.Pop(&chunk).ok());
+  ASSERT_TRUE(queue.Pop(&chunk).ok());  // waits for the producer
+  EXPECT_EQ(chunk, "6");
+  producer.join();
+  EXPECT_TRUE(pushed);
 }
 
 TEST(HashingReadAheadTest, HandsOutEveryChunkInOrderAndTheHashOfAll) {
