@@ -3,6 +3,7 @@
 #include <google/protobuf/util/json_util.h>
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <regex>
@@ -222,7 +223,118 @@ void CheckEfficiency(const v1::JobSpec& spec, Checker& check) {
   }
 }
 
+// What the trainer would find when it loads a synthetic dataset, which the spec describes
+// entirely: its samples' width and the outputs an MLP needs. (A file's shape is known only once
+// the trainer reads it.)
+void CheckMlpFitsSyntheticData(const v1::JobSpec& spec, Checker& check) {
+  const auto& data = spec.dataset().synthetic();
+  const auto& layers = spec.model().mlp().layers();
+  if (layers.size() < 2 || data.num_features() <= 0) return;
+  check.Require(layers[0] == data.num_features(), "model.mlp.layers[0]",
+                std::to_string(layers[0]) + " inputs but the dataset's samples have " +
+                    std::to_string(data.num_features()) + " features");
+  const bool regression = data.task() != v1::SyntheticDataset::CLASSIFICATION;
+  const int64_t outputs = regression ? 1 : data.num_classes();
+  if (outputs <= 0) return;
+  check.Require(layers[layers.size() - 1] == outputs,
+                "model.mlp.layers[" + std::to_string(layers.size() - 1) + "]",
+                std::to_string(layers[layers.size() - 1]) + " outputs but the dataset needs " +
+                    std::to_string(outputs) + (regression ? " (regression)" : " (one per class)"));
+}
+
+// Each rank trains on at most ceil(numSamples / worldSize) examples of a synthetic dataset:
+// fewer than one optimizer step's micro-batches is refused by the trainer, so here.
+void CheckBatchFitsSyntheticData(const v1::JobSpec& spec, Checker& check) {
+  const int64_t samples = spec.dataset().synthetic().num_samples();
+  const int64_t ranks = std::max(1, spec.distributed().world_size());
+  const int64_t per_step =
+      int64_t{spec.batch_size_per_rank()} * std::max(1, spec.grad_accumulation_steps());
+  if (samples <= 0 || per_step <= 0) return;
+  const int64_t per_rank = (samples + ranks - 1) / ranks;
+  check.Require(per_step <= per_rank, "batchSizePerRank",
+                std::to_string(spec.batch_size_per_rank()) + " x " +
+                    std::to_string(std::max(1, spec.grad_accumulation_steps())) +
+                    " micro-batches exceed the at most " + std::to_string(per_rank) +
+                    " training examples of each rank (dataset.synthetic.numSamples " +
+                    std::to_string(samples) + " over " + std::to_string(ranks) + " ranks)");
+}
+
+// The model and the dataset the trainer would refuse together, where the spec alone says so.
+void CheckModelFitsDataset(const v1::JobSpec& spec, Checker& check) {
+  const bool text = spec.dataset().has_text();
+  const bool transformer = spec.model().has_transformer();
+  if (text && spec.model().kind_case() != v1::ModelSpec::KIND_NOT_SET) {
+    check.Require(transformer, "model", "a text dataset trains the transformer model only");
+  }
+  if (transformer && spec.dataset().kind_case() != v1::DatasetSpec::KIND_NOT_SET) {
+    check.Require(text, "model.transformer",
+                  "is a character language model and needs a text dataset");
+  }
+  if (spec.dataset().has_synthetic()) {
+    if (spec.model().has_mlp()) CheckMlpFitsSyntheticData(spec, check);
+    CheckBatchFitsSyntheticData(spec, check);
+  }
+}
+
+// precision FP16 trains with a dynamic loss scaler, which every rank must keep in step: it
+// skips a step whose gradients overflowed, and all ranks must skip the same steps. Refused:
+//   backend GLOO  Gloo trains on the CPU, whose autocast has no float16 (CudaOnlySettings);
+//   localSgd      its local steps sync no gradients, so ranks would overflow, skip and scale
+//                 apart, and the scaler's state would become per-rank state;
+//   POWER_SGD     its error feedback and warm-start Q would take in the scaled gradients, an
+//                 overflow's inf included, and carry them into every later step.
+// shardOptimizerState works: every rank unscales the same averaged gradients.
+void CheckPrecision(const v1::JobSpec& spec, Checker& check) {
+  if (spec.precision() != v1::JobSpec::FP16) return;
+  if (TrainsOnCpu(spec)) {
+    for (SpecIssue& issue : CudaOnlySettings(spec, "backend GLOO trains on the CPU")) {
+      check.Require(false, std::move(issue.field), std::move(issue.message));
+    }
+  }
+  const auto& distributed = spec.distributed();
+  check.Require(!distributed.has_local_sgd(), "distributed.localSgd",
+                "cannot be combined with precision FP16 (ranks would skip different overflowed "
+                "steps): use BF16 or FP32, or synchronous training");
+  check.Require(distributed.comm_hook() != v1::DistributedSpec::POWER_SGD, "distributed.commHook",
+                "POWER_SGD cannot be combined with precision FP16 (its error feedback would keep "
+                "overflowed gradients): use FP16 or BF16 compression, or precision BF16");
+}
+
 }  // namespace
+
+std::vector<SpecIssue> CudaOnlySettings(const v1::JobSpec& spec, const std::string& where) {
+  std::vector<SpecIssue> issues;
+  if (spec.distributed().backend() == v1::DistributedSpec::NCCL) {
+    issues.push_back({"distributed.backend",
+                      "NCCL needs a GPU node; " + where +
+                          ": use AUTO or GLOO there, or a nodeSelector that picks GPU nodes"});
+  }
+  if (spec.precision() == v1::JobSpec::FP16) {
+    issues.push_back(
+        {"precision", "FP16 (autocast to float16 with dynamic loss scaling) needs a CUDA GPU; " +
+                          where +
+                          ": use BF16 (autocast to bfloat16) or FP32, or backend NCCL on a GPU "
+                          "node"});
+  }
+  return issues;
+}
+
+bool NeedsCuda(const v1::JobSpec& spec) { return !CudaOnlySettings(spec, "").empty(); }
+
+bool TrainsOnCpu(const v1::JobSpec& spec) {
+  return spec.distributed().backend() == v1::DistributedSpec::GLOO;
+}
+
+void CheckRankDevice(const v1::JobSpec& spec, RankDevice device, const RankDeviceRules& rules) {
+  if (device == RankDevice::kCuda && !TrainsOnCpu(spec)) return;
+  const std::string where = device == RankDevice::kCpu
+                                ? "this rank runs on a CPU node (GRADHUB_DEVICE=cpu)"
+                                : "backend GLOO trains on the CPU";
+  for (const SpecIssue& issue : CudaOnlySettings(spec, where)) {
+    if (issue.field == "precision" && rules.allow_fp16_on_cpu) continue;
+    throw UserError(issue.field, issue.message);
+  }
+}
 
 v1::JobSpec ParseJobSpec(const std::string& text) {
   YAML::Node root;
@@ -295,6 +407,8 @@ std::vector<SpecIssue> ValidateJobSpec(const v1::JobSpec& spec, const SpecLimits
   check.Require(distributed.bucket_cap_mb() >= 0 && distributed.bucket_cap_mb() <= 1024,
                 "distributed.bucketCapMb", "must be between 0 and 1024");
   CheckEfficiency(spec, check);
+  CheckPrecision(spec, check);
+  CheckModelFitsDataset(spec, check);
   check.Require(spec.checkpoint().every_steps() >= 0, "checkpoint.everySteps",
                 "must not be negative");
   check.Require(spec.checkpoint().keep_last() >= 0, "checkpoint.keepLast", "must not be negative");

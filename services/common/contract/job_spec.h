@@ -29,6 +29,33 @@ std::vector<SpecIssue> ValidateJobSpec(const v1::JobSpec& spec, const SpecLimits
 // Throws UserError listing every issue ValidateJobSpec finds.
 void CheckJobSpec(const v1::JobSpec& spec, const SpecLimits& limits = {});
 
+// ---------------------------------------------------------------------------------------------
+// Where a rank trains. The one statement of which devices a spec allows: the scheduler places
+// by it (scheduling_rules.h DeviceKindsFor), ValidateJobSpec refuses the combinations no device
+// serves (FP16 with backend GLOO), and the trainer checks the device its rank landed on
+// (CheckRankDevice).
+
+// The device a rank's node gives it (the node's device kind, GRADHUB_DEVICE).
+enum class RankDevice { kCpu, kCuda };
+
+// The settings of `spec` that need a CUDA GPU, each as the issue a rank that trains on the CPU
+// raises, naming its field: backend NCCL (it reduces GPU tensors) and precision FP16 (autocast
+// to float16, which the CPU's autocast lacks). `where` says why the rank is on the CPU, e.g.
+// "this rank trains on the CPU". Empty = the spec trains on either device.
+std::vector<SpecIssue> CudaOnlySettings(const v1::JobSpec& spec, const std::string& where);
+bool NeedsCuda(const v1::JobSpec& spec);
+// backend GLOO: the ranks train on the CPU whatever device their node has (Gloo reduces CPU
+// tensors), so the scheduler gives them CPU nodes, where no GPU sits idle.
+bool TrainsOnCpu(const v1::JobSpec& spec);
+
+struct RankDeviceRules {
+  bool allow_fp16_on_cpu = false;  // tests only: the trainer's fp16_scaling_on_cpu_for_test
+};
+// Rules that depend on the device a rank landed on (NCCL and FP16 need CUDA). Throws UserError
+// naming the field. The scheduler places a valid spec only where this passes; the trainer
+// checks again, for a rank started by hand or by an older scheduler.
+void CheckRankDevice(const v1::JobSpec& spec, RankDevice device, const RankDeviceRules& rules = {});
+
 // The spec with the documented default written in wherever a field left it zero (world size
 // 1, bucket cap 25 MiB, keep_last 3, ...). The one place where those defaults live.
 v1::JobSpec WithDefaults(v1::JobSpec spec);

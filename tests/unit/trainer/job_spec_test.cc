@@ -119,6 +119,91 @@ precision: BF16
   }
 }
 
+// The issue of `field`, or fails the test.
+SpecIssue IssueOf(const std::vector<SpecIssue>& issues, const std::string& field) {
+  for (const auto& issue : issues) {
+    if (issue.field == field) return issue;
+  }
+  ADD_FAILURE() << "no issue names " << field;
+  return {};
+}
+
+TEST(JobSpecTest, Fp16RefusesWhatItsLossScalerCannotKeepInStep) {
+  const auto local_sgd = ValidateJobSpec(
+      ParseJobSpec("precision: FP16\ndistributed: {backend: NCCL, localSgd: {period: 4}}\n"));
+  EXPECT_NE(IssueOf(local_sgd, "distributed.localSgd").message.find("precision FP16"),
+            std::string::npos);
+  const auto powersgd = ValidateJobSpec(
+      ParseJobSpec("precision: FP16\ndistributed: {backend: NCCL, commHook: POWER_SGD}\n"));
+  EXPECT_NE(IssueOf(powersgd, "distributed.commHook").message.find("POWER_SGD"), std::string::npos);
+  const auto gloo =
+      ValidateJobSpec(ParseJobSpec("precision: FP16\ndistributed: {backend: GLOO}\n"));
+  const SpecIssue on_cpu = IssueOf(gloo, "precision");
+  EXPECT_NE(on_cpu.message.find("backend GLOO trains on the CPU"), std::string::npos)
+      << on_cpu.message;
+  EXPECT_NE(on_cpu.message.find("BF16"), std::string::npos) << on_cpu.message;
+  // What FP16 does support: NCCL or AUTO, ZeRO, compression hooks.
+  for (const char* fine :
+       {"precision: FP16\ndistributed: {backend: AUTO, shardOptimizerState: true}\n",
+        "precision: FP16\ndistributed: {backend: NCCL, commHook: BF16}\n",
+        "precision: BF16\ndistributed: {backend: GLOO, localSgd: {period: 2}}\n"}) {
+    for (const auto& issue : ValidateJobSpec(ParseJobSpec(fine))) {
+      EXPECT_TRUE(issue.field != "precision" && issue.field.rfind("distributed", 0) != 0)
+          << fine << issue.field << ": " << issue.message;
+    }
+  }
+}
+
+TEST(JobSpecTest, NeedsCudaForNcclOrFp16AndTrainsOnCpuUnderGloo) {
+  EXPECT_TRUE(NeedsCuda(ParseJobSpec("distributed: {backend: NCCL}\n")));
+  EXPECT_TRUE(NeedsCuda(ParseJobSpec("precision: FP16\n")));  // backend AUTO
+  EXPECT_FALSE(NeedsCuda(ParseJobSpec("precision: BF16\n")));
+  EXPECT_FALSE(NeedsCuda(ParseJobSpec("distributed: {backend: GLOO}\n")));
+  EXPECT_TRUE(TrainsOnCpu(ParseJobSpec("distributed: {backend: GLOO}\n")));
+  EXPECT_FALSE(TrainsOnCpu(ParseJobSpec("distributed: {backend: AUTO}\n")));
+  EXPECT_FALSE(TrainsOnCpu(ParseJobSpec("distributed: {backend: NCCL}\n")));
+}
+
+// The UserError CheckRankDevice throws, or "" when it accepts.
+std::string RankDeviceRefusal(const std::string& yaml, RankDevice device,
+                              const RankDeviceRules& rules = {}) {
+  try {
+    CheckRankDevice(ParseJobSpec(yaml), device, rules);
+    return "";
+  } catch (const UserError& error) {
+    return error.what();
+  }
+}
+
+TEST(JobSpecTest, CheckRankDeviceRefusesCudaSettingsOnTheCpuNamingTheField) {
+  const std::string nccl = "distributed: {backend: NCCL}\n";
+  EXPECT_EQ(RankDeviceRefusal(nccl, RankDevice::kCuda), "");
+  EXPECT_EQ(RankDeviceRefusal(nccl, RankDevice::kCpu)
+                .rfind("distributed.backend: NCCL needs a GPU node", 0),
+            0u)
+      << RankDeviceRefusal(nccl, RankDevice::kCpu);
+  const std::string fp16 = "precision: FP16\n";
+  EXPECT_EQ(RankDeviceRefusal(fp16, RankDevice::kCuda), "");
+  EXPECT_EQ(RankDeviceRefusal(fp16, RankDevice::kCpu).rfind("precision: FP16", 0), 0u);
+  // Gloo trains on the CPU even on a GPU node.
+  EXPECT_EQ(RankDeviceRefusal("precision: FP16\ndistributed: {backend: GLOO}\n", RankDevice::kCuda)
+                .rfind("precision: ", 0),
+            0u);
+  for (const char* anywhere : {"precision: BF16\n", "distributed: {backend: GLOO}\n", "{}\n"}) {
+    EXPECT_EQ(RankDeviceRefusal(anywhere, RankDevice::kCpu), "") << anywhere;
+    EXPECT_EQ(RankDeviceRefusal(anywhere, RankDevice::kCuda), "") << anywhere;
+  }
+}
+
+TEST(JobSpecTest, Fp16OnTheCpuIsAllowedOnlyToTestsAndNeverWithNccl) {
+  const RankDeviceRules test_rules{.allow_fp16_on_cpu = true};
+  EXPECT_EQ(RankDeviceRefusal("precision: FP16\n", RankDevice::kCpu, test_rules), "");
+  EXPECT_EQ(RankDeviceRefusal("precision: FP16\ndistributed: {backend: NCCL}\n", RankDevice::kCpu,
+                              test_rules)
+                .rfind("distributed.backend: ", 0),
+            0u);
+}
+
 TEST(JobSpecTest, PowerSgdDefaults) {
   v1::JobSpec filled = WithDefaults(ParseJobSpec("distributed: {commHook: POWER_SGD}\n"));
   const auto& p = filled.distributed().power_sgd();
