@@ -540,21 +540,19 @@ absl::StatusOr<std::vector<const Scheduler::PlacementSpec*>> Scheduler::ReadPlac
     it = it->second.seen_in_pass == pass ? std::next(it) : placement_specs_.erase(it);
   }
   if (!missing.empty()) {
+    // The whole stored spec, as PlaceJob reads it: a projection here once left out a field the
+    // rules read (precision), and judged FP16 jobs as if they could run on CPU nodes.
     GRADHUB_ASSIGN_OR_RETURN(
-        db::Result rows,
-        pool_->Exec("SELECT 'jobs/' || j.id::text AS name,"
-                    " jsonb_build_object('distributed', j.spec -> 'distributed',"
-                    "   'nodeSelector', coalesce(j.spec -> 'nodeSelector', '{}'),"
-                    // The files it names decide which nodes' data roots can serve it.
-                    "   'dataset', coalesce(j.spec -> 'dataset', '{}'),"
-                    "   'model', coalesce(j.spec -> 'model', '{}'))::text AS spec"
-                    " FROM jobs j WHERE j.id = ANY($1::uuid[])",
-                    {UuidArray(missing)}));
+        db::Result rows, pool_->Exec("SELECT 'jobs/' || j.id::text AS name, j.spec::text AS spec"
+                                     " FROM jobs j WHERE j.id = ANY($1::uuid[])",
+                                     {UuidArray(missing)}));
     for (const db::Row& row : rows) {
       PlacementSpec& cached = placement_specs_[row.Get<std::string>("name")];
-      cached.shape = row.Get<std::string>("spec");
-      cached.loaded = google::protobuf::util::JsonStringToMessage(cached.shape, &cached.spec).ok();
-      cached.spec = WithDefaults(std::move(cached.spec));  // stored as submitted
+      v1::JobSpec stored;
+      cached.loaded =
+          google::protobuf::util::JsonStringToMessage(row.Get<std::string>("spec"), &stored).ok();
+      cached.spec = WithDefaults(std::move(stored));  // stored as submitted
+      cached.shape = PlacementShape(cached.spec);
     }
   }
   std::vector<const PlacementSpec*> loaded;

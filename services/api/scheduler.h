@@ -138,14 +138,13 @@ class Scheduler {
   // fast path for new jobs meanwhile. `lock` holds mu_.
   void WaitPlacingNewJobs(std::unique_lock<std::mutex>& lock,
                           std::chrono::steady_clock::time_point until, bool nudgeable);
-  // What placement reads of a waiting job's spec (distributed, nodeSelector), kept across
-  // passes: a spec never changes, and parsing each waiting job's from JSON on every pass was a
-  // third of the api's CPU with 10,000 jobs queued.
+  // A waiting job's spec (whole, with its defaults, as PlaceJob reads it), kept across passes:
+  // a spec never changes, and parsing each waiting job's from JSON on every pass was a third
+  // of the api's CPU with 10,000 jobs queued.
   struct PlacementSpec {
     bool loaded = false;
     v1::JobSpec spec;
-    // The same fields as PostgreSQL's jsonb text, whose key order is fixed: jobs of one shape
-    // fit a snapshot of the nodes or not together.
+    // PlacementShape(spec): jobs of one shape fit a snapshot of the nodes or not together.
     std::string shape;
     uint64_t seen_in_pass = 0;
   };

@@ -4,30 +4,71 @@
 #include <cstddef>
 #include <set>
 
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
+
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "services/common/contract/data_paths.h"
+#include "services/common/contract/job_spec.h"
 #include "services/common/contract/trainer_exit_codes.h"
 
 namespace gradhub::api {
 namespace {
 
-bool TakesRanks(const NodeRecord& node) {
-  return node.state == v1::Node::READY && node.heartbeating;
-}
+std::string KindName(v1::Node::DeviceKind kind) { return v1::Node::DeviceKind_Name(kind); }
 
-bool LabelsMatch(const NodeRecord& node, const v1::JobSpec& spec) {
-  for (const auto& [key, value] : spec.node_selector()) {
+// --- the filters (NodeFilters), each an admission test and the reason when no node passes ---
+
+bool LabelsMatch(const NodeRecord& node, const JobNeeds& job) {
+  for (const auto& [key, value] : job.spec.node_selector()) {
     const auto it = node.labels.find(key);
     if (it == node.labels.end() || it->second != value) return false;
   }
   return true;
 }
 
-std::string KindName(v1::Node::DeviceKind kind) { return v1::Node::DeviceKind_Name(kind); }
+std::string NoLabelledNode(const JobNeeds& job) {
+  std::vector<std::string> wanted;
+  for (const auto& [key, value] : job.spec.node_selector()) wanted.push_back(key + "=" + value);
+  std::sort(wanted.begin(), wanted.end());
+  return absl::StrCat("no node with label ", absl::StrJoin(wanted, ","));
+}
 
-// Step 2 of PlaceGang on the nodes of one device kind that are eligible.
+bool ServesFiles(const NodeRecord& node, const JobNeeds& job) {
+  return RootsServeSpec(node.data_roots, job.spec);
+}
+
+std::string NoNodeServesFiles(const JobNeeds&) {
+  return "no node's data roots hold every file the spec names (see each node's dataRoots)";
+}
+
+bool OfDeviceKind(const NodeRecord& node, const JobNeeds& job) {
+  return std::find(job.kinds.begin(), job.kinds.end(), node.kind) != job.kinds.end();
+}
+
+std::string NoNodeOfDeviceKind(const JobNeeds& job) {
+  std::vector<std::string> names;
+  for (const auto kind : job.kinds) names.push_back(KindName(kind));
+  return absl::StrCat(
+      "backend ", v1::DistributedSpec::Backend_Name(job.spec.distributed().backend()),
+      job.spec.precision() == v1::JobSpec::FP16 ? " with precision FP16" : "", " runs on ",
+      absl::StrJoin(names, " or "), " nodes; no such node is registered");
+}
+
+bool TakesRanks(const NodeRecord& node, const JobNeeds&) {
+  return node.state == v1::Node::READY && node.heartbeating;
+}
+
+bool HasFreeSlot(const NodeRecord& node, const JobNeeds&) { return !node.free_slots.empty(); }
+
+std::string NoReadyNodeWithAFreeSlot(const JobNeeds& job) {
+  return absl::StrCat("needs ", job.spec.distributed().world_size(),
+                      " slots, no ready node has a free slot");
+}
+
+// PlaceGang's step 2 on the nodes of one device kind that are eligible.
 std::vector<RankPlacement> Pack(std::vector<const NodeRecord*> eligible, int32_t world_size,
                                 int32_t ranks_per_node) {
   std::stable_sort(eligible.begin(), eligible.end(), [](const auto* a, const auto* b) {
@@ -47,84 +88,110 @@ std::vector<RankPlacement> Pack(std::vector<const NodeRecord*> eligible, int32_t
   return placed;
 }
 
-// Step 3 of PlaceGang: why the job does not fit, most specific first.
-std::string WhyUnplaced(const v1::JobSpec& spec, const std::vector<NodeRecord>& nodes,
-                        const std::vector<v1::Node::DeviceKind>& kinds) {
-  const int32_t world_size = spec.distributed().world_size();
+// PlaceGang's step 3 when every filter admits some node but the gang does not fit them.
+std::string TooFewSlots(const v1::JobSpec& spec, const std::vector<const NodeRecord*>& admitted) {
   const int32_t per_node = spec.distributed().ranks_per_node();
-  bool any_labelled = false, any_serves = false, any_kind = false;
-  int32_t usable = 0;
-  size_t ready = 0, largest = 0;
-  for (const NodeRecord& node : nodes) {
-    if (!LabelsMatch(node, spec)) continue;
-    any_labelled = true;
-    if (!RootsServeSpec(node.data_roots, spec)) continue;
-    any_serves = true;
-    if (std::find(kinds.begin(), kinds.end(), node.kind) == kinds.end()) continue;
-    any_kind = true;
-    if (!TakesRanks(node) || node.free_slots.empty()) continue;
-    ++ready;
-    largest = std::max(largest, node.free_slots.size());
-    usable += static_cast<int32_t>(
-        per_node > 0 ? std::min<size_t>(node.free_slots.size(), static_cast<size_t>(per_node))
-                     : node.free_slots.size());
+  size_t usable = 0, largest = 0;
+  for (const NodeRecord* node : admitted) {
+    const size_t free = node->free_slots.size();
+    largest = std::max(largest, free);
+    usable += per_node > 0 ? std::min(free, static_cast<size_t>(per_node)) : free;
   }
-  if (!spec.node_selector().empty() && !any_labelled) {
-    std::vector<std::string> wanted;
-    for (const auto& [key, value] : spec.node_selector()) wanted.push_back(key + "=" + value);
-    std::sort(wanted.begin(), wanted.end());
-    return absl::StrCat("no node with label ", absl::StrJoin(wanted, ","));
-  }
-  if (!any_serves) {
-    return "no node's data roots hold every file the spec names (see each node's dataRoots)";
-  }
-  if (!any_kind) {
-    std::vector<std::string> names;
-    for (const auto kind : kinds) names.push_back(KindName(kind));
-    return absl::StrCat("backend ", v1::DistributedSpec::Backend_Name(spec.distributed().backend()),
-                        spec.precision() == v1::JobSpec::FP16 ? " with precision FP16" : "",
-                        " runs on ", absl::StrJoin(names, " or "), " nodes; no such node is ",
-                        "registered");
-  }
-  if (ready == 0)
-    return absl::StrCat("needs ", world_size, " slots, no ready node has a free slot");
-  return absl::StrCat("needs ", world_size, " slots",
+  return absl::StrCat("needs ", spec.distributed().world_size(), " slots",
                       per_node > 0 ? absl::StrCat(" (at most ", per_node, " per node)") : "", ", ",
-                      usable, " usable on ", ready, " ready nodes, ", largest,
+                      usable, " usable on ", admitted.size(), " ready nodes, ", largest,
                       " free on the largest node");
 }
 
 }  // namespace
 
 std::vector<v1::Node::DeviceKind> DeviceKindsFor(const v1::JobSpec& spec) {
-  if (spec.distributed().backend() == v1::DistributedSpec::NCCL ||
-      spec.precision() == v1::JobSpec::FP16) {
-    return {v1::Node::CUDA};
-  }
-  if (spec.distributed().backend() == v1::DistributedSpec::GLOO) return {v1::Node::CPU};
+  if (NeedsCuda(spec)) return {v1::Node::CUDA};
+  if (TrainsOnCpu(spec)) return {v1::Node::CPU};
   return {v1::Node::CUDA, v1::Node::CPU};
 }
 
+const std::vector<NodeFilter>& NodeFilters() {
+  static const std::vector<NodeFilter> kFilters = {
+      {"NodeSelector", LabelsMatch, NoLabelledNode},
+      {"DataRoots", ServesFiles, NoNodeServesFiles},
+      {"DeviceKind", OfDeviceKind, NoNodeOfDeviceKind},
+      {"Ready", TakesRanks, NoReadyNodeWithAFreeSlot},
+      {"FreeSlot", HasFreeSlot, NoReadyNodeWithAFreeSlot},
+  };
+  return kFilters;
+}
+
+Admission AdmitNodes(const JobNeeds& job, const std::vector<NodeRecord>& nodes) {
+  const std::vector<NodeFilter>& filters = NodeFilters();
+  Admission admission;
+  // The reason is that of the first filter no node passes together with every filter before
+  // it: the filter where the node that got furthest stopped.
+  size_t furthest = 0;
+  for (const NodeRecord& node : nodes) {
+    size_t passed = 0;
+    while (passed < filters.size() && filters[passed].admits(node, job)) ++passed;
+    furthest = std::max(furthest, passed);
+    if (passed == filters.size()) admission.nodes.push_back(&node);
+  }
+  if (nodes.empty()) {
+    admission.why = "no node is registered";
+  } else if (admission.nodes.empty()) {
+    admission.why = filters[furthest].why_none(job);
+  }
+  return admission;
+}
+
 GangPlacement PlaceGang(const v1::JobSpec& spec, const std::vector<NodeRecord>& nodes) {
-  const std::vector<v1::Node::DeviceKind> kinds = DeviceKindsFor(spec);
+  const JobNeeds job(spec);
   GangPlacement placement;
-  for (const v1::Node::DeviceKind kind : kinds) {
-    std::vector<const NodeRecord*> eligible;  // step 1
-    for (const NodeRecord& node : nodes) {
-      if (TakesRanks(node) && node.kind == kind && !node.free_slots.empty() &&
-          LabelsMatch(node, spec) && RootsServeSpec(node.data_roots, spec)) {
-        eligible.push_back(&node);
-      }
+  const Admission admitted = AdmitNodes(job, nodes);  // step 1
+  if (admitted.nodes.empty()) {
+    placement.why = admitted.why;
+    return placement;
+  }
+  for (const v1::Node::DeviceKind kind : job.kinds) {
+    std::vector<const NodeRecord*> of_kind;
+    for (const NodeRecord* node : admitted.nodes) {
+      if (node->kind == kind) of_kind.push_back(node);
     }
-    placement.ranks = Pack(std::move(eligible), spec.distributed().world_size(),
+    placement.ranks = Pack(std::move(of_kind), spec.distributed().world_size(),
                            spec.distributed().ranks_per_node());
     if (placement.placed()) {
       placement.kind = kind;
       return placement;
     }
   }
-  placement.why = WhyUnplaced(spec, nodes, kinds);
+  placement.why = TooFewSlots(spec, admitted.nodes);
   return placement;
+}
+
+std::string PlacementShape(const v1::JobSpec& spec) {
+  v1::JobSpec shape = spec;
+  shape.clear_display_name();
+  shape.clear_labels();
+  shape.clear_optimizer();
+  shape.clear_lr_schedule();
+  shape.clear_batch_size_per_rank();
+  shape.clear_grad_accumulation_steps();
+  shape.clear_max_steps();
+  shape.clear_max_epochs();
+  shape.clear_eval_every_steps();
+  shape.clear_log_every_steps();
+  shape.clear_grad_clip_norm();
+  shape.clear_checkpoint();
+  shape.clear_max_restarts();
+  shape.clear_hang_timeout_seconds();
+  shape.clear_priority();
+  shape.clear_seed();
+  std::string bytes;
+  {
+    google::protobuf::io::StringOutputStream out(&bytes);
+    google::protobuf::io::CodedOutputStream coded(&out);
+    coded.SetSerializationDeterministic(true);  // map fields (nodeSelector) in key order
+    shape.SerializeToCodedStream(&coded);
+  }
+  return bytes;
 }
 
 std::optional<std::string> QueuePass::WaitsRegardless(const QueuedJob& job) const {

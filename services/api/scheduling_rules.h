@@ -52,23 +52,62 @@ struct GangPlacement {
   bool placed() const { return !ranks.empty(); }
 };
 
-// The device kinds a job may run on (one kind for the whole gang: NCCL and Gloo do not mix):
-// NCCL or FP16 need CUDA nodes; GLOO runs on CPU nodes (a GPU slot would sit idle under it);
-// AUTO runs on either, and becomes NCCL on CUDA nodes and GLOO on CPU nodes.
+// The device kinds a job may run on, preferred first (one kind for the whole gang: NCCL and
+// Gloo do not mix), from contract/job_spec.h's statement of them: NCCL or FP16 need CUDA nodes
+// (NeedsCuda); GLOO runs on CPU nodes (TrainsOnCpu: a GPU slot would sit idle under it); AUTO
+// runs on either, and becomes NCCL on CUDA nodes and GLOO on CPU nodes.
 std::vector<v1::Node::DeviceKind> DeviceKindsFor(const v1::JobSpec& spec);
 
+// A job as the node filters see it: its spec (defaults applied) and the device kinds it runs
+// on. Holds a reference to the spec.
+struct JobNeeds {
+  explicit JobNeeds(const v1::JobSpec& spec) : spec(spec), kinds(DeviceKindsFor(spec)) {}
+  const v1::JobSpec& spec;
+  std::vector<v1::Node::DeviceKind> kinds;
+};
+
+// A scheduling filter, as Kubernetes' filter plugins: whether one node may take ranks of a job,
+// and a reason of its own, the one the job waits with when no node passes it together with
+// every filter before it. Both pure functions.
+struct NodeFilter {
+  const char* name;
+  bool (*admits)(const NodeRecord& node, const JobNeeds& job);
+  std::string (*why_none)(const JobNeeds& job);
+};
+
+// The filters, in the order their reasons are given (the most specific first):
+//   NodeSelector  the node's labels hold every key=value of spec.nodeSelector;
+//   DataRoots     its data roots hold every file the spec names (contract/data_paths.h);
+//   DeviceKind    it is of a kind the job runs on (DeviceKindsFor);
+//   Ready         READY (not cordoned or draining) and heartbeating within its lease;
+//   FreeSlot      it has a free slot.
+// The last two share their reason: "needs N slots, no ready node has a free slot".
+const std::vector<NodeFilter>& NodeFilters();
+
+// The nodes every filter admits, in the order of `nodes`; when none, `why` is the reason of the
+// first filter that no node passes with every filter before it ("no node is registered" when
+// `nodes` is empty).
+struct Admission {
+  std::vector<const NodeRecord*> nodes;
+  std::string why;
+};
+Admission AdmitNodes(const JobNeeds& job, const std::vector<NodeRecord>& nodes);
+
 // Gang placement of one job (its spec with defaults applied) on `nodes`:
-//   1. Eligible nodes: READY (not cordoned or draining) and heartbeating, labels matching the node
-//   selector, data roots holding every file
-//      the spec names, of a device kind the job runs on (DeviceKindsFor, in that order of
-//      preference), with a free slot.
-//   2. Of one device kind at a time, pack the ranks onto as few nodes as possible: the nodes
-//      with the most free slots first (rank 0 on the first), at most ranks_per_node on each,
-//      lowest free slots first.
-//   3. All ranks placed, or none: then `why` names what is missing, most specific first (no
-//      labelled node, no node serving the files, no node of the device kind, no free slot,
-//      else the count of usable slots).
+//   1. Eligible nodes: those every filter admits (AdmitNodes).
+//   2. Of one device kind at a time (DeviceKindsFor's order of preference), pack the ranks onto
+//      as few nodes as possible: the nodes with the most free slots first (rank 0 on the first),
+//      at most ranks_per_node on each, lowest free slots first.
+//   3. All ranks placed, or none: then `why` names what is missing, most specific first: the
+//      reason of the filter no node passed, else the count of usable slots.
 GangPlacement PlaceGang(const v1::JobSpec& spec, const std::vector<NodeRecord>& nodes);
+
+// The placement-relevant part of a spec as text (QueuedJob::shape): its deterministic wire
+// bytes, less the fields placement never reads (names, labels, the optimizer and schedule,
+// the loop's lengths, checkpoints, restarts, priority, seed). A list of what it drops rather
+// than of what it keeps, so that a rule reading one more field cannot be forgotten here: a
+// field left in only makes fewer jobs share a shape.
+std::string PlacementShape(const v1::JobSpec& spec);
 
 // A job in the queue as one pass of the scheduler sees it.
 struct QueuedJob {

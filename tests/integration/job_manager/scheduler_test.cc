@@ -8,6 +8,7 @@
 #include <google/protobuf/util/message_differencer.h>
 #include <google/protobuf/util/time_util.h>
 
+#include <functional>
 #include <map>
 #include <set>
 
@@ -50,10 +51,12 @@ class SchedulerTest : public db::DatabaseTest {
 
   Agent Register(const std::string& name, int slots,
                  const std::vector<std::string>& data_roots = {"/data"},
-                 const std::map<std::string, std::string>& labels = {}) {
+                 const std::map<std::string, std::string>& labels = {},
+                 v1::Node::DeviceKind kind = v1::Node::CPU) {
     v1::RegisterNodeRequest request;
     request.mutable_node()->set_name("nodes/" + name);
     request.mutable_node()->set_slots(slots);
+    request.mutable_node()->set_kind(kind);
     for (const auto& [key, value] : labels)
       (*request.mutable_node()->mutable_labels())[key] = value;
     // By default /data, where MinimalJobSpec's dataset is.
@@ -134,6 +137,65 @@ TEST_F(SchedulerTest, PlacesOnlyOnNodesWhoseDataRootsHoldEveryPathOfTheJob) {
   EXPECT_EQ(Get(data).state(), v1::Job::SCHEDULED);
   EXPECT_EQ(Beat(a, {}).size(), 2u);
   EXPECT_TRUE(Beat(b, {}).empty()) << "b's roots do not hold /data";
+}
+
+// FP16 trains on CUDA GPUs whatever the backend. With backend AUTO, a pass's view of the queue
+// once left out the spec's precision: it judged the job placeable on a CPU node (the placement
+// under the lock then refused it) and took that node's slot from every job behind it, so a
+// job that fits waited for as long as the FP16 job did.
+TEST_F(SchedulerTest, Fp16WithBackendAutoWaitsForACudaNodeAndTakesNoCpuSlot) {
+  Register("cpu", 1);
+  v1::JobSpec spec = testing::MinimalJobSpec();
+  spec.set_precision(v1::JobSpec::FP16);
+  spec.mutable_distributed()->set_backend(v1::DistributedSpec::AUTO);
+  spec.mutable_distributed()->set_world_size(1);
+  auto fp16 = jobs_->CreateJob(tenant_, spec, "");
+  ASSERT_TRUE(fp16.ok()) << fp16.status();
+  const v1::Job behind = Submit(1);  // FP32: fits the CPU node
+  Pass();
+  EXPECT_EQ(Get(*fp16).state(), v1::Job::PENDING);
+  EXPECT_EQ(Get(*fp16).state_reason(),
+            "backend AUTO with precision FP16 runs on CUDA nodes; no such node is registered");
+  EXPECT_EQ(Get(behind).state(), v1::Job::SCHEDULED) << Get(behind).state_reason();
+  Pass();  // and again, from the cached view of the queue
+  EXPECT_EQ(Get(*fp16).state(), v1::Job::PENDING);
+
+  Agent gpu = Register("gpu", 1, {"/data"}, {}, v1::Node::CUDA);
+  Pass();
+  EXPECT_EQ(Get(*fp16).state(), v1::Job::SCHEDULED) << Get(*fp16).state_reason();
+  EXPECT_THAT(Get(*fp16).state_reason(), HasSubstr("nodes/gpu (rank 0), CUDA"));
+  const std::vector<v1::RankAssignment> desired = Beat(gpu, {});
+  ASSERT_EQ(desired.size(), 1u);
+  EXPECT_EQ(desired[0].job(), fp16->name());
+}
+
+// What the trainer would refuse for the spec alone is refused before the job is queued
+// (tests/unit/trainer/spec_rules_test.cc lists every such refusal).
+TEST_F(SchedulerTest, CreateJobRefusesFp16CombinationsTheTrainerWouldNamingTheField) {
+  Register("gpu", 1, {"/data"}, {}, v1::Node::CUDA);
+  const auto refusal = [&](const std::function<void(v1::JobSpec&)>& change) {
+    v1::JobSpec spec = testing::MinimalJobSpec();
+    spec.set_precision(v1::JobSpec::FP16);
+    change(spec);
+    const absl::StatusOr<v1::Job> job = jobs_->CreateJob(tenant_, spec, "");
+    EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument) << job.status();
+    return std::string(job.status().message());
+  };
+  EXPECT_THAT(
+      refusal([](v1::JobSpec& s) { s.mutable_distributed()->mutable_local_sgd()->set_period(2); }),
+      HasSubstr("distributed.localSgd: cannot be combined with precision FP16"));
+  EXPECT_THAT(refusal([](v1::JobSpec& s) {
+                s.mutable_distributed()->set_comm_hook(v1::DistributedSpec::POWER_SGD);
+              }),
+              HasSubstr("distributed.commHook: POWER_SGD cannot be combined with precision FP16"));
+  EXPECT_THAT(refusal([](v1::JobSpec& s) {
+                s.mutable_distributed()->set_backend(v1::DistributedSpec::GLOO);
+              }),
+              HasSubstr("precision: FP16 (autocast to float16 with dynamic loss scaling) needs a "
+                        "CUDA GPU; backend GLOO trains on the CPU"));
+  auto listed = jobs_->ListJobs(tenant_, v1::ListJobsRequest());
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  EXPECT_EQ(listed->jobs_size(), 0) << "nothing was queued";
 }
 
 TEST_F(SchedulerTest, CreateJobRefusesAPathNoRegisteredNodeServesNamingTheField) {

@@ -5,10 +5,13 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
+#include "services/common/contract/job_spec.h"
 #include "services/common/contract/trainer_exit_codes.h"
+#include "services/common/contract/user_error.h"
 
 namespace gradhub::api {
 namespace {
@@ -43,6 +46,146 @@ std::string Where(const GangPlacement& placement) {
     out += rank.node + ":" + std::to_string(rank.slot);
   }
   return out;
+}
+
+// --- scheduling filters ---
+
+const NodeFilter& Filter(const std::string& name) {
+  for (const NodeFilter& filter : NodeFilters()) {
+    if (filter.name == name) return filter;
+  }
+  ADD_FAILURE() << "no filter " << name;
+  return NodeFilters().front();
+}
+
+TEST(NodeFilters, GiveTheirReasonsMostSpecificFirst) {
+  std::vector<std::string> names;
+  for (const NodeFilter& filter : NodeFilters()) names.push_back(filter.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"NodeSelector", "DataRoots", "DeviceKind", "Ready",
+                                             "FreeSlot"}));
+}
+
+TEST(NodeFilters, NodeSelectorAdmitsNodesWithEveryLabel) {
+  v1::JobSpec spec = Spec(1);
+  (*spec.mutable_node_selector())["zone"] = "b";
+  (*spec.mutable_node_selector())["gpu"] = "h100";
+  const JobNeeds job(spec);
+  NodeRecord node = Node(1, "a", 1);
+  node.labels = {{"zone", "b"}};
+  EXPECT_FALSE(Filter("NodeSelector").admits(node, job));
+  node.labels["gpu"] = "h200";
+  EXPECT_FALSE(Filter("NodeSelector").admits(node, job));
+  node.labels["gpu"] = "h100";
+  node.labels["extra"] = "any";
+  EXPECT_TRUE(Filter("NodeSelector").admits(node, job));
+  EXPECT_TRUE(Filter("NodeSelector").admits(Node(2, "b", 1), JobNeeds(Spec(1))));
+  EXPECT_EQ(Filter("NodeSelector").why_none(job), "no node with label gpu=h100,zone=b");
+}
+
+TEST(NodeFilters, DataRootsAdmitNodesServingEveryFileTheSpecNames) {
+  v1::JobSpec spec = Spec(1);
+  spec.mutable_dataset()->mutable_csv()->set_path("/data/train.csv");
+  spec.mutable_model()->mutable_torchscript()->set_path("/models/m.pt");
+  const JobNeeds job(spec);
+  NodeRecord node = Node(1, "a", 1);
+  node.data_roots = {"/data"};
+  EXPECT_FALSE(Filter("DataRoots").admits(node, job));
+  node.data_roots.push_back("/models");
+  EXPECT_TRUE(Filter("DataRoots").admits(node, job));
+  EXPECT_TRUE(Filter("DataRoots").admits(Node(2, "b", 1), JobNeeds(Spec(1))));  // no files
+  EXPECT_THAT(Filter("DataRoots").why_none(job), HasSubstr("data roots"));
+}
+
+TEST(NodeFilters, DeviceKindAdmitsTheKindsTheJobRunsOn) {
+  const NodeRecord cpu = Node(1, "c", 1), cuda = Node(2, "g", 1, v1::Node::CUDA);
+  const v1::JobSpec nccl = Spec(1, 0, v1::DistributedSpec::NCCL);
+  const v1::JobSpec gloo = Spec(1, 0, v1::DistributedSpec::GLOO);
+  EXPECT_FALSE(Filter("DeviceKind").admits(cpu, JobNeeds(nccl)));
+  EXPECT_TRUE(Filter("DeviceKind").admits(cuda, JobNeeds(nccl)));
+  EXPECT_TRUE(Filter("DeviceKind").admits(cpu, JobNeeds(gloo)));
+  EXPECT_FALSE(Filter("DeviceKind").admits(cuda, JobNeeds(gloo)));
+  EXPECT_TRUE(Filter("DeviceKind").admits(cpu, JobNeeds(Spec(1))));
+  EXPECT_TRUE(Filter("DeviceKind").admits(cuda, JobNeeds(Spec(1))));
+  v1::JobSpec fp16 = Spec(1);
+  fp16.set_precision(v1::JobSpec::FP16);
+  EXPECT_FALSE(Filter("DeviceKind").admits(cpu, JobNeeds(fp16)));
+  EXPECT_EQ(Filter("DeviceKind").why_none(JobNeeds(fp16)),
+            "backend AUTO with precision FP16 runs on CUDA nodes; no such node is registered");
+}
+
+TEST(NodeFilters, ReadyAdmitsReadyNodesWithinTheirLease) {
+  const JobNeeds job(Spec(1));
+  NodeRecord node = Node(1, "a", 1);
+  EXPECT_TRUE(Filter("Ready").admits(node, job));
+  for (const auto state : {v1::Node::CORDONED, v1::Node::DRAINING, v1::Node::LOST}) {
+    node.state = state;
+    EXPECT_FALSE(Filter("Ready").admits(node, job)) << v1::Node::State_Name(state);
+  }
+  node.state = v1::Node::READY;
+  node.heartbeating = false;
+  EXPECT_FALSE(Filter("Ready").admits(node, job));
+  EXPECT_EQ(Filter("Ready").why_none(JobNeeds(Spec(3))),
+            "needs 3 slots, no ready node has a free slot");
+}
+
+TEST(NodeFilters, FreeSlotAdmitsNodesWithOne) {
+  const JobNeeds job(Spec(2));
+  EXPECT_TRUE(Filter("FreeSlot").admits(Node(1, "a", 1), job));
+  EXPECT_FALSE(Filter("FreeSlot").admits(Node(1, "a", 0), job));
+  EXPECT_EQ(Filter("FreeSlot").why_none(job), "needs 2 slots, no ready node has a free slot");
+}
+
+TEST(AdmitNodes, TheReasonIsWhereTheNodeThatGotFurthestStopped) {
+  v1::JobSpec spec = Spec(1, 0, v1::DistributedSpec::NCCL);
+  (*spec.mutable_node_selector())["zone"] = "b";
+  NodeRecord unlabelled_gpu = Node(1, "g", 1, v1::Node::CUDA);
+  NodeRecord labelled_cpu = Node(2, "c", 1);
+  labelled_cpu.labels["zone"] = "b";
+  const JobNeeds job(spec);
+  // The labelled node passes the selector and the roots, and stops at the device kind.
+  Admission admitted = AdmitNodes(job, {unlabelled_gpu, labelled_cpu});
+  EXPECT_TRUE(admitted.nodes.empty());
+  EXPECT_EQ(admitted.why, "backend NCCL runs on CUDA nodes; no such node is registered");
+  EXPECT_EQ(AdmitNodes(job, {unlabelled_gpu}).why, "no node with label zone=b");
+  unlabelled_gpu.labels["zone"] = "b";
+  admitted = AdmitNodes(job, {labelled_cpu, unlabelled_gpu});
+  ASSERT_EQ(admitted.nodes.size(), 1u);
+  EXPECT_EQ(admitted.nodes[0]->name, "g");
+  EXPECT_EQ(admitted.why, "");
+}
+
+TEST(AdmitNodes, WithoutAnyNodeSaysNoneIsRegistered) {
+  // It used to say that no node's data roots held the files, of a job that names none.
+  EXPECT_EQ(AdmitNodes(JobNeeds(Spec(1)), {}).why, "no node is registered");
+  EXPECT_EQ(PlaceGang(Spec(1), {}).why, "no node is registered");
+}
+
+TEST(PlacementShape, DropsOnlyWhatPlacementNeverReads) {
+  v1::JobSpec spec = Spec(2);
+  spec.mutable_dataset()->mutable_csv()->set_path("/data/a.csv");
+  const std::string shape = PlacementShape(spec);
+  v1::JobSpec other = spec;  // differs in what placement never reads
+  other.set_display_name("other");
+  other.set_seed(7);
+  other.set_priority(3);
+  other.set_max_steps(100);
+  other.mutable_optimizer()->mutable_sgd()->set_lr(0.1);
+  EXPECT_EQ(PlacementShape(other), shape);
+  // What any filter or the packing reads makes another shape.
+  const auto differs = [&](auto change) {
+    v1::JobSpec changed = spec;
+    change(changed);
+    return PlacementShape(changed) != shape;
+  };
+  EXPECT_TRUE(differs([](v1::JobSpec& s) { s.set_precision(v1::JobSpec::FP16); }));
+  EXPECT_TRUE(differs([](v1::JobSpec& s) { (*s.mutable_node_selector())["zone"] = "a"; }));
+  EXPECT_TRUE(differs([](v1::JobSpec& s) { s.mutable_dataset()->mutable_csv()->set_path("/x"); }));
+  EXPECT_TRUE(
+      differs([](v1::JobSpec& s) { s.mutable_model()->mutable_torchscript()->set_path("/m"); }));
+  EXPECT_TRUE(differs([](v1::JobSpec& s) { s.mutable_distributed()->set_world_size(3); }));
+  EXPECT_TRUE(differs([](v1::JobSpec& s) { s.mutable_distributed()->set_ranks_per_node(1); }));
+  EXPECT_TRUE(differs(
+      [](v1::JobSpec& s) { s.mutable_distributed()->set_backend(v1::DistributedSpec::NCCL); }));
 }
 
 // --- placement ---
@@ -109,6 +252,40 @@ TEST(PlaceGang, Fp16NeedsCudaNodes) {
   EXPECT_THAT(PlaceGang(spec, {Node(1, "a", 8)}).why, HasSubstr("with precision FP16"));
   EXPECT_EQ(PlaceGang(spec, {Node(1, "a", 8), Node(2, "g", 1, v1::Node::CUDA)}).kind,
             v1::Node::CUDA);
+}
+
+// The scheduler's side of the trainer's device rules (contract/job_spec.h CheckRankDevice): a
+// spec CreateJob accepts goes only to nodes where its ranks are accepted, with AUTO become
+// NCCL on CUDA nodes and GLOO on CPU nodes; a CUDA-only spec never goes to a CPU node.
+TEST(DeviceKindsFor, PlacesOnlyWhereTheTrainerAcceptsTheRanks) {
+  using Distributed = v1::DistributedSpec;
+  for (const auto backend : {Distributed::AUTO, Distributed::NCCL, Distributed::GLOO}) {
+    for (const auto precision : {v1::JobSpec::FP32, v1::JobSpec::BF16, v1::JobSpec::FP16}) {
+      v1::JobSpec spec = Spec(1, 0, backend);
+      spec.set_precision(precision);
+      const std::string name =
+          Distributed::Backend_Name(backend) + " " + v1::JobSpec::Precision_Name(precision);
+      bool refused = false;
+      for (const SpecIssue& issue : ValidateJobSpec(spec)) refused |= issue.field == "precision";
+      if (refused) continue;  // FP16 with GLOO: CreateJob refuses it
+      const std::vector<v1::Node::DeviceKind> kinds = DeviceKindsFor(spec);
+      EXPECT_FALSE(kinds.empty()) << name;
+      for (const auto kind : {v1::Node::CUDA, v1::Node::CPU}) {
+        const bool cuda = kind == v1::Node::CUDA;
+        v1::JobSpec as_placed = spec;
+        if (backend == Distributed::AUTO) {
+          as_placed.mutable_distributed()->set_backend(cuda ? Distributed::NCCL
+                                                            : Distributed::GLOO);
+        }
+        const RankDevice device = cuda ? RankDevice::kCuda : RankDevice::kCpu;
+        if (std::find(kinds.begin(), kinds.end(), kind) != kinds.end()) {
+          EXPECT_NO_THROW(CheckRankDevice(as_placed, device)) << name << " on " << kind;
+        } else if (!cuda) {
+          EXPECT_THROW(CheckRankDevice(as_placed, device), UserError) << name << " on CPU";
+        }
+      }
+    }
+  }
 }
 
 TEST(PlaceGang, AutoPrefersCudaNodesAndNeverMixesDeviceKinds) {
