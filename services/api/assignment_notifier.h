@@ -9,11 +9,13 @@
 // threads after a cancel); WaitForChange from each stream's handler thread.
 #pragma once
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <mutex>
 
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 
 namespace gradhub::api {
