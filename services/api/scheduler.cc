@@ -424,8 +424,8 @@ absl::Status Scheduler::PlaceJobs() {
   // placement is decided again (QueuePass::Confirm) in a transaction under the scheduler lock
   // from what it reads there, then written.
   GRADHUB_ASSIGN_OR_RETURN(const db::Result queue, ReadQueue());
-  GRADHUB_ASSIGN_OR_RETURN(const std::vector<const PlacementSpec*> specs,
-                           ReadPlacementSpecs(queue));
+  GRADHUB_ASSIGN_OR_RETURN(const std::vector<const QueuedSpecs::Entry*> specs,
+                           queued_specs_.Read(*pool_, queue));
   GRADHUB_ASSIGN_OR_RETURN(
       std::vector<NodeRecord> snapshot,
       pool_->Transact([&](db::Transaction& tx) { return ReadNodes(tx, options_.node_lease); },
@@ -446,7 +446,7 @@ absl::Status Scheduler::PlaceJobs() {
     job.stopping = entry.Get<bool>("stopping");
     job.waited = absl::Seconds(entry.Get<double>("waited_s"));
     // Unreadable (not cached) means decided in the transaction, from the whole stored job.
-    if (const PlacementSpec* cached = specs[static_cast<size_t>(i)]; cached != nullptr) {
+    if (const QueuedSpecs::Entry* cached = specs[static_cast<size_t>(i)]; cached != nullptr) {
       job.spec = &cached->spec;
       job.shape = cached->shape;
       const GangPlacement guess = pass.Next(job);
@@ -524,41 +524,44 @@ absl::Status Scheduler::PlaceJob(QueuedJob queued, QueuePass& pass) {
   });
 }
 
-absl::StatusOr<std::vector<const Scheduler::PlacementSpec*>> Scheduler::ReadPlacementSpecs(
-    const db::Result& queue) {
+absl::StatusOr<std::vector<const QueuedSpecs::Entry*>> QueuedSpecs::Read(db::Pool& pool,
+                                                                         const db::Result& queue) {
   const uint64_t pass = ++passes_;
-  std::vector<PlacementSpec*> specs;
-  specs.reserve(static_cast<size_t>(queue.rows()));
+  std::vector<Entry*> entries;
+  entries.reserve(static_cast<size_t>(queue.rows()));
   std::vector<std::string> missing;  // job ids
-  for (const db::Row& entry : queue) {
-    auto [it, added] = placement_specs_.try_emplace(entry.Get<std::string>("name"));
+  for (const db::Row& row : queue) {
+    auto [it, added] = entries_.try_emplace(row.Get<std::string>("name"));
     it->second.seen_in_pass = pass;
     if (!it->second.loaded) missing.push_back(JobId(it->first));
-    specs.push_back(&it->second);
+    entries.push_back(&it->second);
   }
-  for (auto it = placement_specs_.begin(); it != placement_specs_.end();) {
-    it = it->second.seen_in_pass == pass ? std::next(it) : placement_specs_.erase(it);
+  for (auto it = entries_.begin(); it != entries_.end();) {
+    it = it->second.seen_in_pass == pass ? std::next(it) : entries_.erase(it);
   }
-  if (!missing.empty()) {
-    // The whole stored spec, as PlaceJob reads it: a projection here once left out a field the
-    // rules read (precision), and judged FP16 jobs as if they could run on CPU nodes.
-    GRADHUB_ASSIGN_OR_RETURN(
-        db::Result rows, pool_->Exec("SELECT 'jobs/' || j.id::text AS name, j.spec::text AS spec"
-                                     " FROM jobs j WHERE j.id = ANY($1::uuid[])",
-                                     {UuidArray(missing)}));
-    for (const db::Row& row : rows) {
-      PlacementSpec& cached = placement_specs_[row.Get<std::string>("name")];
-      v1::JobSpec stored;
-      cached.loaded =
-          google::protobuf::util::JsonStringToMessage(row.Get<std::string>("spec"), &stored).ok();
-      cached.spec = WithDefaults(std::move(stored));  // stored as submitted
-      cached.shape = PlacementShape(cached.spec);
-    }
-  }
-  std::vector<const PlacementSpec*> loaded;
-  loaded.reserve(specs.size());
-  for (const PlacementSpec* spec : specs) loaded.push_back(spec->loaded ? spec : nullptr);
+  if (!missing.empty()) GRADHUB_RETURN_IF_ERROR(Load(pool, missing));
+  std::vector<const Entry*> loaded;
+  loaded.reserve(entries.size());
+  for (const Entry* entry : entries) loaded.push_back(entry->loaded ? entry : nullptr);
   return loaded;
+}
+
+absl::Status QueuedSpecs::Load(db::Pool& pool, const std::vector<std::string>& ids) {
+  // The whole stored spec, as PlaceJob reads it: a projection here once left out a field the
+  // rules read (precision), and judged FP16 jobs as if they could run on CPU nodes.
+  GRADHUB_ASSIGN_OR_RETURN(db::Result rows,
+                           pool.Exec("SELECT 'jobs/' || j.id::text AS name, j.spec::text AS spec"
+                                     " FROM jobs j WHERE j.id = ANY($1::uuid[])",
+                                     {UuidArray(ids)}));
+  for (const db::Row& row : rows) {
+    Entry& entry = entries_[row.Get<std::string>("name")];
+    v1::JobSpec stored;
+    entry.loaded =
+        google::protobuf::util::JsonStringToMessage(row.Get<std::string>("spec"), &stored).ok();
+    entry.spec = WithDefaults(std::move(stored));  // stored as submitted
+    entry.shape = PlacementShape(entry.spec);
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Scheduler::SetPendingReasons(

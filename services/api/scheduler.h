@@ -66,6 +66,35 @@
 
 namespace gradhub::api {
 
+// The spec of each waiting job (whole, with its defaults, as a placement under the lock reads
+// it), kept across the scheduler's passes: a spec never changes, and parsing each waiting
+// job's from JSON on every pass was a third of the api's CPU with 10,000 jobs queued.
+// Thread-compatible: one pass at a time uses it.
+class QueuedSpecs {
+ public:
+  struct Entry {
+    bool loaded = false;
+    v1::JobSpec spec;
+    // PlacementShape(spec): jobs of one shape fit a snapshot of the nodes or not together.
+    std::string shape;
+    uint64_t seen_in_pass = 0;
+  };
+
+  // The entry of each job in `queue` (rows with a `name`), in its order, nullptr where its
+  // spec cannot be read; reads those not cached yet and forgets the jobs no longer in it.
+  // The pointers stay valid until the next call.
+  absl::StatusOr<std::vector<const Entry*>> Read(db::Pool& pool, const db::Result& queue);
+
+ private:
+  // Reads the stored specs of `ids` (job ids) into their entries.
+  absl::Status Load(db::Pool& pool, const std::vector<std::string>& ids);
+
+  uint64_t passes_ = 0;
+  // Job name -> entry, for the jobs waiting at the last pass. Pointers to the values stay
+  // valid while their jobs wait (an unordered_map does not move its nodes).
+  std::unordered_map<std::string, Entry> entries_;
+};
+
 struct SchedulerOptions {
   absl::Duration interval = absl::Milliseconds(200);
   // A node without a heartbeat for this long is LOST (kLeaseHeartbeats heartbeat intervals).
@@ -138,19 +167,6 @@ class Scheduler {
   // fast path for new jobs meanwhile. `lock` holds mu_.
   void WaitPlacingNewJobs(std::unique_lock<std::mutex>& lock,
                           std::chrono::steady_clock::time_point until, bool nudgeable);
-  // A waiting job's spec (whole, with its defaults, as PlaceJob reads it), kept across passes:
-  // a spec never changes, and parsing each waiting job's from JSON on every pass was a third
-  // of the api's CPU with 10,000 jobs queued.
-  struct PlacementSpec {
-    bool loaded = false;
-    v1::JobSpec spec;
-    // PlacementShape(spec): jobs of one shape fit a snapshot of the nodes or not together.
-    std::string shape;
-    uint64_t seen_in_pass = 0;
-  };
-  // The placement spec of each job in `queue`, in its order (nullptr where it cannot be read),
-  // reading those not cached yet; forgets the jobs no longer in it.
-  absl::StatusOr<std::vector<const PlacementSpec*>> ReadPlacementSpecs(const db::Result& queue);
   // Sets each job's state_reason (reason -> job ids) where the job still waits.
   absl::Status SetPendingReasons(const std::map<std::string, std::vector<std::string>>& reasons);
 
@@ -176,10 +192,7 @@ class Scheduler {
   bool capacity_changed_ = true;
   std::thread loop_;
   std::mutex pass_mu_;  // one pass at a time (the loop's, a test's); guards what follows
-  uint64_t passes_ = 0;
-  // Job name -> its placement spec, for the jobs waiting at the last pass. Pointers to the
-  // values stay valid while their jobs wait (an unordered_map does not move its nodes).
-  std::unordered_map<std::string, PlacementSpec> placement_specs_;
+  QueuedSpecs queued_specs_;
   // The job that closed the queue in the last pass (past its backfill window, unplaced), by
   // its place in the queue: the fast path places no new job behind it.
   std::optional<QueuePosition> blocking_;
