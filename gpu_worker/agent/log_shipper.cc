@@ -135,23 +135,6 @@ std::vector<v1::ReportLogsRequest> BuildReportLogsRequests(const RankKey& key,
 
 namespace {
 
-// Worth resending later: the server is unreachable, overloaded or restarting.
-bool Retryable(grpc::StatusCode code) {
-  switch (code) {
-    case grpc::StatusCode::UNAVAILABLE:
-    case grpc::StatusCode::DEADLINE_EXCEEDED:
-    case grpc::StatusCode::RESOURCE_EXHAUSTED:
-    case grpc::StatusCode::ABORTED:
-    case grpc::StatusCode::INTERNAL:
-    case grpc::StatusCode::UNKNOWN:
-    case grpc::StatusCode::CANCELLED:
-    case grpc::StatusCode::UNAUTHENTICATED:
-      return true;
-    default:
-      return false;
-  }
-}
-
 // A server that answers OK without acknowledging anything this many times in a row does not
 // keep these lines (an unknown or purged attempt, nodes.proto): they are given up on.
 constexpr int kMaxRoundsWithoutProgress = 3;
@@ -216,7 +199,7 @@ LogShipper::Stats LogShipper::stats() const {
 
 void LogShipper::Loop() {
   std::unique_lock<std::mutex> lock(mu_);
-  absl::Duration backoff = options_.initial_backoff;
+  Backoff backoff(options_.backoff);
   while (!stop_) {
     cv_.wait(lock, [&] { return stop_ || !buffer_.Pending().empty(); });
     if (stop_) break;
@@ -234,10 +217,9 @@ void LogShipper::Loop() {
     }
     flushed_cv_.notify_all();
     if (reachable) {
-      backoff = options_.initial_backoff;
+      backoff.Reset();
     } else {
-      cv_.wait_for(lock, absl::ToChronoNanoseconds(backoff), [&] { return stop_; });
-      backoff = std::min(backoff * 2, options_.max_backoff);
+      cv_.wait_for(lock, backoff.Next(), [&] { return stop_; });
     }
   }
   flushed_cv_.notify_all();
@@ -288,7 +270,7 @@ bool LogShipper::ShipRound(const RankKey& key) {
     }
     return true;
   }
-  if (Retryable(status.error_code())) return false;
+  if (IsRetryable(status)) return false;
   refused_lines_ += static_cast<int64_t>(lines.size());
   buffer_.Release(key, last);
   rounds_without_progress_.erase(key);

@@ -27,6 +27,7 @@
 #include "gpu_worker/agent/rank_process.h"
 #include "gpu_worker/agent/reconcile.h"
 #include "gradhub/v1/nodes.grpc.pb.h"
+#include "services/common/grpc_retry.h"
 
 namespace gradhub::agent {
 
@@ -42,9 +43,9 @@ struct LogShipperOptions {
   // Lines are collected this long before a round, so a chatty rank is not one RPC per line.
   absl::Duration flush_delay = absl::Milliseconds(200);
   absl::Duration rpc_timeout = absl::Seconds(30);
-  // After a retryable failure (server unreachable), the wait before the next round, doubling.
-  absl::Duration initial_backoff = absl::Milliseconds(200);
-  absl::Duration max_backoff = absl::Seconds(5);
+  // After a retryable failure (IsRetryable: server unreachable, token refused), the wait
+  // before the next round.
+  BackoffPolicy backoff = kGrpcBackoff;
 };
 
 // One rank's unacknowledged output, oldest first. Not thread-safe (LogShipper locks it).

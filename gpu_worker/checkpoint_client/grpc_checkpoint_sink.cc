@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -17,6 +18,7 @@
 #include "services/common/background_sha256.h"
 #include "services/common/direct_write.h"
 #include "services/common/grpc_credentials.h"
+#include "services/common/grpc_retry.h"
 #include "services/common/sha256.h"
 
 namespace gradhub::checkpoint_client {
@@ -25,25 +27,8 @@ namespace {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
-constexpr std::chrono::milliseconds kFirstBackoff{100};
-constexpr std::chrono::milliseconds kMaxBackoff{5000};
 // Cached blobs kept per job: the newest is what a restart on this node reads.
 constexpr size_t kCachedBlobs = 2;
-
-bool Retryable(grpc::StatusCode code) {
-  switch (code) {
-    case grpc::StatusCode::UNAVAILABLE:
-    case grpc::StatusCode::DEADLINE_EXCEEDED:
-    case grpc::StatusCode::ABORTED:
-    case grpc::StatusCode::INTERNAL:
-    case grpc::StatusCode::RESOURCE_EXHAUSTED:
-    case grpc::StatusCode::UNKNOWN:
-    case grpc::StatusCode::CANCELLED:
-      return true;
-    default:
-      return false;
-  }
-}
 
 // A failure the caller should not retry through; carries the gRPC status.
 class CallFailed : public std::runtime_error {
@@ -83,27 +68,30 @@ class GrpcCheckpointSink final : public trainer::CheckpointSink {
   }
 
  private:
-  // Calls `attempt` until it returns, backing off after retryable failures; a DATA_LOSS or
-  // NOT_FOUND thrown by `attempt` is retried too (the steps above start over).
+  // Calls `attempt` until it returns, backing off (grpc_retry.h) after retryable failures; a
+  // DATA_LOSS or NOT_FOUND thrown by `attempt` is retried too (the steps above start over).
   template <typename Fn>
   void Retrying(const std::string& what, Clock::time_point deadline, Fn&& attempt) {
-    auto backoff = kFirstBackoff;
+    Backoff backoff(kGrpcBackoff);
     for (int try_number = 0;; ++try_number) {
+      std::optional<std::chrono::nanoseconds> wait;
       try {
         attempt(try_number);
         return;
       } catch (const CallFailed& failure) {
-        const bool again = Retryable(failure.code) || failure.code == grpc::StatusCode::DATA_LOSS ||
+        const bool again = IsRetryable(failure.code) ||
+                           failure.code == grpc::StatusCode::DATA_LOSS ||
                            failure.code == grpc::StatusCode::NOT_FOUND;
-        if (!again || Clock::now() + backoff > deadline) {
+        if (again) wait = backoff.NextBefore(deadline);
+        if (!wait) {
           throw std::runtime_error("checkpoint store " + options_.address + ": " + what +
                                    " failed: " + failure.what());
         }
         log_ << "gradhub-trainer: checkpoint store: " << what << ": " << failure.what()
-             << "; retrying in " << backoff.count() << " ms\n";
+             << "; retrying in "
+             << std::chrono::duration_cast<std::chrono::milliseconds>(*wait).count() << " ms\n";
       }
-      std::this_thread::sleep_for(backoff);
-      backoff = std::min(backoff * 2, kMaxBackoff);
+      std::this_thread::sleep_for(*wait);
     }
   }
 
@@ -217,8 +205,7 @@ class GrpcCheckpointSink final : public trainer::CheckpointSink {
       }
       grpc::Status status = stream->Finish();
       if (status.ok()) break;
-      if (!Retryable(status.error_code()) || broken >= 3)
-        throw CallFailed("DownloadCheckpoint", status);
+      if (!IsRetryable(status) || broken >= 3) throw CallFailed("DownloadCheckpoint", status);
       log_ << "gradhub-trainer: download of " << checkpoint.name() << " broke at " << bytes.size()
            << " bytes: " << status.error_message() << "; resuming\n";
     }

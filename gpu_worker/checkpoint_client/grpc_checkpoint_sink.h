@@ -12,9 +12,10 @@
 //      upload, so only the missing tail is sent again.
 //   3. CommitCheckpoint with the hash. DATA_LOSS (the server's bytes differ) starts over at
 //      step 1 under a new request id; NOT_FOUND (the upload expired) likewise.
-//   Retryable failures (UNAVAILABLE, DEADLINE_EXCEEDED, ABORTED, INTERNAL, RESOURCE_EXHAUSTED)
-//   back off exponentially until save_deadline. Anything else (FAILED_PRECONDITION: this
-//   attempt is no longer the job's current one; PERMISSION_DENIED) throws at once.
+//   Retryable failures (IsRetryable in services/common/grpc_retry.h: the server unreachable,
+//   busy or restarting, the token refused) back off (kGrpcBackoff, with jitter) until
+//   `deadline`. Anything else (FAILED_PRECONDITION: this attempt is no longer the job's current
+//   one; PERMISSION_DENIED) throws at once.
 //
 // LoadLatest:
 //   1. GetLatestCheckpoint; NOT_FOUND means start from step 0.

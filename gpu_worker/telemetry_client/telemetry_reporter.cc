@@ -16,9 +16,12 @@ namespace {
 // service that vanished while the stream was idle; gradhub-metrics allows pings this often.
 grpc::ChannelArguments ChannelArgs(const TelemetryReporterOptions& options) {
   grpc::ChannelArguments args;
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, static_cast<int>(options.min_backoff.count()));
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, static_cast<int>(options.min_backoff.count()));
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, static_cast<int>(options.max_backoff.count()));
+  const auto ms = [](std::chrono::nanoseconds d) {
+    return static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(d).count());
+  };
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, ms(options.backoff.initial));
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, ms(options.backoff.initial));
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, ms(options.backoff.max));
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
   return args;
@@ -27,7 +30,7 @@ grpc::ChannelArguments ChannelArgs(const TelemetryReporterOptions& options) {
 }  // namespace
 
 TelemetryReporter::TelemetryReporter(TelemetryReporterOptions options)
-    : options_(std::move(options)), backoff_(options_.min_backoff) {
+    : options_(std::move(options)), backoff_(options_.backoff) {
   if (options_.address.empty()) throw std::invalid_argument("telemetry: no metrics server address");
   auto credentials = ClientCredentials(options_.tls_ca_file);
   if (!credentials.ok()) throw std::invalid_argument(std::string(credentials.status().message()));
@@ -43,7 +46,7 @@ void TelemetryReporter::Report(v1::StepTelemetry step) noexcept {
   try {
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.reported;
-    if (closing_) {
+    if (closing_ || refused_) {
       ++stats_.dropped;
       return;
     }
@@ -96,7 +99,7 @@ bool TelemetryReporter::Close(Clock::time_point deadline) noexcept {
 void TelemetryReporter::Run() {
   while (WaitForWork()) {
     if (writer_ == nullptr && !OpenStream()) {
-      Backoff();
+      WaitBeforeRetry();
       continue;
     }
     std::vector<v1::StepTelemetry> steps = TakeBatch();
@@ -104,7 +107,7 @@ void TelemetryReporter::Run() {
     if (!WriteBatch(steps)) {
       Requeue(steps);
       EndBrokenStream();
-      Backoff();
+      WaitBeforeRetry();
     }
   }
   const bool finished = FinishStream();
@@ -121,6 +124,7 @@ void TelemetryReporter::Run() {
 bool TelemetryReporter::WaitForWork() {
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
+    if (refused_) return false;
     const Clock::time_point now = Clock::now();
     if (closing_) return !queue_.empty() && now < close_deadline_ && !cancelled_;
     if (queue_.size() >= options_.batch_steps) return true;
@@ -179,7 +183,7 @@ bool TelemetryReporter::WriteBatch(std::vector<v1::StepTelemetry>& steps) {
       steps[i].Swap(batch.mutable_steps(static_cast<int>(i)));
     return false;
   }
-  backoff_ = options_.min_backoff;
+  backoff_.Reset();
   std::lock_guard<std::mutex> lock(mu_);
   stats_.sent += static_cast<int64_t>(steps.size());
   if (!reachable_) {
@@ -205,6 +209,12 @@ void TelemetryReporter::EndBrokenStream() {
   std::lock_guard<std::mutex> lock(mu_);
   context_.reset();
   ++stats_.failures;
+  if (!status.ok() && !IsRetryable(status)) {  // protocol step 3: no retry changes this answer
+    refused_ = true;
+    Log(options_.address + ": " + status.error_message() + " (code " +
+        std::to_string(status.error_code()) + "); not retrying: telemetry of this rank stops");
+    return;
+  }
   if (reachable_) {
     reachable_ = false;
     Log(options_.address + ": " + (status.ok() ? "stream ended" : status.error_message()) +
@@ -227,14 +237,15 @@ bool TelemetryReporter::FinishStream() {
   return true;
 }
 
-// Sleeps the backoff (cut short by the first Close(), and never past its deadline), then
-// doubles it.
-void TelemetryReporter::Backoff() {
+// Sleeps the next wait of the backoff (cut short by the first Close(), and never past its
+// deadline); not at all once refused.
+void TelemetryReporter::WaitBeforeRetry() {
   std::unique_lock<std::mutex> lock(mu_);
   const bool was_closing = closing_;
-  const Clock::time_point until = std::min(Clock::now() + backoff_, close_deadline_);
+  if (refused_) return;
+  const Clock::time_point until = std::min(
+      Clock::now() + std::chrono::duration_cast<Clock::duration>(backoff_.Next()), close_deadline_);
   wake_.wait_until(lock, until, [&] { return closing_ != was_closing || cancelled_; });
-  backoff_ = std::min(backoff_ * 2, options_.max_backoff);
 }
 
 }  // namespace gradhub::telemetry_client

@@ -6,12 +6,16 @@
 //   1. Waits until batch_steps steps are queued, batch_interval has passed since the last
 //      batch, or Close() was called.
 //   2. Without an open ReportTelemetry stream, opens one. When that fails (the service is
-//      down, restarting, or refused the token) it waits a backoff that doubles from
-//      min_backoff to max_backoff, and goes back to 1; meanwhile steps keep queueing, and once
-//      queue_capacity are queued each new one pushes out the oldest, which is counted dropped.
+//      down, restarting, or refused the token) it waits a backoff (`backoff`, the gRPC clients'
+//      policy of services/common/grpc_retry.h), and goes back to 1; meanwhile steps keep
+//      queueing, and once queue_capacity are queued each new one pushes out the oldest, which
+//      is counted dropped.
 //   3. Takes at most batch_steps steps off the queue and writes them as one TelemetryBatch.
 //      A failed write puts them back at the head of the queue (the server drops steps it
-//      already has, so resending is harmless), ends the stream, and goes to 2's backoff.
+//      already has, so resending is harmless), ends the stream, and goes to 2's backoff; but
+//      when the stream ended with an answer no retry changes (IsRetryable false:
+//      PERMISSION_DENIED, INVALID_ARGUMENT, ...), the reporter says so once and stops sending:
+//      every step queued or reported after that is counted dropped.
 //   4. On Close(deadline): sends what is queued while the deadline allows, half-closes the
 //      stream and reads the server's count of accepted steps. At the deadline an unfinished
 //      stream is cancelled and what was not sent is counted dropped.
@@ -33,6 +37,7 @@
 #include <vector>
 
 #include "gradhub/v1/telemetry.grpc.pb.h"
+#include "services/common/grpc_retry.h"
 
 namespace gradhub::telemetry_client {
 
@@ -53,8 +58,8 @@ struct TelemetryReporterOptions {
   // A batch goes out when this many steps are queued, or batch_interval after the last one.
   size_t batch_steps = 32;
   std::chrono::milliseconds batch_interval{1000};
-  std::chrono::milliseconds min_backoff{100};
-  std::chrono::milliseconds max_backoff{5000};
+  // Waits between failed streams; the channel's reconnect backoff follows it.
+  BackoffPolicy backoff = kGrpcBackoff;
   // Where the reporter says that the service became unreachable and came back (once per
   // change, not per retry). Empty = stderr.
   std::function<void(const std::string&)> log;
@@ -99,7 +104,7 @@ class TelemetryReporter {
   bool WriteBatch(std::vector<v1::StepTelemetry>& steps);
   bool FinishStream();
   void EndBrokenStream();
-  void Backoff();
+  void WaitBeforeRetry();
   void Requeue(std::vector<v1::StepTelemetry>& steps);
   std::vector<v1::StepTelemetry> TakeBatch();
   void Log(const std::string& message) const;
@@ -112,7 +117,7 @@ class TelemetryReporter {
   std::unique_ptr<grpc::ClientContext> context_;
   std::unique_ptr<grpc::ClientWriter<v1::TelemetryBatch>> writer_;
   v1::ReportTelemetryResponse response_;
-  std::chrono::milliseconds backoff_;
+  Backoff backoff_;
   bool reachable_ = true;  // as last logged
 
   mutable std::mutex mu_;
@@ -124,6 +129,7 @@ class TelemetryReporter {
   bool closing_ = false;
   Clock::time_point close_deadline_ = Clock::time_point::max();
   bool cancelled_ = false;  // the close deadline passed: open no stream
+  bool refused_ = false;    // the service gave a final answer (protocol step 3): send no more
   bool finished_ = false;   // the sender thread is done
   bool closed_result_ = false;
   bool close_called_ = false;

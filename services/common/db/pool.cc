@@ -1,18 +1,22 @@
 #include "services/common/db/pool.h"
 
 #include <algorithm>
-#include <random>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "services/common/backoff.h"
 #include "services/common/db/error.h"
 #include "services/common/status_macros.h"
 
 namespace gradhub::db {
 namespace {
 
-constexpr absl::Duration kFirstRetryDelay = absl::Milliseconds(20);
-constexpr absl::Duration kMaxRetryDelay = absl::Seconds(1);
+// Jitter keeps competing writers that failed together from retrying together.
+constexpr BackoffPolicy kRetryBackoff{.initial = std::chrono::milliseconds(20),
+                                      .max = std::chrono::seconds(1),
+                                      .multiplier = 2.0,
+                                      .jitter = 0.5};
 
 const char* BeginStatement(const TransactionOptions& options) {
   switch (options.isolation) {
@@ -26,14 +30,6 @@ const char* BeginStatement(const TransactionOptions& options) {
       break;
   }
   return options.read_only ? "BEGIN READ ONLY" : "BEGIN";
-}
-
-void SleepBeforeRetry(absl::Duration* delay) {
-  // Jitter keeps competing writers that failed together from retrying together.
-  thread_local std::mt19937 random{std::random_device{}()};
-  std::uniform_real_distribution<double> jitter(0.5, 1.5);
-  std::this_thread::sleep_for(absl::ToChronoNanoseconds(*delay * jitter(random)));
-  *delay = std::min(*delay * 2, kMaxRetryDelay);
 }
 
 }  // namespace
@@ -108,7 +104,7 @@ int Pool::size() const {
 
 absl::Status Pool::WithRetries(int max_attempts,
                                absl::FunctionRef<absl::Status(bool* commit_sent)> attempt) {
-  absl::Duration delay = kFirstRetryDelay;
+  std::optional<Backoff> backoff;  // made at the first retry: most transactions need none
   for (int attempts = 1;; ++attempts) {
     bool commit_sent = false;
     absl::Status status = attempt(&commit_sent);
@@ -122,7 +118,8 @@ absl::Status Pool::WithRetries(int max_attempts,
                        status.message()));
     }
     if (!(lost || IsRetryableConflict(status)) || attempts >= max_attempts) return status;
-    SleepBeforeRetry(&delay);
+    if (!backoff) backoff.emplace(kRetryBackoff);
+    std::this_thread::sleep_for(backoff->Next());
   }
 }
 

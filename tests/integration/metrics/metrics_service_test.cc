@@ -8,7 +8,9 @@
 #include <sys/resource.h>
 
 #include <atomic>
+#include <mutex>
 #include <thread>
+#include <vector>
 
 #include "gpu_worker/telemetry_client/telemetry_reporter.h"
 #include "gradhub/v1/telemetry.grpc.pb.h"
@@ -60,8 +62,8 @@ class MetricsServiceTest : public MetricsDatabaseTest {
     options.node = "nodes/test";
     options.batch_steps = 8;
     options.batch_interval = milliseconds(50);
-    options.min_backoff = milliseconds(50);
-    options.max_backoff = milliseconds(400);
+    options.backoff.initial = milliseconds(50);
+    options.backoff.max = milliseconds(400);
     options.log = [](const std::string&) {};
     return options;
   }
@@ -280,6 +282,48 @@ TEST_F(MetricsServiceTest, RefusesOtherTokensAndMalformedBatches) {
   ASSERT_TRUE(
       SendRaw(metrics.address(), kAdminToken, {BatchOf(job, 1, 0, {1, 2})}, &response).ok());
   EXPECT_EQ(response.accepted_steps(), 2);
+}
+
+// The clients' retry policy (services/common/grpc_retry.h): PERMISSION_DENIED (a tenant's token
+// may not report) is final, so the reporter stops instead of reconnecting every backoff, and
+// what is reported after that is counted dropped.
+TEST_F(MetricsServiceTest, ReporterStopsAtAFinalRefusal) {
+  MetricsProcess metrics(url_);
+  ASSERT_TRUE(metrics.Start());
+  const std::string job = InsertJob(1);
+  api::Authenticator auth(pool_.get(), "");
+  ASSERT_TRUE(auth.CreateTenant("other", "").ok());
+  auto tenant_token = auth.CreateTenantToken("other", "");
+  ASSERT_TRUE(tenant_token.ok());
+  std::mutex log_mu;
+  std::vector<std::string> log;
+  TelemetryReporterOptions options = ReporterFor(metrics.address(), job, 0);
+  options.token = tenant_token->secret;
+  options.log = [&](const std::string& line) {
+    std::lock_guard<std::mutex> lock(log_mu);
+    log.push_back(line);
+  };
+  TelemetryReporter reporter(options);
+  int64_t step = 0;
+  const auto deadline = Clock::now() + seconds(10);
+  while (reporter.stats().failures == 0 && Clock::now() < deadline) {
+    reporter.Report(Step(++step));
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  ASSERT_EQ(reporter.stats().failures, 1);
+  // Several backoffs (50 to 400 ms) long: a reporter that retried would have opened more.
+  std::this_thread::sleep_for(milliseconds(1000));
+  const int64_t dropped_before = reporter.stats().dropped;
+  for (int i = 0; i < 10; ++i) reporter.Report(Step(++step));
+  const auto stats = reporter.stats();
+  EXPECT_EQ(stats.streams, 1);
+  EXPECT_EQ(stats.failures, 1);
+  EXPECT_EQ(stats.dropped, dropped_before + 10);
+  EXPECT_FALSE(reporter.Close(Clock::now() + seconds(1)));
+  EXPECT_EQ(reporter.stats().sent + reporter.stats().dropped, step);
+  std::lock_guard<std::mutex> lock(log_mu);
+  ASSERT_EQ(log.size(), 1u);
+  EXPECT_THAT(log[0], HasSubstr("not retrying"));
 }
 
 TEST_F(MetricsServiceTest, StaleAttemptsUnknownJobsAndDuplicatesAreDroppedAndCounted) {
