@@ -15,12 +15,12 @@
 #include "services/checkpoint/checkpoint_service.h"
 #include "services/checkpoint/config.h"
 #include "services/checkpoint/local_blob_store.h"
-#include "services/checkpoint/periodic_task.h"
 #include "services/common/abseil_mode.h"
 #include "services/common/auth/authenticator.h"
 #include "services/common/db/migrator.h"
 #include "services/common/db/pool.h"
 #include "services/common/grpc_credentials.h"
+#include "services/common/periodic_task.h"
 #include "services/common/shutdown_signals.h"
 
 namespace {
@@ -59,8 +59,7 @@ void RunCleanup(gradhub::checkpoint::CheckpointManager& manager) {
                   : absl::StrCat("cleanup failed: ", report.status().message()));
 }
 
-void RunScrub(gradhub::checkpoint::CheckpointManager& manager,
-              const gradhub::checkpoint::PeriodicTask& task) {
+void RunScrub(gradhub::checkpoint::CheckpointManager& manager, const gradhub::PeriodicTask& task) {
   // A scrub reads every blob: a SIGTERM must not wait for all of them.
   auto report = manager.Scrub([&task] { return task.stopping(); });
   Log(report.ok() ? "scrub: " + report->ToString()
@@ -159,8 +158,8 @@ int Serve(const CheckpointConfig& config) {
   std::cout << "gradhub-checkpoint: serving REST on port " << *http_port << std::endl;
   std::cout << "gradhub-checkpoint: serving gRPC on port " << port << std::endl;
 
-  gradhub::checkpoint::PeriodicTask cleanup(config.cleanup_interval, [&] { RunCleanup(manager); });
-  gradhub::checkpoint::PeriodicTask scrub(config.scrub_interval, [&] { RunScrub(manager, scrub); });
+  gradhub::PeriodicTask cleanup(config.cleanup_interval, [&] { RunCleanup(manager); });
+  gradhub::PeriodicTask scrub(config.scrub_interval, [&] { RunScrub(manager, scrub); });
   cleanup.Start();
   scrub.Start();
 

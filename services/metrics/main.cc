@@ -3,16 +3,15 @@
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
 
-#include <condition_variable>
 #include <iostream>
 #include <mutex>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "services/common/abseil_mode.h"
 #include "services/common/auth/authenticator.h"
 #include "services/common/db/pool.h"
 #include "services/common/grpc_credentials.h"
+#include "services/common/periodic_task.h"
 #include "services/common/shutdown_signals.h"
 #include "services/metrics/config.h"
 #include "services/metrics/http_endpoint.h"
@@ -32,56 +31,36 @@ constexpr char kSummary[] =
 // Idle gRPC threads kept: every open stream holds one, and trainers reconnect in bursts.
 constexpr int kMaxIdleRpcThreads = 64;
 
-// Every interval, on a thread of its own until Stop(), starting at once: checks that the
-// database answers (what /readyz reports, without a query per probe) and runs
-// TrainingMetrics::Sweep.
-class Sweeper {
+// What /readyz reports: whether the database answered the last sweep. Thread-safe: the sweep
+// writes it, HTTP request threads read it.
+class DatabaseReadiness {
  public:
-  Sweeper(gradhub::db::Pool* pool, gradhub::metrics::TrainingMetrics* metrics,
-          absl::Duration interval)
-      : pool_(pool), metrics_(metrics), interval_(interval), thread_([this] { Loop(); }) {}
-  ~Sweeper() { Stop(); }
-
-  void Stop() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stopping_ = true;
-    }
-    wake_.notify_all();
-    if (thread_.joinable()) thread_.join();
+  void Set(absl::Status status) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ready_ = std::move(status);
   }
-
-  absl::Status ready() const {
+  absl::Status Get() const {
     std::lock_guard<std::mutex> lock(mu_);
     return ready_;
   }
 
  private:
-  void Loop() {
-    std::unique_lock<std::mutex> lock(mu_);
-    do {
-      lock.unlock();
-      absl::Status database = pool_->Exec("SELECT 1 FROM jobs LIMIT 1").status();
-      if (absl::Status swept = metrics_->Sweep(); !swept.ok()) {
-        std::cerr << "gradhub-metrics: reading job states: " << swept << "\n";
-      }
-      lock.lock();
-      ready_ = database.ok()
-                   ? absl::OkStatus()
-                   : absl::UnavailableError(absl::StrCat("database: ", database.message()));
-    } while (
-        !wake_.wait_for(lock, absl::ToChronoMilliseconds(interval_), [this] { return stopping_; }));
-  }
-
-  gradhub::db::Pool* pool_;
-  gradhub::metrics::TrainingMetrics* metrics_;
-  const absl::Duration interval_;
   mutable std::mutex mu_;
-  std::condition_variable wake_;
-  bool stopping_ = false;
   absl::Status ready_ = absl::UnavailableError("database not checked yet");
-  std::thread thread_;  // last: starts once the members above exist
 };
+
+// One sweep (a PeriodicTask, at start and every --job-check-interval): checks that the database
+// answers (what /readyz reports, without a query per probe) and runs TrainingMetrics::Sweep.
+void Sweep(gradhub::db::Pool& pool, gradhub::metrics::TrainingMetrics& metrics,
+           DatabaseReadiness& readiness) {
+  const absl::Status database = pool.Exec("SELECT 1 FROM jobs LIMIT 1").status();
+  if (absl::Status swept = metrics.Sweep(); !swept.ok()) {
+    std::cerr << "gradhub-metrics: reading job states: " << swept << "\n";
+  }
+  readiness.Set(database.ok()
+                    ? absl::OkStatus()
+                    : absl::UnavailableError(absl::StrCat("database: ", database.message())));
+}
 
 gradhub::db::PoolOptions PoolFor(const MetricsConfig& config) {
   gradhub::db::PoolOptions options = config.database.Pool("gradhub-metrics");
@@ -132,9 +111,13 @@ int Serve(const MetricsConfig& config) {
               << "\n";
     return 1;
   }
-  Sweeper sweeper(&pool, &metrics, config.job_check_interval);
+  DatabaseReadiness readiness;
+  gradhub::PeriodicTask sweeper(
+      config.job_check_interval, [&] { Sweep(pool, metrics, readiness); },
+      gradhub::PeriodicTask::FirstRun::kAtStart);
+  sweeper.Start();
   gradhub::metrics::HttpEndpoint http({.scrape = [&metrics] { return metrics.Scrape(); },
-                                       .ready = [&sweeper] { return sweeper.ready(); }});
+                                       .ready = [&readiness] { return readiness.Get(); }});
   const absl::StatusOr<int> http_port = http.Start(config.host, static_cast<int>(config.http_port));
   if (!http_port.ok()) {
     std::cerr << "gradhub-metrics: HTTP: " << http_port.status().message() << "\n";
