@@ -5,43 +5,38 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "services/common/contract/defaults.h"
-#include "services/common/db/settings.h"
 #include "services/common/flags.h"
+#include "services/common/server_settings.h"
 
 namespace gradhub::api {
 
-// Every setting of gradhub-api, with its flag, environment variable and default.
+// Every setting of gradhub-api, with its flag, environment variable and default: those every
+// server shares (server_settings.h), then the api's own.
 struct ApiConfig {
-  db::DatabaseSettings database{.connections = 16};
+  ServerSettings server{.database = {.connections = 16}, .shutdown_grace = absl::Seconds(10)};
   std::string grpc_address = "0.0.0.0:7070";
   std::string http_host = "0.0.0.0";
   int64_t http_port = 8080;
-  std::string admin_token;
   int64_t max_world_size = 1024;
   int64_t max_request_bytes = 4 << 20;
-  absl::Duration shutdown_grace = absl::Seconds(10);
   std::string store_address;
   absl::Duration heartbeat_interval = absl::FromChrono(defaults::kHeartbeatInterval);
   absl::Duration backfill_window = absl::Seconds(60);
   absl::Duration scheduler_interval = absl::Milliseconds(200);
-  std::string tls_cert_file;
-  std::string tls_key_file;
 
   void Register(Flags& flags) {
-    database.Register(flags, "GRADHUB_DATABASE_CONNECTIONS", /*migrates=*/true);
+    server.Register(flags, {.connections_env = "GRADHUB_DATABASE_CONNECTIONS",
+                            .migrates = true,
+                            .tls_effect = "gRPC and REST serve TLS only"});
     flags.String(
         "grpc-address", "GRADHUB_GRPC_ADDRESS", &grpc_address,
         "host:port for gRPC (JobService, NodeService, StoreService); port 0 picks a free one");
     flags.String("http-host", "GRADHUB_HTTP_HOST", &http_host, "Address REST listens on");
     flags.Int("http-port", "GRADHUB_HTTP_PORT", &http_port, "Port for REST; 0 picks a free one");
-    flags.String("admin-token", "GRADHUB_ADMIN_TOKEN", &admin_token,
-                 "Bearer token with admin rights, to bootstrap tenants and tokens; empty = none");
     flags.Int("max-world-size", "GRADHUB_MAX_WORLD_SIZE", &max_world_size,
               "Largest distributed.worldSize a job may ask for");
     flags.Int("max-request-bytes", "GRADHUB_MAX_REQUEST_BYTES", &max_request_bytes,
               "Largest request accepted; larger ones are RESOURCE_EXHAUSTED");
-    flags.Duration("shutdown-grace", "GRADHUB_SHUTDOWN_GRACE", &shutdown_grace,
-                   "On SIGTERM, how long in-flight calls may finish before they are cancelled");
     flags.String("store-address", "GRADHUB_STORE_ADDRESS", &store_address,
                  "host:port at which trainers reach this server's StoreService; empty = "
                  "127.0.0.1 and the gRPC port");
@@ -54,9 +49,6 @@ struct ApiConfig {
                    "How long a job that does not fit may be passed over by smaller ones");
     flags.Duration("scheduler-interval", "GRADHUB_SCHEDULER_INTERVAL", &scheduler_interval,
                    "Time between scheduler passes (one also follows every rank exit)");
-    flags.String("tls-cert", "GRADHUB_TLS_CERT", &tls_cert_file,
-                 "PEM certificate chain; with --tls-key, gRPC and REST serve TLS only");
-    flags.String("tls-key", "GRADHUB_TLS_KEY", &tls_key_file, "PEM private key of --tls-cert");
   }
 };
 

@@ -48,8 +48,8 @@ constexpr int kMaxIdleRpcThreads = 64;
 
 int Migrate(const gradhub::api::ApiConfig& config) {
   const gradhub::db::Migrator migrator(gradhub::db::BuiltinMigrations(),
-                                       config.database.migration_lock_timeout);
-  auto done = migrator.ApplyWith(config.database.Connection("gradhub-api migrate"));
+                                       config.server.database.migration_lock_timeout);
+  auto done = migrator.ApplyWith(config.server.database.Connection("gradhub-api migrate"));
   if (!done.ok()) {
     std::cerr << "gradhub-api migrate: " << done.status().message() << "\n";
     return 1;
@@ -59,7 +59,7 @@ int Migrate(const gradhub::api::ApiConfig& config) {
 }
 
 int CreateToken(const gradhub::api::ApiConfig& config, const std::string& tenant) {
-  gradhub::db::Pool pool(config.database.Pool("gradhub-api"));
+  gradhub::db::Pool pool(config.server.database.Pool("gradhub-api"));
   gradhub::api::Authenticator auth(&pool, "");
   absl::StatusOr<gradhub::api::NewToken> token;
   if (tenant.empty()) {
@@ -104,8 +104,8 @@ gradhub::api::NodeManagerOptions NodeManagerOptionsFor(const gradhub::api::ApiCo
 // it points to). Nothing runs yet: StartGrpc and StartBackground start them.
 struct ApiServices {
   explicit ApiServices(const gradhub::api::ApiConfig& config)
-      : pool(config.database.Pool("gradhub-api")),
-        auth(&pool, config.admin_token),
+      : pool(config.server.database.Pool("gradhub-api")),
+        auth(&pool, config.server.admin_token),
         jobs(&pool, gradhub::SpecLimits{.max_world_size = static_cast<int>(config.max_world_size)}),
         job_service(&jobs, &auth),
         store_service(&store,
@@ -180,8 +180,8 @@ void StartBackground(const gradhub::api::ApiConfig& config, int grpc_port, ApiSe
 gradhub::api::RestGatewayOptions RestOptionsFor(const gradhub::api::ApiConfig& config) {
   gradhub::api::RestGatewayOptions options;
   options.max_body_bytes = static_cast<size_t>(config.max_request_bytes);
-  options.tls_cert_file = config.tls_cert_file;
-  options.tls_key_file = config.tls_key_file;
+  options.tls_cert_file = config.server.tls.cert_file;
+  options.tls_key_file = config.server.tls.key_file;
   return options;
 }
 
@@ -194,14 +194,16 @@ void WaitForShutdown(const gradhub::ShutdownSignals& signals, const gradhub::api
   services.scheduler.Stop();
   services.notifier.Shutdown();  // ends the agents' WatchAssignments streams
   services.store_service.Shutdown();
-  server.Shutdown(std::chrono::system_clock::now() + absl::ToChronoSeconds(config.shutdown_grace));
+  server.Shutdown(std::chrono::system_clock::now() +
+                  absl::ToChronoSeconds(config.server.shutdown_grace));
   server.Wait();
   services.store_service.Stop();
   rest.Stop();
 }
 
 int Serve(const gradhub::api::ApiConfig& config) {
-  auto credentials = gradhub::ServerCredentials(config.tls_cert_file, config.tls_key_file);
+  auto credentials =
+      gradhub::ServerCredentials(config.server.tls.cert_file, config.server.tls.key_file);
   if (!credentials.ok()) {
     std::cerr << "gradhub-api: " << credentials.status().message() << "\n";
     return 2;

@@ -3,32 +3,31 @@
 #include <string>
 
 #include "absl/time/time.h"
-#include "services/common/db/settings.h"
 #include "services/common/flags.h"
+#include "services/common/server_settings.h"
 
 namespace gradhub::checkpoint {
 
-// Every setting of gradhub-checkpoint, with its flag, environment variable and default.
+// Every setting of gradhub-checkpoint, with its flag, environment variable and default: those
+// every server shares (server_settings.h), then the store's own.
 struct CheckpointConfig {
-  db::DatabaseSettings database{.connections = 8};
+  ServerSettings server{.database = {.connections = 8}, .shutdown_grace = absl::Seconds(30)};
   std::string grpc_host = "0.0.0.0";
   int64_t grpc_port = 7071;
   std::string http_host = "0.0.0.0";
   int64_t http_port = 8081;
   std::string data_dir = "/var/lib/gradhub/checkpoints";
-  std::string admin_token;
   int64_t chunk_bytes = 1 << 20;
   int64_t max_transfers = 64;
   int64_t max_transfers_per_caller = 16;
   absl::Duration upload_ttl = absl::Hours(1);
   absl::Duration cleanup_interval = absl::Minutes(10);
   absl::Duration scrub_interval = absl::Hours(24);
-  absl::Duration shutdown_grace = absl::Seconds(30);
-  std::string tls_cert_file;
-  std::string tls_key_file;
 
   void Register(Flags& flags) {
-    database.Register(flags, "GRADHUB_CHECKPOINT_DATABASE_CONNECTIONS", /*migrates=*/true);
+    server.Register(flags, {.connections_env = "GRADHUB_CHECKPOINT_DATABASE_CONNECTIONS",
+                            .migrates = true,
+                            .tls_effect = "gRPC and REST serve TLS only"});
     flags.String("grpc-host", "GRADHUB_CHECKPOINT_GRPC_HOST", &grpc_host,
                  "Address gRPC (CheckpointService) listens on");
     flags.Int("grpc-port", "GRADHUB_CHECKPOINT_GRPC_PORT", &grpc_port,
@@ -39,8 +38,6 @@ struct CheckpointConfig {
               "Port for REST; 0 picks a free one (printed at start)");
     flags.String("data-dir", "GRADHUB_CHECKPOINT_DATA_DIR", &data_dir,
                  "Directory of the blobs and uploads in progress (one filesystem)");
-    flags.String("admin-token", "GRADHUB_ADMIN_TOKEN", &admin_token,
-                 "Bearer token with admin rights (the api's); empty = none");
     flags.Int("chunk-bytes", "GRADHUB_CHECKPOINT_CHUNK_BYTES", &chunk_bytes,
               "Largest data of one UploadChunkRequest (announced by StartUpload) and of one "
               "download message; at most 3 MiB");
@@ -57,11 +54,6 @@ struct CheckpointConfig {
                    "unfinished); one also runs at start; 0 = only at start");
     flags.Duration("scrub-interval", "GRADHUB_CHECKPOINT_SCRUB_INTERVAL", &scrub_interval,
                    "Time between scrubs, which re-hash every committed blob; 0 = never");
-    flags.Duration("shutdown-grace", "GRADHUB_SHUTDOWN_GRACE", &shutdown_grace,
-                   "On SIGTERM, how long in-flight calls may finish before they are cancelled");
-    flags.String("tls-cert", "GRADHUB_TLS_CERT", &tls_cert_file,
-                 "PEM certificate chain; with --tls-key, gRPC and REST serve TLS only");
-    flags.String("tls-key", "GRADHUB_TLS_KEY", &tls_key_file, "PEM private key of --tls-cert");
   }
 };
 

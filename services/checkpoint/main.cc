@@ -43,8 +43,8 @@ void Log(const std::string& line) { std::cerr << "gradhub-checkpoint: " << line 
 
 int Migrate(const CheckpointConfig& config) {
   const gradhub::db::Migrator migrator(gradhub::db::BuiltinMigrations(),
-                                       config.database.migration_lock_timeout);
-  auto done = migrator.ApplyWith(config.database.Connection("gradhub-checkpoint migrate"));
+                                       config.server.database.migration_lock_timeout);
+  auto done = migrator.ApplyWith(config.server.database.Connection("gradhub-checkpoint migrate"));
   if (!done.ok()) {
     Log(absl::StrCat("migrate: ", done.status().message()));
     return 1;
@@ -112,7 +112,8 @@ int Serve(const CheckpointConfig& config) {
       return 2;
     }
   }
-  auto credentials = gradhub::ServerCredentials(config.tls_cert_file, config.tls_key_file);
+  auto credentials =
+      gradhub::ServerCredentials(config.server.tls.cert_file, config.server.tls.key_file);
   if (!credentials.ok()) {
     Log(std::string(credentials.status().message()));
     return 2;
@@ -125,8 +126,8 @@ int Serve(const CheckpointConfig& config) {
   if (int rc = Migrate(config); rc != 0) return rc;
   const gradhub::ShutdownSignals signals;
 
-  gradhub::db::Pool pool(config.database.Pool("gradhub-checkpoint"));
-  gradhub::api::Authenticator auth(&pool, config.admin_token);
+  gradhub::db::Pool pool(config.server.database.Pool("gradhub-checkpoint"));
+  gradhub::api::Authenticator auth(&pool, config.server.admin_token);
   gradhub::checkpoint::CheckpointMetrics metrics(&pool);
   gradhub::checkpoint::CheckpointManager manager(
       &pool, blobs->get(), &metrics,
@@ -145,8 +146,8 @@ int Serve(const CheckpointConfig& config) {
     return 1;
   }
   gradhub::checkpoint::CheckpointRestOptions rest_options;
-  rest_options.tls_cert_file = config.tls_cert_file;
-  rest_options.tls_key_file = config.tls_key_file;
+  rest_options.tls_cert_file = config.server.tls.cert_file;
+  rest_options.tls_key_file = config.server.tls.key_file;
   gradhub::checkpoint::CheckpointRest rest(&manager, &auth, &metrics, rest_options);
   const absl::StatusOr<int> http_port =
       rest.Start(config.http_host, static_cast<int>(config.http_port));
@@ -166,7 +167,8 @@ int Serve(const CheckpointConfig& config) {
   const int received = signals.Wait();
   Log(absl::StrCat("signal ", received, ", shutting down"));
   // Stop accepting; calls in flight (an upload's stream, a commit) may finish within the grace.
-  server->Shutdown(std::chrono::system_clock::now() + absl::ToChronoSeconds(config.shutdown_grace));
+  server->Shutdown(std::chrono::system_clock::now() +
+                   absl::ToChronoSeconds(config.server.shutdown_grace));
   server->Wait();
   rest.Stop();
   cleanup.Stop();

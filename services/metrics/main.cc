@@ -63,7 +63,7 @@ void Sweep(gradhub::db::Pool& pool, gradhub::metrics::TrainingMetrics& metrics,
 }
 
 gradhub::db::PoolOptions PoolFor(const MetricsConfig& config) {
-  gradhub::db::PoolOptions options = config.database.Pool("gradhub-metrics");
+  gradhub::db::PoolOptions options = config.server.database.Pool("gradhub-metrics");
   // A trainer's batch waits for a connection only when its job is new; better dropped than late.
   options.acquire_timeout = absl::Seconds(2);
   return options;
@@ -79,7 +79,8 @@ void SetKeepalive(grpc::ServerBuilder& builder) {
 }
 
 int Serve(const MetricsConfig& config) {
-  auto credentials = gradhub::ServerCredentials(config.tls_cert_file, config.tls_key_file);
+  auto credentials =
+      gradhub::ServerCredentials(config.server.tls.cert_file, config.server.tls.key_file);
   if (!credentials.ok()) {
     std::cerr << "gradhub-metrics: " << credentials.status().message() << "\n";
     return 2;
@@ -87,7 +88,7 @@ int Serve(const MetricsConfig& config) {
   const gradhub::ShutdownSignals signals;
 
   gradhub::db::Pool pool(PoolFor(config));
-  gradhub::api::Authenticator auth(&pool, config.admin_token);
+  gradhub::api::Authenticator auth(&pool, config.server.admin_token);
   gradhub::metrics::PostgresJobDirectory directory(&pool);
   gradhub::metrics::TrainingMetrics metrics(&directory,
                                             {.max_jobs = static_cast<int>(config.max_jobs),
@@ -133,7 +134,7 @@ int Serve(const MetricsConfig& config) {
   // Streams stay open for a trainer's whole life: they get the grace, then are cancelled, and
   // their reporters reconnect to whichever instance comes next.
   server->Shutdown(std::chrono::system_clock::now() +
-                   absl::ToChronoMilliseconds(config.shutdown_grace));
+                   absl::ToChronoMilliseconds(config.server.shutdown_grace));
   server->Wait();
   http.Stop();
   return 0;
