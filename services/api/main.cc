@@ -30,6 +30,7 @@
 #include "services/common/db/migrator.h"
 #include "services/common/db/pool.h"
 #include "services/common/grpc_credentials.h"
+#include "services/common/grpc_server.h"
 #include "services/common/shutdown_signals.h"
 
 namespace {
@@ -43,7 +44,7 @@ constexpr char kSummary[] =
     "  create-tenant NAME  create a tenant and print its first token (shown once)\n"
     "  create-node-token   print a new token for node agents (shown once)";
 
-// Idle gRPC threads kept for the next burst of calls (see SetSyncServerOption below).
+// Idle gRPC threads kept for the next burst of calls (GrpcServerOptions::max_idle_threads).
 constexpr int kMaxIdleRpcThreads = 64;
 
 int Migrate(const gradhub::api::ApiConfig& config) {
@@ -139,32 +140,26 @@ struct ApiServices {
   gradhub::api::AdminService admin_service;
 };
 
-// The gRPC server with every service registered, bound and started, and the port it bound in
-// *port; null (after saying why on stderr) when it could not bind.
-std::unique_ptr<grpc::Server> StartGrpc(const gradhub::api::ApiConfig& config,
-                                        const std::shared_ptr<grpc::ServerCredentials>& credentials,
-                                        ApiServices& services, int* port) {
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort(config.grpc_address, credentials, port);
-  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
-  interceptors.push_back(gradhub::api::MetricsInterceptorFactory(&services.metrics));
-  builder.experimental().SetInterceptorCreators(std::move(interceptors));
-  builder.SetMaxReceiveMessageSize(static_cast<int>(config.max_request_bytes));
-  // The sync server keeps at most MAX_POLLERS idle threads (default 2) and ends the rest: under
-  // a few dozen concurrent calls that is a thread created and one ended per call, most of what
-  // a CreateJob cost the server. Threads are still made only when every one is busy.
-  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS,
-                              kMaxIdleRpcThreads);
-  builder.RegisterService(&services.job_service);
-  services.store_service.AddTo(builder);
-  builder.RegisterService(&services.node_service);
-  builder.RegisterService(&services.admin_service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (!server || *port == 0) {
-    std::cerr << "gradhub-api: cannot serve gRPC on " << config.grpc_address << "\n";
-    return nullptr;
-  }
-  return server;
+// The gRPC server with every service registered (and the interceptor that counts their calls),
+// bound and started.
+absl::StatusOr<std::unique_ptr<gradhub::GrpcServer>> StartGrpc(
+    const gradhub::api::ApiConfig& config,
+    const std::shared_ptr<grpc::ServerCredentials>& credentials, ApiServices& services) {
+  const gradhub::GrpcServerOptions options{
+      .address = config.grpc_address,
+      .credentials = credentials,
+      .max_idle_threads = kMaxIdleRpcThreads,
+      .max_receive_bytes = static_cast<int>(config.max_request_bytes)};
+  return gradhub::StartGrpcServer(options, [&services](grpc::ServerBuilder& builder) {
+    std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
+        interceptors;
+    interceptors.push_back(gradhub::api::MetricsInterceptorFactory(&services.metrics));
+    builder.experimental().SetInterceptorCreators(std::move(interceptors));
+    builder.RegisterService(&services.job_service);
+    services.store_service.AddTo(builder);
+    builder.RegisterService(&services.node_service);
+    builder.RegisterService(&services.admin_service);
+  });
 }
 
 // What runs beside the calls, once gRPC is up: the store's completions and the scheduler.
@@ -188,15 +183,14 @@ gradhub::api::RestGatewayOptions RestOptionsFor(const gradhub::api::ApiConfig& c
 // Blocks until SIGTERM or SIGINT, then stops taking work in this order: the scheduler first
 // (no new placements), the store's waiters, gRPC calls (given shutdown_grace to finish), REST.
 void WaitForShutdown(const gradhub::ShutdownSignals& signals, const gradhub::api::ApiConfig& config,
-                     ApiServices& services, grpc::Server& server, gradhub::api::RestGateway& rest) {
+                     ApiServices& services, gradhub::GrpcServer& server,
+                     gradhub::api::RestGateway& rest) {
   const int received = signals.Wait();
   std::cerr << "gradhub-api: signal " << received << ", shutting down\n";
   services.scheduler.Stop();
   services.notifier.Shutdown();  // ends the agents' WatchAssignments streams
   services.store_service.Shutdown();
-  server.Shutdown(std::chrono::system_clock::now() +
-                  absl::ToChronoSeconds(config.server.shutdown_grace));
-  server.Wait();
+  server.Shutdown(config.server.shutdown_grace);
   services.store_service.Stop();
   rest.Stop();
 }
@@ -211,10 +205,13 @@ int Serve(const gradhub::api::ApiConfig& config) {
   if (int rc = Migrate(config); rc != 0) return rc;
   const gradhub::ShutdownSignals signals;
   ApiServices services(config);
-  int port = 0;
-  std::unique_ptr<grpc::Server> server = StartGrpc(config, *credentials, services, &port);
-  if (!server) return 1;
-  StartBackground(config, port, services);
+  absl::StatusOr<std::unique_ptr<gradhub::GrpcServer>> server =
+      StartGrpc(config, *credentials, services);
+  if (!server.ok()) {
+    std::cerr << "gradhub-api: " << server.status().message() << "\n";
+    return 1;
+  }
+  StartBackground(config, (*server)->port(), services);
   gradhub::api::RestGateway rest(&services.jobs, &services.auth, &services.metrics,
                                  RestOptionsFor(config));
   const absl::StatusOr<int> http_port =
@@ -225,8 +222,8 @@ int Serve(const gradhub::api::ApiConfig& config) {
   }
   // Lines a launcher can parse for the ports actually bound.
   std::cout << "gradhub-api: serving REST on port " << *http_port << std::endl;
-  std::cout << "gradhub-api: serving gRPC on port " << port << std::endl;
-  WaitForShutdown(signals, config, services, *server, rest);
+  std::cout << "gradhub-api: serving gRPC on port " << (*server)->port() << std::endl;
+  WaitForShutdown(signals, config, services, **server, rest);
   return 0;
 }
 

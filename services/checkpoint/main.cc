@@ -20,6 +20,7 @@
 #include "services/common/db/migrator.h"
 #include "services/common/db/pool.h"
 #include "services/common/grpc_credentials.h"
+#include "services/common/grpc_server.h"
 #include "services/common/periodic_task.h"
 #include "services/common/shutdown_signals.h"
 
@@ -66,22 +67,19 @@ void RunScrub(gradhub::checkpoint::CheckpointManager& manager, const gradhub::Pe
                   : absl::StrCat("scrub failed: ", report.status().message()));
 }
 
-std::unique_ptr<grpc::Server> StartGrpc(const CheckpointConfig& config,
-                                        std::shared_ptr<grpc::ServerCredentials> credentials,
-                                        grpc::Service* service, int* port) {
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort(absl::StrCat(config.grpc_host, ":", config.grpc_port), credentials,
-                           port);
-  // A second server on the same port must fail to start, not share it (gRPC's default): two
-  // stores with different data directories behind one address would lose uploads.
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  builder.SetMaxReceiveMessageSize(static_cast<int>(config.chunk_bytes) + kMessageOverheadBytes);
-  builder.SetMaxSendMessageSize(static_cast<int>(config.chunk_bytes) + kMessageOverheadBytes);
-  // As gradhub-api: keep idle threads for the next burst instead of one thread made per call.
-  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS,
-                              kMaxIdleRpcThreads);
-  builder.RegisterService(service);
-  return builder.BuildAndStart();
+absl::StatusOr<std::unique_ptr<gradhub::GrpcServer>> StartGrpc(
+    const CheckpointConfig& config, std::shared_ptr<grpc::ServerCredentials> credentials,
+    grpc::Service* service) {
+  const int max_message = static_cast<int>(config.chunk_bytes) + kMessageOverheadBytes;
+  return gradhub::StartGrpcServer(
+      {.address = absl::StrCat(config.grpc_host, ":", config.grpc_port),
+       .credentials = std::move(credentials),
+       .max_idle_threads = kMaxIdleRpcThreads,
+       .max_receive_bytes = max_message,
+       .max_send_bytes = max_message,
+       // Two stores with different data directories behind one address would lose uploads.
+       .exclusive_port = true},
+      [service](grpc::ServerBuilder& builder) { builder.RegisterService(service); });
 }
 
 // Keeps freed buffers of chunk size in the heap for the next chunk instead of handing them
@@ -96,21 +94,95 @@ void KeepChunkBuffersInTheHeap() {
   }
 }
 
-int Serve(const CheckpointConfig& config) {
-  KeepChunkBuffersInTheHeap();
+// The flags Serve checks before it touches anything; a message naming the flag when one is out
+// of range.
+absl::Status CheckLimits(const CheckpointConfig& config) {
   if (config.chunk_bytes < gradhub::checkpoint::kMinChunkBytes ||
       config.chunk_bytes > gradhub::checkpoint::kMaxChunkBytes) {
-    Log(absl::StrCat("--chunk-bytes: must be between ", gradhub::checkpoint::kMinChunkBytes,
-                     " and ", gradhub::checkpoint::kMaxChunkBytes));
-    return 2;
+    return absl::InvalidArgumentError(absl::StrCat("--chunk-bytes: must be between ",
+                                                   gradhub::checkpoint::kMinChunkBytes, " and ",
+                                                   gradhub::checkpoint::kMaxChunkBytes));
   }
   for (const auto& [flag, value] :
        {std::pair{"--max-transfers", config.max_transfers},
         {"--max-transfers-per-caller", config.max_transfers_per_caller}}) {
     if (value < 1 || value > kMaxTransfers) {
-      Log(absl::StrCat(flag, ": must be between 1 and ", kMaxTransfers));
-      return 2;
+      return absl::InvalidArgumentError(
+          absl::StrCat(flag, ": must be between 1 and ", kMaxTransfers));
     }
+  }
+  return absl::OkStatus();
+}
+
+// The store's parts, built in dependency order (members are initialized in declaration order
+// and destroyed in reverse, so that nothing outlives what it points to). Nothing runs yet.
+struct CheckpointServer {
+  CheckpointServer(const CheckpointConfig& config, gradhub::checkpoint::BlobStore* blobs)
+      : pool(config.server.database.Pool("gradhub-checkpoint")),
+        auth(&pool, config.server.admin_token),
+        metrics(&pool),
+        manager(&pool, blobs, &metrics,
+                {.chunk_size_bytes = static_cast<int32_t>(config.chunk_bytes),
+                 .upload_ttl = config.upload_ttl,
+                 .max_transfers = static_cast<int>(config.max_transfers),
+                 .max_transfers_per_caller = static_cast<int>(config.max_transfers_per_caller)}),
+        service(&manager, &auth, &metrics),
+        rest(&manager, &auth, &metrics, RestOptionsFor(config)),
+        cleanup(config.cleanup_interval, [this] { RunCleanup(manager); }),
+        scrub(config.scrub_interval, [this] { RunScrub(manager, scrub); }) {}
+
+  static gradhub::checkpoint::CheckpointRestOptions RestOptionsFor(const CheckpointConfig& config) {
+    gradhub::checkpoint::CheckpointRestOptions options;
+    options.tls_cert_file = config.server.tls.cert_file;
+    options.tls_key_file = config.server.tls.key_file;
+    return options;
+  }
+
+  gradhub::db::Pool pool;
+  gradhub::api::Authenticator auth;
+  gradhub::checkpoint::CheckpointMetrics metrics;
+  gradhub::checkpoint::CheckpointManager manager;
+  gradhub::checkpoint::CheckpointService service;
+  gradhub::checkpoint::CheckpointRest rest;
+  gradhub::PeriodicTask cleanup;
+  gradhub::PeriodicTask scrub;
+};
+
+// Serves gRPC and REST until SIGTERM or SIGINT, then stops: gRPC first (calls in flight, an
+// upload's stream or a commit, may finish within the grace), then REST and the periodic tasks.
+int ServeUntilSignal(const CheckpointConfig& config, const gradhub::ShutdownSignals& signals,
+                     std::shared_ptr<grpc::ServerCredentials> credentials,
+                     CheckpointServer& store) {
+  auto server = StartGrpc(config, std::move(credentials), &store.service);
+  if (!server.ok()) {
+    Log(std::string(server.status().message()));
+    return 1;
+  }
+  const absl::StatusOr<int> http_port =
+      store.rest.Start(config.http_host, static_cast<int>(config.http_port));
+  if (!http_port.ok()) {
+    Log(absl::StrCat("REST: ", http_port.status().message()));
+    return 1;
+  }
+  // Lines a launcher can parse for the ports actually bound.
+  std::cout << "gradhub-checkpoint: serving REST on port " << *http_port << std::endl;
+  std::cout << "gradhub-checkpoint: serving gRPC on port " << (*server)->port() << std::endl;
+  store.cleanup.Start();
+  store.scrub.Start();
+  const int received = signals.Wait();
+  Log(absl::StrCat("signal ", received, ", shutting down"));
+  (*server)->Shutdown(config.server.shutdown_grace);
+  store.rest.Stop();
+  store.cleanup.Stop();
+  store.scrub.Stop();
+  return 0;
+}
+
+int Serve(const CheckpointConfig& config) {
+  KeepChunkBuffersInTheHeap();
+  if (absl::Status limits = CheckLimits(config); !limits.ok()) {
+    Log(std::string(limits.message()));
+    return 2;
   }
   auto credentials =
       gradhub::ServerCredentials(config.server.tls.cert_file, config.server.tls.key_file);
@@ -125,55 +197,10 @@ int Serve(const CheckpointConfig& config) {
   }
   if (int rc = Migrate(config); rc != 0) return rc;
   const gradhub::ShutdownSignals signals;
-
-  gradhub::db::Pool pool(config.server.database.Pool("gradhub-checkpoint"));
-  gradhub::api::Authenticator auth(&pool, config.server.admin_token);
-  gradhub::checkpoint::CheckpointMetrics metrics(&pool);
-  gradhub::checkpoint::CheckpointManager manager(
-      &pool, blobs->get(), &metrics,
-      {.chunk_size_bytes = static_cast<int32_t>(config.chunk_bytes),
-       .upload_ttl = config.upload_ttl,
-       .max_transfers = static_cast<int>(config.max_transfers),
-       .max_transfers_per_caller = static_cast<int>(config.max_transfers_per_caller)});
+  CheckpointServer store(config, blobs->get());
   // Before the first call: what a crash left half done is finished or removed.
-  RunCleanup(manager);
-
-  gradhub::checkpoint::CheckpointService service(&manager, &auth, &metrics);
-  int port = 0;
-  std::unique_ptr<grpc::Server> server = StartGrpc(config, *credentials, &service, &port);
-  if (!server || port == 0) {
-    Log(absl::StrCat("cannot serve gRPC on ", config.grpc_host, ":", config.grpc_port));
-    return 1;
-  }
-  gradhub::checkpoint::CheckpointRestOptions rest_options;
-  rest_options.tls_cert_file = config.server.tls.cert_file;
-  rest_options.tls_key_file = config.server.tls.key_file;
-  gradhub::checkpoint::CheckpointRest rest(&manager, &auth, &metrics, rest_options);
-  const absl::StatusOr<int> http_port =
-      rest.Start(config.http_host, static_cast<int>(config.http_port));
-  if (!http_port.ok()) {
-    Log(absl::StrCat("REST: ", http_port.status().message()));
-    return 1;
-  }
-  // Lines a launcher can parse for the ports actually bound.
-  std::cout << "gradhub-checkpoint: serving REST on port " << *http_port << std::endl;
-  std::cout << "gradhub-checkpoint: serving gRPC on port " << port << std::endl;
-
-  gradhub::PeriodicTask cleanup(config.cleanup_interval, [&] { RunCleanup(manager); });
-  gradhub::PeriodicTask scrub(config.scrub_interval, [&] { RunScrub(manager, scrub); });
-  cleanup.Start();
-  scrub.Start();
-
-  const int received = signals.Wait();
-  Log(absl::StrCat("signal ", received, ", shutting down"));
-  // Stop accepting; calls in flight (an upload's stream, a commit) may finish within the grace.
-  server->Shutdown(std::chrono::system_clock::now() +
-                   absl::ToChronoSeconds(config.server.shutdown_grace));
-  server->Wait();
-  rest.Stop();
-  cleanup.Stop();
-  scrub.Stop();
-  return 0;
+  RunCleanup(store.manager);
+  return ServeUntilSignal(config, signals, *std::move(credentials), store);
 }
 
 }  // namespace

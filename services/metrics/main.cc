@@ -11,6 +11,7 @@
 #include "services/common/auth/authenticator.h"
 #include "services/common/db/pool.h"
 #include "services/common/grpc_credentials.h"
+#include "services/common/grpc_server.h"
 #include "services/common/periodic_task.h"
 #include "services/common/shutdown_signals.h"
 #include "services/metrics/config.h"
@@ -69,13 +70,52 @@ gradhub::db::PoolOptions PoolFor(const MetricsConfig& config) {
   return options;
 }
 
+// The server's parts, built in dependency order (members are initialized in declaration order
+// and destroyed in reverse, so that nothing outlives what it points to). Nothing runs yet.
+struct MetricsServer {
+  explicit MetricsServer(const MetricsConfig& config)
+      : pool(PoolFor(config)),
+        auth(&pool, config.server.admin_token),
+        directory(&pool),
+        metrics(&directory, {.max_jobs = static_cast<int>(config.max_jobs),
+                             .finished_job_ttl = config.finished_job_ttl,
+                             .idle_job_ttl = config.idle_job_ttl}),
+        service(&metrics,
+                [this](const std::string& authorization) {
+                  return auth.RequireNodeOrAdmin(authorization);
+                }),
+        sweeper(
+            config.job_check_interval, [this] { Sweep(pool, metrics, readiness); },
+            gradhub::PeriodicTask::FirstRun::kAtStart),
+        http({.scrape = [this] { return metrics.Scrape(); },
+              .ready = [this] { return readiness.Get(); }}) {}
+
+  gradhub::db::Pool pool;
+  gradhub::api::Authenticator auth;
+  gradhub::metrics::PostgresJobDirectory directory;
+  gradhub::metrics::TrainingMetrics metrics;
+  gradhub::metrics::TelemetryService service;
+  DatabaseReadiness readiness;
+  gradhub::PeriodicTask sweeper;
+  gradhub::metrics::HttpEndpoint http;
+};
+
 // Keepalive both ways: trainers ping every 10 s (telemetry_client), so a dead server is noticed
 // while a stream is idle; the server pings too, so a trainer that vanished frees its thread.
-void SetKeepalive(grpc::ServerBuilder& builder) {
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 30000);
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+absl::StatusOr<std::unique_ptr<gradhub::GrpcServer>> StartGrpc(
+    const MetricsConfig& config, std::shared_ptr<grpc::ServerCredentials> credentials,
+    grpc::Service* service) {
+  return gradhub::StartGrpcServer(
+      {.address = config.host + ":" + std::to_string(config.grpc_port),
+       .credentials = std::move(credentials),
+       .max_idle_threads = kMaxIdleRpcThreads},
+      [service](grpc::ServerBuilder& builder) {
+        builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 30000);
+        builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
+        builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
+        builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+        builder.RegisterService(service);
+      });
 }
 
 int Serve(const MetricsConfig& config) {
@@ -86,57 +126,29 @@ int Serve(const MetricsConfig& config) {
     return 2;
   }
   const gradhub::ShutdownSignals signals;
-
-  gradhub::db::Pool pool(PoolFor(config));
-  gradhub::api::Authenticator auth(&pool, config.server.admin_token);
-  gradhub::metrics::PostgresJobDirectory directory(&pool);
-  gradhub::metrics::TrainingMetrics metrics(&directory,
-                                            {.max_jobs = static_cast<int>(config.max_jobs),
-                                             .finished_job_ttl = config.finished_job_ttl,
-                                             .idle_job_ttl = config.idle_job_ttl});
-  gradhub::metrics::TelemetryService service(&metrics, [&auth](const std::string& authorization) {
-    return auth.RequireNodeOrAdmin(authorization);
-  });
-
-  int grpc_port = 0;
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort(config.host + ":" + std::to_string(config.grpc_port), *credentials,
-                           &grpc_port);
-  SetKeepalive(builder);
-  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS,
-                              kMaxIdleRpcThreads);
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (!server || grpc_port == 0) {
-    std::cerr << "gradhub-metrics: cannot serve gRPC on " << config.host << ":" << config.grpc_port
-              << "\n";
+  MetricsServer parts(config);
+  auto server = StartGrpc(config, *std::move(credentials), &parts.service);
+  if (!server.ok()) {
+    std::cerr << "gradhub-metrics: " << server.status().message() << "\n";
     return 1;
   }
-  DatabaseReadiness readiness;
-  gradhub::PeriodicTask sweeper(
-      config.job_check_interval, [&] { Sweep(pool, metrics, readiness); },
-      gradhub::PeriodicTask::FirstRun::kAtStart);
-  sweeper.Start();
-  gradhub::metrics::HttpEndpoint http({.scrape = [&metrics] { return metrics.Scrape(); },
-                                       .ready = [&readiness] { return readiness.Get(); }});
-  const absl::StatusOr<int> http_port = http.Start(config.host, static_cast<int>(config.http_port));
+  parts.sweeper.Start();
+  const absl::StatusOr<int> http_port =
+      parts.http.Start(config.host, static_cast<int>(config.http_port));
   if (!http_port.ok()) {
     std::cerr << "gradhub-metrics: HTTP: " << http_port.status().message() << "\n";
     return 1;
   }
   // Lines a launcher can parse for the ports actually bound.
   std::cout << "gradhub-metrics: serving HTTP on port " << *http_port << std::endl;
-  std::cout << "gradhub-metrics: serving gRPC on port " << grpc_port << std::endl;
+  std::cout << "gradhub-metrics: serving gRPC on port " << (*server)->port() << std::endl;
 
   const int received = signals.Wait();
   std::cerr << "gradhub-metrics: signal " << received << ", shutting down\n";
-  sweeper.Stop();
-  // Streams stay open for a trainer's whole life: they get the grace, then are cancelled, and
-  // their reporters reconnect to whichever instance comes next.
-  server->Shutdown(std::chrono::system_clock::now() +
-                   absl::ToChronoMilliseconds(config.server.shutdown_grace));
-  server->Wait();
-  http.Stop();
+  parts.sweeper.Stop();
+  // Streams get the grace (MetricsConfig), then are cancelled.
+  (*server)->Shutdown(config.server.shutdown_grace);
+  parts.http.Stop();
   return 0;
 }
 
