@@ -8,6 +8,7 @@
 #include <climits>
 #include <filesystem>
 #include <iostream>
+#include <optional>
 #include <thread>
 
 #include "gpu_worker/agent/agent.h"
@@ -40,11 +41,10 @@ std::string DefaultTrainer() {
   return (self.parent_path() / "gradhub-trainer").string();
 }
 
-}  // namespace
+using gradhub::agent::AgentConfig;
 
-int main(int argc, char** argv) {
-  gradhub::TurnOffMutexDeadlockDetection();
-  gradhub::agent::AgentConfig config;
+// Flags, then the checks no other part makes. An exit code when the agent must not start.
+std::optional<int> ParseFlags(int argc, char** argv, AgentConfig& config) {
   config.name = Hostname();
   config.trainer = DefaultTrainer();
   gradhub::Flags flags("gradhub-agent", kSummary);
@@ -59,16 +59,26 @@ int main(int argc, char** argv) {
     std::cerr << "gradhub-agent: --fake-gpus: must be in [0, 64]\n";
     return 2;
   }
-  // Once, before anything that divides by the slots (the memory limit per slot): the GPUs
-  // decide the kind and the default slots.
+  return std::nullopt;
+}
+
+// The devices and the slots this node offers. Once, before anything that divides by the slots
+// (the memory limit per slot): the GPUs decide the kind and the default slots.
+std::optional<int> DescribeDevices(AgentConfig& config) {
   config.devices = gradhub::agent::DiscoverNodeDevices(config.fake_gpus);
-  if (auto node = gradhub::agent::DescribeNode(config); !node.ok()) {
+  auto node = gradhub::agent::DescribeNode(config);
+  if (!node.ok()) {
     std::cerr << "gradhub-agent: " << node.status().message() << "\n";
     return 2;
-  } else {
-    config.slots = node->slots();
   }
+  config.slots = node->slots();
   std::cerr << "gradhub-agent: " << config.devices.summary << "; " << config.slots << " slot(s)\n";
+  return std::nullopt;
+}
+
+// --work-dir (created) and --checkpoint-root as absolute paths: ranks start in other
+// directories.
+std::optional<int> ResolveDirectories(AgentConfig& config) {
   std::error_code error;
   config.work_dir = std::filesystem::absolute(config.work_dir, error).lexically_normal().string();
   std::filesystem::create_directories(config.work_dir, error);
@@ -80,18 +90,27 @@ int main(int argc, char** argv) {
     config.checkpoint_root =
         std::filesystem::absolute(config.checkpoint_root, error).lexically_normal().string();
   }
-  // After --work-dir is absolute: the ranks' user must be able to enter it.
-  if (auto isolation = gradhub::agent::SetUpIsolation(config); !isolation.ok()) {
+  return std::nullopt;
+}
+
+// The ranks' user and cgroups. After --work-dir is absolute: that user must be able to enter it.
+std::optional<int> IsolateRanks(AgentConfig& config) {
+  auto isolation = gradhub::agent::SetUpIsolation(config);
+  if (!isolation.ok()) {
     std::cerr << "gradhub-agent: " << isolation.status().message() << "\n";
     return 2;
-  } else {
-    config.isolation = *std::move(isolation);
   }
+  config.isolation = *std::move(isolation);
   std::cerr << "gradhub-agent: " << gradhub::agent::DescribeIsolation(config.isolation) << "\n";
   if (const int removed = gradhub::agent::RemoveLeftoverCgroups(config.isolation.cgroup_dir);
       removed > 0) {
     std::cerr << "gradhub-agent: removed " << removed << " rank cgroup(s) a previous agent left\n";
   }
+  return std::nullopt;
+}
+
+// What would make every rank or every call fail, said at start rather than per rank.
+void WarnAboutSettings(const AgentConfig& config) {
   if (access(config.trainer.c_str(), X_OK) != 0) {
     std::cerr << "gradhub-agent: warning: --trainer " << config.trainer
               << " is not executable; every rank started here will fail\n";
@@ -100,10 +119,11 @@ int main(int argc, char** argv) {
     std::cerr << "gradhub-agent: warning: no --token (GRADHUB_NODE_TOKEN); the server will "
                  "refuse this agent\n";
   }
+}
 
-  // Before any other thread exists (rank processes get a clean mask again, see rank_process.h).
-  const gradhub::ShutdownSignals signals;
-
+// Runs the agent until SIGTERM or SIGINT has stopped its ranks. Its cgroup directory goes when
+// it ends (every rank's cgroup is gone by then).
+int RunUntilSignal(const AgentConfig& config, const gradhub::ShutdownSignals& signals) {
   auto credentials = gradhub::ClientCredentials(config.tls_ca_file);
   if (!credentials.ok()) {
     if (!config.isolation.cgroup_dir.empty()) rmdir(config.isolation.cgroup_dir.c_str());
@@ -121,7 +141,21 @@ int main(int argc, char** argv) {
   });
   agent.Run();
   signal_thread.join();
-  // Every rank has exited and its cgroup is gone; this agent's directory of them goes too.
   if (!config.isolation.cgroup_dir.empty()) rmdir(config.isolation.cgroup_dir.c_str());
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  gradhub::TurnOffMutexDeadlockDetection();
+  AgentConfig config;
+  if (std::optional<int> exit = ParseFlags(argc, argv, config)) return *exit;
+  for (auto prepare : {DescribeDevices, ResolveDirectories, IsolateRanks}) {
+    if (std::optional<int> exit = prepare(config)) return *exit;
+  }
+  WarnAboutSettings(config);
+  // Before any other thread exists (rank processes get a clean mask again, see rank_process.h).
+  const gradhub::ShutdownSignals signals;
+  return RunUntilSignal(config, signals);
 }

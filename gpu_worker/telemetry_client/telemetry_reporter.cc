@@ -29,13 +29,53 @@ grpc::ChannelArguments ChannelArgs(const TelemetryReporterOptions& options) {
 
 }  // namespace
 
+int64_t TelemetryReporter::StepQueue::Push(v1::StepTelemetry step) {
+  int64_t dropped = 0;
+  if (steps_.size() >= capacity_) {
+    steps_.pop_front();
+    dropped = 1;
+  }
+  steps_.push_back(std::move(step));
+  return dropped;
+}
+
+std::vector<v1::StepTelemetry> TelemetryReporter::StepQueue::Take(size_t n) {
+  n = std::min(n, steps_.size());
+  std::vector<v1::StepTelemetry> steps;
+  steps.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    steps.push_back(std::move(steps_.front()));
+    steps_.pop_front();
+  }
+  return steps;
+}
+
+int64_t TelemetryReporter::StepQueue::PutBack(std::vector<v1::StepTelemetry>& steps) {
+  for (auto it = steps.rbegin(); it != steps.rend(); ++it) steps_.push_front(std::move(*it));
+  int64_t dropped = 0;
+  while (steps_.size() > capacity_) {
+    steps_.pop_front();
+    ++dropped;
+  }
+  return dropped;
+}
+
+int64_t TelemetryReporter::StepQueue::Clear() {
+  const auto held = static_cast<int64_t>(steps_.size());
+  steps_.clear();
+  return held;
+}
+
 TelemetryReporter::TelemetryReporter(TelemetryReporterOptions options)
-    : options_(std::move(options)), backoff_(options_.backoff) {
+    : options_(std::move(options)),
+      reachability_(options_.backoff),
+      queue_(options_.queue_capacity) {
   if (options_.address.empty()) throw std::invalid_argument("telemetry: no metrics server address");
   auto credentials = ClientCredentials(options_.tls_ca_file);
   if (!credentials.ok()) throw std::invalid_argument(std::string(credentials.status().message()));
-  channel_ = grpc::CreateCustomChannel(options_.address, *credentials, ChannelArgs(options_));
-  stub_ = v1::TelemetryService::NewStub(channel_);
+  stream_.channel =
+      grpc::CreateCustomChannel(options_.address, *credentials, ChannelArgs(options_));
+  stream_.stub = v1::TelemetryService::NewStub(stream_.channel);
   next_send_ = Clock::now() + options_.batch_interval;
   sender_ = std::thread([this] { Run(); });
 }
@@ -46,15 +86,11 @@ void TelemetryReporter::Report(v1::StepTelemetry step) noexcept {
   try {
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.reported;
-    if (closing_ || refused_) {
+    if (life_.closing || life_.refused) {
       ++stats_.dropped;
       return;
     }
-    if (queue_.size() >= options_.queue_capacity) {
-      queue_.pop_front();
-      ++stats_.dropped;
-    }
-    queue_.push_back(std::move(step));
+    stats_.dropped += queue_.Push(std::move(step));
     if (queue_.size() == options_.batch_steps) wake_.notify_one();
   } catch (...) {  // out of memory: the step is lost, the trainer is not
     std::lock_guard<std::mutex> lock(mu_);
@@ -77,28 +113,27 @@ void TelemetryReporter::Log(const std::string& message) const {
 
 bool TelemetryReporter::Close(Clock::time_point deadline) noexcept {
   std::unique_lock<std::mutex> lock(mu_);
-  if (close_called_) {
-    done_.wait(lock, [this] { return finished_; });
-    return closed_result_;
+  if (life_.closing) {
+    done_.wait(lock, [this] { return life_.finished; });
+    return life_.closed_result;
   }
-  close_called_ = true;
-  closing_ = true;
-  close_deadline_ = deadline;
+  life_.closing = true;
+  life_.close_deadline = deadline;
   wake_.notify_all();
-  if (!done_.wait_until(lock, deadline, [this] { return finished_; })) {
+  if (!done_.wait_until(lock, deadline, [this] { return life_.finished; })) {
     // The deadline passed mid-stream (a slow or vanished service): cancel, and open no other.
-    cancelled_ = true;
-    if (context_ != nullptr) context_->TryCancel();
+    life_.cancelled = true;
+    if (stream_.context != nullptr) stream_.context->TryCancel();
   }
   lock.unlock();
   if (sender_.joinable()) sender_.join();
   lock.lock();
-  return closed_result_;
+  return life_.closed_result;
 }
 
 void TelemetryReporter::Run() {
   while (WaitForWork()) {
-    if (writer_ == nullptr && !OpenStream()) {
+    if (stream_.writer == nullptr && !OpenStream()) {
       WaitBeforeRetry();
       continue;
     }
@@ -112,21 +147,20 @@ void TelemetryReporter::Run() {
   }
   const bool finished = FinishStream();
   std::lock_guard<std::mutex> lock(mu_);
-  closed_result_ = finished && queue_.empty();
-  stats_.dropped += static_cast<int64_t>(queue_.size());
-  queue_.clear();
-  finished_ = true;
+  life_.closed_result = finished && queue_.empty();
+  stats_.dropped += queue_.Clear();
+  life_.finished = true;
   done_.notify_all();
 }
 
 // Protocol step 1. False when the sender should stop: closing, and nothing left to send or no
-// time left to send it.
+// time left to send it; or refused.
 bool TelemetryReporter::WaitForWork() {
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
-    if (refused_) return false;
+    if (life_.refused) return false;
     const Clock::time_point now = Clock::now();
-    if (closing_) return !queue_.empty() && now < close_deadline_ && !cancelled_;
+    if (life_.closing) return !queue_.empty() && now < life_.close_deadline && !life_.cancelled;
     if (queue_.size() >= options_.batch_steps) return true;
     if (now >= next_send_) {
       next_send_ = now + options_.batch_interval;
@@ -143,26 +177,19 @@ bool TelemetryReporter::OpenStream() {
   if (!options_.token.empty()) context->AddMetadata("authorization", "Bearer " + options_.token);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (cancelled_) return false;
-    context_ = std::move(context);
+    if (life_.cancelled) return false;
+    stream_.context = std::move(context);
     ++stats_.streams;
   }
-  response_.Clear();
+  stream_.response.Clear();
   // Fails at once (not wait_for_ready) when the channel cannot connect: the batch stays queued.
-  writer_ = stub_->ReportTelemetry(context_.get(), &response_);
+  stream_.writer = stream_.stub->ReportTelemetry(stream_.context.get(), &stream_.response);
   return true;
 }
 
 std::vector<v1::StepTelemetry> TelemetryReporter::TakeBatch() {
   std::lock_guard<std::mutex> lock(mu_);
-  const size_t n = std::min(queue_.size(), options_.batch_steps);
-  std::vector<v1::StepTelemetry> steps;
-  steps.reserve(n);
-  for (size_t i = 0; i < n; ++i) {
-    steps.push_back(std::move(queue_.front()));
-    queue_.pop_front();
-  }
-  return steps;
+  return queue_.Take(options_.batch_steps);
 }
 
 // Protocol step 3.
@@ -177,17 +204,17 @@ bool TelemetryReporter::WriteBatch(std::vector<v1::StepTelemetry>& steps) {
     batch.set_dropped_steps(stats_.dropped);
   }
   for (v1::StepTelemetry& step : steps) batch.add_steps()->Swap(&step);
-  if (!writer_->Write(batch)) {
+  if (!stream_.writer->Write(batch)) {
     // Give the steps back for Requeue, in order.
     for (size_t i = 0; i < steps.size(); ++i)
       steps[i].Swap(batch.mutable_steps(static_cast<int>(i)));
     return false;
   }
-  backoff_.Reset();
+  reachability_.backoff.Reset();
   std::lock_guard<std::mutex> lock(mu_);
   stats_.sent += static_cast<int64_t>(steps.size());
-  if (!reachable_) {
-    reachable_ = true;
+  if (!reachability_.reachable) {
+    reachability_.reachable = true;
     Log(options_.address + ": sending again (" + std::to_string(stats_.dropped) +
         " steps dropped so far)");
   }
@@ -196,27 +223,23 @@ bool TelemetryReporter::WriteBatch(std::vector<v1::StepTelemetry>& steps) {
 
 void TelemetryReporter::Requeue(std::vector<v1::StepTelemetry>& steps) {
   std::lock_guard<std::mutex> lock(mu_);
-  for (auto it = steps.rbegin(); it != steps.rend(); ++it) queue_.push_front(std::move(*it));
-  while (queue_.size() > options_.queue_capacity) {
-    queue_.pop_front();
-    ++stats_.dropped;
-  }
+  stats_.dropped += queue_.PutBack(steps);
 }
 
 void TelemetryReporter::EndBrokenStream() {
-  const grpc::Status status = writer_->Finish();
-  writer_.reset();
+  const grpc::Status status = stream_.writer->Finish();
+  stream_.writer.reset();
   std::lock_guard<std::mutex> lock(mu_);
-  context_.reset();
+  stream_.context.reset();
   ++stats_.failures;
   if (!status.ok() && !IsRetryable(status)) {  // protocol step 3: no retry changes this answer
-    refused_ = true;
+    life_.refused = true;
     Log(options_.address + ": " + status.error_message() + " (code " +
         std::to_string(status.error_code()) + "); not retrying: telemetry of this rank stops");
     return;
   }
-  if (reachable_) {
-    reachable_ = false;
+  if (reachability_.reachable) {
+    reachability_.reachable = false;
     Log(options_.address + ": " + (status.ok() ? "stream ended" : status.error_message()) +
         "; retrying, and dropping the oldest steps beyond " +
         std::to_string(options_.queue_capacity) + " meanwhile");
@@ -226,14 +249,14 @@ void TelemetryReporter::EndBrokenStream() {
 // Protocol step 4's end: half-close, and learn how many steps the server accepted. False when
 // the stream did not end cleanly (what was written on it may be lost).
 bool TelemetryReporter::FinishStream() {
-  if (writer_ == nullptr) return true;
-  const bool half_closed = writer_->WritesDone();
-  const grpc::Status status = writer_->Finish();
-  writer_.reset();
+  if (stream_.writer == nullptr) return true;
+  const bool half_closed = stream_.writer->WritesDone();
+  const grpc::Status status = stream_.writer->Finish();
+  stream_.writer.reset();
   std::lock_guard<std::mutex> lock(mu_);
-  context_.reset();
+  stream_.context.reset();
   if (!half_closed || !status.ok()) return false;
-  stats_.accepted += response_.accepted_steps();
+  stats_.accepted += stream_.response.accepted_steps();
   return true;
 }
 
@@ -241,11 +264,11 @@ bool TelemetryReporter::FinishStream() {
 // deadline); not at all once refused.
 void TelemetryReporter::WaitBeforeRetry() {
   std::unique_lock<std::mutex> lock(mu_);
-  const bool was_closing = closing_;
-  if (refused_) return;
-  const Clock::time_point until = std::min(
-      Clock::now() + std::chrono::duration_cast<Clock::duration>(backoff_.Next()), close_deadline_);
-  wake_.wait_until(lock, until, [&] { return closing_ != was_closing || cancelled_; });
+  if (life_.refused) return;
+  const bool was_closing = life_.closing;
+  const auto wait = std::chrono::duration_cast<Clock::duration>(reachability_.backoff.Next());
+  const Clock::time_point until = std::min(Clock::now() + wait, life_.close_deadline);
+  wake_.wait_until(lock, until, [&] { return life_.closing != was_closing || life_.cancelled; });
 }
 
 }  // namespace gradhub::telemetry_client

@@ -98,6 +98,56 @@ class TelemetryReporter {
  private:
   using Clock = std::chrono::steady_clock;
 
+  // Steps waiting to be sent, oldest first, at most `capacity`: beyond it the oldest are pushed
+  // out. Not thread-safe (the reporter's mu_ guards it).
+  class StepQueue {
+   public:
+    explicit StepQueue(size_t capacity) : capacity_(capacity) {}
+    // Appends `step`; returns how many of the oldest were pushed out for it (0 or 1).
+    int64_t Push(v1::StepTelemetry step);
+    // Takes off at most `n` of the oldest.
+    std::vector<v1::StepTelemetry> Take(size_t n);
+    // Steps taken and not sent go back to the head, in order; returns how many of the oldest
+    // were pushed out for them.
+    int64_t PutBack(std::vector<v1::StepTelemetry>& steps);
+    // Empties the queue; returns how many steps it held.
+    int64_t Clear();
+    size_t size() const { return steps_.size(); }
+    bool empty() const { return steps_.empty(); }
+
+   private:
+    const size_t capacity_;
+    std::deque<v1::StepTelemetry> steps_;
+  };
+
+  // The connection and its ReportTelemetry stream. The sender thread uses them; `context` is
+  // also cancelled by Close(), so it is set and reset under mu_.
+  struct Stream {
+    std::shared_ptr<grpc::Channel> channel;
+    std::unique_ptr<v1::TelemetryService::Stub> stub;
+    std::unique_ptr<grpc::ClientContext> context;
+    std::unique_ptr<grpc::ClientWriter<v1::TelemetryBatch>> writer;  // null: none open
+    v1::ReportTelemetryResponse response;
+  };
+
+  // The sender thread's view of the service: how long to wait before the next try, and
+  // whether it last said the service was reachable (it says so once per change).
+  struct Reachability {
+    explicit Reachability(const BackoffPolicy& policy) : backoff(policy) {}
+    Backoff backoff;
+    bool reachable = true;
+  };
+
+  // How far the reporter is in its life; guarded by mu_.
+  struct Lifecycle {
+    bool closing = false;  // Close() was called: send what is queued, then stop
+    Clock::time_point close_deadline = Clock::time_point::max();
+    bool cancelled = false;      // the close deadline passed: open no stream
+    bool refused = false;        // the service gave a final answer (protocol step 3): send no more
+    bool finished = false;       // the sender thread is done
+    bool closed_result = false;  // what Close() answers, once finished
+  };
+
   void Run();
   bool WaitForWork();
   bool OpenStream();
@@ -110,29 +160,16 @@ class TelemetryReporter {
   void Log(const std::string& message) const;
 
   const TelemetryReporterOptions options_;
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<v1::TelemetryService::Stub> stub_;
-
-  // Sender thread only.
-  std::unique_ptr<grpc::ClientContext> context_;
-  std::unique_ptr<grpc::ClientWriter<v1::TelemetryBatch>> writer_;
-  v1::ReportTelemetryResponse response_;
-  Backoff backoff_;
-  bool reachable_ = true;  // as last logged
+  Stream stream_;
+  Reachability reachability_;  // sender thread only
 
   mutable std::mutex mu_;
   std::condition_variable wake_;  // the sender: work, or Close()
   std::condition_variable done_;  // Close(): the sender finished
-  std::deque<v1::StepTelemetry> queue_;
+  StepQueue queue_;
   TelemetryReporterStats stats_;
   Clock::time_point next_send_;
-  bool closing_ = false;
-  Clock::time_point close_deadline_ = Clock::time_point::max();
-  bool cancelled_ = false;  // the close deadline passed: open no stream
-  bool refused_ = false;    // the service gave a final answer (protocol step 3): send no more
-  bool finished_ = false;   // the sender thread is done
-  bool closed_result_ = false;
-  bool close_called_ = false;
+  Lifecycle life_;
 
   std::thread sender_;  // last: starts once the members above exist
 };
