@@ -96,7 +96,7 @@ int main() {
   ddp::ProcessGroupOptions options;
   options.backend = ddp::Backend::kNccl;
   options.store = std::make_shared<ddp::InMemoryStore>();
-  options.device = 0;
+  options.nccl = ddp::NcclOptions{0};
   std::shared_ptr<ddp::ProcessGroup> group;
   try {
     group = ddp::CreateProcessGroup(options);

@@ -6,8 +6,12 @@
 #      gpu_check, plus gradhub-trainer and gradhub-agent when the node's gRPC, protobuf and the
 #      rest are there (cmake/GradhubNodeDeps.cmake names what is missing and its Debian
 #      packages; without them the trainer rows below say so and are skipped).
-#   2. gpu_check: NCCL collectives at world size 1, DDP training on cuda:0 in FP32, BF16 and
-#      FP16 autocast (one poisoned step skipped), one step timed against PyTorch eager.
+#   2. nccl_process_group_test: the ProcessGroup conformance suite (every collective, dtype
+#      and error case of tests/unit/ddp/process_group_conformance.h) against NCCL, one GPU
+#      per rank: on one GPU the world-of-one cases, the rest skipped with the reason (built
+#      when GoogleTest is on the node, else reported as skipped). gpu_check: DDP training on
+#      cuda:0 in FP32, BF16 and FP16 autocast (one poisoned step skipped), one step timed
+#      against PyTorch eager.
 #   3. gradhub-trainer as the agent starts it on a GPU node (GRADHUB_DEVICE=cuda,
 #      GRADHUB_BACKEND=NCCL, CUDA_VISIBLE_DEVICES=0), world size 1 (two NCCL ranks cannot share
 #      one GPU): the same job on cuda:0 and on the CPU (Gloo) end within tolerance; BF16 on the
@@ -38,6 +42,11 @@ set -e
 grep -iE "gradhub|error" "$build.configure.log" || true
 [ "$configured" -eq 0 ] || { echo "tests/gpu/run.sh: configure failed, see $build.configure.log" >&2; exit 1; }
 targets=(gpu_check)
+conformance=no
+if cmake --build "$build" --target help | grep -q 'nccl_process_group_test'; then
+  targets+=(nccl_process_group_test)
+  conformance=yes
+fi
 node_build=no
 if cmake --build "$build" --target help | grep -q 'gradhub-trainer'; then
   targets+=(gradhub-trainer gradhub-agent)
@@ -50,6 +59,18 @@ rows=()  # "check|figures|verdict"
 row() { rows+=("$1|$2|$3"); [ "$3" = PASS ] || [ "$3" = SKIP ] || failures=$((failures + 1)); }
 
 # --- 2. the engine alone ---
+if [ "$conformance" = yes ]; then
+  set +e
+  timeout 300 "$build/bin/nccl_process_group_test" --gtest_color=no >"$build/nccl_conformance.out" 2>&1
+  conformance_status=$?
+  set -e
+  grep -E '^\[  (PASSED|SKIPPED|FAILED) ' "$build/nccl_conformance.out" || true
+  counts=$(awk '/^\[  PASSED  \]/ {p=$4} /^\[  SKIPPED \]/ && /tests?,/ {s=$4} END {printf "%s passed, %s skipped", p+0, s+0}' "$build/nccl_conformance.out")
+  row "ProcessGroup conformance on NCCL" "$counts, exit $conformance_status" \
+    "$([ "$conformance_status" -eq 0 ] && echo PASS || echo FAIL)"
+else
+  row "ProcessGroup conformance on NCCL" "not built: no GoogleTest on this node" SKIP
+fi
 set +e
 "$build/bin/gpu_check" | tee "$build/gpu_check.out"
 check_status=${PIPESTATUS[0]}

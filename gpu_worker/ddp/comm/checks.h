@@ -11,11 +11,8 @@
 //                                          a non-success result becomes CommError naming the
 //                                          call, the error string and [f:l]
 //
-// And the argument checks every backend makes before it queues a collective
-// (detail::CheckTensorArg): one wording for "wrong dtype/device/layout" across backends.
+// The checks of a collective's operands are in collective_checks.h.
 #pragma once
-
-#include <ATen/core/Tensor.h>
 
 #include <sstream>
 #include <stdexcept>
@@ -40,65 +37,6 @@ std::string StrCat(Parts&&... parts) {
 }
 
 inline std::string Where(const char* file, int line) { return StrCat("[", file, ":", line, "]"); }
-
-// The names users know from PyTorch ("float32", not ATen's "Float").
-inline std::string DtypeName(at::ScalarType type) {
-  switch (type) {
-    case at::kFloat:
-      return "float32";
-    case at::kDouble:
-      return "float64";
-    case at::kHalf:
-      return "float16";
-    case at::kBFloat16:
-      return "bfloat16";
-    case at::kLong:
-      return "int64";
-    case at::kInt:
-      return "int32";
-    case at::kShort:
-      return "int16";
-    case at::kChar:
-      return "int8";
-    case at::kByte:
-      return "uint8";
-    case at::kBool:
-      return "bool";
-    default:
-      return c10::toString(type);
-  }
-}
-
-// What both backends reduce: see ProcessGroup.
-inline bool IsSupportedDtype(at::ScalarType type) {
-  return type == at::kFloat || type == at::kDouble || type == at::kHalf || type == at::kBFloat16 ||
-         type == at::kLong;
-}
-
-// Throws std::invalid_argument "<where>: <arg> <problem>" unless `tensor` is defined, dense,
-// contiguous, of a supported dtype and on `device`. `where` names the op, group and rank.
-inline void CheckTensorArg(const std::string& where, const std::string& arg,
-                           const at::Tensor& tensor, const c10::Device& device) {
-  if (!tensor.defined()) throw std::invalid_argument(where + ": " + arg + " is undefined");
-  if (tensor.layout() != at::kStrided) {
-    throw std::invalid_argument(StrCat(
-        where, ": ", arg, " must be a dense (strided) tensor, got layout ", tensor.layout()));
-  }
-  if (!IsSupportedDtype(tensor.scalar_type())) {
-    throw std::invalid_argument(StrCat(where, ": ", arg, " has unsupported dtype ",
-                                       DtypeName(tensor.scalar_type()),
-                                       " (supported: float32, float64, float16, bfloat16, int64)"));
-  }
-  if (tensor.device() != device) {
-    throw std::invalid_argument(StrCat(where, ": ", arg, " is on ", tensor.device(),
-                                       ", this process group needs tensors on ", device));
-  }
-  if (!tensor.is_contiguous()) {
-    throw std::invalid_argument(StrCat(where, ": ", arg, " is not contiguous (sizes ",
-                                       tensor.sizes(), ", strides ", tensor.strides(),
-                                       "); pass tensor.contiguous()"));
-  }
-}
 
 }  // namespace gradhub::ddp::detail
 

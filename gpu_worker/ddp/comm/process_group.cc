@@ -1,4 +1,5 @@
-// The factories of the ProcessGroup seam: the only place that knows which backends exist.
+// The factories of the ProcessGroup seam: the only place that knows which backends exist, and
+// the one check of their options.
 #include "gpu_worker/ddp/comm/process_group.h"
 
 #include <algorithm>
@@ -13,22 +14,65 @@
 #endif
 
 namespace gradhub::ddp {
+namespace {
+
+// The settings of the backend that was not chosen: refused rather than ignored.
+void CheckNoForeignOptions(const ProcessGroupOptions& options, const std::string& who) {
+  const char* backend = BackendName(options.backend);
+  GRADHUB_ARG_CHECK(!(options.backend != Backend::kGloo && options.gloo), who,
+                    ": options.gloo is set, but the backend is ", backend,
+                    " (Gloo settings apply only to Backend::kGloo)");
+  GRADHUB_ARG_CHECK(!(options.backend != Backend::kNccl && options.nccl), who,
+                    ": options.nccl is set, but the backend is ", backend,
+                    " (NCCL settings apply only to Backend::kNccl)");
+}
+
+}  // namespace
+
+const char* BackendName(Backend backend) {
+  switch (backend) {
+    case Backend::kGloo:
+      return "gloo";
+    case Backend::kNccl:
+      return "nccl";
+  }
+  return "unknown";
+}
+
+void ValidateProcessGroupOptions(const ProcessGroupOptions& options) {
+  const std::string who =
+      detail::StrCat("process group '", options.name, "' rank ", options.rank, "/", options.size);
+  GRADHUB_ARG_CHECK(options.backend == Backend::kGloo || options.backend == Backend::kNccl, who,
+                    ": options.backend ", static_cast<int>(options.backend), " is not a backend");
+  GRADHUB_ARG_CHECK(options.size >= 1, who, ": options.size must be >= 1, got ", options.size);
+  GRADHUB_ARG_CHECK(options.rank >= 0 && options.rank < options.size, who, ": options.rank ",
+                    options.rank, " is not in [0, ", options.size, ")");
+  GRADHUB_ARG_CHECK(options.store != nullptr, who, ": options.store is null");
+  GRADHUB_ARG_CHECK(!options.name.empty(), who, ": options.name is empty");
+  GRADHUB_ARG_CHECK(options.timeout.count() > 0, who, ": options.timeout must be positive, got ",
+                    options.timeout.count(), " ms");
+  CheckNoForeignOptions(options, who);
+  if (options.gloo) {
+    GRADHUB_ARG_CHECK(options.gloo->channels >= 1, who,
+                      ": options.gloo.channels must be >= 1, got ", options.gloo->channels);
+  }
+  if (options.nccl) {
+    GRADHUB_ARG_CHECK(options.nccl->device >= 0, who, ": options.nccl.device must be >= 0, got ",
+                      options.nccl->device);
+  }
+}
 
 std::shared_ptr<ProcessGroup> CreateProcessGroup(const ProcessGroupOptions& options) {
-  switch (options.backend) {
-    case Backend::kGloo:
-      return std::make_shared<GlooProcessGroup>(options);
-    case Backend::kNccl:
+  ValidateProcessGroupOptions(options);
+  if (options.backend == Backend::kGloo) return std::make_shared<GlooProcessGroup>(options);
 #if GRADHUB_HAVE_NCCL
-      return std::make_shared<NcclProcessGroup>(options);
+  return std::make_shared<NcclProcessGroup>(options);
 #else
-      throw CommError(detail::StrCat(
-          "process group '", options.name, "' rank ", options.rank, "/", options.size,
-          ": the NCCL backend was requested, but this build has no NCCL (CUDA runtime and "
-          "nccl.h were not found at configure time; see cmake/GradhubCuda.cmake)"));
+  throw CommError(detail::StrCat(
+      "process group '", options.name, "' rank ", options.rank, "/", options.size,
+      ": the NCCL backend was requested, but this build has no NCCL (CUDA runtime and "
+      "nccl.h were not found at configure time; see cmake/GradhubCuda.cmake)"));
 #endif
-  }
-  throw std::invalid_argument("CreateProcessGroup: unknown backend");
 }
 
 std::shared_ptr<ProcessGroup> CreateSubgroup(const ProcessGroupOptions& parent_options,
@@ -46,7 +90,7 @@ std::shared_ptr<ProcessGroup> CreateSubgroup(const ProcessGroupOptions& parent_o
   const auto it = std::find(ranks.begin(), ranks.end(), parent_options.rank);
   if (it == ranks.end()) return nullptr;
 
-  ProcessGroupOptions options = parent_options;  // same backend, store, timeout, channels
+  ProcessGroupOptions options = parent_options;  // same backend, store, timeout, settings
   options.rank = static_cast<int>(it - ranks.begin());
   options.size = static_cast<int>(ranks.size());
   options.name = parent_options.name + "/sub";  // e.g. "default/sub-0-2"

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,41 @@ inline const char* ReduceOpName(ReduceOp op) {
 }
 enum class Backend { kGloo, kNccl };
 
+// "gloo", "nccl": for error messages.
+const char* BackendName(Backend backend);
+
+// Settings that only the Gloo backend reads.
+struct GlooOptions {
+  // Independent connections (each with its own thread), so that collectives issued back to
+  // back -- gradient buckets -- run concurrently. Collective i uses channel i % channels,
+  // which every rank computes the same way. One by default: a second made a lone 1 MiB
+  // allreduce ~0.7 ms slower on loopback (each collective then lands on a cold connection and
+  // threads) and DDP steps no faster (tests/bench/allreduce, tests/bench/ddp).
+  int channels = 1;
+  // Address this rank listens on for its peers; "" = the machine's hostname, or 127.0.0.1
+  // when it does not resolve.
+  std::string hostname;
+  // Allreduce through a shared-memory segment instead of TCP when every rank of the group is
+  // on one host (and in one container) and every rank sets this; broadcast, allgather and
+  // barrier stay on TCP. Same results bit for bit on every rank; for two ranks the same as
+  // over TCP. On a 2-core machine, two ranks: a 1 MiB allreduce's bus bandwidth from 0.6 to
+  // 5.7 GB/s, DDP steps from 0.92 / 0.87 to 0.68 / 0.76 of PyTorch DDP's time on the two MLPs
+  // of tests/bench/ddp (tests/bench/allreduce, tests/bench/ddp).
+  bool shared_memory = true;
+  // Where rank 0 creates that segment (a few MiB; unlinked once every rank mapped it). A
+  // tmpfs: /dev/shm is what shm_open uses.
+  std::string shared_memory_dir = "/dev/shm";
+};
+
+// Settings that only the NCCL backend reads.
+struct NcclOptions {
+  // CUDA device index of this rank.
+  int device = 0;
+};
+
+// What every backend needs, plus the chosen backend's own settings. Only the settings of
+// `backend` may be given: CreateProcessGroup refuses `nccl` with the Gloo backend and `gloo`
+// with NCCL (std::invalid_argument naming the field), so no setting is silently ignored.
 struct ProcessGroupOptions {
   Backend backend = Backend::kGloo;
   int rank = 0;
@@ -44,28 +80,16 @@ struct ProcessGroupOptions {
   // Names the group in errors and in store keys, e.g. "default" or "subgroup-0-2".
   std::string name = "default";
   std::chrono::milliseconds timeout = kDefaultCollectiveTimeout;
-  // Gloo: independent connections (each with its own thread), so that collectives issued
-  // back to back — gradient buckets — run concurrently. Collective i uses channel
-  // i % channels, which every rank computes the same way. One by default: a second made a
-  // lone 1 MiB allreduce ~0.7 ms slower on loopback (each collective then lands on a cold
-  // connection and threads) and DDP steps no faster (tests/bench/allreduce, tests/bench/ddp).
-  int channels = 1;
-  // Gloo: address this rank listens on for its peers; "" = the machine's hostname, or
-  // 127.0.0.1 when it does not resolve.
-  std::string hostname;
-  // Gloo: allreduce through a shared-memory segment instead of TCP when every rank of the
-  // group is on one host (and in one container) and every rank sets this; broadcast,
-  // allgather and barrier stay on TCP. Same results bit for bit on every rank; for two ranks
-  // the same as over TCP. On a 2-core machine, two ranks: a 1 MiB allreduce's bus bandwidth
-  // from 0.6 to 5.7 GB/s, DDP steps from 0.92 / 0.87 to 0.68 / 0.76 of PyTorch DDP's time on
-  // the two MLPs of tests/bench/ddp (tests/bench/allreduce, tests/bench/ddp).
-  bool shared_memory = true;
-  // Gloo: where rank 0 creates that segment (a few MiB; unlinked once every rank mapped it).
-  // A tmpfs: /dev/shm is what shm_open uses.
-  std::string shared_memory_dir = "/dev/shm";
-  // NCCL: CUDA device index of this rank.
-  int device = 0;
+  // With Backend::kGloo only; unset means GlooOptions{}.
+  std::optional<GlooOptions> gloo;
+  // With Backend::kNccl only; unset means NcclOptions{}.
+  std::optional<NcclOptions> nccl;
 };
+
+// Throws std::invalid_argument naming the group, the rank and the first bad field, e.g.
+// "process group 'default' rank 0/2: options.nccl is set, but the backend is gloo". Every
+// backend's constructor runs it.
+void ValidateProcessGroupOptions(const ProcessGroupOptions& options);
 
 // A set of ranks that run collectives together (c10d's ProcessGroup). Every collective is
 // asynchronous and returns a Work; tensors must stay alive and unmodified until it completes.

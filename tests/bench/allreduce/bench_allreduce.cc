@@ -67,9 +67,9 @@ double Gradhub(int rank, int world, int64_t numel, int iterations, const std::st
   options.backend = gradhub::ddp::Backend::kGloo;
   options.rank = rank;
   options.size = world;
-  options.hostname = "127.0.0.1";
+  options.gloo.emplace().hostname = "127.0.0.1";
   options.store = std::make_shared<gradhub::ddp::FileStore>(dir);
-  options.shared_memory = shared_memory;
+  options.gloo->shared_memory = shared_memory;
   auto group = gradhub::ddp::CreateProcessGroup(options);
   if (dynamic_cast<gradhub::ddp::GlooProcessGroup&>(*group).uses_shared_memory() != shared_memory) {
     std::fprintf(stderr, "bench_allreduce: rank %d: shared memory %s, wanted %s\n", rank,

@@ -42,7 +42,7 @@ std::shared_ptr<ProcessGroup> JoinGroup(int rank, const std::string& store_dir,
   options.store = std::make_shared<FileStore>(store_dir);
   options.name = "death";
   options.timeout = kGroupTimeout;
-  options.shared_memory = shared_memory;
+  options.gloo.emplace().shared_memory = shared_memory;
   auto pg = CreateProcessGroup(options);
   EXPECT_EQ(dynamic_cast<GlooProcessGroup&>(*pg).uses_shared_memory(), shared_memory);
   return pg;

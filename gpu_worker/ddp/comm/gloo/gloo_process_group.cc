@@ -19,6 +19,7 @@
 #include <utility>
 
 #include "gpu_worker/ddp/comm/checks.h"
+#include "gpu_worker/ddp/comm/collective_checks.h"
 #include "gpu_worker/ddp/comm/gloo/gloo_store_adapter.h"
 #include "gpu_worker/ddp/comm/reduce_kernels.h"
 
@@ -26,31 +27,6 @@ namespace gradhub::ddp {
 namespace {
 
 using detail::StrCat;
-
-// Calls fn(T{}) with the C++ type of `type` (one of the supported five): gloo takes typed
-// buffers.
-template <typename Fn>
-void DispatchDtype(at::ScalarType type, Fn&& fn) {
-  switch (type) {
-    case at::kFloat:
-      fn(float{});
-      return;
-    case at::kDouble:
-      fn(double{});
-      return;
-    case at::kHalf:
-      fn(at::Half{});
-      return;
-    case at::kBFloat16:
-      fn(at::BFloat16{});
-      return;
-    case at::kLong:
-      fn(int64_t{});
-      return;
-    default:
-      throw std::invalid_argument("unsupported dtype " + detail::DtypeName(type));
-  }
-}
 
 // Step 1 of the protocol: an explicit hostname is used as given (gloo reports what is wrong
 // with it); the machine's hostname only when some address it resolves to can be bound here,
@@ -99,20 +75,81 @@ std::string ReasonFor(std::exception_ptr error, std::chrono::milliseconds timeou
   }
 }
 
+// Broadcasts `tensors` from `root` in one transfer: a lone tensor in place, several (a
+// model's parameters) through one buffer of their bytes back to back, instead of one round
+// trip per tensor.
+void BroadcastTensors(const std::shared_ptr<gloo::Context>& context, uint32_t tag,
+                      std::chrono::milliseconds timeout, const std::vector<at::Tensor>& tensors,
+                      int root, size_t total_bytes) {
+  auto run = [&](void* data) {
+    gloo::BroadcastOptions opts(context);
+    opts.setOutput(static_cast<uint8_t*>(data), total_bytes);
+    opts.setRoot(root);
+    opts.setTag(tag);
+    opts.setTimeout(timeout);
+    gloo::broadcast(opts);
+  };
+  if (tensors.size() == 1) {
+    run(tensors[0].data_ptr());
+    return;
+  }
+  std::vector<uint8_t> flat(total_bytes);
+  const bool sending = context->rank == root;
+  size_t offset = 0;
+  for (const auto& t : tensors) {
+    if (sending) std::memcpy(flat.data() + offset, t.data_ptr(), t.nbytes());
+    offset += t.nbytes();
+  }
+  run(flat.data());
+  if (sending) return;
+  offset = 0;
+  for (const auto& t : tensors) {
+    std::memcpy(t.data_ptr(), flat.data() + offset, t.nbytes());
+    offset += t.nbytes();
+  }
+}
+
+// gloo gathers into one buffer: the outputs themselves when they are one (slices of a flat
+// tensor), else a temporary copied out afterwards.
+void GatherTensors(const std::shared_ptr<gloo::Context>& context, uint32_t tag,
+                   std::chrono::milliseconds timeout, const std::vector<at::Tensor>& outputs,
+                   const at::Tensor& input) {
+  const size_t bytes = input.nbytes();
+  const bool flat = detail::IsOneFlatBuffer(outputs, bytes);
+  std::vector<uint8_t> temporary(flat ? 0 : bytes * outputs.size());
+  uint8_t* gathered = flat ? static_cast<uint8_t*>(outputs[0].data_ptr()) : temporary.data();
+  gloo::AllgatherOptions opts(context);
+  opts.setInput(static_cast<uint8_t*>(input.data_ptr()), bytes);
+  opts.setOutput(gathered, bytes * outputs.size());
+  opts.setTag(tag);
+  opts.setTimeout(timeout);
+  gloo::allgather(opts);
+  if (flat) return;
+  for (size_t r = 0; r < outputs.size(); ++r) {
+    std::memcpy(outputs[r].data_ptr(), gathered + r * bytes, bytes);
+  }
+}
+
 }  // namespace
 
 GlooProcessGroup::GlooProcessGroup(const ProcessGroupOptions& options)
-    : ProcessGroup(options.rank, options.size, options.name), timeout_(options.timeout) {
-  const std::string who = StrCat("process group '", name(), "' rank ", rank(), "/", size());
-  GRADHUB_ARG_CHECK(options.size >= 1 && options.rank >= 0 && options.rank < options.size, who,
-                    ": rank must be in [0, size)");
-  GRADHUB_ARG_CHECK(options.store != nullptr, who, ": options.store is null");
-  GRADHUB_ARG_CHECK(options.channels >= 1, who, ": options.channels must be >= 1, got ",
-                    options.channels);
-  GRADHUB_ARG_CHECK(options.timeout.count() > 0, who, ": options.timeout must be positive");
+    : ProcessGroup(options.rank, options.size, options.name),
+      timeout_(options.timeout),
+      who_(StrCat("process group '", options.name, "' rank ", options.rank, "/", options.size)) {
+  ValidateProcessGroupOptions(options);
+  const GlooOptions gloo = options.gloo.value_or(GlooOptions{});
+  hostname_ = ResolveListenHostname(gloo.hostname);
+  ConnectChannels(options, gloo);
+  SetUpSharedMemory(options, gloo);
+  for (auto& channel : channels_) {
+    Channel* raw = channel.get();
+    raw->thread = std::thread([this, raw] { RunChannel(*raw); });
+  }
+}
 
-  hostname_ = ResolveListenHostname(options.hostname);
-  for (int i = 0; i < options.channels; ++i) {
+void GlooProcessGroup::ConnectChannels(const ProcessGroupOptions& options,
+                                       const GlooOptions& gloo) {
+  for (int i = 0; i < gloo.channels; ++i) {
     auto channel = std::make_unique<Channel>();
     channel->index = i;
     const std::string prefix = StrCat(name(), "/channel-", i, "/");
@@ -127,39 +164,37 @@ GlooProcessGroup::GlooProcessGroup(const ProcessGroupOptions& options)
       GlooStoreAdapter adapter(options.store, prefix, timeout_);
       GRADHUB_GLOO_CHECK(channel->context->connectFullMesh(adapter, channel->device));
     } catch (const std::exception& e) {
-      throw CommError(StrCat(who, ": rendezvous of channel ", i, " (store keys '", prefix,
+      throw CommError(StrCat(who_, ": rendezvous of channel ", i, " (store keys '", prefix,
                              "*', listening on ", hostname_, ") failed: ", e.what()));
     }
     channels_.push_back(std::move(channel));
   }
+}
 
+void GlooProcessGroup::SetUpSharedMemory(const ProcessGroupOptions& options,
+                                         const GlooOptions& gloo) {
   SharedMemorySetup::Options shm;
   shm.store = options.store;
   shm.prefix = name() + "/shm/";
   shm.rank = rank();
   shm.size = size();
-  shm.segments = options.channels;
-  shm.enabled = options.shared_memory;
-  shm.directory = options.shared_memory_dir;
+  shm.segments = gloo.channels;
+  shm.enabled = gloo.shared_memory;
+  shm.directory = gloo.shared_memory_dir;
   shm.timeout = timeout_;
   SharedMemorySetup setup;
   try {
     setup = SharedMemorySetup::Establish(shm);
   } catch (const std::exception& e) {
     throw CommError(
-        StrCat(who, ": shared-memory setup (store keys '", shm.prefix, "*') failed: ", e.what()));
+        StrCat(who_, ": shared-memory setup (store keys '", shm.prefix, "*') failed: ", e.what()));
   }
   if (rank() == 0 && !setup.failure.empty()) {
-    std::fprintf(stderr, "%s: shared-memory allreduce unavailable, using TCP: %s\n", who.c_str(),
+    std::fprintf(stderr, "%s: shared-memory allreduce unavailable, using TCP: %s\n", who_.c_str(),
                  setup.failure.c_str());
   }
   for (size_t i = 0; i < setup.segments.size(); ++i) {
     channels_[i]->shared_memory = std::move(setup.segments[i]);
-  }
-
-  for (auto& channel : channels_) {
-    Channel* raw = channel.get();
-    raw->thread = std::thread([this, raw] { RunChannel(*raw); });
   }
 }
 
@@ -177,20 +212,15 @@ GlooProcessGroup::~GlooProcessGroup() {
   // Contexts close their pairs, then the devices stop their loops (member order).
 }
 
-std::string GlooProcessGroup::Describe(const char* kind, uint64_t seq,
-                                       const std::string& detail) const {
-  return StrCat(kind, " #", seq, detail.empty() ? "" : " (" + detail + ")", " in group '", name(),
-                "' rank ", rank(), "/", size());
-}
-
 std::shared_ptr<Work> GlooProcessGroup::Submit(const char* kind, const std::string& detail,
                                                bool empty, bool after_prior,
                                                std::function<void(Channel&, uint32_t)> run) {
   std::lock_guard<std::mutex> lock(issue_mu_);
   const uint64_t seq = next_seq_++;
-  auto work = std::make_shared<Work>(Describe(kind, seq, detail), timeout_);
-  if (broken_.load()) {
-    work->Complete(UnusableError(work->description()));
+  auto work =
+      std::make_shared<Work>(detail::DescribeCollective(*this, kind, seq, detail), timeout_);
+  if (health_.broken()) {
+    work->Complete(health_.UnusableError(work->description(), name()));
     return work;
   }
   if (empty) {
@@ -229,8 +259,8 @@ void GlooProcessGroup::RunChannel(Channel& channel) {
       channel.queue.pop_front();
     }
     // Ops only reach the queue while the context exists, and it outlives this thread.
-    if (broken_.load()) {
-      op->work->Complete(UnusableError(op->work->description()));
+    if (health_.broken()) {
+      op->work->Complete(health_.UnusableError(op->work->description(), name()));
       continue;
     }
     op->work->MarkStarted();
@@ -241,7 +271,7 @@ void GlooProcessGroup::RunChannel(Channel& channel) {
     } catch (...) {
       const std::string message =
           op->work->description() + ": " + ReasonFor(std::current_exception(), timeout_);
-      MarkBroken(message);
+      health_.MarkBroken(message);
       op->work->Complete(std::make_exception_ptr(CommError(message)));
     }
   }
@@ -267,85 +297,27 @@ void GlooProcessGroup::WaitForPrior(const Op& op) const {
   }
 }
 
-std::string GlooProcessGroup::BrokenReason() const {
-  std::lock_guard<std::mutex> lock(broken_mu_);
-  return broken_reason_;
-}
-
-void GlooProcessGroup::MarkBroken(const std::string& reason) {
-  std::lock_guard<std::mutex> lock(broken_mu_);
-  if (broken_reason_.empty()) broken_reason_ = reason;  // the first failure is the cause
-  broken_.store(true);
-}
-
-std::exception_ptr GlooProcessGroup::UnusableError(const std::string& description) const {
-  return std::make_exception_ptr(
-      CommError(StrCat(description, ": process group '", name(),
-                       "' is unusable after an earlier failure: ", BrokenReason())));
-}
-
 std::shared_ptr<Work> GlooProcessGroup::Broadcast(std::vector<at::Tensor> tensors, int root) {
-  const std::string where = StrCat("broadcast in group '", name(), "' rank ", rank(), "/", size());
-  GRADHUB_ARG_CHECK(root >= 0 && root < size(), where, ": root ", root, " is not in [0, ", size(),
-                    ")");
+  const detail::CheckedCollective checked =
+      detail::CheckBroadcast(*this, c10::Device(c10::kCPU), tensors, root);
   size_t total_bytes = 0;
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    detail::CheckTensorArg(where, StrCat("tensors[", i, "]"), tensors[i], c10::Device(c10::kCPU));
-    total_bytes += tensors[i].nbytes();
-  }
-  const std::string detail =
-      tensors.size() == 1
-          ? StrCat(detail::DtypeName(tensors[0].scalar_type()), ", ", tensors[0].numel(),
-                   " elements, root ", root)
-          : StrCat(tensors.size(), " tensors, ", total_bytes, " bytes, root ", root);
-  const int my_rank = rank();
+  for (const auto& t : tensors) total_bytes += t.nbytes();
   const auto timeout = timeout_;
-  return Submit("broadcast", detail, total_bytes == 0, /*after_prior=*/false,
-                [tensors = std::move(tensors), root, total_bytes, my_rank, timeout](
-                    Channel& channel, uint32_t tag) {
-                  auto run = [&](void* data, size_t bytes) {
-                    gloo::BroadcastOptions opts(channel.context);
-                    opts.setOutput(static_cast<uint8_t*>(data), bytes);
-                    opts.setRoot(root);
-                    opts.setTag(tag);
-                    opts.setTimeout(timeout);
-                    gloo::broadcast(opts);
-                  };
-                  if (tensors.size() == 1) {
-                    run(tensors[0].data_ptr(), total_bytes);
-                    return;
-                  }
-                  // Several tensors (a model's parameters): one transfer of their bytes
-                  // back to back, instead of one round trip per tensor.
-                  std::vector<uint8_t> flat(total_bytes);
-                  size_t offset = 0;
-                  if (my_rank == root) {
-                    for (const auto& t : tensors) {
-                      std::memcpy(flat.data() + offset, t.data_ptr(), t.nbytes());
-                      offset += t.nbytes();
-                    }
-                  }
-                  run(flat.data(), total_bytes);
-                  if (my_rank != root) {
-                    for (const auto& t : tensors) {
-                      std::memcpy(t.data_ptr(), flat.data() + offset, t.nbytes());
-                      offset += t.nbytes();
-                    }
-                  }
-                });
+  return Submit(
+      "broadcast", checked.detail, checked.empty, /*after_prior=*/false,
+      [tensors = std::move(tensors), root, total_bytes, timeout](Channel& channel, uint32_t tag) {
+        BroadcastTensors(channel.context, tag, timeout, tensors, root, total_bytes);
+      });
 }
 
 std::shared_ptr<Work> GlooProcessGroup::AllReduce(at::Tensor tensor, ReduceOp op) {
-  const std::string where = StrCat("allreduce in group '", name(), "' rank ", rank(), "/", size());
-  detail::CheckTensorArg(where, "tensor", tensor, c10::Device(c10::kCPU));
-  const std::string detail = StrCat(detail::DtypeName(tensor.scalar_type()), ", ", tensor.numel(),
-                                    " elements, ", ReduceOpName(op));
+  const detail::CheckedCollective checked =
+      detail::CheckAllReduce(*this, c10::Device(c10::kCPU), tensor, op);
   const detail::ReduceKernel kernel = detail::KernelFor(tensor.scalar_type(), op, size());
   const int group_size = size();
   const auto timeout = timeout_;
-  const bool empty = tensor.numel() == 0;
   return Submit(
-      "allreduce", detail, empty, /*after_prior=*/false,
+      "allreduce", checked.detail, checked.empty, /*after_prior=*/false,
       [tensor = std::move(tensor), kernel, group_size, timeout](Channel& channel, uint32_t tag) {
         void* data = tensor.data_ptr();
         const size_t n = static_cast<size_t>(tensor.numel());
@@ -353,7 +325,8 @@ std::shared_ptr<Work> GlooProcessGroup::AllReduce(at::Tensor tensor, ReduceOp op
           channel.shared_memory->AllReduce(data, n, kernel, timeout);
           return;
         }
-        DispatchDtype(tensor.scalar_type(), [&](auto type_tag) {
+        // gloo takes typed buffers.
+        detail::VisitSupportedDtype(tensor.scalar_type(), [&](auto type_tag) {
           using T = decltype(type_tag);
           gloo::AllreduceOptions opts(channel.context);
           opts.setOutput(static_cast<T*>(data), n);  // in place: output doubles as input
@@ -368,51 +341,13 @@ std::shared_ptr<Work> GlooProcessGroup::AllReduce(at::Tensor tensor, ReduceOp op
 
 std::shared_ptr<Work> GlooProcessGroup::AllGather(std::vector<at::Tensor> outputs,
                                                   at::Tensor input) {
-  const std::string where = StrCat("allgather in group '", name(), "' rank ", rank(), "/", size());
-  detail::CheckTensorArg(where, "input", input, c10::Device(c10::kCPU));
-  GRADHUB_ARG_CHECK(static_cast<int>(outputs.size()) == size(), where, ": outputs has ",
-                    outputs.size(), " tensors, expected one per rank (", size(), ")");
-  for (size_t r = 0; r < outputs.size(); ++r) {
-    const std::string arg = StrCat("outputs[", r, "]");
-    detail::CheckTensorArg(where, arg, outputs[r], c10::Device(c10::kCPU));
-    GRADHUB_ARG_CHECK(outputs[r].scalar_type() == input.scalar_type(), where, ": ", arg,
-                      " has dtype ", detail::DtypeName(outputs[r].scalar_type()), ", input has ",
-                      detail::DtypeName(input.scalar_type()));
-    GRADHUB_ARG_CHECK(outputs[r].sizes() == input.sizes(), where, ": ", arg, " has shape ",
-                      outputs[r].sizes(), ", input has ", input.sizes());
-  }
-  const std::string detail =
-      StrCat(detail::DtypeName(input.scalar_type()), ", ", input.numel(), " elements per rank");
+  const detail::CheckedCollective checked =
+      detail::CheckAllGather(*this, c10::Device(c10::kCPU), outputs, input);
   const auto timeout = timeout_;
-  const bool empty = input.numel() == 0;
-  return Submit("allgather", detail, empty, /*after_prior=*/false,
+  return Submit("allgather", checked.detail, checked.empty, /*after_prior=*/false,
                 [outputs = std::move(outputs), input = std::move(input), timeout](Channel& channel,
                                                                                   uint32_t tag) {
-                  const size_t bytes = input.nbytes();
-                  // gloo gathers into one buffer; use the outputs directly when they already
-                  // are one (slices of a flat tensor), else a temporary.
-                  auto* base = static_cast<uint8_t*>(outputs[0].data_ptr());
-                  bool adjacent = true;
-                  for (size_t r = 0; r < outputs.size(); ++r) {
-                    adjacent = adjacent && outputs[r].data_ptr() == base + r * bytes;
-                  }
-                  std::vector<uint8_t> temporary;
-                  uint8_t* gathered = base;
-                  if (!adjacent) {
-                    temporary.resize(bytes * outputs.size());
-                    gathered = temporary.data();
-                  }
-                  gloo::AllgatherOptions opts(channel.context);
-                  opts.setInput(static_cast<uint8_t*>(input.data_ptr()), bytes);
-                  opts.setOutput(gathered, bytes * outputs.size());
-                  opts.setTag(tag);
-                  opts.setTimeout(timeout);
-                  gloo::allgather(opts);
-                  if (!adjacent) {
-                    for (size_t r = 0; r < outputs.size(); ++r) {
-                      std::memcpy(outputs[r].data_ptr(), gathered + r * bytes, bytes);
-                    }
-                  }
+                  GatherTensors(channel.context, tag, timeout, outputs, input);
                 });
 }
 

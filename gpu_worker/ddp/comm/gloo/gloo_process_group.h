@@ -1,6 +1,5 @@
 #pragma once
 
-#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -11,6 +10,7 @@
 #include <vector>
 
 #include "gpu_worker/ddp/comm/gloo/shared_memory_allreduce.h"
+#include "gpu_worker/ddp/comm/group_health.h"
 #include "gpu_worker/ddp/comm/process_group.h"
 
 namespace gloo {
@@ -28,18 +28,18 @@ namespace gradhub::ddp {
 // ProcessGroup on gloo's TCP transport, for CPU tensors (c10d's ProcessGroupGloo).
 //
 // Protocol:
-//  1. Construction resolves the address to listen on: options.hostname, or when it is empty
-//     the machine's hostname if it resolves to an address this machine can bind, else
+//  1. Construction resolves the address to listen on: GlooOptions::hostname, or when it is
+//     empty the machine's hostname if it resolves to an address this machine can bind, else
 //     127.0.0.1 (enough for ranks on one machine; multi-node jobs must pass a routable
 //     hostname or address).
-//  2. For each channel i in [0, options.channels) it creates a TCP device (its own event
+//  2. For each channel i in [0, GlooOptions::channels) it creates a TCP device (its own event
 //     loop thread) and a gloo::rendezvous::Context, connected full mesh through the store
 //     under `options.name + "/channel-<i>/"`. A peer that does not arrive within
 //     options.timeout makes the constructor throw CommError. Group names must be unique per
 //     store: a second group with the same name on the same store would read the first one's
 //     stale addresses.
 //  3. The ranks agree through the store whether allreduces go through a shared-memory segment
-//     (all on one host, options.shared_memory on every rank; see SharedMemorySetup), one per
+//     (all on one host, GlooOptions::shared_memory on every rank; see SharedMemorySetup), one per
 //     channel. A failure to set it up on any rank makes every rank use TCP, logged once by
 //     rank 0 on stderr.
 //  4. The k-th collective issued (k = 0, 1, ...; every rank counts the same) is queued on
@@ -69,7 +69,8 @@ namespace gradhub::ddp {
 class GlooProcessGroup final : public ProcessGroup {
  public:
   // Rendezvous (blocks until every rank connected). Throws CommError naming the group, the
-  // rank and the reason; std::invalid_argument for inconsistent options.
+  // rank and the reason; std::invalid_argument for options ValidateProcessGroupOptions
+  // refuses (options.gloo unset means GlooOptions{}).
   explicit GlooProcessGroup(const ProcessGroupOptions& options);
   ~GlooProcessGroup() override;
 
@@ -112,15 +113,15 @@ class GlooProcessGroup final : public ProcessGroup {
   // `after_prior` the op first waits for every collective issued before it (Barrier).
   std::shared_ptr<Work> Submit(const char* kind, const std::string& detail, bool empty,
                                bool after_prior, std::function<void(Channel&, uint32_t)> run);
-  std::string Describe(const char* kind, uint64_t seq, const std::string& detail) const;
+  // Protocol steps 2 and 3, for the constructor.
+  void ConnectChannels(const ProcessGroupOptions& options, const GlooOptions& gloo);
+  void SetUpSharedMemory(const ProcessGroupOptions& options, const GlooOptions& gloo);
   void RunChannel(Channel& channel);
   void WaitForPrior(const Op& op) const;
-  // Empty while the group is healthy.
-  std::string BrokenReason() const;
-  void MarkBroken(const std::string& reason);
-  std::exception_ptr UnusableError(const std::string& description) const;
 
   const std::chrono::milliseconds timeout_;
+  // "process group 'x' rank r/n": starts construction errors.
+  const std::string who_;
   std::string hostname_;
   std::vector<std::unique_ptr<Channel>> channels_;
 
@@ -129,9 +130,7 @@ class GlooProcessGroup final : public ProcessGroup {
   // Issued and not yet known to be complete (what a Barrier waits for); pruned at each issue.
   std::vector<std::shared_ptr<Work>> in_flight_;
 
-  mutable std::mutex broken_mu_;
-  std::atomic<bool> broken_{false};
-  std::string broken_reason_;
+  GroupHealth health_;
 };
 
 }  // namespace gradhub::ddp

@@ -14,6 +14,7 @@
 #include <climits>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <sstream>
 #include <system_error>
@@ -263,25 +264,81 @@ void SharedMemoryAllReduce::AllReduce(void* data, size_t count, const detail::Re
   chunks_ += chunks;
 }
 
-SharedMemorySetup SharedMemorySetup::Establish(const Options& options) {
-  SharedMemorySetup setup;
-  Store& store = *options.store;
-  const int rank = options.rank;
-  const std::string& prefix = options.prefix;
-  auto get = [&](const std::string& key) { return store.Get(prefix + key, options.timeout); };
+namespace {
 
-  // Step 1.
-  store.Set(StrCat(prefix, "host/", rank), options.enabled ? HostIdentity() : "");
+// Step 1: whether every rank asked for shared memory and runs on this host (and size >= 2).
+bool SameHostEverywhere(const SharedMemorySetup::Options& options) {
+  options.store->Set(StrCat(options.prefix, "host/", options.rank),
+                     options.enabled ? HostIdentity() : "");
   bool eligible = options.size >= 2;
   std::string first_identity;
   for (int r = 0; r < options.size; ++r) {
-    const std::string identity = get(StrCat("host/", r));
+    const std::string identity =
+        options.store->Get(StrCat(options.prefix, "host/", r), options.timeout);
     if (r == 0) first_identity = identity;
     eligible = eligible && !identity.empty() && identity == first_identity;
   }
-  if (!eligible) return setup;
+  return eligible;
+}
 
+// Step 2 on rank 0: creates, sizes and maps each segment file, hands each mapping to `adopt`
+// and adds each path to `created`. Returns why it failed, or "".
+std::string CreateSegmentFiles(const SharedMemorySetup::Options& options, const Layout& layout,
+                               const std::function<void(void*)>& adopt,
+                               std::vector<std::string>& created) {
+  std::string failure;
+  for (int i = 0; i < options.segments; ++i) {
+    const std::string path = options.directory + "/gradhub-" + RandomHex64();
+    const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd < 0) return StrCat("creating ", path, ": ", ErrorText(errno));
+    created.push_back(path);
+    if (const int error = posix_fallocate(fd, 0, static_cast<off_t>(layout.bytes)); error != 0) {
+      close(fd);
+      return StrCat("allocating ", layout.bytes, " bytes for ", path, ": ", ErrorText(error));
+    }
+    void* base = MapFile(fd, layout.bytes, path, failure);
+    if (base == nullptr) return failure;
+    adopt(base);
+    *static_cast<Header*>(base) = Header{kMagic, layout.bytes, layout.chunk_bytes, options.size};
+  }
+  return "";
+}
+
+// Step 3 on the other ranks: opens and maps each of `paths`, hands each mapping to `adopt`
+// and checks its header. Returns why it failed, or "".
+std::string OpenSegmentFiles(const std::vector<std::string>& paths, const Layout& layout, int size,
+                             const std::function<void(void*)>& adopt) {
+  std::string failure;
+  for (const auto& path : paths) {
+    const int fd = open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) return StrCat("opening ", path, ": ", ErrorText(errno));
+    struct stat st {};
+    if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != layout.bytes) {
+      close(fd);
+      return StrCat(path, " has ", st.st_size, " bytes, expected ", layout.bytes);
+    }
+    void* base = MapFile(fd, layout.bytes, path, failure);
+    if (base == nullptr) return failure;
+    adopt(base);
+    const Header& header = *static_cast<const Header*>(base);
+    if (header.magic != kMagic || header.bytes != layout.bytes ||
+        header.chunk_bytes != layout.chunk_bytes || header.size != size) {
+      return StrCat(path, " is not a segment of this group (header mismatch)");
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
+SharedMemorySetup SharedMemorySetup::Establish(const Options& options) {
+  SharedMemorySetup setup;
+  if (!SameHostEverywhere(options)) return setup;  // a choice or several hosts: not logged
   const Layout layout = LayoutFor(options.size);
+  auto adopt = [&](void* base) {
+    setup.segments.emplace_back(new SharedMemoryAllReduce(base, layout.bytes, options.rank,
+                                                          options.size, layout.chunk_bytes));
+  };
   std::vector<std::string> created;  // rank 0's files, unlinked however this returns
   struct UnlinkAll {
     std::vector<std::string>& paths;
@@ -290,87 +347,44 @@ SharedMemorySetup SharedMemorySetup::Establish(const Options& options) {
     }
   } unlink_all{created};
 
-  // Step 2 (rank 0) or reading its outcome (step 3).
+  const std::string segments_key = options.prefix + "segments";
   std::string failure;
-  std::vector<std::string> paths;
-  if (rank == 0) {
-    for (int i = 0; i < options.segments && failure.empty(); ++i) {
-      const std::string path = options.directory + "/gradhub-" + RandomHex64();
-      const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
-      if (fd < 0) {
-        failure = StrCat("creating ", path, ": ", ErrorText(errno));
-        break;
-      }
-      created.push_back(path);
-      if (const int error = posix_fallocate(fd, 0, static_cast<off_t>(layout.bytes)); error != 0) {
-        close(fd);
-        failure = StrCat("allocating ", layout.bytes, " bytes for ", path, ": ", ErrorText(error));
-        break;
-      }
-      void* base = MapFile(fd, layout.bytes, path, failure);
-      if (base == nullptr) break;
-      setup.segments.emplace_back(
-          new SharedMemoryAllReduce(base, layout.bytes, rank, options.size, layout.chunk_bytes));
-      *static_cast<Header*>(base) = Header{kMagic, layout.bytes, layout.chunk_bytes, options.size};
-      paths.push_back(path);
-    }
+  if (options.rank == 0) {
+    failure = CreateSegmentFiles(options, layout, adopt, created);
     std::string value;
+    for (const auto& path : created) value += path + "\n";
     if (!failure.empty()) {
-      failure = "rank 0: " + failure;
-      value = "!" + failure;
-    } else {
-      for (const auto& path : paths) value += path + "\n";
+      setup.segments.clear();
+      setup.failure = "rank 0: " + failure;
+      value = "!" + setup.failure;
     }
-    store.Set(prefix + "segments", value);
+    options.store->Set(segments_key, value);
+    if (!setup.failure.empty()) return setup;
   } else {
-    const std::string value = get("segments");
+    const std::string value = options.store->Get(segments_key, options.timeout);
     if (!value.empty() && value[0] == '!') {
       setup.failure = value.substr(1);
       return setup;
     }
-    paths = Split(value, '\n');
-    for (const auto& path : paths) {
-      const int fd = open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
-      if (fd < 0) {
-        failure = StrCat("opening ", path, ": ", ErrorText(errno));
-        break;
-      }
-      struct stat st {};
-      if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != layout.bytes) {
-        close(fd);
-        failure = StrCat(path, " has ", st.st_size, " bytes, expected ", layout.bytes);
-        break;
-      }
-      void* base = MapFile(fd, layout.bytes, path, failure);
-      if (base == nullptr) break;
-      setup.segments.emplace_back(
-          new SharedMemoryAllReduce(base, layout.bytes, rank, options.size, layout.chunk_bytes));
-      const Header& header = *static_cast<const Header*>(base);
-      if (header.magic != kMagic || header.bytes != layout.bytes ||
-          header.chunk_bytes != layout.chunk_bytes || header.size != options.size) {
-        failure = StrCat(path, " is not a segment of this group (header mismatch)");
-        break;
-      }
-    }
-    if (!failure.empty()) failure = StrCat("rank ", rank, ": ", failure);
+    failure = OpenSegmentFiles(Split(value, '\n'), layout, options.size, adopt);
+    if (!failure.empty()) failure = StrCat("rank ", options.rank, ": ", failure);
   }
-  if (rank == 0 && !failure.empty()) {
-    setup.segments.clear();
-    setup.failure = failure;
-    return setup;
-  }
-
-  // Steps 3 and 4.
-  for (auto& segment : setup.segments) {
-    Control(segment->base_, rank).pid.store(getpid(), std::memory_order_relaxed);
-  }
-  store.Set(StrCat(prefix, "mapped/", rank), failure);
-  for (int r = 0; r < options.size; ++r) {
-    const std::string reason = get(StrCat("mapped/", r));
-    if (setup.failure.empty() && !reason.empty()) setup.failure = reason;
-  }
-  if (!setup.failure.empty()) setup.segments.clear();
+  setup.ShareOutcome(options, failure);
   return setup;
+}
+
+void SharedMemorySetup::ShareOutcome(const Options& options, const std::string& own_failure) {
+  // Steps 3 and 4.
+  for (auto& segment : segments) {
+    Control(segment->base_, options.rank).pid.store(getpid(), std::memory_order_relaxed);
+  }
+  options.store->Set(StrCat(options.prefix, "mapped/", options.rank), own_failure);
+  for (int r = 0; r < options.size; ++r) {
+    const std::string reason =
+        options.store->Get(StrCat(options.prefix, "mapped/", r), options.timeout);
+    if (failure.empty() && !reason.empty()) failure = reason;
+  }
+  if (!failure.empty()) segments.clear();
 }
 
 }  // namespace gradhub::ddp

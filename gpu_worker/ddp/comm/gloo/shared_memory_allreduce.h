@@ -106,8 +106,6 @@ struct SharedMemorySetup {
     bool enabled = true;
     std::string directory = "/dev/shm";
     std::chrono::milliseconds timeout{0};
-    // Names the group and rank in the reason and in errors.
-    std::string who;
   };
 
   // Empty when the group uses TCP.
@@ -117,6 +115,11 @@ struct SharedMemorySetup {
   std::string failure;
 
   static SharedMemorySetup Establish(const Options& options);
+
+ private:
+  // Steps 3 (the pids) and 4 of the protocol, after this rank mapped its segments or failed
+  // with `failure`: publishes the outcome, reads every rank's, keeps the first failure.
+  void ShareOutcome(const Options& options, const std::string& own_failure);
 };
 
 }  // namespace gradhub::ddp

@@ -60,18 +60,26 @@ ncclDataType_t NcclType(at::ScalarType type) {
   }
 }
 
-}  // namespace
+ncclRedOp_t NcclOp(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+      return ncclSum;
+    case ReduceOp::kMax:
+      return ncclMax;
+    case ReduceOp::kMin:
+      return ncclMin;
+    case ReduceOp::kAverage:
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0)
+      return ncclAvg;
+#else
+      throw std::invalid_argument("average needs ncclAvg (NCCL >= 2.10 at build time)");
+#endif
+  }
+  throw std::invalid_argument("unknown ReduceOp");
+}
 
-NcclProcessGroup::NcclProcessGroup(const ProcessGroupOptions& options)
-    : ProcessGroup(options.rank, options.size, options.name),
-      timeout_(options.timeout),
-      device_(options.device) {
-  const std::string who = StrCat("process group '", name(), "' rank ", rank(), "/", size());
-  GRADHUB_ARG_CHECK(options.size >= 1 && options.rank >= 0 && options.rank < options.size, who,
-                    ": rank must be in [0, size)");
-  GRADHUB_ARG_CHECK(options.store != nullptr, who, ": options.store is null");
-  GRADHUB_ARG_CHECK(options.timeout.count() > 0, who, ": options.timeout must be positive");
-
+// Throws CommError unless `device` is a visible GPU.
+void RequireDevice(const std::string& who, int device) {
   int count = 0;
   const cudaError_t counted = cudaGetDeviceCount(&count);
   if (counted != cudaSuccess || count == 0) {
@@ -83,15 +91,29 @@ NcclProcessGroup::NcclProcessGroup(const ProcessGroupOptions& options)
                                : std::string("cudaGetDeviceCount found 0 devices"),
                            ")"));
   }
-  if (device_ < 0 || device_ >= count) {
-    throw CommError(
-        StrCat(who, ": options.device ", device_, " does not exist (", count, " GPUs visible)"));
+  if (device >= count) {
+    throw CommError(StrCat(who, ": options.nccl.device ", device, " does not exist (", count,
+                           " GPUs visible)"));
   }
+}
 
+}  // namespace
+
+NcclProcessGroup::NcclProcessGroup(const ProcessGroupOptions& options)
+    : ProcessGroup(options.rank, options.size, options.name),
+      timeout_(options.timeout),
+      device_(options.nccl.value_or(NcclOptions{}).device) {
+  ValidateProcessGroupOptions(options);
+  RequireDevice(StrCat("process group '", name(), "' rank ", rank(), "/", size()), device_);
+  InitCommunicator(options);
+  watchdog_ = std::thread([this] { WatchdogLoop(); });
+}
+
+void NcclProcessGroup::InitCommunicator(const ProcessGroupOptions& options) {
   DeviceGuard guard(device_);
   const std::string id_key = name() + "/nccl-id";
   try {
-    GRADHUB_NCCL_CHECK(ncclGetVersion(&nccl_version_));
+    GRADHUB_NCCL_CHECK(ncclGetVersion(&handles_.nccl_version));
     // Step 1.
     ncclUniqueId id;
     if (rank() == 0) {
@@ -107,24 +129,25 @@ NcclProcessGroup::NcclProcessGroup(const ProcessGroupOptions& options)
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 14, 0)
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
-    GRADHUB_NCCL_CHECK(ncclCommInitRankConfig(&comm_, size(), id, rank(), &config));
+    GRADHUB_NCCL_CHECK(ncclCommInitRankConfig(&handles_.comm, size(), id, rank(), &config));
     AwaitIssued("ncclCommInitRankConfig", Clock::now() + timeout_);
 #else
     // Blocking init: a peer that never arrives makes this wait (NCCL < 2.14 has no
     // nonblocking communicators).
-    GRADHUB_NCCL_CHECK(ncclCommInitRank(&comm_, size(), id, rank()));
+    GRADHUB_NCCL_CHECK(ncclCommInitRank(&handles_.comm, size(), id, rank()));
 #endif
-    GRADHUB_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    GRADHUB_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&barrier_buffer_), sizeof(float)));
-    GRADHUB_CUDA_CHECK(cudaMemset(barrier_buffer_, 0, sizeof(float)));
+    GRADHUB_CUDA_CHECK(cudaStreamCreateWithFlags(&handles_.stream, cudaStreamNonBlocking));
+    GRADHUB_CUDA_CHECK(
+        cudaMalloc(reinterpret_cast<void**>(&handles_.barrier_buffer), sizeof(float)));
+    GRADHUB_CUDA_CHECK(cudaMemset(handles_.barrier_buffer, 0, sizeof(float)));
   } catch (const std::exception& e) {
-    if (comm_ != nullptr) ncclCommAbort(comm_);
-    if (stream_ != nullptr) cudaStreamDestroy(stream_);
-    if (barrier_buffer_ != nullptr) cudaFree(barrier_buffer_);
-    throw CommError(StrCat(who, ": NCCL initialisation on cuda:", device_,
+    if (handles_.comm != nullptr) ncclCommAbort(handles_.comm);
+    if (handles_.stream != nullptr) cudaStreamDestroy(handles_.stream);
+    if (handles_.barrier_buffer != nullptr) cudaFree(handles_.barrier_buffer);
+    throw CommError(StrCat("process group '", name(), "' rank ", rank(), "/", size(),
+                           ": NCCL initialisation on cuda:", device_,
                            " (unique id under store key '", id_key, "') failed: ", e.what()));
   }
-  watchdog_ = std::thread([this] { WatchdogLoop(); });
 }
 
 NcclProcessGroup::~NcclProcessGroup() {
@@ -136,11 +159,11 @@ NcclProcessGroup::~NcclProcessGroup() {
   if (watchdog_.joinable()) watchdog_.join();  // it drains pending_ first, each op bounded
 
   DeviceGuard guard(device_);
-  if (comm_ != nullptr) {
+  if (handles_.comm != nullptr) {
     bool finalized = false;
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 14, 0)
     // Flush and tear down cooperatively; fall back to abort when it does not end in time.
-    const ncclResult_t started = ncclCommFinalize(comm_);
+    const ncclResult_t started = ncclCommFinalize(handles_.comm);
     if (started == ncclSuccess || GRADHUB_NCCL_IN_PROGRESS(started)) {
       try {
         AwaitIssued("ncclCommFinalize", Clock::now() + timeout_);
@@ -152,21 +175,15 @@ NcclProcessGroup::~NcclProcessGroup() {
     finalized = true;
 #endif
     if (finalized) {
-      ncclCommDestroy(comm_);
+      ncclCommDestroy(handles_.comm);
     } else {
-      ncclCommAbort(comm_);
+      ncclCommAbort(handles_.comm);
     }
-    comm_ = nullptr;
+    handles_.comm = nullptr;
   }
   for (cudaEvent_t event : free_events_) cudaEventDestroy(event);
-  if (barrier_buffer_ != nullptr) cudaFree(barrier_buffer_);
-  if (stream_ != nullptr) cudaStreamDestroy(stream_);
-}
-
-std::string NcclProcessGroup::Describe(const char* kind, uint64_t seq,
-                                       const std::string& detail) const {
-  return StrCat(kind, " #", seq, detail.empty() ? "" : " (" + detail + ")", " in group '", name(),
-                "' rank ", rank(), "/", size());
+  if (handles_.barrier_buffer != nullptr) cudaFree(handles_.barrier_buffer);
+  if (handles_.stream != nullptr) cudaStreamDestroy(handles_.stream);
 }
 
 void NcclProcessGroup::AwaitIssued(const char* what, Clock::time_point deadline) {
@@ -174,7 +191,7 @@ void NcclProcessGroup::AwaitIssued(const char* what, Clock::time_point deadline)
   auto pause = std::chrono::microseconds(10);
   for (;;) {
     ncclResult_t state = ncclSuccess;
-    GRADHUB_NCCL_CHECK(ncclCommGetAsyncError(comm_, &state));
+    GRADHUB_NCCL_CHECK(ncclCommGetAsyncError(handles_.comm, &state));
     if (state == ncclSuccess) return;
     if (state != ncclInProgress) {
       throw CommError(StrCat(what, " failed: ", detail::DescribeNcclResult(state)));
@@ -204,19 +221,13 @@ cudaEvent_t NcclProcessGroup::TakeEventLocked() {
 
 void NcclProcessGroup::ReturnEventLocked(cudaEvent_t event) { free_events_.push_back(event); }
 
-std::exception_ptr NcclProcessGroup::UnusableErrorLocked(const std::string& description) const {
-  return std::make_exception_ptr(
-      CommError(StrCat(description, ": process group '", name(),
-                       "' is unusable after an earlier failure: ", broken_reason_)));
-}
-
 std::vector<std::pair<std::shared_ptr<Work>, std::exception_ptr>> NcclProcessGroup::AbortLocked(
     const std::string& reason) {
-  if (broken_reason_.empty()) broken_reason_ = reason;
-  if (!aborted_ && comm_ != nullptr) {
+  health_.MarkBroken(reason);
+  if (!aborted_ && handles_.comm != nullptr) {
     // Ends kernels still waiting for a peer and frees the communicator; never hangs.
-    ncclCommAbort(comm_);
-    comm_ = nullptr;
+    ncclCommAbort(handles_.comm);
+    handles_.comm = nullptr;
   }
   aborted_ = true;
   std::vector<std::pair<std::shared_ptr<Work>, std::exception_ptr>> failed;
@@ -234,34 +245,42 @@ std::vector<std::pair<std::shared_ptr<Work>, std::exception_ptr>> NcclProcessGro
 }
 
 template <typename Enqueue>
-std::shared_ptr<Work> NcclProcessGroup::Launch(const char* kind, const std::string& detail,
-                                               bool empty, std::vector<at::Tensor> keep_alive,
+void NcclProcessGroup::EnqueueLocked(const char* kind, const std::shared_ptr<Work>& work,
+                                     std::vector<at::Tensor> keep_alive, Enqueue&& enqueue) {
+  DeviceGuard guard(device_);
+  const auto deadline = Clock::now() + timeout_;
+  // Step 3: wait for the producer kernels, run, mark the end.
+  cudaEvent_t ready = TakeEventLocked();
+  GRADHUB_CUDA_CHECK(cudaEventRecord(ready, CurrentComputeStream(device_)));
+  GRADHUB_CUDA_CHECK(cudaStreamWaitEvent(handles_.stream, ready, 0));
+  ReturnEventLocked(ready);  // the wait captured this record; reuse is safe
+  enqueue();
+  AwaitIssued(kind, deadline);
+  cudaEvent_t done = TakeEventLocked();
+  GRADHUB_CUDA_CHECK(cudaEventRecord(done, handles_.stream));
+  work->MarkStarted();
+  pending_.push_back(Pending{work, done, deadline, std::move(keep_alive)});
+}
+
+template <typename Enqueue>
+std::shared_ptr<Work> NcclProcessGroup::Launch(const char* kind,
+                                               const detail::CheckedCollective& checked,
+                                               std::vector<at::Tensor> keep_alive,
                                                Enqueue&& enqueue) {
   std::vector<std::pair<std::shared_ptr<Work>, std::exception_ptr>> to_complete;
   std::shared_ptr<Work> work;
   {
     std::lock_guard<std::mutex> lock(mu_);
     const uint64_t seq = next_seq_++;
-    work = std::make_shared<Work>(Describe(kind, seq, detail), timeout_);
-    if (!broken_reason_.empty()) {
-      to_complete.emplace_back(work, UnusableErrorLocked(work->description()));
-    } else if (empty) {
+    work = std::make_shared<Work>(detail::DescribeCollective(*this, kind, seq, checked.detail),
+                                  timeout_);
+    if (health_.broken()) {
+      to_complete.emplace_back(work, health_.UnusableError(work->description(), name()));
+    } else if (checked.empty) {
       to_complete.emplace_back(work, nullptr);
     } else {
       try {
-        DeviceGuard guard(device_);
-        const auto deadline = Clock::now() + timeout_;
-        // Step 3: wait for the producer kernels, run, mark the end.
-        cudaEvent_t ready = TakeEventLocked();
-        GRADHUB_CUDA_CHECK(cudaEventRecord(ready, CurrentComputeStream(device_)));
-        GRADHUB_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready, 0));
-        ReturnEventLocked(ready);  // the wait captured this record; reuse is safe
-        enqueue();
-        AwaitIssued(kind, deadline);
-        cudaEvent_t done = TakeEventLocked();
-        GRADHUB_CUDA_CHECK(cudaEventRecord(done, stream_));
-        work->MarkStarted();
-        pending_.push_back(Pending{work, done, deadline, std::move(keep_alive)});
+        EnqueueLocked(kind, work, std::move(keep_alive), std::forward<Enqueue>(enqueue));
       } catch (const std::exception& e) {
         pending_.push_front(Pending{work, nullptr, Clock::now(), {}});
         to_complete = AbortLocked(work->description() + ": " + e.what());
@@ -271,6 +290,22 @@ std::shared_ptr<Work> NcclProcessGroup::Launch(const char* kind, const std::stri
   wake_.notify_one();
   for (auto& [done_work, error] : to_complete) done_work->Complete(error);
   return work;
+}
+
+std::string NcclProcessGroup::FailureOfOldestLocked(cudaError_t queried) {
+  if (queried != cudaErrorNotReady) {
+    return StrCat("CUDA error while waiting for completion: ", cudaGetErrorName(queried), ": ",
+                  cudaGetErrorString(queried));
+  }
+  ncclResult_t async = ncclSuccess;
+  if (handles_.comm != nullptr) ncclCommGetAsyncError(handles_.comm, &async);
+  if (async != ncclSuccess && !GRADHUB_NCCL_IN_PROGRESS(async)) {
+    return "NCCL error: " + detail::DescribeNcclResult(async);
+  }
+  if (Clock::now() > pending_.front().deadline) {
+    return StrCat("timed out after ", timeout_.count(), " ms");
+  }
+  return "";
 }
 
 void NcclProcessGroup::WatchdogLoop() {
@@ -295,19 +330,7 @@ void NcclProcessGroup::WatchdogLoop() {
       pause = std::chrono::microseconds(10);
       continue;
     }
-    std::string failure;
-    if (queried != cudaErrorNotReady) {
-      failure = StrCat("CUDA error while waiting for completion: ", cudaGetErrorName(queried), ": ",
-                       cudaGetErrorString(queried));
-    } else {
-      ncclResult_t async = ncclSuccess;
-      if (comm_ != nullptr) ncclCommGetAsyncError(comm_, &async);
-      if (async != ncclSuccess && !GRADHUB_NCCL_IN_PROGRESS(async)) {
-        failure = "NCCL error: " + detail::DescribeNcclResult(async);
-      } else if (Clock::now() > front.deadline) {
-        failure = StrCat("timed out after ", timeout_.count(), " ms");
-      }
-    }
+    const std::string failure = FailureOfOldestLocked(queried);
     if (!failure.empty()) {
       auto failed =
           AbortLocked(StrCat(front.work->description(), ": ", failure, "; communicator aborted"));
@@ -326,99 +349,48 @@ void NcclProcessGroup::WatchdogLoop() {
 }
 
 std::shared_ptr<Work> NcclProcessGroup::Broadcast(std::vector<at::Tensor> tensors, int root) {
-  const std::string where = StrCat("broadcast in group '", name(), "' rank ", rank(), "/", size());
-  GRADHUB_ARG_CHECK(root >= 0 && root < size(), where, ": root ", root, " is not in [0, ", size(),
-                    ")");
   const c10::Device device(c10::kCUDA, static_cast<c10::DeviceIndex>(device_));
-  size_t total_bytes = 0;
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    detail::CheckTensorArg(where, StrCat("tensors[", i, "]"), tensors[i], device);
-    total_bytes += tensors[i].nbytes();
-  }
-  const std::string detail =
-      tensors.size() == 1
-          ? StrCat(detail::DtypeName(tensors[0].scalar_type()), ", ", tensors[0].numel(),
-                   " elements, root ", root)
-          : StrCat(tensors.size(), " tensors, ", total_bytes, " bytes, root ", root);
+  const detail::CheckedCollective checked = detail::CheckBroadcast(*this, device, tensors, root);
   std::vector<at::Tensor> keep_alive = tensors;
-  return Launch("broadcast", detail, total_bytes == 0, std::move(keep_alive), [&] {
+  return Launch("broadcast", checked, std::move(keep_alive), [&] {
     // Bytes are bytes: one call per tensor, grouped into one launch.
     GRADHUB_NCCL_CHECK(ncclGroupStart());
     for (const auto& t : tensors) {
       if (t.nbytes() == 0) continue;
-      GRADHUB_NCCL_CHECK(
-          ncclBroadcast(t.data_ptr(), t.data_ptr(), t.nbytes(), ncclUint8, root, comm_, stream_));
+      GRADHUB_NCCL_CHECK(ncclBroadcast(t.data_ptr(), t.data_ptr(), t.nbytes(), ncclUint8, root,
+                                       handles_.comm, handles_.stream));
     }
     GRADHUB_NCCL_CHECK(ncclGroupEnd());
   });
 }
 
 std::shared_ptr<Work> NcclProcessGroup::AllReduce(at::Tensor tensor, ReduceOp op) {
-  const std::string where = StrCat("allreduce in group '", name(), "' rank ", rank(), "/", size());
-  detail::CheckTensorArg(where, "tensor", tensor,
-                         c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(device_)));
+  const c10::Device device(c10::kCUDA, static_cast<c10::DeviceIndex>(device_));
+  const detail::CheckedCollective checked = detail::CheckAllReduce(*this, device, tensor, op);
   const ncclDataType_t type = NcclType(tensor.scalar_type());
-  ncclRedOp_t nccl_op = ncclSum;
-  switch (op) {
-    case ReduceOp::kSum:
-      nccl_op = ncclSum;
-      break;
-    case ReduceOp::kMax:
-      nccl_op = ncclMax;
-      break;
-    case ReduceOp::kMin:
-      nccl_op = ncclMin;
-      break;
-    case ReduceOp::kAverage:
-#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0)
-      GRADHUB_ARG_CHECK(nccl_version_ >= NCCL_VERSION(2, 10, 0), where,
-                        ": average needs ncclAvg (NCCL >= 2.10), the loaded NCCL is ",
-                        nccl_version_);
-      nccl_op = ncclAvg;
-      break;
-#else
-      throw std::invalid_argument(where + ": average needs ncclAvg (NCCL >= 2.10 at build time)");
-#endif
-  }
-  const std::string detail = StrCat(detail::DtypeName(tensor.scalar_type()), ", ", tensor.numel(),
-                                    " elements, ", ReduceOpName(op));
-  const bool empty = tensor.numel() == 0;
-  return Launch("allreduce", detail, empty, {tensor}, [&] {
+  GRADHUB_ARG_CHECK(op != ReduceOp::kAverage || handles_.nccl_version >= NCCL_VERSION(2, 10, 0),
+                    "allreduce in group '", name(), "' rank ", rank(), "/", size(),
+                    ": average needs ncclAvg (NCCL >= 2.10), the loaded NCCL is ",
+                    handles_.nccl_version);
+  const ncclRedOp_t nccl_op = NcclOp(op);
+  return Launch("allreduce", checked, {tensor}, [&] {
     GRADHUB_NCCL_CHECK(ncclAllReduce(tensor.data_ptr(), tensor.data_ptr(),
-                                     static_cast<size_t>(tensor.numel()), type, nccl_op, comm_,
-                                     stream_));
+                                     static_cast<size_t>(tensor.numel()), type, nccl_op,
+                                     handles_.comm, handles_.stream));
   });
 }
 
 std::shared_ptr<Work> NcclProcessGroup::AllGather(std::vector<at::Tensor> outputs,
                                                   at::Tensor input) {
-  const std::string where = StrCat("allgather in group '", name(), "' rank ", rank(), "/", size());
   const c10::Device device(c10::kCUDA, static_cast<c10::DeviceIndex>(device_));
-  detail::CheckTensorArg(where, "input", input, device);
-  GRADHUB_ARG_CHECK(static_cast<int>(outputs.size()) == size(), where, ": outputs has ",
-                    outputs.size(), " tensors, expected one per rank (", size(), ")");
-  for (size_t r = 0; r < outputs.size(); ++r) {
-    const std::string arg = StrCat("outputs[", r, "]");
-    detail::CheckTensorArg(where, arg, outputs[r], device);
-    GRADHUB_ARG_CHECK(outputs[r].scalar_type() == input.scalar_type(), where, ": ", arg,
-                      " has dtype ", detail::DtypeName(outputs[r].scalar_type()), ", input has ",
-                      detail::DtypeName(input.scalar_type()));
-    GRADHUB_ARG_CHECK(outputs[r].sizes() == input.sizes(), where, ": ", arg, " has shape ",
-                      outputs[r].sizes(), ", input has ", input.sizes());
-  }
-  const std::string detail =
-      StrCat(detail::DtypeName(input.scalar_type()), ", ", input.numel(), " elements per rank");
+  const detail::CheckedCollective checked = detail::CheckAllGather(*this, device, outputs, input);
   const size_t bytes = input.nbytes();
   std::vector<at::Tensor> keep_alive = outputs;
   keep_alive.push_back(input);
-  return Launch("allgather", detail, bytes == 0, std::move(keep_alive), [&] {
-    auto* base = static_cast<uint8_t*>(outputs[0].data_ptr());
-    bool adjacent = true;
-    for (size_t r = 0; r < outputs.size(); ++r) {
-      adjacent = adjacent && outputs[r].data_ptr() == base + r * bytes;
-    }
-    if (adjacent) {  // outputs are slices of one flat tensor: gather straight into it
-      GRADHUB_NCCL_CHECK(ncclAllGather(input.data_ptr(), base, bytes, ncclUint8, comm_, stream_));
+  return Launch("allgather", checked, std::move(keep_alive), [&] {
+    if (detail::IsOneFlatBuffer(outputs, bytes)) {  // slices of one flat tensor: straight in
+      GRADHUB_NCCL_CHECK(ncclAllGather(input.data_ptr(), outputs[0].data_ptr(), bytes, ncclUint8,
+                                       handles_.comm, handles_.stream));
       return;
     }
     // Separate outputs: rank r broadcasts its input into outputs[r] (NCCL's recipe for
@@ -426,16 +398,16 @@ std::shared_ptr<Work> NcclProcessGroup::AllGather(std::vector<at::Tensor> output
     GRADHUB_NCCL_CHECK(ncclGroupStart());
     for (size_t r = 0; r < outputs.size(); ++r) {
       GRADHUB_NCCL_CHECK(ncclBroadcast(input.data_ptr(), outputs[r].data_ptr(), bytes, ncclUint8,
-                                       static_cast<int>(r), comm_, stream_));
+                                       static_cast<int>(r), handles_.comm, handles_.stream));
     }
     GRADHUB_NCCL_CHECK(ncclGroupEnd());
   });
 }
 
 std::shared_ptr<Work> NcclProcessGroup::Barrier() {
-  return Launch("barrier", "", false, {}, [&] {
-    GRADHUB_NCCL_CHECK(
-        ncclAllReduce(barrier_buffer_, barrier_buffer_, 1, ncclFloat32, ncclSum, comm_, stream_));
+  return Launch("barrier", detail::CheckedCollective{}, {}, [&] {
+    GRADHUB_NCCL_CHECK(ncclAllReduce(handles_.barrier_buffer, handles_.barrier_buffer, 1,
+                                     ncclFloat32, ncclSum, handles_.comm, handles_.stream));
   });
 }
 

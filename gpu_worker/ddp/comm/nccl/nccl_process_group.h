@@ -13,6 +13,8 @@
 #include <thread>
 #include <vector>
 
+#include "gpu_worker/ddp/comm/collective_checks.h"
+#include "gpu_worker/ddp/comm/group_health.h"
 #include "gpu_worker/ddp/comm/process_group.h"
 
 namespace gradhub::ddp {
@@ -22,7 +24,7 @@ namespace gradhub::ddp {
 // Protocol:
 //  1. Rank 0 creates an ncclUniqueId and Sets it under `options.name + "/nccl-id"`; the others
 //     Get it (options.timeout). Group names must be unique per store (no stale id).
-//  2. Every rank initialises one communicator on options.device (nonblocking init where NCCL
+//  2. Every rank initialises one communicator on NcclOptions::device (nonblocking init where NCCL
 //     >= 2.14, so a peer that never arrives fails the constructor after options.timeout
 //     instead of hanging) and creates its own CUDA stream (non-blocking).
 //  3. Each collective: record an event on the caller's compute stream (CurrentComputeStream)
@@ -46,8 +48,9 @@ namespace gradhub::ddp {
 // finalises the communicator, or aborts it when the group is broken.
 class NcclProcessGroup final : public ProcessGroup {
  public:
-  // Throws CommError when no GPU is visible, options.device does not exist, the store or
-  // the communicator initialisation fails or times out.
+  // Throws CommError when no GPU is visible, options.nccl->device does not exist, the store
+  // or the communicator initialisation fails or times out; std::invalid_argument for options
+  // ValidateProcessGroupOptions refuses (options.nccl unset means NcclOptions{}).
   explicit NcclProcessGroup(const ProcessGroupOptions& options);
   ~NcclProcessGroup() override;
 
@@ -66,39 +69,51 @@ class NcclProcessGroup final : public ProcessGroup {
     std::vector<at::Tensor> keep_alive;
   };
 
+  // What construction creates (step 2) and destruction frees.
+  struct Handles {
+    ncclComm_t comm = nullptr;
+    cudaStream_t stream = nullptr;
+    float* barrier_buffer = nullptr;  // one float on the device
+    int nccl_version = 0;
+  };
+
+  // Steps 1 and 2, for the constructor; frees what it made and throws CommError on failure.
+  void InitCommunicator(const ProcessGroupOptions& options);
   // Step 3 under mu_: fails fast when broken, completes at once when `empty`, else calls
-  // `enqueue` (which issues NCCL calls on stream_) between the two events.
+  // `enqueue` (which issues NCCL calls on handles_.stream) between the two events.
   template <typename Enqueue>
-  std::shared_ptr<Work> Launch(const char* kind, const std::string& detail, bool empty,
+  std::shared_ptr<Work> Launch(const char* kind, const detail::CheckedCollective& checked,
                                std::vector<at::Tensor> keep_alive, Enqueue&& enqueue);
+  // Step 3's CUDA and NCCL calls for one op; throws on a failed call. Caller holds mu_.
+  template <typename Enqueue>
+  void EnqueueLocked(const char* kind, const std::shared_ptr<Work>& work,
+                     std::vector<at::Tensor> keep_alive, Enqueue&& enqueue);
   // For a nonblocking communicator: polls ncclCommGetAsyncError until the last call is no
   // longer in progress; CommError on error or past `deadline`. Caller holds mu_.
   void AwaitIssued(const char* what, std::chrono::steady_clock::time_point deadline);
   void WatchdogLoop();
+  // Step 4 for the oldest pending op, whose end event answered `queried` (not success):
+  // why it failed, or "" while it still runs within its time. Caller holds mu_.
+  std::string FailureOfOldestLocked(cudaError_t queried);
   // Aborts the communicator (once) and fails every pending Work; the first gets `reason`.
   // Caller holds mu_; returns the Works to complete (outside the lock) with their errors.
   std::vector<std::pair<std::shared_ptr<Work>, std::exception_ptr>> AbortLocked(
       const std::string& reason);
-  std::exception_ptr UnusableErrorLocked(const std::string& description) const;
   cudaEvent_t TakeEventLocked();
   void ReturnEventLocked(cudaEvent_t event);
-  std::string Describe(const char* kind, uint64_t seq, const std::string& detail) const;
 
   const std::chrono::milliseconds timeout_;
   const int device_;
-  ncclComm_t comm_ = nullptr;
-  cudaStream_t stream_ = nullptr;
-  float* barrier_buffer_ = nullptr;  // one float on the device
-  int nccl_version_ = 0;
+  Handles handles_;
 
-  std::mutex mu_;  // everything below, and every NCCL call on comm_
+  std::mutex mu_;  // everything below, and every NCCL call on handles_.comm
   std::condition_variable wake_;
   uint64_t next_seq_ = 0;
   std::deque<Pending> pending_;
   std::vector<cudaEvent_t> free_events_;
   bool stopping_ = false;
   bool aborted_ = false;
-  std::string broken_reason_;  // empty while healthy
+  GroupHealth health_;
   std::thread watchdog_;
 };
 
