@@ -36,31 +36,34 @@
 // Sweep() rereads every job with series: one ended finished_job_ttl ago, or silent for
 // idle_job_ttl, loses its series.
 //
+// Its parts: the rules above as plain classes (telemetry_rules.h) and the Prometheus series
+// (training_series.h); this class holds the jobs' entries under one lock and asks the directory.
+//
 // Thread-safe.
 #pragma once
 
-#include <array>
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "gradhub/v1/telemetry.pb.h"
 #include "services/metrics/job_directory.h"
+#include "services/metrics/telemetry_rules.h"
 
 namespace prometheus {
 class Registry;
-template <typename T>
-class Family;
-class Counter;
-class Gauge;
-class Histogram;
 }  // namespace prometheus
 
 namespace gradhub::metrics {
+
+class SeriesFamilies;
+class TelemetryCounters;
 
 struct TrainingMetricsOptions {
   // Jobs with series at once; steps of further jobs are refused (reason job_limit).
@@ -74,20 +77,6 @@ struct TrainingMetricsOptions {
   // Distinct evaluation metric names kept per job; further names are ignored.
   int max_eval_metrics_per_job = 32;
 };
-
-// Why steps were dropped; the `reason` label of gradhub_telemetry_dropped_total.
-enum class DropReason {
-  kTrainerQueueFull,
-  kDuplicateStep,
-  kStaleAttempt,
-  kUnknownJob,
-  kFinishedJob,
-  kJobLimit,
-  kInvalid,
-  kUnavailable,
-};
-inline constexpr int kDropReasons = 8;
-const char* DropReasonLabel(DropReason reason);
 
 struct BatchOutcome {
   int64_t accepted = 0;
@@ -121,47 +110,32 @@ class TrainingMetrics {
   int live_jobs() const;
 
  private:
-  struct RankSeries;
-  struct JobSeries;
-  enum class Admission { kAdmitted, kRefused, kRetry };
+  struct RankEntry;
+  struct JobEntry;
+  enum class Admission { kAdmitted, kRefused, kAskDirectory };
 
-  // Rules 1-3: the job's series, or nullptr with *refused set.
-  JobSeries* Admit(const std::string& id, int32_t attempt, absl::Time now,
-                   std::unique_lock<std::mutex>& lock, DropReason* refused);
+  // Rules 1-3: the job's entry, or nullptr with *refused set.
+  JobEntry* Admit(const std::string& id, int32_t attempt, absl::Time now,
+                  std::unique_lock<std::mutex>& lock, DropReason* refused);
   Admission AdmitLocked(const std::string& id, int32_t attempt, absl::Time now,
-                        const JobStatus* status, JobSeries** series, DropReason* refused);
-  void Refuse(const std::string& id, DropReason reason, absl::Time now);
-  RankSeries& Rank(const std::string& id, JobSeries& job, int32_t rank);
-  void Apply(const std::string& id, JobSeries& job, RankSeries& rank,
-             const v1::StepTelemetry& step);
-  void SetEvalMetrics(const std::string& id, JobSeries& job, const v1::StepTelemetry& step);
-  void RemoveSeries(JobSeries& job);
-  void Drop(DropReason reason, int64_t steps);
+                        const JobStatus* status, JobEntry** entry, DropReason* refused);
+  RankEntry& Rank(const std::string& id, JobEntry& job, int32_t rank);
+  // Applies the sweep's answer (`found` for the ids `asked`) to `job`: true when its series go.
+  bool SweepJob(const std::string& id, JobEntry& job, absl::Time now,
+                const absl::StatusOr<std::map<std::string, JobStatus>>& found,
+                const std::set<std::string>& asked);
+  void RemoveSeries(const JobEntry& job);
 
   JobDirectory* const directory_;
   const TrainingMetricsOptions options_;
   std::shared_ptr<prometheus::Registry> registry_;
-  prometheus::Family<prometheus::Gauge>* step_;
-  prometheus::Family<prometheus::Gauge>* loss_;
-  prometheus::Family<prometheus::Gauge>* learning_rate_;
-  prometheus::Family<prometheus::Gauge>* samples_per_second_;
-  prometheus::Family<prometheus::Counter>* samples_;
-  prometheus::Family<prometheus::Histogram>* allreduce_seconds_;
-  prometheus::Family<prometheus::Counter>* allreduce_bytes_;
-  prometheus::Family<prometheus::Gauge>* bus_bandwidth_;
-  prometheus::Family<prometheus::Histogram>* checkpoint_save_seconds_;
-  prometheus::Family<prometheus::Gauge>* eval_metric_;
-  prometheus::Counter* accepted_steps_;
-  prometheus::Gauge* streams_;
-  std::array<prometheus::Counter*, kDropReasons> dropped_{};
+  // Built in this order, which is the order the registry lists their families in.
+  std::unique_ptr<SeriesFamilies> families_;
+  std::unique_ptr<TelemetryCounters> counters_;  // thread-safe, used without mu_
 
-  struct Refusal {
-    DropReason reason;
-    absl::Time until;
-  };
   mutable std::mutex mu_;
-  std::map<std::string, std::unique_ptr<JobSeries>> jobs_;  // by job id; guarded by mu_
-  std::map<std::string, Refusal> refused_;                  // by job id; guarded by mu_
+  std::map<std::string, std::unique_ptr<JobEntry>> jobs_;  // by job id; guarded by mu_
+  RefusalCache refused_;                                   // guarded by mu_
 };
 
 }  // namespace gradhub::metrics
