@@ -6,13 +6,9 @@
 #include <chrono>
 #include <iostream>
 
+#include "services/common/grpc_retry.h"
+
 namespace gradhub::agent {
-namespace {
-
-constexpr std::chrono::milliseconds kFirstBackoff{100};
-constexpr std::chrono::milliseconds kMaxBackoff{5000};
-
-}  // namespace
 
 AssignmentWatch::AssignmentWatch(v1::NodeService::StubInterface* stub, std::string token,
                                  std::function<void()> wake)
@@ -67,7 +63,7 @@ grpc::Status AssignmentWatch::WatchOnce(const std::string& node, const std::stri
 }
 
 void AssignmentWatch::Run() {
-  auto backoff = kFirstBackoff;
+  Backoff backoff(kGrpcBackoff);
   std::unique_lock<std::mutex> lock(mu_);
   uint64_t failed_generation = 0;  // the session whose stream said FAILED_PRECONDITION
   while (true) {
@@ -81,7 +77,7 @@ void AssignmentWatch::Run() {
     lock.unlock();
     const grpc::Status status = WatchOnce(node, session);
     lock.lock();
-    if (news_ != news_before) backoff = kFirstBackoff;  // it worked for a while
+    if (news_ != news_before) backoff.Reset();  // it worked for a while
     if (stopping_) return;
     if (status.error_code() == grpc::StatusCode::UNIMPLEMENTED) {  // step 3
       std::cerr << "gradhub-agent: the api does not push assignments (" << status.error_message()
@@ -90,16 +86,15 @@ void AssignmentWatch::Run() {
     }
     if (status.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
       failed_generation = generation;  // wait for the next session
-      backoff = kFirstBackoff;
+      backoff.Reset();
       continue;
     }
     if (generation != session_generation_) {  // a new session cancelled it: open at once
-      backoff = kFirstBackoff;
+      backoff.Reset();
       continue;
     }
-    changed_.wait_for(lock, backoff,
+    changed_.wait_for(lock, backoff.Next(),
                       [&] { return stopping_ || generation != session_generation_; });
-    backoff = std::min(backoff * 2, kMaxBackoff);
   }
 }
 

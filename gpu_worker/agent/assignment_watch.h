@@ -9,9 +9,10 @@
 //      overtaken by a later placement; the heartbeat's desired set is read after its report).
 //      The first message after (re)connecting is news too: whatever changed while the stream
 //      was down is picked up by that heartbeat.
-//   3. A stream that ends or fails is opened again after a backoff (100 ms, doubling to 5 s);
-//      FAILED_PRECONDITION (the session ended) waits for the next Watch; UNIMPLEMENTED (an api
-//      without the call) ends the watch: heartbeats alone still converge.
+//   3. A stream that ends or fails is opened again after a backoff (kGrpcBackoff: 100 ms,
+//      doubling to 5 s, jittered); FAILED_PRECONDITION (the session ended) waits for the next
+//      Watch; UNIMPLEMENTED (an api without the call) ends the watch: heartbeats alone still
+//      converge.
 //   4. Stop() cancels the stream and joins the thread.
 //
 // Thread-safe: Watch, Stop and news() from any thread; `wake` is called on the watch thread.

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "services/cli/commands.h"
 #include "services/common/background_sha256.h"
+#include "services/common/grpc_retry.h"
 
 namespace gradhub::cli {
 namespace {
@@ -58,18 +59,8 @@ grpc::Status StreamInto(Invocation& inv, const std::string& name, Progress* prog
   return reader->Finish();
 }
 
-// A broken stream, worth one more try from where it stopped.
-bool Resumable(const grpc::Status& status) {
-  switch (status.error_code()) {
-    case grpc::StatusCode::UNAVAILABLE:
-    case grpc::StatusCode::UNKNOWN:
-    case grpc::StatusCode::ABORTED:
-    case grpc::StatusCode::INTERNAL:
-      return true;
-    default:
-      return false;
-  }
-}
+// A broken stream, worth one more try from where it stopped (services/common/grpc_retry.h).
+bool Resumable(const grpc::Status& status) { return IsTransient(status.error_code()); }
 
 void PrintDownloaded(Invocation& inv, const std::string& name, const std::string& file,
                      const Progress& progress) {

@@ -2,7 +2,7 @@
 
 namespace gradhub {
 
-bool IsRetryable(grpc::StatusCode code) {
+bool IsTransient(grpc::StatusCode code) {
   switch (code) {
     case grpc::StatusCode::UNAVAILABLE:
     case grpc::StatusCode::DEADLINE_EXCEEDED:
@@ -11,11 +11,14 @@ bool IsRetryable(grpc::StatusCode code) {
     case grpc::StatusCode::INTERNAL:
     case grpc::StatusCode::RESOURCE_EXHAUSTED:
     case grpc::StatusCode::ABORTED:
-    case grpc::StatusCode::UNAUTHENTICATED:  // see grpc_retry.h for why
       return true;
     default:
       return false;
   }
+}
+
+bool IsRetryable(grpc::StatusCode code) {
+  return IsTransient(code) || code == grpc::StatusCode::UNAUTHENTICATED;  // grpc_retry.h: why
 }
 
 }  // namespace gradhub

@@ -11,6 +11,7 @@ TEST(GrpcRetryTest, TransientFailuresAreRetryable) {
   for (StatusCode code : {StatusCode::UNAVAILABLE, StatusCode::DEADLINE_EXCEEDED,
                           StatusCode::CANCELLED, StatusCode::UNKNOWN, StatusCode::INTERNAL,
                           StatusCode::RESOURCE_EXHAUSTED, StatusCode::ABORTED}) {
+    EXPECT_TRUE(IsTransient(code)) << code;
     EXPECT_TRUE(IsRetryable(code)) << code;
   }
 }
@@ -20,6 +21,8 @@ TEST(GrpcRetryTest, TransientFailuresAreRetryable) {
 TEST(GrpcRetryTest, UnauthenticatedIsRetryable) {
   EXPECT_TRUE(IsRetryable(StatusCode::UNAUTHENTICATED));
   EXPECT_TRUE(IsRetryable(grpc::Status(StatusCode::UNAUTHENTICATED, "missing or invalid token")));
+  // By a node's clients, not by a person at a terminal: the CLI shows it at once.
+  EXPECT_FALSE(IsTransient(StatusCode::UNAUTHENTICATED));
 }
 
 TEST(GrpcRetryTest, AnswersAboutTheRequestAreFinal) {
@@ -28,6 +31,7 @@ TEST(GrpcRetryTest, AnswersAboutTheRequestAreFinal) {
         StatusCode::PERMISSION_DENIED, StatusCode::FAILED_PRECONDITION, StatusCode::OUT_OF_RANGE,
         StatusCode::UNIMPLEMENTED, StatusCode::DATA_LOSS}) {
     EXPECT_FALSE(IsRetryable(code)) << code;
+    EXPECT_FALSE(IsTransient(code)) << code;
   }
 }
 
