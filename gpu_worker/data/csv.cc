@@ -39,84 +39,81 @@ bool ParseNumber(std::string_view field, double* value) {
   return end == text.c_str() + text.size() && std::isfinite(*value);
 }
 
-}  // namespace
+// A line of the file with its 1-based number.
+using NumberedLine = std::pair<int64_t, std::string_view>;
 
-std::unique_ptr<TensorDataset> ReadCsv(const v1::CsvDataset& spec) {
-  const std::string& path = spec.path();
-  const std::string contents = ReadFileContents(path, "dataset.csv.path");
-  const char delimiter = spec.delimiter().empty() ? ',' : spec.delimiter()[0];
-
-  // Lines with their 1-based numbers, blank ones skipped.
-  std::vector<std::pair<int64_t, std::string_view>> lines;
-  {
-    std::string_view rest(contents);
-    int64_t number = 0;
-    while (!rest.empty()) {
-      const size_t end = rest.find('\n');
-      std::string_view line = rest.substr(0, end);
-      rest = end == std::string_view::npos ? std::string_view() : rest.substr(end + 1);
-      ++number;
-      if (line.find_first_not_of(" \t\r") != std::string_view::npos)
-        lines.emplace_back(number, line);
-    }
+// The lines of `contents` with their numbers, blank ones skipped.
+std::vector<NumberedLine> NonBlankLines(std::string_view contents) {
+  std::vector<NumberedLine> lines;
+  int64_t number = 0;
+  while (!contents.empty()) {
+    const size_t end = contents.find('\n');
+    std::string_view line = contents.substr(0, end);
+    contents = end == std::string_view::npos ? std::string_view() : contents.substr(end + 1);
+    ++number;
+    if (line.find_first_not_of(" \t\r") != std::string_view::npos) lines.emplace_back(number, line);
   }
-  if (lines.empty()) throw UserError("dataset.csv.path", path + " has no rows");
+  return lines;
+}
 
-  std::vector<std::string_view> first = SplitFields(lines.front().second, delimiter);
+// Whether the first row names the columns: as the spec says, or under AUTO when any of its
+// fields is not a number.
+bool HasHeader(const v1::CsvDataset& spec, const std::vector<std::string_view>& first) {
   bool header = spec.header() == v1::CsvDataset::PRESENT;
   if (spec.header() == v1::CsvDataset::AUTO) {
     double ignored;
     for (std::string_view field : first) header = header || !ParseNumber(field, &ignored);
   }
-  const int64_t columns = static_cast<int64_t>(first.size());
-  if (columns < 2) {
-    throw UserError("dataset.csv.path", path + ":" + std::to_string(lines.front().first) +
-                                            ": needs at least 2 columns (features and a label), "
-                                            "found 1; is the delimiter '" +
-                                            std::string(1, delimiter) + "'?");
-  }
+  return header;
+}
 
-  int64_t label = columns - 1;
+// The label's column (0-based): by index (negative counts from the end), by header name, or
+// the last.
+int64_t LabelColumn(const v1::CsvDataset& spec, const std::vector<std::string_view>& first,
+                    bool header) {
+  const int64_t columns = static_cast<int64_t>(first.size());
   switch (spec.label_case()) {
     case v1::CsvDataset::kLabelColumnIndex: {
       const int64_t index = spec.label_column_index();
-      label = index < 0 ? columns + index : index;
+      const int64_t label = index < 0 ? columns + index : index;
       if (label < 0 || label >= columns) {
         throw UserError("dataset.csv.labelColumnIndex", std::to_string(index) + " is outside the " +
                                                             std::to_string(columns) +
-                                                            " columns of " + path);
+                                                            " columns of " + spec.path());
       }
-      break;
+      return label;
     }
     case v1::CsvDataset::kLabelColumnName: {
       if (!header) {
-        throw UserError("dataset.csv.labelColumnName", path + " has no header row to name columns");
+        throw UserError("dataset.csv.labelColumnName",
+                        spec.path() + " has no header row to name columns");
       }
-      label = -1;
       for (int64_t i = 0; i < columns; ++i) {
-        if (first[i] == spec.label_column_name()) label = i;
+        if (first[i] == spec.label_column_name()) return i;
       }
       // The header's names are file content: only their number is reported.
-      if (label < 0) {
-        throw UserError("dataset.csv.labelColumnName",
-                        "'" + spec.label_column_name() + "' is not a column of " + path + " (" +
-                            std::to_string(columns) + " columns in its header)");
-      }
-      break;
+      throw UserError("dataset.csv.labelColumnName",
+                      "'" + spec.label_column_name() + "' is not a column of " + spec.path() +
+                          " (" + std::to_string(columns) + " columns in its header)");
     }
     case v1::CsvDataset::LABEL_NOT_SET:
       break;
   }
+  return columns - 1;
+}
 
-  const size_t first_row = header ? 1 : 0;
-  const int64_t rows = static_cast<int64_t>(lines.size() - first_row);
-  if (rows == 0) throw UserError("dataset.csv.path", path + " has a header but no rows");
+// The rows' numbers: every column but the label's as float features, the label's apart.
+struct CsvTable {
   std::vector<float> features;
-  features.reserve(rows * (columns - 1));
   std::vector<double> labels;
-  labels.reserve(rows);
-  for (size_t i = first_row; i < lines.size(); ++i) {
-    const auto& [number, line] = lines[i];
+};
+
+CsvTable ParseRows(const std::vector<NumberedLine>& rows, const std::string& path, char delimiter,
+                   int64_t columns, int64_t label) {
+  CsvTable table;
+  table.features.reserve(rows.size() * (columns - 1));
+  table.labels.reserve(rows.size());
+  for (const auto& [number, line] : rows) {
     const std::vector<std::string_view> fields = SplitFields(line, delimiter);
     const std::string where = path + ":" + std::to_string(number);
     if (static_cast<int64_t>(fields.size()) != columns) {
@@ -132,44 +129,72 @@ std::unique_ptr<TensorDataset> ReadCsv(const v1::CsvDataset& spec) {
                                 std::to_string(fields[c].size()) + " bytes) is not a number");
       }
       if (c == label) {
-        labels.push_back(value);
+        table.labels.push_back(value);
       } else {
-        features.push_back(static_cast<float>(value));
+        table.features.push_back(static_cast<float>(value));
       }
     }
   }
+  return table;
+}
 
+// The task the labels make (classification of integer classes or regression), as a dataset.
+std::unique_ptr<TensorDataset> ToDataset(const v1::CsvDataset& spec, CsvTable table,
+                                         int64_t columns, int64_t label) {
   bool integral = true;
   double max_label = 0;
-  for (double value : labels) {
+  for (double value : table.labels) {
     integral = integral && value >= 0 && value == std::floor(value);
     max_label = std::max(max_label, value);
   }
-  bool classification = spec.task() == v1::CsvDataset::CLASSIFICATION ||
-                        (spec.task() == v1::CsvDataset::AUTO_TASK && integral);
+  const bool classification = spec.task() == v1::CsvDataset::CLASSIFICATION ||
+                              (spec.task() == v1::CsvDataset::AUTO_TASK && integral);
   if (spec.task() == v1::CsvDataset::CLASSIFICATION && !integral) {
     throw UserError("dataset.csv.task", "CLASSIFICATION needs non-negative integer labels; " +
-                                            path + " has others in column " +
+                                            spec.path() + " has others in column " +
                                             std::to_string(label + 1));
   }
-
+  const int64_t rows = static_cast<int64_t>(table.labels.size());
   DataShape shape;
   shape.sample_shape = {columns - 1};
-  at::Tensor inputs = at::tensor(features, at::kFloat).reshape({rows, columns - 1});
-  at::Tensor targets;
+  at::Tensor inputs = at::tensor(table.features, at::kFloat).reshape({rows, columns - 1});
+  at::Tensor targets = at::tensor(table.labels, at::kDouble);
   if (classification) {
     shape.task = Task::kClassification;
     shape.num_classes = static_cast<int64_t>(max_label) + 1;
-    targets = at::tensor(labels, at::kDouble).to(at::kLong);
+    targets = targets.to(at::kLong);
   } else {
     shape.task = Task::kRegression;
-    targets = at::tensor(labels, at::kDouble).to(at::kFloat);
+    targets = targets.to(at::kFloat);
   }
   Normalization normalization = Normalization::kNone;
   if (spec.normalize() == v1::CsvDataset::STANDARD) normalization = Normalization::kStandard;
   if (spec.normalize() == v1::CsvDataset::MINMAX) normalization = Normalization::kMinMax;
   return std::make_unique<TensorDataset>(std::move(inputs), std::move(targets), std::move(shape),
                                          normalization);
+}
+
+}  // namespace
+
+std::unique_ptr<TensorDataset> ReadCsv(const v1::CsvDataset& spec) {
+  const std::string& path = spec.path();
+  const std::string contents = ReadFileContents(path, "dataset.csv.path");
+  const char delimiter = spec.delimiter().empty() ? ',' : spec.delimiter()[0];
+  const std::vector<NumberedLine> lines = NonBlankLines(contents);
+  if (lines.empty()) throw UserError("dataset.csv.path", path + " has no rows");
+  const std::vector<std::string_view> first = SplitFields(lines.front().second, delimiter);
+  const bool header = HasHeader(spec, first);
+  const int64_t columns = static_cast<int64_t>(first.size());
+  if (columns < 2) {
+    throw UserError("dataset.csv.path", path + ":" + std::to_string(lines.front().first) +
+                                            ": needs at least 2 columns (features and a label), "
+                                            "found 1; is the delimiter '" +
+                                            std::string(1, delimiter) + "'?");
+  }
+  const int64_t label = LabelColumn(spec, first, header);
+  const std::vector<NumberedLine> rows(lines.begin() + (header ? 1 : 0), lines.end());
+  if (rows.empty()) throw UserError("dataset.csv.path", path + " has a header but no rows");
+  return ToDataset(spec, ParseRows(rows, path, delimiter, columns, label), columns, label);
 }
 
 }  // namespace gradhub::data

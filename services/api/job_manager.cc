@@ -50,6 +50,70 @@ absl::StatusOr<int64_t> StopRanksOfCancelledJob(db::Transaction& tx, const std::
   return live.row(0).Get<int64_t>("n");
 }
 
+// The columns JobEventFromRow reads, NULLs as the proto's defaults.
+constexpr char kJobEventColumns[] =
+    "id, attempt, type, coalesce(from_state, '') AS from_state,"
+    " coalesce(to_state, '') AS to_state,"
+    " message, coalesce(failure_kind, 'NONE') AS failure_kind,"
+    " coalesce(rank, -1) AS rank, coalesce(node, '') AS node,"
+    " coalesce(exit_code, 0) AS exit_code, coalesce(signal, 0) AS signal,"
+    " coalesce(checkpoint_step, 0) AS checkpoint_step,"
+    " coalesce(checkpoint_size_bytes, 0) AS checkpoint_size_bytes,"
+    " (extract(epoch FROM create_time) * 1e6)::bigint AS time_us";
+
+v1::JobEvent JobEventFromRow(const db::Row& row, const std::string& job) {
+  v1::JobEvent event;
+  event.set_id(row.Get<int64_t>("id"));
+  event.set_job(job);
+  event.set_attempt(row.Get<int32_t>("attempt"));
+  *event.mutable_time() = MicrosColumn(row, "time_us");
+  v1::JobEvent::Type type = v1::JobEvent::TYPE_UNSPECIFIED;
+  v1::JobEvent::Type_Parse(row.Get<std::string>("type"), &type);
+  event.set_type(type);
+  State state = v1::Job::STATE_UNSPECIFIED;
+  if (v1::Job::State_Parse(row.Get<std::string>("from_state"), &state)) {
+    event.set_from_state(state);
+  }
+  if (v1::Job::State_Parse(row.Get<std::string>("to_state"), &state)) event.set_to_state(state);
+  event.set_message(row.Get<std::string>("message"));
+  v1::JobEvent::FailureKind kind = v1::JobEvent::NONE;
+  v1::JobEvent::FailureKind_Parse(row.Get<std::string>("failure_kind"), &kind);
+  event.set_failure_kind(kind);
+  event.set_rank(row.Get<int32_t>("rank"));
+  event.set_node(row.Get<std::string>("node"));
+  event.set_exit_code(row.Get<int32_t>("exit_code"));
+  event.set_signal(row.Get<int32_t>("signal"));
+  event.set_checkpoint_step(row.Get<int64_t>("checkpoint_step"));
+  event.set_checkpoint_size_bytes(row.Get<int64_t>("checkpoint_size_bytes"));
+  return event;
+}
+
+// ListJobEventsRequest.filter (`type=X`, `attempt=N`, ANDed) as SQL conditions on job_events.
+absl::Status AppendEventFilter(const std::string& filter, std::string* sql, db::ParamList* params) {
+  GRADHUB_ASSIGN_OR_RETURN(std::vector<FilterTerm> terms, ParseListFilter(filter));
+  for (const FilterTerm& term : terms) {
+    if (term.field == "type") {
+      v1::JobEvent::Type type = v1::JobEvent::TYPE_UNSPECIFIED;
+      if (!v1::JobEvent::Type_Parse(term.value, &type) || type == v1::JobEvent::TYPE_UNSPECIFIED) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("filter: type '", term.value, "' is not an event type"));
+      }
+      absl::StrAppend(sql, " AND type = ", params->Bind(term.value));
+    } else if (term.field == "attempt") {
+      int32_t attempt = 0;
+      if (!absl::SimpleAtoi(term.value, &attempt) || attempt < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("filter: attempt '", term.value, "' is not an attempt number"));
+      }
+      absl::StrAppend(sql, " AND attempt = ", params->Bind(attempt));
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("filter: unknown field '", term.field, "' (type, attempt)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<v1::Job> JobManager::CreateJob(int64_t tenant_id, const v1::JobSpec& spec,
@@ -250,37 +314,9 @@ absl::StatusOr<v1::ListJobEventsResponse> JobManager::ListJobEvents(
     int64_t tenant_id, const v1::ListJobEventsRequest& request) {
   GRADHUB_ASSIGN_OR_RETURN(const int32_t page_size, ListPageSize(request.page_size()));
   std::string sql =
-      "SELECT id, attempt, type, coalesce(from_state, '') AS from_state,"
-      " coalesce(to_state, '') AS to_state,"
-      " message, coalesce(failure_kind, 'NONE') AS failure_kind,"
-      " coalesce(rank, -1) AS rank, coalesce(node, '') AS node,"
-      " coalesce(exit_code, 0) AS exit_code, coalesce(signal, 0) AS signal,"
-      " coalesce(checkpoint_step, 0) AS checkpoint_step,"
-      " coalesce(checkpoint_size_bytes, 0) AS checkpoint_size_bytes,"
-      " (extract(epoch FROM create_time) * 1e6)::bigint AS time_us"
-      " FROM job_events WHERE job_id = $1::uuid";
+      absl::StrCat("SELECT ", kJobEventColumns, " FROM job_events WHERE job_id = $1::uuid");
   db::ParamList params = {JobId(request.parent())};
-  GRADHUB_ASSIGN_OR_RETURN(std::vector<FilterTerm> terms, ParseListFilter(request.filter()));
-  for (const FilterTerm& term : terms) {
-    if (term.field == "type") {
-      v1::JobEvent::Type type = v1::JobEvent::TYPE_UNSPECIFIED;
-      if (!v1::JobEvent::Type_Parse(term.value, &type) || type == v1::JobEvent::TYPE_UNSPECIFIED) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("filter: type '", term.value, "' is not an event type"));
-      }
-      absl::StrAppend(&sql, " AND type = ", params.Bind(term.value));
-    } else if (term.field == "attempt") {
-      int32_t attempt = 0;
-      if (!absl::SimpleAtoi(term.value, &attempt) || attempt < 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("filter: attempt '", term.value, "' is not an attempt number"));
-      }
-      absl::StrAppend(&sql, " AND attempt = ", params.Bind(attempt));
-    } else {
-      return absl::InvalidArgumentError(
-          absl::StrCat("filter: unknown field '", term.field, "' (type, attempt)"));
-    }
-  }
+  GRADHUB_RETURN_IF_ERROR(AppendEventFilter(request.filter(), &sql, &params));
   if (!request.page_token().empty()) {
     // The id of the last event of the previous page: ids only grow, so pages never shift.
     int64_t after = 0;
@@ -296,31 +332,7 @@ absl::StatusOr<v1::ListJobEventsResponse> JobManager::ListJobEvents(
         GRADHUB_ASSIGN_OR_RETURN(db::Result rows, tx.Exec(sql, params.values()));
         v1::ListJobEventsResponse events;
         for (int i = 0; i < rows.rows() && i < page_size; ++i) {
-          const db::Row row = rows.row(i);
-          v1::JobEvent& event = *events.add_events();
-          event.set_id(row.Get<int64_t>("id"));
-          event.set_job(job.name());
-          event.set_attempt(row.Get<int32_t>("attempt"));
-          *event.mutable_time() = MicrosColumn(row, "time_us");
-          v1::JobEvent::Type type = v1::JobEvent::TYPE_UNSPECIFIED;
-          v1::JobEvent::Type_Parse(row.Get<std::string>("type"), &type);
-          event.set_type(type);
-          State state = v1::Job::STATE_UNSPECIFIED;
-          if (v1::Job::State_Parse(row.Get<std::string>("from_state"), &state)) {
-            event.set_from_state(state);
-          }
-          if (v1::Job::State_Parse(row.Get<std::string>("to_state"), &state))
-            event.set_to_state(state);
-          event.set_message(row.Get<std::string>("message"));
-          v1::JobEvent::FailureKind kind = v1::JobEvent::NONE;
-          v1::JobEvent::FailureKind_Parse(row.Get<std::string>("failure_kind"), &kind);
-          event.set_failure_kind(kind);
-          event.set_rank(row.Get<int32_t>("rank"));
-          event.set_node(row.Get<std::string>("node"));
-          event.set_exit_code(row.Get<int32_t>("exit_code"));
-          event.set_signal(row.Get<int32_t>("signal"));
-          event.set_checkpoint_step(row.Get<int64_t>("checkpoint_step"));
-          event.set_checkpoint_size_bytes(row.Get<int64_t>("checkpoint_size_bytes"));
+          *events.add_events() = JobEventFromRow(rows.row(i), job.name());
         }
         if (rows.rows() > page_size) {
           events.set_next_page_token(absl::StrCat(events.events(page_size - 1).id()));

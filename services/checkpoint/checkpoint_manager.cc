@@ -116,6 +116,58 @@ absl::Status UploadNotFound(const std::string& upload_id) {
   return absl::NotFoundError(absl::StrCat("upload '", upload_id, "' not found"));
 }
 
+// The rows a statement RETURNING kCheckpointColumns gave, appended to *rows.
+absl::Status AppendCheckpointRows(const db::Result& result, std::vector<CheckpointRow>* rows) {
+  for (const db::Row& r : result) {
+    GRADHUB_ASSIGN_OR_RETURN(CheckpointRow row, CheckpointFromRow(r));
+    rows->push_back(std::move(row));
+  }
+  return absl::OkStatus();
+}
+
+// The job's CHECKPOINT_COMMITTED event.
+absl::Status AppendCommittedEvent(db::Transaction& tx, const CheckpointRow& row,
+                                  const std::string& sha256) {
+  api::EventDetails committed =
+      api::Because(absl::StrCat("checkpoint at step ", row.step, " committed: ", row.size_bytes,
+                                " bytes, sha256 ", sha256.substr(0, 12)));
+  committed.checkpoint_step = row.step;
+  committed.checkpoint_size_bytes = row.size_bytes;
+  return api::AppendEvent(tx, row.job_id, row.attempt, v1::JobEvent::CHECKPOINT_COMMITTED,
+                          std::nullopt, std::nullopt, committed);
+}
+
+// Retention: the keep_last committed checkpoints with the highest steps stay; the others are
+// marked DELETED and appended to *retired, for their blobs to go after the transaction.
+absl::Status RetireBeyondKeepLast(db::Transaction& tx, const std::string& job_id, int32_t keep_last,
+                                  std::vector<CheckpointRow>* retired) {
+  GRADHUB_ASSIGN_OR_RETURN(
+      db::Result old,
+      tx.Exec(absl::StrCat("UPDATE checkpoints c SET state = 'DELETED'"
+                           " WHERE c.job_id = $1::uuid AND c.state = 'COMMITTED'"
+                           " AND c.id NOT IN (SELECT id FROM checkpoints WHERE job_id = $1::uuid"
+                           "   AND state = 'COMMITTED' ORDER BY step DESC, id DESC LIMIT $2)"
+                           " RETURNING ",
+                           kCheckpointColumns),
+              {job_id, keep_last}));
+  return AppendCheckpointRows(old, retired);
+}
+
+// Uploads a commit of `row` supersedes (checkpoint.proto, StartUpload): an earlier step, or an
+// earlier attempt. Their rows go now, appended to *abandoned; their upload files after the
+// transaction.
+absl::Status DeleteSupersededUploads(db::Transaction& tx, const CheckpointRow& row,
+                                     std::vector<CheckpointRow>* abandoned) {
+  GRADHUB_ASSIGN_OR_RETURN(
+      db::Result superseded,
+      tx.Exec(absl::StrCat("DELETE FROM checkpoints c WHERE c.job_id = $1::uuid"
+                           " AND c.state = 'UPLOADING' AND (c.attempt < $2 OR c.step < $3)"
+                           " RETURNING ",
+                           kCheckpointColumns),
+              {row.job_id, row.attempt, row.step}));
+  return AppendCheckpointRows(superseded, abandoned);
+}
+
 }  // namespace
 
 std::string CleanupReport::ToString() const {
@@ -425,8 +477,30 @@ absl::StatusOr<v1::Checkpoint> CheckpointManager::Commit(
 absl::StatusOr<v1::Checkpoint> CheckpointManager::CommitLocked(const CheckpointRow& row,
                                                                const std::string& sha256,
                                                                UploadState& state) {
-  // 1. All bytes received? An earlier commit that failed after step 3 left the bytes as the
-  //    blob already, with no upload: then go on from the blob.
+  // 1-2. The bytes, whole, durable and visible under the blob key.
+  GRADHUB_ASSIGN_OR_RETURN(const bool checked, PlaceBlob(row, state));
+  // 3. Bytes whose crc32c this process did not check are read back and hashed.
+  GRADHUB_ASSIGN_OR_RETURN(const uint32_t crc32c, VerifiedCrc32c(row, sha256, state, checked));
+  // 4. The row, its event and retention in one transaction; then the retired blobs.
+  std::vector<CheckpointRow> retired, abandoned;
+  absl::StatusOr<v1::Checkpoint> committed =
+      WriteCommittedRow(row, sha256, crc32c, &retired, &abandoned);
+  if (absl::IsFailedPrecondition(committed.status()) || absl::IsAlreadyExists(committed.status())) {
+    // The attempt ended or the step was committed by another upload: this one never will be.
+    Failure(absl::IsAlreadyExists(committed.status()) ? "step_exists" : "not_current_attempt");
+    GRADHUB_RETURN_IF_ERROR(Discard(row, state));
+  }
+  if (!committed.ok()) return committed.status();
+  state.committed = true;
+  ForgetState(row.upload_id);
+  RemoveAfterCommit(std::move(retired), abandoned);
+  return committed;
+}
+
+// Commit steps 1-2: all bytes received (an earlier commit that failed after step 2 left the
+// bytes as the blob already, with no upload: then it goes on from the blob), then committed
+// to the blob key. True when this process checked every byte's crc32c on the way in.
+absl::StatusOr<bool> CheckpointManager::PlaceBlob(const CheckpointRow& row, UploadState& state) {
   GRADHUB_ASSIGN_OR_RETURN(const int64_t held, blobs_->UploadedBytes(row.upload_id));
   state.Reload(held);
   bool in_store = false;
@@ -440,39 +514,34 @@ absl::StatusOr<v1::Checkpoint> CheckpointManager::CommitLocked(const CheckpointR
                        " bytes declared; keep uploading from offset ", state.held));
     }
   }
-  // 2. Durable and visible under the blob key.
-  const bool checked = !in_store && state.checked && state.held == row.size_bytes;
-  if (!in_store) {
-    if (row.size_bytes == 0) GRADHUB_RETURN_IF_ERROR(blobs_->Append(row.upload_id, 0, "").status());
-    GRADHUB_RETURN_IF_ERROR(blobs_->Commit(row.upload_id, row.blob_key));
-  }
-  // 3. Bytes whose crc32c this process did not check (a chunk without one, a restart during
-  //    the upload) are read back and hashed; no row says COMMITTED yet, so a mismatch is still
-  //    an upload to discard. Checked bytes are the ones the client hashed: its sha256 stands.
-  uint32_t crc32c = state.crc32c;
-  if (!checked) {
-    GRADHUB_ASSIGN_OR_RETURN(const HashedBlob blob, HashBlob(row.blob_key));
-    crc32c = blob.digests.crc32c;
-    if (blob.size != row.size_bytes || blob.digests.sha256 != sha256) {
-      Failure("sha256_mismatch");
-      GRADHUB_RETURN_IF_ERROR(Discard(row, state));
-      return absl::DataLossError(absl::StrCat("sha256 ", sha256, " does not match the ", blob.size,
-                                              " bytes received; the upload is discarded, start "
-                                              "a new one"));
-    }
-  }
-  // 4. The row, its event and retention in one transaction; then the retired blobs.
-  std::vector<CheckpointRow> retired, abandoned;
-  absl::StatusOr<v1::Checkpoint> committed =
-      WriteCommittedRow(row, sha256, crc32c, &retired, &abandoned);
-  if (absl::IsFailedPrecondition(committed.status()) || absl::IsAlreadyExists(committed.status())) {
-    // The attempt ended or the step was committed by another upload: this one never will be.
-    Failure(absl::IsAlreadyExists(committed.status()) ? "step_exists" : "not_current_attempt");
+  if (in_store) return false;
+  if (row.size_bytes == 0) GRADHUB_RETURN_IF_ERROR(blobs_->Append(row.upload_id, 0, "").status());
+  GRADHUB_RETURN_IF_ERROR(blobs_->Commit(row.upload_id, row.blob_key));
+  return state.checked && state.held == row.size_bytes;
+}
+
+// Commit step 3: the blob's crc32c. Checked bytes are the ones the client hashed: its sha256
+// stands. Others (a chunk without a crc32c, a restart during the upload) are read back and
+// hashed; no row says COMMITTED yet, so a mismatch is still an upload to discard.
+absl::StatusOr<uint32_t> CheckpointManager::VerifiedCrc32c(const CheckpointRow& row,
+                                                           const std::string& sha256,
+                                                           UploadState& state, bool checked) {
+  if (checked) return state.crc32c;
+  GRADHUB_ASSIGN_OR_RETURN(const HashedBlob blob, HashBlob(row.blob_key));
+  if (blob.size != row.size_bytes || blob.digests.sha256 != sha256) {
+    Failure("sha256_mismatch");
     GRADHUB_RETURN_IF_ERROR(Discard(row, state));
+    return absl::DataLossError(absl::StrCat("sha256 ", sha256, " does not match the ", blob.size,
+                                            " bytes received; the upload is discarded, start "
+                                            "a new one"));
   }
-  if (!committed.ok()) return committed.status();
-  state.committed = true;
-  ForgetState(row.upload_id);
+  return blob.digests.crc32c;
+}
+
+// After a commit's transaction: the checkpoints retention retired go on the removal worker;
+// the uploads it superseded lose their files now.
+void CheckpointManager::RemoveAfterCommit(std::vector<CheckpointRow> retired,
+                                          const std::vector<CheckpointRow>& abandoned) {
   if (!retired.empty()) {
     removals_.Submit(1, [this, retired = std::move(retired)] { RemoveDeleted(retired); });
   }
@@ -484,7 +553,6 @@ absl::StatusOr<v1::Checkpoint> CheckpointManager::CommitLocked(const CheckpointR
     blobs_->Delete(upload.blob_key).IgnoreError();  // a crash between its blob and its row
     Failure("superseded");
   }
-  return committed;
 }
 
 absl::StatusOr<CheckpointManager::HashedBlob> CheckpointManager::HashBlob(
@@ -531,41 +599,9 @@ absl::StatusOr<v1::Checkpoint> CheckpointManager::WriteCommittedRow(
                 {row.id, sha256, static_cast<int64_t>(crc32c)}));
     if (updated.empty()) return UploadNotFound(row.upload_id);  // discarded meanwhile
     GRADHUB_ASSIGN_OR_RETURN(const CheckpointRow done, CheckpointFromRow(updated.row(0)));
-    api::EventDetails committed =
-        api::Because(absl::StrCat("checkpoint at step ", row.step, " committed: ", row.size_bytes,
-                                  " bytes, sha256 ", sha256.substr(0, 12)));
-    committed.checkpoint_step = row.step;
-    committed.checkpoint_size_bytes = row.size_bytes;
-    GRADHUB_RETURN_IF_ERROR(api::AppendEvent(tx, row.job_id, row.attempt,
-                                             v1::JobEvent::CHECKPOINT_COMMITTED, std::nullopt,
-                                             std::nullopt, committed));
-    // Retention: the keep_last committed checkpoints with the highest steps stay.
-    GRADHUB_ASSIGN_OR_RETURN(
-        db::Result old,
-        tx.Exec(absl::StrCat("UPDATE checkpoints c SET state = 'DELETED'"
-                             " WHERE c.job_id = $1::uuid AND c.state = 'COMMITTED'"
-                             " AND c.id NOT IN (SELECT id FROM checkpoints WHERE job_id = $1::uuid"
-                             "   AND state = 'COMMITTED' ORDER BY step DESC, id DESC LIMIT $2)"
-                             " RETURNING ",
-                             kCheckpointColumns),
-                {row.job_id, job.keep_last}));
-    for (const db::Row& r : old) {
-      GRADHUB_ASSIGN_OR_RETURN(CheckpointRow gone, CheckpointFromRow(r));
-      retired->push_back(std::move(gone));
-    }
-    // Uploads this commit supersedes (checkpoint.proto, StartUpload): an earlier step, or an
-    // earlier attempt. Their rows go now; their upload files after the transaction.
-    GRADHUB_ASSIGN_OR_RETURN(
-        db::Result superseded,
-        tx.Exec(absl::StrCat("DELETE FROM checkpoints c WHERE c.job_id = $1::uuid"
-                             " AND c.state = 'UPLOADING' AND (c.attempt < $2 OR c.step < $3)"
-                             " RETURNING ",
-                             kCheckpointColumns),
-                {row.job_id, row.attempt, row.step}));
-    for (const db::Row& r : superseded) {
-      GRADHUB_ASSIGN_OR_RETURN(CheckpointRow gone, CheckpointFromRow(r));
-      abandoned->push_back(std::move(gone));
-    }
+    GRADHUB_RETURN_IF_ERROR(AppendCommittedEvent(tx, row, sha256));
+    GRADHUB_RETURN_IF_ERROR(RetireBeyondKeepLast(tx, row.job_id, job.keep_last, retired));
+    GRADHUB_RETURN_IF_ERROR(DeleteSupersededUploads(tx, row, abandoned));
     return done.proto;
   });
 }

@@ -272,6 +272,12 @@ class CheckpointManager {
   absl::Status Discard(const CheckpointRow& row, UploadState& state);
   absl::StatusOr<v1::Checkpoint> CommitLocked(const CheckpointRow& row, const std::string& sha256,
                                               UploadState& state);
+  // CommitLocked's steps (checkpoint_manager.cc says what each does).
+  absl::StatusOr<bool> PlaceBlob(const CheckpointRow& row, UploadState& state);
+  absl::StatusOr<uint32_t> VerifiedCrc32c(const CheckpointRow& row, const std::string& sha256,
+                                          UploadState& state, bool checked);
+  void RemoveAfterCommit(std::vector<CheckpointRow> retired,
+                         const std::vector<CheckpointRow>& abandoned);
   // Reads a committed blob whole (through a HashingReadAhead, as downloads do): its size,
   // sha256 and crc32c. DATA_LOSS when it ends before the size it had when opened.
   struct HashedBlob {
