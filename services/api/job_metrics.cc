@@ -22,6 +22,7 @@ std::map<int64_t, MetricLine> MergeByStep(const std::vector<MetricLine>& lines) 
     MetricLine& merged = it->second;
     if (line.progress) {
       merged.progress = true;
+      merged.epoch = line.epoch;
       merged.loss = line.loss;
       merged.learning_rate = line.learning_rate;
       merged.samples_per_second = line.samples_per_second;
@@ -106,6 +107,7 @@ std::optional<MetricLine> ParseMetricLine(const std::string& line) {
   out.step = record->step;
   out.progress = record->event == ProgressEvent::kProgress;
   if (out.progress) {
+    out.epoch = record->epoch;
     out.loss = record->loss;
     out.learning_rate = record->learning_rate;
     out.samples_per_second = record->samples_per_second;
@@ -160,6 +162,42 @@ absl::Status RecordMetricPoints(db::Transaction& tx, const std::string& job_id, 
                points.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)}));
   if (written.affected() == 0) return absl::OkStatus();  // not the current attempt
   return ThinOldPoints(tx, job_id);
+}
+
+absl::Status RecordJobProgress(db::Transaction& tx, const std::string& job_id, int32_t attempt,
+                               const std::vector<MetricLine>& lines) {
+  const MetricLine* progress = nullptr;  // the last progress line
+  const MetricLine* eval = nullptr;      // the last line with evaluation metrics
+  int64_t last_step = 0;
+  for (const MetricLine& line : lines) {
+    if (line.progress) progress = &line;
+    if (!line.eval_metrics.empty()) eval = &line;
+    last_step = std::max(last_step, line.step);
+  }
+  if (progress == nullptr && eval == nullptr) return absl::OkStatus();
+  const MetricLine none;
+  const MetricLine& p = progress != nullptr ? *progress : none;
+  std::optional<std::string> eval_json;
+  if (eval != nullptr) eval_json = nlohmann::json(eval->eval_metrics).dump();
+  // coalesce: what this batch does not say keeps its stored value.
+  return tx
+      .Exec(
+          "UPDATE jobs SET progress_step = coalesce($3::bigint, progress_step),"
+          " progress_total_steps = CASE WHEN $4::bigint > 0 THEN $4::bigint"
+          "   ELSE progress_total_steps END,"
+          " progress_epoch = coalesce($5::bigint, progress_epoch),"
+          " progress_loss = coalesce($6::float8, progress_loss),"
+          " progress_learning_rate = coalesce($7::float8, progress_learning_rate),"
+          " progress_samples_per_second = coalesce($8::float8, progress_samples_per_second),"
+          " progress_eval_metrics = coalesce($9::jsonb, progress_eval_metrics),"
+          " progress_time = now()"
+          " WHERE id = $1::uuid AND current_attempt = $2"
+          " AND (state IN ('SCHEDULED', 'RUNNING')"
+          "      OR (state = 'SUCCEEDED' AND progress_step <= $10))",
+          {job_id, attempt, progress != nullptr ? std::optional<int64_t>(p.step) : std::nullopt,
+           p.total_steps, p.epoch, p.loss, p.learning_rate, p.samples_per_second, eval_json,
+           last_step})
+      .status();
 }
 
 absl::StatusOr<v1::JobMetrics> ReadJobMetrics(db::Transaction& tx, const v1::Job& job,

@@ -10,6 +10,7 @@
 //      re-shipped line changes nothing), a newer attempt replaces it, an older one is ignored.
 //   3. It then thins the job's oldest progress points once there are more than
 //      kMaxProgressPointsPerJob of them (see ThinOldPoints in the .cc).
+//   4. RecordJobProgress folds the same lines into the job's current progress (Job.progress).
 // Reading: DownsampleByStep picks at most max_points of them evenly over the steps.
 //
 // Free functions without state; thread-safe as far as their arguments are.
@@ -36,6 +37,7 @@ inline constexpr int64_t kMaxProgressPointsPerJob = 10000;
 struct MetricLine {
   int64_t step = 0;
   bool progress = false;  // from a progress line
+  std::optional<int64_t> epoch;
   std::optional<double> loss;
   std::optional<double> learning_rate;
   std::optional<double> samples_per_second;
@@ -51,6 +53,16 @@ std::optional<MetricLine> ParseMetricLine(const std::string& line);
 // Lines of an attempt that is not the job's current one are dropped.
 absl::Status RecordMetricPoints(db::Transaction& tx, const std::string& job_id, int32_t attempt,
                                 const std::vector<MetricLine>& lines);
+
+// The job's progress (the jobs.progress_* columns that Job.progress shows) from the lines of
+// one batch (in the order received), for `attempt` if it is the job's current one: the last
+// progress line's step, total, epoch, loss, learning rate and samples/s, and the metrics of
+// the last evaluation. A value no line of the batch carries keeps what was stored, so an
+// evaluation line (no loss, no learning rate) or a null (NaN) never blanks it. Taken while the
+// job is SCHEDULED or RUNNING, and after it SUCCEEDED (agents ship its last lines after the
+// exit) unless they are of an earlier step than its progress.
+absl::Status RecordJobProgress(db::Transaction& tx, const std::string& job_id, int32_t attempt,
+                               const std::vector<MetricLine>& lines);
 
 // The history of `job` (already read, and its tenant checked, by the caller in `tx`),
 // downsampled to at most `max_points` (>= 1) points by DownsampleByStep, evaluations kept.

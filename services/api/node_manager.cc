@@ -409,13 +409,11 @@ absl::StatusOr<int64_t> NodeManager::StoreLogs(const v1::ReportLogsRequest& requ
   // Rank 0's progress and evaluation lines are also the job's history (job_metrics.h).
   const bool history = request.rank() == 0 && stream == "STDOUT";
   std::vector<MetricLine> points;
-  std::optional<MetricLine> progress;  // the batch's last progress line: the job's progress
   for (std::string line : request.lines()) {
     // PostgreSQL text cannot hold NUL.
     line.erase(std::remove(line.begin(), line.end(), '\0'), line.end());
     if (history) {
       if (std::optional<MetricLine> point = ParseMetricLine(line)) {
-        if (point->progress) progress = point;
         points.push_back(*std::move(point));
       }
     }
@@ -433,23 +431,8 @@ absl::StatusOr<int64_t> NodeManager::StoreLogs(const v1::ReportLogsRequest& requ
                 {job_id, request.attempt(), request.rank(), stream, request.first_seq(),
                  lines.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)})
             .status());
-    // Rank 0 reports the job's progress; only its current attempt's lines count. A job that
-    // already SUCCEEDED still takes its last lines (shipped after the exit), so its progress
-    // ends at its last step, not an earlier one.
-    if (progress) {
-      GRADHUB_RETURN_IF_ERROR(
-          tx.Exec("UPDATE jobs SET progress_step = $3, progress_loss = $4,"
-                  " progress_samples_per_second = $5,"
-                  " progress_total_steps = CASE WHEN $6::bigint > 0 THEN $6::bigint"
-                  "   ELSE progress_total_steps END,"
-                  " progress_time = now()"
-                  " WHERE id = $1::uuid AND current_attempt = $2"
-                  " AND (state IN ('SCHEDULED', 'RUNNING')"
-                  "      OR (state = 'SUCCEEDED' AND progress_step <= $3))",
-                  {job_id, request.attempt(), progress->step, progress->loss,
-                   progress->samples_per_second.value_or(0.0), progress->total_steps})
-              .status());
-    }
+    // Rank 0 reports the job's progress; only its current attempt's lines count.
+    GRADHUB_RETURN_IF_ERROR(RecordJobProgress(tx, job_id, request.attempt(), points));
     GRADHUB_RETURN_IF_ERROR(RecordMetricPoints(tx, job_id, request.attempt(), points));
     return last_seq;
   });

@@ -19,7 +19,8 @@ using google::protobuf::util::TimeUtil;
 #define GRADHUB_JOB_STATE_COLUMNS                                                   \
   "j.id::text AS id, t.name AS tenant, j.state, j.state_reason, j.current_attempt," \
   " j.infra_restarts, j.job_restarts, j.progress_step, j.progress_total_steps,"     \
-  " j.progress_loss, j.progress_samples_per_second,"                                \
+  " j.progress_loss, j.progress_samples_per_second, j.progress_epoch,"              \
+  " j.progress_learning_rate, j.progress_eval_metrics::text AS progress_eval,"      \
   " (extract(epoch FROM j.progress_time) * 1e6)::bigint AS progress_us, j.version," \
   " coalesce(j.request_id, '') AS request_id,"                                      \
   " (extract(epoch FROM j.create_time) * 1e6)::bigint AS create_us,"                \
@@ -51,6 +52,41 @@ google::protobuf::Timestamp MicrosColumn(const db::Row& row, const char* column)
   return TimeUtil::MicrosecondsToTimestamp(row.Get<int64_t>(column));
 }
 
+namespace {
+
+// The jobs.progress_* columns (NULL: not reported yet) as Job.progress.
+absl::Status ReadProgress(const db::Row& row, v1::JobProgress* progress) {
+  progress->set_step(row.Get<int64_t>("progress_step"));
+  progress->set_total_steps(row.Get<int64_t>("progress_total_steps"));
+  if (!row.IsNull("progress_epoch")) {
+    progress->set_epoch(static_cast<int32_t>(row.Get<int64_t>("progress_epoch")));
+  }
+  if (!row.IsNull("progress_loss")) progress->set_loss(row.Get<double>("progress_loss"));
+  if (!row.IsNull("progress_samples_per_second")) {
+    progress->set_samples_per_second(row.Get<double>("progress_samples_per_second"));
+  }
+  if (!row.IsNull("progress_learning_rate")) {
+    progress->set_learning_rate(row.Get<double>("progress_learning_rate"));
+  }
+  if (!row.IsNull("progress_us")) {
+    *progress->mutable_last_report_time() = MicrosColumn(row, "progress_us");
+  }
+  if (row.IsNull("progress_eval")) return absl::OkStatus();
+  // A JSON object of finite numbers (job_metrics.h RecordJobProgress), which is what the
+  // proto3 JSON mapping of a map<string, double> reads. Parsed into a message of its own:
+  // parsing replaces every field of the message it fills.
+  v1::JobProgress eval;
+  const auto parsed = google::protobuf::util::JsonStringToMessage(
+      absl::StrCat(R"({"evalMetrics":)", row.Get<std::string>("progress_eval"), "}"), &eval);
+  if (!parsed.ok()) {
+    return absl::InternalError(absl::StrCat("stored eval metrics: ", parsed.ToString()));
+  }
+  *progress->mutable_eval_metrics() = eval.eval_metrics();
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<v1::Job> JobFromRow(const db::Row& row, bool with_spec) {
   v1::Job job;
   job.set_name("jobs/" + row.Get<std::string>("id"));
@@ -67,16 +103,7 @@ absl::StatusOr<v1::Job> JobFromRow(const db::Row& row, bool with_spec) {
   job.set_attempt(row.Get<int32_t>("current_attempt"));
   job.set_infrastructure_restarts(row.Get<int32_t>("infra_restarts"));
   job.set_job_restarts(row.Get<int32_t>("job_restarts"));
-  job.mutable_progress()->set_step(row.Get<int64_t>("progress_step"));
-  job.mutable_progress()->set_total_steps(row.Get<int64_t>("progress_total_steps"));
-  if (!row.IsNull("progress_loss"))
-    job.mutable_progress()->set_loss(row.Get<double>("progress_loss"));
-  if (!row.IsNull("progress_samples_per_second")) {
-    job.mutable_progress()->set_samples_per_second(row.Get<double>("progress_samples_per_second"));
-  }
-  if (!row.IsNull("progress_us")) {
-    *job.mutable_progress()->mutable_last_report_time() = MicrosColumn(row, "progress_us");
-  }
+  if (absl::Status read = ReadProgress(row, job.mutable_progress()); !read.ok()) return read;
   job.set_request_id(row.Get<std::string>("request_id"));
   job.set_etag(std::to_string(row.Get<int64_t>("version")));
   *job.mutable_create_time() = MicrosColumn(row, "create_us");

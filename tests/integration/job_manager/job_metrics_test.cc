@@ -164,6 +164,58 @@ TEST_F(JobMetricsTest, RecordsRankZerosProgressAndEvaluationLines) {
       0);
 }
 
+// Job.progress from the same lines (RecordJobProgress): each value stays until a line that
+// carries it says otherwise, so an evaluation, a "done" line or a null (NaN) never blanks the
+// epoch, loss or learning rate; a finished job takes the lines shipped after its exit.
+TEST_F(JobMetricsTest, JobProgressKeepsEachValueUntilALineCarriesIt) {
+  const std::string name = NewJob();
+  auto progress = [&] {
+    const absl::StatusOr<v1::Job> job = jobs_->GetJob(tenant_a_, name);
+    EXPECT_TRUE(job.ok()) << job.status();
+    return job.ok() ? job->progress() : v1::JobProgress();
+  };
+  EXPECT_FALSE(progress().has_last_report_time()) << "nothing reported yet";
+  Ship(name, 1, 1,
+       {R"({"event":"progress","step":10,"totalSteps":40,"epoch":1,"loss":2.5,"lr":0.05,)"
+        R"("samplesPerSecond":18750})"});
+  v1::JobProgress now = progress();
+  EXPECT_EQ(now.step(), 10);
+  EXPECT_EQ(now.total_steps(), 40);
+  EXPECT_EQ(now.epoch(), 1);
+  EXPECT_DOUBLE_EQ(now.loss(), 2.5);
+  EXPECT_DOUBLE_EQ(now.learning_rate(), 0.05);
+  EXPECT_DOUBLE_EQ(now.samples_per_second(), 18750);
+  EXPECT_TRUE(now.eval_metrics().empty());
+  EXPECT_TRUE(now.has_last_report_time());
+
+  Ship(name, 1, 2,
+       {Eval(20, 0.75, 0.9),
+        R"({"event":"progress","step":20,"loss":null,"samplesPerSecond":19000})",
+        R"({"event":"done","rank":0,"step":20,"loss":7,"eval.accuracy":0.1})"});
+  now = progress();
+  EXPECT_EQ(now.step(), 20);
+  EXPECT_EQ(now.total_steps(), 40);
+  EXPECT_EQ(now.epoch(), 1);
+  EXPECT_DOUBLE_EQ(now.loss(), 2.5) << "a null loss keeps the last one, done's is not progress";
+  EXPECT_DOUBLE_EQ(now.learning_rate(), 0.05);
+  EXPECT_DOUBLE_EQ(now.samples_per_second(), 19000);
+  EXPECT_EQ(now.eval_metrics().size(), 2u);
+  EXPECT_DOUBLE_EQ(now.eval_metrics().at("accuracy"), 0.75);
+
+  // Finished: its last lines come after the exit; an earlier step's do not move it back.
+  ASSERT_TRUE(jobs_->Transition(name, v1::Job::RUNNING).ok());
+  ASSERT_TRUE(jobs_->Transition(name, v1::Job::SUCCEEDED).ok());
+  Ship(name, 1, 5, {Progress(40, 0.5, 0.025, 500, 40), Eval(40, 0.875, 0.25)});
+  Ship(name, 1, 7, {Progress(30, 9.0)});
+  now = progress();
+  EXPECT_EQ(now.step(), 40);
+  EXPECT_EQ(now.epoch(), 0);
+  EXPECT_DOUBLE_EQ(now.loss(), 0.5);
+  EXPECT_DOUBLE_EQ(now.learning_rate(), 0.025);
+  EXPECT_DOUBLE_EQ(now.eval_metrics().at("accuracy"), 0.875);
+  EXPECT_DOUBLE_EQ(now.eval_metrics().at("loss"), 0.25);
+}
+
 TEST_F(JobMetricsTest, ReshippedLinesAreAbsorbed) {
   const std::string name = NewJob();
   const std::vector<std::string> batch = {Progress(10, 2.0), Eval(10, 0.5), Progress(20, 1.0)};
