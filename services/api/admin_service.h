@@ -10,8 +10,9 @@ namespace gradhub::api {
 
 class AdminService final : public v1::AdminService::Service {
  public:
-  // Not owned; must outlive the service.
-  explicit AdminService(Authenticator* auth) : auth_(auth), tenants_(auth) {}
+  // Not owned; both must outlive the service.
+  AdminService(const Authenticator* auth, TenantManager* tenants)
+      : auth_(auth), tenants_(tenants) {}
 
   grpc::Status CreateTenant(grpc::ServerContext* context, const v1::CreateTenantRequest* request,
                             v1::Tenant* response) override;
@@ -26,8 +27,8 @@ class AdminService final : public v1::AdminService::Service {
   // True for the admin token; UNAUTHENTICATED or PERMISSION_DENIED otherwise.
   absl::StatusOr<bool> RequireAdmin(const grpc::ServerContext& context) const;
 
-  Authenticator* auth_;
-  TenantManager tenants_;
+  const Authenticator* auth_;
+  TenantManager* tenants_;
 };
 
 }  // namespace gradhub::api

@@ -118,7 +118,8 @@ struct ApiServices {
         nodes(&pool, NodeManagerOptionsFor(config)),
         node_service(
             &nodes, &auth, [this] { scheduler.Nudge(); }, &notifier),
-        admin_service(&auth) {
+        tenants(&auth),
+        admin_service(&auth, &tenants) {
     jobs.set_on_created([this](const std::string& name) { scheduler.JobCreated(name); });
     jobs.set_on_cancelled([this] {
       scheduler.Nudge();
@@ -137,6 +138,7 @@ struct ApiServices {
   gradhub::api::Scheduler scheduler;
   gradhub::api::NodeManager nodes;
   gradhub::api::NodeService node_service;
+  gradhub::api::TenantManager tenants;
   gradhub::api::AdminService admin_service;
 };
 
@@ -170,6 +172,16 @@ void StartBackground(const gradhub::api::ApiConfig& config, int grpc_port, ApiSe
                                        ? "127.0.0.1:" + std::to_string(grpc_port)
                                        : config.store_address);
   services.scheduler.Start();
+}
+
+// REST serves the same managers as gRPC; a drain nudges the scheduler as NodeService's does.
+gradhub::api::RestBackends RestBackendsOf(ApiServices& services) {
+  return gradhub::api::RestBackends{.jobs = &services.jobs,
+                                    .nodes = &services.nodes,
+                                    .tenants = &services.tenants,
+                                    .auth = &services.auth,
+                                    .metrics = &services.metrics,
+                                    .on_nodes_changed = [&services] { services.scheduler.Nudge(); }};
 }
 
 gradhub::api::RestGatewayOptions RestOptionsFor(const gradhub::api::ApiConfig& config) {
@@ -212,8 +224,7 @@ int Serve(const gradhub::api::ApiConfig& config) {
     return 1;
   }
   StartBackground(config, (*server)->port(), services);
-  gradhub::api::RestGateway rest(&services.jobs, &services.auth, &services.metrics,
-                                 RestOptionsFor(config));
+  gradhub::api::RestGateway rest(RestBackendsOf(services), RestOptionsFor(config));
   const absl::StatusOr<int> http_port =
       rest.Start(config.http_host, static_cast<int>(config.http_port));
   if (!http_port.ok()) {

@@ -11,6 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "services/common/http_errors.h"
+#include "services/common/status_macros.h"
 
 namespace gradhub::api {
 namespace {
@@ -88,18 +89,41 @@ absl::Status BoolParam(const httplib::Request& request, const char* name, bool* 
   return absl::OkStatus();
 }
 
-// pageSize, pageToken and filter into any List*Request; INVALID_ARGUMENT naming a bad one.
+// pageSize and pageToken into any List*Request; INVALID_ARGUMENT naming a bad one.
 template <typename ListRequest>
-absl::Status ParseListParams(const httplib::Request& request, ListRequest* list) {
+absl::Status ParsePageParams(const httplib::Request& request, ListRequest* list) {
   int32_t page_size = 0;
-  if (absl::Status parsed = IntParam(request, "pageSize", &page_size); !parsed.ok()) return parsed;
+  GRADHUB_RETURN_IF_ERROR(IntParam(request, "pageSize", &page_size));
   list->set_page_size(page_size);
   list->set_page_token(request.get_param_value("pageToken"));
+  return absl::OkStatus();
+}
+
+// The page and the filter, for the List*Requests that have one.
+template <typename ListRequest>
+absl::Status ParseListParams(const httplib::Request& request, ListRequest* list) {
+  GRADHUB_RETURN_IF_ERROR(ParsePageParams(request, list));
   list->set_filter(request.get_param_value("filter"));
   return absl::OkStatus();
 }
 
 std::string JobName(const httplib::Request& request) { return "jobs/" + request.matches[1].str(); }
+std::string NodeName(const httplib::Request& request) {
+  return "nodes/" + request.matches[1].str();
+}
+std::string TenantName(const httplib::Request& request) {
+  return "tenants/" + request.matches[1].str();
+}
+
+// The message of a POST whose body is the request and whose path names the resource: the body
+// parsed (unknown fields refused), then the name from the path, which wins over the body's.
+template <typename Request>
+absl::StatusOr<Request> BodyNamed(const httplib::Request& request, const std::string& name) {
+  Request message;
+  GRADHUB_RETURN_IF_ERROR(ParseBody(request, &message));
+  message.set_name(name);
+  return message;
+}
 
 // A JobManager stream (WatchJob, StreamLogs) taking `send(message)` and `stop()`.
 using Stream = std::function<absl::Status(const std::function<bool(const Message&)>& send,
@@ -123,6 +147,29 @@ httplib::Server::Handler Rpc(const char* method, httplib::Server::Handler handle
     current_request.method = method;
     handler(request, response);
   };
+}
+
+// A unary JobService route: the caller's tenant as JobTenant finds it for `access`, then
+// `call(request, tenant_id)`, which returns the absl::StatusOr<message> to answer with.
+template <typename Call>
+httplib::Server::Handler JobRpc(const char* method, const Authenticator& auth, JobAccess access,
+                                Call call) {
+  return Rpc(method, [&auth, access, call = std::move(call)](const httplib::Request& request,
+                                                             httplib::Response& response) {
+    if (auto id = CallerTenant(auth, request, response, access)) Send(response, call(request, *id));
+  });
+}
+
+// A unary route for the admin token alone, as its gRPC call is (Authenticator::RequireAdmin),
+// then `call(request)`, which returns the absl::StatusOr<message> to answer with.
+template <typename Call>
+httplib::Server::Handler AdminRpc(const char* method, const Authenticator& auth, Call call) {
+  return Rpc(method, [&auth, call = std::move(call)](const httplib::Request& request,
+                                                     httplib::Response& response) {
+    const absl::Status admin = auth.RequireAdmin(request.get_header_value("Authorization"));
+    if (!admin.ok()) return SendError(response, admin);
+    Send(response, call(request));
+  });
 }
 
 // A POST route that reads its own body: a request with neither Content-Length nor
@@ -194,9 +241,8 @@ absl::StatusOr<v1::GetJobLogsRequest> ParseLogsRequest(const httplib::Request& r
 
 }  // namespace
 
-RestGateway::RestGateway(JobManager* jobs, const Authenticator* auth, ApiMetrics* metrics,
-                         RestGatewayOptions options)
-    : jobs_(jobs), auth_(auth), metrics_(metrics), options_(std::move(options)) {
+RestGateway::RestGateway(RestBackends backends, RestGatewayOptions options)
+    : backends_(std::move(backends)), options_(std::move(options)) {
   server_ = MakeHttpServer(options_);
   Route();
 }
@@ -219,6 +265,8 @@ void RestGateway::Route() {
   RouteProbes();
   RouteJobs();
   RouteJobStreams();
+  RouteNodes();
+  RouteTenants();
 }
 
 void RestGateway::InstallHooks() {
@@ -227,8 +275,8 @@ void RestGateway::InstallHooks() {
     return httplib::Server::HandlerResponse::Unhandled;
   });
   server_->set_logger([this](const httplib::Request&, const httplib::Response&) {
-    metrics_->RecordRequest("rest", current_request.method, current_request.code,
-                            absl::Now() - current_request.start);
+    backends_.metrics->RecordRequest("rest", current_request.method, current_request.code,
+                                     absl::Now() - current_request.start);
   });
   // httplib's own errors get the same shape (and metrics code) as the handlers' errors. Runs
   // for every status >= 400; a handler's error already has its body.
@@ -249,113 +297,179 @@ void RestGateway::RouteProbes() {
     response.set_content("ok\n", "text/plain");
   });
   server_->Get("/readyz", [this](const httplib::Request&, httplib::Response& response) {
-    const absl::Status ready = jobs_->CheckReady();
+    const absl::Status ready = backends_.jobs->CheckReady();
     if (!ready.ok()) return SendError(response, ready);
     response.set_content("ok\n", "text/plain");
   });
   server_->Get("/metrics", [this](const httplib::Request&, httplib::Response& response) {
-    response.set_content(metrics_->Scrape(), "text/plain; version=0.0.4");
+    response.set_content(backends_.metrics->Scrape(), "text/plain; version=0.0.4");
   });
 }
 
 void RestGateway::RouteJobs() {
-  const Authenticator& auth = *auth_;
+  const Authenticator& auth = *backends_.auth;
+  JobManager* jobs = backends_.jobs;
+  using Request = httplib::Request;
   Post(*server_, "/v1/jobs",
-       Rpc("JobService.CreateJob",
-           [this, &auth](const httplib::Request& request, httplib::Response& response) {
-             auto id = CallerTenant(auth, request, response, JobAccess::kCreate);
-             if (!id) return;
-             v1::JobSpec spec;
-             if (auto parsed = ParseBody(request, &spec); !parsed.ok())
-               return SendError(response, parsed);
-             Send(response, jobs_->CreateJob(*id, spec, request.get_param_value("requestId")));
-           }));
-  server_->Get("/v1/jobs", Rpc("JobService.ListJobs", [this, &auth](const httplib::Request& request,
-                                                                    httplib::Response& response) {
-                 auto id = CallerTenant(auth, request, response, JobAccess::kReadOrCancel);
-                 if (!id) return;
-                 v1::ListJobsRequest list;
-                 if (auto parsed = ParseListParams(request, &list); !parsed.ok())
-                   return SendError(response, parsed);
-                 Send(response, jobs_->ListJobs(*id, list));
-               }));
-  server_->Get(R"(/v1/jobs/([^/:]+))",
-               Rpc("JobService.GetJob",
-                   [this, &auth](const httplib::Request& request, httplib::Response& response) {
-                     auto id = CallerTenant(auth, request, response, JobAccess::kReadOrCancel);
-                     if (!id) return;
-                     Send(response, jobs_->GetJob(*id, JobName(request)));
-                   }));
+       JobRpc("JobService.CreateJob", auth, JobAccess::kCreate,
+              [jobs](const Request& request, int64_t id) -> absl::StatusOr<v1::Job> {
+                v1::JobSpec spec;
+                GRADHUB_RETURN_IF_ERROR(ParseBody(request, &spec));
+                return jobs->CreateJob(id, spec, request.get_param_value("requestId"));
+              }));
+  server_->Get("/v1/jobs", JobRpc("JobService.ListJobs", auth, JobAccess::kReadOrCancel,
+                                  [jobs](const Request& request,
+                                         int64_t id) -> absl::StatusOr<v1::ListJobsResponse> {
+                                    v1::ListJobsRequest list;
+                                    GRADHUB_RETURN_IF_ERROR(ParseListParams(request, &list));
+                                    return jobs->ListJobs(id, list);
+                                  }));
+  server_->Get(R"(/v1/jobs/([^/:]+))", JobRpc("JobService.GetJob", auth, JobAccess::kReadOrCancel,
+                                              [jobs](const Request& request, int64_t id) {
+                                                return jobs->GetJob(id, JobName(request));
+                                              }));
   Post(*server_, R"(/v1/jobs/([^/:]+):cancel)",
-       Rpc("JobService.CancelJob",
-           [this, &auth](const httplib::Request& request, httplib::Response& response) {
-             auto id = CallerTenant(auth, request, response, JobAccess::kReadOrCancel);
-             if (!id) return;
-             v1::CancelJobRequest cancel;
-             if (auto parsed = ParseBody(request, &cancel); !parsed.ok())
-               return SendError(response, parsed);
-             Send(response, jobs_->CancelJob(*id, JobName(request), cancel.reason()));
-           }));
+       JobRpc("JobService.CancelJob", auth, JobAccess::kReadOrCancel,
+              [jobs](const Request& request, int64_t id) -> absl::StatusOr<v1::Job> {
+                v1::CancelJobRequest cancel;
+                GRADHUB_RETURN_IF_ERROR(ParseBody(request, &cancel));
+                return jobs->CancelJob(id, JobName(request), cancel.reason());
+              }));
+  RouteJobHistory();
+}
+
+void RestGateway::RouteJobHistory() {
+  const Authenticator& auth = *backends_.auth;
+  JobManager* jobs = backends_.jobs;
+  using Request = httplib::Request;
   server_->Get(R"(/v1/jobs/([^/:]+)/events)",
-               Rpc("JobService.ListJobEvents",
-                   [this, &auth](const httplib::Request& request, httplib::Response& response) {
-                     auto id = CallerTenant(auth, request, response, JobAccess::kReadOrCancel);
-                     if (!id) return;
-                     v1::ListJobEventsRequest list;
-                     list.set_parent(JobName(request));
-                     if (auto parsed = ParseListParams(request, &list); !parsed.ok())
-                       return SendError(response, parsed);
-                     Send(response, jobs_->ListJobEvents(*id, list));
-                   }));
+               JobRpc("JobService.ListJobEvents", auth, JobAccess::kReadOrCancel,
+                      [jobs](const Request& request,
+                             int64_t id) -> absl::StatusOr<v1::ListJobEventsResponse> {
+                        v1::ListJobEventsRequest list;
+                        list.set_parent(JobName(request));
+                        GRADHUB_RETURN_IF_ERROR(ParseListParams(request, &list));
+                        return jobs->ListJobEvents(id, list);
+                      }));
   server_->Get(R"(/v1/jobs/([^/:]+)/metrics)",
-               Rpc("JobService.GetJobMetrics",
-                   [this, &auth](const httplib::Request& request, httplib::Response& response) {
-                     auto id = CallerTenant(auth, request, response, JobAccess::kReadOrCancel);
-                     if (!id) return;
-                     v1::GetJobMetricsRequest metrics;
-                     metrics.set_name(JobName(request));
-                     int32_t max_points = 0;
-                     if (auto parsed = IntParam(request, "maxPoints", &max_points); !parsed.ok()) {
-                       return SendError(response, parsed);
-                     }
-                     metrics.set_max_points(max_points);
-                     Send(response, jobs_->GetJobMetrics(*id, metrics));
-                   }));
+               JobRpc("JobService.GetJobMetrics", auth, JobAccess::kReadOrCancel,
+                      [jobs](const Request& request, int64_t id) -> absl::StatusOr<v1::JobMetrics> {
+                        v1::GetJobMetricsRequest metrics;
+                        metrics.set_name(JobName(request));
+                        int32_t max_points = 0;
+                        GRADHUB_RETURN_IF_ERROR(IntParam(request, "maxPoints", &max_points));
+                        metrics.set_max_points(max_points);
+                        return jobs->GetJobMetrics(id, metrics);
+                      }));
 }
 
 void RestGateway::RouteJobStreams() {
-  const Authenticator& auth = *auth_;
+  const Authenticator& auth = *backends_.auth;
+  JobManager* jobs = backends_.jobs;
   server_->Get(R"(/v1/jobs/([^/:]+):watch)",
-               Rpc("JobService.WatchJob",
-                   [this, &auth](const httplib::Request& request, httplib::Response& response) {
-                     auto id = CallerTenant(auth, request, response, JobAccess::kReadOrCancel);
-                     if (!id) return;
-                     // A missing job is a 404, not a stream that ends at once.
-                     if (auto job = jobs_->GetJob(*id, JobName(request)); !job.ok()) {
-                       return SendError(response, job.status());
-                     }
-                     StreamLines(response, stopping_,
-                                 [this, tenant_id = *id, name = JobName(request)](
-                                     const auto& send, const auto& stop) {
-                                   return jobs_->WatchJob(tenant_id, name, send, stop);
-                                 });
-                   }));
-  server_->Get(R"(/v1/jobs/([^/:]+)/logs)",
-               Rpc("JobService.GetJobLogs",
-                   [this, &auth](const httplib::Request& request, httplib::Response& response) {
-                     auto id = CallerTenant(auth, request, response, JobAccess::kReadOrCancel);
-                     if (!id) return;
-                     absl::StatusOr<v1::GetJobLogsRequest> logs = ParseLogsRequest(request);
-                     if (!logs.ok()) return SendError(response, logs.status());
-                     if (auto job = jobs_->GetJob(*id, logs->name()); !job.ok()) {
-                       return SendError(response, job.status());
-                     }
-                     StreamLines(
-                         response, stopping_,
-                         [this, tenant_id = *id, logs = *logs](const auto& send, const auto& stop) {
-                           return jobs_->StreamLogs(tenant_id, logs, send, stop);
-                         });
-                   }));
+               Rpc("JobService.WatchJob", [this, jobs, &auth](const httplib::Request& request,
+                                                              httplib::Response& response) {
+                 auto id = CallerTenant(auth, request, response, JobAccess::kReadOrCancel);
+                 if (!id) return;
+                 // A missing job is a 404, not a stream that ends at once.
+                 if (auto job = jobs->GetJob(*id, JobName(request)); !job.ok()) {
+                   return SendError(response, job.status());
+                 }
+                 StreamLines(response, stopping_,
+                             [jobs, tenant_id = *id, name = JobName(request)](const auto& send,
+                                                                              const auto& stop) {
+                               return jobs->WatchJob(tenant_id, name, send, stop);
+                             });
+               }));
+  server_->Get(
+      R"(/v1/jobs/([^/:]+)/logs)",
+      Rpc("JobService.GetJobLogs",
+          [this, jobs, &auth](const httplib::Request& request, httplib::Response& response) {
+            auto id = CallerTenant(auth, request, response, JobAccess::kReadOrCancel);
+            if (!id) return;
+            absl::StatusOr<v1::GetJobLogsRequest> logs = ParseLogsRequest(request);
+            if (!logs.ok()) return SendError(response, logs.status());
+            if (auto job = jobs->GetJob(*id, logs->name()); !job.ok()) {
+              return SendError(response, job.status());
+            }
+            StreamLines(response, stopping_,
+                        [jobs, tenant_id = *id, logs = *logs](const auto& send, const auto& stop) {
+                          return jobs->StreamLogs(tenant_id, logs, send, stop);
+                        });
+          }));
+}
+
+void RestGateway::RouteNodes() {
+  const Authenticator& auth = *backends_.auth;
+  NodeManager* nodes = backends_.nodes;
+  using Request = httplib::Request;
+  server_->Get("/v1/nodes",
+               AdminRpc("NodeService.ListNodes", auth,
+                        [nodes](const Request& request) -> absl::StatusOr<v1::ListNodesResponse> {
+                          v1::ListNodesRequest list;
+                          GRADHUB_RETURN_IF_ERROR(ParseListParams(request, &list));
+                          return nodes->ListNodes(list);
+                        }));
+  server_->Get(R"(/v1/nodes/([^/:]+))",
+               AdminRpc("NodeService.GetNode", auth, [nodes](const Request& request) {
+                 return nodes->GetNode(NodeName(request));
+               }));
+  Post(*server_, R"(/v1/nodes/([^/:]+):cordon)",
+       AdminRpc("NodeService.CordonNode", auth,
+                [nodes](const Request& request) -> absl::StatusOr<v1::Node> {
+                  GRADHUB_ASSIGN_OR_RETURN(const auto cordon, BodyNamed<v1::CordonNodeRequest>(
+                                                                  request, NodeName(request)));
+                  return nodes->CordonNode(cordon.name(), cordon.cordon());
+                }));
+  Post(*server_, R"(/v1/nodes/([^/:]+):drain)",
+       AdminRpc("NodeService.DrainNode", auth,
+                [this, nodes](const Request& request) -> absl::StatusOr<v1::Node> {
+                  GRADHUB_ASSIGN_OR_RETURN(const auto drain, BodyNamed<v1::DrainNodeRequest>(
+                                                                 request, NodeName(request)));
+                  absl::StatusOr<v1::Node> node = nodes->DrainNode(drain.name());
+                  if (backends_.on_nodes_changed) backends_.on_nodes_changed();
+                  return node;
+                }));
+}
+
+void RestGateway::RouteTenants() {
+  const Authenticator& auth = *backends_.auth;
+  TenantManager* tenants = backends_.tenants;
+  using Request = httplib::Request;
+  Post(*server_, "/v1/tenants",
+       AdminRpc("AdminService.CreateTenant", auth,
+                [tenants](const Request& request) -> absl::StatusOr<v1::Tenant> {
+                  v1::CreateTenantRequest create;
+                  GRADHUB_RETURN_IF_ERROR(ParseBody(request, create.mutable_tenant()));
+                  create.set_tenant_id(request.get_param_value("tenantId"));
+                  create.set_request_id(request.get_param_value("requestId"));
+                  return tenants->CreateTenant(create);
+                }));
+  server_->Get(
+      "/v1/tenants",
+      AdminRpc("AdminService.ListTenants", auth,
+               [tenants](const Request& request) -> absl::StatusOr<v1::ListTenantsResponse> {
+                 v1::ListTenantsRequest list;
+                 GRADHUB_RETURN_IF_ERROR(ParsePageParams(request, &list));
+                 return tenants->ListTenants(list);
+               }));
+  Post(*server_, R"(/v1/tenants/([^/:]+)/tokens)",
+       AdminRpc("AdminService.CreateToken", auth,
+                [tenants](const Request& request) -> absl::StatusOr<v1::CreateTokenResponse> {
+                  v1::CreateTokenRequest create;
+                  GRADHUB_RETURN_IF_ERROR(ParseBody(request, create.mutable_token()));
+                  create.set_parent(TenantName(request));
+                  return tenants->CreateToken(create);
+                }));
+  Post(*server_, R"(/v1/tenants/([^/:]+)/tokens/([^/:]+):revoke)",
+       AdminRpc("AdminService.RevokeToken", auth,
+                [tenants](const Request& request) -> absl::StatusOr<v1::Token> {
+                  GRADHUB_ASSIGN_OR_RETURN(
+                      const auto revoke,
+                      BodyNamed<v1::RevokeTokenRequest>(
+                          request, TenantName(request) + "/tokens/" + request.matches[2].str()));
+                  return tenants->RevokeToken(revoke);
+                }));
 }
 
 }  // namespace gradhub::api

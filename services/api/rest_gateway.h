@@ -1,12 +1,15 @@
-// The REST+JSON face of JobService (cpp-httplib): the same operations and messages in the
-// proto3 JSON mapping, at the paths jobs.proto gives next to each rpc. It calls JobManager
-// and Authenticator directly, as the gRPC adapter does; no logic of its own but transport:
-// status codes, body limits, JSON parsing, newline-delimited JSON for streams. Also serves
-// /healthz, /readyz and /metrics.
+// The REST+JSON face of gradhub-api (cpp-httplib): JobService, the operators' NodeService
+// calls and AdminService, with the same messages in the proto3 JSON mapping, at the paths the
+// protos give in the "REST:" comment above each rpc. It calls the same managers as the gRPC
+// adapters (JobManager, NodeManager, TenantManager) and authorizes through the same
+// Authenticator rules, so the two cannot drift; no logic of its own but transport: status
+// codes, body limits, JSON parsing, newline-delimited JSON for streams. Also serves /healthz,
+// /readyz and /metrics.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -14,6 +17,8 @@
 #include "absl/status/statusor.h"
 #include "services/api/api_metrics.h"
 #include "services/api/job_manager.h"
+#include "services/api/node_manager.h"
+#include "services/api/tenant_manager.h"
 #include "services/common/auth/authenticator.h"
 #include "services/common/http_server.h"
 
@@ -26,14 +31,24 @@ namespace gradhub::api {
 // A watch or a followed log holds one of max_concurrent_requests for its whole life.
 using RestGatewayOptions = HttpServerOptions;
 
+// What the gateway serves. None owned; all must outlive the gateway, and all are required.
+struct RestBackends {
+  JobManager* jobs = nullptr;
+  NodeManager* nodes = nullptr;
+  TenantManager* tenants = nullptr;
+  const Authenticator* auth = nullptr;
+  ApiMetrics* metrics = nullptr;
+  // Called after a drain, as NodeService calls its on_change: the scheduler's Nudge, so the
+  // node's ranks move at once. Empty = the next scheduler pass finds them.
+  std::function<void()> on_nodes_changed;
+};
+
 // Thread-safety: Start and Stop are called by the thread that owns the gateway (Stop also from
 // the destructor), never concurrently. Requests are served on cpp-httplib's worker threads,
-// which call only thread-safe JobManager, Authenticator and ApiMetrics methods.
+// which call only the thread-safe methods of the backends.
 class RestGateway {
  public:
-  // Not owned; all must outlive the gateway.
-  RestGateway(JobManager* jobs, const Authenticator* auth, ApiMetrics* metrics,
-              RestGatewayOptions options = {});
+  explicit RestGateway(RestBackends backends, RestGatewayOptions options = {});
   ~RestGateway();  // Stop()
 
   // Binds host:port (0 = a free port) and serves on a background thread. Returns the port.
@@ -47,12 +62,13 @@ class RestGateway {
   void Route();
   void InstallHooks();     // request records for the metrics; httplib's own errors as ours
   void RouteProbes();      // /healthz, /readyz, /metrics
-  void RouteJobs();        // the unary JobService calls
+  void RouteJobs();        // the unary JobService calls on jobs
+  void RouteJobHistory();  // ListJobEvents and GetJobMetrics
   void RouteJobStreams();  // WatchJob and GetJobLogs as newline-delimited JSON
+  void RouteNodes();       // NodeService's operator calls (admin token)
+  void RouteTenants();     // AdminService (admin token)
 
-  JobManager* jobs_;
-  const Authenticator* auth_;
-  ApiMetrics* metrics_;
+  RestBackends backends_;
   RestGatewayOptions options_;
   std::unique_ptr<httplib::Server> server_;
   std::atomic<bool> stopping_{false};

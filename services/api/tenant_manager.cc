@@ -32,7 +32,9 @@ absl::StatusOr<std::string> ParentTenant(const std::string& parent) {
 
 absl::StatusOr<v1::Tenant> TenantManager::CreateTenant(const v1::CreateTenantRequest& request) {
   GRADHUB_RETURN_IF_ERROR(
-      auth_->CreateTenant(request.tenant_id(), request.tenant().display_name()).status());
+      auth_
+          ->CreateTenant(request.tenant_id(), request.tenant().display_name(), request.request_id())
+          .status());
   v1::Tenant tenant;
   tenant.set_name("tenants/" + request.tenant_id());
   tenant.set_display_name(request.tenant().display_name());

@@ -74,6 +74,14 @@ absl::Status Authenticator::RequireNodeOrAdmin(const std::string& authorization)
   return absl::OkStatus();
 }
 
+absl::Status Authenticator::RequireAdmin(const std::string& authorization) const {
+  GRADHUB_ASSIGN_OR_RETURN(const Principal principal, Authenticate(authorization));
+  if (principal.kind != Principal::Kind::kAdmin) {
+    return absl::PermissionDeniedError("this call takes the admin token");
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<int64_t> Authenticator::JobTenant(const std::string& authorization,
                                                  JobAccess access) const {
   GRADHUB_ASSIGN_OR_RETURN(const Principal principal, Authenticate(authorization));
@@ -87,16 +95,24 @@ absl::StatusOr<int64_t> Authenticator::JobTenant(const std::string& authorizatio
 }
 
 absl::StatusOr<int64_t> Authenticator::CreateTenant(const std::string& name,
-                                                    const std::string& display_name) {
+                                                    const std::string& display_name,
+                                                    const std::string& request_id) {
   static const std::regex kName("[a-z][a-z0-9-]{0,62}");
   if (!std::regex_match(name, kName)) {
     return absl::InvalidArgumentError(
         absl::StrCat("name: '", name, "' must match [a-z][a-z0-9-]{0,62}"));
   }
+  if (request_id.size() > 64) {
+    return absl::InvalidArgumentError("request_id: at most 64 characters");
+  }
+  // A name taken by a call with the same request_id: that call's tenant (the no-op update makes
+  // RETURNING give its row); taken otherwise: no row.
   auto rows = pool_->Exec(
-      "INSERT INTO tenants (name, display_name) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING"
+      "INSERT INTO tenants (name, display_name, request_id) VALUES ($1, $2, NULLIF($3, ''))"
+      " ON CONFLICT (name) DO UPDATE SET request_id = tenants.request_id"
+      " WHERE tenants.request_id = NULLIF($3, '')"
       " RETURNING id",
-      {name, display_name});
+      {name, display_name, request_id});
   if (!rows.ok()) return rows.status();
   if (rows->empty()) return absl::AlreadyExistsError(absl::StrCat("tenant '", name, "' exists"));
   return rows->row(0).Get<int64_t>("id");

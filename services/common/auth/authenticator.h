@@ -72,12 +72,18 @@ class Authenticator {
   // store, used by trainers) take. PERMISSION_DENIED for a tenant's token.
   absl::Status RequireNodeOrAdmin(const std::string& authorization) const;
 
+  // OK for the admin token alone: what the operators' calls take (AdminService, NodeService's
+  // node commands), over gRPC and REST alike. PERMISSION_DENIED for any other token.
+  absl::Status RequireAdmin(const std::string& authorization) const;
+
   // The tenant whose jobs the caller may act on (kAnyTenant for the admin token, when `access`
   // allows it), or UNAUTHENTICATED / PERMISSION_DENIED: the one rule both adapters apply.
   absl::StatusOr<int64_t> JobTenant(const std::string& authorization, JobAccess access) const;
 
-  // INVALID_ARGUMENT for a name that is not [a-z][a-z0-9-]{0,62}; ALREADY_EXISTS when taken.
-  absl::StatusOr<int64_t> CreateTenant(const std::string& name, const std::string& display_name);
+  // INVALID_ARGUMENT for a name that is not [a-z][a-z0-9-]{0,62}; ALREADY_EXISTS when taken,
+  // except by an earlier call with the same non-empty `request_id`, whose tenant it returns.
+  absl::StatusOr<int64_t> CreateTenant(const std::string& name, const std::string& display_name,
+                                       const std::string& request_id = "");
   // A token for tenant `name` (NOT_FOUND when there is none).
   absl::StatusOr<NewToken> CreateTenantToken(const std::string& name,
                                              const std::string& description);

@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -54,10 +55,12 @@ class RestGatewayTest : public db::DatabaseTest {
     pool_ = MakePool(4);
     auth_ = std::make_unique<Authenticator>(pool_.get(), kAdminToken);
     jobs_ = std::make_unique<JobManager>(pool_.get(), SpecLimits{});
+    nodes_ = std::make_unique<NodeManager>(pool_.get(), NodeManagerOptions{});
+    tenants_ = std::make_unique<TenantManager>(auth_.get());
     metrics_ = std::make_unique<ApiMetrics>(pool_.get());
     RestGatewayOptions options;
     options.max_body_bytes = 64 * 1024;
-    gateway_ = std::make_unique<RestGateway>(jobs_.get(), auth_.get(), metrics_.get(), options);
+    gateway_ = std::make_unique<RestGateway>(Backends(), options);
     const absl::StatusOr<int> port = gateway_->Start("127.0.0.1", 0);
     ASSERT_TRUE(port.ok()) << port.status();
     client_ = std::make_unique<httplib::Client>("127.0.0.1", *port);
@@ -67,6 +70,15 @@ class RestGatewayTest : public db::DatabaseTest {
     headers_b_ = {{"Authorization", "Bearer " + auth_->CreateTenantToken("team-b", "")->secret}};
   }
   void TearDown() override { gateway_.reset(); }
+
+  RestBackends Backends() {
+    return RestBackends{.jobs = jobs_.get(),
+                        .nodes = nodes_.get(),
+                        .tenants = tenants_.get(),
+                        .auth = auth_.get(),
+                        .metrics = metrics_.get(),
+                        .on_nodes_changed = [this] { ++nodes_changed_; }};
+  }
 
   static std::string NameIn(const std::string& body) {
     std::smatch match;
@@ -79,7 +91,10 @@ class RestGatewayTest : public db::DatabaseTest {
   std::unique_ptr<db::Pool> pool_;
   std::unique_ptr<Authenticator> auth_;
   std::unique_ptr<JobManager> jobs_;
+  std::unique_ptr<NodeManager> nodes_;
+  std::unique_ptr<TenantManager> tenants_;
   std::unique_ptr<ApiMetrics> metrics_;
+  std::atomic<int> nodes_changed_{0};
   std::unique_ptr<RestGateway> gateway_;
   std::unique_ptr<httplib::Client> client_;
   int port_ = 0;
@@ -385,6 +400,122 @@ TEST_F(RestGatewayTest, MetricsCountRequestsByMethodAndCodeAndJobsByState) {
   EXPECT_THAT(text, HasSubstr("gradhub_api_database_up 1"));
 }
 
+// A message from a 200 answer's JSON body.
+template <typename Message>
+Message Parsed(const httplib::Result& answer) {
+  Message message;
+  EXPECT_TRUE(answer) << "no answer";
+  if (!answer) return message;
+  EXPECT_EQ(answer->status, 200) << answer->body;
+  const auto parsed = google::protobuf::util::JsonStringToMessage(answer->body, &message);
+  EXPECT_TRUE(parsed.ok()) << parsed << "\n" << answer->body;
+  return message;
+}
+
+// nodes.proto's operator routes, for the admin token alone, over the same NodeManager as
+// NodeService.
+TEST_F(RestGatewayTest, NodeRoutesListGetCordonAndDrainForTheAdminOnly) {
+  for (const char* name : {"node-1", "node-2"}) {
+    v1::RegisterNodeRequest registered;
+    registered.mutable_node()->set_name(name);
+    registered.mutable_node()->set_slots(2);
+    ASSERT_TRUE(nodes_->RegisterNode(registered).ok());
+  }
+  const auto listed = Parsed<v1::ListNodesResponse>(client_->Get("/v1/nodes", admin_));
+  ASSERT_EQ(listed.nodes_size(), 2);
+  EXPECT_EQ(listed.nodes(0).name(), "nodes/node-1");
+  const auto page = Parsed<v1::ListNodesResponse>(client_->Get("/v1/nodes?pageSize=1", admin_));
+  ASSERT_EQ(page.nodes_size(), 1);
+  EXPECT_FALSE(page.next_page_token().empty());
+  EXPECT_EQ(Parsed<v1::Node>(client_->Get("/v1/nodes/node-2", admin_)).slots(), 2);
+
+  const auto cordoned = Parsed<v1::Node>(
+      client_->Post("/v1/nodes/node-1:cordon", admin_, R"({"cordon": true})", "application/json"));
+  EXPECT_EQ(cordoned.state(), v1::Node::CORDONED);
+  const auto filtered =
+      Parsed<v1::ListNodesResponse>(client_->Get("/v1/nodes?filter=state%3DCORDONED", admin_));
+  ASSERT_EQ(filtered.nodes_size(), 1);
+  EXPECT_EQ(filtered.nodes(0).name(), "nodes/node-1");
+  const auto uncordoned = Parsed<v1::Node>(
+      client_->Post("/v1/nodes/node-1:cordon", admin_, R"({"cordon": false})", "application/json"));
+  EXPECT_EQ(uncordoned.state(), v1::Node::READY);
+
+  // A drain without a body, as `curl -X POST` sends it; the scheduler is told at once.
+  const std::string drained = RawPost(port_, "/v1/nodes/node-2:drain", admin_.begin()->second);
+  EXPECT_THAT(drained, ::testing::StartsWith("HTTP/1.1 200")) << drained;
+  EXPECT_THAT(drained, HasSubstr("DRAINING"));
+  EXPECT_EQ(nodes_changed_, 1);
+
+  EXPECT_EQ(client_->Get("/v1/nodes/node-9", admin_)->status, 404);
+  EXPECT_EQ(client_->Get("/v1/nodes?filter=colour%3Dred", admin_)->status, 400);
+  auto typo =
+      client_->Post("/v1/nodes/node-1:cordon", admin_, R"({"cordn": true})", "application/json");
+  EXPECT_EQ(typo->status, 400);
+  EXPECT_THAT(typo->body, HasSubstr("cordn"));
+  EXPECT_EQ(client_->Get("/v1/nodes")->status, 401);
+  auto tenant = client_->Get("/v1/nodes", headers_a_);
+  EXPECT_EQ(tenant->status, 403);
+  EXPECT_THAT(tenant->body, HasSubstr("admin token"));
+  EXPECT_EQ(client_->Post("/v1/nodes/node-1:drain", headers_a_, "", "application/json")->status,
+            403);
+  EXPECT_EQ(nodes_changed_, 1) << "a refused drain changes nothing";
+}
+
+// tenants.proto's AdminService routes: a tenant, its token, the token at work, then revoked.
+TEST_F(RestGatewayTest, TenantRoutesCreateListAndIssueAndRevokeTokensForTheAdminOnly) {
+  const auto created =
+      Parsed<v1::Tenant>(client_->Post("/v1/tenants?tenantId=team-c&requestId=c1", admin_,
+                                       R"({"displayName": "Team C"})", "application/json"));
+  EXPECT_EQ(created.name(), "tenants/team-c");
+  EXPECT_EQ(created.display_name(), "Team C");
+  const auto retried = Parsed<v1::Tenant>(
+      client_->Post("/v1/tenants?tenantId=team-c&requestId=c1", admin_, "{}", "application/json"));
+  EXPECT_EQ(retried.name(), "tenants/team-c");
+  for (const char* retry :
+       {"/v1/tenants?tenantId=team-c", "/v1/tenants?tenantId=team-c&requestId=c2",
+        "/v1/tenants?tenantId=team-a&requestId=c1"}) {
+    EXPECT_EQ(client_->Post(retry, admin_, "{}", "application/json")->status, 409) << retry;
+  }
+  auto bad_name = client_->Post("/v1/tenants?tenantId=Team_C", admin_, "{}", "application/json");
+  EXPECT_EQ(bad_name->status, 400);
+  EXPECT_THAT(bad_name->body, HasSubstr("must match"));
+
+  const auto first =
+      Parsed<v1::ListTenantsResponse>(client_->Get("/v1/tenants?pageSize=2", admin_));
+  ASSERT_EQ(first.tenants_size(), 2);
+  EXPECT_EQ(first.tenants(0).name(), "tenants/team-a");
+  const auto second = Parsed<v1::ListTenantsResponse>(client_->Get(
+      ("/v1/tenants?pageSize=2&pageToken=" + first.next_page_token()).c_str(), admin_));
+  ASSERT_EQ(second.tenants_size(), 1);
+  EXPECT_EQ(second.tenants(0).name(), "tenants/team-c");
+
+  const auto token = Parsed<v1::CreateTokenResponse>(
+      client_->Post("/v1/tenants/team-c/tokens", admin_,
+                    R"({"kind": "TENANT", "description": "ci"})", "application/json"));
+  ASSERT_FALSE(token.secret().empty());
+  EXPECT_EQ(token.token().description(), "ci");
+  const httplib::Headers team_c = {{"Authorization", "Bearer " + token.secret()}};
+  EXPECT_EQ(client_->Get("/v1/jobs", team_c)->status, 200);
+  const auto revoked = Parsed<v1::Token>(client_->Post(
+      ("/v1/" + token.token().name() + ":revoke").c_str(), admin_, "", "application/json"));
+  EXPECT_TRUE(revoked.has_revoke_time());
+  EXPECT_EQ(client_->Get("/v1/jobs", team_c)->status, 401);
+  EXPECT_EQ(client_->Post("/v1/tenants/team-c/tokens/999999:revoke", admin_, "", "application/json")
+                ->status,
+            404);
+
+  EXPECT_EQ(client_->Get("/v1/tenants")->status, 401);
+  EXPECT_EQ(client_->Get("/v1/tenants", headers_a_)->status, 403);
+  EXPECT_EQ(
+      client_->Post("/v1/tenants?tenantId=team-d", headers_a_, "{}", "application/json")->status,
+      403);
+  EXPECT_EQ(client_
+                ->Post("/v1/tenants/team-a/tokens", headers_a_, R"({"kind": "TENANT"})",
+                       "application/json")
+                ->status,
+            403);
+}
+
 TEST_F(RestGatewayTest, ServesHttpsWithTheGivenCertificateAndRefusesAnUnusableOne) {
   char dir_template[] = "/tmp/gradhub-tls-XXXXXX";
   ASSERT_NE(mkdtemp(dir_template), nullptr);
@@ -399,7 +530,7 @@ TEST_F(RestGatewayTest, ServesHttpsWithTheGivenCertificateAndRefusesAnUnusableOn
   RestGatewayOptions options;
   options.tls_cert_file = cert;
   options.tls_key_file = key;
-  RestGateway tls(jobs_.get(), auth_.get(), metrics_.get(), options);
+  RestGateway tls(Backends(), options);
   const absl::StatusOr<int> port = tls.Start("127.0.0.1", 0);
   ASSERT_TRUE(port.ok()) << port.status();
   httplib::SSLClient verified("127.0.0.1", *port);
@@ -413,7 +544,7 @@ TEST_F(RestGatewayTest, ServesHttpsWithTheGivenCertificateAndRefusesAnUnusableOn
   EXPECT_TRUE(!refused || refused->status != 200) << "plain HTTP on the TLS port";
 
   options.tls_key_file = cert;  // not a key
-  RestGateway unusable(jobs_.get(), auth_.get(), metrics_.get(), options);
+  RestGateway unusable(Backends(), options);
   const absl::StatusOr<int> failed = unusable.Start("127.0.0.1", 0);
   EXPECT_EQ(failed.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(failed.status().message(), HasSubstr("tls"));
