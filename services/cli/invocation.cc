@@ -1,5 +1,6 @@
 #include "services/cli/invocation.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -41,30 +42,49 @@ Invocation::Invocation(std::string command, std::string synopsis, std::string su
 }
 
 void Invocation::ShortFlag(const std::string& short_name, const std::string& long_name) {
-  short_flags_[short_name] = long_name;
+  extra_flags_.short_names[short_name] = long_name;
 }
 
 void Invocation::RepeatedFlag(const std::string& name, std::vector<std::string>* values,
                               const std::string& help) {
-  repeated_.emplace_back(name, values);
+  extra_flags_.repeated.emplace_back(name, values);
   // Registered only so that --help lists it; the values never reach Flags.
-  repeated_help_values_.emplace_back();
-  flags_.String(name, "", &repeated_help_values_.back(), help + " (repeatable)");
+  extra_flags_.repeated_help_values.emplace_back();
+  flags_.String(name, "", &extra_flags_.repeated_help_values.back(), help + " (repeatable)");
 }
 
 bool Invocation::Parse(size_t min_positional, size_t max_positional) {
+  absl::StatusOr<std::vector<std::string>> args = TakeExtraFlags();
+  if (!args.ok()) return Refuse(args.status());
+  if (!ApplyClientConfig()) return false;
+  std::vector<const char*> argv = {"gradhub"};
+  for (const std::string& arg : *args) argv.push_back(arg.c_str());
+  absl::StatusOr<Flags::Parsed> parsed = flags_.Parse(static_cast<int>(argv.size()), argv.data());
+  if (!parsed.ok()) return Refuse(parsed.status());
+  if (parsed->help) {
+    out() << flags_.Usage();
+    exit_code_ = kOk;
+    return false;
+  }
+  positional_ = std::move(parsed->positional);
+  absl::Status checked = CheckPositional(*args, min_positional, max_positional);
+  if (checked.ok()) checked = ApplyGlobals();
+  return checked.ok() || Refuse(checked);
+}
+
+absl::StatusOr<std::vector<std::string>> Invocation::TakeExtraFlags() {
   std::vector<std::string> args;
   for (size_t i = 0; i < args_.size(); ++i) {
     std::string arg = args_[i];
-    if (auto alias = short_flags_.find(arg); alias != short_flags_.end()) arg = alias->second;
+    if (auto alias = extra_flags_.short_names.find(arg); alias != extra_flags_.short_names.end()) {
+      arg = alias->second;
+    }
     bool taken = false;
-    for (auto& [name, values] : repeated_) {
+    for (auto& [name, values] : extra_flags_.repeated) {
       const std::string flag = "--" + name;
       if (arg == flag) {
-        if (i + 1 == args_.size()) {
-          UsageError("flag " + flag + " needs a value");
-          return false;
-        }
+        if (i + 1 == args_.size())
+          return absl::InvalidArgumentError("flag " + flag + " needs a value");
         values->push_back(args_[++i]);
         taken = true;
       } else if (arg.rfind(flag + "=", 0) == 0) {
@@ -79,61 +99,54 @@ bool Invocation::Parse(size_t min_positional, size_t max_positional) {
     }
     if (!taken) args.push_back(std::move(arg));
   }
+  return args;
+}
 
-  if (!ApplyClientConfig()) return false;
-  std::vector<const char*> argv = {"gradhub"};
-  for (const std::string& arg : args) argv.push_back(arg.c_str());
-  absl::StatusOr<Flags::Parsed> parsed = flags_.Parse(static_cast<int>(argv.size()), argv.data());
-  if (!parsed.ok()) {
-    UsageError(std::string(parsed.status().message()));
-    return false;
-  }
-  if (parsed->help) {
-    out() << flags_.Usage();
-    exit_code_ = kOk;
-    return false;
-  }
-  positional_ = std::move(parsed->positional);
-  bool after_dashes = false;
+absl::Status Invocation::CheckPositional(const std::vector<std::string>& args,
+                                         size_t min_positional, size_t max_positional) const {
   for (const std::string& arg : args) {
-    if (arg == "--") after_dashes = true;
+    if (arg == "--") break;
     // Flags takes any other argument starting with "-" (such as "-x") for a positional one;
-    // here that is a mistyped flag.
-    if (!after_dashes && arg.size() > 1 && arg[0] == '-' && arg[1] != '-') {
-      // (Not one that Flags consumed as a value, as in `--rank -1`.)
-      bool positional = false;
-      for (const std::string& p : positional_) positional = positional || p == arg;
-      if (positional) {
-        UsageError(absl::StrCat("unknown flag ", arg));
-        return false;
-      }
+    // here that is a mistyped flag (not one that Flags consumed as a value, as in `--rank -1`).
+    if (arg.size() > 1 && arg[0] == '-' && arg[1] != '-' &&
+        std::find(positional_.begin(), positional_.end(), arg) != positional_.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown flag ", arg));
     }
   }
-  if (positional_.size() < min_positional || positional_.size() > max_positional) {
-    UsageError(positional_.size() < min_positional
-                   ? absl::StrCat("missing argument: gradhub ", command_, " ", synopsis_)
-                   : absl::StrCat("unexpected argument '", positional_[max_positional], "'"));
-    return false;
+  if (positional_.size() < min_positional) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("missing argument: gradhub ", command_, " ", synopsis_));
   }
+  if (positional_.size() > max_positional) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unexpected argument '", positional_[max_positional], "'"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Invocation::ApplyGlobals() {
   if (globals_.output == "text") {
     format_ = Format::kText;
   } else if (globals_.output == "json") {
     format_ = Format::kJson;
   } else {
-    UsageError(absl::StrCat("--output: '", globals_.output, "' is not text or json"));
-    return false;
+    return absl::InvalidArgumentError(
+        absl::StrCat("--output: '", globals_.output, "' is not text or json"));
   }
   if (globals_.timeout <= absl::ZeroDuration()) {
-    UsageError("--timeout: must be positive");
-    return false;
+    return absl::InvalidArgumentError("--timeout: must be positive");
   }
   auto credentials = ClientCredentials(globals_.tls_ca_file);
   if (!credentials.ok()) {
-    UsageError(absl::StrCat("--tls-ca: ", credentials.status().message()));
-    return false;
+    return absl::InvalidArgumentError(absl::StrCat("--tls-ca: ", credentials.status().message()));
   }
   credentials_ = *std::move(credentials);
-  return true;
+  return absl::OkStatus();
+}
+
+bool Invocation::Refuse(const absl::Status& usage) {
+  UsageError(std::string(usage.message()));
+  return false;
 }
 
 bool Invocation::ApplyClientConfig() {

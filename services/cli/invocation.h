@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "services/cli/client.h"
 #include "services/cli/exit_codes.h"
@@ -87,9 +88,28 @@ class Invocation {
   int UsageError(const std::string& message);
 
  private:
+  // Parse's steps. Each returns INVALID_ARGUMENT with the usage message on a mistake.
+  // 1. The arguments for Flags: short aliases spelled out, repeated flags taken out into
+  //    their vectors, everything after `--` left as it is.
+  absl::StatusOr<std::vector<std::string>> TakeExtraFlags();
+  // 2. After Flags parsed `args`: no mistyped flag among the positional arguments, and
+  //    between min and max of them.
+  absl::Status CheckPositional(const std::vector<std::string>& args, size_t min_positional,
+                               size_t max_positional) const;
+  // 3. The global flags' values: the output format, the timeout, the TLS credentials.
+  absl::Status ApplyGlobals();
+  // Reports `usage` and returns false, for Parse.
+  bool Refuse(const absl::Status& usage);
   // Takes the defaults of the global flags from the client config (client_config.h); false
   // after reporting a config that cannot be read.
   bool ApplyClientConfig();
+
+  // What Flags itself cannot express: `-f` style aliases and repeatable flags.
+  struct ExtraFlags {
+    std::map<std::string, std::string> short_names;  // "-f" -> "--file"
+    std::vector<std::pair<std::string, std::vector<std::string>*>> repeated;
+    std::deque<std::string> repeated_help_values;  // Flags keeps a pointer to each (--help)
+  };
 
   std::string command_;
   std::string synopsis_;
@@ -97,9 +117,7 @@ class Invocation {
   Io io_;
   GlobalOptions globals_;
   Flags flags_;
-  std::map<std::string, std::string> short_flags_;
-  std::vector<std::pair<std::string, std::vector<std::string>*>> repeated_;
-  std::deque<std::string> repeated_help_values_;  // Flags keeps a pointer to each (for --help)
+  ExtraFlags extra_flags_;
   std::vector<std::string> positional_;
   Format format_ = Format::kText;
   int exit_code_ = kOk;
