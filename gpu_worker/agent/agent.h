@@ -19,39 +19,32 @@
 //      own (reconcile.h, "Surviving a control-plane outage"). The agent never exits because of
 //      the server.
 //
-// Threads: Run() is the protocol loop and the only thread that touches the rank table; rank
-// processes are forked, read and reaped by RankProcess's supervisor thread; the LogShipper
-// and the AssignmentWatch have a thread each. Output flows supervisor thread -> LineCallback ->
-// LogShipper buffer -> ReportLogs. Every RPC carries `authorization: Bearer <node token>`.
+// Its parts: NodeSession (the registration, seq and interval) and RpcErrorLog (node_session.h),
+// RankTable (the ranks known, rank_table.h), StartRankProcess (rank_start.h), Reconcile
+// (reconcile.h), LoopWaker (what ends a sleep, loop_waker.h), AssignmentWatch, LogShipper.
+//
+// Threads: Run() is the protocol loop and the only thread that touches the session and the rank
+// table; rank processes are forked, read and reaped by RankProcess's supervisor thread; the
+// LogShipper and the AssignmentWatch have a thread each. Output flows supervisor thread ->
+// LineCallback -> LogShipper buffer -> ReportLogs. Every RPC carries
+// `authorization: Bearer <node token>`. Shutdown() may come from any thread.
 #pragma once
 
 #include <grpcpp/support/channel_arguments.h>
 
-#include <atomic>
-#include <condition_variable>
-#include <map>
-#include <memory>
-#include <mutex>
-#include <set>
-#include <string>
+#include <optional>
 
 #include "absl/time/time.h"
 #include "gpu_worker/agent/assignment_watch.h"
 #include "gpu_worker/agent/config.h"
 #include "gpu_worker/agent/log_shipper.h"
-#include "gpu_worker/agent/rank_process.h"
+#include "gpu_worker/agent/loop_waker.h"
+#include "gpu_worker/agent/node_session.h"
+#include "gpu_worker/agent/rank_table.h"
 #include "gpu_worker/agent/reconcile.h"
 #include "gradhub/v1/nodes.grpc.pb.h"
 
 namespace gradhub::agent {
-
-inline constexpr absl::Duration kDefaultHeartbeatInterval = absl::Seconds(5);
-
-// "out of memory: limit N bytes (...)" for a rank the kernel killed at its cgroup's limit.
-std::string OutOfMemoryMessage(const RankProcessStatus& status);
-
-// RankStatus for one rank process as the agent reports it.
-v1::RankStatus ToRankStatus(const RankKey& key, const RankProcessStatus& status);
 
 // Channel arguments for the agent's connection: reconnect quickly after the server comes back
 // (gRPC's default reconnect backoff grows to two minutes, longer than a lease).
@@ -68,61 +61,45 @@ class Agent {
   // them, ships what is left of their output (--shutdown-log-flush) and returns.
   void Run();
   // Any thread; also from a signal-waiting thread.
-  void Shutdown();
+  void Shutdown() { waker_.Shutdown(); }
 
  private:
-  struct Rank {
-    v1::RankAssignment assignment;
-    std::unique_ptr<RankProcess> process;  // null if it could not be started
-    v1::RankStatus failed_to_start;        // the status reported when process is null
-    std::string stop_reason;
-  };
-
-  bool Register();
   // kOk, kRetry (unreachable etc.) or kSessionEnded (FAILED_PRECONDITION).
   enum class HeartbeatResult { kOk, kRetry, kSessionEnded };
+
+  // Step 1.
+  void CleanUpLeftovers();
+  bool Register();
+  // Steps 2 to 4 and 6: one heartbeat and what its answer asks for. When the next one is due
+  // (sooner after a change or a failure, `backoff` growing with failures); nullopt when the
+  // session ended and the agent registers again.
+  std::optional<absl::Time> HeartbeatRound(absl::Duration& backoff);
   HeartbeatResult Heartbeat();
+  HeartbeatResult HeartbeatFailed(const grpc::Status& status);
+  // Step 4 with the desired set of a heartbeat's answer.
+  void ReconcileWith(const google::protobuf::RepeatedPtrField<v1::RankAssignment>& desired);
   void StartRank(const v1::RankAssignment& assignment);
-  void StopAll(const std::string& reason);
-  // Waits (bounded by the stop grace plus the drain time) for every rank to exit.
-  void WaitAllExited();
-  void DropAll();
-  bool AnyRunning() const;
-  // Ranks whose process has exited; a change since the last heartbeat is reported at once.
-  size_t CountExited() const;
-  // Sleeps until `deadline`, Shutdown() or news from the AssignmentWatch.
-  void SleepUntil(absl::Time deadline);
-  // The AssignmentWatch's callback (its thread): a heartbeat is due now.
-  void WakeForAssignments();
+  // Step 7.
+  void StopIfOutageGraceExpired();
+  // Until `next`, Shutdown(), news from the watch or a rank's exit.
+  void SleepUntilDue(absl::Time next);
   void Context(grpc::ClientContext* context, absl::Duration timeout) const;
 
   const AgentConfig config_;
   v1::NodeService::StubInterface* const stub_;
+  LoopWaker waker_;
 
-  std::atomic<bool> shutdown_{false};
-  std::atomic<bool> assignments_news_{false};  // set by the watch, cleared before a heartbeat
-  std::mutex sleep_mu_;
-  std::condition_variable sleep_cv_;
-
-  // Protocol state, Run() thread only.
-  std::string node_name_;  // nodes/<name>, as the server stored it
-  std::string session_id_;
-  bool registered_ = false;
-  int64_t seq_ = 0;
-  absl::Duration interval_ = kDefaultHeartbeatInterval;
-  absl::Time last_heartbeat_ok_ = absl::InfinitePast();
+  // Run()'s thread only.
+  NodeSession session_;
+  RpcErrorLog errors_;
   // The last reconcile started or stopped ranks: report them at once rather than an interval
   // later, so the scheduler sees a started job (or a freed slot) without waiting.
   bool changed_ranks_ = false;
-  size_t exited_reported_ = 0;
-  grpc::StatusCode last_error_code_ = grpc::StatusCode::OK;
-  absl::Time last_error_print_ = absl::InfinitePast();
 
   // Declared before ranks_: rank processes call into it until they are destroyed.
   LogShipper shipper_;
-  std::map<RankKey, Rank> ranks_;
-  std::set<RankKey> ever_started_;
-  // Last: its thread calls WakeForAssignments, so it is stopped before anything above goes.
+  RankTable ranks_;
+  // Last: its thread calls waker_.Notify(), so it is stopped before anything above goes.
   AssignmentWatch watch_;
 };
 

@@ -1,0 +1,56 @@
+#include "gpu_worker/agent/rank_start.h"
+
+#include <iostream>
+#include <utility>
+
+#include "gpu_worker/agent/isolation.h"
+#include "gpu_worker/agent/rank_launch.h"
+#include "gpu_worker/agent/reconcile.h"
+#include "services/common/contract/trainer_exit_codes.h"
+
+namespace gradhub::agent {
+namespace {
+
+// Reported like a failure of the trainer with `exit_code`: infrastructure unless the spec is at
+// fault.
+RankStart Failed(absl::Status error, int exit_code = trainer::kExitInfrastructure) {
+  return {nullptr, std::move(error), exit_code};
+}
+
+}  // namespace
+
+RankStart StartRankProcess(const AgentConfig& config, const std::string& session_id,
+                           const v1::RankAssignment& assignment, LineCallback on_line) {
+  absl::StatusOr<RankLaunch> launch = PlanRankLaunch(config, session_id, assignment);
+  if (!launch.ok()) return Failed(launch.status());
+  // A path out of this node's data roots, or a file it will not read: the spec's fault, found
+  // before anything is created (isolation.h); the trainer checks again on what it opens.
+  if (std::string problem = CheckSpecInputs(config.isolation, assignment.spec());
+      !problem.empty()) {
+    return Failed(absl::InvalidArgumentError(problem), trainer::kExitUserError);
+  }
+  if (absl::Status prepared = PrepareRankFiles(*launch, assignment, config.isolation.identity);
+      !prepared.ok()) {
+    return Failed(prepared);
+  }
+  RankProcessOptions options;
+  options.argv = launch->argv;
+  options.env = launch->env;
+  options.working_dir = launch->dir;
+  options.pid_file = launch->pid_file;
+  options.on_line = std::move(on_line);
+  if (absl::Status isolated = IsolateRank(config.isolation, *launch, assignment, &options);
+      !isolated.ok()) {
+    return Failed(isolated);
+  }
+  absl::StatusOr<std::unique_ptr<RankProcess>> process = RankProcess::Start(std::move(options));
+  if (!process.ok()) return Failed(process.status());
+  std::cerr << "gradhub-agent: started " << KeyOf(assignment).ToString() << " as pid "
+            << (*process)->pid() << " in " << launch->dir
+            << " (GRADHUB_DEVICE=" << launch->env.at("GRADHUB_DEVICE")
+            << " CUDA_VISIBLE_DEVICES=" << launch->env.at("CUDA_VISIBLE_DEVICES")
+            << " GRADHUB_BACKEND=" << launch->env.at("GRADHUB_BACKEND") << ")\n";
+  return {*std::move(process), absl::OkStatus(), 0};
+}
+
+}  // namespace gradhub::agent
