@@ -67,8 +67,9 @@ class DistributedDataParallel {
   ProcessGroup& group() { return *group_; }
   const StepTimings& last_timings() const { return timings_; }
   const ReductionStats& last_reduction() const { return reducer_->last_stats(); }
-  // With CommHook::kPowerSgd its state (for checkpoints); null otherwise.
-  PowerSgd* powersgd() { return reducer_->powersgd(); }
+  // options.reducer.comm_hook; null without one. A hook with has_state() holds per-rank state
+  // for checkpoints.
+  CommHook* comm_hook() const { return reducer_->comm_hook(); }
   std::vector<std::vector<size_t>> bucket_assignment() const {
     return reducer_->bucket_assignment();
   }

@@ -8,14 +8,10 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
-#include "gpu_worker/ddp/comm/process_group.h"
-
-namespace torch::serialize {
-class OutputArchive;
-class InputArchive;
-}  // namespace torch::serialize
+#include "gpu_worker/ddp/comm_hook.h"
 
 namespace gradhub::ddp {
 
@@ -37,9 +33,11 @@ struct PowerSgdOptions {
   uint64_t seed = 0;
 };
 
-// One bucket's compressed allreduce, in two halves so the first overlaps backward.
+// PowerSGD as a comm hook: one bucket's compressed allreduce, in two halves so the first
+// overlaps backward.
 //
-// Launch (when the bucket's gradients are ready, in bucket order on every rank):
+// Launch (when the bucket's gradients are ready, in bucket order on every rank); before
+// start_iter synchronized steps have passed, a plain allreduce (average) instead:
 //   1. Error feedback: add each compressed gradient's stored error; remember the sum M.
 //   2. Split the bucket's gradients: matrices (a tensor viewed as [shape[0], rest]) that pass
 //      the compression test, and the rest, copied into one flat buffer.
@@ -47,7 +45,7 @@ struct PowerSgdOptions {
 //      a Gaussian seeded by (seed, parameter, step), orthonormalized; P = M Q into one flat
 //      buffer of every matrix's P.
 //   4. Start two allreduces: the uncompressed buffer, then the P buffer.
-// Finish (in Finalize, in bucket order on every rank):
+// Finish (in Reducer::Finalize, in bucket order on every rank):
 //   5. Wait; the uncompressed gradients get their average.
 //   6. Orthonormalize each P (Gram-Schmidt over its r columns); Q = M^T P into one flat buffer;
 //      allreduce it and divide by world size.
@@ -55,39 +53,40 @@ struct PowerSgdOptions {
 //      and Q is kept for the warm start.
 // A step sends (n + m) r instead of n m elements per compressed matrix. Error and Q are kept
 // per parameter, not per bucket, so they survive the Reducer's bucket rebuild and go into
-// checkpoints whatever the bucket layout. A zero P column stays zero (where PyTorch divides
-// by a zero norm and gets NaN).
-// Not thread-safe: the Reducer calls it from its one training thread.
-class PowerSgd {
+// checkpoints whatever the bucket layout (has_state: per rank). A zero P column stays zero
+// (where PyTorch divides by a zero norm and gets NaN).
+// Not thread-safe (see CommHook).
+class PowerSgdHook final : public CommHook {
  public:
-  struct Pending;
+  // Throws std::invalid_argument for options out of range.
+  explicit PowerSgdHook(PowerSgdOptions options);
+  ~PowerSgdHook() override;
 
-  PowerSgd(std::vector<at::Tensor> parameters, std::shared_ptr<ProcessGroup> group,
-           PowerSgdOptions options);
-  ~PowerSgd();
+  std::string name() const override { return "powersgd"; }
+  // Steps 1-4; the returned reduction's Finish runs steps 5-7.
+  std::unique_ptr<PendingReduction> Launch(const GradBucket& bucket, ProcessGroup& group) override;
+  // After every synchronized step (compressed or not).
+  void EndStep() override { ++iter_; }
 
   // True once start_iter synchronized steps have been reduced: buckets are then compressed.
   bool active() const { return iter_ >= options_.start_iter; }
-  // Steps 1-4 for the bucket holding `indices`, whose gradients are `grads` (views into the
-  // bucket). Adds the elements sent so far to *bytes.
-  std::shared_ptr<Pending> Launch(const std::vector<size_t>& indices,
-                                  const std::vector<at::Tensor>& grads, int64_t* bytes);
-  // Steps 5-7. Throws CommError as the allreduces do.
-  void Finish(Pending& pending, int64_t* bytes);
-  // After every synchronized step (compressed or not).
-  void EndStep() { ++iter_; }
-
   int64_t iter() const { return iter_; }
+
   // For checkpoints: the step count, every stored error and Q, keyed by parameter index.
-  void Save(torch::serialize::OutputArchive& archive) const;
-  void Load(torch::serialize::InputArchive& archive);
+  bool has_state() const override { return true; }
+  void Save(torch::serialize::OutputArchive& archive) const override;
+  void Load(torch::serialize::InputArchive& archive) override;
 
  private:
-  bool Compresses(const at::Tensor& parameter) const;
-  at::Tensor InitialQ(size_t index, int64_t rows, int64_t rank) const;
+  class Reduction;
 
-  std::vector<at::Tensor> parameters_;
-  std::shared_ptr<ProcessGroup> group_;
+  bool Compresses(const at::Tensor& gradient) const;
+  at::Tensor InitialQ(size_t index, int64_t rows, int64_t rank) const;
+  // Step 3 of `reduction`: each matrix's Q, and P = M Q.
+  void ProjectOntoQ(Reduction& reduction) const;
+  // Steps 5-7 of `reduction`.
+  ReductionCost Finish(Reduction& reduction);
+
   PowerSgdOptions options_;
   int64_t iter_ = 0;
   std::map<size_t, at::Tensor> errors_;  // by parameter index, [n, m]

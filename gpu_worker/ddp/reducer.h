@@ -10,21 +10,19 @@
 
 #include "gpu_worker/ddp/autograd_hooks.h"
 #include "gpu_worker/ddp/comm/process_group.h"
-#include "gpu_worker/ddp/powersgd.h"
+#include "gpu_worker/ddp/comm_hook.h"
 
 namespace gradhub::ddp {
-
-// Compression applied to a bucket for its allreduce: kFp16 / kBf16 cast, allreduce, cast back
-// and average; kPowerSgd a low-rank approximation (powersgd.h) once its start_iter has passed.
-enum class CommHook { kNone, kFp16, kBf16, kPowerSgd };
 
 struct ReducerOptions {
   // Later buckets hold up to this many bytes of gradients (PyTorch's bucket_cap_mb, 25 MiB).
   int64_t bucket_cap_bytes = 25 << 20;
   // The first bucket is small so its allreduce starts early in backward.
   int64_t first_bucket_bytes = 1 << 20;
-  CommHook comm_hook = CommHook::kNone;
-  PowerSgdOptions powersgd;  // with CommHook::kPowerSgd
+  // How each bucket is communicated (comm_hook.h: CastCompressHook, PowerSgdHook, or one of
+  // the caller's); null averages each bucket with one allreduce. The Reducer shares it with
+  // the caller, who may keep it to reach its state (checkpoints).
+  std::shared_ptr<CommHook> comm_hook;
   // Detect, each step, parameters that take no part in the loss and count them as ready, so
   // their bucket is still reduced (costs a walk over the autograd graph per step).
   bool find_unused_parameters = false;
@@ -57,8 +55,11 @@ struct ReductionStats {
 //     a bucket's last parameter is ready, buckets are launched strictly in bucket order (a
 //     ready bucket waits for its predecessors) so every rank issues the same collectives in
 //     the same order, whatever order gradients arrive in locally.
-//  3. Finalize(): wait for every bucket, undo compression; grads now hold the average. With
-//     PowerSGD, Finalize runs each bucket's second round (Q) in bucket order.
+//     A launch hands the bucket to the comm hook (CommHook::Launch), or without one starts an
+//     allreduce averaging it.
+//  3. Finalize(): finish every bucket's reduction in bucket order (PendingReduction::Finish:
+//     waits, undoes compression, runs a hook's further rounds, e.g. PowerSGD's Q); grads now
+//     hold the average. Then CommHook::EndStep.
 // After the first synchronized step, buckets are rebuilt once in the order gradients actually
 // became ready on rank 0 (broadcast, so every rank uses the same assignment).
 //
@@ -83,9 +84,9 @@ class Reducer {
 
   // Parameter indices per bucket, in bucket (= launch) order.
   std::vector<std::vector<size_t>> bucket_assignment() const;
-  const ReductionStats& last_stats() const { return stats_; }
-  // With CommHook::kPowerSgd its state (for checkpoints); null otherwise.
-  PowerSgd* powersgd() { return powersgd_.get(); }
+  const ReductionStats& last_stats() const { return step_.stats; }
+  // options.comm_hook: null without one.
+  CommHook* comm_hook() const { return options_.comm_hook.get(); }
 
  private:
   struct Bucket;
@@ -94,6 +95,21 @@ class Reducer {
     int64_t offset = 0;  // elements into the bucket buffer
   };
 
+  // What one synchronized step has done so far (Prepare to Finalize).
+  struct Step {
+    bool armed = false;
+    std::vector<bool> ready;  // by parameter index
+    size_t next_bucket = 0;   // first bucket not launched yet
+    ReductionStats stats;
+  };
+  // The one bucket rebuild, after the first synchronized step.
+  struct Rebuild {
+    bool done = false;
+    std::vector<size_t> ready_order;  // parameters in the order their gradients came
+  };
+
+  // Groups parameters (taken in `order`) into buckets by dtype and size, in launch order.
+  std::vector<std::unique_ptr<Bucket>> AssignBuckets(const std::vector<size_t>& order) const;
   void BuildBuckets(const std::vector<size_t>& order);
   at::Tensor GradientView(size_t index) const;
   // Makes .grad the bucket view again if something replaced it (zeroed, as a fresh .grad).
@@ -101,6 +117,7 @@ class Reducer {
   void OnGradientReady(size_t index);
   void LaunchReadyBuckets();
   void RebuildBucketsFromRank0();
+  [[noreturn]] void ThrowMissingGradients() const;
 
   std::vector<at::Tensor> parameters_;
   std::vector<std::string> names_;
@@ -110,17 +127,9 @@ class Reducer {
   std::vector<std::unique_ptr<Bucket>> buckets_;
   std::vector<Slot> slots_;  // by parameter index
   std::unique_ptr<GradientReadyHooks> hooks_;
-  std::unique_ptr<PowerSgd> powersgd_;
 
-  // Per step.
-  bool armed_ = false;
-  std::vector<bool> ready_;  // by parameter index
-  size_t next_bucket_ = 0;   // first bucket not launched yet
-  ReductionStats stats_;
-
-  // Bucket rebuild after the first step.
-  bool rebuilt_ = false;
-  std::vector<size_t> ready_order_;
+  Step step_;
+  Rebuild rebuild_;
 };
 
 }  // namespace gradhub::ddp

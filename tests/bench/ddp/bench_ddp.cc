@@ -26,6 +26,7 @@
 #include "gpu_worker/ddp/distributed_data_parallel.h"
 #include "gpu_worker/ddp/mixed_precision.h"
 #include "gpu_worker/ddp/model_averager.h"
+#include "gpu_worker/ddp/powersgd.h"
 #include "gpu_worker/ddp/store/file_store.h"
 #include "gpu_worker/ddp/zero_redundancy_optimizer.h"
 #include "tests/unit/ddp/test_mlp.h"
@@ -60,19 +61,21 @@ RankResult RunRank(int rank, int world, const std::vector<int64_t>& widths, int6
   options.rank = rank;
   options.size = world;
   options.store = std::make_shared<gradhub::ddp::FileStore>(store_dir);
+  gradhub::ddp::GlooOptions& gloo = options.gloo.emplace();
   if (const char* channels = std::getenv("GRADHUB_BENCH_CHANNELS"))
-    options.channels = std::atoi(channels);
+    gloo.channels = std::atoi(channels);
   if (const char* shm = std::getenv("GRADHUB_BENCH_SHARED_MEMORY")) {
-    options.shared_memory = std::string(shm) != "0";
+    gloo.shared_memory = std::string(shm) != "0";
   }
   torch::manual_seed(0);
   auto model = std::make_shared<Mlp>(widths);
   auto group = gradhub::ddp::CreateProcessGroup(options);
   gradhub::ddp::DdpOptions ddp_options;
   if (mode == "powersgd4") {
-    ddp_options.reducer.comm_hook = gradhub::ddp::CommHook::kPowerSgd;
-    ddp_options.reducer.powersgd.matrix_approximation_rank = 4;
-    ddp_options.reducer.powersgd.start_iter = 2;
+    gradhub::ddp::PowerSgdOptions powersgd;
+    powersgd.matrix_approximation_rank = 4;
+    powersgd.start_iter = 2;
+    ddp_options.reducer.comm_hook = std::make_shared<gradhub::ddp::PowerSgdHook>(powersgd);
   }
   DistributedDataParallel ddp(model, group, ddp_options);
   auto sgd = [](std::vector<at::Tensor> parameters) -> std::unique_ptr<torch::optim::Optimizer> {
@@ -95,7 +98,7 @@ RankResult RunRank(int rank, int world, const std::vector<int64_t>& widths, int6
         gradhub::ddp::LocalSgdOptions{/*warmup_steps=*/2, /*period=*/8});
   }
   if (mode != "plain" && mode != "bf16" && !zero && !averager &&
-      ddp_options.reducer.comm_hook == gradhub::ddp::CommHook::kNone) {
+      ddp_options.reducer.comm_hook == nullptr) {
     throw std::invalid_argument("unknown mode " + mode);
   }
   torch::Tensor x = torch::randn({batch, widths.front()});

@@ -271,7 +271,7 @@ TEST_F(DdpTest, FirstBucketAllreduceStartsBeforeBackwardEnds) {
 }
 
 TEST_F(DdpTest, Fp16HookLossWithinTwoPercent) {
-  auto final_loss = [](CommHook hook) {
+  auto final_loss = [](std::shared_ptr<CommHook> hook) {
     Scenario scenario;
     scenario.steps = 100;
     scenario.options.reducer.comm_hook = hook;
@@ -288,9 +288,9 @@ TEST_F(DdpTest, Fp16HookLossWithinTwoPercent) {
     for (size_t i = losses[0].size() - 10; i < losses[0].size(); ++i) sum += losses[0][i];
     return sum / 10;
   };
-  const double exact = final_loss(CommHook::kNone);
-  const double fp16 = final_loss(CommHook::kFp16);
-  const double bf16 = final_loss(CommHook::kBf16);
+  const double exact = final_loss(nullptr);
+  const double fp16 = final_loss(std::make_shared<CastCompressHook>(at::kHalf));
+  const double bf16 = final_loss(std::make_shared<CastCompressHook>(at::kBFloat16));
   EXPECT_NEAR(fp16, exact, 0.02 * exact);
   EXPECT_NEAR(bf16, exact, 0.05 * exact);
 }

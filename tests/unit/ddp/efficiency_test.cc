@@ -12,6 +12,7 @@
 #include "gpu_worker/ddp/distributed_data_parallel.h"
 #include "gpu_worker/ddp/mixed_precision.h"
 #include "gpu_worker/ddp/model_averager.h"
+#include "gpu_worker/ddp/powersgd.h"
 #include "gpu_worker/ddp/store/in_memory_store.h"
 #include "gpu_worker/ddp/zero_redundancy_optimizer.h"
 #include "tests/unit/ddp/test_mlp.h"
@@ -59,6 +60,8 @@ struct RunSpec {
   OptimizerKind optimizer = OptimizerKind::kAdam;
   double lr = 0;
   DdpOptions ddp;
+  // Each rank gets its own PowerSgdHook with these options (its state is per rank).
+  std::optional<PowerSgdOptions> powersgd;
   bool zero = false;
   std::optional<LocalSgdOptions> local_sgd;
 };
@@ -92,7 +95,9 @@ Outcome Train(const RunSpec& run) {
     options.store = store;
     auto group = CreateProcessGroup(options);
     auto model = models[rank];
-    DistributedDataParallel ddp(model, group, run.ddp);
+    DdpOptions ddp_options = run.ddp;
+    if (run.powersgd) ddp_options.reducer.comm_hook = std::make_shared<PowerSgdHook>(*run.powersgd);
+    DistributedDataParallel ddp(model, group, ddp_options);
     std::unique_ptr<torch::optim::Optimizer> plain;
     std::unique_ptr<ZeroRedundancyOptimizer> zero;
     if (run.zero) {
@@ -313,9 +318,10 @@ TEST_F(EfficiencyTest, PowerSgdRank4LossWithin3PercentAndTenTimesFewerBytes) {
   run.batch_per_rank = 16;
   run.widths = {784, 2048, 2048, 2048, 2048, 10};
   const Outcome exact = Train(run);
-  run.ddp.reducer.comm_hook = CommHook::kPowerSgd;
-  run.ddp.reducer.powersgd.matrix_approximation_rank = 4;
-  run.ddp.reducer.powersgd.start_iter = 10;
+  PowerSgdOptions powersgd;
+  powersgd.matrix_approximation_rank = 4;
+  powersgd.start_iter = 10;
+  run.powersgd = powersgd;
   const Outcome compressed = Train(run);
   const double exact_loss = MeanOfLast(exact.losses, 20);
   const double compressed_loss = MeanOfLast(compressed.losses, 20);
