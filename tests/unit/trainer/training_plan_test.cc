@@ -1,0 +1,241 @@
+// training_plan.h: one test per rule, without torch (the plan is computed before any tensor).
+#include "gpu_worker/trainer/training_plan.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "services/common/contract/job_spec.h"
+#include "services/common/contract/user_error.h"
+
+namespace gradhub::trainer {
+namespace {
+
+using Distributed = v1::DistributedSpec;
+
+// 1000 training examples, batches of 10: 100 micro-batches per epoch at world size 1. `extra`
+// is merged in (its fields replace these).
+v1::JobSpec Spec(const std::string& extra = "") {
+  v1::JobSpec spec = ParseJobSpec(
+      "model: {mlp: {layers: [4, 8, 2]}}\n"
+      "dataset: {synthetic: {numSamples: 1000, numFeatures: 4, numClasses: 2}}\n"
+      "optimizer: {sgd: {lr: 0.1}}\n"
+      "batchSizePerRank: 10\n"
+      "maxSteps: 50\n");
+  if (!extra.empty()) spec.MergeFrom(ParseJobSpec(extra));
+  return spec;
+}
+
+LaunchFacts Launch(int world_size = 1, RankDevice device = RankDevice::kCpu) {
+  LaunchFacts launch;
+  launch.world_size = world_size;
+  launch.local_world_size = world_size;
+  launch.device = device;
+  launch.hardware_threads = 8;
+  launch.train_examples = 1000;
+  return launch;
+}
+
+// The field of the UserError PlanTraining throws, with its message; "(planned)" if none.
+std::string Refusal(const v1::JobSpec& spec, const LaunchFacts& launch) {
+  try {
+    PlanTraining(spec, launch);
+  } catch (const UserError& error) {
+    return error.field() + " | " + error.what();
+  }
+  return "(planned)";
+}
+
+bool Contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+// --- the spec ---
+
+TEST(TrainingPlanTest, RefusesWhatCreateJobRefuses) {
+  const std::string refusal =
+      Refusal(Spec("precision: FP16\ndistributed: {localSgd: {period: 2}}\n"),
+              Launch(1, RankDevice::kCuda));
+  EXPECT_TRUE(Contains(refusal, "distributed.localSgd")) << refusal;
+  const std::string invalid = Refusal(Spec("optimizer: {sgd: {lr: -1}}\n"), Launch());
+  EXPECT_TRUE(Contains(invalid, "optimizer.sgd.lr")) << invalid;
+}
+
+TEST(TrainingPlanTest, WorldSizeIsTheLaunchedOneUnlessTheSpecSaysAnother) {
+  EXPECT_EQ(PlanTraining(Spec(), Launch(3)).spec.distributed().world_size(), 3);
+  EXPECT_EQ(PlanTraining(Spec("distributed: {worldSize: 2}\n"), Launch(2)).world_size, 2);
+  const std::string refusal = Refusal(Spec("distributed: {worldSize: 2}\n"), Launch(3));
+  EXPECT_TRUE(Contains(refusal, "distributed.worldSize | ")) << refusal;
+  EXPECT_TRUE(Contains(refusal, "2 but the trainer runs 3 ranks")) << refusal;
+}
+
+TEST(TrainingPlanTest, DefaultsAreWrittenIn) {
+  const TrainingPlan plan = PlanTraining(Spec(), Launch());
+  EXPECT_EQ(plan.spec.log_every_steps(), 10);
+  EXPECT_EQ(plan.batches.accumulation, 1);
+  EXPECT_EQ(plan.gradient_sync.bucket_cap_bytes, 25 << 20);
+}
+
+// --- placement ---
+
+TEST(TrainingPlanTest, AutoBecomesNcclOnACudaNodeAndGlooOnACpuNode) {
+  const PlacementPlan gpu = PlaceRank(Spec(), Launch(1, RankDevice::kCuda));
+  EXPECT_EQ(gpu.backend, Distributed::NCCL);
+  EXPECT_TRUE(gpu.cuda);
+  const PlacementPlan cpu = PlaceRank(Spec(), Launch(1, RankDevice::kCpu));
+  EXPECT_EQ(cpu.backend, Distributed::GLOO);
+  EXPECT_FALSE(cpu.cuda);
+}
+
+TEST(TrainingPlanTest, AutoBecomesTheAgentsBackendAndAnExplicitOneWins) {
+  LaunchFacts launch = Launch(1, RankDevice::kCuda);
+  launch.backend = Distributed::GLOO;
+  EXPECT_EQ(PlaceRank(Spec(), launch).backend, Distributed::GLOO);
+  EXPECT_FALSE(PlaceRank(Spec(), launch).cuda);  // Gloo reduces CPU tensors: trains on the CPU
+  const PlacementPlan nccl = PlaceRank(Spec("distributed: {backend: NCCL}\n"), launch);
+  EXPECT_EQ(nccl.backend, Distributed::NCCL);
+  EXPECT_TRUE(nccl.cuda);
+}
+
+TEST(TrainingPlanTest, NcclOnACpuNodeIsRefusedNamingTheBackend) {
+  const std::string refusal = Refusal(Spec("distributed: {backend: NCCL}\n"), Launch());
+  EXPECT_TRUE(Contains(refusal, "distributed.backend | ")) << refusal;
+  EXPECT_TRUE(Contains(refusal, "NCCL needs a GPU node")) << refusal;
+  LaunchFacts told_nccl = Launch();  // AUTO, resolved to NCCL by the agent
+  told_nccl.backend = Distributed::NCCL;
+  EXPECT_TRUE(Contains(Refusal(Spec(), told_nccl), "distributed.backend | "));
+}
+
+TEST(TrainingPlanTest, Fp16IsRefusedWhereTheRankTrainsOnTheCpu) {
+  const v1::JobSpec fp16 = Spec("precision: FP16\n");
+  EXPECT_TRUE(Contains(Refusal(fp16, Launch()), "precision | "));
+  LaunchFacts gloo_on_gpu = Launch(1, RankDevice::kCuda);
+  gloo_on_gpu.backend = Distributed::GLOO;
+  EXPECT_TRUE(Contains(Refusal(fp16, gloo_on_gpu), "precision | "));
+  LaunchFacts test_only = Launch();
+  test_only.fp16_on_cpu_for_test = true;
+  const TrainingPlan plan = PlanTraining(fp16, test_only);
+  EXPECT_TRUE(plan.update.loss_scaling);
+  EXPECT_EQ(plan.autocast, Autocast::kNone);  // the CPU's autocast has no float16
+}
+
+TEST(TrainingPlanTest, PrecisionChoosesAutocastAndLossScaling) {
+  const TrainingPlan fp16 = PlanTraining(Spec("precision: FP16\n"), Launch(1, RankDevice::kCuda));
+  EXPECT_EQ(fp16.autocast, Autocast::kFloat16);
+  EXPECT_TRUE(fp16.update.loss_scaling);
+  const TrainingPlan bf16 = PlanTraining(Spec("precision: BF16\n"), Launch());
+  EXPECT_EQ(bf16.autocast, Autocast::kBfloat16);
+  EXPECT_FALSE(bf16.update.loss_scaling);
+  EXPECT_EQ(PlanTraining(Spec(), Launch()).autocast, Autocast::kNone);
+}
+
+// --- batches ---
+
+TEST(TrainingPlanTest, StepsPerEpochDivideTheRanksShardIntoOptimizerSteps) {
+  // 1000 examples over 3 ranks: 334 each (padded), 34 micro-batches of 10, 17 steps of 2.
+  const TrainingPlan padded = PlanTraining(Spec("gradAccumulationSteps: 2\n"), Launch(3));
+  EXPECT_EQ(padded.batches.examples_per_rank, 334);
+  EXPECT_EQ(padded.batches.steps_per_epoch, 17);
+  EXPECT_EQ(padded.global_batch(), 60);
+  // dropLast: 333 each, 33 whole micro-batches, 16 steps.
+  const TrainingPlan cut =
+      PlanTraining(Spec("gradAccumulationSteps: 2\ndataset: {dropLast: true}\n"), Launch(3));
+  EXPECT_EQ(cut.batches.examples_per_rank, 333);
+  EXPECT_EQ(cut.batches.steps_per_epoch, 16);
+}
+
+TEST(TrainingPlanTest, MaxEpochsCapsMaxSteps) {
+  EXPECT_EQ(PlanTraining(Spec("maxEpochs: 1\n"), Launch()).batches.total_steps, 50);
+  EXPECT_EQ(PlanTraining(Spec("maxSteps: 500\nmaxEpochs: 2\n"), Launch()).batches.total_steps, 200);
+  v1::JobSpec epochs_only = Spec("maxEpochs: 3\n");
+  epochs_only.clear_max_steps();
+  EXPECT_EQ(PlanTraining(epochs_only, Launch()).batches.total_steps, 300);
+}
+
+TEST(TrainingPlanTest, AStepLargerThanARanksExamplesIsRefusedNamingBatchSizePerRank) {
+  LaunchFacts launch = Launch(4);
+  launch.train_examples = 38;  // 10 per rank (padded): one micro-batch of 10
+  const std::string refusal = Refusal(Spec("gradAccumulationSteps: 2\n"), launch);
+  EXPECT_TRUE(Contains(refusal, "batchSizePerRank | ")) << refusal;
+  EXPECT_TRUE(Contains(refusal, "10 x 2 micro-batches exceed the 10 training examples")) << refusal;
+  EXPECT_EQ(Refusal(Spec(), launch), "(planned)");  // one step of one micro-batch
+}
+
+// --- cadence ---
+
+TEST(TrainingPlanTest, TheLossIsReadEveryStepOnTheCpu) {
+  const Cadence cadence = PlanTraining(Spec(), Launch()).cadence;
+  for (int64_t step = 1; step <= 50; ++step) EXPECT_TRUE(cadence.ReadsLossAt(step)) << step;
+}
+
+TEST(TrainingPlanTest, OnAGpuTheLossIsReadOnlyWhereItIsUsed) {
+  const v1::JobSpec spec =
+      Spec("maxSteps: 23\nlogEverySteps: 5\nevalEverySteps: 7\ncheckpoint: {everySteps: 4}\n");
+  const Cadence cadence = PlanTraining(spec, Launch(1, RankDevice::kCuda)).cadence;
+  std::string read;
+  for (int64_t step = 1; step <= 23; ++step) {
+    if (cadence.ReadsLossAt(step)) read += std::to_string(step) + " ";
+  }
+  EXPECT_EQ(read, "4 5 7 8 10 12 14 15 16 20 21 23 ");
+  LaunchFacts with_telemetry = Launch(1, RankDevice::kCuda);
+  with_telemetry.telemetry = true;  // every step's record carries its loss
+  EXPECT_TRUE(PlanTraining(spec, with_telemetry).cadence.ReadsLossAt(1));
+}
+
+TEST(TrainingPlanTest, TheLastStepLogsEvaluatesAndCheckpoints) {
+  const Cadence cadence = PlanTraining(Spec("maxSteps: 23\n"), Launch()).cadence;
+  EXPECT_TRUE(cadence.LogsAt(23));
+  EXPECT_TRUE(cadence.EvaluatesAt(23));
+  EXPECT_TRUE(cadence.CheckpointsAt(23));
+  EXPECT_TRUE(cadence.LogsAt(20));
+  EXPECT_FALSE(cadence.LogsAt(21));
+  EXPECT_FALSE(cadence.EvaluatesAt(20));  // evalEverySteps 0: at the end only
+  EXPECT_FALSE(cadence.CheckpointsAt(20));
+}
+
+// --- engine settings ---
+
+TEST(TrainingPlanTest, ThreadsAreAskedOrTheNodesCoresSharedByItsRanks) {
+  LaunchFacts launch = Launch(3);
+  EXPECT_EQ(IntraOpThreads(launch), 2);  // 8 cores, 3 ranks
+  launch.threads = 5;
+  EXPECT_EQ(IntraOpThreads(launch), 5);
+  launch.threads = 0;
+  launch.hardware_threads = 2;
+  EXPECT_EQ(IntraOpThreads(launch), 1);  // never 0
+}
+
+TEST(TrainingPlanTest, RanksHoldStateOfTheirOwnWithZeroLocalSgdOrPowerSgd) {
+  EXPECT_FALSE(PlanTraining(Spec(), Launch(2)).per_rank_state);
+  EXPECT_FALSE(PlanTraining(Spec("distributed: {commHook: FP16}\n"), Launch(2)).per_rank_state);
+  for (const char* mode :
+       {"distributed: {shardOptimizerState: true}\n", "distributed: {localSgd: {period: 4}}\n",
+        "distributed: {commHook: POWER_SGD}\n"}) {
+    EXPECT_TRUE(PlanTraining(Spec(mode), Launch(2)).per_rank_state) << mode;
+  }
+}
+
+TEST(TrainingPlanTest, GradientSyncAndUpdateTakeTheDistributedSettings) {
+  const TrainingPlan plan = PlanTraining(
+      Spec("seed: 9\ngradClipNorm: 0.5\ndistributed: {bucketCapMb: 0.5, findUnusedParameters: "
+           "true, commHook: POWER_SGD, powerSgd: {matrixApproximationRank: 4}, "
+           "shardOptimizerState: true}\n"),
+      Launch(2));
+  EXPECT_EQ(plan.gradient_sync.bucket_cap_bytes, 1 << 19);
+  EXPECT_TRUE(plan.gradient_sync.find_unused_parameters);
+  EXPECT_EQ(plan.gradient_sync.comm_hook, Distributed::POWER_SGD);
+  EXPECT_EQ(plan.gradient_sync.power_sgd.matrix_approximation_rank(), 4);
+  EXPECT_EQ(plan.gradient_sync.power_sgd.start_step(), 10);  // default written in
+  EXPECT_EQ(plan.gradient_sync.seed, 9u);
+  EXPECT_TRUE(plan.update.shard_optimizer_state);
+  EXPECT_DOUBLE_EQ(plan.update.grad_clip_norm, 0.5);
+  EXPECT_FALSE(plan.update.local_sgd.has_value());
+  const TrainingPlan local =
+      PlanTraining(Spec("distributed: {localSgd: {period: 3, warmupSteps: 7}}\n"), Launch(2));
+  ASSERT_TRUE(local.update.local_sgd.has_value());
+  EXPECT_EQ(local.update.local_sgd->period, 3);
+  EXPECT_EQ(local.update.local_sgd->warmup_steps, 7);
+}
+
+}  // namespace
+}  // namespace gradhub::trainer
