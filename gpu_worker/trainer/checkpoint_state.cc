@@ -5,7 +5,7 @@
 
 #include <sstream>
 
-#include "gpu_worker/ddp/powersgd.h"
+#include "gpu_worker/ddp/comm_hook.h"
 #include "services/common/contract/user_error.h"
 
 namespace gradhub::trainer {
@@ -18,7 +18,8 @@ constexpr char kStep[] = "step";
 constexpr char kSpec[] = "spec";
 // Added with sharded and per-rank state: "rank_state_<rank>", a SerializeRankState each.
 constexpr char kRankState[] = "rank_state_";
-constexpr char kPowerSgd[] = "powersgd";
+// A comm hook's state is saved under its name(): "powersgd" for PowerSGD, as before hooks
+// were open.
 // Added with precision FP16: ddp::LossScaler::State, an archive of three scalar tensors.
 constexpr char kLossScaler[] = "loss_scaler";
 constexpr char kScale[] = "scale";
@@ -110,10 +111,10 @@ std::string SerializeRankState(const RankStateParts& parts) {
     parts.optimizer->save(part);
     archive.write(kOptimizer, part);
   }
-  if (parts.powersgd) {
+  if (parts.comm_hook) {
     torch::serialize::OutputArchive part;
-    parts.powersgd->Save(part);
-    archive.write(kPowerSgd, part);
+    parts.comm_hook->Save(part);
+    archive.write(parts.comm_hook->name(), part);
   }
   return ArchiveBytes(archive);
 }
@@ -133,22 +134,20 @@ void RestoreRankState(const std::string& bytes, const RankStateParts& parts,
     archive.read(kOptimizer, part);
     parts.optimizer->load(part);
   }
-  if (parts.powersgd) {
+  if (parts.comm_hook) {
     torch::serialize::InputArchive part;
-    archive.read(kPowerSgd, part);
-    parts.powersgd->Load(part);
+    archive.read(parts.comm_hook->name(), part);
+    parts.comm_hook->Load(part);
   }
 }
 
-std::string SerializeState(torch::nn::Module& module, torch::optim::Optimizer* optimizer,
-                           int64_t step, const v1::JobSpec& spec,
-                           const std::vector<std::string>& rank_states,
-                           const ddp::LossScaler::State* loss_scaler) {
+std::string SerializeState(torch::nn::Module& module, const SharedUpdateState& update, int64_t step,
+                           const v1::JobSpec& spec, const std::vector<std::string>& rank_states) {
   torch::serialize::OutputArchive archive, model_archive, optimizer_archive;
   module.save(model_archive);
   archive.write(kModel, model_archive);
-  if (optimizer) {
-    optimizer->save(optimizer_archive);
+  if (update.optimizer) {
+    update.optimizer->save(optimizer_archive);
     archive.write(kOptimizer, optimizer_archive);
   }
   archive.write(kStep, torch::tensor(step));
@@ -156,7 +155,7 @@ std::string SerializeState(torch::nn::Module& module, torch::optim::Optimizer* o
   for (size_t rank = 0; rank < rank_states.size(); ++rank) {
     archive.write(kRankState + std::to_string(rank), c10::IValue(rank_states[rank]));
   }
-  if (loss_scaler) WriteLossScaler(*loss_scaler, archive);
+  if (update.loss_scaler) WriteLossScaler(update.loss_scaler->state(), archive);
   // Appended straight into one string reserved for the whole state: an ostringstream would
   // copy every byte again on each growth and once more in str().
   std::string bytes;
@@ -173,9 +172,8 @@ std::string SerializeState(torch::nn::Module& module, torch::optim::Optimizer* o
 }
 
 int64_t RestoreState(const std::string& bytes, torch::nn::Module& module,
-                     torch::optim::Optimizer* optimizer, const v1::JobSpec& spec, int rank,
-                     std::string* rank_state, const c10::Device& device,
-                     ddp::LossScaler::State* loss_scaler) {
+                     const SharedUpdateState& update, const v1::JobSpec& spec, int rank,
+                     std::string* rank_state, const c10::Device& device) {
   torch::serialize::InputArchive archive, model_archive, optimizer_archive;
   std::istringstream in(bytes);
   // Read straight onto the module's device: a tensor read onto another device would replace
@@ -197,16 +195,20 @@ int64_t RestoreState(const std::string& bytes, torch::nn::Module& module,
   }
   archive.read(kModel, model_archive);
   module.load(model_archive);
-  if (optimizer) {
+  if (update.optimizer) {
     archive.read(kOptimizer, optimizer_archive);
-    optimizer->load(optimizer_archive);
+    update.optimizer->load(optimizer_archive);
   }
   if (rank_state) {
     c10::IValue saved;
     *rank_state = archive.try_read(kRankState + std::to_string(rank), saved) ? saved.toStringRef()
                                                                              : std::string();
   }
-  if (loss_scaler) ReadLossScaler(archive, *loss_scaler);
+  if (update.loss_scaler) {
+    ddp::LossScaler::State state = update.loss_scaler->state();
+    ReadLossScaler(archive, state);
+    update.loss_scaler->set_state(state);
+  }
   at::Tensor step;
   archive.read(kStep, step);
   return step.item<int64_t>();

@@ -23,20 +23,21 @@ class Optimizer;
 }  // namespace torch
 
 namespace gradhub::ddp {
-class PowerSgd;
+class CommHook;
 }
 
 namespace gradhub::trainer {
 
 // What one rank holds that the others do not, saved once per rank: its optimizer shard
 // (shardOptimizerState), its replica and optimizer (localSgd: they differ between averages),
-// PowerSGD's error feedback and warm-start Q (per rank). Null parts are neither saved nor
-// loaded; save and load must name the same parts.
+// its comm hook's state (PowerSGD's error feedback and warm-start Q; a hook with has_state()),
+// saved under the hook's name. Null parts are neither saved nor loaded; save and load must name
+// the same parts.
 struct RankStateParts {
   torch::nn::Module* module = nullptr;
   torch::optim::Optimizer* optimizer = nullptr;
-  ddp::PowerSgd* powersgd = nullptr;
-  bool empty() const { return !module && !optimizer && !powersgd; }
+  ddp::CommHook* comm_hook = nullptr;
+  bool empty() const { return !module && !optimizer && !comm_hook; }
 };
 std::string SerializeRankState(const RankStateParts& parts);
 // Tensors are read onto `device` (map_location), whatever device they were saved from.
@@ -53,28 +54,33 @@ void RestoreRankState(const std::string& bytes, const RankStateParts& parts,
 // precision, seed) decides the result.
 v1::JobSpec ResumeRelevantSpec(const v1::JobSpec& spec_with_defaults);
 
+// What the update rule (update_rule.h) holds alike on every rank, saved once. Null parts are
+// neither saved nor loaded.
+struct SharedUpdateState {
+  // Null with ZeRO: each rank's shard is in its rank state only.
+  torch::optim::Optimizer* optimizer = nullptr;
+  // precision FP16: the same state on every rank (every rank skips the same steps).
+  ddp::LossScaler* loss_scaler = nullptr;
+};
+
 // The archive's bytes (torch's zip format), a copy in host memory that training may run on
 // from while it is uploaded. Tensors on a GPU are copied out as they are written (the archive
 // records their device; RestoreState maps them to the device it is given, so a checkpoint
-// saved on a GPU loads on a CPU-only node and back). `optimizer` null: its state is in
-// `rank_states` only (ZeRO). `rank_states`: SerializeRankState of every rank, in rank order, or
-// empty. `loss_scaler` (precision FP16; null otherwise): the scaler's state, the same on every
-// rank (every rank skips the same steps), so saved once.
-std::string SerializeState(torch::nn::Module& module, torch::optim::Optimizer* optimizer,
-                           int64_t step, const v1::JobSpec& spec_with_defaults,
-                           const std::vector<std::string>& rank_states = {},
-                           const ddp::LossScaler::State* loss_scaler = nullptr);
+// saved on a GPU loads on a CPU-only node and back). `rank_states`: SerializeRankState of
+// every rank, in rank order, or empty.
+std::string SerializeState(torch::nn::Module& module, const SharedUpdateState& update, int64_t step,
+                           const v1::JobSpec& spec_with_defaults,
+                           const std::vector<std::string>& rank_states = {});
 
-// Loads the state into `module` and `optimizer` (unless null), every tensor read onto
-// `device` (the module's: torch's map_location), and returns its step; with
-// `rank_state`, sets it to rank `rank`'s saved rank state (empty when the checkpoint has
-// none); with `loss_scaler`, sets it to the saved scaler state, or leaves it as it is (the
-// scaler's initial state) when the checkpoint has none. Throws UserError ("spec") naming the
-// changed fields when the checkpoint was written under a spec whose ResumeRelevantSpec differs.
+// Loads the state into `module` and `update`'s parts, every tensor read onto `device` (the
+// module's: torch's map_location), and returns its step; with `rank_state`, sets it to rank
+// `rank`'s saved rank state (empty when the checkpoint has none). A loss scaler is left as it
+// is (its initial state) when the checkpoint has none (one from before FP16). Throws
+// UserError ("spec") naming the changed fields when the checkpoint was written under a spec
+// whose ResumeRelevantSpec differs.
 int64_t RestoreState(const std::string& bytes, torch::nn::Module& module,
-                     torch::optim::Optimizer* optimizer, const v1::JobSpec& spec_with_defaults,
+                     const SharedUpdateState& update, const v1::JobSpec& spec_with_defaults,
                      int rank = 0, std::string* rank_state = nullptr,
-                     const c10::Device& device = c10::kCPU,
-                     ddp::LossScaler::State* loss_scaler = nullptr);
+                     const c10::Device& device = c10::kCPU);
 
 }  // namespace gradhub::trainer

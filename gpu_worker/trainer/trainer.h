@@ -7,38 +7,20 @@
 #include <map>
 #include <memory>
 #include <optional>
-#include <stdexcept>
 #include <string>
 
 #include "gpu_worker/ddp/mixed_precision.h"
 #include "gpu_worker/ddp/store.h"
+#include "gpu_worker/trainer/errors.h"
 #include "gpu_worker/trainer/sinks.h"
 #include "gradhub/v1/jobs.pb.h"
 #include "services/common/contract/defaults.h"
+#include "services/common/contract/job_spec.h"
 
 namespace gradhub::trainer {
 
-// The loss became NaN or infinite (a job failure: bad learning rate, bad data).
-class TrainingFailure : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
-
-// The trainer was asked to stop (SIGTERM: preemption, drain, cancel) and did: rank 0 saved a
-// checkpoint of the last finished step first, when it had a sink and the grace allowed.
-class Preempted : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
-
-// The node said this rank has a GPU (GRADHUB_DEVICE=cuda) but this process can use none:
-// libtorch without CUDA, or no device visible. The node's fault, not the job's.
-class DeviceUnavailable : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
-
-enum class DeviceKind { kCpu, kCuda };
+// Where a rank trains, as the node says (GRADHUB_DEVICE): contract/job_spec.h's RankDevice.
+using DeviceKind = RankDevice;
 
 struct TrainerOptions {
   int rank = 0;

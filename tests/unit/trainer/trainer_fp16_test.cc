@@ -155,41 +155,50 @@ TEST(TrainerFp16Test, ResumeRestoresTheLossScaler) {
 TEST(TrainerFp16Test, CheckpointRoundTripsTheScalerState) {
   torch::nn::Linear module(3, 2);
   const v1::JobSpec spec = WithDefaults(Spec("FP16", 1));
-  ddp::LossScaler::State saved;
-  saved.scale = 32768;
-  saved.growth_tracker = 7;
-  saved.skipped_steps = 3;
-  const std::string bytes = SerializeState(*module, nullptr, 5, spec, {}, &saved);
-  ddp::LossScaler::State loaded;
-  EXPECT_EQ(RestoreState(bytes, *module, nullptr, spec, 0, nullptr, c10::kCPU, &loaded), 5);
-  EXPECT_EQ(loaded.scale, 32768);
-  EXPECT_EQ(loaded.growth_tracker, 7);
-  EXPECT_EQ(loaded.skipped_steps, 3);
+  ddp::LossScaler saved;
+  saved.set_state(ddp::LossScaler::State{32768, 7, 3});
+  SharedUpdateState with_scaler;
+  with_scaler.loss_scaler = &saved;
+  const std::string bytes = SerializeState(*module, with_scaler, 5, spec);
+  ddp::LossScaler loaded;
+  SharedUpdateState into;
+  into.loss_scaler = &loaded;
+  EXPECT_EQ(RestoreState(bytes, *module, into, spec), 5);
+  EXPECT_EQ(loaded.state().scale, 32768);
+  EXPECT_EQ(loaded.state().growth_tracker, 7);
+  EXPECT_EQ(loaded.state().skipped_steps, 3);
   // A checkpoint without one (before FP16, or another precision) leaves the state as it was.
-  const std::string old = SerializeState(*module, nullptr, 5, spec);
-  ddp::LossScaler::State initial = ddp::LossScaler().state();
-  RestoreState(old, *module, nullptr, spec, 0, nullptr, c10::kCPU, &initial);
-  EXPECT_EQ(initial.scale, 65536);
-  EXPECT_EQ(initial.growth_tracker, 0);
-  EXPECT_EQ(initial.skipped_steps, 0);
+  const std::string old = SerializeState(*module, SharedUpdateState{}, 5, spec);
+  ddp::LossScaler initial;
+  into.loss_scaler = &initial;
+  RestoreState(old, *module, into, spec);
+  EXPECT_EQ(initial.state().scale, 65536);
+  EXPECT_EQ(initial.state().growth_tracker, 0);
+  EXPECT_EQ(initial.state().skipped_steps, 0);
 }
 
-std::string RefusalField(const v1::JobSpec& spec,
-                         std::optional<ddp::LossScalerOptions> scaler = ddp::LossScalerOptions{}) {
+// The UserError's message (which starts with its field), or "(not refused)".
+std::string Refusal(const v1::JobSpec& spec,
+                    std::optional<ddp::LossScalerOptions> scaler = ddp::LossScalerOptions{}) {
   try {
     Train(spec, scaler);
   } catch (const UserError& error) {
-    return error.field();
+    return error.what();
   }
   return "(not refused)";
 }
 
+// On the CPU the trainer refuses FP16 (CheckRankDevice); with local SGD or POWER_SGD the spec
+// rules refuse it (CheckJobSpec, as CreateJob does), wherever the rank runs.
 TEST(TrainerFp16Test, RefusedOnTheCpuAndWithPerRankDistributedState) {
-  EXPECT_EQ(RefusalField(Spec("FP16", 1), std::nullopt), "precision");
-  EXPECT_EQ(RefusalField(Spec("FP16", 1, "distributed: {localSgd: {period: 2}}\n")),
-            "distributed.localSgd");
-  EXPECT_EQ(RefusalField(Spec("FP16", 1, "distributed: {commHook: POWER_SGD}\n")),
-            "distributed.commHook");
+  EXPECT_EQ(Refusal(Spec("FP16", 1), std::nullopt).rfind("precision: FP16", 0), 0u);
+  const std::string local_sgd = Refusal(Spec("FP16", 1, "distributed: {localSgd: {period: 2}}\n"));
+  EXPECT_NE(local_sgd.find("distributed.localSgd: cannot be combined with precision FP16"),
+            std::string::npos)
+      << local_sgd;
+  const std::string powersgd = Refusal(Spec("FP16", 1, "distributed: {commHook: POWER_SGD}\n"));
+  EXPECT_NE(powersgd.find("distributed.commHook: POWER_SGD cannot be combined"), std::string::npos)
+      << powersgd;
 }
 
 // Optimizer sharding works with FP16 (every rank skips the same steps); at world size 1 it

@@ -1,0 +1,85 @@
+// A rank's side of checkpoints: resuming from the newest, and saving at the plan's cadence.
+// Rank 0 alone talks to the store (its CheckpointSink); the other ranks take part in the
+// collectives that move the state.
+//
+// Resume, on every rank (Load, then the rank state once the gradient sync exists):
+//   1. With per-rank state, rank 0 tells every rank whether it saves at all (a broadcast):
+//      every rank must then take part in each save.
+//   2. Rank 0 reads the newest checkpoint (one download, one hash check) and broadcasts its
+//      bytes: every rank needs the optimizer state, and all then start from the same bytes
+//      even if they would have raced a commit.
+//   3. Every rank restores the model and the update rule's shared state from them, and keeps
+//      its own rank state for UpdateRule::RestoreRankState.
+// Save, at the plan's steps:
+//   1. With per-rank state every rank serializes its own and rank 0 gathers them (a
+//      collective: every rank calls Save at the same steps).
+//   2. Rank 0 snapshots the state into host memory and hands it to the AsyncCheckpointWriter,
+//      which uploads on its own thread. The loop waits only for a previous upload still
+//      running; that wait and the snapshot are the stall a checkpoint costs.
+// Not thread-safe: the training thread drives it.
+#pragma once
+
+#include <torch/nn/module.h>
+
+#include <chrono>
+#include <cstdint>
+#include <iosfwd>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "gpu_worker/ddp/comm/process_group.h"
+#include "gpu_worker/trainer/async_checkpoint_writer.h"
+#include "gpu_worker/trainer/progress_reporter.h"
+#include "gpu_worker/trainer/sinks.h"
+#include "gpu_worker/trainer/training_plan.h"
+#include "gpu_worker/trainer/update_rule.h"
+
+namespace gradhub::trainer {
+
+class Checkpointer {
+ public:
+  // `sink`: rank 0's store, or null (other ranks, or no store). `module` and `rule`: what a
+  // checkpoint holds, with the plan's spec.
+  Checkpointer(const TrainingPlan& plan, std::shared_ptr<CheckpointSink> sink, std::ostream& log,
+               std::shared_ptr<ddp::ProcessGroup> group, const c10::Device& device,
+               torch::nn::Module& module, UpdateRule& rule);
+
+  struct Resumed {
+    int64_t step = 0;
+    std::string rank_state;  // this rank's (UpdateRule::RestoreRankState), or empty
+  };
+  // Resume steps 1-3; nullopt when rank 0 has no checkpoint.
+  std::optional<Resumed> Load();
+  int64_t resumed_from_step() const { return resumed_from_step_; }  // -1: from scratch
+
+  // Save steps 1-2 for the state after `step` steps. Returns the seconds the training loop
+  // spent on it when rank 0 handed a checkpoint to the writer; nullopt otherwise (another
+  // rank, no store, or `step` saved already). `stopping`: a stop request, which only rank 0
+  // acts on: with per-rank state it then saves nothing (the others would not gather).
+  std::optional<double> Save(int64_t step, bool stopping = false);
+  // The last step saved (or resumed from); -1 before any.
+  int64_t last_step() const { return last_step_; }
+
+  // Waits for the save in flight; a save that failed or did not end in time throws
+  // std::runtime_error, so the attempt ends as an infrastructure failure and restarts from
+  // the previous checkpoint. No-op without a store.
+  void Flush(std::chrono::milliseconds timeout);
+  bool has_store() const { return writer_ != nullptr; }
+  const CheckpointTotals& totals() const { return totals_; }
+
+ private:
+  const TrainingPlan& plan_;
+  const std::shared_ptr<CheckpointSink> sink_;
+  const std::unique_ptr<AsyncCheckpointWriter> writer_;  // rank 0 with a store
+  const std::shared_ptr<ddp::ProcessGroup> group_;
+  const c10::Device device_;
+  torch::nn::Module& module_;
+  UpdateRule& rule_;
+  bool rank0_saves_ = false;  // known on every rank with per-rank state (resume step 1)
+  int64_t last_step_ = -1;
+  int64_t resumed_from_step_ = -1;
+  CheckpointTotals totals_;
+};
+
+}  // namespace gradhub::trainer
