@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <exception>
 #include <iostream>
 #include <memory>
 #include <new>
@@ -216,55 +217,57 @@ std::shared_ptr<ddp::Store> OpenStore(const TrainerConfig& config) {
       store, "jobs/" + config.job_id + "/attempts/" + std::to_string(config.attempt));
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  gradhub::TurnOffMutexDeadlockDetection();
-  TrainerConfig config;
-  Flags flags("gradhub-trainer",
-              "gradhub-trainer: one rank of a gradhub training job.\n\n"
-              "Prints one JSON object per progress interval on stdout (rank 0) and a readable "
-              "log on stderr.\nExit codes: 0 done, 2 usage, 10 user error (spec, data), 11 "
-              "training failure (NaN), 12 infrastructure (peers, store), 13 preempted "
-              "(SIGTERM), 14 out of memory.");
-  config.Register(flags);
-  std::vector<std::string> args;
-  if (std::optional<int> exit = flags.ParseOrExitCode(argc, argv, &args, trainer::kExitUsage)) {
-    return *exit;
+// --rank and --world-size; UserError naming the flag otherwise.
+void CheckRank(const TrainerConfig& config) {
+  if (config.world_size < 1 || config.rank < 0 || config.rank >= config.world_size) {
+    throw UserError("--rank", std::to_string(config.rank) + " is not in [0, " +
+                                  std::to_string(config.world_size) + ")");
   }
-  const std::string who = "gradhub-trainer (rank " + std::to_string(config.rank) + "): ";
-  InstallStopHandler();
+}
+
+// What this rank was started with, in its log: where it trains is decided from these.
+void LogPlacement(const TrainerConfig& config, const std::string& who) {
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  std::cerr << who << "GRADHUB_DEVICE=" << config.device
+            << " GRADHUB_BACKEND=" << (config.backend.empty() ? "(unset)" : config.backend)
+            << " CUDA_VISIBLE_DEVICES=" << (visible ? visible : "(unset)") << "\n";
+}
+
+trainer::TrainerOptions TrainerOptionsOf(const TrainerConfig& config, const v1::JobSpec& spec,
+                                         const std::string& who) {
+  trainer::TrainerOptions options;
+  options.rank = static_cast<int>(config.rank);
+  options.world_size = static_cast<int>(config.world_size);
+  options.local_rank = static_cast<int>(config.local_rank >= 0 ? config.local_rank : config.rank);
+  options.local_world_size =
+      static_cast<int>(config.local_world_size > 0 ? config.local_world_size : config.world_size);
+  options.store = OpenStore(config);
+  options.threads = static_cast<int>(config.threads);
+  SetPlacement(config, &options);
+  LogPlacement(config, who);
+  options.collective_timeout = absl::ToChronoMilliseconds(config.collective_timeout);
+  options.checkpoints = OpenCheckpoints(config, spec);
+  options.telemetry = OpenTelemetry(config);
+  options.stop_requested = &g_stop_requested;
+  options.preempt_grace = absl::ToChronoMilliseconds(config.preempt_grace);
+  options.progress = &std::cout;
+  options.log = &std::cerr;
+  return options;
+}
+
+void RunTrainer(const TrainerConfig& config, const std::string& who) {
+  if (config.spec.empty()) throw UserError("--spec", "is required");
+  CheckRank(config);
+  SetInputPolicy(InputPolicyOf(config));
+  const v1::JobSpec spec = LoadJobSpec(config.spec);
+  trainer::Train(spec, TrainerOptionsOf(config, spec, who));
+}
+
+// The exit code of a run that threw `thrown` (contract/trainer_exit_codes.h), after saying why
+// on stderr.
+int ExitCodeOf(std::exception_ptr thrown, const TrainerConfig& config, const std::string& who) {
   try {
-    if (config.spec.empty()) throw UserError("--spec", "is required");
-    if (config.world_size < 1 || config.rank < 0 || config.rank >= config.world_size) {
-      throw UserError("--rank", std::to_string(config.rank) + " is not in [0, " +
-                                    std::to_string(config.world_size) + ")");
-    }
-    SetInputPolicy(InputPolicyOf(config));
-    v1::JobSpec spec = LoadJobSpec(config.spec);
-    trainer::TrainerOptions options;
-    options.rank = static_cast<int>(config.rank);
-    options.world_size = static_cast<int>(config.world_size);
-    options.local_rank = static_cast<int>(config.local_rank >= 0 ? config.local_rank : config.rank);
-    options.local_world_size =
-        static_cast<int>(config.local_world_size > 0 ? config.local_world_size : config.world_size);
-    options.store = OpenStore(config);
-    options.threads = static_cast<int>(config.threads);
-    SetPlacement(config, &options);
-    // What this rank was started with, in its log: where it trains is decided from these.
-    const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
-    std::cerr << who << "GRADHUB_DEVICE=" << config.device
-              << " GRADHUB_BACKEND=" << (config.backend.empty() ? "(unset)" : config.backend)
-              << " CUDA_VISIBLE_DEVICES=" << (visible ? visible : "(unset)") << "\n";
-    options.collective_timeout = absl::ToChronoMilliseconds(config.collective_timeout);
-    options.checkpoints = OpenCheckpoints(config, spec);
-    options.telemetry = OpenTelemetry(config);
-    options.stop_requested = &g_stop_requested;
-    options.preempt_grace = absl::ToChronoMilliseconds(config.preempt_grace);
-    options.progress = &std::cout;
-    options.log = &std::cerr;
-    trainer::Train(spec, options);
-    return trainer::kExitSuccess;
+    std::rethrow_exception(thrown);
   } catch (const UserError& error) {
     std::cerr << who << error.what() << "\n";
     return trainer::kExitUserError;
@@ -297,5 +300,31 @@ int main(int argc, char** argv) {
     }
     std::cerr << who << "failed: " << error.what() << "\n";
     return trainer::kExitTrainingFailure;
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  gradhub::TurnOffMutexDeadlockDetection();
+  TrainerConfig config;
+  Flags flags("gradhub-trainer",
+              "gradhub-trainer: one rank of a gradhub training job.\n\n"
+              "Prints one JSON object per progress interval on stdout (rank 0) and a readable "
+              "log on stderr.\nExit codes: 0 done, 2 usage, 10 user error (spec, data), 11 "
+              "training failure (NaN), 12 infrastructure (peers, store), 13 preempted "
+              "(SIGTERM), 14 out of memory.");
+  config.Register(flags);
+  std::vector<std::string> args;
+  if (std::optional<int> exit = flags.ParseOrExitCode(argc, argv, &args, trainer::kExitUsage)) {
+    return *exit;
+  }
+  const std::string who = "gradhub-trainer (rank " + std::to_string(config.rank) + "): ";
+  InstallStopHandler();
+  try {
+    RunTrainer(config, who);
+    return trainer::kExitSuccess;
+  } catch (...) {
+    return ExitCodeOf(std::current_exception(), config, who);
   }
 }
