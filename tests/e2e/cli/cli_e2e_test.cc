@@ -666,6 +666,14 @@ TEST_F(CliE2eTest, AdminCreatesTenantsAndTokensAndRevokesThem) {
   ASSERT_EQ(created.exit_code, 0) << created.err;
   EXPECT_EQ(As(kAdminToken, {"admin", "create-tenant", tenant}).exit_code, 7);  // ALREADY_EXISTS
   EXPECT_EQ(As(token_, {"admin", "create-tenant", "other"}).exit_code, 5);      // not the admin
+  // A retry with the first call's request id gets its tenant; any other call, ALREADY_EXISTS.
+  const std::vector<std::string> retried = {"admin", "create-tenant", tenant + "-r", "--request-id",
+                                            "r1"};
+  EXPECT_EQ(As(kAdminToken, retried).exit_code, 0);
+  RunResult again = As(kAdminToken, retried);
+  EXPECT_EQ(again.exit_code, 0) << again.err;
+  EXPECT_EQ(again.out, "tenants/" + tenant + "-r\n");
+  EXPECT_EQ(As(kAdminToken, {"admin", "create-tenant", tenant + "-r"}).exit_code, 7);
 
   RunResult listed = As(kAdminToken, {"admin", "list-tenants"});
   ASSERT_EQ(listed.exit_code, 0) << listed.err;
@@ -732,13 +740,15 @@ class FakeAgent {
     return response;
   }
 
-  bool ShipStdout(const std::string& job, int32_t attempt, const std::vector<std::string>& lines) {
+  // Rank 0's stdout lines numbered from `first_seq` on (a later batch goes on from there).
+  bool ShipStdout(const std::string& job, int32_t attempt, const std::vector<std::string>& lines,
+                  int64_t first_seq = 1) {
     v1::ReportLogsRequest batch;
     batch.set_job(job);
     batch.set_attempt(attempt);
     batch.set_rank(0);
     batch.set_stream(v1::LogEntry::STDOUT);
-    batch.set_first_seq(1);
+    batch.set_first_seq(first_seq);
     for (const std::string& line : lines) batch.add_lines(line);
     auto context = Context();
     v1::ReportLogsResponse response;
@@ -748,7 +758,8 @@ class FakeAgent {
     writer->WritesDone();
     const grpc::Status status = writer->Finish();
     EXPECT_TRUE(written && status.ok()) << status.error_message();
-    return status.ok() && response.acked_seq() == static_cast<int64_t>(lines.size());
+    return status.ok() &&
+           response.acked_seq() == first_seq - 1 + static_cast<int64_t>(lines.size());
   }
 
  private:
@@ -764,28 +775,45 @@ class FakeAgent {
   int64_t seq_ = 0;
 };
 
-// Last in this file: its node takes jobs, which no other case here expects of the server.
-TEST_F(CliE2eTest, MetricsPrintsTheHistoryAsATableAPlotAndJson) {
-  // The job first, above every other case's pending job, so that the node's one slot is this
-  // job's. (No node labels and selector: NodeManager's NodeFromRow reads a node's labels from a
-  // destroyed temporary, and RegisterNode fails for a node with labels.)
+// The cases whose job's rank 0 runs, on a node of its own behind a fake agent. Last in this
+// file: their nodes take jobs, which no other case here expects of the server.
+class CliRunningJobTest : public CliE2eTest {
+ protected:
+  // Registers a node `label` of one slot, waits until `job` is placed there and reports its
+  // rank 0 RUNNING; returns that rank's status (attempt 0, after failing the test, when the job
+  // was not placed). Submit the job first, above every other case's pending job, so that the
+  // node's one slot is its. (No node labels and selector: NodeManager's NodeFromRow reads a
+  // node's labels from a destroyed temporary, and RegisterNode fails for a node with labels.)
+  v1::RankStatus StartOnNewNode(const std::string& job, const std::string& label) {
+    RunResult node_token =
+        testing::Run({BinaryPath("gradhub-api"), "--database-url", *url_, "create-node-token"});
+    EXPECT_EQ(node_token.exit_code, 0) << node_token.err;
+    agent_ = std::make_unique<FakeAgent>(
+        *server_, node_token.out.substr(0, node_token.out.find('\n')), label);
+    v1::RankStatus rank;
+    if (!agent_->Register()) return rank;
+    const int32_t attempt = agent_->AwaitPlacement(job);
+    EXPECT_GT(attempt, 0) << "the scheduler did not place " << job << ":\n"
+                          << Gradhub({"describe", job}).out;
+    if (attempt == 0) return rank;
+    rank.set_job(job);
+    rank.set_attempt(attempt);
+    rank.set_rank(0);
+    rank.set_pid(4242);
+    rank.set_state(v1::RankStatus::RUNNING);
+    agent_->Heartbeat({rank});
+    return rank;
+  }
+
+  std::unique_ptr<FakeAgent> agent_;
+};
+
+TEST_F(CliRunningJobTest, MetricsPrintsTheHistoryAsATableAPlotAndJson) {
   const std::string label = "metrics-" + std::to_string(getpid());
   const std::string job = Submit(SmallSpec("metrics", "") + "priority: 1000\n");
-  RunResult node_token =
-      testing::Run({BinaryPath("gradhub-api"), "--database-url", *url_, "create-node-token"});
-  ASSERT_EQ(node_token.exit_code, 0) << node_token.err;
-  FakeAgent agent(*server_, node_token.out.substr(0, node_token.out.find('\n')), label);
-  ASSERT_TRUE(agent.Register());
-  const int32_t attempt = agent.AwaitPlacement(job);
-  ASSERT_GT(attempt, 0) << "the scheduler did not place " << job << ":\n"
-                        << Gradhub({"describe", job}).out;
-  v1::RankStatus running;
-  running.set_job(job);
-  running.set_attempt(attempt);
-  running.set_rank(0);
-  running.set_pid(4242);
-  running.set_state(v1::RankStatus::RUNNING);
-  agent.Heartbeat({running});
+  const int32_t attempt = StartOnNewNode(job, label).attempt();
+  ASSERT_GT(attempt, 0);
+  FakeAgent& agent = *agent_;
   // Rank 0's stdout as gradhub-trainer prints it.
   std::vector<std::string> lines = {"gradhub-trainer: starting"};
   for (int step = 10; step <= 40; step += 10) {
@@ -848,6 +876,63 @@ TEST_F(CliE2eTest, MetricsPrintsTheHistoryAsATableAPlotAndJson) {
 
   // Leave nothing running: the job cancelled, the node cordoned (it goes LOST without beats).
   EXPECT_EQ(Gradhub({"cancel", job}).exit_code, 0);
+  EXPECT_EQ(As(kAdminToken, {"nodes", "cordon", label}).exit_code, 0);
+}
+
+// A finished job's progress is complete: epoch, learning rate and evaluation from the lines
+// rank 0 printed, none blanked by the evaluation and "done" lines that come last (shipped after
+// the exit, as agents ship them), and every number in plain notation.
+TEST_F(CliRunningJobTest, FinishedJobShowsItsWholeProgressInPlainNumbers) {
+  const std::string label = "finished-" + std::to_string(getpid());
+  const std::string job = Submit(SmallSpec("finished", "") + "priority: 1000\n");
+  v1::RankStatus rank = StartOnNewNode(job, label);
+  const int32_t attempt = rank.attempt();
+  ASSERT_GT(attempt, 0);
+  FakeAgent& agent = *agent_;
+  // Two epochs of 20 steps, a falling learning rate, 18750.7 samples/s.
+  std::vector<std::string> lines;
+  for (int step = 10; step <= 40; step += 10) {
+    lines.push_back("{\"event\":\"progress\",\"step\":" + std::to_string(step) +
+                    ",\"totalSteps\":40,\"epoch\":" + std::to_string((step - 1) / 20) +
+                    ",\"loss\":" + std::to_string(4.0 / step) +
+                    ",\"lr\":" + std::to_string(0.001 / step) + ",\"samplesPerSecond\":18750.7}");
+  }
+  ASSERT_TRUE(agent.ShipStdout(job, attempt, lines));
+  rank.set_state(v1::RankStatus::SUCCEEDED);
+  rank.set_exit_code(0);
+  v1::Job finished;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (finished.state() != v1::Job::SUCCEEDED && std::chrono::steady_clock::now() < deadline) {
+    agent.Heartbeat({rank});
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    finished = GetJson(job);
+  }
+  ASSERT_EQ(finished.state(), v1::Job::SUCCEEDED) << Gradhub({"describe", job}).out;
+  // The trainer's last lines: the final evaluation and its "done" record, after the exit.
+  ASSERT_TRUE(agent.ShipStdout(
+      job, attempt,
+      {R"({"event":"eval","step":40,"totalSteps":40,"eval.accuracy":0.875,"eval.loss":0.25})",
+       R"({"event":"done","rank":0,"step":40,"totalSteps":40,"loss":0.09,"trainSeconds":2.5})"},
+      lines.size() + 1));
+
+  const v1::Job job_json = GetJson(job);
+  EXPECT_EQ(job_json.progress().step(), 40);
+  EXPECT_EQ(job_json.progress().epoch(), 1);
+  EXPECT_DOUBLE_EQ(job_json.progress().loss(), 0.1);
+  EXPECT_DOUBLE_EQ(job_json.progress().learning_rate(), 0.000025);
+  EXPECT_DOUBLE_EQ(job_json.progress().samples_per_second(), 18750.7);
+  EXPECT_EQ(job_json.progress().eval_metrics().at("accuracy"), 0.875);
+  RunResult got = Gradhub({"get", job});
+  ASSERT_EQ(got.exit_code, 0) << got.err;
+  EXPECT_THAT(got.out, HasSubstr("40/40 steps, epoch 1, loss 0.1, 18751 samples/s, lr 0.000025\n"));
+  EXPECT_TRUE(std::regex_search(got.out, std::regex("\neval: +accuracy=0.875, loss=0.25\n")))
+      << got.out;
+  // watch on a pipe: the ended job's line, exit 0 for SUCCEEDED.
+  RunResult watched = Gradhub({"watch", job});
+  EXPECT_EQ(watched.exit_code, 0) << watched.err;
+  EXPECT_THAT(watched.out, HasSubstr("SUCCEEDED 40/40 loss=0.1 samples/s=18751"));
+  EXPECT_THAT(got.out + watched.out, Not(HasSubstr("e+"))) << "no scientific notation";
+
   EXPECT_EQ(As(kAdminToken, {"nodes", "cordon", label}).exit_code, 0);
 }
 
