@@ -1,5 +1,5 @@
-// What keeps a node's tenants apart, as the agent applies it to every rank (ARCHITECTURE.md,
-// "Nodes are shared between tenants"):
+// What keeps a node's tenants apart, as the agent applies it to every rank (docs/architecture.md,
+// "Isolation of tenants on a node"):
 //   - the rank's user (rank_user.h): never root;
 //   - the data roots: every path a spec names must lie under one (data_paths.h), checked by
 //     the agent before it starts the rank (CheckSpecInputs) and by the trainer on the file it

@@ -34,7 +34,7 @@ struct EventDetails {
 
 EventDetails Because(std::string message);
 
-// Whether the lifecycle in ARCHITECTURE.md allows `from -> to`.
+// Whether the lifecycle (docs/architecture.md, job_state_transitions) allows `from -> to`.
 bool IsAllowedTransition(v1::Job::State from, v1::Job::State to);
 
 // Where CancelJob takes a job in `state` that has `live_ranks` ranks not yet reported gone:

@@ -8,7 +8,7 @@
 
 namespace gradhub::testing {
 
-// The full job spec of ARCHITECTURE.md, every section set, as a user writes it.
+// The full job spec of docs/architecture.md ("A job spec"), every section set, as a user writes it.
 inline constexpr char kArchitectureExampleYaml[] = R"(displayName: digits-mlp
 labels: {team: vision}
 model:

@@ -19,7 +19,7 @@ using google::protobuf::util::JsonStringToMessage;
 using google::protobuf::util::MessageDifferencer;
 using google::protobuf::util::MessageToJsonString;
 
-// The job from ARCHITECTURE.md ("A job as a user writes it"), as JSON.
+// The job of docs/architecture.md ("A job spec"), as JSON.
 constexpr char kDigitsMlpJson[] = R"json({
   "displayName": "digits-mlp",
   "labels": {"team": "vision"},
