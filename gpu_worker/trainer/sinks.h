@@ -1,5 +1,5 @@
-// The trainer's seams to the services (ARCHITECTURE.md): the trainer runs without them, and
-// the checkpoint store and metrics service plug in here when they exist.
+// The trainer's seams to the services (docs/architecture.md): the trainer runs without them,
+// and the checkpoint store and metrics service plug in here when they exist.
 #pragma once
 
 #include <cstdint>
