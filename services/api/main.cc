@@ -176,12 +176,13 @@ void StartBackground(const gradhub::api::ApiConfig& config, int grpc_port, ApiSe
 
 // REST serves the same managers as gRPC; a drain nudges the scheduler as NodeService's does.
 gradhub::api::RestBackends RestBackendsOf(ApiServices& services) {
-  return gradhub::api::RestBackends{.jobs = &services.jobs,
-                                    .nodes = &services.nodes,
-                                    .tenants = &services.tenants,
-                                    .auth = &services.auth,
-                                    .metrics = &services.metrics,
-                                    .on_nodes_changed = [&services] { services.scheduler.Nudge(); }};
+  return gradhub::api::RestBackends{
+      .jobs = &services.jobs,
+      .nodes = &services.nodes,
+      .tenants = &services.tenants,
+      .auth = &services.auth,
+      .metrics = &services.metrics,
+      .on_nodes_changed = [&services] { services.scheduler.Nudge(); }};
 }
 
 gradhub::api::RestGatewayOptions RestOptionsFor(const gradhub::api::ApiConfig& config) {
