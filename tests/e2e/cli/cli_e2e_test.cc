@@ -779,11 +779,10 @@ class FakeAgent {
 // file: their nodes take jobs, which no other case here expects of the server.
 class CliRunningJobTest : public CliE2eTest {
  protected:
-  // Registers a node `label` of one slot, waits until `job` is placed there and reports its
-  // rank 0 RUNNING; returns that rank's status (attempt 0, after failing the test, when the job
-  // was not placed). Submit the job first, above every other case's pending job, so that the
-  // node's one slot is its. (No node labels and selector: NodeManager's NodeFromRow reads a
-  // node's labels from a destroyed temporary, and RegisterNode fails for a node with labels.)
+  // Registers a node named `label` with one slot, waits until `job` is placed there and reports
+  // its rank 0 RUNNING; returns that rank's status (attempt 0, after failing the test, when the
+  // job was not placed). Submit the job first, above every other case's pending job, so that
+  // the node's one slot is its.
   v1::RankStatus StartOnNewNode(const std::string& job, const std::string& label) {
     RunResult node_token =
         testing::Run({BinaryPath("gradhub-api"), "--database-url", *url_, "create-node-token"});
