@@ -20,8 +20,13 @@ constexpr absl::Duration kReportChangesAfter = absl::Milliseconds(50);
 constexpr absl::Duration kExitPollInterval = absl::Milliseconds(20);
 
 constexpr absl::Duration kRegisterTimeout = absl::Seconds(10);
-constexpr absl::Duration kInitialBackoff = absl::Milliseconds(200);
-constexpr absl::Duration kMaxRegisterBackoff = absl::Seconds(5);
+// Waits between failed registrations and heartbeats: gradhub's retry waits (backoff.h, with
+// jitter, so agents that lost the api together come back spread out), starting at 200 ms. A
+// failed heartbeat's wait is capped by the heartbeat interval too (HeartbeatRound).
+constexpr BackoffPolicy kRegisterBackoff{.initial = std::chrono::milliseconds(200),
+                                         .max = std::chrono::seconds(5)};
+constexpr BackoffPolicy kHeartbeatBackoff{.initial = std::chrono::milliseconds(200),
+                                          .max = std::chrono::minutes(1)};
 
 LogShipperOptions ShipperOptions(const AgentConfig& config) {
   LogShipperOptions options;
@@ -142,13 +147,13 @@ void Agent::StartRank(const v1::RankAssignment& assignment) {
   ranks_.Started(key, std::move(start.process));
 }
 
-std::optional<absl::Time> Agent::HeartbeatRound(absl::Duration& backoff) {
+std::optional<absl::Time> Agent::HeartbeatRound(Backoff& backoff) {
   const absl::Time started = absl::Now();
   absl::Time next = started + session_.interval();
   waker_.ClearNews();  // this heartbeat's answer covers whatever the watch saw so far
   switch (Heartbeat()) {
     case HeartbeatResult::kOk:
-      backoff = kInitialBackoff;
+      backoff.Reset();
       next = started + session_.interval();  // the interval the server just sent
       if (changed_ranks_) next = absl::Now() + kReportChangesAfter;
       break;
@@ -160,8 +165,7 @@ std::optional<absl::Time> Agent::HeartbeatRound(absl::Duration& backoff) {
       session_.End();
       return std::nullopt;
     case HeartbeatResult::kRetry:
-      next = std::min(absl::Now() + backoff, next);
-      backoff = std::min(backoff * 2, session_.interval());
+      next = std::min(absl::Now() + absl::FromChrono(backoff.Next()), next);
       break;
   }
   return next;
@@ -189,17 +193,16 @@ void Agent::SleepUntilDue(absl::Time next) {
 
 void Agent::Run() {
   CleanUpLeftovers();
-  absl::Duration register_backoff = kInitialBackoff;
-  absl::Duration heartbeat_backoff = kInitialBackoff;
+  Backoff register_backoff(kRegisterBackoff);
+  Backoff heartbeat_backoff(kHeartbeatBackoff);
   while (!waker_.shutdown()) {
     if (!session_.registered()) {
       if (!Register()) {
         waker_.ClearNews();  // news of a session that is over
-        waker_.SleepUntil(absl::Now() + register_backoff);
-        register_backoff = std::min(register_backoff * 2, kMaxRegisterBackoff);
+        waker_.SleepUntil(absl::Now() + absl::FromChrono(register_backoff.Next()));
         continue;
       }
-      register_backoff = kInitialBackoff;
+      register_backoff.Reset();
     }
     const std::optional<absl::Time> next = HeartbeatRound(heartbeat_backoff);
     if (!next.has_value()) continue;  // step 6: register again

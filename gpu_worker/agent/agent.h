@@ -43,6 +43,7 @@
 #include "gpu_worker/agent/rank_table.h"
 #include "gpu_worker/agent/reconcile.h"
 #include "gradhub/v1/nodes.grpc.pb.h"
+#include "services/common/backoff.h"
 
 namespace gradhub::agent {
 
@@ -73,7 +74,7 @@ class Agent {
   // Steps 2 to 4 and 6: one heartbeat and what its answer asks for. When the next one is due
   // (sooner after a change or a failure, `backoff` growing with failures); nullopt when the
   // session ended and the agent registers again.
-  std::optional<absl::Time> HeartbeatRound(absl::Duration& backoff);
+  std::optional<absl::Time> HeartbeatRound(Backoff& backoff);
   HeartbeatResult Heartbeat();
   HeartbeatResult HeartbeatFailed(const grpc::Status& status);
   // Step 4 with the desired set of a heartbeat's answer.
