@@ -51,6 +51,10 @@ class CheckpointRest {
   // Stops accepting, lets in-flight requests finish, joins the thread. Idempotent.
   void Stop();
 
+  // The listener, for the other REST faces this process serves on the same port (code_rest.h).
+  // Add routes before Start.
+  httplib::Server& http_server() { return *server_; }
+
  private:
   void Route();
   void RouteDownload();

@@ -16,6 +16,7 @@ namespace {
 
 constexpr char kBearer[] = "Bearer ";
 constexpr char kTokenPrefix[] = "ghk_";
+constexpr char kJobTokenPrefix[] = "ghj_";
 constexpr size_t kListedPrefix = 10;  // "ghk_" and 6 hex characters
 
 absl::Status Unauthenticated() {
@@ -43,21 +44,8 @@ absl::StatusOr<Principal> Authenticator::Authenticate(const std::string& authori
       return hit->second.principal;
     }
   }
-  GRADHUB_ASSIGN_OR_RETURN(
-      db::Result rows,
-      pool_->Exec("SELECT k.kind, coalesce(k.tenant_id, 0) AS tenant_id,"
-                  " coalesce(t.name, '') AS tenant_name"
-                  " FROM api_tokens k LEFT JOIN tenants t ON t.id = k.tenant_id"
-                  " WHERE k.secret_sha256 = decode($1, 'hex') AND k.revoke_time IS NULL"
-                  " AND (k.expire_time IS NULL OR k.expire_time > now())",
-                  {digest}));
-  if (rows.empty()) return Unauthenticated();
-  const db::Row row = rows.row(0);
-  const Principal principal =
-      row.Get<std::string>("kind") == "NODE"
-          ? Principal{Principal::Kind::kNode, 0, ""}
-          : Principal{Principal::Kind::kTenant, row.Get<int64_t>("tenant_id"),
-                      row.Get<std::string>("tenant_name")};
+  GRADHUB_ASSIGN_OR_RETURN(const Principal principal, LookUpToken(digest));
+  if (principal.kind == Principal::Kind::kJob) return principal;  // never cached
   // Bounded by the callers' distinct tokens; a flood of them only costs a refill.
   constexpr size_t kMaxCachedTokens = 10000;
   absl::MutexLock lock(&cache_mutex_);
@@ -66,9 +54,44 @@ absl::StatusOr<Principal> Authenticator::Authenticate(const std::string& authori
   return principal;
 }
 
+absl::StatusOr<Principal> Authenticator::LookUpToken(const std::string& digest) const {
+  // A job token lives while its attempt is the job's current one and the job has not ended
+  // (RESTARTING and CANCELLING included: a stopping rank 0 may still save its last step).
+  GRADHUB_ASSIGN_OR_RETURN(
+      db::Result rows,
+      pool_->Exec("SELECT k.kind, coalesce(k.tenant_id, j.tenant_id, 0) AS tenant_id,"
+                  " coalesce(t.name, jt.name, '') AS tenant_name,"
+                  " coalesce(k.job_id::text, '') AS job_id, coalesce(k.attempt, 0) AS attempt,"
+                  " coalesce(k.rank, 0) AS rank"
+                  " FROM api_tokens k LEFT JOIN tenants t ON t.id = k.tenant_id"
+                  " LEFT JOIN jobs j ON j.id = k.job_id"
+                  " LEFT JOIN tenants jt ON jt.id = j.tenant_id"
+                  " WHERE k.secret_sha256 = decode($1, 'hex') AND k.revoke_time IS NULL"
+                  " AND (k.expire_time IS NULL OR k.expire_time > now())"
+                  " AND (k.kind <> 'JOB' OR (j.current_attempt = k.attempt"
+                  "  AND j.state IN ('SCHEDULED', 'RUNNING', 'RESTARTING', 'CANCELLING')))",
+                  {digest}));
+  if (rows.empty()) return Unauthenticated();
+  const db::Row row = rows.row(0);
+  const std::string kind = row.Get<std::string>("kind");
+  Principal principal;
+  principal.kind = kind == "NODE"  ? Principal::Kind::kNode
+                   : kind == "JOB" ? Principal::Kind::kJob
+                                   : Principal::Kind::kTenant;
+  if (principal.kind == Principal::Kind::kNode) return principal;
+  principal.tenant_id = row.Get<int64_t>("tenant_id");
+  principal.tenant_name = row.Get<std::string>("tenant_name");
+  if (principal.kind == Principal::Kind::kJob) {
+    principal.job_id = row.Get<std::string>("job_id");
+    principal.attempt = static_cast<int32_t>(row.Get<int64_t>("attempt"));
+    principal.rank = static_cast<int32_t>(row.Get<int64_t>("rank"));
+  }
+  return principal;
+}
+
 absl::Status Authenticator::RequireNodeOrAdmin(const std::string& authorization) const {
   GRADHUB_ASSIGN_OR_RETURN(const Principal principal, Authenticate(authorization));
-  if (principal.kind == Principal::Kind::kTenant) {
+  if (principal.kind != Principal::Kind::kNode && principal.kind != Principal::Kind::kAdmin) {
     return absl::PermissionDeniedError("this takes a node token (or the admin token)");
   }
   return absl::OkStatus();
@@ -123,30 +146,40 @@ absl::StatusOr<NewToken> Authenticator::CreateTenantToken(const std::string& nam
   GRADHUB_ASSIGN_OR_RETURN(db::Result rows,
                            pool_->Exec("SELECT id FROM tenants WHERE name = $1", {name}));
   if (rows.empty()) return absl::NotFoundError(absl::StrCat("tenant '", name, "' not found"));
-  return StoreToken(rows.row(0).Get<int64_t>("id"), "TENANT", description);
+  return StoreToken({"TENANT", rows.row(0).Get<int64_t>("id")}, description);
 }
 
 absl::StatusOr<NewToken> Authenticator::CreateNodeToken(const std::string& description) {
-  return StoreToken(std::nullopt, "NODE", description);
+  return StoreToken({"NODE", std::nullopt}, description);
 }
 
-absl::StatusOr<NewToken> Authenticator::StoreToken(std::optional<int64_t> tenant_id,
-                                                   const char* kind,
+absl::StatusOr<NewToken> Authenticator::CreateJobToken(const std::string& job_id, int32_t attempt,
+                                                       int32_t rank) {
+  return StoreToken({"JOB", std::nullopt, job_id, attempt, rank},
+                    absl::StrCat("rank ", rank, " of attempt ", attempt));
+}
+
+absl::StatusOr<NewToken> Authenticator::StoreToken(const TokenOwner& owner,
                                                    const std::string& description) {
   unsigned char random[32];
   if (RAND_bytes(random, sizeof(random)) != 1) {
     return absl::InternalError("no randomness for a token (RAND_bytes failed)");
   }
   NewToken token;
-  token.secret = kTokenPrefix + absl::BytesToHexString(
+  const bool job = std::string(owner.kind) == "JOB";
+  token.secret = (job ? kJobTokenPrefix : kTokenPrefix) + absl::BytesToHexString(
                                     std::string(reinterpret_cast<char*>(random), sizeof(random)));
   token.prefix = token.secret.substr(0, kListedPrefix);
   GRADHUB_ASSIGN_OR_RETURN(
       db::Result rows,
-      pool_->Exec("INSERT INTO api_tokens (tenant_id, kind, secret_sha256, prefix, description)"
-                  " VALUES ($1, $2, decode($3, 'hex'), $4, $5) RETURNING id",
-                  {tenant_id ? db::Param(*tenant_id) : db::Param(std::nullopt), kind,
-                   Sha256Hex(token.secret), token.prefix, description}));
+      pool_->Exec("INSERT INTO api_tokens"
+                  " (tenant_id, kind, secret_sha256, prefix, description, job_id, attempt, rank)"
+                  " VALUES ($1, $2, decode($3, 'hex'), $4, $5, $6::uuid, $7, $8) RETURNING id",
+                  {owner.tenant_id ? db::Param(*owner.tenant_id) : db::Param(std::nullopt),
+                   owner.kind, Sha256Hex(token.secret), token.prefix, description,
+                   job ? db::Param(owner.job_id) : db::Param(std::nullopt),
+                   job ? db::Param(owner.attempt) : db::Param(std::nullopt),
+                   job ? db::Param(owner.rank) : db::Param(std::nullopt)}));
   token.id = rows.row(0).Get<int64_t>("id");
   return token;
 }
@@ -170,7 +203,7 @@ absl::StatusOr<TokenRecord> Authenticator::RevokeToken(const std::string& tenant
   GRADHUB_ASSIGN_OR_RETURN(
       db::Result rows,
       pool_->Exec("UPDATE api_tokens SET revoke_time = coalesce(revoke_time, now())"
-                  " WHERE id = $1 AND ((tenant_id IS NULL AND $2 = '')"
+                  " WHERE id = $1 AND ((kind = 'NODE' AND $2 = '')"
                   "   OR tenant_id = (SELECT id FROM tenants WHERE name = $2))"
                   " RETURNING kind, prefix, description,"
                   " (SELECT name FROM tenants WHERE tenants.id = api_tokens.tenant_id) AS tenant,"

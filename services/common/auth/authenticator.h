@@ -19,10 +19,15 @@
 namespace gradhub::api {
 
 struct Principal {
-  enum class Kind { kAdmin, kTenant, kNode };
+  // kJob: a script rank's credential (NodeService.IssueRankCredential), which acts only on one
+  // job, and only while `attempt` is that job's current attempt and the job has not ended.
+  enum class Kind { kAdmin, kTenant, kNode, kJob };
   Kind kind = Kind::kTenant;
-  int64_t tenant_id = 0;    // kTenant only
-  std::string tenant_name;  // kTenant only
+  int64_t tenant_id = 0;    // kTenant; kJob: the job's tenant
+  std::string tenant_name;  // kTenant; kJob: the job's tenant
+  std::string job_id;       // kJob only: the uuid
+  int32_t attempt = 0;      // kJob only
+  int32_t rank = 0;         // kJob only
 };
 
 struct TenantRecord {
@@ -32,8 +37,8 @@ struct TenantRecord {
 
 struct TokenRecord {
   int64_t id = 0;
-  std::string tenant;  // empty for node tokens
-  std::string kind;    // "TENANT" or "NODE"
+  std::string tenant;  // empty for node and job tokens
+  std::string kind;    // "TENANT", "NODE" or "JOB"
   std::string prefix, description;
   int64_t create_us = 0, revoke_us = 0;
 };
@@ -61,7 +66,8 @@ class Authenticator {
       : pool_(pool), admin_token_(std::move(admin_token)) {}
 
   // A token found in the database is trusted this long without asking it again, so a call costs
-  // no query; a revocation through another api replica takes effect within this time.
+  // no query; a revocation through another api replica takes effect within this time. Job
+  // tokens are never cached: they end with their attempt, which any replica may end.
   static constexpr absl::Duration kTokenCacheTtl = absl::Seconds(5);
 
   // `authorization` is the header value, "Bearer <token>". UNAUTHENTICATED, with the same
@@ -69,7 +75,7 @@ class Authenticator {
   absl::StatusOr<Principal> Authenticate(const std::string& authorization) const;
 
   // OK for a node token or the admin token: what infrastructure calls (the agent protocol's
-  // store, used by trainers) take. PERMISSION_DENIED for a tenant's token.
+  // store, used by trainers) take. PERMISSION_DENIED for a tenant's or a job's token.
   absl::Status RequireNodeOrAdmin(const std::string& authorization) const;
 
   // OK for the admin token alone: what the operators' calls take (AdminService, NodeService's
@@ -88,14 +94,24 @@ class Authenticator {
   absl::StatusOr<NewToken> CreateTenantToken(const std::string& name,
                                              const std::string& description);
   absl::StatusOr<NewToken> CreateNodeToken(const std::string& description);
+  // A job token ("ghj_..."), for rank `rank` of attempt `attempt` of job `job_id` (a uuid).
+  // The caller (NodeManager) has checked that the rank is placed on the asking node.
+  absl::StatusOr<NewToken> CreateJobToken(const std::string& job_id, int32_t attempt,
+                                          int32_t rank);
   // Sorted by name, names after `after`.
   absl::StatusOr<std::vector<TenantRecord>> ListTenants(const std::string& after, int32_t limit);
   // Idempotent; NOT_FOUND unless token `id` belongs to `tenant` ("" = a node token).
   absl::StatusOr<TokenRecord> RevokeToken(const std::string& tenant, int64_t id);
 
  private:
-  absl::StatusOr<NewToken> StoreToken(std::optional<int64_t> tenant_id, const char* kind,
-                                      const std::string& description);
+  struct TokenOwner {
+    const char* kind = "TENANT";  // "TENANT", "NODE" or "JOB"
+    std::optional<int64_t> tenant_id;
+    std::string job_id;  // JOB only, with attempt and rank
+    int32_t attempt = 0, rank = 0;
+  };
+  absl::StatusOr<NewToken> StoreToken(const TokenOwner& owner, const std::string& description);
+  absl::StatusOr<Principal> LookUpToken(const std::string& digest) const;
 
   db::Pool* pool_;
   std::string admin_token_;
