@@ -1,14 +1,39 @@
 #include "services/common/sha256.h"
 
+#include <fcntl.h>
 #include <openssl/evp.h>
+#include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <stdexcept>
+#include <vector>
+
+#include "absl/status/status.h"
 
 namespace gradhub {
 
 std::string Sha256Hex(std::string_view data) {
   Sha256Stream sha;
   sha.Update(data);
+  return sha.Hex();
+}
+
+absl::StatusOr<std::string> Sha256OfFile(const std::string& path) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    const std::string message = path + ": " + std::strerror(errno);
+    return errno == ENOENT ? absl::NotFoundError(message) : absl::InternalError(message);
+  }
+  Sha256Stream sha;
+  std::vector<char> buffer(size_t{4} << 20);
+  ssize_t n = 0;
+  while ((n = read(fd, buffer.data(), buffer.size())) > 0 || (n < 0 && errno == EINTR)) {
+    if (n > 0) sha.Update(std::string_view(buffer.data(), static_cast<size_t>(n)));
+  }
+  const int read_errno = errno;
+  close(fd);
+  if (n < 0) return absl::InternalError(path + ": read: " + std::strerror(read_errno));
   return sha.Hex();
 }
 
