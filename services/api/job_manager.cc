@@ -121,6 +121,10 @@ absl::StatusOr<v1::Job> JobManager::CreateJob(int64_t tenant_id, const v1::JobSp
   std::vector<SpecIssue> issues = ValidateJobSpec(spec, limits_);
   GRADHUB_ASSIGN_OR_RETURN(std::vector<SpecIssue> path_issues, CheckSpecPaths(spec));
   issues.insert(issues.end(), path_issues.begin(), path_issues.end());
+  if (issues.empty()) {
+    GRADHUB_ASSIGN_OR_RETURN(std::optional<SpecIssue> code_issue, CheckScriptCode(tenant_id, spec));
+    if (code_issue) issues.push_back(*std::move(code_issue));
+  }
   if (request_id.size() > kMaxRequestIdLength) {
     issues.push_back({"request_id", absl::StrCat("at most ", kMaxRequestIdLength, " characters")});
   }
@@ -153,6 +157,22 @@ absl::StatusOr<v1::Job> JobManager::CreateJob(int64_t tenant_id, const v1::JobSp
   absl::StatusOr<v1::Job> created = inserter_.Insert(row);
   if (created.ok() && on_created_) on_created_(created->name());
   return created;
+}
+
+absl::StatusOr<std::optional<SpecIssue>> JobManager::CheckScriptCode(int64_t tenant_id,
+                                                                     const v1::JobSpec& spec) {
+  if (!spec.has_script()) return std::nullopt;
+  constexpr absl::string_view kDigestPrefix = "sha256:";
+  const std::string hex = spec.script().code().substr(kDigestPrefix.size());
+  GRADHUB_ASSIGN_OR_RETURN(
+      db::Result rows,
+      pool_->Exec("SELECT 1 FROM code_archives WHERE tenant_id = $1 AND sha256 = $2",
+                  {tenant_id, hex}));
+  if (!rows.empty()) return std::nullopt;
+  return SpecIssue{"script.code",
+                   absl::StrCat(spec.script().code(),
+                                " is no code this tenant uploaded (`gradhub code push DIR` or "
+                                "CodeService.UploadCode uploads it)")};
 }
 
 absl::StatusOr<std::vector<SpecIssue>> JobManager::CheckSpecPaths(const v1::JobSpec& spec) {

@@ -116,6 +116,10 @@ class JobManager {
  private:
   // The path issues of CreateJob (see there).
   absl::StatusOr<std::vector<SpecIssue>> CheckSpecPaths(const v1::JobSpec& spec);
+  // A script job's code must be an archive its tenant uploaded (code_archives): another
+  // tenant's digest is refused like one that does not exist.
+  absl::StatusOr<std::optional<SpecIssue>> CheckScriptCode(int64_t tenant_id,
+                                                           const v1::JobSpec& spec);
   // Every registered node's data roots (one entry per node), read at most every
   // kNodeRootsMaxAge: a registration takes effect for CreateJob that much later, and a burst
   // of CreateJobs costs no extra query each.

@@ -27,6 +27,7 @@ using RankKey = std::tuple<std::string, int32_t, int32_t>;  // job id, attempt, 
 const std::string kNodeColumns = absl::StrCat(
     "n.id, n.name, n.state, n.device_kind, n.slots, n.labels::text AS labels, n.address,"
     " n.agent_version, n.data_roots::text AS data_roots, n.devices::text AS devices,"
+    " n.master_port_base,"
     " coalesce(n.session_id::text, '') AS session_id, n.last_heartbeat_seq,"
     " (extract(epoch FROM n.last_heartbeat_time) * 1e6)::bigint AS heartbeat_us,"
     " (SELECT count(*) FROM rank_assignments a WHERE a.node_id = n.id"
@@ -83,6 +84,7 @@ v1::Node NodeFromRow(const db::Row& row) {
   }
   node.set_address(row.Get<std::string>("address"));
   node.set_agent_version(row.Get<std::string>("agent_version"));
+  node.set_master_port_base(row.Get<int32_t>("master_port_base"));
   const nlohmann::json roots = nlohmann::json::parse(row.Get<std::string>("data_roots"));
   for (const auto& root : roots) node.add_data_roots(root.get<std::string>());
   const nlohmann::json devices = nlohmann::json::parse(row.Get<std::string>("devices"));
@@ -174,9 +176,20 @@ absl::StatusOr<db::Result> ReadNodeRanks(db::Transaction& tx, int64_t node_id) {
           " CASE WHEN a.state <> 'STOPPING' THEN j.spec::text ELSE '' END AS spec,"
           " at.rendezvous_prefix,"
           " (SELECT count(*) FROM rank_assignments b WHERE b.job_id = a.job_id"
-          "   AND b.attempt = a.attempt AND b.node_id = a.node_id)::int AS local_world_size"
+          "   AND b.attempt = a.attempt AND b.node_id = a.node_id)::int AS local_world_size,"
+          // torchrun's rendezvous for script jobs: rank 0's node and its port (RankAssignment).
+          " coalesce(m.address, '') AS master_addr,"
+          " CASE WHEN m.master_port_base > 0 THEN m.master_port_base + r0.slot ELSE 0 END"
+          "   AS master_port,"
+          " (SELECT count(DISTINCT b.node_id) FROM rank_assignments b WHERE b.job_id = a.job_id"
+          "   AND b.attempt = a.attempt AND b.rank < (SELECT min(c.rank) FROM rank_assignments c"
+          "   WHERE c.job_id = a.job_id AND c.attempt = a.attempt AND c.node_id = a.node_id)"
+          " )::int AS group_rank"
           " FROM rank_assignments a JOIN jobs j ON j.id = a.job_id"
           " JOIN job_attempts at ON at.job_id = a.job_id AND at.attempt = a.attempt"
+          " LEFT JOIN rank_assignments r0 ON r0.job_id = a.job_id AND r0.attempt = a.attempt"
+          "   AND r0.rank = 0"
+          " LEFT JOIN nodes m ON m.id = r0.node_id"
           " WHERE a.node_id = $1 AND a.state IN ",
           kLiveRankStatesSql, " ORDER BY a.job_id, a.rank"),
       {node_id});
@@ -202,6 +215,9 @@ absl::StatusOr<v1::RankAssignment> AssignmentFromRow(const db::Row& row, bool cu
   if (cuda) rank.add_device_indices(row.Get<int32_t>("slot"));
   rank.set_rendezvous_prefix(row.Get<std::string>("rendezvous_prefix"));
   rank.set_store_address(store_address);
+  rank.set_master_addr(row.Get<std::string>("master_addr"));
+  rank.set_master_port(row.Get<int32_t>("master_port"));
+  rank.set_group_rank(row.Get<int32_t>("group_rank"));
   // As submitted (no defaults written in); the trainer applies WithDefaults.
   auto parsed = google::protobuf::util::JsonStringToMessage(row.Get<std::string>("spec"),
                                                             rank.mutable_spec());
@@ -278,6 +294,11 @@ absl::StatusOr<v1::RegisterNodeResponse> NodeManager::RegisterNode(
   if (node.slots() < 0 || node.slots() > kMaxSlots) {
     absl::StrAppend(&problems, " node.slots: ", node.slots(), " is not in [0, ", kMaxSlots, "];");
   }
+  if (node.master_port_base() != 0 &&
+      (node.master_port_base() < 1024 || node.master_port_base() + node.slots() > 65536)) {
+    absl::StrAppend(&problems, " node.master_port_base: ", node.master_port_base(),
+                    " must be 0 or a port >= 1024 with a port for each slot below 65536;");
+  }
   // Clean, so that CreateJob and the scheduler can compare spec paths with them as strings.
   for (const std::string& root : node.data_roots()) {
     if (!IsCleanPath(root)) {
@@ -300,20 +321,22 @@ absl::StatusOr<v1::RegisterNodeResponse> NodeManager::RegisterNode(
     }
     GRADHUB_ASSIGN_OR_RETURN(
         db::Result session,
-        tx.Exec("INSERT INTO nodes (name, device_kind, slots, labels, address, agent_version,"
-                " session_id, last_heartbeat_time, data_roots, devices)"
-                " VALUES ($1, $2, $3, $4::jsonb, $5, $6, gen_random_uuid(), now(), $7::jsonb,"
-                " $8::jsonb)"
-                " ON CONFLICT (name) DO UPDATE SET device_kind = EXCLUDED.device_kind,"
-                " slots = EXCLUDED.slots, labels = EXCLUDED.labels, address = EXCLUDED.address,"
-                " agent_version = EXCLUDED.agent_version, session_id = EXCLUDED.session_id,"
-                " data_roots = EXCLUDED.data_roots, devices = EXCLUDED.devices,"
-                " last_heartbeat_seq = 0, last_heartbeat_time = now(),"
-                " state = CASE WHEN nodes.state = 'LOST' THEN 'READY' ELSE nodes.state END"
-                " RETURNING session_id::text AS session_id",
-                {name, node.kind() == v1::Node::CUDA ? "CUDA" : "CPU", node.slots(),
-                 LabelsJson(node.labels()), node.address(), node.agent_version(),
-                 RootsJson(node.data_roots()), DevicesJson(node.devices())}));
+        tx.Exec(
+            "INSERT INTO nodes (name, device_kind, slots, labels, address, agent_version,"
+            " session_id, last_heartbeat_time, data_roots, devices, master_port_base)"
+            " VALUES ($1, $2, $3, $4::jsonb, $5, $6, gen_random_uuid(), now(), $7::jsonb,"
+            " $8::jsonb, $9)"
+            " ON CONFLICT (name) DO UPDATE SET device_kind = EXCLUDED.device_kind,"
+            " slots = EXCLUDED.slots, labels = EXCLUDED.labels, address = EXCLUDED.address,"
+            " agent_version = EXCLUDED.agent_version, session_id = EXCLUDED.session_id,"
+            " data_roots = EXCLUDED.data_roots, devices = EXCLUDED.devices,"
+            " master_port_base = EXCLUDED.master_port_base, last_heartbeat_seq = 0, "
+            "last_heartbeat_time = now(),"
+            " state = CASE WHEN nodes.state = 'LOST' THEN 'READY' ELSE nodes.state END"
+            " RETURNING session_id::text AS session_id",
+            {name, node.kind() == v1::Node::CUDA ? "CUDA" : "CPU", node.slots(),
+             LabelsJson(node.labels()), node.address(), node.agent_version(),
+             RootsJson(node.data_roots()), DevicesJson(node.devices()), node.master_port_base()}));
     v1::RegisterNodeResponse response;
     response.set_session_id(session.row(0).Get<std::string>("session_id"));
     SetDuration(options_.heartbeat_interval, response.mutable_heartbeat_interval());
@@ -396,6 +419,31 @@ absl::StatusOr<v1::WatchAssignmentsResponse> NodeManager::DesiredAssignments(
         return response;
       },
       {.read_only = true});
+}
+
+absl::StatusOr<std::string> NodeManager::CheckRankOnNode(
+    const v1::IssueRankCredentialRequest& request) {
+  const std::string name = NodeId(request.node());
+  if (name.empty()) return absl::InvalidArgumentError("node: not nodes/NAME");
+  const std::string job_id = JobId(request.job());
+  if (job_id.empty()) return absl::InvalidArgumentError("job: not jobs/ID");
+  return pool_->Transact([&](db::Transaction& tx) -> absl::StatusOr<std::string> {
+    GRADHUB_ASSIGN_OR_RETURN(const db::Result node,
+                             ReadSession(tx, name, request.session_id(), ""));
+    GRADHUB_ASSIGN_OR_RETURN(
+        const db::Result rows,
+        tx.Exec("SELECT 1 FROM rank_assignments a JOIN jobs j ON j.id = a.job_id"
+                " WHERE a.job_id = $1::uuid AND a.attempt = $2 AND a.rank = $3"
+                " AND a.node_id = $4 AND a.state IN ('ASSIGNED', 'STARTING', 'RUNNING')"
+                " AND j.current_attempt = a.attempt",
+                {job_id, request.attempt(), request.rank(), node.row(0).Get<int64_t>("id")}));
+    if (rows.empty()) {
+      return absl::NotFoundError(absl::StrCat("rank ", request.rank(), " of attempt ",
+                                              request.attempt(), " of ", request.job(),
+                                              " is not live on nodes/", name));
+    }
+    return job_id;
+  });
 }
 
 absl::StatusOr<int64_t> NodeManager::StoreLogs(const v1::ReportLogsRequest& request) {

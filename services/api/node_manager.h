@@ -58,6 +58,13 @@ class NodeManager {
   // 0's progress lines also update the job's progress, which is what WatchJob shows.
   absl::StatusOr<int64_t> StoreLogs(const v1::ReportLogsRequest& request);
 
+  // IssueRankCredential's check: the job uuid when rank `request.rank` of the attempt is placed
+  // on the node under its current session, live (ASSIGNED, STARTING, RUNNING), and its
+  // attempt is the job's current one; FAILED_PRECONDITION for a session that is not current,
+  // NOT_FOUND otherwise. The adapter then mints the token (Authenticator::CreateJobToken),
+  // which is checked again against the attempt at every use.
+  absl::StatusOr<std::string> CheckRankOnNode(const v1::IssueRankCredentialRequest& request);
+
   absl::StatusOr<v1::ListNodesResponse> ListNodes(const v1::ListNodesRequest& request);
   absl::StatusOr<v1::Node> GetNode(const std::string& name);
   absl::StatusOr<v1::Node> CordonNode(const std::string& name, bool cordon);

@@ -105,6 +105,19 @@ grpc::Status NodeService::ReportLogs(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
+grpc::Status NodeService::IssueRankCredential(grpc::ServerContext* context,
+                                              const v1::IssueRankCredentialRequest* request,
+                                              v1::IssueRankCredentialResponse* response) {
+  if (auto status = Require(*context, Principal::Kind::kNode); !status.ok()) return ToGrpc(status);
+  absl::StatusOr<std::string> job_id = nodes_->CheckRankOnNode(*request);
+  if (!job_id.ok()) return ToGrpc(job_id.status());
+  absl::StatusOr<NewToken> token =
+      auth_->CreateJobToken(*job_id, request->attempt(), request->rank());
+  if (!token.ok()) return ToGrpc(token.status());
+  response->set_token(token->secret);
+  return grpc::Status::OK;
+}
+
 grpc::Status NodeService::ListNodes(grpc::ServerContext* context,
                                     const v1::ListNodesRequest* request,
                                     v1::ListNodesResponse* response) {

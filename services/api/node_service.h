@@ -34,6 +34,9 @@ class NodeService final : public v1::NodeService::Service {
   grpc::Status ReportLogs(grpc::ServerContext* context,
                           grpc::ServerReader<v1::ReportLogsRequest>* reader,
                           v1::ReportLogsResponse* response) override;
+  grpc::Status IssueRankCredential(grpc::ServerContext* context,
+                                   const v1::IssueRankCredentialRequest* request,
+                                   v1::IssueRankCredentialResponse* response) override;
   grpc::Status ListNodes(grpc::ServerContext* context, const v1::ListNodesRequest* request,
                          v1::ListNodesResponse* response) override;
   grpc::Status GetNode(grpc::ServerContext* context, const v1::GetNodeRequest* request,

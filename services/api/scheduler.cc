@@ -42,7 +42,7 @@ absl::StatusOr<std::vector<NodeRecord>> ReadNodes(db::Transaction& tx, absl::Dur
       tx.Exec(
           absl::StrCat(
               "SELECT n.id, n.name, n.slots, n.device_kind, n.labels::text AS labels,"
-              " n.data_roots::text AS data_roots,"
+              " n.data_roots::text AS data_roots, n.master_port_base,"
               " n.state, n.last_heartbeat_time > now() - $1 * interval '1 second' AS heartbeating,"
               " (SELECT coalesce(string_agg(a.slot::text, ','), '') FROM rank_assignments a"
               "   WHERE a.node_id = n.id AND a.state IN ",
@@ -57,6 +57,7 @@ absl::StatusOr<std::vector<NodeRecord>> ReadNodes(db::Transaction& tx, absl::Dur
     node.name = row.Get<std::string>("name");
     v1::Node::State_Parse(row.Get<std::string>("state"), &node.state);
     node.heartbeating = row.Get<bool>("heartbeating");
+    node.master_port_base = row.Get<int32_t>("master_port_base");
     v1::Node::DeviceKind_Parse(row.Get<std::string>("device_kind"), &node.kind);
     // Named: a range-for over a temporary's items() would outlive the temporary.
     const nlohmann::json labels = nlohmann::json::parse(row.Get<std::string>("labels"));
@@ -169,6 +170,7 @@ absl::StatusOr<std::optional<AttemptSnapshot>> ReadAttemptSnapshot(db::Transacti
   snapshot.job_state = job.state();
   // The stored spec is as submitted: its defaults apply here.
   snapshot.hang_timeout_seconds = WithDefaults(job.spec()).hang_timeout_seconds();
+  snapshot.script = job.spec().has_script();
   snapshot.seconds_since_start = attempt_row.row(0).Get<double>("idle_s");
   GRADHUB_ASSIGN_OR_RETURN(
       db::Result rank_rows,
@@ -351,7 +353,10 @@ absl::StatusOr<std::optional<double>> Scheduler::ReconcileAttempt(const std::str
     GRADHUB_ASSIGN_OR_RETURN(const std::optional<AttemptSnapshot> snapshot,
                              ReadAttemptSnapshot(tx, job));
     if (!snapshot) return std::nullopt;
-    const AttemptVerdict verdict = JudgeAttempt(*snapshot, options_.peer_failure_grace);
+    // A script's exit may be its peer's loss: wait a node lease more, so a lost node is found.
+    const AttemptVerdict verdict = JudgeAttempt(
+        *snapshot, options_.peer_failure_grace +
+                       (snapshot->script ? options_.node_lease : absl::ZeroDuration()));
     if (verdict.failure) MarkAssignmentsChanged();
     return ApplyVerdict(tx, job, verdict);
   });

@@ -10,6 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "services/common/contract/data_paths.h"
 #include "services/common/contract/job_spec.h"
 #include "services/common/contract/trainer_exit_codes.h"
@@ -55,6 +56,14 @@ std::string NoNodeOfDeviceKind(const JobNeeds& job) {
       "backend ", v1::DistributedSpec::Backend_Name(job.spec.distributed().backend()),
       job.spec.precision() == v1::JobSpec::FP16 ? " with precision FP16" : "", " runs on ",
       absl::StrJoin(names, " or "), " nodes; no such node is registered");
+}
+
+bool RunsScripts(const NodeRecord& node, const JobNeeds& job) {
+  return !job.spec.has_script() || node.master_port_base > 0;
+}
+
+std::string NoNodeRunsScripts(const JobNeeds&) {
+  return "no eligible node runs script jobs (gradhub-agent --master-port-base is 0 on all)";
 }
 
 bool TakesRanks(const NodeRecord& node, const JobNeeds&) {
@@ -116,6 +125,7 @@ const std::vector<NodeFilter>& NodeFilters() {
       {"NodeSelector", LabelsMatch, NoLabelledNode},
       {"DataRoots", ServesFiles, NoNodeServesFiles},
       {"DeviceKind", OfDeviceKind, NoNodeOfDeviceKind},
+      {"RunsScripts", RunsScripts, NoNodeRunsScripts},
       {"Ready", TakesRanks, NoReadyNodeWithAFreeSlot},
       {"FreeSlot", HasFreeSlot, NoReadyNodeWithAFreeSlot},
   };
@@ -290,6 +300,12 @@ v1::JobEvent::FailureKind FailureKindOfExit(int exit_code, int signal) {
   return v1::JobEvent::JOB;
 }
 
+v1::JobEvent::FailureKind FailureKindOfScriptExit(int exit_code, int signal) {
+  if (exit_code == trainer::kExitOutOfMemory) return v1::JobEvent::USER;  // the agent's verdict
+  if (signal != 0) return v1::JobEvent::JOB;
+  return v1::JobEvent::USER;
+}
+
 std::string RankFailureMessage(int32_t rank, bool stopped, int exit_code, int signal,
                                const std::string& agent_message) {
   if (stopped) {
@@ -302,32 +318,46 @@ std::string RankFailureMessage(int32_t rank, bool stopped, int exit_code, int si
                                        : absl::StrCat("exited with code ", exit_code);
   // Without output of its own the agent reports the exit itself, which says nothing new.
   const bool has_line = !agent_message.empty() && agent_message != exit;
+  if (!has_line) return absl::StrCat("rank ", rank, signal != 0 ? " was " : " ", exit);
+  // A script's agent sends its last few lines (a traceback), one a line.
+  const bool lines = absl::StrContains(agent_message, '\n');
   return absl::StrCat("rank ", rank, signal != 0 ? " was " : " ", exit,
-                      has_line ? absl::StrCat(" (last log line: ", agent_message, ")") : "");
+                      lines ? " (last log lines: " : " (last log line: ",
+                      absl::StrReplaceAll(agent_message, {{"\n", " | "}}), ")");
 }
 
 namespace {
 
-v1::JobEvent::FailureKind KindOf(const RankReport& rank) {
-  return rank.state == "STOPPED" ? v1::JobEvent::INFRASTRUCTURE
-                                 : FailureKindOfExit(rank.exit_code, rank.signal);
+v1::JobEvent::FailureKind KindOf(const RankReport& rank, bool script) {
+  if (rank.state == "STOPPED") return v1::JobEvent::INFRASTRUCTURE;
+  return script ? FailureKindOfScriptExit(rank.exit_code, rank.signal)
+                : FailureKindOfExit(rank.exit_code, rank.signal);
+}
+
+// Whether the verdict waits before blaming `rank` (JudgeAttempt step 2): an infrastructure
+// failure, or a script's non-zero exit, which may be its peer's death as well as its own bug.
+bool MayBeAConsequence(const RankReport& rank, bool script) {
+  const v1::JobEvent::FailureKind kind = KindOf(rank, script);
+  return kind == v1::JobEvent::INFRASTRUCTURE ||
+         (script && kind == v1::JobEvent::USER && rank.signal == 0 &&
+          rank.exit_code != trainer::kExitOutOfMemory);
 }
 
 // JudgeAttempt's steps 1-2: the rank to blame, or null.
 const RankReport* Culprit(const AttemptSnapshot& attempt, absl::Duration peer_failure_grace) {
-  const RankReport* peer_loss = nullptr;
+  const RankReport* deferred = nullptr;
   int running = 0;  // ranks that could still report the real cause
   for (const RankReport& rank : attempt.ranks) {
     running += rank.state == "STARTING" || rank.state == "RUNNING";
     if (rank.state != "FAILED" && rank.state != "STOPPED") continue;
-    if (KindOf(rank) != v1::JobEvent::INFRASTRUCTURE) return &rank;  // step 1
-    if (peer_loss == nullptr || (peer_loss->state != "STOPPED" && rank.state == "STOPPED")) {
-      peer_loss = &rank;
+    if (!MayBeAConsequence(rank, attempt.script)) return &rank;  // step 1
+    if (deferred == nullptr || (deferred->state != "STOPPED" && rank.state == "STOPPED")) {
+      deferred = &rank;
     }
   }
-  if (peer_loss == nullptr) return nullptr;
-  const bool graced = peer_loss->seconds_in_state >= absl::ToDoubleSeconds(peer_failure_grace);
-  return graced || running == 0 ? peer_loss : nullptr;
+  if (deferred == nullptr) return nullptr;
+  const bool graced = deferred->seconds_in_state >= absl::ToDoubleSeconds(peer_failure_grace);
+  return graced || running == 0 ? deferred : nullptr;
 }
 
 }  // namespace
@@ -337,7 +367,7 @@ AttemptVerdict JudgeAttempt(const AttemptSnapshot& attempt, absl::Duration peer_
   if (const RankReport* culprit = Culprit(attempt, peer_failure_grace)) {
     AttemptFailure failure;
     failure.event = v1::JobEvent::RANK_FAILED;
-    failure.kind = KindOf(*culprit);
+    failure.kind = KindOf(*culprit, attempt.script);
     failure.rank = culprit->rank;
     failure.node = "nodes/" + culprit->node;
     failure.exit_code = culprit->exit_code;
@@ -362,6 +392,8 @@ AttemptVerdict JudgeAttempt(const AttemptSnapshot& attempt, absl::Duration peer_
     return verdict;
   }
   if (verdict.now_running) return verdict;  // it started just now: the watchdog counts from here
+  // A script is watched once it has reported a step: before that, nothing says it would report.
+  if (attempt.script && !attempt.seconds_since_step) return verdict;
   const double idle = std::min(attempt.seconds_since_start,
                                attempt.seconds_since_step.value_or(attempt.seconds_since_start));
   if (idle > attempt.hang_timeout_seconds) {  // step 4

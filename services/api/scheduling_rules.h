@@ -34,6 +34,7 @@ struct NodeRecord {
   std::map<std::string, std::string> labels;
   std::vector<std::string> data_roots;
   std::vector<int32_t> free_slots;  // ascending; on CUDA nodes a slot is a GPU
+  int32_t master_port_base = 0;     // script jobs' MASTER_PORT base; 0 = runs no script jobs
 };
 
 struct RankPlacement {
@@ -79,6 +80,7 @@ struct NodeFilter {
 //   NodeSelector  the node's labels hold every key=value of spec.nodeSelector;
 //   DataRoots     its data roots hold every file the spec names (contract/data_paths.h);
 //   DeviceKind    it is of a kind the job runs on (DeviceKindsFor);
+//   RunsScripts   a script job's node has a master port base (gradhub-agent --master-port-base);
 //   Ready         READY (not cordoned or draining) and heartbeating within its lease;
 //   FreeSlot      it has a free slot.
 // The last two share their reason: "needs N slots, no ready node has a free slot".
@@ -197,6 +199,7 @@ struct AttemptSnapshot {
   std::vector<RankReport> ranks;
   double seconds_since_start = 0;  // since the attempt was created or, once RUNNING, started
   std::optional<double> seconds_since_step;  // since the newest step of any rank
+  bool script = false;                       // a script job (JobSpec.script): its exits differ
 };
 
 // How an attempt ended badly, whatever noticed it (a rank's exit, the hang watchdog, a lost or
@@ -217,11 +220,17 @@ struct AttemptFailure {
 // anything else (NaN, a crash, a kill) is the job's.
 v1::JobEvent::FailureKind FailureKindOfExit(int exit_code, int signal);
 
+// The same for a rank of a script job, whose exit codes are the user's program's own: a
+// non-zero exit is the user's (USER: no restart), a kill by a signal the agent did not send
+// the job's (JOB), and the agent's out-of-memory verdict (kExitOutOfMemory) the user's.
+v1::JobEvent::FailureKind FailureKindOfScriptExit(int exit_code, int signal);
+
 // The RANK_FAILED message of a rank that ended an attempt, cause first and the rank's own
 // words apart, so that its last log line never reads as the cause:
 //   stopped (by its agent, or forgotten with its node): "rank 2 was stopped by its agent: WHY";
 //   failed: "rank 2 was killed by signal 9 (last log line: ...)" or
-//           "rank 2 exited with code 1 (last log line: ...)".
+//           "rank 2 exited with code 1 (last log line: ...)"; a script's agent sends its last
+//           lines: "rank 2 exited with code 3 (last log lines: A | B | C)".
 // `agent_message` is what the agent reported: for a failed rank its last stderr line (or the
 // exit itself, when it printed none), for a stopped one the reason it was stopped.
 std::string RankFailureMessage(int32_t rank, bool stopped, int exit_code, int signal,
@@ -239,14 +248,18 @@ struct AttemptVerdict {
 //   1. A failed rank is blamed if its exit is not an infrastructure failure (USER or JOB:
 //      a crash, a NaN, a kill); the first such report wins.
 //   2. Otherwise, among infrastructure failures (a rank that lost its peers, one its agent
-//      stopped), one its agent stopped says more. It is blamed only once it has been reported
-//      for peer_failure_grace, or when no rank is running any more: the rank that really died
-//      may be reported a heartbeat later from another node, and blaming the infrastructure
-//      for a user's crash would spend the wrong budget.
+//      stopped) and, in a script job, non-zero exits (a script whose peer died exits 1 as it
+//      would for its own bug), one its agent stopped says more, then the first reported. It is
+//      blamed only once it has been reported for peer_failure_grace, or when no rank is
+//      running any more: the rank that really died may be reported a heartbeat later from
+//      another node (or its node found LOST), and blaming the infrastructure for a user's
+//      crash, or the user for a lost node, would spend the wrong budget. The scheduler gives
+//      script jobs a node lease more, so that a lost node is found first.
 //   3. No failure: every rank started (STARTING, RUNNING or SUCCEEDED) makes a SCHEDULED job
 //      RUNNING; every rank SUCCEEDED makes it SUCCEEDED.
 //   4. The hang watchdog: no step from any rank, and no start, for hang_timeout_seconds fails
-//      the attempt (HANG_DETECTED, a JOB failure).
+//      the attempt (HANG_DETECTED, a JOB failure). A script job is watched only once one of
+//      its ranks has reported a step.
 AttemptVerdict JudgeAttempt(const AttemptSnapshot& attempt, absl::Duration peer_failure_grace);
 
 // What the job becomes after a failed attempt: the failure's kind spends a budget of

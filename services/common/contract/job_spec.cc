@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "services/common/contract/defaults.h"
+#include "services/common/contract/script_spec.h"
 #include "services/common/contract/user_error.h"
 #include "services/common/json_text.h"
 
@@ -366,17 +367,29 @@ v1::JobSpec LoadJobSpec(const std::string& path) {
   }
 }
 
-std::vector<SpecIssue> ValidateJobSpec(const v1::JobSpec& spec, const SpecLimits& limits) {
-  Checker check;
+namespace {
+
+// The rules of every job, trainer or script.
+void CheckCommonFields(const v1::JobSpec& spec, const SpecLimits& limits, Checker& check) {
   check.Require(spec.display_name().size() <= 256, "displayName", "is longer than 256 characters");
   for (const auto& [key, value] : spec.labels()) {
     check.Require(!key.empty() && key.size() <= 63 && value.size() <= 63, "labels." + key,
                   "keys must be 1 to 63 characters, values at most 63");
   }
-  CheckModel(spec.model(), check);
-  CheckDataset(spec.dataset(), check);
-  CheckOptimizer(spec.optimizer(), check);
-  const auto& schedule = spec.lr_schedule();
+  const auto& distributed = spec.distributed();
+  check.Require(distributed.world_size() >= 0 && distributed.world_size() <= limits.max_world_size,
+                "distributed.worldSize",
+                "must be between 1 and " + std::to_string(limits.max_world_size));
+  check.Require(distributed.ranks_per_node() >= 0, "distributed.ranksPerNode",
+                "must not be negative");
+  check.Require(spec.checkpoint().keep_last() >= 0, "checkpoint.keepLast", "must not be negative");
+  check.Require(spec.max_restarts().infrastructure() >= 0, "maxRestarts.infrastructure",
+                "must not be negative");
+  check.Require(spec.max_restarts().job() >= 0, "maxRestarts.job", "must not be negative");
+  check.Require(spec.hang_timeout_seconds() >= 0, "hangTimeoutSeconds", "must not be negative");
+}
+
+void CheckSchedule(const v1::LrSchedule& schedule, Checker& check) {
   if (schedule.has_step()) {
     check.Require(schedule.step().step_size() > 0, "lrSchedule.step.stepSize", "must be positive");
     check.Require(schedule.step().gamma() > 0, "lrSchedule.step.gamma", "must be positive");
@@ -388,6 +401,14 @@ std::vector<SpecIssue> ValidateJobSpec(const v1::JobSpec& spec, const SpecLimits
                   "must not be negative");
   }
   check.Require(schedule.warmup_steps() >= 0, "lrSchedule.warmupSteps", "must not be negative");
+}
+
+// The rules of the built-in trainer's fields.
+void CheckTrainerFields(const v1::JobSpec& spec, Checker& check) {
+  CheckModel(spec.model(), check);
+  CheckDataset(spec.dataset(), check);
+  CheckOptimizer(spec.optimizer(), check);
+  CheckSchedule(spec.lr_schedule(), check);
   check.Require(spec.batch_size_per_rank() > 0, "batchSizePerRank", "must be positive");
   check.Require(spec.grad_accumulation_steps() >= 0, "gradAccumulationSteps",
                 "must not be negative");
@@ -398,24 +419,28 @@ std::vector<SpecIssue> ValidateJobSpec(const v1::JobSpec& spec, const SpecLimits
   check.Require(spec.eval_every_steps() >= 0, "evalEverySteps", "must not be negative");
   check.Require(spec.log_every_steps() >= 0, "logEverySteps", "must not be negative");
   check.Require(spec.grad_clip_norm() >= 0, "gradClipNorm", "must not be negative");
-  const auto& distributed = spec.distributed();
-  check.Require(distributed.world_size() >= 0 && distributed.world_size() <= limits.max_world_size,
-                "distributed.worldSize",
-                "must be between 1 and " + std::to_string(limits.max_world_size));
-  check.Require(distributed.ranks_per_node() >= 0, "distributed.ranksPerNode",
-                "must not be negative");
-  check.Require(distributed.bucket_cap_mb() >= 0 && distributed.bucket_cap_mb() <= 1024,
-                "distributed.bucketCapMb", "must be between 0 and 1024");
+  check.Require(
+      spec.distributed().bucket_cap_mb() >= 0 && spec.distributed().bucket_cap_mb() <= 1024,
+      "distributed.bucketCapMb", "must be between 0 and 1024");
   CheckEfficiency(spec, check);
   CheckPrecision(spec, check);
   CheckModelFitsDataset(spec, check);
   check.Require(spec.checkpoint().every_steps() >= 0, "checkpoint.everySteps",
                 "must not be negative");
-  check.Require(spec.checkpoint().keep_last() >= 0, "checkpoint.keepLast", "must not be negative");
-  check.Require(spec.max_restarts().infrastructure() >= 0, "maxRestarts.infrastructure",
-                "must not be negative");
-  check.Require(spec.max_restarts().job() >= 0, "maxRestarts.job", "must not be negative");
-  check.Require(spec.hang_timeout_seconds() >= 0, "hangTimeoutSeconds", "must not be negative");
+}
+
+}  // namespace
+
+std::vector<SpecIssue> ValidateJobSpec(const v1::JobSpec& spec, const SpecLimits& limits) {
+  Checker check;
+  CheckCommonFields(spec, limits, check);
+  if (spec.has_script()) {
+    for (SpecIssue& issue : ValidateScriptSpec(spec)) {
+      check.Require(false, std::move(issue.field), std::move(issue.message));
+    }
+  } else {
+    CheckTrainerFields(spec, check);
+  }
   return check.Take();
 }
 
@@ -430,6 +455,16 @@ void CheckJobSpec(const v1::JobSpec& spec, const SpecLimits& limits) {
 v1::JobSpec WithDefaults(v1::JobSpec spec) {
   auto* distributed = spec.mutable_distributed();
   if (distributed->world_size() == 0) distributed->set_world_size(1);
+  if (spec.hang_timeout_seconds() == 0) {
+    spec.set_hang_timeout_seconds(defaults::kHangTimeoutSeconds);
+  }
+  if (spec.checkpoint().keep_last() == 0) spec.mutable_checkpoint()->set_keep_last(3);
+  if (spec.has_script()) {  // none of the trainer's defaults: ValidateScriptSpec refuses them
+    if (spec.script().interpreter().empty()) {
+      spec.mutable_script()->set_interpreter(kDefaultScriptInterpreter);
+    }
+    return spec;
+  }
   if (distributed->bucket_cap_mb() == 0) distributed->set_bucket_cap_mb(25);
   if (distributed->comm_hook() == v1::DistributedSpec::POWER_SGD) {
     auto* powersgd = distributed->mutable_power_sgd();
@@ -441,10 +476,6 @@ v1::JobSpec WithDefaults(v1::JobSpec spec) {
   }
   if (spec.grad_accumulation_steps() == 0) spec.set_grad_accumulation_steps(1);
   if (spec.log_every_steps() == 0) spec.set_log_every_steps(10);
-  if (spec.hang_timeout_seconds() == 0) {
-    spec.set_hang_timeout_seconds(defaults::kHangTimeoutSeconds);
-  }
-  if (spec.checkpoint().keep_last() == 0) spec.mutable_checkpoint()->set_keep_last(3);
   if (spec.dataset().prefetch_batches() == 0) spec.mutable_dataset()->set_prefetch_batches(2);
   return spec;
 }

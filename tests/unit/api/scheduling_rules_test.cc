@@ -61,8 +61,8 @@ const NodeFilter& Filter(const std::string& name) {
 TEST(NodeFilters, GiveTheirReasonsMostSpecificFirst) {
   std::vector<std::string> names;
   for (const NodeFilter& filter : NodeFilters()) names.push_back(filter.name);
-  EXPECT_EQ(names, (std::vector<std::string>{"NodeSelector", "DataRoots", "DeviceKind", "Ready",
-                                             "FreeSlot"}));
+  EXPECT_EQ(names, (std::vector<std::string>{"NodeSelector", "DataRoots", "DeviceKind",
+                                             "RunsScripts", "Ready", "FreeSlot"}));
 }
 
 TEST(NodeFilters, NodeSelectorAdmitsNodesWithEveryLabel) {
@@ -111,6 +111,17 @@ TEST(NodeFilters, DeviceKindAdmitsTheKindsTheJobRunsOn) {
   EXPECT_FALSE(Filter("DeviceKind").admits(cpu, JobNeeds(fp16)));
   EXPECT_EQ(Filter("DeviceKind").why_none(JobNeeds(fp16)),
             "backend AUTO with precision FP16 runs on CUDA nodes; no such node is registered");
+}
+
+TEST(NodeFilters, RunsScriptsAdmitsNodesWithAMasterPortBaseForScriptJobs) {
+  v1::JobSpec script = Spec(1);
+  script.mutable_script()->set_entrypoint("train.py");
+  NodeRecord node = Node(1, "a", 1);
+  EXPECT_FALSE(Filter("RunsScripts").admits(node, JobNeeds(script)));
+  EXPECT_TRUE(Filter("RunsScripts").admits(node, JobNeeds(Spec(1))));  // the trainer needs none
+  node.master_port_base = 29500;
+  EXPECT_TRUE(Filter("RunsScripts").admits(node, JobNeeds(script)));
+  EXPECT_THAT(Filter("RunsScripts").why_none(JobNeeds(script)), HasSubstr("--master-port-base"));
 }
 
 TEST(NodeFilters, ReadyAdmitsReadyNodesWithinTheirLease) {
@@ -528,6 +539,70 @@ TEST(JudgeAttempt, TheHangWatchdogCountsFromTheStartBeforeAnyStep) {
   EXPECT_FALSE(JudgeAttempt(attempt, kGrace).failure);
   attempt.seconds_since_start = 31;
   EXPECT_TRUE(JudgeAttempt(attempt, kGrace).failure);
+}
+
+// --- script jobs ---
+
+AttemptSnapshot ScriptAttempt(std::vector<RankReport> ranks) {
+  AttemptSnapshot attempt = Attempt(std::move(ranks));
+  attempt.script = true;
+  return attempt;
+}
+
+TEST(JudgeAttempt, AScriptsNonZeroExitIsTheUsersOnceNoPeerDeathExplainsIt) {
+  AttemptSnapshot attempt = ScriptAttempt({Rank(1, "FAILED", 1, 3), Rank(0, "RUNNING")});
+  EXPECT_FALSE(JudgeAttempt(attempt, kGrace).failure);  // maybe rank 0's node is being lost
+  attempt.ranks[0].seconds_in_state = 4;
+  const AttemptVerdict verdict = JudgeAttempt(attempt, kGrace);
+  ASSERT_TRUE(verdict.failure);
+  EXPECT_EQ(verdict.failure->kind, v1::JobEvent::USER);
+  EXPECT_EQ(verdict.failure->rank, 1);
+  EXPECT_EQ(verdict.failure->exit_code, 3);
+}
+
+TEST(JudgeAttempt, AScriptsNonZeroExitIsBlamedAtOnceWhenNoRankRunsAnyMore) {
+  const AttemptSnapshot attempt = ScriptAttempt({Rank(0, "FAILED", 0, 3), Rank(1, "FAILED", 0, 3)});
+  const AttemptVerdict verdict = JudgeAttempt(attempt, kGrace);
+  ASSERT_TRUE(verdict.failure);
+  EXPECT_EQ(verdict.failure->kind, v1::JobEvent::USER);
+  EXPECT_EQ(verdict.failure->rank, 0);
+}
+
+TEST(JudgeAttempt, AScriptRankKilledBySignalIsTheJobsFailureAndExplainsItsPeersExits) {
+  // Rank 1 exited 1 when its peer vanished; rank 0 was killed (SIGKILL, not by its agent).
+  const AttemptSnapshot attempt =
+      ScriptAttempt({Rank(1, "FAILED", 0, 1), Rank(0, "FAILED", 0, 0, 9)});
+  const AttemptVerdict verdict = JudgeAttempt(attempt, kGrace);
+  ASSERT_TRUE(verdict.failure);
+  EXPECT_EQ(verdict.failure->kind, v1::JobEvent::JOB);
+  EXPECT_EQ(verdict.failure->rank, 0);
+}
+
+TEST(JudgeAttempt, AScriptOverItsMemoryLimitIsTheUsersFailureAtOnce) {
+  const AttemptSnapshot attempt =
+      ScriptAttempt({Rank(0, "FAILED", 0, trainer::kExitOutOfMemory, 9), Rank(1, "RUNNING")});
+  const AttemptVerdict verdict = JudgeAttempt(attempt, kGrace);
+  ASSERT_TRUE(verdict.failure);
+  EXPECT_EQ(verdict.failure->kind, v1::JobEvent::USER);
+}
+
+TEST(JudgeAttempt, AScriptExitingWithTheTrainersCodesIsStillTheUsers) {
+  // Exit 12 means "lost peers" only for gradhub-trainer; a script's codes are its own.
+  const AttemptSnapshot attempt = ScriptAttempt({Rank(0, "FAILED", 5, kPeerLost)});
+  const AttemptVerdict verdict = JudgeAttempt(attempt, kGrace);
+  ASSERT_TRUE(verdict.failure);
+  EXPECT_EQ(verdict.failure->kind, v1::JobEvent::USER);
+}
+
+TEST(JudgeAttempt, TheHangWatchdogWatchesAScriptOnlyOnceItHasReportedAStep) {
+  AttemptSnapshot attempt = ScriptAttempt({Rank(0, "STARTING"), Rank(1, "STARTING")});
+  attempt.hang_timeout_seconds = 30;
+  attempt.seconds_since_start = 5000;
+  EXPECT_FALSE(JudgeAttempt(attempt, kGrace).failure);
+  attempt.seconds_since_step = 31;
+  const AttemptVerdict verdict = JudgeAttempt(attempt, kGrace);
+  ASSERT_TRUE(verdict.failure);
+  EXPECT_EQ(verdict.failure->event, v1::JobEvent::HANG_DETECTED);
 }
 
 // --- restart budgets ---
