@@ -17,7 +17,7 @@ namespace {
 // Commands that are a group word plus a subcommand ("nodes cordon").
 const std::set<std::string>& Groups() {
   static const auto* const kGroups =
-      new std::set<std::string>{"nodes", "admin", "checkpoints", "cluster"};
+      new std::set<std::string>{"nodes", "admin", "checkpoints", "code", "cluster"};
   return *kGroups;
 }
 

@@ -25,6 +25,7 @@ Client::Client(ClientOptions options)
       options_.credentials != nullptr ? options_.credentials : grpc::InsecureChannelCredentials(),
       args);
   checkpoints_ = v1::CheckpointService::NewStub(checkpoint_channel_);
+  code_ = v1::CodeService::NewStub(checkpoint_channel_);
 }
 
 std::unique_ptr<grpc::ClientContext> Client::StreamContext() const {

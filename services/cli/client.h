@@ -9,6 +9,7 @@
 
 #include "absl/time/time.h"
 #include "gradhub/v1/checkpoint.grpc.pb.h"
+#include "gradhub/v1/code.grpc.pb.h"
 #include "gradhub/v1/jobs.grpc.pb.h"
 #include "gradhub/v1/nodes.grpc.pb.h"
 #include "gradhub/v1/tenants.grpc.pb.h"
@@ -37,6 +38,8 @@ class Client {
   v1::NodeService::StubInterface& nodes() { return *nodes_; }
   v1::AdminService::StubInterface& admin() { return *admin_; }
   v1::CheckpointService::StubInterface& checkpoints() { return *checkpoints_; }
+  // Code archives live in gradhub-checkpoint too (code.proto).
+  v1::CodeService::StubInterface& code() { return *code_; }
 
   // A fresh context for one call (gRPC contexts are single-use) carrying the token and the
   // deadline.
@@ -53,6 +56,7 @@ class Client {
   std::unique_ptr<v1::AdminService::StubInterface> admin_;
   std::shared_ptr<grpc::Channel> checkpoint_channel_;
   std::unique_ptr<v1::CheckpointService::StubInterface> checkpoints_;
+  std::unique_ptr<v1::CodeService::StubInterface> code_;
 };
 
 }  // namespace gradhub::cli

@@ -15,6 +15,7 @@
 #include "absl/strings/strip.h"
 #include "services/cli/checkpoint_commands.h"
 #include "services/cli/cluster_commands.h"
+#include "services/cli/code_commands.h"
 #include "services/common/contract/job_spec.h"
 #include "services/common/contract/job_states.h"
 #include "services/common/contract/user_error.h"
@@ -190,13 +191,16 @@ void ResolveSpecPaths(const std::string& spec_file, v1::JobSpec* spec) {
     if (path->empty() || std::filesystem::path(*path).is_absolute()) return;
     *path = (base / *path).lexically_normal().string();
   };
-  v1::DatasetSpec* dataset = spec->mutable_dataset();
-  if (dataset->has_csv()) resolve(dataset->mutable_csv()->mutable_path());
-  if (dataset->has_idx()) {
-    resolve(dataset->mutable_idx()->mutable_images_path());
-    resolve(dataset->mutable_idx()->mutable_labels_path());
+  // mutable_dataset() would give a script job, which has none, an empty dataset.
+  if (spec->has_dataset()) {
+    v1::DatasetSpec* dataset = spec->mutable_dataset();
+    if (dataset->has_csv()) resolve(dataset->mutable_csv()->mutable_path());
+    if (dataset->has_idx()) {
+      resolve(dataset->mutable_idx()->mutable_images_path());
+      resolve(dataset->mutable_idx()->mutable_labels_path());
+    }
+    if (dataset->has_text()) resolve(dataset->mutable_text()->mutable_path());
   }
-  if (dataset->has_text()) resolve(dataset->mutable_text()->mutable_path());
   if (spec->model().has_torchscript()) {
     resolve(spec->mutable_model()->mutable_torchscript()->mutable_path());
   }
@@ -205,9 +209,12 @@ void ResolveSpecPaths(const std::string& spec_file, v1::JobSpec* spec) {
 int Submit(Invocation& inv) {
   std::string file, request_id;
   bool watch = false;
+  CodeFlags code;
   inv.ShortFlag("-f", "--file");
+  code.Register(inv, /*with_dir=*/true);
   inv.flags()
-      .String("file", "", &file, "-f: the job spec, YAML or JSON in the proto3 JSON mapping")
+      .String("file", "", &file,
+              "-f: the job spec, YAML or JSON in the proto3 JSON mapping; - = stdin")
       .String("request-id", "", &request_id,
               "Idempotency key: resubmitting with the same one returns the same job; empty = a "
               "random one for this invocation")
@@ -218,11 +225,14 @@ int Submit(Invocation& inv) {
 
   v1::CreateJobRequest request;
   try {
-    *request.mutable_spec() = LoadJobSpec(file);
+    *request.mutable_spec() = LoadJobSpec(file == "-" ? "/dev/stdin" : file);
     ResolveSpecPaths(file, request.mutable_spec());
   } catch (const UserError& error) {
     // Refused before anything is sent; the message names the field (or the line).
     return inv.Fail(kInvalidArgument, "INVALID_ARGUMENT", error.what());
+  }
+  if (const int exit = PushSpecCode(inv, code, file, request.mutable_spec()); exit != kOk) {
+    return exit;
   }
   request.set_request_id(request_id.empty() ? RandomRequestId() : request_id);
   v1::Job job;
@@ -699,9 +709,10 @@ absl::StatusOr<std::string> BuildFilter(
 
 const std::vector<Command>& AllCommands() {
   static const auto* const kCommands = new std::vector<Command>{
-      {"submit", "-f FILE [--request-id ID] [--watch]",
+      {"submit", "-f FILE [--code DIR] [--request-id ID] [--watch]",
        "Submit a job from a YAML or JSON spec (relative paths in it are relative to FILE); "
-       "prints its name (jobs/<id>).",
+       "prints its name (jobs/<id>). A script job's code directory (--code, or a directory as "
+       "script.code) is packed and uploaded first, as `code push` does.",
        Submit},
       {"get", "JOB", "Show a job's state and progress.", Get},
       {"list", "[--state S] [--label K=V]... [--page-size N] [--all]", "List jobs, newest first.",
@@ -723,6 +734,12 @@ const std::vector<Command>& AllCommands() {
       {"checkpoints download", "NAME -o FILE",
        "Download checkpoint jobs/<id>/checkpoints/<step> into FILE, verifying its sha256.",
        CheckpointsDownload},
+      {"code push", "DIR [--max-code-bytes N]",
+       "Pack DIR (minus what its .gradhubignore excludes) and upload it to --checkpoint-server "
+       "unless it is there already; prints its digest, sha256:<hex>, for script.code.",
+       CodePush},
+      {"code get", "sha256:<hex>", "Show an uploaded code archive (size, entries, created).",
+       CodeGet},
       {"nodes list", "[--state S] [--kind K] [--label K=V]... [--all]",
        "List nodes (admin token). `gradhub nodes` alone does the same.", NodesList},
       {"nodes get", "NODE", "Show a node and its devices (admin token).", NodesGet},

@@ -12,7 +12,8 @@ namespace gradhub::cli {
 void GlobalOptions::Register(Flags& flags) {
   flags.String("server", "GRADHUB_SERVER", &server, "gradhub-api gRPC address, HOST:PORT")
       .String("checkpoint-server", "GRADHUB_CHECKPOINT_SERVER", &checkpoint_server,
-              "gradhub-checkpoint gRPC address, HOST:PORT (for `checkpoints`)")
+              "gradhub-checkpoint gRPC address, HOST:PORT (for `checkpoints`, `code` and "
+              "submit --code)")
       .String("token", "GRADHUB_TOKEN", &token,
               "Bearer token: a tenant token for jobs, the admin token for nodes and admin")
       .String("tls-ca", "GRADHUB_TLS_CA", &tls_ca_file,
