@@ -311,7 +311,8 @@ absl::Status CodeCache::VerifyOrDownload(const std::string& hex, const std::stri
     }
     std::cerr << "gradhub-agent: cached code " << path << " no longer has its sha256 ("
               << (sha.ok() ? *sha : sha.status().ToString()) << "); downloading it again\n";
-    std::filesystem::remove(path);
+    std::error_code ignored;  // a file that cannot go is overwritten by the download's rename
+    std::filesystem::remove(path, ignored);
     entry.state = Entry::kAbsent;
     entry.size = 0;
     ++stats_.rejected;
@@ -339,7 +340,8 @@ absl::Status CodeCache::Download(const std::string& hex, const std::string& addr
   absl::MutexLock lock(&mu_);
   stats_.bytes_downloaded += partial.written;
   if (!status.ok()) {
-    std::filesystem::remove(partial.path);
+    std::error_code ignored;
+    std::filesystem::remove(partial.path, ignored);
     if (status.code() == absl::StatusCode::kDataLoss) ++stats_.rejected;
     return status;
   }
