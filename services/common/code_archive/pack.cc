@@ -117,7 +117,8 @@ class TreeLister {
     }
     const absl::StatusOr<std::vector<std::string>> components = SplitName(path);
     if (!components.ok()) return PathError(path, components.status().message());
-    TreeEntry entry{path};
+    TreeEntry entry;
+    entry.path = path;
     if (S_ISDIR(st.st_mode)) {
       entry.kind = EntryKind::kDirectory;
     } else if (S_ISREG(st.st_mode)) {
@@ -220,8 +221,9 @@ class ArchiveWriter {
     if (in < 0) return PathErrno(errno, "open", entry.path);
     absl::Status status = CopyBytes(in, entry);
     char extra = 0;
-    if (status.ok() && read(in, &extra, 1) != 0)
+    if (status.ok() && read(in, &extra, 1) != 0) {
       status = PathError(entry.path, "grew while packing");
+    }
     close(in);
     return status;
   }

@@ -170,10 +170,12 @@ absl::StatusOr<Header> ParseHeader(absl::string_view block) {
   header.link_target = StringOf(block, kLinkName);
   absl::StatusOr<int64_t> size = ParseNumber(FieldOf(block, kSize));
   absl::StatusOr<int64_t> mode = ParseNumber(FieldOf(block, kMode));
-  if (!size.ok())
+  if (!size.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("size: ", size.status().message()));
-  if (!mode.ok())
+  }
+  if (!mode.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("mode: ", mode.status().message()));
+  }
   header.size = *size;
   header.mode = static_cast<uint32_t>(*mode & 07777);
   return header;

@@ -115,6 +115,15 @@ void Put(std::string* block, size_t offset, const std::string& text) {
 
 std::string Octal(int64_t value, int width) { return absl::StrFormat("%0*o", width - 1, value); }
 
+// The block with its checksum field set to the sum of its bytes.
+std::string WithChecksum(std::string block) {
+  Put(&block, 148, std::string(8, ' '));
+  int sum = 0;
+  for (const char c : block) sum += static_cast<unsigned char>(c);
+  Put(&block, 148, absl::StrFormat("%06o", sum) + std::string(1, '\0'));
+  return block;
+}
+
 // A ustar header block, written independently of the code under test.
 std::string HeaderBlock(const RawEntry& entry) {
   std::string block(512, '\0');
@@ -130,11 +139,7 @@ std::string HeaderBlock(const RawEntry& entry) {
       std::string("ustar\0"
                   "00",
                   8));
-  Put(&block, 148, std::string(8, ' '));
-  int sum = 0;
-  for (const char c : block) sum += static_cast<unsigned char>(c);
-  Put(&block, 148, absl::StrFormat("%06o", sum) + std::string(1, '\0'));
-  return block;
+  return WithChecksum(block);
 }
 
 std::string Padded(std::string data) {
@@ -183,6 +188,10 @@ std::string RunPython(const std::string& script, const std::string& archive) {
 
 class CodeArchiveTest : public ::testing::Test {
  protected:
+  // The source trees' folders are 0755 as UnpackArchive makes them, whatever the caller's umask.
+  void SetUp() override { umask_ = umask(022); }
+  void TearDown() override { umask(umask_); }
+
   std::string Path(const std::string& name) const { return temp_.path() + "/" + name; }
   std::string Write(const std::string& name, const std::string& bytes) {
     WriteFile(Path(name), bytes);
@@ -190,6 +199,7 @@ class CodeArchiveTest : public ::testing::Test {
   }
 
   TempDir temp_;
+  mode_t umask_ = 022;
 };
 
 // ---- Round trip, determinism, interoperability. ----
@@ -250,7 +260,8 @@ TEST_F(CodeArchiveTest, GnuTarListsOurArchive) {
                                     std::string(120, 'd'), "/\n", kLongName,
                                     "\nempty_folder/\nlib/\nlib/empty.py\nlib/model.py\n"
                                     "lib_link\nrun.py\ntrain.py\n"));
-  const testing::RunResult verbose = testing::Run({kTar, "-tvf", Path("code.tar")});
+  const testing::RunResult verbose =
+      testing::Run({kTar, "-tvf", Path("code.tar")}, {{"TZ", "UTC"}});
   ASSERT_EQ(verbose.exit_code, 0) << verbose.err;
   EXPECT_THAT(verbose.out, HasSubstr("-rwxr-xr-x 0/0              28 1970-01-01 00:00 train.py"));
   EXPECT_THAT(verbose.out, HasSubstr("-rw-r--r-- 0/0              18 1970-01-01 00:00 lib/model"));
@@ -609,6 +620,26 @@ TEST_F(CodeArchiveTest, ErrorIsKeptForLaterCalls) {
   EXPECT_EQ(checker.Feed(RawTar({{"fine", '0', "x"}})).message(),
             R"(archive entry "../evil": a ".." component)");
   EXPECT_EQ(checker.Finish().status().message(), R"(archive entry "../evil": a ".." component)");
+}
+
+TEST_F(CodeArchiveTest, PaxSizeOverridesTheHeadersSize) {
+  const std::string records = PaxRecord("size", "3");
+  const std::string bytes = HeaderBlock(RawEntry("././@PaxHeader", 'x', records)) +
+                            Padded(records) + HeaderBlock(RawEntry("a", '0')) + Padded("abc") +
+                            std::string(1024, '\0');
+  absl::StatusOr<ArchiveSummary> checked = CheckBytes(bytes, {}, 100);
+  ASSERT_TRUE(checked.ok()) << checked.status();
+  EXPECT_EQ(checked->unpacked_bytes, 3);
+}
+
+TEST_F(CodeArchiveTest, GnuBase256SizeIsRead) {
+  std::string header = HeaderBlock(RawEntry("a", '0'));
+  Put(&header, 124, std::string(11, '\0') + "\x03");
+  header[124] = static_cast<char>(0x80);
+  const std::string bytes = WithChecksum(header) + Padded("abc") + std::string(1024, '\0');
+  absl::StatusOr<ArchiveSummary> checked = CheckBytes(bytes, {}, bytes.size());
+  ASSERT_TRUE(checked.ok()) << checked.status();
+  EXPECT_EQ(checked->unpacked_bytes, 3);
 }
 
 TEST_F(CodeArchiveTest, ImplicitDirectoriesCountAsEntries) {
