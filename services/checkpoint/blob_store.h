@@ -100,4 +100,12 @@ class BlobStore {
 // INVALID_ARGUMENT unless `key` is a valid upload key (`is_blob` false) or blob key.
 absl::Status CheckBlobKey(std::string_view key, bool is_blob);
 
+// The code store's keys (code_store.h): uploads "code-<hex>", archives "code/<sha256>". No
+// checkpoint's key starts so (theirs are uuids), and the checkpoints' cleanup leaves them alone.
+inline constexpr char kCodeUploadPrefix[] = "code-";
+inline constexpr char kCodeBlobPrefix[] = "code/";
+inline bool IsCodeKey(std::string_view key) {
+  return key.substr(0, 5) == kCodeUploadPrefix || key.substr(0, 5) == kCodeBlobPrefix;
+}
+
 }  // namespace gradhub::checkpoint

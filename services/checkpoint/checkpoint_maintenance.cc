@@ -53,6 +53,7 @@ absl::Status CheckpointManager::CleanupUploads(CleanupReport* report) {
   for (const CheckpointRow& row : uploading) rows[row.upload_id] = &row;
   std::unordered_map<std::string, absl::Time> last_write;
   for (const UploadInfo& file : files) {
+    if (IsCodeKey(file.key)) continue;  // the code store's (code_store.h)
     if (rows.count(file.key) > 0) {
       last_write[file.key] = file.last_write;
     } else if (blobs_->Abort(file.key).ok()) {
@@ -84,6 +85,7 @@ absl::Status CheckpointManager::CleanupBlobs(CleanupReport* report) {
   std::unordered_set<std::string> wanted, listed;
   for (const CheckpointRow& row : rows) wanted.insert(row.blob_key);
   for (const BlobInfo& blob : blobs) {
+    if (IsCodeKey(blob.key)) continue;  // the code store's (code_store.h)
     listed.insert(blob.key);
     if (wanted.count(blob.key) == 0 && blobs_->Delete(blob.key).ok()) ++report->orphan_blobs;
   }

@@ -258,6 +258,8 @@ class CheckpointManager {
   void WaitForRemovals() { removals_.Drain(); }
 
   const CheckpointManagerOptions& options() const { return options_; }
+  // Shared with the code store (code_store.h): one budget for every transfer of this process.
+  TransferSlots& transfer_slots() { return transfers_; }
 
  private:
   friend class UploadWriter;

@@ -17,9 +17,14 @@ std::string MetadataOf(const grpc::ServerContext& context, const char* key) {
 
 }  // namespace
 
-absl::StatusOr<Caller> CheckpointService::CallerOf(const grpc::ServerContext& context) const {
-  return IdentifyCaller(*auth_, api::AuthorizationOf(context), MetadataOf(context, kNodeMetadata),
+absl::StatusOr<Caller> CallerOfCall(const api::Authenticator& auth,
+                                    const grpc::ServerContext& context) {
+  return IdentifyCaller(auth, api::AuthorizationOf(context), MetadataOf(context, kNodeMetadata),
                         MetadataOf(context, kNodeSessionMetadata));
+}
+
+absl::StatusOr<Caller> CheckpointService::CallerOf(const grpc::ServerContext& context) const {
+  return CallerOfCall(*auth_, context);
 }
 
 grpc::Status CheckpointService::StartUpload(grpc::ServerContext* context,

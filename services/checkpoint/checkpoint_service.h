@@ -16,6 +16,11 @@ namespace gradhub::checkpoint {
 inline constexpr char kNodeMetadata[] = "gradhub-node";
 inline constexpr char kNodeSessionMetadata[] = "gradhub-node-session";
 
+// The caller of a call, from its `authorization` and (trainers) node metadata: what
+// CheckpointService and CodeService (code_service.h) both ask.
+absl::StatusOr<Caller> CallerOfCall(const api::Authenticator& auth,
+                                    const grpc::ServerContext& context);
+
 class CheckpointService final : public v1::CheckpointService::Service {
  public:
   // Not owned; all must outlive the service. `metrics` may be null.

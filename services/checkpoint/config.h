@@ -23,6 +23,10 @@ struct CheckpointConfig {
   absl::Duration upload_ttl = absl::Hours(1);
   absl::Duration cleanup_interval = absl::Minutes(10);
   absl::Duration scrub_interval = absl::Hours(24);
+  // Code archives of script jobs (code_store.h).
+  int64_t max_code_bytes = int64_t{256} << 20;
+  int64_t max_code_unpacked_bytes = int64_t{1} << 30;
+  int64_t max_code_entries = 100000;
 
   void Register(Flags& flags) {
     server.Register(flags, {.connections_env = "GRADHUB_CHECKPOINT_DATABASE_CONNECTIONS",
@@ -54,6 +58,12 @@ struct CheckpointConfig {
                    "unfinished); one also runs at start; 0 = only at start");
     flags.Duration("scrub-interval", "GRADHUB_CHECKPOINT_SCRUB_INTERVAL", &scrub_interval,
                    "Time between scrubs, which re-hash every committed blob; 0 = never");
+    flags.Int("max-code-bytes", "GRADHUB_CHECKPOINT_MAX_CODE_BYTES", &max_code_bytes,
+              "Largest code archive (the tar's bytes) an upload may carry");
+    flags.Int("max-code-unpacked-bytes", "GRADHUB_CHECKPOINT_MAX_CODE_UNPACKED_BYTES",
+              &max_code_unpacked_bytes, "Largest sum of a code archive's file sizes");
+    flags.Int("max-code-entries", "GRADHUB_CHECKPOINT_MAX_CODE_ENTRIES", &max_code_entries,
+              "Most entries (files, directories, links) in one code archive");
   }
 };
 

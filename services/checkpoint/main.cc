@@ -5,7 +5,11 @@
 #include <malloc.h>
 #include <signal.h>
 
+#include <algorithm>
+#include <climits>
 #include <iostream>
+#include <tuple>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "services/checkpoint/checkpoint_limits.h"
@@ -13,6 +17,9 @@
 #include "services/checkpoint/checkpoint_metrics.h"
 #include "services/checkpoint/checkpoint_rest.h"
 #include "services/checkpoint/checkpoint_service.h"
+#include "services/checkpoint/code_rest.h"
+#include "services/checkpoint/code_service.h"
+#include "services/checkpoint/code_store.h"
 #include "services/checkpoint/config.h"
 #include "services/checkpoint/local_blob_store.h"
 #include "services/common/abseil_mode.h"
@@ -38,6 +45,7 @@ constexpr char kSummary[] =
 constexpr int kMaxIdleRpcThreads = 32;
 // Far above what a store's memory and threads serve: a mistyped limit is refused, not obeyed.
 constexpr int64_t kMaxTransfers = 100000;
+constexpr int64_t kMaxCodeBytes = int64_t{1} << 40;
 using gradhub::checkpoint::kMessageOverheadBytes;
 
 void Log(const std::string& line) { std::cerr << "gradhub-checkpoint: " << line << std::endl; }
@@ -54,23 +62,34 @@ int Migrate(const CheckpointConfig& config) {
   return 0;
 }
 
-void RunCleanup(gradhub::checkpoint::CheckpointManager& manager) {
-  auto report = manager.Cleanup();
-  Log(report.ok() ? "cleanup: " + report->ToString()
-                  : absl::StrCat("cleanup failed: ", report.status().message()));
+// One line for the log: what a cleanup or a scrub did, or why it failed.
+template <typename Report>
+void LogReport(const char* what, const absl::StatusOr<Report>& report) {
+  Log(report.ok() ? absl::StrCat(what, ": ", report->ToString())
+                  : absl::StrCat(what, " failed: ", report.status().message()));
 }
 
-void RunScrub(gradhub::checkpoint::CheckpointManager& manager, const gradhub::PeriodicTask& task) {
+void RunCleanup(gradhub::checkpoint::CheckpointManager& manager,
+                gradhub::checkpoint::CodeStore& code) {
+  LogReport("cleanup", manager.Cleanup());
+  LogReport("code cleanup", code.Cleanup());
+}
+
+void RunScrub(gradhub::checkpoint::CheckpointManager& manager, gradhub::checkpoint::CodeStore& code,
+              const gradhub::PeriodicTask& task) {
   // A scrub reads every blob: a SIGTERM must not wait for all of them.
-  auto report = manager.Scrub([&task] { return task.stopping(); });
-  Log(report.ok() ? "scrub: " + report->ToString()
-                  : absl::StrCat("scrub failed: ", report.status().message()));
+  const auto stop = [&task] { return task.stopping(); };
+  LogReport("scrub", manager.Scrub(stop));
+  if (!task.stopping()) LogReport("code scrub", code.Scrub(stop));
 }
 
 absl::StatusOr<std::unique_ptr<gradhub::GrpcServer>> StartGrpc(
     const CheckpointConfig& config, std::shared_ptr<grpc::ServerCredentials> credentials,
-    grpc::Service* service) {
-  const int max_message = static_cast<int>(config.chunk_bytes) + kMessageOverheadBytes;
+    std::vector<grpc::Service*> services) {
+  // Checkpoint chunks and code upload messages (code.proto: 4 MiB of data) both fit.
+  const int max_message = std::max(static_cast<int>(config.chunk_bytes),
+                                   gradhub::checkpoint::kMaxCodeMessageDataBytes) +
+                          kMessageOverheadBytes;
   return gradhub::StartGrpcServer(
       {.address = absl::StrCat(config.grpc_host, ":", config.grpc_port),
        .credentials = std::move(credentials),
@@ -79,7 +98,9 @@ absl::StatusOr<std::unique_ptr<gradhub::GrpcServer>> StartGrpc(
        .max_send_bytes = max_message,
        // Two stores with different data directories behind one address would lose uploads.
        .exclusive_port = true},
-      [service](grpc::ServerBuilder& builder) { builder.RegisterService(service); });
+      [services](grpc::ServerBuilder& builder) {
+        for (grpc::Service* service : services) builder.RegisterService(service);
+      });
 }
 
 // Keeps freed buffers of chunk size in the heap for the next chunk instead of handing them
@@ -103,12 +124,14 @@ absl::Status CheckLimits(const CheckpointConfig& config) {
                                                    gradhub::checkpoint::kMinChunkBytes, " and ",
                                                    gradhub::checkpoint::kMaxChunkBytes));
   }
-  for (const auto& [flag, value] :
-       {std::pair{"--max-transfers", config.max_transfers},
-        {"--max-transfers-per-caller", config.max_transfers_per_caller}}) {
-    if (value < 1 || value > kMaxTransfers) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(flag, ": must be between 1 and ", kMaxTransfers));
+  for (const auto& [flag, value, most] :
+       {std::tuple{"--max-transfers", config.max_transfers, kMaxTransfers},
+        {"--max-transfers-per-caller", config.max_transfers_per_caller, kMaxTransfers},
+        {"--max-code-bytes", config.max_code_bytes, kMaxCodeBytes},
+        {"--max-code-unpacked-bytes", config.max_code_unpacked_bytes, kMaxCodeBytes},
+        {"--max-code-entries", config.max_code_entries, int64_t{INT32_MAX}}}) {
+    if (value < 1 || value > most) {
+      return absl::InvalidArgumentError(absl::StrCat(flag, ": must be between 1 and ", most));
     }
   }
   return absl::OkStatus();
@@ -126,10 +149,13 @@ struct CheckpointServer {
                  .upload_ttl = config.upload_ttl,
                  .max_transfers = static_cast<int>(config.max_transfers),
                  .max_transfers_per_caller = static_cast<int>(config.max_transfers_per_caller)}),
+        code(&pool, blobs, &manager.transfer_slots(), &metrics, CodeOptionsFor(config)),
         service(&manager, &auth, &metrics),
+        code_service(&code, &auth, &metrics),
         rest(&manager, &auth, &metrics, RestOptionsFor(config)),
-        cleanup(config.cleanup_interval, [this] { RunCleanup(manager); }),
-        scrub(config.scrub_interval, [this] { RunScrub(manager, scrub); }) {}
+        code_rest(rest.http_server(), &code, &auth, &metrics),
+        cleanup(config.cleanup_interval, [this] { RunCleanup(manager, code); }),
+        scrub(config.scrub_interval, [this] { RunScrub(manager, code, scrub); }) {}
 
   static gradhub::checkpoint::CheckpointRestOptions RestOptionsFor(const CheckpointConfig& config) {
     gradhub::checkpoint::CheckpointRestOptions options;
@@ -138,12 +164,23 @@ struct CheckpointServer {
     return options;
   }
 
+  static gradhub::checkpoint::CodeStoreOptions CodeOptionsFor(const CheckpointConfig& config) {
+    return {.limits = {.max_archive_bytes = config.max_code_bytes,
+                       .max_unpacked_bytes = config.max_code_unpacked_bytes,
+                       .max_entries = static_cast<int32_t>(config.max_code_entries)},
+            .upload_ttl = config.upload_ttl,
+            .log = Log};
+  }
+
   gradhub::db::Pool pool;
   gradhub::api::Authenticator auth;
   gradhub::checkpoint::CheckpointMetrics metrics;
   gradhub::checkpoint::CheckpointManager manager;
+  gradhub::checkpoint::CodeStore code;
   gradhub::checkpoint::CheckpointService service;
+  gradhub::checkpoint::CodeService code_service;
   gradhub::checkpoint::CheckpointRest rest;
+  gradhub::checkpoint::CodeRest code_rest;  // routes on rest's listener
   gradhub::PeriodicTask cleanup;
   gradhub::PeriodicTask scrub;
 };
@@ -153,7 +190,7 @@ struct CheckpointServer {
 int ServeUntilSignal(const CheckpointConfig& config, const gradhub::ShutdownSignals& signals,
                      std::shared_ptr<grpc::ServerCredentials> credentials,
                      CheckpointServer& store) {
-  auto server = StartGrpc(config, std::move(credentials), &store.service);
+  auto server = StartGrpc(config, std::move(credentials), {&store.service, &store.code_service});
   if (!server.ok()) {
     Log(std::string(server.status().message()));
     return 1;
@@ -199,7 +236,7 @@ int Serve(const CheckpointConfig& config) {
   const gradhub::ShutdownSignals signals;
   CheckpointServer store(config, blobs->get());
   // Before the first call: what a crash left half done is finished or removed.
-  RunCleanup(store.manager);
+  RunCleanup(store.manager, store.code);
   return ServeUntilSignal(config, signals, *std::move(credentials), store);
 }
 
