@@ -10,6 +10,7 @@
 #include "gpu_worker/agent/leftovers.h"
 #include "gpu_worker/agent/node_description.h"
 #include "gpu_worker/agent/rank_start.h"
+#include "services/common/grpc_credentials.h"
 
 namespace gradhub::agent {
 namespace {
@@ -27,6 +28,16 @@ constexpr BackoffPolicy kRegisterBackoff{.initial = std::chrono::milliseconds(20
                                          .max = std::chrono::seconds(5)};
 constexpr BackoffPolicy kHeartbeatBackoff{.initial = std::chrono::milliseconds(200),
                                           .max = std::chrono::minutes(1)};
+
+CodeCacheOptions CodeOptions(const AgentConfig& config) {
+  CodeCacheOptions options;
+  options.token = config.token;
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      ClientCredentials(config.tls_ca_file);
+  // main has built the api channel with the same file, so this does not fail there.
+  if (credentials.ok()) options.credentials = *credentials;
+  return options;
+}
 
 LogShipperOptions ShipperOptions(const AgentConfig& config) {
   LogShipperOptions options;
@@ -51,6 +62,8 @@ Agent::Agent(AgentConfig config, v1::NodeService::StubInterface* stub)
       stub_(stub),
       shipper_(stub, ShipperOptions(config_)),
       ranks_(&shipper_, config_.stop_grace),
+      code_cache_(config_.work_dir + "/code", CodeOptions(config_)),
+      scripts_(config_, stub, &code_cache_, [this] { waker_.Notify(); }),
       watch_(stub, config_.token, [this] { waker_.Notify(); }) {}
 
 Agent::~Agent() = default;
@@ -132,19 +145,32 @@ Agent::HeartbeatResult Agent::HeartbeatFailed(const grpc::Status& status) {
 
 void Agent::ReconcileWith(const google::protobuf::RepeatedPtrField<v1::RankAssignment>& desired) {
   const ReconcileActions actions = ranks_.Reconcile(desired);
-  changed_ranks_ = !actions.start.empty() || !actions.stop.empty();
+  changed_ranks_ = !actions.stop.empty();
   for (const RankKey& key : actions.stop) ranks_.Stop(key, "no longer desired by the server");
   for (const RankKey& key : actions.drop) ranks_.Drop(key);
-  for (const v1::RankAssignment& assignment : actions.start) StartRank(assignment);
+  for (const v1::RankAssignment& assignment : actions.start) {
+    changed_ranks_ = StartRank(assignment) || changed_ranks_;
+  }
 }
 
-void Agent::StartRank(const v1::RankAssignment& assignment) {
+bool Agent::StartRank(const v1::RankAssignment& assignment) {
   const RankKey key = KeyOf(assignment);
-  RankStart start =
-      StartRankProcess(config_, session_.session_id(), assignment,
-                       [this, key](const OutputLine& line) { shipper_.Append(key, line); });
-  if (start.process == nullptr) return ranks_.FailedToStart(key, start.error, start.exit_code);
-  ranks_.Started(key, std::move(start.process));
+  LineCallback on_line = [this, key](const OutputLine& line) { shipper_.Append(key, line); };
+  RankStart start;
+  if (assignment.spec().has_script()) {
+    std::optional<absl::StatusOr<PreparedScript>> prepared =
+        scripts_.Poll(assignment, session_.session_id());
+    if (!prepared) return false;  // the key stays unseen: the next reconcile asks again
+    start = StartScriptProcess(config_, assignment, *prepared, std::move(on_line));
+  } else {
+    start = StartRankProcess(config_, session_.session_id(), assignment, std::move(on_line));
+  }
+  if (start.process == nullptr) {
+    ranks_.FailedToStart(key, start.error, start.exit_code, start.state);
+  } else {
+    ranks_.Started(key, std::move(start.process));
+  }
+  return true;
 }
 
 std::optional<absl::Time> Agent::HeartbeatRound(Backoff& backoff) {

@@ -36,12 +36,14 @@
 
 #include "absl/time/time.h"
 #include "gpu_worker/agent/assignment_watch.h"
+#include "gpu_worker/agent/code_cache.h"
 #include "gpu_worker/agent/config.h"
 #include "gpu_worker/agent/log_shipper.h"
 #include "gpu_worker/agent/loop_waker.h"
 #include "gpu_worker/agent/node_session.h"
 #include "gpu_worker/agent/rank_table.h"
 #include "gpu_worker/agent/reconcile.h"
+#include "gpu_worker/agent/script_preparer.h"
 #include "gradhub/v1/nodes.grpc.pb.h"
 #include "services/common/backoff.h"
 
@@ -79,7 +81,9 @@ class Agent {
   HeartbeatResult HeartbeatFailed(const grpc::Status& status);
   // Step 4 with the desired set of a heartbeat's answer.
   void ReconcileWith(const google::protobuf::RepeatedPtrField<v1::RankAssignment>& desired);
-  void StartRank(const v1::RankAssignment& assignment);
+  // True when it started a process or reported a failure to start; false while a script
+  // rank is still being prepared (script_preparer.h).
+  bool StartRank(const v1::RankAssignment& assignment);
   // Step 7.
   void StopIfOutageGraceExpired();
   // Until `next`, Shutdown(), news from the watch or a rank's exit.
@@ -100,6 +104,9 @@ class Agent {
   // Declared before ranks_: rank processes call into it until they are destroyed.
   LogShipper shipper_;
   RankTable ranks_;
+  // Script jobs: their code archives, and their ranks prepared off this loop.
+  CodeCache code_cache_;
+  ScriptPreparer scripts_;
   // Last: its thread calls waker_.Notify(), so it is stopped before anything above goes.
   AssignmentWatch watch_;
 };

@@ -31,6 +31,14 @@ struct AgentConfig {
   std::string checkpoint_server;
   std::string metrics_server;
   std::string trainer;  // gradhub-trainer next to this binary unless set
+  // Script jobs (JobSpec.script, script_launch.h).
+  int64_t master_port_base = 29500;  // 0 = this node runs no script jobs
+  std::string checkpoint_url;        // gradhub-checkpoint's REST base URL, for the module
+  std::string python_dir;            // <this binary's dir>/../python unless set
+  // Script ranks run as a uid of their job's own, in [base, base + count), when the agent is
+  // root: another job's rank, even of the same tenant, cannot read their files or /proc.
+  int64_t job_uid_base = 1900000000;
+  int64_t job_uid_count = int64_t{1} << 20;
   absl::Duration stop_grace = absl::Seconds(10);
   // How long ranks keep running while no Heartbeat succeeds (api restart, network): see
   // agent.h step 7.
@@ -81,6 +89,17 @@ struct AgentConfig {
                 "host:port of gradhub-metrics' gRPC port, handed to ranks for telemetry; "
                 "empty = none")
         .String("trainer", "GRADHUB_TRAINER", &trainer, "Path of the gradhub-trainer binary")
+        .Int("master-port-base", "GRADHUB_MASTER_PORT_BASE", &master_port_base,
+             "Script jobs' MASTER_PORT when their rank 0 runs here: this port plus rank 0's slot "
+             "(so --slots ports from here must be free); 0 = this node runs no script jobs")
+        .String("checkpoint-url", "GRADHUB_CHECKPOINT_URL", &checkpoint_url,
+                "Base URL of gradhub-checkpoint's REST port (http://host:port), handed to "
+                "script ranks for the gradhub module's save_checkpoint/load_latest_checkpoint")
+        .String("python-dir", "GRADHUB_PYTHON_DIR", &python_dir,
+                "Folder holding the gradhub Python module, put on script ranks' PYTHONPATH")
+        .Int("job-uid-base", "GRADHUB_JOB_UID_BASE", &job_uid_base,
+             "First uid of the range script ranks run as, one uid per job (agent as root)")
+        .Int("job-uid-count", "GRADHUB_JOB_UID_COUNT", &job_uid_count, "Size of that range")
         .Duration("stop-grace", "GRADHUB_STOP_GRACE", &stop_grace,
                   "Time between SIGTERM and SIGKILL when a rank is stopped")
         .Duration("api-outage-grace", "GRADHUB_API_OUTAGE_GRACE", &api_outage_grace,

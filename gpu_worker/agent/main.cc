@@ -6,9 +6,11 @@
 #include <unistd.h>
 
 #include <climits>
+#include <cstring>
 #include <filesystem>
 #include <iostream>
 #include <optional>
+#include <string_view>
 #include <thread>
 
 #include "gpu_worker/agent/agent.h"
@@ -33,12 +35,36 @@ std::string Hostname() {
   return name;
 }
 
-// gradhub-trainer next to this binary.
-std::string DefaultTrainer() {
+// This binary's folder ("" when unknown): the trainer and the Python module are found from it.
+std::filesystem::path SelfDir() {
   std::error_code error;
   const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", error);
-  if (error) return "gradhub-trainer";
-  return (self.parent_path() / "gradhub-trainer").string();
+  return error ? std::filesystem::path() : self.parent_path();
+}
+
+// gradhub-trainer next to this binary.
+std::string DefaultTrainer() {
+  const std::filesystem::path dir = SelfDir();
+  return dir.empty() ? "gradhub-trainer" : (dir / "gradhub-trainer").string();
+}
+
+// The gradhub Python module of script ranks: <bin>/../python, as the build and the images lay
+// it out.
+std::string DefaultPythonDir() {
+  const std::filesystem::path dir = SelfDir();
+  return dir.empty() ? "" : (dir.parent_path() / "python").lexically_normal().string();
+}
+
+// /proc/<pid>/cmdline is world-readable: a rank on this node could read a --token given on the
+// command line. Overwrite its value in place once parsed, as sshd and postgres rewrite theirs.
+void HideTokenInArgv(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    std::string_view arg = argv[i];
+    char* value = nullptr;
+    if (arg == "--token" && i + 1 < argc) value = argv[i + 1];
+    if (arg.rfind("--token=", 0) == 0) value = argv[i] + std::strlen("--token=");
+    if (value != nullptr) std::memset(value, 'x', std::strlen(value));
+  }
 }
 
 using gradhub::agent::AgentConfig;
@@ -47,12 +73,25 @@ using gradhub::agent::AgentConfig;
 std::optional<int> ParseFlags(int argc, char** argv, AgentConfig& config) {
   config.name = Hostname();
   config.trainer = DefaultTrainer();
+  config.python_dir = DefaultPythonDir();
   gradhub::Flags flags("gradhub-agent", kSummary);
   config.Register(flags);
   std::vector<std::string> args;
   if (std::optional<int> exit = flags.ParseOrExitCode(argc, argv, &args)) return *exit;
+  HideTokenInArgv(argc, argv);
   if (!args.empty()) {
     std::cerr << flags.Usage();
+    return 2;
+  }
+  if (config.master_port_base != 0 &&
+      (config.master_port_base < 1024 || config.master_port_base > 65535)) {
+    std::cerr << "gradhub-agent: --master-port-base: must be 0 or a port in [1024, 65535]\n";
+    return 2;
+  }
+  if (config.job_uid_base < 1000 || config.job_uid_count < 1 ||
+      config.job_uid_base + config.job_uid_count > int64_t{4294967294}) {
+    std::cerr << "gradhub-agent: --job-uid-base/--job-uid-count: a range of uids above 999 and "
+                 "below 4294967294\n";
     return 2;
   }
   if (config.fake_gpus < 0 || config.fake_gpus > 64) {

@@ -62,6 +62,7 @@ absl::StatusOr<v1::Node> DescribeNode(const AgentConfig& config) {
   if (absl::Status devices = DescribeDevices(config, &node); !devices.ok()) return devices;
   node.mutable_labels()->insert(labels->begin(), labels->end());
   node.set_address(config.address);
+  node.set_master_port_base(static_cast<int32_t>(config.master_port_base));
   node.set_agent_version(kAgentVersion);
   for (const std::string& root : config.isolation.data_roots) node.add_data_roots(root);
   return node;

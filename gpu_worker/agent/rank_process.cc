@@ -22,6 +22,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "gpu_worker/agent/leftovers.h"
 #include "services/common/contract/progress_record.h"
 
@@ -117,6 +118,9 @@ struct RankProcess::Child {
   int fds[2] = {-1, -1};  // stdout, stderr read ends; -1 once closed
   std::string partial[2];
   int64_t next_seq = 1;
+  // The last stderr lines kept for status.last_stderr_line (options.message_lines of them).
+  std::deque<std::string> stderr_tail;
+  size_t message_lines = 1;
   bool reaped = false;
   int wait_status = 0;
   bool exit_unknown = false;
@@ -393,6 +397,7 @@ class Supervisor {
     fcntl(out[0], F_SETFL, O_NONBLOCK);
     fcntl(err[0], F_SETFL, O_NONBLOCK);
     child->on_line = std::move(options.on_line);
+    child->message_lines = std::max(1, options.message_lines);
     child->pid_file = options.pid_file;
     child->status.memory_limit_bytes =
         options.memory_cgroup ? options.memory_cgroup->limit_bytes() : options.rlimit_data_bytes;
@@ -402,6 +407,20 @@ class Supervisor {
     }
     children_.push_back(child);
     return child;
+  }
+
+  // The newest `message_lines` stderr lines, one a line, at most kMaxMessageBytes: the
+  // oldest lines go first, the newest is cut if it alone is too long.
+  static std::string StderrTail(Child& child, const std::string& line) {
+    child.stderr_tail.push_back(SanitizeAndSplitLine(line, kMaxMessageBytes)[0]);
+    size_t bytes = 0;
+    for (const std::string& kept : child.stderr_tail) bytes += kept.size() + 1;
+    while (child.stderr_tail.size() > 1 &&
+           (child.stderr_tail.size() > child.message_lines || bytes - 1 > kMaxMessageBytes)) {
+      bytes -= child.stderr_tail.front().size() + 1;
+      child.stderr_tail.pop_front();
+    }
+    return absl::StrJoin(child.stderr_tail, "\n");
   }
 
   void EmitLine(Child& child, int stream, const std::string& raw) {
@@ -419,7 +438,7 @@ class Supervisor {
           child.status.last_step_time = line.time;
           if (child.status.state == RankState::kStarting) child.status.state = RankState::kRunning;
         } else {
-          child.status.last_stderr_line = SanitizeAndSplitLine(line.text, kMaxMessageBytes)[0];
+          child.status.last_stderr_line = StderrTail(child, line.text);
         }
       }
       std::lock_guard<std::mutex> lock(child.sink_mu);

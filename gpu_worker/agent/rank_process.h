@@ -116,6 +116,9 @@ struct RankProcessOptions {
   // Called on the supervisor thread for every line, in seq order. Must not block for long and
   // must not call back into this RankProcess. May be empty.
   LineCallback on_line;
+  // How many of the last stderr lines RankProcessStatus::last_stderr_line keeps (a script's
+  // traceback says more than its last line).
+  int message_lines = 1;
 };
 
 // Matches RankStatus.State.
@@ -134,7 +137,8 @@ struct RankProcessStatus {
   // step seen and when its line was read.
   int64_t last_step = 0;
   absl::Time last_step_time = absl::InfinitePast();
-  // The last non-empty stderr line, at most kMaxMessageBytes.
+  // The last non-empty stderr line (the last RankProcessOptions::message_lines of them, one a
+  // line), at most kMaxMessageBytes.
   std::string last_stderr_line;
   // The limit put on the rank (its cgroup's, or RLIMIT_DATA); 0 = none.
   int64_t memory_limit_bytes = 0;

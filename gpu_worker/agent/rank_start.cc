@@ -53,4 +53,52 @@ RankStart StartRankProcess(const AgentConfig& config, const std::string& session
   return {*std::move(process), absl::OkStatus(), 0};
 }
 
+namespace {
+
+RankStart NodeFailed(absl::Status error) {
+  return {nullptr, std::move(error), 0, v1::RankStatus::STOPPED};
+}
+
+}  // namespace
+
+RankStart StartScriptProcess(const AgentConfig& config, const v1::RankAssignment& assignment,
+                             const absl::StatusOr<PreparedScript>& prepared, LineCallback on_line) {
+  if (!prepared.ok()) {  // step 1
+    const absl::StatusCode code = prepared.status().code();
+    if (code == absl::StatusCode::kNotFound || code == absl::StatusCode::kInvalidArgument) {
+      return Failed(prepared.status(), trainer::kExitUserError);
+    }
+    return NodeFailed(prepared.status());
+  }
+  if (assignment.rank() == 0) {  // step 2
+    if (absl::Status free = CheckMasterPortFree(assignment.master_port()); !free.ok()) {
+      return NodeFailed(free);
+    }
+  }
+  absl::StatusOr<RankLaunch> launch = PlanScriptLaunch(config, assignment, *prepared);  // 3
+  if (!launch.ok()) return Failed(launch.status(), trainer::kExitUserError);
+  if (absl::Status files = PrepareScriptFiles(*launch, prepared->identity); !files.ok()) {
+    return NodeFailed(files);
+  }
+  RankProcessOptions options;
+  options.argv = launch->argv;
+  options.env = launch->env;
+  options.working_dir = launch->dir;
+  options.pid_file = launch->pid_file;
+  options.on_line = std::move(on_line);
+  options.message_lines = 5;
+  NodeIsolation isolation = config.isolation;
+  isolation.identity = prepared->identity;
+  if (absl::Status isolated = IsolateRank(isolation, *launch, assignment, &options);
+      !isolated.ok()) {
+    return NodeFailed(isolated);
+  }
+  absl::StatusOr<std::unique_ptr<RankProcess>> process = RankProcess::Start(std::move(options));
+  if (!process.ok()) return NodeFailed(process.status());  // step 4
+  std::cerr << "gradhub-agent: started " << KeyOf(assignment).ToString() << " (script "
+            << launch->argv[1] << ") as pid " << (*process)->pid() << " uid "
+            << prepared->identity.uid << " in " << launch->dir << "\n";
+  return {*std::move(process), absl::OkStatus(), 0};
+}
+
 }  // namespace gradhub::agent

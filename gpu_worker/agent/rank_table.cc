@@ -97,7 +97,8 @@ void RankTable::Started(const RankKey& key, std::unique_ptr<RankProcess> process
   ranks_[key].process = std::move(process);
 }
 
-void RankTable::FailedToStart(const RankKey& key, const absl::Status& error, int exit_code) {
+void RankTable::FailedToStart(const RankKey& key, const absl::Status& error, int exit_code,
+                              v1::RankStatus::State state) {
   ever_started_.insert(key);
   const std::string message =
       absl::StrCat("gradhub-agent: cannot start ", key.ToString(), ": ", error.message());
@@ -106,7 +107,7 @@ void RankTable::FailedToStart(const RankKey& key, const absl::Status& error, int
   status.set_job(key.job);
   status.set_attempt(key.attempt);
   status.set_rank(key.rank);
-  status.set_state(v1::RankStatus::FAILED);
+  status.set_state(state);
   status.set_exit_code(exit_code);
   status.set_message(message);
   shipper_->Append(key, {OutputStream::kStderr, 1, absl::Now(), message});

@@ -42,10 +42,12 @@ class RankTable {
       const google::protobuf::RepeatedPtrField<v1::RankAssignment>& desired) const;
 
   // A key started: its process, or why it could not be started. The failure is reported like
-  // a failure of the trainer with `exit_code`, and put in the rank's log so that the job's
-  // owner sees why.
+  // a failure of the trainer with `exit_code` (or, with `state` STOPPED, as a rank its agent
+  // stopped: the infrastructure's fault whatever the job's exit codes mean), and put in the
+  // rank's log so that the job's owner sees why.
   void Started(const RankKey& key, std::unique_ptr<RankProcess> process);
-  void FailedToStart(const RankKey& key, const absl::Status& error, int exit_code);
+  void FailedToStart(const RankKey& key, const absl::Status& error, int exit_code,
+                     v1::RankStatus::State state = v1::RankStatus::FAILED);
 
   // SIGTERM now, SIGKILL after the stop grace, unless it has exited; `reason` is reported in
   // its message (the first reason given stays).

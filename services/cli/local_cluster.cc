@@ -390,6 +390,8 @@ absl::Status StartServers(const LocalClusterOptions& options,
 absl::Status StartAgents(const LocalClusterOptions& options, std::map<std::string, std::string> env,
                          const std::string& node_token, ClusterRecord* record) {
   env["GRADHUB_NODE_TOKEN"] = node_token;
+  // Both agents are on this machine: each its own MASTER_PORT range.
+  int master_port_base = 29500;
   for (const char* node : kAgents) {
     std::vector<std::string> argv = {options.bin_dir + "/gradhub-agent",
                                      "--server",
@@ -402,6 +404,10 @@ absl::Status StartAgents(const LocalClusterOptions& options, std::map<std::strin
                                      options.state_dir + "/nodes/" + node,
                                      "--checkpoint-server",
                                      Endpoint(*record, "checkpoint", "gRPC"),
+                                     "--checkpoint-url",
+                                     Endpoint(*record, "checkpoint", "REST"),
+                                     "--master-port-base",
+                                     absl::StrCat(master_port_base),
                                      "--metrics-server",
                                      Endpoint(*record, "metrics", "gRPC"),
                                      "--trainer",
@@ -412,6 +418,7 @@ absl::Status StartAgents(const LocalClusterOptions& options, std::map<std::strin
     GRADHUB_RETURN_IF_ERROR(StartService(
         options, {node, {argv, env}, {{"gradhub-agent: registered as", "", "", ""}}}, record));
     record->processes.back().endpoints.emplace_back("CPU slots", absl::StrCat(kSlotsPerAgent));
+    master_port_base += kSlotsPerAgent;
   }
   return absl::OkStatus();
 }

@@ -10,6 +10,7 @@
 
 #include <fstream>
 #include <iostream>
+#include <random>
 #include <regex>
 #include <sstream>
 #include <thread>
@@ -27,7 +28,8 @@ std::string Tail(const std::string& text, size_t bytes) {
 }
 
 // Pids of the gradhub-trainer processes whose parent is `parent`.
-std::vector<pid_t> TrainerChildren(pid_t parent) {
+// Live children of `parent` whose command name starts with `name` ("" = any).
+std::vector<pid_t> ChildrenNamed(pid_t parent, const std::string& name) {
   std::vector<pid_t> pids;
   DIR* proc = opendir("/proc");
   while (dirent* entry = readdir(proc)) {
@@ -37,7 +39,7 @@ std::vector<pid_t> TrainerChildren(pid_t parent) {
     std::string line;
     std::getline(stat, line);
     const size_t close = line.rfind(')');
-    if (close == std::string::npos || line.find("(gradhub-traine") == std::string::npos) continue;
+    if (close == std::string::npos || line.find("(" + name) == std::string::npos) continue;
     std::istringstream rest(line.substr(close + 2));
     std::string state;
     pid_t ppid = 0;
@@ -210,8 +212,14 @@ bool LocalCluster::StartAgent(const std::string& name) {
       "--checkpoint-root",
       options_.checkpoint_service ? work + "/checkpoints" : dir() + "/checkpoints"};
   if (options_.checkpoint_service) {
-    argv.insert(argv.end(), {"--checkpoint-server", checkpoint_address_});
+    argv.insert(argv.end(), {"--checkpoint-server", checkpoint_address_, "--checkpoint-url",
+                             "http://127.0.0.1:" + std::to_string(checkpoint_http_port_)});
   }
+  // Agents of one test (and tests run at once) share this machine: a MASTER_PORT range each,
+  // picked at random among unprivileged ports, checked by the agent when rank 0 starts.
+  std::random_device random;
+  argv.insert(argv.end(), {"--master-port-base",
+                           std::to_string(20000 + 64 * static_cast<int>(random() % 600))});
   // The agent's default rank user where `make setup` created it, else nobody.
   if (geteuid() == 0 && getpwnam("gradhub-rank") == nullptr) {
     argv.insert(argv.end(), {"--run-as", "nobody"});
@@ -243,9 +251,17 @@ std::string LocalCluster::AgentStderr(const std::string& name) const {
   return agent == agents_.end() || agent->second == nullptr ? "" : agent->second->err();
 }
 
+std::vector<pid_t> TrainerChildren(pid_t parent) { return ChildrenNamed(parent, "gradhub-traine"); }
+
 std::vector<pid_t> LocalCluster::TrainersOf(const std::string& name) const {
   return TrainerChildren(agents_.at(name)->pid());
 }
+
+std::vector<pid_t> LocalCluster::RanksOf(const std::string& name) const {
+  return ChildrenNamed(agents_.at(name)->pid(), "");
+}
+
+pid_t LocalCluster::AgentPid(const std::string& name) const { return agents_.at(name)->pid(); }
 
 std::string LocalCluster::AgentRunningTrainers() const {
   for (const auto& [name, agent] : agents_) {

@@ -69,6 +69,9 @@ class LocalCluster {
 
   // Pids of the gradhub-trainer processes that agent `name` started.
   std::vector<pid_t> TrainersOf(const std::string& name) const;
+  // Pids of every rank process (trainer or script) agent `name` started, and its own pid.
+  std::vector<pid_t> RanksOf(const std::string& name) const;
+  pid_t AgentPid(const std::string& name) const;
   // The agent whose trainers run job ranks now ("" if none).
   std::string AgentRunningTrainers() const;
 

@@ -1,0 +1,75 @@
+// How the agent starts a rank of a script job (JobSpec.script): the user's program, run the way
+// torchrun runs it, as tenant code. What differs from a trainer rank (rank_launch.h):
+//   - argv: the interpreter, the entrypoint inside the job's unpacked code, the spec's args;
+//   - the environment is torchrun's and gradhub's, never the node token or session (the rank
+//     gets a token of its own job and attempt, IssueRankCredential);
+//   - its files: the code, unpacked once per attempt on this node into <attempt>/code, the
+//     agent's and read-only to the rank; a scratch directory <attempt>/rank-<r>, the rank's,
+//     its working directory and HOME;
+//   - its identity: with a root agent, a uid (and group) of the job's own (JobUid), so that a
+//     rank of another job on the node can read neither its files nor its /proc entries.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "gpu_worker/agent/config.h"
+#include "gpu_worker/agent/rank_launch.h"
+#include "gpu_worker/agent/rank_user.h"
+#include "gradhub/v1/nodes.pb.h"
+
+namespace gradhub::agent {
+
+// What a script rank needs besides its assignment, made off the protocol loop
+// (script_preparer.h).
+struct PreparedScript {
+  std::string code_dir;   // the attempt's unpacked code
+  std::string token;      // the rank's job token
+  RankIdentity identity;  // ScriptIdentity
+};
+
+// The uid of job `job_id` on this node: base + FNV-1a(job id) % count. The same for every rank
+// and attempt of the job, so its ranks share files; another job's differs unless the hash
+// collides, which ScriptIdentity's caller resolves (script_preparer.h).
+uint32_t JobUid(const std::string& job_id, int64_t base, int64_t count);
+
+// A script rank's identity: the node's rank identity when the agent is not root (it cannot
+// switch); else uid `uid` with a group of the same number (no passwd entry is needed).
+RankIdentity ScriptIdentity(const RankIdentity& node, uint32_t uid);
+
+// The launch plan: PlanRankLaunch's directories and pid file, and
+//   argv: interpreter (the spec's, /usr/bin/python3 by default), <code_dir>/<entrypoint>, args;
+//   env:  RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE GROUP_RANK ROLE_RANK ROLE_WORLD_SIZE
+//         ROLE_NAME MASTER_ADDR MASTER_PORT TORCHELASTIC_RESTART_COUNT (attempt - 1)
+//         TORCHELASTIC_RUN_ID (the job id) as torchrun sets them; GRADHUB_JOB_ID,
+//         GRADHUB_ATTEMPT, GRADHUB_RANK, GRADHUB_WORLD_SIZE, GRADHUB_JOB_TOKEN,
+//         GRADHUB_CHECKPOINT_URL, GRADHUB_TLS_CA, GRADHUB_CODE_DIR, GRADHUB_SEED,
+//         GRADHUB_DEVICE, GRADHUB_BACKEND, CUDA_VISIBLE_DEVICES as for a trainer rank;
+//         PYTHONPATH (the gradhub module), PYTHONUNBUFFERED=1 (reports and logs arrive as
+//         printed), HOME (the scratch directory), USER and LOGNAME; then the spec's env, which
+//         ValidateScriptSpec keeps off every name above.
+// INVALID_ARGUMENT as PlanRankLaunch, and for an assignment that is not a script's.
+absl::StatusOr<RankLaunch> PlanScriptLaunch(const AgentConfig& config,
+                                            const v1::RankAssignment& assignment,
+                                            const PreparedScript& prepared);
+
+// Creates the scratch directory (launch.dir), `identity`'s and 0700, under jobs/<id> and
+// attempt-<n>, root's 0711 (enterable, not listable) when the agent switches users.
+absl::Status PrepareScriptFiles(const RankLaunch& launch, const RankIdentity& identity);
+
+// Unpacks `archive` for the attempt whose directory is `attempt_dir`: into attempt_dir/code,
+// once (a second rank of the attempt on this node finds it there). The files are the agent's,
+// read-only to everyone; the top directory is root:<identity's group> 0750 when the agent
+// switches users, so only the job's ranks can enter it. The archive's entries are checked
+// again (code_archive.h). Returns the code directory.
+absl::StatusOr<std::string> UnpackAttemptCode(const std::string& archive,
+                                              const std::string& attempt_dir,
+                                              const RankIdentity& identity);
+
+// Rank 0's MASTER_PORT must be free on this node when its rank starts: OK when `port` can be
+// bound on every address now, else UNAVAILABLE naming it (something else on the node took it;
+// --master-port-base should leave the range to gradhub).
+absl::Status CheckMasterPortFree(int port);
+
+}  // namespace gradhub::agent
