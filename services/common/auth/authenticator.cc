@@ -154,21 +154,22 @@ absl::StatusOr<NewToken> Authenticator::CreateNodeToken(const std::string& descr
 }
 
 absl::StatusOr<NewToken> Authenticator::CreateJobToken(const std::string& job_id, int32_t attempt,
-                                                       int32_t rank) {
+                                                       int32_t rank) const {
   return StoreToken({"JOB", std::nullopt, job_id, attempt, rank},
                     absl::StrCat("rank ", rank, " of attempt ", attempt));
 }
 
 absl::StatusOr<NewToken> Authenticator::StoreToken(const TokenOwner& owner,
-                                                   const std::string& description) {
+                                                   const std::string& description) const {
   unsigned char random[32];
   if (RAND_bytes(random, sizeof(random)) != 1) {
     return absl::InternalError("no randomness for a token (RAND_bytes failed)");
   }
   NewToken token;
   const bool job = std::string(owner.kind) == "JOB";
-  token.secret = (job ? kJobTokenPrefix : kTokenPrefix) + absl::BytesToHexString(
-                                    std::string(reinterpret_cast<char*>(random), sizeof(random)));
+  token.secret =
+      (job ? kJobTokenPrefix : kTokenPrefix) +
+      absl::BytesToHexString(std::string(reinterpret_cast<char*>(random), sizeof(random)));
   token.prefix = token.secret.substr(0, kListedPrefix);
   GRADHUB_ASSIGN_OR_RETURN(
       db::Result rows,

@@ -97,7 +97,7 @@ class Authenticator {
   // A job token ("ghj_..."), for rank `rank` of attempt `attempt` of job `job_id` (a uuid).
   // The caller (NodeManager) has checked that the rank is placed on the asking node.
   absl::StatusOr<NewToken> CreateJobToken(const std::string& job_id, int32_t attempt,
-                                          int32_t rank);
+                                          int32_t rank) const;
   // Sorted by name, names after `after`.
   absl::StatusOr<std::vector<TenantRecord>> ListTenants(const std::string& after, int32_t limit);
   // Idempotent; NOT_FOUND unless token `id` belongs to `tenant` ("" = a node token).
@@ -110,7 +110,8 @@ class Authenticator {
     std::string job_id;  // JOB only, with attempt and rank
     int32_t attempt = 0, rank = 0;
   };
-  absl::StatusOr<NewToken> StoreToken(const TokenOwner& owner, const std::string& description);
+  absl::StatusOr<NewToken> StoreToken(const TokenOwner& owner,
+                                      const std::string& description) const;
   absl::StatusOr<Principal> LookUpToken(const std::string& digest) const;
 
   db::Pool* pool_;
