@@ -17,7 +17,12 @@
 #      one GPU): the same job on cuda:0 and on the CPU (Gloo) end within tolerance; BF16 on the
 #      GPU within tolerance of FP32; a checkpoint saved on the GPU at step 100 resumes on the
 #      GPU (close to the uninterrupted run) and on the CPU (map_location).
-#   4. A table last. Exit 0 only if every check passed. Within 10 minutes on one H200 with a
+#   4. The script-job example (deploy/examples/script-job/code/train.py) as the agent starts a
+#      script rank on a CUDA node (script_launch.h: torchrun's variables, one GPU a rank through
+#      CUDA_VISIBLE_DEVICES, the gradhub module on PYTHONPATH; no cluster: this machine has no
+#      PostgreSQL), on up to 2 GPUs with NCCL: every rank exits 0 (a job's SUCCEEDED), and a
+#      run stopped at step 150 resumes from the module's checkpoint to the same parameters.
+#   5. A table last. Exit 0 only if every check passed. Within 10 minutes on one H200 with a
 #      cold build (the trainer jobs take seconds each).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -180,7 +185,43 @@ else
     "not built: $(grep -o 'missing [^.]*' "$build.configure.log" | head -1 || echo 'node deps missing')" SKIP
 fi
 
-# --- 4. the table ---
+# --- 4. the script-job example, each rank as the agent starts it on a CUDA node ---
+rm -rf "$build/script-check" && mkdir -p "$build/script-check"
+script_dir="$(cd "$build/script-check" && pwd)" src="$PWD"
+script_world=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+script_world=$(( script_world >= 2 ? 2 : 1 ))
+# script_job NAME MAX_STEPS [CHECKPOINTS]: every rank in $script_dir/NAME, the module's
+# checkpoints in $script_dir/CHECKPOINTS (default NAME); 0 if every rank exited 0.
+script_job() {
+  local port status=0 pids=() r
+  port=$("$python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  mkdir -p "$script_dir/$1"
+  for ((r = 0; r < script_world; r++)); do
+    (cd "$script_dir/$1" && RANK=$r WORLD_SIZE=$script_world LOCAL_RANK=$r LOCAL_WORLD_SIZE=$script_world \
+      GROUP_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port CUDA_VISIBLE_DEVICES=$r GRADHUB_DEVICE=cuda \
+      GRADHUB_BACKEND=NCCL PYTHONPATH="$src/gpu_worker/script_support/python" \
+      GRADHUB_CHECKPOINT_DIR="$script_dir/${3:-$1}-checkpoints" timeout 300 "$python" \
+      "$src/deploy/examples/script-job/code/train.py" --max-steps "$2" --seed 1 >"rank$r.log" 2>&1) &
+    pids+=($!)
+  done
+  for r in "${pids[@]}"; do wait "$r" || status=1; done
+  return $status
+}
+digest_of() { sed -n 's/^final parameters sha256 //p' "$script_dir/$1/rank0.log"; }
+if script_job whole 300 && grep -q "with nccl" "$script_dir/whole/rank0.log"; then
+  row "script example, $script_world rank(s), NCCL" "$(grep -m1 'trains on' "$script_dir/whole/rank0.log")" PASS
+else
+  row "script example, $script_world rank(s), NCCL" "$(tail -1 "$script_dir/whole/rank0.log")" FAIL
+fi
+# The same job stopped at step 150, then run again: it resumes from its checkpoint.
+if script_job part 150 && script_job resumed 300 part && grep -q "resumed from step 150" "$script_dir/resumed/rank0.log" &&
+    [ -n "$(digest_of whole)" ] && [ "$(digest_of resumed)" = "$(digest_of whole)" ]; then
+  row "script example resumed at 150, same bits" "sha256 $(digest_of whole | cut -c1-16)" PASS
+else
+  row "script example resumed at 150, same bits" "$(digest_of resumed | cut -c1-16) vs $(digest_of whole | cut -c1-16)" FAIL
+fi
+
+# --- 5. the table ---
 echo
 printf '%-44s %-64s %s\n' check figures verdict
 for entry in "${rows[@]}"; do

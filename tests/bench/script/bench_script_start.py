@@ -26,12 +26,15 @@ Each round, the measures interleaved so that background load hits them alike:
                It includes scheduling, the agent's first download of the archive (a new digest:
                its cache misses), the sha256 check, unpacking, the rank's credential, the start
                and the script's own imports. The job must end SUCCEEDED with JobProgress.step 1.
+               Its phases, from the job's events: to SCHEDULED, to RUNNING (its agent reported
+               the rank started: after the code and the credential), to the first step.
 Printed: each round's figures, their medians, and the targets of the issue: upload at least
 0.5x dd's MB/s; first step at most 1 s more than `import torch`. MB/s are 10^6 bytes a second.
 """
 
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -58,16 +61,18 @@ class Bench:
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("GRADHUB_")}
         self.env["GRADHUB_STATE_DIR"] = os.path.join(work, "state")
 
-    def cli(self, *args, check=True):
+    def cli(self, *args, check=True, stderr=None):
         result = subprocess.run([self.gradhub, *args], env=self.env, capture_output=True,
                                 text=True)
         if check and result.returncode != 0:
             raise RuntimeError(f"gradhub {' '.join(args)}: exit {result.returncode}: "
                                f"{result.stderr.strip()}")
+        if stderr is not None:
+            stderr.append(result.stderr)
         return result.stdout
 
-    def json(self, *args):
-        return json.loads(self.cli("--output", "json", *args))
+    def json(self, *args, stderr=None):
+        return json.loads(self.cli("--output", "json", *args, stderr=stderr))
 
 
 def timed(argv, **kwargs):
@@ -101,10 +106,14 @@ def measure_dd(reference, target):
 def measure_upload(bench, code_dir, round_number):
     with open(os.path.join(code_dir, "round.txt"), "w") as file:
         file.write(f"round {round_number} of {bench.work}\n")
-    start = time.perf_counter()
-    archive = bench.json("code", "push", code_dir)
+    start, stderr = time.perf_counter(), []
+    archive = bench.json("code", "push", code_dir, stderr=stderr)
     seconds = time.perf_counter() - start
-    return seconds, int(archive["sizeBytes"]) / seconds / 1e6, archive["digest"]
+    # The CLI's own note, "(uploaded in 0.4 s, ...)": the transfer alone, without packing and
+    # hashing (nan if its wording changes).
+    transfer = re.search(r"uploaded in ([0-9.]+) s", stderr[0])
+    return (seconds, int(archive["sizeBytes"]) / seconds / 1e6,
+            float(transfer.group(1)) if transfer else float("nan"), archive["digest"])
 
 
 def timestamp(text):
@@ -119,6 +128,15 @@ def wait_for_end(bench, job, timeout=300):
             return state
         time.sleep(0.2)
     raise RuntimeError(f"{job} did not end within {timeout} s")
+
+
+def phases(bench, job, submitted, first_step):
+    """Seconds from submit to SCHEDULED, from SCHEDULED to RUNNING (every rank started, as its
+    agent reported it), and from RUNNING to the first step, from the job's events."""
+    events = bench.json("describe", job)["events"]
+    at = {e.get("toState"): timestamp(e["time"]) for e in reversed(events) if e.get("toState")}
+    return (at["SCHEDULED"] - submitted, at["RUNNING"] - at["SCHEDULED"],
+            first_step - at["RUNNING"])
 
 
 def measure_first_step(bench, digest, round_number):
@@ -136,7 +154,8 @@ def measure_first_step(bench, digest, round_number):
     for line in bench.cli("--output", "json", "logs", job).splitlines():
         entry = json.loads(line)
         if entry.get("text", "").startswith('{"event":"progress"'):
-            return timestamp(entry["time"]) - submitted
+            first_step = timestamp(entry["time"])
+            return (first_step - submitted, *phases(bench, job, submitted, first_step))
     raise RuntimeError(f"{job}: no progress record in its logs")
 
 
@@ -152,13 +171,16 @@ def run_rounds(bench, rounds, mib):
     code_dir = os.path.join(bench.work, "code")
     reference = os.path.join(bench.work, "reference.bin")
     make_code(code_dir, reference, mib)
-    figures = {key: [] for key in ("dd_s", "dd_mbs", "up_s", "up_mbs", "torch_s", "first_s")}
+    keys = ("dd_s", "dd_mbs", "up_s", "up_mbs", "transfer_s", "torch_s", "first_s",
+            "to_scheduled", "to_started", "to_step")
+    figures = {key: [] for key in keys}
     for number in range(1, rounds + 1):
         dd_s, dd_mbs = measure_dd(reference, os.path.join(bench.work, "dd.out"))
-        up_s, up_mbs, digest = measure_upload(bench, code_dir, number)
+        up_s, up_mbs, transfer_s, digest = measure_upload(bench, code_dir, number)
         torch_s = timed([PYTHON, "-c", "import torch"])
-        first_s = measure_first_step(bench, digest, number)
-        for key, value in zip(figures, (dd_s, dd_mbs, up_s, up_mbs, torch_s, first_s)):
+        first = measure_first_step(bench, digest, number)
+        first_s = first[0]
+        for key, value in zip(keys, (dd_s, dd_mbs, up_s, up_mbs, transfer_s, torch_s, *first)):
             figures[key].append(value)
         print(f"round {number}: dd {dd_mbs:.0f} MB/s, upload {up_mbs:.0f} MB/s, import torch "
               f"{torch_s:.2f} s, submit to first step {first_s:.2f} s", flush=True)
@@ -173,10 +195,14 @@ def report(figures, rounds, mib):
         (f"dd bs=4M conv=fsync, s", figures["dd_s"], "", ".3f"),
         ("dd, MB/s", figures["dd_mbs"], "", ".0f"),
         ("gradhub code push (first), s", figures["up_s"], "", ".3f"),
+        ("  of which the transfer, s", figures["transfer_s"], "", ".3f"),
         ("upload, MB/s", figures["up_mbs"], "", ".0f"),
         ("upload / dd", ratio, ">= 0.5", ".2f"),
         ("python3 -c 'import torch', s", figures["torch_s"], "", ".3f"),
         ("submit -> first reported step, s", figures["first_s"], "", ".3f"),
+        ("  submit -> SCHEDULED", figures["to_scheduled"], "", ".3f"),
+        ("  SCHEDULED -> ranks started", figures["to_started"], "", ".3f"),
+        ("  ranks started -> first step", figures["to_step"], "", ".3f"),
         ("excess over import torch, s", excess, "<= 1.0", ".3f"),
     ], rounds)
     upload_ok = statistics.median(ratio) >= 0.5

@@ -181,6 +181,9 @@ def main(args):
     train_data = DataLoader(dataset, batch_size=args.batch_size, shuffle=False,
                             sampler=DistributedSampler(dataset, seed=args.seed, drop_last=True))
     trainer = Trainer(model, train_data, optimizer, device, args)
+    if trainer.rank == 0:
+        print(f"trains on {device} with {dist.get_backend()}, world size "
+              f"{dist.get_world_size()}", flush=True)
     trainer.train()
     if trainer.rank == 0:
         print(f"final parameters sha256 {trainer.parameters_sha256()}", flush=True)
