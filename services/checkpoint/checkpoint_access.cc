@@ -109,6 +109,8 @@ std::string CallerKey(const Caller& caller) {
       return "admin";
     case Kind::kTenant:
       return absl::StrCat("tenant:", caller.principal.tenant_id);
+    case Kind::kJob:
+      return absl::StrCat("job:", caller.principal.job_id);
     case Kind::kNode:
       break;
   }
@@ -118,9 +120,9 @@ std::string CallerKey(const Caller& caller) {
 absl::Status CheckKind(const Caller& caller, Access access) {
   const Kind kind = caller.principal.kind;
   if (kind == Kind::kTenant && access == Access::kUpload) {
-    return absl::PermissionDeniedError("uploads take a node token (or the admin token)");
+    return absl::PermissionDeniedError("uploads take a node token, a job token or the admin token");
   }
-  if (kind == Kind::kNode && access == Access::kManage) {
+  if ((kind == Kind::kNode || kind == Kind::kJob) && access == Access::kManage) {
     return absl::PermissionDeniedError("listing and deleting take a tenant or the admin token");
   }
   return absl::OkStatus();
@@ -130,10 +132,20 @@ absl::StatusOr<JobRow> AuthorizeJob(db::Transaction& tx, const Caller& caller,
                                     const std::string& job_id, Access access, int32_t attempt,
                                     JobLock lock) {
   GRADHUB_RETURN_IF_ERROR(CheckKind(caller, access));
-  GRADHUB_ASSIGN_OR_RETURN(JobRow job, ReadJob(tx, job_id, lock));
   const Kind kind = caller.principal.kind;
-  if (kind == Kind::kTenant && job.tenant_id != caller.principal.tenant_id) {
+  // A job token sees its own job only: any other is NOT_FOUND, as for a tenant, without a read.
+  if (kind == Kind::kJob && job_id != caller.principal.job_id) {
     return api::JobNotFound("jobs/" + job_id);
+  }
+  GRADHUB_ASSIGN_OR_RETURN(JobRow job, ReadJob(tx, job_id, lock));
+  if ((kind == Kind::kTenant || kind == Kind::kJob) &&
+      job.tenant_id != caller.principal.tenant_id) {
+    return api::JobNotFound("jobs/" + job_id);
+  }
+  if (kind == Kind::kJob && access == Access::kUpload && attempt != caller.principal.attempt) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("the token of attempt ", caller.principal.attempt, " of jobs/", job_id,
+                     " saves checkpoints of that attempt only, not of attempt ", attempt));
   }
   // A node's session first: who the caller is comes before what state the job is in.
   NodeFacts node;

@@ -9,6 +9,10 @@
 //   - The admin token may do everything.
 //   - Tenants list, read and delete their own jobs' checkpoints; another tenant's job is
 //     NOT_FOUND, exactly like a job that does not exist.
+//   - Script ranks (job tokens, Principal::Kind::kJob): read their own job's checkpoints and
+//     upload those of their own attempt; never list or delete. Any other job is NOT_FOUND, as
+//     for a tenant. No node metadata: the token itself names the job and the attempt, and the
+//     Authenticator refuses it once that attempt is no longer current or the job ended.
 // Whoever uploads, only the job's current attempt may, while the job is SCHEDULED, RUNNING or
 // RESTARTING (rank 0 of an attempt being stopped saves its last step): a straggler of a failed
 // attempt gets FAILED_PRECONDITION.
@@ -32,8 +36,9 @@ struct Caller {
   std::string node_session;  // `gradhub-node-session`
 };
 
-// Who the caller is for limits per caller (transfer_slots.h): "admin", "tenant:<id>" or
-// "node:<name>" (the name as the call says it: ask once AuthorizeJob has checked it).
+// Who the caller is for limits per caller (transfer_slots.h): "admin", "tenant:<id>",
+// "job:<uuid>" or "node:<name>" (the name as the call says it: ask once AuthorizeJob has
+// checked it).
 std::string CallerKey(const Caller& caller);
 
 // The caller behind `authorization` ("Bearer ..."); UNAUTHENTICATED as the Authenticator says.
@@ -42,8 +47,10 @@ absl::StatusOr<Caller> IdentifyCaller(const api::Authenticator& auth,
                                       std::string node_session);
 
 enum class Access {
-  kUpload,  // StartUpload, UploadChunks, CommitCheckpoint: trainers (for one attempt), admin
-  kRead,    // GetLatestCheckpoint, DownloadCheckpoint: trainers, the job's tenant, admin
+  kUpload,  // StartUpload, UploadChunks, CommitCheckpoint: trainers and script ranks (for one
+            // attempt), admin
+  kRead,    // GetLatestCheckpoint, DownloadCheckpoint: trainers, script ranks, the job's tenant,
+            // admin
   kManage,  // ListCheckpoints, DeleteCheckpoint: the job's tenant, admin
 };
 
@@ -71,8 +78,9 @@ absl::StatusOr<JobRow> ReadJobRow(db::Transaction& tx, const std::string& job_id
 
 // Reads job `job_id` (a uuid, or "" for a malformed name) in `tx` and checks that `caller` may
 // `access` it; `attempt` is the attempt of the upload (kUpload only). NOT_FOUND for a missing
-// job or another tenant's; PERMISSION_DENIED for a token of the wrong kind, a node session that
-// is not current, or a node without a rank of the job; FAILED_PRECONDITION for an upload of an
+// job, another tenant's, or (job tokens) any job but the token's; PERMISSION_DENIED for a token
+// of the wrong kind, a node session that is not current, a node without a rank of the job, or a
+// job token uploading for another attempt than its own; FAILED_PRECONDITION for an upload of an
 // attempt that is not the current one, or while the job is not SCHEDULED, RUNNING or
 // RESTARTING.
 absl::StatusOr<JobRow> AuthorizeJob(db::Transaction& tx, const Caller& caller,
@@ -80,7 +88,8 @@ absl::StatusOr<JobRow> AuthorizeJob(db::Transaction& tx, const Caller& caller,
                                     JobLock lock = JobLock::kNone);
 
 // PERMISSION_DENIED when the caller's kind of token may never `access` (a tenant uploading, a
-// node listing), checked before any row is read so that it reveals nothing about jobs.
+// node or a job token listing or deleting), checked before any row is read so that it reveals
+// nothing about jobs.
 absl::Status CheckKind(const Caller& caller, Access access);
 
 }  // namespace gradhub::checkpoint
