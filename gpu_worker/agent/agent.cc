@@ -149,11 +149,12 @@ void Agent::ReconcileWith(const google::protobuf::RepeatedPtrField<v1::RankAssig
   for (const RankKey& key : actions.stop) ranks_.Stop(key, "no longer desired by the server");
   for (const RankKey& key : actions.drop) ranks_.Drop(key);
   for (const v1::RankAssignment& assignment : actions.start) {
-    changed_ranks_ = StartRank(assignment) || changed_ranks_;
+    changed_ranks_ = StartRank(assignment, desired) || changed_ranks_;
   }
 }
 
-bool Agent::StartRank(const v1::RankAssignment& assignment) {
+bool Agent::StartRank(const v1::RankAssignment& assignment,
+                      const google::protobuf::RepeatedPtrField<v1::RankAssignment>& desired) {
   const RankKey key = KeyOf(assignment);
   LineCallback on_line = [this, key](const OutputLine& line) { shipper_.Append(key, line); };
   RankStart start;
@@ -161,7 +162,8 @@ bool Agent::StartRank(const v1::RankAssignment& assignment) {
     std::optional<absl::StatusOr<PreparedScript>> prepared =
         scripts_.Poll(assignment, session_.session_id());
     if (!prepared) return false;  // the key stays unseen: the next reconcile asks again
-    start = StartScriptProcess(config_, assignment, *prepared, std::move(on_line));
+    start = StartScriptProcess(config_, WithLocalRanksDevices(assignment, desired), *prepared,
+                               std::move(on_line));
   } else {
     start = StartRankProcess(config_, session_.session_id(), assignment, std::move(on_line));
   }

@@ -83,7 +83,9 @@ class Agent {
   void ReconcileWith(const google::protobuf::RepeatedPtrField<v1::RankAssignment>& desired);
   // True when it started a process or reported a failure to start; false while a script
   // rank is still being prepared (script_preparer.h).
-  bool StartRank(const v1::RankAssignment& assignment);
+  // `desired` is the whole set it came in (a script rank sees its attempt's local GPUs).
+  bool StartRank(const v1::RankAssignment& assignment,
+                 const google::protobuf::RepeatedPtrField<v1::RankAssignment>& desired);
   // Step 7.
   void StopIfOutageGraceExpired();
   // Until `next`, Shutdown(), news from the watch or a rank's exit.

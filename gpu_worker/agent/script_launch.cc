@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "services/common/code_archive/code_archive.h"
@@ -63,6 +64,24 @@ RankIdentity ScriptIdentity(const RankIdentity& node, uint32_t uid) {
   identity.uid = uid;
   identity.gid = uid;
   return identity;
+}
+
+v1::RankAssignment WithLocalRanksDevices(
+    const v1::RankAssignment& assignment,
+    const google::protobuf::RepeatedPtrField<v1::RankAssignment>& desired) {
+  std::map<int32_t, const v1::RankAssignment*> local;  // by local rank
+  for (const v1::RankAssignment& other : desired) {
+    if (other.job() == assignment.job() && other.attempt() == assignment.attempt()) {
+      local[other.local_rank()] = &other;
+    }
+  }
+  v1::RankAssignment widened = assignment;
+  if (assignment.device_indices().empty()) return widened;
+  widened.clear_device_indices();
+  for (const auto& [local_rank, other] : local) {
+    for (const int32_t index : other->device_indices()) widened.add_device_indices(index);
+  }
+  return widened;
 }
 
 absl::StatusOr<RankLaunch> PlanScriptLaunch(const AgentConfig& config,

@@ -38,6 +38,14 @@ uint32_t JobUid(const std::string& job_id, int64_t base, int64_t count);
 // switch); else uid `uid` with a group of the same number (no passwd entry is needed).
 RankIdentity ScriptIdentity(const RankIdentity& node, uint32_t uid);
 
+// The GPUs a script rank sees (CUDA_VISIBLE_DEVICES): those of every rank of its attempt on
+// this node, in local-rank order, so that cuda:LOCAL_RANK is its own, as scripts written for
+// torchrun assume (torch.cuda.set_device(LOCAL_RANK)). `assignment` with its device_indices
+// so widened; `desired` is the node's whole desired set. A trainer rank sees only its own.
+v1::RankAssignment WithLocalRanksDevices(
+    const v1::RankAssignment& assignment,
+    const google::protobuf::RepeatedPtrField<v1::RankAssignment>& desired);
+
 // The launch plan: PlanRankLaunch's directories and pid file, and
 //   argv: interpreter (the spec's, /usr/bin/python3 by default), <code_dir>/<entrypoint>, args;
 //   env:  RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE GROUP_RANK ROLE_RANK ROLE_WORLD_SIZE

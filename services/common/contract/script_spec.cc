@@ -118,7 +118,10 @@ bool IsReservedScriptVariable(const std::string& name) {
                                                   "MASTER_PORT",
                                                   "PYTHONPATH",
                                                   "CUDA_VISIBLE_DEVICES",
-                                                  "HOME"};
+                                                  "HOME",
+                                                  "PYTHONUNBUFFERED",
+                                                  "USER",
+                                                  "LOGNAME"};
   return kReserved.count(name) != 0 || name.rfind("GRADHUB_", 0) == 0 ||
          name.rfind("TORCHELASTIC_", 0) == 0;
 }

@@ -17,7 +17,7 @@ inline constexpr char kDefaultScriptInterpreter[] = "/usr/bin/python3";
 // The variables the agent sets for a script rank, which script.env may not name: torchrun's
 // (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, ROLE_RANK, ROLE_WORLD_SIZE,
 // GROUP_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_*), GRADHUB_*, CUDA_VISIBLE_DEVICES,
-// PYTHONPATH and HOME.
+// PYTHONPATH, PYTHONUNBUFFERED, HOME, USER and LOGNAME.
 bool IsReservedScriptVariable(const std::string& name);
 
 // Every problem of a script job's spec, each naming its field:

@@ -116,6 +116,24 @@ TEST(PlanScriptLaunch, RefusesAnAssignmentThatIsNotAScripts) {
             absl::StatusCode::kInvalidArgument);
 }
 
+TEST(WithLocalRanksDevices, AScriptRankSeesItsAttemptsLocalGpusInLocalRankOrder) {
+  google::protobuf::RepeatedPtrField<v1::RankAssignment> desired;
+  for (const auto& [local_rank, gpu] : std::vector<std::pair<int, int>>{{1, 5}, {0, 2}}) {
+    v1::RankAssignment& rank = *desired.Add() = Assignment();
+    rank.set_local_rank(local_rank);
+    rank.clear_device_indices();
+    rank.add_device_indices(gpu);
+  }
+  v1::RankAssignment other_job = Assignment();
+  other_job.set_job("jobs/other");
+  other_job.add_device_indices(7);
+  *desired.Add() = other_job;
+  const v1::RankAssignment widened = WithLocalRanksDevices(desired[0], desired);
+  EXPECT_THAT(widened.device_indices(), ElementsAre(2, 5));  // cuda:1 is its own GPU, 5
+  const v1::RankAssignment cpu = WithLocalRanksDevices(Assignment(), desired);
+  EXPECT_TRUE(cpu.device_indices().empty());  // a CPU rank stays without GPUs
+}
+
 TEST(JobUid, IsTheSameForAJobAndWithinTheRange) {
   const uint32_t uid = JobUid(kJob, 1900000000, 1 << 20);
   EXPECT_EQ(uid, JobUid(kJob, 1900000000, 1 << 20));

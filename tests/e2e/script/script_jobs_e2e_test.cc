@@ -1,0 +1,244 @@
+// Script jobs (issue 31) through the real stack: PostgreSQL, gradhub-api, gradhub-checkpoint
+// (code store and checkpoints), two agents, and Debian's Python with torch as the ranks:
+//   - a DDP script written for torchrun runs unchanged as a world-4 job over two nodes;
+//   - a script that checkpoints through the gradhub module resumes after a rank is killed, and
+//     after its whole agent is killed (on the other node), ending with the parameters of an
+//     uninterrupted run, bit for bit;
+//   - a script exiting 3 fails as USER quoting its last lines; one that hangs after reporting
+//     is caught by the watchdog;
+//   - a script reads neither the node token, nor the agent's environment, nor another job's
+//     files.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <thread>
+
+#include "gradhub/v1/code.grpc.pb.h"
+#include "services/common/code_archive/code_archive.h"
+#include "tests/e2e/script/scripts.h"
+#include "tests/support/local_cluster.h"
+
+namespace gradhub {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+constexpr auto kJobLimit = std::chrono::seconds(240);
+
+class ScriptJobsE2eTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (access("/usr/bin/python3", X_OK) != 0 ||
+        system("/usr/bin/python3 -c 'import torch' 2>/dev/null") != 0) {
+      GTEST_SKIP() << "needs Debian's python3-torch at /usr/bin/python3";
+    }
+    testing::LocalClusterOptions options;
+    options.checkpoint_service = true;
+    cluster_ = std::make_unique<testing::LocalCluster>(options);
+    ASSERT_TRUE(cluster_->Start());
+  }
+
+  // Packs {name: text} as a code directory and uploads it: the digest.
+  std::string Upload(const std::map<std::string, std::string>& files) {
+    const std::string dir = cluster_->dir() + "/code-" + std::to_string(uploads_++);
+    std::filesystem::create_directories(dir);
+    for (const auto& [name, text] : files) std::ofstream(dir + "/" + name) << text;
+    const std::string archive = dir + ".tar";
+    EXPECT_TRUE(code::PackDirectory(dir, archive).ok());
+    std::ifstream in(archive, std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(in)), {});
+    auto stub = v1::CodeService::NewStub(
+        grpc::CreateChannel(cluster_->checkpoint_address(), grpc::InsecureChannelCredentials()));
+    auto context = cluster_->TenantContext();
+    v1::CodeArchive uploaded;
+    auto writer = stub->UploadCode(context.get(), &uploaded);
+    v1::UploadCodeRequest header;
+    header.mutable_header()->set_size_bytes(static_cast<int64_t>(bytes.size()));
+    writer->Write(header);
+    v1::UploadCodeRequest data;
+    data.set_data(bytes);
+    writer->Write(data);
+    writer->WritesDone();
+    const grpc::Status status = writer->Finish();
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    return uploaded.digest();
+  }
+
+  static v1::JobSpec Script(const std::string& digest, const std::string& entrypoint,
+                            std::vector<std::string> args, int world_size) {
+    v1::JobSpec spec;
+    spec.set_display_name(entrypoint);
+    spec.mutable_script()->set_code(digest);
+    spec.mutable_script()->set_entrypoint(entrypoint);
+    for (std::string& arg : args) spec.mutable_script()->add_args(std::move(arg));
+    spec.mutable_distributed()->set_world_size(world_size);
+    spec.set_hang_timeout_seconds(120);
+    return spec;
+  }
+
+  v1::Job AwaitEnd(const std::string& name) {
+    return cluster_->AwaitJob(name, testing::Ended, kJobLimit);
+  }
+
+  // The first group of `pattern` in rank `rank`'s lines of `attempt` (0 = the latest), waiting
+  // up to 20 s for the agent to ship them ("" if they never come).
+  std::string FindInLogs(const std::string& job, int attempt, int rank,
+                         const std::string& pattern) {
+    const std::regex regex(pattern);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    do {
+      for (const std::string& line : cluster_->Logs(job, attempt, rank)) {
+        std::smatch match;
+        if (std::regex_search(line, match, regex)) return match.size() > 1 ? match[1].str() : line;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    } while (std::chrono::steady_clock::now() < deadline);
+    return "";
+  }
+
+  // Waits until the job has a committed checkpoint and has gone past step `step`.
+  bool AwaitCheckpointAndStep(const std::string& name, int64_t step) {
+    const v1::Job job = cluster_->AwaitJob(
+        name,
+        [&](const v1::Job& job) {
+          if (testing::Ended(job) || job.progress().step() < step) return testing::Ended(job);
+          for (const v1::JobEvent& event : cluster_->Events(name)) {
+            if (event.type() == v1::JobEvent::CHECKPOINT_COMMITTED) return true;
+          }
+          return false;
+        },
+        kJobLimit);
+    return job.state() == v1::Job::RUNNING;
+  }
+
+  // The parameters' digest of an uninterrupted run of the checkpointing script.
+  std::string ReferenceDigest(const std::string& digest, int steps) {
+    const v1::Job job =
+        AwaitEnd(cluster_->Submit(Script(digest, "ckpt.py", {std::to_string(steps)}, 2)).name());
+    EXPECT_EQ(job.state(), v1::Job::SUCCEEDED) << cluster_->Describe(job.name());
+    return FindInLogs(job.name(), 0, 0, "final parameters sha256 ([0-9a-f]{64})");
+  }
+
+  std::unique_ptr<testing::LocalCluster> cluster_;
+  int uploads_ = 0;
+};
+
+TEST_F(ScriptJobsE2eTest, ATorchrunScriptRunsUnchangedAsAWorldFourJobOverTwoNodes) {
+  const std::string digest = Upload({{"tutorial.py", testing::kTutorialScript}});
+  v1::JobSpec spec = Script(digest, "tutorial.py", {"--epochs", "2"}, 4);
+  spec.mutable_distributed()->set_ranks_per_node(2);
+  const v1::Job job = AwaitEnd(cluster_->Submit(spec).name());
+  ASSERT_EQ(job.state(), v1::Job::SUCCEEDED) << cluster_->Describe(job.name());
+  std::set<std::string> group_ranks;
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_NE(FindInLogs(job.name(), 1, rank, "\\[rank " + std::to_string(rank) + "\\] epoch 1"),
+              "")
+        << "rank " << rank;
+    group_ranks.insert(FindInLogs(job.name(), 1, rank, "of 4 done .* group_rank=([0-9])"));
+  }
+  EXPECT_EQ(group_ranks, (std::set<std::string>{"0", "1"}));  // two nodes
+}
+
+TEST_F(ScriptJobsE2eTest, AKilledRankResumesFromTheModulesCheckpointBitForBit) {
+  const std::string digest = Upload({{"ckpt.py", testing::kCheckpointingScript}});
+  const std::string reference = ReferenceDigest(digest, 40);
+  ASSERT_FALSE(reference.empty());
+  v1::JobSpec spec = Script(digest, "ckpt.py", {"40"}, 2);
+  spec.mutable_max_restarts()->set_job(1);
+  const std::string name = cluster_->Submit(spec).name();
+  ASSERT_TRUE(AwaitCheckpointAndStep(name, 12)) << cluster_->Describe(name);
+  const std::string agent = cluster_->RanksOf("a").empty() ? "b" : "a";
+  const std::vector<pid_t> ranks = cluster_->RanksOf(agent);
+  ASSERT_FALSE(ranks.empty());
+  kill(ranks.back(), SIGKILL);
+  const v1::Job job = AwaitEnd(name);
+  ASSERT_EQ(job.state(), v1::Job::SUCCEEDED) << cluster_->Describe(name);
+  EXPECT_EQ(job.attempt(), 2);
+  const std::string resumed = FindInLogs(name, 2, 0, "resumed from step ([0-9]+)");
+  EXPECT_GT(std::atoi(resumed.c_str()), 0) << cluster_->Describe(name);
+  EXPECT_EQ(FindInLogs(name, 2, 0, "final parameters sha256 ([0-9a-f]{64})"), reference);
+}
+
+TEST_F(ScriptJobsE2eTest, ALostNodesJobResumesOnTheOtherNodeBitForBit) {
+  const std::string digest = Upload({{"ckpt.py", testing::kCheckpointingScript}});
+  const std::string reference = ReferenceDigest(digest, 40);
+  ASSERT_FALSE(reference.empty());
+  v1::JobSpec spec = Script(digest, "ckpt.py", {"40"}, 2);
+  spec.mutable_max_restarts()->set_infrastructure(2);
+  const std::string name = cluster_->Submit(spec).name();
+  ASSERT_TRUE(AwaitCheckpointAndStep(name, 12)) << cluster_->Describe(name);
+  const std::string victim = cluster_->RanksOf("a").empty() ? "b" : "a";
+  const std::string survivor = victim == "a" ? "b" : "a";
+  ASSERT_EQ(cluster_->RanksOf(victim).size(), 2u);  // both ranks packed on one node
+  cluster_->KillAgent(victim, SIGKILL);
+  const v1::Job job = AwaitEnd(name);
+  ASSERT_EQ(job.state(), v1::Job::SUCCEEDED) << cluster_->Describe(name);
+  EXPECT_THAT(cluster_->Describe(name), HasSubstr("placed on nodes/" + survivor));
+  const std::string resumed = FindInLogs(name, 0, 0, "resumed from step ([0-9]+)");
+  EXPECT_GT(std::atoi(resumed.c_str()), 0) << cluster_->Describe(name);
+  EXPECT_EQ(FindInLogs(name, 0, 0, "final parameters sha256 ([0-9a-f]{64})"), reference);
+}
+
+TEST_F(ScriptJobsE2eTest, ANonZeroExitFailsAsUserQuotingTheLastLines) {
+  const std::string digest = Upload({{"fail.py", testing::kFailingScript}});
+  v1::JobSpec spec = Script(digest, "fail.py", {}, 2);
+  spec.mutable_max_restarts()->set_job(3);
+  const v1::Job job = AwaitEnd(cluster_->Submit(spec).name());
+  ASSERT_EQ(job.state(), v1::Job::FAILED) << cluster_->Describe(job.name());
+  EXPECT_EQ(job.attempt(), 1);  // a user's failure is not retried
+  EXPECT_THAT(job.state_reason(), HasSubstr("exited with code 3"));
+  EXPECT_THAT(job.state_reason(), HasSubstr("ValueError: the dataset has no column 'label'"));
+  EXPECT_THAT(job.state_reason(), HasSubstr("line 4, in <module>"));
+}
+
+TEST_F(ScriptJobsE2eTest, AScriptThatHangsAfterReportingIsCaughtByTheWatchdog) {
+  const std::string digest = Upload({{"hang.py", testing::kHangingScript}});
+  v1::JobSpec spec = Script(digest, "hang.py", {}, 1);
+  spec.set_hang_timeout_seconds(8);
+  const v1::Job job = AwaitEnd(cluster_->Submit(spec).name());
+  ASSERT_EQ(job.state(), v1::Job::FAILED) << cluster_->Describe(job.name());
+  EXPECT_THAT(cluster_->Describe(job.name()), HasSubstr("HANG_DETECTED"));
+}
+
+TEST_F(ScriptJobsE2eTest, AScriptReadsNeitherTheNodeTokenNorTheAgentNorAnotherJobsFiles) {
+  if (geteuid() != 0) GTEST_SKIP() << "per-job users need a root agent";
+  const std::string victim_code = Upload({{"victim.py", testing::kVictimScript}});
+  const std::string victim = cluster_->Submit(Script(victim_code, "victim.py", {}, 1)).name();
+  ASSERT_EQ(
+      cluster_
+          ->AwaitJob(
+              victim,
+              [](const v1::Job& job) { return job.progress().step() >= 1 || testing::Ended(job); },
+              kJobLimit)
+          .state(),
+      v1::Job::RUNNING);
+  const std::string node = cluster_->RanksOf("a").empty() ? "b" : "a";
+  const std::string secret = cluster_->dir() + "/agent-" + node + "/jobs/" +
+                             victim.substr(std::strlen("jobs/")) + "/attempt-1/rank-0/secret.txt";
+  ASSERT_TRUE(std::filesystem::exists(secret));
+  const std::string attacker_code = Upload({{"attack.py", testing::kAttackerScript}});
+  v1::JobSpec attack =
+      Script(attacker_code, "attack.py", {std::to_string(cluster_->AgentPid(node)), secret}, 1);
+  attack.mutable_node_selector()->clear();
+  const v1::Job attacker = AwaitEnd(cluster_->Submit(attack).name());
+  ASSERT_EQ(attacker.state(), v1::Job::SUCCEEDED) << cluster_->Describe(attacker.name());
+  ASSERT_NE(FindInLogs(attacker.name(), 1, 0, "^env: "), "");  // its last line is shipped
+  std::string output;
+  for (const std::string& line : cluster_->Logs(attacker.name(), 1, 0)) output += line + "\n";
+  EXPECT_THAT(output, HasSubstr("agent environ: PermissionError"));
+  EXPECT_THAT(output, HasSubstr("other job file: PermissionError"));
+  EXPECT_THAT(output, HasSubstr("other job dir: PermissionError"));
+  EXPECT_THAT(output, Not(HasSubstr(cluster_->node_token())));
+  EXPECT_THAT(output, Not(HasSubstr("the victim's secret")));
+  EXPECT_THAT(output, HasSubstr("GRADHUB_JOB_TOKEN=ghj_"));
+  cluster_->Cancel(victim);
+}
+
+}  // namespace
+}  // namespace gradhub
