@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "absl/strings/str_split.h"
@@ -45,7 +46,8 @@ class ScriptModuleTest : public CheckpointTest {
     rest_ = std::make_unique<CheckpointRest>(manager_.get(), auth_.get(), metrics_.get(), options);
     const absl::StatusOr<int> port = rest_->Start("127.0.0.1", 0);
     ASSERT_TRUE(port.ok()) << port.status();
-    url_ = "http://127.0.0.1:" + std::to_string(*port);
+    url_ = (options.tls_cert_file.empty() ? "http://127.0.0.1:" : "https://127.0.0.1:") +
+           std::to_string(*port);
     client_ = std::make_unique<httplib::Client>("127.0.0.1", *port);
   }
   void StopServing() {
@@ -54,16 +56,19 @@ class ScriptModuleTest : public CheckpointTest {
   }
 
   // `code` run by /usr/bin/python3 with the module and a rank's environment for `job`.
+  // `code` run by /usr/bin/python3 with the module and a rank's environment for `job`, and
+  // `env` besides.
   RunResult Python(const std::string& code, std::vector<std::string> args = {},
-                   const std::string& job = "", const std::string& token = "") {
+                   const std::string& job = "", const std::string& token = "",
+                   std::map<std::string, std::string> env = {}) {
     std::vector<std::string> argv = {"/usr/bin/python3", "-c", code};
     argv.insert(argv.end(), args.begin(), args.end());
-    return gradhub::testing::Run(
-        argv, {{"PYTHONPATH", std::string(std::getenv("GRADHUB_BUILD_DIR")) + "/python"},
-               {"GRADHUB_CHECKPOINT_URL", url_},
-               {"GRADHUB_JOB_TOKEN", token.empty() ? token_ : token},
-               {"GRADHUB_JOB_ID", "jobs/" + (job.empty() ? job_ : job)},
-               {"GRADHUB_ATTEMPT", "1"}});
+    env.insert({{"PYTHONPATH", std::string(std::getenv("GRADHUB_BUILD_DIR")) + "/python"},
+                {"GRADHUB_CHECKPOINT_URL", url_},
+                {"GRADHUB_JOB_TOKEN", token.empty() ? token_ : token},
+                {"GRADHUB_JOB_ID", "jobs/" + (job.empty() ? job_ : job)},
+                {"GRADHUB_ATTEMPT", "1"}});
+    return gradhub::testing::Run(argv, env);
   }
 
   // A PUT of `body` for step `step` as the job token, with these extra headers.
@@ -259,6 +264,30 @@ TEST_F(ScriptModuleTest, AnUploadOverTheLimitIs413) {
   EXPECT_EQ(over->status, 413);
   EXPECT_THAT(over->body, HasSubstr("1000 bytes"));
   EXPECT_EQ(Put(1, data.substr(1), Sha(Sha256Hex(data.substr(1))))->status, 200);
+}
+
+TEST_F(ScriptModuleTest, OverHttpsTheStoresCertificateIsCheckedAgainstGradhubTlsCa) {
+  TempDir dir;
+  const std::string cert = dir.path() + "/cert.pem", key = dir.path() + "/key.pem";
+  const RunResult made = gradhub::testing::Run(
+      {"/usr/bin/openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
+       "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", key, "-out", cert});
+  ASSERT_EQ(made.exit_code, 0) << made.err;
+  CheckpointRestOptions options;
+  options.tls_cert_file = cert;
+  options.tls_key_file = key;
+  Serve(options);
+  const std::string code = R"(
+import gradhub
+gradhub.save_checkpoint(5, b"over tls")
+print(gradhub.load_latest_checkpoint())
+)";
+  const RunResult verified = Python(code, {}, "", "", {{"GRADHUB_TLS_CA", cert}});
+  ASSERT_EQ(verified.exit_code, 0) << verified.err;
+  EXPECT_EQ(verified.out, "(5, b'over tls')\n");
+  const RunResult unknown_ca = Python(code);  // the system's CAs do not know this one
+  EXPECT_NE(unknown_ca.exit_code, 0);
+  EXPECT_THAT(unknown_ca.err, HasSubstr("GRADHUB_TLS_CA"));
 }
 
 // ProgressRecord fields for the Python report() calls below.

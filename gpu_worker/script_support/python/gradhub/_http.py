@@ -95,6 +95,9 @@ def with_retries(what, call):
             return call()
         except RetryableError as failed:
             last = failed.error
+        except ssl.SSLCertVerificationError as failed:  # will not pass by itself
+            raise CheckpointError(f"{what}: the store's certificate: {failed} (GRADHUB_TLS_CA "
+                                  "names the CA that signed it)") from None
         except (OSError, http.client.HTTPException) as failed:
             last = CheckpointError(f"{what}: {type(failed).__name__}: {failed}")
         if attempt == TRIES:

@@ -220,7 +220,8 @@ class RestClientTest(unittest.TestCase):
         self.assertEqual(gradhub.load_latest_checkpoint(), (8, data))
         self.assertEqual(self.server.requests[3][1],
                          "/v1/jobs/j1/checkpoints/8:download?verifySha256=true")
-        self.server.answers = [(200, {}, latest), (200, {"X-Checkpoint-Sha256": sha}, b"garbled")] * 2
+        garbled = (200, {"X-Checkpoint-Sha256": sha}, b"garbled")
+        self.server.answers = [(200, {}, latest), garbled] * 2
         with self.assertRaises(gradhub.CheckpointError):
             gradhub.load_latest_checkpoint()
 
