@@ -77,12 +77,13 @@ struct PartialFile {
     }
     written += static_cast<int64_t>(data.size());
   }
-  // fsync and close, so that the rename that follows publishes whole bytes.
+  // No fsync: the cache is not the archive's home, only a copy checked by its sha256. After a
+  // crash, an archive found at start-up is hashed again before its first use (step 3), so a
+  // torn file is fetched again; a flush would only add a disk write to every rank's start.
   absl::Status Close() {
-    const bool synced = fsync(fd) == 0;
     const int result = close(fd);
     fd = -1;
-    return synced && result == 0 ? absl::OkStatus() : ErrnoError("fsync " + path);
+    return result == 0 ? absl::OkStatus() : ErrnoError("close " + path);
   }
 
   const std::string path;
@@ -138,15 +139,10 @@ grpc::Status StreamWithRetries(v1::CodeService::Stub& stub, const CodeCacheOptio
   }
 }
 
-// Renames a verified download into place, durably.
-absl::Status Publish(const std::string& from, const std::string& to, const std::string& dir) {
+// Renames a verified download into place (atomic; not made durable, see PartialFile::Close).
+absl::Status Publish(const std::string& from, const std::string& to) {
   if (rename(from.c_str(), to.c_str()) != 0) return ErrnoError("rename " + from);
-  // The rename itself durable, so that a crash does not lose a verified archive's name.
-  const int dirfd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dirfd < 0) return ErrnoError("open " + dir);
-  const bool synced = fsync(dirfd) == 0;
-  close(dirfd);
-  return synced ? absl::OkStatus() : ErrnoError("fsync " + dir);
+  return absl::OkStatus();
 }
 
 // The directory's entries in the order of their modification, oldest first, so that the
@@ -336,7 +332,7 @@ absl::Status CodeCache::Download(const std::string& hex, const std::string& addr
                                               " from ", address, " hash to ", partial.sha.Hex()));
   }
   if (status.ok()) status = partial.Close();
-  if (status.ok()) status = Publish(partial.path, ArchivePath(hex), dir_);
+  if (status.ok()) status = Publish(partial.path, ArchivePath(hex));
   absl::MutexLock lock(&mu_);
   stats_.bytes_downloaded += partial.written;
   if (!status.ok()) {

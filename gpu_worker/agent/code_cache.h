@@ -16,8 +16,9 @@
 //   4. Download with DownloadCode into <hex>.tar.part, hashing the bytes as they arrive. A
 //      stream that breaks is asked again from the offset already written; failures the node's
 //      clients retry (grpc_retry.h IsRetryable) wait through the shared backoff, up to
-//      `fetch_timeout` after the fetch began. Then fsync, and rename to <hex>.tar only when the
-//      sha256 matches the digest: DATA_LOSS otherwise, with nothing kept.
+//      `fetch_timeout` after the fetch began. Then rename to <hex>.tar only when the sha256
+//      matches the digest: DATA_LOSS otherwise, with nothing kept. No fsync: step 3 hashes
+//      what a crash may have torn before it is used, so a flush would only slow every start.
 //   5. Evict: while the archives add up to more than `max_bytes`, remove the least recently
 //      used one that no Lease holds and no call is fetching.
 //
