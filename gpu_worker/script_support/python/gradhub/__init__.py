@@ -39,8 +39,10 @@ Both retry what may pass (HTTP 429, 5xx, a broken connection) a few times with j
 backoff; what cannot raises CheckpointError, whose message names the call, the HTTP status
 and the server's error (e.g. "HTTP 401 UNAUTHENTICATED: ..." once the attempt has ended).
 
-Outside gradhub (GRADHUB_CHECKPOINT_URL unset), checkpoints live in $GRADHUB_CHECKPOINT_DIR
-(default ./gradhub-checkpoints), with the same rules; the newest 3 are kept.
+Outside gradhub (GRADHUB_CHECKPOINT_URL and GRADHUB_JOB_TOKEN unset), checkpoints live in
+$GRADHUB_CHECKPOINT_DIR (default ./gradhub-checkpoints), with the same rules; the newest 3 are
+kept. A gradhub rank without a store's URL (its agent has no --checkpoint-url) raises
+CheckpointError rather than keep them in its scratch directory, which a restart does not keep.
 
 Ranks
 -----
@@ -104,6 +106,10 @@ def local_rank():
 def _store():
     """Where checkpoints go: the checkpoint store under gradhub, else a local folder."""
     url = os.environ.get("GRADHUB_CHECKPOINT_URL", "")
+    if not url and os.environ.get("GRADHUB_JOB_TOKEN"):
+        # A gradhub rank: a local folder would be its scratch directory, gone at a restart.
+        raise CheckpointError("GRADHUB_CHECKPOINT_URL is empty: this node's agent was started "
+                              "without --checkpoint-url, so its ranks have no checkpoint store")
     if not url:
         return LocalStore(os.environ.get("GRADHUB_CHECKPOINT_DIR") or "gradhub-checkpoints")
     missing = [name for name in ("GRADHUB_JOB_TOKEN", "GRADHUB_JOB_ID", "GRADHUB_ATTEMPT")

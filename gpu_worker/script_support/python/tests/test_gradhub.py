@@ -78,7 +78,8 @@ class LocalFolderTest(unittest.TestCase):
         patcher = mock.patch.dict(os.environ, {"GRADHUB_CHECKPOINT_DIR": self.folder})
         patcher.start()
         self.addCleanup(patcher.stop)
-        os.environ.pop("GRADHUB_CHECKPOINT_URL", None)
+        for name in ("GRADHUB_CHECKPOINT_URL", "GRADHUB_JOB_TOKEN"):
+            os.environ.pop(name, None)
         self.addCleanup(self.dir.cleanup)
 
     def test_saves_bytes_paths_and_files_keeps_three_and_loads_the_newest(self):
@@ -119,6 +120,14 @@ class LocalFolderTest(unittest.TestCase):
         with self.assertRaises(gradhub.CheckpointError):
             gradhub.load_latest_checkpoint(out)
         self.assertFalse(os.path.exists(out))  # nothing half-written is left
+
+    def test_a_gradhub_rank_without_a_store_url_is_refused(self):
+        rank = {"GRADHUB_JOB_TOKEN": "ghj_x", "GRADHUB_CHECKPOINT_URL": ""}
+        with mock.patch.dict(os.environ, rank):
+            with self.assertRaises(gradhub.CheckpointError) as raised:
+                gradhub.save_checkpoint(1, b"x")
+        self.assertIn("--checkpoint-url", str(raised.exception))
+        self.assertFalse(os.path.exists(self.folder))
 
     def test_wrong_data_is_a_value_error(self):
         with self.assertRaises(ValueError):
