@@ -246,7 +246,11 @@ bool JoinCgroup(int procs_fd) {
 bool DropPrivileges(const RankIdentity& identity) {
   const uid_t uid = identity.uid;
   const gid_t gid = identity.gid;
-  if (syscall(SYS_setgroups, 0, nullptr) != 0) return false;
+  if (syscall(SYS_setgroups, identity.supplementary_gids.size(),
+              identity.supplementary_gids.empty() ? nullptr : identity.supplementary_gids.data()) !=
+      0) {
+    return false;
+  }
   if (syscall(SYS_setresgid, gid, gid, gid) != 0) return false;
   if (syscall(SYS_setresuid, uid, uid, uid) != 0) return false;
   uid_t ruid, euid, suid;

@@ -27,7 +27,8 @@
 //      and exec would pass that on); stdin /dev/null, stdout/stderr the pipes; every other fd
 //      close-on-exec.
 //   4. RLIMIT_DATA when the node limits memory by rlimit (no cgroup).
-//   5. Drop privileges, when the identity says so: setgroups(0) (no supplementary groups),
+//   5. Drop privileges, when the identity says so: setgroups (only the identity's supplementary
+//      groups, usually none),
 //      setresgid, setresuid, as raw syscalls (glibc's wrappers would try to signal the
 //      agent's other threads, which do not exist in the child). Then checked: the real,
 //      effective and saved ids are the user's and setresuid(0) fails; PR_SET_NO_NEW_PRIVS so

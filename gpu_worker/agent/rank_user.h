@@ -8,6 +8,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 
@@ -26,7 +27,8 @@ struct RankIdentity {
   bool switch_user = false;
   std::string name;
   uid_t uid = 0;
-  gid_t gid = 0;  // the user's primary group; supplementary groups are dropped
+  gid_t gid = 0;  // the user's primary group; other groups are dropped, but for these
+  std::vector<gid_t> supplementary_gids;  // never 0
 };
 
 // The decision, pure: `run_as` is the flag ("" = the default), `user` what the password

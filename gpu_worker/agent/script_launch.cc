@@ -63,6 +63,9 @@ RankIdentity ScriptIdentity(const RankIdentity& node, uint32_t uid) {
   identity.name = absl::StrCat("gradhub-job-", uid);
   identity.uid = uid;
   identity.gid = uid;
+  // The node's rank group too, so files a node shares with its ranks (data roots readable by
+  // gradhub-rank's group) stay readable; the job's own group keeps its code to itself.
+  if (node.gid != 0) identity.supplementary_gids = {node.gid};
   return identity;
 }
 

@@ -35,7 +35,9 @@ struct PreparedScript {
 uint32_t JobUid(const std::string& job_id, int64_t base, int64_t count);
 
 // A script rank's identity: the node's rank identity when the agent is not root (it cannot
-// switch); else uid `uid` with a group of the same number (no passwd entry is needed).
+// switch); else uid `uid` with a group of the same number (no passwd entry is needed), and the
+// node's rank group (gradhub-rank's) as a supplementary group, for what the node shares with
+// every rank, such as data roots readable by that group.
 RankIdentity ScriptIdentity(const RankIdentity& node, uint32_t uid);
 
 // The GPUs a script rank sees (CUDA_VISIBLE_DEVICES): those of every rank of its attempt on

@@ -154,6 +154,7 @@ TEST(ScriptIdentity, IsTheJobsUidWhenTheAgentSwitchesUsersElseTheAgents) {
   EXPECT_TRUE(job.switch_user);
   EXPECT_EQ(job.uid, 1900000042u);
   EXPECT_EQ(job.gid, 1900000042u);
+  EXPECT_THAT(job.supplementary_gids, ElementsAre(1000u));  // the node's rank group
 }
 
 TEST(UnpackAttemptCode, UnpacksOnceIntoTheAttemptsCodeDirectoryReadOnly) {
