@@ -29,47 +29,9 @@ constexpr char kDigestPrefix[] = "sha256:";
 // What code.proto allows in one UploadCode message.
 constexpr size_t kUploadMessageBytes = size_t{4} << 20;
 
-absl::Status ErrnoError(const std::string& what) {
-  return absl::InternalError(absl::StrCat(what, ": ", std::strerror(errno)));
-}
-
 absl::Status FromGrpc(const grpc::Status& status) {
   return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
 }
-
-// A file in $TMPDIR (else /tmp) that goes when this does; `path` is empty when it could not be
-// created.
-struct TempFile {
-  TempFile() {
-    const char* tmp = std::getenv("TMPDIR");
-    const std::string pattern =
-        absl::StrCat(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp", "/gradhub-code-XXXXXX");
-    std::vector<char> name(pattern.begin(), pattern.end());
-    name.push_back('\0');
-    const int fd = mkstemp(name.data());
-    if (fd >= 0) {
-      close(fd);
-      path = name.data();
-    }
-  }
-  ~TempFile() {
-    if (!path.empty()) unlink(path.c_str());
-  }
-  TempFile(const TempFile&) = delete;
-  TempFile& operator=(const TempFile&) = delete;
-  std::string path;
-};
-
-// A file descriptor closed when this goes.
-struct Fd {
-  explicit Fd(int value) : fd(value) {}
-  ~Fd() {
-    if (fd >= 0) close(fd);
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int fd;
-};
 
 // What a push did, for the line on stderr and `code push`'s output.
 struct Pushed {
@@ -92,28 +54,30 @@ absl::StatusOr<std::optional<v1::CodeArchive>> Stored(Invocation& inv, const std
   return FromGrpc(status);
 }
 
-// One UploadCode stream of the whole file. *local is set when reading the file failed, which
-// no retry mends.
-grpc::Status UploadOnce(Invocation& inv, int fd, const v1::UploadCodeHeader& header,
-                        v1::CodeArchive* archive, absl::Status* local) {
+// One UploadCode stream of `dir`, packed again as it is sent (no temporary copy). *local is
+// set when packing failed, which no retry mends.
+grpc::Status UploadOnce(Invocation& inv, const std::string& dir, const code::ArchiveLimits& limits,
+                        const v1::UploadCodeHeader& header, v1::CodeArchive* archive,
+                        absl::Status* local) {
   std::unique_ptr<grpc::ClientContext> context = inv.client().StreamContext();
   auto writer = inv.client().code().UploadCode(context.get(), archive);
   v1::UploadCodeRequest request;
   *request.mutable_header() = header;
   bool open = writer->Write(request);
-  for (int64_t offset = 0; open && offset < header.size_bytes();) {
-    std::string* data = request.mutable_data();  // the same buffer for every message
-    data->resize(std::min<int64_t>(kUploadMessageBytes, header.size_bytes() - offset));
-    const ssize_t n = pread(fd, data->data(), data->size(), offset);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      *local = n < 0 ? ErrnoError("read the archive") : absl::InternalError("the archive shrank");
-      context->TryCancel();
-      break;
+  if (open) {
+    const absl::StatusOr<code::ArchiveSummary> packed = code::PackDirectoryTo(
+        dir,
+        [&](std::string_view bytes) {
+          request.set_data(bytes.data(), bytes.size());  // a 4 MiB piece: one message
+          open = writer->Write(request);
+          return open ? absl::OkStatus() : absl::UnavailableError("the upload stream broke");
+        },
+        limits);
+    if (open && !packed.ok()) *local = packed.status();
+    if (open && packed.ok() && packed->archive_bytes != header.size_bytes()) {
+      *local = absl::AbortedError(absl::StrCat(dir, " changed while it was uploaded; push again"));
     }
-    data->resize(static_cast<size_t>(n));
-    open = writer->Write(request);
-    offset += n;
+    if (!local->ok()) context->TryCancel();
   }
   if (open && local->ok()) writer->WritesDone();
   return writer->Finish();
@@ -121,22 +85,23 @@ grpc::Status UploadOnce(Invocation& inv, int fd, const v1::UploadCodeHeader& hea
 
 // Step 4: UploadOnce until it succeeds, fails for good, or kUploadRetryWindow has passed since
 // the first failure.
-absl::StatusOr<v1::CodeArchive> Upload(Invocation& inv, const std::string& path,
-                                       const std::string& hex) {
-  const Fd file(open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  struct stat info {};
-  if (file.fd < 0 || fstat(file.fd, &info) != 0) return ErrnoError(path);
+absl::StatusOr<v1::CodeArchive> Upload(Invocation& inv, const std::string& dir,
+                                       const code::ArchiveLimits& limits, const Pushed& pushed) {
   v1::UploadCodeHeader header;
-  header.set_size_bytes(info.st_size);
-  header.set_sha256(hex);
+  header.set_size_bytes(pushed.summary.archive_bytes);
+  header.set_sha256(pushed.digest.substr(std::strlen(kDigestPrefix)));
   Backoff backoff(kGrpcBackoff);
   std::optional<Backoff::Clock::time_point> give_up;
   while (true) {
     v1::CodeArchive archive;
     absl::Status local;
-    const grpc::Status status = UploadOnce(inv, file.fd, header, &archive, &local);
+    const grpc::Status status = UploadOnce(inv, dir, limits, header, &archive, &local);
     if (!local.ok()) return local;
     if (status.ok()) return archive;
+    if (status.error_code() == grpc::StatusCode::DATA_LOSS) {  // other bytes than hashed
+      return absl::AbortedError(absl::StrCat(dir, " changed while it was uploaded (",
+                                             status.error_message(), "); push again"));
+    }
     if (!IsTransient(status.error_code())) return FromGrpc(status);
     if (!give_up) give_up = Backoff::Clock::now() + absl::ToChronoNanoseconds(kUploadRetryWindow);
     const std::optional<std::chrono::nanoseconds> wait = backoff.NextBefore(*give_up);
@@ -147,14 +112,20 @@ absl::StatusOr<v1::CodeArchive> Upload(Invocation& inv, const std::string& path,
   }
 }
 
-// Steps 1-4 for directory `dir`.
+// Steps 1-4 for directory `dir`: packed twice, never written to disk: once to hash it (is it
+// stored already?), once more as it is sent, only when it is not.
 absl::StatusOr<Pushed> Push(Invocation& inv, const std::string& dir, int64_t max_code_bytes) {
-  const TempFile tar;
-  if (tar.path.empty()) return ErrnoError("cannot create a temporary file for the archive");
   code::ArchiveLimits limits;
   limits.max_archive_bytes = max_code_bytes;
   Pushed pushed;
-  absl::StatusOr<code::ArchiveSummary> summary = code::PackDirectory(dir, tar.path, limits);
+  Sha256Stream sha;
+  absl::StatusOr<code::ArchiveSummary> summary = code::PackDirectoryTo(
+      dir,
+      [&sha](std::string_view bytes) {
+        sha.Update(bytes);
+        return absl::OkStatus();
+      },
+      limits);
   if (!summary.ok() && !absl::StrContains(summary.status().message(), dir)) {
     // Its message names the entry relative to `dir`; say which directory that is.
     return absl::Status(summary.status().code(),
@@ -162,9 +133,7 @@ absl::StatusOr<Pushed> Push(Invocation& inv, const std::string& dir, int64_t max
   }
   if (!summary.ok()) return summary.status();
   pushed.summary = *summary;
-  absl::StatusOr<std::string> hex = Sha256OfFile(tar.path);
-  if (!hex.ok()) return hex.status();
-  pushed.digest = kDigestPrefix + *hex;
+  pushed.digest = kDigestPrefix + sha.Hex();
   absl::StatusOr<std::optional<v1::CodeArchive>> stored = Stored(inv, pushed.digest);
   if (!stored.ok()) return stored.status();
   if (stored->has_value()) {
@@ -172,7 +141,7 @@ absl::StatusOr<Pushed> Push(Invocation& inv, const std::string& dir, int64_t max
     return pushed;
   }
   const absl::Time start = absl::Now();
-  absl::StatusOr<v1::CodeArchive> uploaded = Upload(inv, tar.path, *hex);
+  absl::StatusOr<v1::CodeArchive> uploaded = Upload(inv, dir, limits, pushed);
   if (!uploaded.ok()) return uploaded.status();
   pushed.archive = *std::move(uploaded);
   pushed.uploaded = true;

@@ -3,14 +3,17 @@
 // (code.proto). Listed in AllCommands (commands.cc).
 //
 // Pushing a directory:
-//   1. pack it into a temporary tar (PackDirectory: .gradhubignore, refusing devices, FIFOs and
-//      links out of the tree, and the --max-code-bytes cap), naming the entry on a refusal;
-//   2. sha256 the tar;
+//   1. pack it as a tar straight into a sha256 (PackDirectoryTo: .gradhubignore, refusing
+//      devices, FIFOs and links out of the tree, and the --max-code-bytes cap), naming the
+//      entry on a refusal; nothing is written to disk;
+//   2. the digest and the size (the archive is measured before it is packed);
 //   3. GetCode("sha256:<hex>"): found, so the store has these bytes for this tenant and nothing
 //      is sent; NOT_FOUND, so
-//   4. UploadCode: a header {size, sha256}, then the tar in 4 MiB messages. UploadCode is
-//      idempotent, so a transient failure (grpc_retry.h IsTransient) sends it all again after
-//      the shared backoff, for up to kUploadRetryWindow after the first failure;
+//   4. UploadCode: a header {size, sha256}, then the tar packed again as it is sent, in 4 MiB
+//      messages (the server refuses other bytes than the header's: a directory changed in
+//      between is an error, "push again"). UploadCode is idempotent, so a transient failure
+//      (grpc_retry.h IsTransient) sends it all again after the shared backoff, for up to
+//      kUploadRetryWindow after the first failure;
 //   5. one line on stderr: `code: sha256:<hex> 42 entries, 3.1 MiB (uploaded in 0.4 s, ...)`,
 //      or `(already uploaded)`.
 #pragma once

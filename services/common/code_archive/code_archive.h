@@ -49,6 +49,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -85,6 +86,13 @@ struct ArchiveSummary {
 absl::StatusOr<ArchiveSummary> PackDirectory(const std::string& dir,
                                              const std::string& archive_path,
                                              const ArchiveLimits& limits = {});
+
+// The same archive's bytes, in order, to `sink` (about 4 MiB a call) instead of a file: for a
+// client that hashes or uploads them as they come, without a temporary copy. The first error
+// `sink` returns ends the packing and is returned. The same refusals as PackDirectory.
+using ArchiveSink = std::function<absl::Status(std::string_view bytes)>;
+absl::StatusOr<ArchiveSummary> PackDirectoryTo(const std::string& dir, const ArchiveSink& sink,
+                                               const ArchiveLimits& limits = {});
 
 // Checks a tar as it streams in: the code store feeds it upload chunks, in any split of the
 // bytes (down to one byte at a time; the result is the same). The first bad entry ends it

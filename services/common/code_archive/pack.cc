@@ -180,10 +180,10 @@ absl::StatusOr<ArchiveSummary> Measure(const std::vector<TreeEntry>& entries,
   return summary;
 }
 
-// Step 3: the archive's bytes through one buffer to `fd`. Not thread-safe.
+// Step 3: the archive's bytes through one buffer to `sink`. Not thread-safe.
 class ArchiveWriter {
  public:
-  ArchiveWriter(int fd, std::string root) : fd_(fd), root_(std::move(root)) {
+  ArchiveWriter(const ArchiveSink& sink, std::string root) : sink_(sink), root_(std::move(root)) {
     buffer_.resize(kWriteBufferBytes);
   }
 
@@ -243,44 +243,35 @@ class ArchiveWriter {
   }
 
   absl::Status Flush() {
-    for (size_t done = 0; done < used_;) {
-      const ssize_t n = write(fd_, buffer_.data() + done, used_ - done);
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) return absl::ErrnoToStatus(errno, "code: writing the archive");
-      done += static_cast<size_t>(n);
-    }
+    if (used_ == 0) return absl::OkStatus();
+    absl::Status written = sink_(std::string_view(buffer_.data(), used_));
     used_ = 0;
-    return absl::OkStatus();
+    return written;
   }
 
-  const int fd_;
+  const ArchiveSink& sink_;
   const std::string root_;
   std::vector<char> buffer_;
   size_t used_ = 0;
 };
 
-absl::StatusOr<ArchiveSummary> PackInto(const std::string& dir, int fd,
-                                        const ArchiveLimits& limits) {
+// `archive`: the file being written, never packed into itself (zeros: none).
+absl::StatusOr<ArchiveSummary> PackInto(const std::string& dir, const ArchiveSink& sink,
+                                        const struct stat& archive, const ArchiveLimits& limits) {
   absl::StatusOr<IgnoreRules> ignore = IgnoreRules::Load(dir);
   if (!ignore.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("code: ", ignore.status().message()));
   }
-  struct stat archive;
-  if (fstat(fd, &archive) != 0) return absl::ErrnoToStatus(errno, "code: fstat the archive");
   std::vector<TreeEntry> entries;
   GRADHUB_RETURN_IF_ERROR(TreeLister(dir, *ignore, archive).List("", &entries));
   std::sort(entries.begin(), entries.end(),
             [](const TreeEntry& a, const TreeEntry& b) { return a.path < b.path; });
   GRADHUB_ASSIGN_OR_RETURN(const ArchiveSummary summary, Measure(entries, limits));
-  GRADHUB_RETURN_IF_ERROR(ArchiveWriter(fd, dir).Write(entries));
+  GRADHUB_RETURN_IF_ERROR(ArchiveWriter(sink, dir).Write(entries));
   return summary;
 }
 
-}  // namespace
-
-absl::StatusOr<ArchiveSummary> PackDirectory(const std::string& dir,
-                                             const std::string& archive_path,
-                                             const ArchiveLimits& limits) {
+absl::Status CheckIsDirectory(const std::string& dir) {
   struct stat st;
   if (stat(dir.c_str(), &st) != 0) {
     return absl::ErrnoToStatus(errno, absl::StrCat("code: directory ", Quoted(dir)));
@@ -288,9 +279,42 @@ absl::StatusOr<ArchiveSummary> PackDirectory(const std::string& dir,
   if (!S_ISDIR(st.st_mode)) {
     return absl::InvalidArgumentError(absl::StrCat("code: ", Quoted(dir), " is not a directory"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status WriteAll(int fd, std::string_view bytes) {
+  for (size_t done = 0; done < bytes.size();) {
+    const ssize_t n = write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return absl::ErrnoToStatus(errno, "code: writing the archive");
+    done += static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<ArchiveSummary> PackDirectoryTo(const std::string& dir, const ArchiveSink& sink,
+                                               const ArchiveLimits& limits) {
+  GRADHUB_RETURN_IF_ERROR(CheckIsDirectory(dir));
+  struct stat none {};
+  return PackInto(dir, sink, none, limits);
+}
+
+absl::StatusOr<ArchiveSummary> PackDirectory(const std::string& dir,
+                                             const std::string& archive_path,
+                                             const ArchiveLimits& limits) {
+  GRADHUB_RETURN_IF_ERROR(CheckIsDirectory(dir));
   const int fd = open(archive_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return absl::ErrnoToStatus(errno, absl::StrCat("code: open ", archive_path));
-  absl::StatusOr<ArchiveSummary> summary = PackInto(dir, fd, limits);
+  absl::StatusOr<ArchiveSummary> summary;
+  struct stat archive;
+  if (fstat(fd, &archive) != 0) {
+    summary = absl::ErrnoToStatus(errno, "code: fstat the archive");
+  } else {
+    summary = PackInto(
+        dir, [fd](std::string_view bytes) { return WriteAll(fd, bytes); }, archive, limits);
+  }
   if (close(fd) != 0 && summary.ok()) {
     summary = absl::ErrnoToStatus(errno, absl::StrCat("code: close ", archive_path));
   }

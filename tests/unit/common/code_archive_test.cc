@@ -251,6 +251,23 @@ TEST_F(CodeArchiveTest, SameTreeBuiltTwiceGivesTheSameBytes) {
   EXPECT_EQ(Sha256Hex(first_bytes), Sha256Hex(ReadFile(Path("second.tar"))));
 }
 
+TEST_F(CodeArchiveTest, PackingToASinkGivesTheFilesBytesAndStopsAtItsError) {
+  MakeSampleTree(Path("tree"));
+  ASSERT_TRUE(PackDirectory(Path("tree"), Path("code.tar")).ok());
+  std::string streamed;
+  const absl::StatusOr<ArchiveSummary> packed =
+      PackDirectoryTo(Path("tree"), [&](std::string_view bytes) {
+        streamed.append(bytes);
+        return absl::OkStatus();
+      });
+  ASSERT_TRUE(packed.ok()) << packed.status();
+  EXPECT_EQ(streamed, ReadFile(Path("code.tar")));
+  EXPECT_EQ(packed->archive_bytes, static_cast<int64_t>(streamed.size()));
+  const absl::StatusOr<ArchiveSummary> refused = PackDirectoryTo(
+      Path("tree"), [](std::string_view) { return absl::UnavailableError("the stream broke"); });
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable);
+}
+
 TEST_F(CodeArchiveTest, GnuTarListsOurArchive) {
   MakeSampleTree(Path("tree"));
   ASSERT_TRUE(PackDirectory(Path("tree"), Path("code.tar")).ok());
