@@ -26,12 +26,14 @@ struct MetricsConfig {
     // Jobs' states and tokens are read in the api's database; this server does not migrate.
     server.Register(flags, {.connections_env = "GRADHUB_METRICS_DATABASE_CONNECTIONS",
                             .migrates = false,
-                            .tls_effect = "gRPC serves TLS only (HTTP stays plain)"});
+                            .tls_effect = "gRPC and HTTP serve TLS only"});
     flags.String("host", "GRADHUB_METRICS_HOST", &host, "Address gRPC and HTTP listen on");
     flags.Int("grpc-port", "GRADHUB_METRICS_GRPC_PORT", &grpc_port,
               "Port of TelemetryService (trainers); 0 picks a free one");
-    flags.Int("http-port", "GRADHUB_METRICS_HTTP_PORT", &http_port,
-              "Port of /metrics, /healthz and /readyz; 0 picks a free one");
+    flags.Int(
+        "http-port", "GRADHUB_METRICS_HTTP_PORT", &http_port,
+        "Port of /metrics, /healthz, /readyz and POST /v1/telemetry (script ranks); 0 picks a "
+        "free one");
     flags.Duration("finished-job-ttl", "GRADHUB_METRICS_FINISHED_JOB_TTL", &finished_job_ttl,
                    "How long a job's series stay after the job ended");
     flags.Duration("idle-job-ttl", "GRADHUB_METRICS_IDLE_JOB_TTL", &idle_job_ttl,

@@ -1,7 +1,11 @@
 // The metrics service's HTTP face (cpp-httplib): /metrics for Prometheus, /healthz (the process
-// answers) and /readyz (it can read the database, so it can admit jobs). Plain HTTP: the
-// exposition holds no secrets and Prometheus scrapes it from inside the cluster; TLS guards
-// the gRPC port, where trainers send their tokens.
+// answers), /readyz (it can read the database, so it can admit jobs), and POST /v1/telemetry,
+// telemetry for clients that cannot speak gRPC (the gradhub Python module of script ranks):
+// a TelemetryBatch in the proto3 JSON mapping with `Authorization: Bearer <token>`, answered
+// with a ReportTelemetryResponse or an error as every gradhub REST server answers one
+// (services/common/http_errors.h). HTTPS only when a certificate is given: tokens cross it.
+//
+// Thread-safe: Start and Stop from one thread; the handlers run on the server's own threads.
 #pragma once
 
 #include <functional>
@@ -12,10 +16,13 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "services/common/http_server.h"
+#include "services/metrics/telemetry_intake.h"
 
 namespace httplib {
 class Server;
-}
+struct Request;
+struct Response;
+}  // namespace httplib
 
 namespace gradhub::metrics {
 
@@ -24,8 +31,17 @@ struct HttpEndpointOptions {
   std::function<std::string()> scrape;
   // OK when ready; else /readyz answers 503 with the message.
   std::function<absl::Status()> ready;
-  // Requests served at once (a scrape is short; a few suffice).
+  // POST /v1/telemetry: who may send what (telemetry_intake.h, checked before the body is
+  // parsed), and where batches go (not owned; outlives the endpoint).
+  AuthorizeTelemetry authorize;
+  TrainingMetrics* metrics = nullptr;
+  // Both set = HTTPS only (PEM files), as the gRPC port.
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  // Requests served at once (a scrape or a batch is short; a few suffice).
   int threads = 4;
+  // Larger bodies are refused with 413 unread: a batch of a few steps is a few KiB.
+  size_t max_body_bytes = 1 << 20;
 };
 
 class HttpEndpoint {
@@ -39,6 +55,9 @@ class HttpEndpoint {
   void Stop();
 
  private:
+  // POST /v1/telemetry: rules 1 to 4 of telemetry_intake.h, the answer or the error.
+  void Report(const httplib::Request& request, httplib::Response& response) const;
+
   HttpEndpointOptions options_;
   HttpServerOptions server_options_;
   std::unique_ptr<httplib::Server> server_;

@@ -1,5 +1,6 @@
-// gradhub-metrics: trainers stream per-step telemetry here (gRPC, TelemetryService); Prometheus
-// scrapes it at /metrics. Jobs' states and tokens come from the api's PostgreSQL database.
+// gradhub-metrics: trainers stream per-step telemetry here (gRPC, TelemetryService), script ranks
+// post it (HTTP, POST /v1/telemetry); Prometheus scrapes it at /metrics. Jobs' states and tokens
+// come from the api's PostgreSQL database.
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
 
@@ -26,7 +27,8 @@ using gradhub::metrics::MetricsConfig;
 
 constexpr char kSummary[] =
     "gradhub-metrics: receives trainers' per-step telemetry over gRPC (TelemetryService) and\n"
-    "exposes it to Prometheus at /metrics, with /healthz and /readyz.\n\n"
+    "script ranks' over HTTP (POST /v1/telemetry), and exposes it to Prometheus at /metrics,\n"
+    "with /healthz and /readyz.\n\n"
     "Usage: gradhub-metrics [flags]";
 
 // Idle gRPC threads kept: every open stream holds one, and trainers reconnect in bursts.
@@ -81,14 +83,22 @@ struct MetricsServer {
                              .finished_job_ttl = config.finished_job_ttl,
                              .idle_job_ttl = config.idle_job_ttl}),
         service(&metrics,
-                [this](const std::string& authorization) {
-                  return auth.RequireNodeOrAdmin(authorization);
-                }),
+                [this](const std::string& authorization) { return Authorize(authorization); }),
         sweeper(
             config.job_check_interval, [this] { Sweep(pool, metrics, readiness); },
             gradhub::PeriodicTask::FirstRun::kAtStart),
         http({.scrape = [this] { return metrics.Scrape(); },
-              .ready = [this] { return readiness.Get(); }}) {}
+              .ready = [this] { return readiness.Get(); },
+              .authorize =
+                  [this](const std::string& authorization) { return Authorize(authorization); },
+              .metrics = &metrics,
+              .tls_cert_file = config.server.tls.cert_file,
+              .tls_key_file = config.server.tls.key_file}) {}
+
+  absl::StatusOr<gradhub::metrics::TelemetrySender> Authorize(
+      const std::string& authorization) const {
+    return gradhub::metrics::AuthorizeSender(auth, authorization);
+  }
 
   gradhub::db::Pool pool;
   gradhub::api::Authenticator auth;

@@ -113,7 +113,9 @@ void SeriesFamilies::ApplyStep(const std::string& job_id, const v1::StepTelemetr
   rank.loss->Set(step.loss());
   rank.samples_per_second->Set(step.samples_per_second());
   if (step.samples() > 0) rank.samples->Increment(static_cast<double>(step.samples()));
-  job.learning_rate->Set(step.learning_rate());
+  // NaN: this rank did not report it (a script rank that does not pass learning_rate); the
+  // job's gauge keeps what another rank or an earlier step reported.
+  if (!std::isnan(step.learning_rate())) job.learning_rate->Set(step.learning_rate());
   const std::array<double, kStepPhases.size()> phases = {
       step.forward_seconds(), step.backward_seconds(), step.allreduce_wait_seconds(),
       step.optimizer_seconds(), step.step_seconds()};

@@ -120,6 +120,18 @@ TEST_F(TrainingMetricsTest, StepsBecomeSeriesLabelledByJobAndRank) {
   EXPECT_EQ(directory_.lookups, 1);
 }
 
+// A script rank that does not pass a learning rate sends NaN: the job's gauge keeps the value
+// another rank reported instead of flickering.
+TEST_F(TrainingMetricsTest, ANaNLearningRateLeavesTheJobsGaugeAlone) {
+  TrainingMetrics metrics(&directory_, options_);
+  metrics.Record(Batch(kJob, 1, 0, {1}), now_);
+  v1::TelemetryBatch without = Batch(kJob, 1, 1, {1, 2});
+  for (v1::StepTelemetry& step : *without.mutable_steps()) step.set_learning_rate(std::nan(""));
+  EXPECT_EQ(metrics.Record(without, now_).accepted, 2);
+  const std::string job = std::string("{job_id=\"") + kJob + "\"}";
+  EXPECT_EQ(Sample(metrics.Scrape(), "gradhub_learning_rate" + job), 0.1);
+}
+
 TEST_F(TrainingMetricsTest, ResentStepsAreDroppedAsDuplicates) {
   TrainingMetrics metrics(&directory_, options_);
   metrics.Record(Batch(kJob, 1, 0, {1, 2, 3}), now_);

@@ -1,0 +1,194 @@
+// POST /v1/telemetry (script ranks' telemetry, telemetry_intake.h) against gradhub-metrics as a
+// real process on a real PostgreSQL: a job token's batch shows at /metrics as a trainer's does;
+// it reports only for its own job, attempt and rank, over REST and gRPC alike; node tokens
+// report for any rank; errors come in the REST servers' shape, naming what is wrong; with TLS
+// the HTTP port serves HTTPS only.
+#include <gmock/gmock.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "gradhub/v1/telemetry.grpc.pb.h"
+#include "tests/integration/metrics/metrics_test_util.h"
+
+namespace gradhub::metrics {
+namespace {
+
+using ::testing::HasSubstr;
+
+// A batch of `steps` (a loss of 1/step each) in the proto3 JSON mapping, as the module sends it.
+std::string BatchJson(const std::string& job, int attempt, int rank, int first, int last) {
+  std::string steps;
+  for (int step = first; step <= last; ++step) {
+    steps += (steps.empty() ? "" : ",") + std::string("{\"step\":\"") + std::to_string(step) +
+             "\",\"loss\":" + std::to_string(1.0 / step) +
+             ",\"learningRate\":0.01,\"samplesPerSecond\":250,\"evalMetrics\":{\"accuracy\":0.5}}";
+  }
+  return "{\"job\":\"" + job + "\",\"attempt\":" + std::to_string(attempt) +
+         ",\"rank\":" + std::to_string(rank) + ",\"steps\":[" + steps + "],\"droppedSteps\":\"0\"}";
+}
+
+std::string RankSeries(const std::string& name, const std::string& job, int rank) {
+  return name + "{job_id=\"" + job.substr(5) + "\",rank=\"" + std::to_string(rank) + "\"}";
+}
+
+struct Answer {
+  int status = 0;  // 0: nothing answered
+  std::string body;
+};
+
+class TelemetryRestTest : public MetricsDatabaseTest {
+ protected:
+  void SetUp() override {
+    MetricsDatabaseTest::SetUp();
+    metrics_ = std::make_unique<MetricsProcess>(url_);
+    ASSERT_TRUE(metrics_->Start());
+    job_ = InsertJob(2);
+    other_job_ = InsertJob(2);
+    job_token_ = JobToken(job_, 1, 1);
+  }
+
+  std::string JobToken(const std::string& job, int attempt, int rank) {
+    api::Authenticator auth(pool_.get(), "");
+    auto token = auth.CreateJobToken(job.substr(5), attempt, rank);
+    EXPECT_TRUE(token.ok()) << token.status();
+    return token.ok() ? token->secret : "";
+  }
+
+  Answer Post(const std::string& token, const std::string& body) {
+    httplib::Client client("127.0.0.1", metrics_->http_port());
+    httplib::Headers headers;
+    if (!token.empty()) headers.emplace("Authorization", "Bearer " + token);
+    auto response = client.Post("/v1/telemetry", headers, body, "application/json");
+    if (!response) return {};
+    return {response->status, response->body};
+  }
+
+  grpc::Status Stream(const std::string& token, const v1::TelemetryBatch& batch) {
+    auto stub = v1::TelemetryService::NewStub(
+        grpc::CreateChannel(metrics_->address(), grpc::InsecureChannelCredentials()));
+    grpc::ClientContext context;
+    context.AddMetadata("authorization", "Bearer " + token);
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::ReportTelemetryResponse response;
+    auto writer = stub->ReportTelemetry(&context, &response);
+    writer->Write(batch);
+    writer->WritesDone();
+    return writer->Finish();
+  }
+
+  std::unique_ptr<MetricsProcess> metrics_;
+  std::string job_, other_job_, job_token_;
+};
+
+TEST_F(TelemetryRestTest, AJobTokensBatchShowsAtMetrics) {
+  const Answer answer = Post(job_token_, BatchJson(job_, 1, 1, 1, 4));
+  ASSERT_EQ(answer.status, 200) << answer.body;
+  EXPECT_EQ(answer.body, "{\"acceptedSteps\":\"4\"}\n");
+  const std::string text = metrics_->Scrape();
+  EXPECT_EQ(SampleOf(text, RankSeries("gradhub_training_loss", job_, 1)), 0.25);
+  EXPECT_EQ(SampleOf(text, RankSeries("gradhub_training_step", job_, 1)), 4);
+  EXPECT_EQ(SampleOf(text, RankSeries("gradhub_samples_per_second", job_, 1)), 250);
+  EXPECT_EQ(
+      SampleOf(text, "gradhub_eval_metric{job_id=\"" + job_.substr(5) + "\",name=\"accuracy\"}"),
+      0.5);
+  // The same steps again are duplicates: answered, not accepted.
+  EXPECT_EQ(Post(job_token_, BatchJson(job_, 1, 1, 3, 4)).body, "{}\n");
+  EXPECT_EQ(
+      SampleOf(metrics_->Scrape(), "gradhub_telemetry_dropped_total{reason=\"duplicate_step\"}"),
+      2);
+}
+
+TEST_F(TelemetryRestTest, AJobTokenReportsForItsOwnJobAttemptAndRankOnly) {
+  for (const auto& [body, field] : {std::pair{BatchJson(other_job_, 1, 1, 1, 1), "job:"},
+                                    std::pair{BatchJson(job_, 1, 0, 1, 1), "rank:"},
+                                    std::pair{BatchJson(job_, 2, 1, 1, 1), "attempt:"}}) {
+    const Answer answer = Post(job_token_, body);
+    EXPECT_EQ(answer.status, 403) << body;
+    EXPECT_THAT(answer.body, HasSubstr("\"status\":\"PERMISSION_DENIED\""));
+    EXPECT_THAT(answer.body, HasSubstr(std::string("\"message\":\"") + field));
+  }
+  // Over gRPC the same rule ends the stream.
+  v1::TelemetryBatch other_rank;
+  other_rank.set_job(job_);
+  other_rank.set_attempt(1);
+  other_rank.set_rank(0);
+  other_rank.add_steps()->set_step(1);
+  const grpc::Status refused = Stream(job_token_, other_rank);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(refused.error_message(), HasSubstr("rank:"));
+  other_rank.set_rank(1);
+  EXPECT_TRUE(Stream(job_token_, other_rank).ok());
+  // Nothing refused was recorded.
+  const std::string text = metrics_->Scrape();
+  EXPECT_TRUE(std::isnan(SampleOf(text, RankSeries("gradhub_training_step", job_, 0))));
+  EXPECT_TRUE(std::isnan(SampleOf(text, RankSeries("gradhub_training_step", other_job_, 1))));
+  EXPECT_EQ(SampleOf(text, RankSeries("gradhub_training_step", job_, 1)), 1);
+}
+
+TEST_F(TelemetryRestTest, ANodeTokenReportsForAnyRank) {
+  ASSERT_EQ(Post(node_token_, BatchJson(job_, 1, 0, 1, 2)).status, 200);
+  ASSERT_EQ(Post(node_token_, BatchJson(other_job_, 1, 1, 1, 3)).status, 200);
+  const std::string text = metrics_->Scrape();
+  EXPECT_EQ(SampleOf(text, RankSeries("gradhub_training_step", job_, 0)), 2);
+  EXPECT_EQ(SampleOf(text, RankSeries("gradhub_training_step", other_job_, 1)), 3);
+}
+
+TEST_F(TelemetryRestTest, AnEndedAttemptsTokenAndOtherTokensAreRefused) {
+  EXPECT_EQ(Post("", BatchJson(job_, 1, 1, 1, 1)).status, 401);
+  api::Authenticator auth(pool_.get(), "");
+  ASSERT_TRUE(auth.CreateTenant("other", "").ok());
+  auto tenant_token = auth.CreateTenantToken("other", "");
+  ASSERT_TRUE(tenant_token.ok());
+  EXPECT_EQ(Post(tenant_token->secret, BatchJson(job_, 1, 1, 1, 1)).status, 403);
+  // The job went on to attempt 2: attempt 1's token is no token any more.
+  SetJob(job_, "RUNNING", 2);
+  const Answer ended = Post(job_token_, BatchJson(job_, 1, 1, 1, 1));
+  EXPECT_EQ(ended.status, 401);
+  EXPECT_THAT(ended.body, HasSubstr("UNAUTHENTICATED"));
+}
+
+TEST_F(TelemetryRestTest, MalformedBodiesAre400NamingTheProblem) {
+  Answer answer = Post(job_token_, "{\"job\": ");
+  EXPECT_EQ(answer.status, 400);
+  EXPECT_THAT(answer.body, HasSubstr("\"status\":\"INVALID_ARGUMENT\""));
+  EXPECT_THAT(answer.body, HasSubstr("request body: not a TelemetryBatch in JSON"));
+  answer = Post(job_token_, "{\"job\":\"" + job_ + "\",\"attempt\":1,\"rank\":1,\"lossy\":1}");
+  EXPECT_EQ(answer.status, 400);
+  EXPECT_THAT(answer.body, HasSubstr("lossy"));
+  answer = Post(node_token_, BatchJson("jobs/nope", 1, 1, 1, 1));
+  EXPECT_EQ(answer.status, 400);
+  EXPECT_THAT(answer.body, HasSubstr("job: 'jobs/nope' is not jobs/<job id>"));
+  answer = Post(node_token_, BatchJson(job_, 0, 1, 1, 1));
+  EXPECT_EQ(answer.status, 400);
+  EXPECT_THAT(answer.body, HasSubstr("attempt: must be at least 1"));
+  // Over the 1 MiB limit: 413 in the same shape, unread.
+  answer = Post(job_token_, std::string(2 << 20, ' '));
+  EXPECT_EQ(answer.status, 413);
+  EXPECT_THAT(answer.body, HasSubstr("\"code\":413"));
+}
+
+// With a certificate the HTTP port serves HTTPS only (tokens cross it), /metrics included.
+TEST_F(TelemetryRestTest, WithACertificateTheHttpPortServesHttpsOnly) {
+  testing::TempDir dir;
+  const std::string cert = dir.path() + "/cert.pem", key = dir.path() + "/key.pem";
+  const testing::RunResult made = testing::Run(
+      {"/usr/bin/openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
+       "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", key, "-out", cert});
+  ASSERT_EQ(made.exit_code, 0) << made.err;
+  MetricsProcess metrics(url_, {"--tls-cert", cert, "--tls-key", key});
+  ASSERT_TRUE(metrics.Start());
+  EXPECT_EQ(metrics.Get("/healthz").first, 0);  // plain HTTP gets no answer
+  httplib::SSLClient client("127.0.0.1", metrics.http_port());
+  client.set_ca_cert_path(cert.c_str());
+  auto healthz = client.Get("/healthz");
+  ASSERT_TRUE(healthz);
+  EXPECT_EQ(healthz->status, 200);
+  auto post = client.Post("/v1/telemetry", "{}", "application/json");
+  ASSERT_TRUE(post);
+  EXPECT_EQ(post->status, 401);
+}
+
+}  // namespace
+}  // namespace gradhub::metrics
