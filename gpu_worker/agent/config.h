@@ -34,6 +34,7 @@ struct AgentConfig {
   // Script jobs (JobSpec.script, script_launch.h).
   int64_t master_port_base = 29500;  // 0 = this node runs no script jobs
   std::string checkpoint_url;        // gradhub-checkpoint's REST base URL, for the module
+  std::string metrics_url;           // gradhub-metrics' HTTP base URL, for the module
   std::string python_dir;            // <this binary's dir>/../python unless set
   // Script ranks run as a uid of their job's own, in [base, base + count), when the agent is
   // root: another job's rank, even of the same tenant, cannot read their files or /proc.
@@ -88,18 +89,35 @@ struct AgentConfig {
         .String("metrics-server", "GRADHUB_METRICS_SERVER", &metrics_server,
                 "host:port of gradhub-metrics' gRPC port, handed to ranks for telemetry; "
                 "empty = none")
-        .String("trainer", "GRADHUB_TRAINER", &trainer, "Path of the gradhub-trainer binary")
+        .String("trainer", "GRADHUB_TRAINER", &trainer, "Path of the gradhub-trainer binary");
+    RegisterRankFlags(flags);
+    RegisterScriptFlags(flags);
+    RegisterIsolationFlags(flags);
+  }
+
+ private:
+  // Script jobs (script_launch.h).
+  void RegisterScriptFlags(Flags& flags) {
+    flags
         .Int("master-port-base", "GRADHUB_MASTER_PORT_BASE", &master_port_base,
              "Script jobs' MASTER_PORT when their rank 0 runs here: this port plus rank 0's slot "
              "(so --slots ports from here must be free); 0 = this node runs no script jobs")
         .String("checkpoint-url", "GRADHUB_CHECKPOINT_URL", &checkpoint_url,
                 "Base URL of gradhub-checkpoint's REST port (http://host:port), handed to "
                 "script ranks for the gradhub module's save_checkpoint/load_latest_checkpoint")
+        .String("metrics-url", "GRADHUB_METRICS_URL", &metrics_url,
+                "Base URL of gradhub-metrics' HTTP port (http://host:9464), handed to script "
+                "ranks: the gradhub module's report() also posts telemetry there; empty = none")
         .String("python-dir", "GRADHUB_PYTHON_DIR", &python_dir,
                 "Folder holding the gradhub Python module, put on script ranks' PYTHONPATH")
         .Int("job-uid-base", "GRADHUB_JOB_UID_BASE", &job_uid_base,
              "First uid of the range script ranks run as, one uid per job (agent as root)")
-        .Int("job-uid-count", "GRADHUB_JOB_UID_COUNT", &job_uid_count, "Size of that range")
+        .Int("job-uid-count", "GRADHUB_JOB_UID_COUNT", &job_uid_count, "Size of that range");
+  }
+
+  // How ranks are stopped and their output shipped.
+  void RegisterRankFlags(Flags& flags) {
+    flags
         .Duration("stop-grace", "GRADHUB_STOP_GRACE", &stop_grace,
                   "Time between SIGTERM and SIGKILL when a rank is stopped")
         .Duration("api-outage-grace", "GRADHUB_API_OUTAGE_GRACE", &api_outage_grace,
@@ -108,7 +126,12 @@ struct AgentConfig {
         .Int("log-buffer-bytes", "GRADHUB_LOG_BUFFER_BYTES", &log_buffer_bytes,
              "Most rank output held while the server is not taking it; the oldest is dropped")
         .Duration("shutdown-log-flush", "GRADHUB_SHUTDOWN_LOG_FLUSH", &shutdown_log_flush,
-                  "On SIGTERM, how long to try to ship the remaining output")
+                  "On SIGTERM, how long to try to ship the remaining output");
+  }
+
+  // Isolation between tenants (isolation.h).
+  void RegisterIsolationFlags(Flags& flags) {
+    flags
         .String("run-as", "GRADHUB_RUN_AS", &run_as,
                 "User the ranks run as when the agent is root (never root); empty = "
                 "gradhub-rank (make setup creates it). A non-root agent runs ranks as itself")

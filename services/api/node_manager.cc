@@ -264,28 +264,8 @@ void SetDuration(absl::Duration duration, google::protobuf::Duration* out) {
   *out = TimeUtil::MicrosecondsToDuration(absl::ToInt64Microseconds(duration));
 }
 
-}  // namespace
-
-std::string NodeId(const std::string& name) {
-  static const std::regex kNode("(?:nodes/)?([a-zA-Z0-9][a-zA-Z0-9._-]{0,62})");
-  std::smatch match;
-  return std::regex_match(name, match, kNode) ? match[1].str() : "";
-}
-
-void NodeManager::set_store_address(std::string address) {
-  std::lock_guard<std::mutex> lock(mu_);
-  store_address_ = std::move(address);
-}
-
-std::string NodeManager::store_address() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return store_address_;
-}
-
-absl::StatusOr<v1::RegisterNodeResponse> NodeManager::RegisterNode(
-    const v1::RegisterNodeRequest& request) {
-  const v1::Node& node = request.node();
-  const std::string name = NodeId(node.name());
+// RegisterNode's checks of the node it describes; `name` is NodeId of its name.
+absl::Status CheckNode(const v1::Node& node, const std::string& name) {
   std::string problems;
   if (name.empty()) {
     absl::StrAppend(&problems, " node.name: '", node.name(),
@@ -310,6 +290,32 @@ absl::StatusOr<v1::RegisterNodeResponse> NodeManager::RegisterNode(
     problems.pop_back();
     return absl::InvalidArgumentError(absl::StrCat("invalid node:", problems));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string NodeId(const std::string& name) {
+  static const std::regex kNode("(?:nodes/)?([a-zA-Z0-9][a-zA-Z0-9._-]{0,62})");
+  std::smatch match;
+  return std::regex_match(name, match, kNode) ? match[1].str() : "";
+}
+
+void NodeManager::set_store_address(std::string address) {
+  std::lock_guard<std::mutex> lock(mu_);
+  store_address_ = std::move(address);
+}
+
+std::string NodeManager::store_address() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return store_address_;
+}
+
+absl::StatusOr<v1::RegisterNodeResponse> NodeManager::RegisterNode(
+    const v1::RegisterNodeRequest& request) {
+  const v1::Node& node = request.node();
+  const std::string name = NodeId(node.name());
+  GRADHUB_RETURN_IF_ERROR(CheckNode(node, name));
   return pool_->Transact([&](db::Transaction& tx) -> absl::StatusOr<v1::RegisterNodeResponse> {
     GRADHUB_ASSIGN_OR_RETURN(
         db::Result existing,

@@ -707,8 +707,11 @@ absl::StatusOr<std::string> BuildFilter(
   return absl::StrJoin(terms, " AND ");
 }
 
-const std::vector<Command>& AllCommands() {
-  static const auto* const kCommands = new std::vector<Command>{
+namespace {
+
+// A tenant's commands: jobs, their output and checkpoints, code.
+std::vector<Command> JobCommands() {
+  return {
       {"submit", "-f FILE [--code DIR] [--request-id ID] [--watch]",
        "Submit a job from a YAML or JSON spec (relative paths in it are relative to FILE); "
        "prints its name (jobs/<id>). A script job's code directory (--code, or a directory as "
@@ -740,6 +743,12 @@ const std::vector<Command>& AllCommands() {
        CodePush},
       {"code get", "sha256:<hex>", "Show an uploaded code archive (size, entries, created).",
        CodeGet},
+  };
+}
+
+// An operator's commands (admin token) and the local cluster's.
+std::vector<Command> OperatorCommands() {
+  return {
       {"nodes list", "[--state S] [--kind K] [--label K=V]... [--all]",
        "List nodes (admin token). `gradhub nodes` alone does the same.", NodesList},
       {"nodes get", "NODE", "Show a node and its devices (admin token).", NodesGet},
@@ -770,6 +779,16 @@ const std::vector<Command>& AllCommands() {
        "prometheus); without SERVICE, all of them.",
        ClusterLogsCommand},
   };
+}
+
+}  // namespace
+
+const std::vector<Command>& AllCommands() {
+  static const auto* const kCommands = [] {
+    auto* commands = new std::vector<Command>(JobCommands());
+    for (Command& command : OperatorCommands()) commands->push_back(std::move(command));
+    return commands;
+  }();
   return *kCommands;
 }
 
