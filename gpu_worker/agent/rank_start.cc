@@ -17,6 +17,17 @@ RankStart Failed(absl::Status error, int exit_code = trainer::kExitInfrastructur
   return {nullptr, std::move(error), exit_code};
 }
 
+// The process part of a rank's options: what to run, where, and where its output goes.
+RankProcessOptions ProcessOptions(const RankLaunch& launch, LineCallback on_line) {
+  RankProcessOptions options;
+  options.argv = launch.argv;
+  options.env = launch.env;
+  options.working_dir = launch.dir;
+  options.pid_file = launch.pid_file;
+  options.on_line = std::move(on_line);
+  return options;
+}
+
 }  // namespace
 
 RankStart StartRankProcess(const AgentConfig& config, const std::string& session_id,
@@ -33,12 +44,7 @@ RankStart StartRankProcess(const AgentConfig& config, const std::string& session
       !prepared.ok()) {
     return Failed(prepared);
   }
-  RankProcessOptions options;
-  options.argv = launch->argv;
-  options.env = launch->env;
-  options.working_dir = launch->dir;
-  options.pid_file = launch->pid_file;
-  options.on_line = std::move(on_line);
+  RankProcessOptions options = ProcessOptions(*launch, std::move(on_line));
   if (absl::Status isolated = IsolateRank(config.isolation, *launch, assignment, &options);
       !isolated.ok()) {
     return Failed(isolated);
@@ -80,12 +86,7 @@ RankStart StartScriptProcess(const AgentConfig& config, const v1::RankAssignment
   if (absl::Status files = PrepareScriptFiles(*launch, prepared->identity); !files.ok()) {
     return NodeFailed(files);
   }
-  RankProcessOptions options;
-  options.argv = launch->argv;
-  options.env = launch->env;
-  options.working_dir = launch->dir;
-  options.pid_file = launch->pid_file;
-  options.on_line = std::move(on_line);
+  RankProcessOptions options = ProcessOptions(*launch, std::move(on_line));
   options.message_lines = 5;
   NodeIsolation isolation = config.isolation;
   isolation.identity = prepared->identity;
