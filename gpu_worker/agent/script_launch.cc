@@ -116,6 +116,7 @@ absl::StatusOr<RankLaunch> PlanScriptLaunch(const AgentConfig& config,
   env["GRADHUB_WORLD_SIZE"] = env["WORLD_SIZE"];
   env["GRADHUB_JOB_TOKEN"] = prepared.token;
   env["GRADHUB_CHECKPOINT_URL"] = config.checkpoint_url;
+  env["GRADHUB_METRICS_URL"] = config.metrics_url;
   env["GRADHUB_TLS_CA"] = config.tls_ca_file;
   env["GRADHUB_CODE_DIR"] = prepared.code_dir;
   env["GRADHUB_SEED"] = absl::StrCat(assignment.spec().seed());

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -336,7 +337,12 @@ absl::Status StartService(const LocalClusterOptions& options, Launch launch,
   record->processes.push_back({launch.name, pid, launch.spec.argv[0], log, {}});
   GRADHUB_RETURN_IF_ERROR(WriteRecord(*record));
   std::vector<std::string> markers;
-  for (const Launch::Ready& ready : launch.ready) markers.push_back(ready.marker);
+  for (const Launch::Ready& ready : launch.ready) {
+    // One port may be recorded as several endpoints (metrics' HTTP base and its /metrics).
+    if (std::find(markers.begin(), markers.end(), ready.marker) == markers.end()) {
+      markers.push_back(ready.marker);
+    }
+  }
   absl::StatusOr<std::map<std::string, std::string>> lines =
       WaitForLogLines(pid, log, markers, options.ready_timeout);
   if (!lines.ok()) {
@@ -381,7 +387,8 @@ absl::Status StartServers(const LocalClusterOptions& options,
       {"metrics",
        {{bin + "/gradhub-metrics", "--host", "127.0.0.1", "--grpc-port", "0", "--http-port", "0"},
         env},
-       {Port("gRPC", "gRPC", false), Port("HTTP", "Prometheus", true, "/metrics")}},
+       {Port("gRPC", "gRPC", false), Port("HTTP", "HTTP", true),
+        Port("HTTP", "Prometheus", true, "/metrics")}},
       record);
 }
 
@@ -410,6 +417,8 @@ absl::Status StartAgents(const LocalClusterOptions& options, std::map<std::strin
                                      absl::StrCat(master_port_base),
                                      "--metrics-server",
                                      Endpoint(*record, "metrics", "gRPC"),
+                                     "--metrics-url",
+                                     Endpoint(*record, "metrics", "HTTP"),
                                      "--trainer",
                                      options.bin_dir + "/gradhub-trainer"};
     for (const std::string& root : options.data_roots) {

@@ -235,7 +235,8 @@ bool LocalCluster::StartAgent(const std::string& name) {
   }
   if (options_.metrics_service) {
     argv.insert(argv.end(),
-                {"--metrics-server", "127.0.0.1:" + std::to_string(metrics_grpc_port_)});
+                {"--metrics-server", "127.0.0.1:" + std::to_string(metrics_grpc_port_),
+                 "--metrics-url", "http://127.0.0.1:" + std::to_string(metrics_http_port_)});
   }
   agents_[name] = std::make_unique<Subprocess>(argv);
   return !AwaitOutput(*agents_[name], "registered as nodes/" + name).empty();

@@ -29,6 +29,7 @@ AgentConfig Config(const std::string& work_dir) {
   config.name = "node-a";
   config.checkpoint_server = "10.0.0.2:7071";
   config.checkpoint_url = "http://10.0.0.2:8081";
+  config.metrics_url = "http://10.0.0.3:9464";
   config.python_dir = "/opt/gradhub/python";
   return config;
 }
@@ -95,6 +96,7 @@ TEST(PlanScriptLaunch, GivesGradhubsEnvironmentWithTheJobsTokenNeverTheNodes) {
   const RankLaunch launch = *PlanScriptLaunch(Config("/work"), Assignment(), Prepared());
   EXPECT_EQ(launch.env.at("GRADHUB_JOB_TOKEN"), "ghj_job-secret");
   EXPECT_EQ(launch.env.at("GRADHUB_CHECKPOINT_URL"), "http://10.0.0.2:8081");
+  EXPECT_EQ(launch.env.at("GRADHUB_METRICS_URL"), "http://10.0.0.3:9464");
   EXPECT_EQ(launch.env.at("GRADHUB_CODE_DIR"), "/work/jobs/x/attempt-3/code");
   EXPECT_EQ(launch.env.at("GRADHUB_SEED"), "7");
   EXPECT_EQ(launch.env.at("PYTHONPATH"), "/opt/gradhub/python");
