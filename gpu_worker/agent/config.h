@@ -35,7 +35,6 @@ struct AgentConfig {
   int64_t master_port_base = 29500;  // 0 = this node runs no script jobs
   std::string checkpoint_url;        // gradhub-checkpoint's REST base URL, for the module
   std::string metrics_url;           // gradhub-metrics' HTTP base URL, for the module
-  std::string metrics_url;           // gradhub-metrics' HTTP base URL, for the module
   std::string python_dir;            // <this binary's dir>/../python unless set
   // Script ranks run as a uid of their job's own, in [base, base + count), when the agent is
   // root: another job's rank, even of the same tenant, cannot read their files or /proc.
@@ -106,9 +105,6 @@ struct AgentConfig {
         .String("checkpoint-url", "GRADHUB_CHECKPOINT_URL", &checkpoint_url,
                 "Base URL of gradhub-checkpoint's REST port (http://host:port), handed to "
                 "script ranks for the gradhub module's save_checkpoint/load_latest_checkpoint")
-        .String("metrics-url", "GRADHUB_METRICS_URL", &metrics_url,
-                "Base URL of gradhub-metrics' HTTP port (http://host:9464), handed to script "
-                "ranks: the gradhub module's report() also posts telemetry there; empty = none")
         .String("metrics-url", "GRADHUB_METRICS_URL", &metrics_url,
                 "Base URL of gradhub-metrics' HTTP port (http://host:9464), handed to script "
                 "ranks: the gradhub module's report() also posts telemetry there; empty = none")
