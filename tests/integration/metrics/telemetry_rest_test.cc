@@ -2,11 +2,14 @@
 // real process on a real PostgreSQL: a job token's batch shows at /metrics as a trainer's does;
 // it reports only for its own job, attempt and rank, over REST and gRPC alike; node tokens
 // report for any rank; errors come in the REST servers' shape, naming what is wrong; with TLS
-// the HTTP port serves HTTPS only.
+// the HTTP port serves HTTPS only; and the gradhub Python module, run as a rank runs it, gets
+// its reports there.
 #include <gmock/gmock.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <map>
 #include <string>
 
 #include "gradhub/v1/telemetry.grpc.pb.h"
@@ -31,6 +34,19 @@ std::string BatchJson(const std::string& job, int attempt, int rank, int first, 
 
 std::string RankSeries(const std::string& name, const std::string& job, int rank) {
   return name + "{job_id=\"" + job.substr(5) + "\",rank=\"" + std::to_string(rank) + "\"}";
+}
+
+std::string JobSeries(const std::string& name, const std::string& job,
+                      const std::string& more_labels = "") {
+  return name + "{job_id=\"" + job.substr(5) + "\"" + more_labels + "}";
+}
+
+// Each sample of `expected` (series name, value) of rank `rank` of `job` in `exposition`.
+void ExpectRank(const std::string& exposition, const std::string& job, int rank,
+                const std::map<std::string, double>& expected) {
+  for (const auto& [name, value] : expected) {
+    EXPECT_EQ(SampleOf(exposition, RankSeries(name, job, rank)), value) << name;
+  }
 }
 
 struct Answer {
@@ -87,17 +103,44 @@ TEST_F(TelemetryRestTest, AJobTokensBatchShowsAtMetrics) {
   ASSERT_EQ(answer.status, 200) << answer.body;
   EXPECT_EQ(answer.body, "{\"acceptedSteps\":\"4\"}\n");
   const std::string text = metrics_->Scrape();
-  EXPECT_EQ(SampleOf(text, RankSeries("gradhub_training_loss", job_, 1)), 0.25);
-  EXPECT_EQ(SampleOf(text, RankSeries("gradhub_training_step", job_, 1)), 4);
-  EXPECT_EQ(SampleOf(text, RankSeries("gradhub_samples_per_second", job_, 1)), 250);
-  EXPECT_EQ(
-      SampleOf(text, "gradhub_eval_metric{job_id=\"" + job_.substr(5) + "\",name=\"accuracy\"}"),
-      0.5);
+  ExpectRank(text, job_, 1,
+             {{"gradhub_training_loss", 0.25},
+              {"gradhub_training_step", 4},
+              {"gradhub_samples_per_second", 250}});
+  EXPECT_EQ(SampleOf(text, JobSeries("gradhub_eval_metric", job_, ",name=\"accuracy\"")), 0.5);
   // The same steps again are duplicates: answered, not accepted.
   EXPECT_EQ(Post(job_token_, BatchJson(job_, 1, 1, 3, 4)).body, "{}\n");
   EXPECT_EQ(
       SampleOf(metrics_->Scrape(), "gradhub_telemetry_dropped_total{reason=\"duplicate_step\"}"),
       2);
+}
+
+// The gradhub module as a script rank runs it (/usr/bin/python3, the rank's environment):
+// report()'s steps reach the scrape, NaN loss, eval metrics and the carried learning rate
+// included, and its last steps go at exit.
+TEST_F(TelemetryRestTest, TheModulesReportsShowAtMetrics) {
+  const testing::RunResult run = testing::Run(
+      {"/usr/bin/python3", "-c",
+       "import gradhub\n"
+       "gradhub.report(1, 0.5, learning_rate=0.02, samples_per_second=120.0)\n"
+       "gradhub.report(2, float('nan'), metrics={'top1': 0.25})\n"
+       "gradhub.report(3, 0.125)\n"},
+      {{"PYTHONPATH", std::string(std::getenv("GRADHUB_BUILD_DIR")) + "/python"},
+       {"GRADHUB_METRICS_URL", "http://127.0.0.1:" + std::to_string(metrics_->http_port())},
+       {"GRADHUB_JOB_TOKEN", job_token_},
+       {"GRADHUB_JOB_ID", job_.substr(5)},
+       {"GRADHUB_ATTEMPT", "1"},
+       {"GRADHUB_RANK", "1"}});
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  EXPECT_EQ(run.err, "");
+  const std::string text = metrics_->Scrape();
+  ExpectRank(text, job_, 1,
+             {{"gradhub_training_step", 3},
+              {"gradhub_training_loss", 0.125},
+              {"gradhub_samples_per_second", 120}});
+  EXPECT_EQ(SampleOf(text, JobSeries("gradhub_learning_rate", job_)), 0.02);
+  EXPECT_EQ(SampleOf(text, JobSeries("gradhub_eval_metric", job_, ",name=\"top1\"")), 0.25);
+  EXPECT_EQ(SampleOf(text, "gradhub_telemetry_steps_total"), 3);
 }
 
 TEST_F(TelemetryRestTest, AJobTokenReportsForItsOwnJobAttemptAndRankOnly) {

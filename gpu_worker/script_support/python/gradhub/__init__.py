@@ -19,6 +19,12 @@ report(step, loss=None, *, metrics=None, epoch=None, learning_rate=None,
     the argument. Every rank may call it: the agent reads each rank's step (a rank is RUNNING
     once it reports one; the hang watchdog watches it), and the api takes rank 0's records as
     the job's progress and metric history.
+    Under gradhub with GRADHUB_METRICS_URL set (the agent's --metrics-url), each step also
+    goes to gradhub-metrics as the rank's telemetry (gradhub_training_loss{job_id,rank},
+    gradhub_learning_rate, gradhub_samples_per_second, gradhub_eval_metric, ...): queued
+    and posted in batches by a background thread, so report() never waits on the network
+    and never fails because of it; an argument not given carries its last value. Steps the
+    full queue (1000) could not keep are dropped and counted; at exit the queue gets 1 s.
 
 Checkpoints
 -----------
@@ -52,10 +58,12 @@ them (0, 1 and 0 when unset).
 Environment (set by gradhub's agent for every rank of a script job)
 -------------------------------------------------------------------
 GRADHUB_CHECKPOINT_URL  the checkpoint store's REST base URL, http(s)://host:port
+GRADHUB_METRICS_URL     gradhub-metrics' HTTP base URL, where report() posts telemetry
 GRADHUB_JOB_TOKEN       the rank's credential: this job, this attempt, while it runs
 GRADHUB_JOB_ID          the job's id
 GRADHUB_ATTEMPT         the attempt the rank belongs to
-GRADHUB_TLS_CA          PEM file of the CA that signed an https store's certificate
+GRADHUB_RANK            the rank (as RANK) that telemetry reports for
+GRADHUB_TLS_CA          PEM file of the CA that signed an https server's certificate
 """
 
 import os

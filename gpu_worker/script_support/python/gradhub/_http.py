@@ -57,24 +57,28 @@ def retryable(error):
 
 
 class Server:
-    """gradhub-checkpoint at `url` ("http://host:port" or "https://..."), as `token`."""
+    """A gradhub REST server at `url` ("http://host:port" or "https://..."), as `token`:
+    gradhub-checkpoint (the default), or gradhub-metrics with its `variable` and a short
+    socket `timeout`."""
 
-    def __init__(self, url, token, ca_file=None):
+    def __init__(self, url, token, ca_file=None, variable="GRADHUB_CHECKPOINT_URL",
+                 timeout=SOCKET_TIMEOUT_SECONDS):
         parsed = urllib.parse.urlsplit(url)
         if parsed.scheme not in ("http", "https") or not parsed.hostname:
-            raise CheckpointError(f"GRADHUB_CHECKPOINT_URL: '{url}' is not http(s)://host:port")
+            raise CheckpointError(f"{variable}: '{url}' is not http(s)://host:port")
         self.scheme, self.netloc = parsed.scheme, parsed.netloc
         self.prefix = parsed.path.rstrip("/")
         self.token = token
+        self.timeout = timeout
         self.context = None
         if self.scheme == "https":
             self.context = ssl.create_default_context(cafile=ca_file or None)
 
     def connect(self):
         if self.scheme == "https":
-            return http.client.HTTPSConnection(self.netloc, timeout=SOCKET_TIMEOUT_SECONDS,
+            return http.client.HTTPSConnection(self.netloc, timeout=self.timeout,
                                                context=self.context, blocksize=BLOCK_BYTES)
-        return http.client.HTTPConnection(self.netloc, timeout=SOCKET_TIMEOUT_SECONDS,
+        return http.client.HTTPConnection(self.netloc, timeout=self.timeout,
                                           blocksize=BLOCK_BYTES)
 
     def headers(self, extra=None):

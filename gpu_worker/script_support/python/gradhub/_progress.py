@@ -10,6 +10,8 @@ import operator
 import sys
 import threading
 
+from . import _telemetry
+
 # The keys report() may print after "step", in the order progress_record.cc prints them
 # (kFieldsBeforeEval); each is (JSON key, report() argument, is an integer).
 _PROGRESS_FIELDS = (
@@ -79,41 +81,56 @@ def _number_text(value):
     return format(value, ".9g")
 
 
-def format_progress(step, **values):
-    """The "progress" record for `step` (an int >= 0) and report()'s keyword values."""
-    step = _integer("step", step, minimum=0)
+def _checked(values):
+    """report()'s keyword values as ints and floats, None kept; ValueError naming a wrong one.
+    Each is read once: a CUDA tensor's value costs a copy from the device."""
+    kinds = {argument: integer for _, argument, integer in _PROGRESS_FIELDS}
+    return {argument: None if value is None
+            else _integer(argument, value) if kinds[argument] else _real(argument, value)
+            for argument, value in values.items()}
+
+
+def _checked_metrics(metrics):
+    """`metrics` as {name: float}, names non-empty strings; ValueError naming what is wrong."""
+    if not isinstance(metrics, dict):
+        raise ValueError(f"metrics: must be a dict of name to number, not {type(metrics).__name__}")
+    for name in metrics:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"metrics: names must be non-empty strings, not {name!r}")
+    return {name: _real(f"metrics[{name!r}]", value) for name, value in metrics.items()}
+
+
+def format_progress(step, values):
+    """The "progress" record for `step` (an int >= 0) and report()'s checked values."""
     parts = ['{"event":"progress","step":%d' % step]
     for key, argument, integer in _PROGRESS_FIELDS:
         value = values.get(argument)
-        if value is None:
-            continue
-        text = str(_integer(argument, value)) if integer else _number_text(_real(argument, value))
-        parts.append(",%s:%s" % (_quote(key), text))
+        if value is not None:
+            parts.append(",%s:%s" % (_quote(key), str(value) if integer else _number_text(value)))
     return "".join(parts) + "}"
 
 
 def format_eval(step, metrics):
-    """The "eval" record of `metrics` ({name: number}, names non-empty strings) at `step`."""
-    step = _integer("step", step, minimum=0)
-    if not isinstance(metrics, dict):
-        raise ValueError(f"metrics: must be a dict of name to number, not {type(metrics).__name__}")
+    """The "eval" record of checked `metrics` at `step`, names sorted."""
     parts = ['{"event":"eval","step":%d' % step]
     for name in sorted(metrics):
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"metrics: names must be non-empty strings, not {name!r}")
-        value = _number_text(_real(f"metrics[{name!r}]", metrics[name]))
-        parts.append(",%s:%s" % (_quote("eval." + name), value))
+        parts.append(",%s:%s" % (_quote("eval." + name), _number_text(metrics[name])))
     return "".join(parts) + "}"
 
 
 def report(step, loss=None, *, metrics=None, epoch=None, learning_rate=None,
            samples_per_second=None, total_steps=None):
-    """Prints the progress record of `step` (and with `metrics` an eval record) and flushes."""
-    lines = [format_progress(step, loss=loss, epoch=epoch, learning_rate=learning_rate,
-                             samples_per_second=samples_per_second, total_steps=total_steps)]
+    """Prints the progress record of `step` (and with `metrics` an eval record) and flushes;
+    with GRADHUB_METRICS_URL set, also queues the step as telemetry (_telemetry.py)."""
+    step = _integer("step", step, minimum=0)
+    values = _checked({"loss": loss, "epoch": epoch, "learning_rate": learning_rate,
+                       "samples_per_second": samples_per_second, "total_steps": total_steps})
+    lines = [format_progress(step, values)]
     if metrics is not None:
+        metrics = _checked_metrics(metrics)
         lines.append(format_eval(step, metrics))
     text = "".join(line + "\n" for line in lines)
     with _lock:
         sys.stdout.write(text)
         sys.stdout.flush()
+    _telemetry.record(step, values, metrics)
