@@ -60,6 +60,8 @@ JobSeries SeriesFamilies::AddJob(const std::string& job_id) {
   const prometheus::Labels labels = {{"job_id", job_id}};
   JobSeries job;
   job.learning_rate = &learning_rate_->Add(labels);
+  // NaN until a rank reports one: a script may never (0 would claim a learning rate of 0).
+  job.learning_rate->Set(std::nan(""));
   job.allreduce_seconds = &allreduce_seconds_->Add(labels, kAllreduceBuckets);
   job.allreduce_bytes = &allreduce_bytes_->Add(labels);
   job.checkpoint_save_seconds = &checkpoint_save_seconds_->Add(labels, kCheckpointBuckets);

@@ -124,11 +124,17 @@ TEST_F(TrainingMetricsTest, StepsBecomeSeriesLabelledByJobAndRank) {
 // another rank reported instead of flickering.
 TEST_F(TrainingMetricsTest, ANaNLearningRateLeavesTheJobsGaugeAlone) {
   TrainingMetrics metrics(&directory_, options_);
-  metrics.Record(Batch(kJob, 1, 0, {1}), now_);
   v1::TelemetryBatch without = Batch(kJob, 1, 1, {1, 2});
   for (v1::StepTelemetry& step : *without.mutable_steps()) step.set_learning_rate(std::nan(""));
   EXPECT_EQ(metrics.Record(without, now_).accepted, 2);
   const std::string job = std::string("{job_id=\"") + kJob + "\"}";
+  // None reported yet: NaN (the series is there), not a learning rate of 0.
+  EXPECT_THAT(metrics.Scrape(), HasSubstr("gradhub_learning_rate" + job + " "));
+  EXPECT_TRUE(std::isnan(Sample(metrics.Scrape(), "gradhub_learning_rate" + job)));
+  metrics.Record(Batch(kJob, 1, 0, {1}), now_);
+  v1::TelemetryBatch later = Batch(kJob, 1, 1, {3});
+  later.mutable_steps(0)->set_learning_rate(std::nan(""));
+  EXPECT_EQ(metrics.Record(later, now_).accepted, 1);
   EXPECT_EQ(Sample(metrics.Scrape(), "gradhub_learning_rate" + job), 0.1);
 }
 
