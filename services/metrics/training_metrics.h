@@ -6,7 +6,8 @@
 // every scraped series as the name of its scrape job):
 //   gradhub_training_step{job_id,rank}                       last step reported
 //   gradhub_training_loss{job_id,rank}                       that step's loss on the rank
-//   gradhub_learning_rate{job_id}                            last step's; a NaN one leaves it
+//   gradhub_learning_rate{job_id}                            NaN until reported; a NaN step's
+//                                                            leaves it
 //   gradhub_samples_per_second{job_id,rank}                  the rank's; the job's is the sum
 //   gradhub_samples_total{job_id,rank}
 //   gradhub_step_phase_seconds{job_id,rank,phase}            summary (count and sum only):
