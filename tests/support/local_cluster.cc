@@ -216,10 +216,10 @@ bool LocalCluster::StartAgent(const std::string& name) {
                              "http://127.0.0.1:" + std::to_string(checkpoint_http_port_)});
   }
   // Agents of one test (and tests run at once) share this machine: a MASTER_PORT range each,
-  // picked at random among unprivileged ports, checked by the agent when rank 0 starts.
+  // picked at random below the ephemeral ports (32768-), checked by the agent when rank 0 starts.
   std::random_device random;
   argv.insert(argv.end(), {"--master-port-base",
-                           std::to_string(20000 + 64 * static_cast<int>(random() % 600))});
+                           std::to_string(20000 + 64 * static_cast<int>(random() % 190))});
   // The agent's default rank user where `make setup` created it, else nobody.
   if (geteuid() == 0 && getpwnam("gradhub-rank") == nullptr) {
     argv.insert(argv.end(), {"--run-as", "nobody"});

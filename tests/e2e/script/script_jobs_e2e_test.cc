@@ -1,9 +1,9 @@
 // Script jobs (issue 31) through the real stack: PostgreSQL, gradhub-api, gradhub-checkpoint
 // (code store and checkpoints), two agents, and Debian's Python with torch as the ranks:
 //   - a DDP script written for torchrun runs unchanged as a world-4 job over two nodes;
-//   - a script that checkpoints through the gradhub module resumes after a rank is killed, and
-//     after its whole agent is killed (on the other node), ending with the parameters of an
-//     uninterrupted run, bit for bit;
+//   - a script that checkpoints through the gradhub module (its reports reaching gradhub-metrics
+//     as telemetry) resumes after a rank is killed, and after its whole agent is killed (on the
+//     other node), ending with the parameters of an uninterrupted run, bit for bit;
 //   - a script exiting 3 fails as USER quoting its last lines; one that hangs after reporting
 //     is caught by the watchdog;
 //   - a script reads neither the node token, nor the agent's environment, nor another job's
@@ -40,6 +40,7 @@ class ScriptJobsE2eTest : public ::testing::Test {
     }
     testing::LocalClusterOptions options;
     options.checkpoint_service = true;
+    options.metrics_service = true;
     cluster_ = std::make_unique<testing::LocalCluster>(options);
     ASSERT_TRUE(cluster_->Start());
   }
@@ -163,6 +164,18 @@ TEST_F(ScriptJobsE2eTest, AKilledRankResumesFromTheModulesCheckpointBitForBit) {
   const std::string resumed = FindInLogs(name, 2, 0, "resumed from step ([0-9]+)");
   EXPECT_GT(std::atoi(resumed.c_str()), 0) << cluster_->Describe(name);
   EXPECT_EQ(FindInLogs(name, 2, 0, "final parameters sha256 ([0-9a-f]{64})"), reference);
+  // The module's reports reached gradhub-metrics as telemetry, every rank to the last step.
+  const std::string uuid = name.substr(std::strlen("jobs/"));
+  for (const char* rank : {"0", "1"}) {
+    const std::regex series("gradhub_training_step\\{[^}]*job_id=\"" + uuid + "\"[^}]*rank=\"" +
+                            rank + "\"[^}]*\\} 40");
+    bool seen = false;
+    for (int tries = 0; tries < 50 && !seen; ++tries) {
+      seen = std::regex_search(cluster_->ScrapeMetrics(), series);
+      if (!seen) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+    EXPECT_TRUE(seen) << "rank " << rank << ":\n" << cluster_->ScrapeMetrics();
+  }
 }
 
 TEST_F(ScriptJobsE2eTest, ALostNodesJobResumesOnTheOtherNodeBitForBit) {
@@ -237,7 +250,11 @@ TEST_F(ScriptJobsE2eTest, AScriptReadsNeitherTheNodeTokenNorTheAgentNorAnotherJo
   EXPECT_THAT(output, Not(HasSubstr(cluster_->node_token())));
   EXPECT_THAT(output, Not(HasSubstr("the victim's secret")));
   EXPECT_THAT(output, HasSubstr("GRADHUB_JOB_TOKEN=ghj_"));
+  // Cancel: SIGTERM to the script's process group (it does not handle it), and it is gone.
   cluster_->Cancel(victim);
+  EXPECT_EQ(cluster_->AwaitJob(victim, testing::Ended, std::chrono::seconds(30)).state(),
+            v1::Job::CANCELLED);
+  EXPECT_TRUE(cluster_->RanksOf(node).empty());
 }
 
 }  // namespace
