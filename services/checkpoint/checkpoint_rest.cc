@@ -71,14 +71,8 @@ std::string CheckpointNameOf(const httplib::Request& request) {
 // form (several ranges, a closed range, a suffix), which this server does not serve.
 std::optional<int64_t> RangeOffset(const httplib::Request& request) {
   if (!request.has_header("Range")) return 0;
-  static const std::regex kOpenRange(R"(\s*bytes\s*=\s*([0-9]{1,18})\s*-\s*)");
-  std::smatch match;
-  const std::string range = request.get_header_value("Range");
-  int64_t offset = 0;
-  if (!std::regex_match(range, match, kOpenRange) || !absl::SimpleAtoi(match[1].str(), &offset)) {
-    return std::nullopt;
-  }
-  return offset;
+  const absl::StatusOr<int64_t> offset = OpenRangeOffset(request.get_header_value("Range"));
+  return offset.ok() ? std::optional<int64_t>(*offset) : std::nullopt;
 }
 
 // `X-Checkpoint-Metadata: key=value,key=value` into *metadata.

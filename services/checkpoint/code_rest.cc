@@ -45,14 +45,7 @@ void Drain(const httplib::ContentReader& body) {
 // The offset `Range: bytes=N-` asks for (0 without a Range); OUT_OF_RANGE for any other range.
 absl::StatusOr<int64_t> RangeOffset(const httplib::Request& request) {
   if (!request.has_header("Range")) return 0;
-  const std::string header = request.get_header_value("Range");
-  absl::string_view range = absl::StripAsciiWhitespace(header);
-  int64_t offset = -1;
-  if (!absl::ConsumePrefix(&range, "bytes=") || !absl::ConsumeSuffix(&range, "-") ||
-      !absl::SimpleAtoi(range, &offset) || offset < 0) {
-    return absl::OutOfRangeError("Range: only a single `bytes=N-` is served");
-  }
-  return offset;
+  return OpenRangeOffset(request.get_header_value("Range"));
 }
 
 // The body into `upload` in pieces of kPieceBytes. After a failed write the rest is still read,

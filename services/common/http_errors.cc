@@ -2,7 +2,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 
 namespace gradhub {
 
@@ -61,6 +66,20 @@ absl::Status StatusForHttpError(int http_status) {
     default:
       return absl::UnknownError(absl::StrCat("HTTP ", http_status));
   }
+}
+
+absl::StatusOr<int64_t> OpenRangeOffset(const std::string& range) {
+  const absl::Status refused = absl::OutOfRangeError("Range: only a single `bytes=N-` is served");
+  absl::string_view rest = absl::StripAsciiWhitespace(range);
+  if (!absl::ConsumePrefix(&rest, "bytes")) return refused;
+  rest = absl::StripLeadingAsciiWhitespace(rest);
+  if (!absl::ConsumePrefix(&rest, "=") || !absl::ConsumeSuffix(&rest, "-")) return refused;
+  rest = absl::StripAsciiWhitespace(rest);
+  int64_t offset = 0;
+  const bool digits = !rest.empty() && rest.size() <= 18 &&
+                      std::all_of(rest.begin(), rest.end(), absl::ascii_isdigit);
+  if (!digits || !absl::SimpleAtoi(rest, &offset)) return refused;
+  return offset;
 }
 
 }  // namespace gradhub

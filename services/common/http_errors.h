@@ -3,9 +3,11 @@
 // "..."}} that Google APIs send. One place, so the api and the checkpoint store cannot drift.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 
 namespace gradhub {
 
@@ -22,5 +24,10 @@ std::string HttpErrorJson(const absl::Status& status, int http_status);
 // the status the same error would have had from a handler. Send it with HttpErrorJson(status,
 // http_status), so that a 413 says 413.
 absl::Status StatusForHttpError(int http_status);
+
+// The offset of a `Range` header value, the one form the downloads serve: "bytes=N-" (blanks
+// around the parts allowed). OUT_OF_RANGE for any other form (several ranges, a closed range,
+// a suffix); the caller answers 416. No header at all is offset 0: the caller checks that.
+absl::StatusOr<int64_t> OpenRangeOffset(const std::string& range);
 
 }  // namespace gradhub
