@@ -6,11 +6,9 @@
 #include <unistd.h>
 
 #include <climits>
-#include <cstring>
 #include <filesystem>
 #include <iostream>
 #include <optional>
-#include <string_view>
 #include <thread>
 
 #include "gpu_worker/agent/agent.h"
@@ -55,18 +53,6 @@ std::string DefaultPythonDir() {
   return dir.empty() ? "" : (dir.parent_path() / "python").lexically_normal().string();
 }
 
-// /proc/<pid>/cmdline is world-readable: a rank on this node could read a --token given on the
-// command line. Overwrite its value in place once parsed, as sshd and postgres rewrite theirs.
-void HideTokenInArgv(int argc, char** argv) {
-  for (int i = 1; i < argc; ++i) {
-    std::string_view arg = argv[i];
-    char* value = nullptr;
-    if (arg == "--token" && i + 1 < argc) value = argv[i + 1];
-    if (arg.rfind("--token=", 0) == 0) value = argv[i] + std::strlen("--token=");
-    if (value != nullptr) std::memset(value, 'x', std::strlen(value));
-  }
-}
-
 using gradhub::agent::AgentConfig;
 
 // Flags, then the checks no other part makes. An exit code when the agent must not start.
@@ -78,7 +64,7 @@ std::optional<int> ParseFlags(int argc, char** argv, AgentConfig& config) {
   config.Register(flags);
   std::vector<std::string> args;
   if (std::optional<int> exit = flags.ParseOrExitCode(argc, argv, &args)) return *exit;
-  HideTokenInArgv(argc, argv);
+  gradhub::HideSecretFlagValues(argc, argv, {"--token"});  // ranks can read our cmdline
   if (!args.empty()) {
     std::cerr << flags.Usage();
     return 2;

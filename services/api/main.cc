@@ -248,6 +248,7 @@ int main(int argc, char** argv) {
   config.Register(flags);
   std::vector<std::string> args;
   if (std::optional<int> exit = flags.ParseOrExitCode(argc, argv, &args)) return *exit;
+  gradhub::HideSecretFlagValues(argc, argv, {"--admin-token", "--database-url"});
   if (args.empty() || (args.size() == 1 && args[0] == "serve")) return Serve(config);
   if (args.size() == 1 && args[0] == "migrate") return Migrate(config);
   if (args.size() == 2 && args[0] == "create-tenant") return CreateToken(config, args[1]);

@@ -1,5 +1,7 @@
 #include "services/common/flags.h"
 
+#include <cstring>
+
 #include <iostream>
 
 #include <algorithm>
@@ -174,6 +176,21 @@ std::string Flags::Usage() const {
   }
   absl::StrAppend(&usage, "  --help\n      Print this and exit.\n");
   return usage;
+}
+
+void HideSecretFlagValues(int argc, char** argv, std::initializer_list<std::string_view> names) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    for (const std::string_view name : names) {
+      char* value = nullptr;
+      if (arg == name && i + 1 < argc) value = argv[i + 1];
+      if (arg.size() > name.size() && arg.substr(0, name.size()) == name &&
+          arg[name.size()] == '=') {
+        value = argv[i] + name.size() + 1;
+      }
+      if (value != nullptr) std::memset(value, 'x', std::strlen(value));
+    }
+  }
 }
 
 }  // namespace gradhub

@@ -1,8 +1,10 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -17,6 +19,12 @@ namespace gradhub {
 //   Flags flags("gradhub-api", "The gradhub job API.");
 //   flags.String("database-url", "GRADHUB_DATABASE_URL", &config.database_url, "PostgreSQL URL");
 //   absl::StatusOr<Flags::Parsed> parsed = flags.Parse(argc, argv);
+// /proc/<pid>/cmdline is readable by every user of the machine, ranks included: once parsed, the
+// values of the secret flags among `names` ("--token", "--admin-token", "--database-url") are
+// overwritten in place with 'x' (both "--name value" and "--name=value"), as sshd and postgres
+// rewrite theirs. argv[0] and the flags' names stay, so the process is still recognisable.
+void HideSecretFlagValues(int argc, char** argv, std::initializer_list<std::string_view> names);
+
 class Flags {
  public:
   struct Parsed {

@@ -171,6 +171,7 @@ int main(int argc, char** argv) {
   config.Register(flags);
   std::vector<std::string> args;
   if (std::optional<int> exit = flags.ParseOrExitCode(argc, argv, &args)) return *exit;
+  gradhub::HideSecretFlagValues(argc, argv, {"--admin-token", "--database-url"});
   if (!args.empty()) {
     std::cerr << flags.Usage();
     return 2;

@@ -6,8 +6,8 @@
 //     other node), ending with the parameters of an uninterrupted run, bit for bit;
 //   - a script exiting 3 fails as USER quoting its last lines; one that hangs after reporting
 //     is caught by the watchdog;
-//   - a script reads neither the node token, nor the agent's environment, nor another job's
-//     files.
+//   - a script reads neither the node token (nor the servers' admin token, from their argv),
+//     nor the agent's environment, nor another job's files.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -248,6 +248,7 @@ TEST_F(ScriptJobsE2eTest, AScriptReadsNeitherTheNodeTokenNorTheAgentNorAnotherJo
   EXPECT_THAT(output, HasSubstr("other job file: PermissionError"));
   EXPECT_THAT(output, HasSubstr("other job dir: PermissionError"));
   EXPECT_THAT(output, Not(HasSubstr(cluster_->node_token())));
+  EXPECT_THAT(output, Not(HasSubstr(testing::LocalCluster::kAdminToken)));  // servers' argv
   EXPECT_THAT(output, Not(HasSubstr("the victim's secret")));
   EXPECT_THAT(output, HasSubstr("GRADHUB_JOB_TOKEN=ghj_"));
   // Cancel: SIGTERM to the script's process group (it does not handle it), and it is gone.

@@ -104,5 +104,18 @@ TEST(FlagsListTest, RepeatedFlagsAppendAndTheVariableIsAColonList) {
   unsetenv("GRADHUB_TEST_ROOTS");
 }
 
+TEST(HideSecretFlagValues, BlanksTheSecretsValuesInBothFormsAndNothingElse) {
+  std::string program = "gradhub-api", token = "--admin-token", secret = "s3cret",
+              url = "--database-url=postgresql://u:pw@h/db", other = "--grpc-port", port = "7070";
+  char* argv[] = {program.data(), token.data(), secret.data(),
+                  url.data(),     other.data(), port.data()};
+  HideSecretFlagValues(6, argv, {"--admin-token", "--database-url"});
+  EXPECT_STREQ(argv[0], "gradhub-api");
+  EXPECT_STREQ(argv[1], "--admin-token");
+  EXPECT_STREQ(argv[2], "xxxxxx");
+  EXPECT_EQ(std::string(argv[3]), "--database-url=" + std::string(22, 'x'));
+  EXPECT_STREQ(argv[5], "7070");
+}
+
 }  // namespace
 }  // namespace gradhub
