@@ -177,19 +177,23 @@ absl::StatusOr<db::Result> ReadNodeRanks(db::Transaction& tx, int64_t node_id) {
           " at.rendezvous_prefix,"
           " (SELECT count(*) FROM rank_assignments b WHERE b.job_id = a.job_id"
           "   AND b.attempt = a.attempt AND b.node_id = a.node_id)::int AS local_world_size,"
-          // torchrun's rendezvous for script jobs: rank 0's node and its port (RankAssignment).
-          " coalesce(m.address, '') AS master_addr,"
-          " CASE WHEN m.master_port_base > 0 THEN m.master_port_base + r0.slot ELSE 0 END"
-          "   AS master_port,"
-          " (SELECT count(DISTINCT b.node_id) FROM rank_assignments b WHERE b.job_id = a.job_id"
-          "   AND b.attempt = a.attempt AND b.rank < (SELECT min(c.rank) FROM rank_assignments c"
-          "   WHERE c.job_id = a.job_id AND c.attempt = a.attempt AND c.node_id = a.node_id)"
-          " )::int AS group_rank"
+          " coalesce(s.master_addr, '') AS master_addr, coalesce(s.master_port, 0) AS master_port,"
+          " coalesce(s.group_rank, 0) AS group_rank"
           " FROM rank_assignments a JOIN jobs j ON j.id = a.job_id"
           " JOIN job_attempts at ON at.job_id = a.job_id AND at.attempt = a.attempt"
-          " LEFT JOIN rank_assignments r0 ON r0.job_id = a.job_id AND r0.attempt = a.attempt"
-          "   AND r0.rank = 0"
-          " LEFT JOIN nodes m ON m.id = r0.node_id"
+          // torchrun's rendezvous (RankAssignment.master_*, group_rank): rank 0's node, its
+          // port, this node's index. Only for a script job's rank that may be desired; for the
+          // others the filter is false once per row and nothing is read (a heartbeat's path).
+          " LEFT JOIN LATERAL (SELECT m.address AS master_addr,"
+          "   CASE WHEN m.master_port_base > 0 THEN m.master_port_base + r0.slot ELSE 0 END"
+          "     AS master_port,"
+          "   (SELECT count(DISTINCT b.node_id) FROM rank_assignments b WHERE b.job_id = a.job_id"
+          "     AND b.attempt = a.attempt AND b.rank < (SELECT min(c.rank) FROM rank_assignments c"
+          "     WHERE c.job_id = a.job_id AND c.attempt = a.attempt AND c.node_id = a.node_id)"
+          "   )::int AS group_rank"
+          "   FROM rank_assignments r0 JOIN nodes m ON m.id = r0.node_id"
+          "   WHERE j.spec ? 'script' AND a.state <> 'STOPPING' AND r0.job_id = a.job_id"
+          "   AND r0.attempt = a.attempt AND r0.rank = 0) s ON true"
           " WHERE a.node_id = $1 AND a.state IN ",
           kLiveRankStatesSql, " ORDER BY a.job_id, a.rank"),
       {node_id});
