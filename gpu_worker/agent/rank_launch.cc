@@ -31,13 +31,8 @@ bool PathSafeId(const std::string& id) {
   return true;
 }
 
-// CUDA_VISIBLE_DEVICES, GRADHUB_DEVICE and GRADHUB_BACKEND (see RankLaunch::env).
-//
-// A rank sees only the GPU(s) of its slot, through CUDA_VISIBLE_DEVICES, rather than every
-// GPU and a local-rank-to-device map: CUDA then numbers its GPU cuda:0, so libtorch and NCCL
-// need no mapping, and a rank of one tenant cannot open another tenant's GPU by index, which
-// a map would only ask it not to do. A rank without devices gets an empty list: no GPU at all,
-// even where the agent itself was started with some visible.
+}  // namespace
+
 void SetDeviceEnvironment(const NodeDevices& devices, const v1::RankAssignment& assignment,
                           std::map<std::string, std::string>* env) {
   std::vector<std::string> visible;
@@ -58,10 +53,8 @@ void SetDeviceEnvironment(const NodeDevices& devices, const v1::RankAssignment& 
   (*env)["GRADHUB_BACKEND"] = v1::DistributedSpec::Backend_Name(backend);
 }
 
-}  // namespace
-
-absl::StatusOr<RankLaunch> PlanRankLaunch(const AgentConfig& config, const std::string& session_id,
-                                          const v1::RankAssignment& assignment) {
+absl::StatusOr<RankLaunch> PlanRankPaths(const AgentConfig& config,
+                                         const v1::RankAssignment& assignment) {
   if (!absl::StartsWith(assignment.job(), kJobPrefix) ||
       !PathSafeId(assignment.job().substr(sizeof(kJobPrefix) - 1))) {
     return absl::InvalidArgumentError(
@@ -85,8 +78,15 @@ absl::StatusOr<RankLaunch> PlanRankLaunch(const AgentConfig& config, const std::
       (work / "pids" /
        absl::StrCat(launch.job_id, ".", assignment.attempt(), ".", assignment.rank(), ".pid"))
           .string();
-  launch.argv = {config.trainer};
+  return launch;
+}
 
+absl::StatusOr<RankLaunch> PlanRankLaunch(const AgentConfig& config, const std::string& session_id,
+                                          const v1::RankAssignment& assignment) {
+  absl::StatusOr<RankLaunch> planned = PlanRankPaths(config, assignment);
+  if (!planned.ok()) return planned.status();
+  RankLaunch& launch = *planned;
+  launch.argv = {config.trainer};
   for (const auto& [key, value] : assignment.env()) launch.env[key] = value;
   auto& env = launch.env;
   env["GRADHUB_SPEC"] = launch.spec_path;
@@ -109,7 +109,7 @@ absl::StatusOr<RankLaunch> PlanRankLaunch(const AgentConfig& config, const std::
   env["GRADHUB_DATA_ROOTS"] = JoinRootList(config.isolation.data_roots);
   env["GRADHUB_MAX_INPUT_BYTES"] = absl::StrCat(config.isolation.max_input_bytes);
   env["GRADHUB_MEMORY_LIMIT_BYTES"] = absl::StrCat(config.isolation.memory_limit_bytes);
-  return launch;
+  return planned;
 }
 
 namespace {

@@ -39,6 +39,21 @@ struct RankLaunch {
   std::map<std::string, std::string> env;
 };
 
+// The directories and pid file of `assignment`'s rank (dir, spec_path, checkpoint_dir,
+// pid_file, job_id; no argv, no env), for trainer and script ranks alike. INVALID_ARGUMENT as
+// PlanRankLaunch.
+absl::StatusOr<RankLaunch> PlanRankPaths(const AgentConfig& config,
+                                         const v1::RankAssignment& assignment);
+
+// CUDA_VISIBLE_DEVICES, GRADHUB_DEVICE and GRADHUB_BACKEND into *env (see RankLaunch::env).
+// A rank sees only the GPU(s) of its assignment's device_indices, through CUDA_VISIBLE_DEVICES,
+// rather than every GPU and a local-rank-to-device map: CUDA then numbers them from cuda:0, so
+// libtorch and NCCL need no mapping, and a rank of one tenant cannot open another tenant's GPU
+// by index, which a map would only ask it not to do. A rank without devices gets an empty list:
+// no GPU at all, even where the agent itself was started with some visible.
+void SetDeviceEnvironment(const NodeDevices& devices, const v1::RankAssignment& assignment,
+                          std::map<std::string, std::string>* env);
+
 // `config.work_dir` and `config.checkpoint_root` must be absolute (main makes them so).
 // INVALID_ARGUMENT for a job name that is not `jobs/<id>` with a path-safe id, or a negative
 // attempt or rank.

@@ -93,23 +93,19 @@ absl::StatusOr<RankLaunch> PlanScriptLaunch(const AgentConfig& config,
   if (!assignment.spec().has_script()) {
     return absl::InvalidArgumentError("spec: not a script job (script is unset)");
   }
-  // The trainer's plan gives the directories and the device variables; its other variables
-  // (the node token and session above all) are not a script's.
-  absl::StatusOr<RankLaunch> trainer = PlanRankLaunch(config, "", assignment);
-  if (!trainer.ok()) return trainer.status();
-  RankLaunch launch;
-  launch.job_id = trainer->job_id;
-  launch.dir = trainer->dir;
-  launch.pid_file = trainer->pid_file;
+  absl::StatusOr<RankLaunch> planned = PlanRankPaths(config, assignment);
+  if (!planned.ok()) return planned.status();
+  RankLaunch launch;  // of the paths, a script rank has its directory and pid file only
+  launch.job_id = planned->job_id;
+  launch.dir = planned->dir;
+  launch.pid_file = planned->pid_file;
   const v1::ScriptSpec& script = assignment.spec().script();
   launch.argv = {script.interpreter().empty() ? kDefaultScriptInterpreter : script.interpreter(),
                  prepared.code_dir + "/" + script.entrypoint()};
   launch.argv.insert(launch.argv.end(), script.args().begin(), script.args().end());
   auto& env = launch.env;
   SetTorchrunEnvironment(assignment, launch.job_id, &env);
-  for (const char* name : {"CUDA_VISIBLE_DEVICES", "GRADHUB_DEVICE", "GRADHUB_BACKEND"}) {
-    env[name] = trainer->env.at(name);
-  }
+  SetDeviceEnvironment(config.devices, assignment, &env);
   env["GRADHUB_JOB_ID"] = launch.job_id;
   env["GRADHUB_ATTEMPT"] = absl::StrCat(assignment.attempt());
   env["GRADHUB_RANK"] = env["RANK"];

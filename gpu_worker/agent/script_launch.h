@@ -48,7 +48,7 @@ v1::RankAssignment WithLocalRanksDevices(
     const v1::RankAssignment& assignment,
     const google::protobuf::RepeatedPtrField<v1::RankAssignment>& desired);
 
-// The launch plan: PlanRankLaunch's directories and pid file, and
+// The launch plan: PlanRankPaths' directory and pid file, and
 //   argv: interpreter (the spec's, /usr/bin/python3 by default), <code_dir>/<entrypoint>, args;
 //   env:  RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE GROUP_RANK ROLE_RANK ROLE_WORLD_SIZE
 //         ROLE_NAME MASTER_ADDR MASTER_PORT TORCHELASTIC_RESTART_COUNT (attempt - 1)

@@ -98,7 +98,7 @@ absl::StatusOr<std::string> ScriptPreparer::IssueCredential(const v1::RankAssign
 absl::StatusOr<PreparedScript> ScriptPreparer::Prepare(const v1::RankAssignment& assignment,
                                                        const std::string& session_id) {
   const v1::ScriptSpec& script = assignment.spec().script();
-  absl::StatusOr<RankLaunch> paths = PlanRankLaunch(config_, session_id, assignment);
+  absl::StatusOr<RankLaunch> paths = PlanRankPaths(config_, assignment);
   if (!paths.ok()) return paths.status();
   PreparedScript prepared;
   prepared.identity = ScriptIdentity(config_.isolation.identity, UidFor(paths->job_id));  // step 1
