@@ -126,6 +126,26 @@ class ScriptJobsE2eTest : public ::testing::Test {
     return FindInLogs(job.name(), 0, 0, "final parameters sha256 ([0-9a-f]{64})");
   }
 
+  // The checkpointing script's reference run, then the same job again (`restarts` its budgets),
+  // past its first checkpoint: {reference digest, job name}, or a test failure.
+  std::pair<std::string, std::string> ReferenceThenRunning(const v1::RestartPolicy& restarts) {
+    const std::string digest = Upload({{"ckpt.py", testing::kCheckpointingScript}});
+    const std::string reference = ReferenceDigest(digest, 40);
+    EXPECT_FALSE(reference.empty());
+    v1::JobSpec spec = Script(digest, "ckpt.py", {"40"}, 2);
+    *spec.mutable_max_restarts() = restarts;
+    const std::string name = cluster_->Submit(spec).name();
+    EXPECT_TRUE(AwaitCheckpointAndStep(name, 12)) << cluster_->Describe(name);
+    return {reference, name};
+  }
+
+  // Rank 0 of `attempt` (0 = the latest) resumed from a step above 0 and ended with `reference`.
+  void ExpectResumedBitForBit(const std::string& name, int attempt, const std::string& reference) {
+    const std::string resumed = FindInLogs(name, attempt, 0, "resumed from step ([0-9]+)");
+    EXPECT_GT(std::atoi(resumed.c_str()), 0) << cluster_->Describe(name);
+    EXPECT_EQ(FindInLogs(name, attempt, 0, "final parameters sha256 ([0-9a-f]{64})"), reference);
+  }
+
   std::unique_ptr<testing::LocalCluster> cluster_;
   int uploads_ = 0;
 };
@@ -147,13 +167,10 @@ TEST_F(ScriptJobsE2eTest, ATorchrunScriptRunsUnchangedAsAWorldFourJobOverTwoNode
 }
 
 TEST_F(ScriptJobsE2eTest, AKilledRankResumesFromTheModulesCheckpointBitForBit) {
-  const std::string digest = Upload({{"ckpt.py", testing::kCheckpointingScript}});
-  const std::string reference = ReferenceDigest(digest, 40);
-  ASSERT_FALSE(reference.empty());
-  v1::JobSpec spec = Script(digest, "ckpt.py", {"40"}, 2);
-  spec.mutable_max_restarts()->set_job(1);
-  const std::string name = cluster_->Submit(spec).name();
-  ASSERT_TRUE(AwaitCheckpointAndStep(name, 12)) << cluster_->Describe(name);
+  v1::RestartPolicy restarts;
+  restarts.set_job(1);
+  const auto [reference, name] = ReferenceThenRunning(restarts);
+  ASSERT_FALSE(HasFailure());
   const std::string agent = cluster_->RanksOf("a").empty() ? "b" : "a";
   const std::vector<pid_t> ranks = cluster_->RanksOf(agent);
   ASSERT_FALSE(ranks.empty());
@@ -161,9 +178,7 @@ TEST_F(ScriptJobsE2eTest, AKilledRankResumesFromTheModulesCheckpointBitForBit) {
   const v1::Job job = AwaitEnd(name);
   ASSERT_EQ(job.state(), v1::Job::SUCCEEDED) << cluster_->Describe(name);
   EXPECT_EQ(job.attempt(), 2);
-  const std::string resumed = FindInLogs(name, 2, 0, "resumed from step ([0-9]+)");
-  EXPECT_GT(std::atoi(resumed.c_str()), 0) << cluster_->Describe(name);
-  EXPECT_EQ(FindInLogs(name, 2, 0, "final parameters sha256 ([0-9a-f]{64})"), reference);
+  ExpectResumedBitForBit(name, 2, reference);
   // The module's reports reached gradhub-metrics as telemetry, every rank to the last step.
   const std::string uuid = name.substr(std::strlen("jobs/"));
   for (const char* rank : {"0", "1"}) {
@@ -179,13 +194,10 @@ TEST_F(ScriptJobsE2eTest, AKilledRankResumesFromTheModulesCheckpointBitForBit) {
 }
 
 TEST_F(ScriptJobsE2eTest, ALostNodesJobResumesOnTheOtherNodeBitForBit) {
-  const std::string digest = Upload({{"ckpt.py", testing::kCheckpointingScript}});
-  const std::string reference = ReferenceDigest(digest, 40);
-  ASSERT_FALSE(reference.empty());
-  v1::JobSpec spec = Script(digest, "ckpt.py", {"40"}, 2);
-  spec.mutable_max_restarts()->set_infrastructure(2);
-  const std::string name = cluster_->Submit(spec).name();
-  ASSERT_TRUE(AwaitCheckpointAndStep(name, 12)) << cluster_->Describe(name);
+  v1::RestartPolicy restarts;
+  restarts.set_infrastructure(2);
+  const auto [reference, name] = ReferenceThenRunning(restarts);
+  ASSERT_FALSE(HasFailure());
   const std::string victim = cluster_->RanksOf("a").empty() ? "b" : "a";
   const std::string survivor = victim == "a" ? "b" : "a";
   ASSERT_EQ(cluster_->RanksOf(victim).size(), 2u);  // both ranks packed on one node
@@ -193,9 +205,7 @@ TEST_F(ScriptJobsE2eTest, ALostNodesJobResumesOnTheOtherNodeBitForBit) {
   const v1::Job job = AwaitEnd(name);
   ASSERT_EQ(job.state(), v1::Job::SUCCEEDED) << cluster_->Describe(name);
   EXPECT_THAT(cluster_->Describe(name), HasSubstr("placed on nodes/" + survivor));
-  const std::string resumed = FindInLogs(name, 0, 0, "resumed from step ([0-9]+)");
-  EXPECT_GT(std::atoi(resumed.c_str()), 0) << cluster_->Describe(name);
-  EXPECT_EQ(FindInLogs(name, 0, 0, "final parameters sha256 ([0-9a-f]{64})"), reference);
+  ExpectResumedBitForBit(name, 0, reference);
 }
 
 TEST_F(ScriptJobsE2eTest, ANonZeroExitFailsAsUserQuotingTheLastLines) {
