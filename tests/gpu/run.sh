@@ -199,7 +199,7 @@ script_job() {
   for ((r = 0; r < script_world; r++)); do
     (cd "$script_dir/$1" && RANK=$r WORLD_SIZE=$script_world LOCAL_RANK=$r LOCAL_WORLD_SIZE=$script_world \
       GROUP_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port CUDA_VISIBLE_DEVICES=$r GRADHUB_DEVICE=cuda \
-      GRADHUB_BACKEND=NCCL PYTHONPATH="$src/gpu_worker/script_support/python" \
+      GRADHUB_BACKEND=NCCL PYTHONPATH="$src/gpu_worker/python" \
       GRADHUB_CHECKPOINT_DIR="$script_dir/${3:-$1}-checkpoints" timeout 300 "$python" \
       "$src/deploy/examples/script-job/code/train.py" --max-steps "$2" --seed 1 >"rank$r.log" 2>&1) &
     pids+=($!)

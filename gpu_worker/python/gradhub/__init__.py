@@ -55,6 +55,15 @@ Ranks
 rank(), world_size(), local_rank(): RANK, WORLD_SIZE, LOCAL_RANK as torchrun and gradhub set
 them (0, 1 and 0 when unset).
 
+Distributed training (needs torch and gradhub's C++ engine, gradhub._C)
+---------------------------------------------------------------------
+gradhub.distributed             process groups and collectives (init, all_reduce, broadcast,
+                                all_gather, barrier), see its docstring
+gradhub.DistributedDataParallel torch's DDP API over gradhub's C++ Reducer (gradhub.parallel)
+Both load on first use, so `import gradhub` stays standard library only and works where the
+engine cannot load (no torch, or a torch other than the one the engine was built against: a
+venv's pip wheel, a CUDA build); using them there raises ImportError saying which.
+
 Environment (set by gradhub's agent for every rank of a script job)
 -------------------------------------------------------------------
 GRADHUB_CHECKPOINT_URL  the checkpoint store's REST base URL, http(s)://host:port
@@ -64,6 +73,7 @@ GRADHUB_JOB_ID          the job's id
 GRADHUB_ATTEMPT         the attempt the rank belongs to
 GRADHUB_RANK            the rank (as RANK) that telemetry reports for
 GRADHUB_TLS_CA          PEM file of the CA that signed an https server's certificate
+GRADHUB_STORE           grpc://host:port of the platform's rendezvous store (gradhub-api)
 """
 
 import os
@@ -77,6 +87,8 @@ from ._sources import Source
 
 __all__ = [
     "CheckpointError",
+    "DistributedDataParallel",
+    "distributed",
     "load_latest_checkpoint",
     "local_rank",
     "rank",
@@ -147,3 +159,15 @@ def load_latest_checkpoint(path=None):
     if path is not None and not isinstance(path, (str, os.PathLike)):
         raise ValueError(f"path: must be a str or os.PathLike, not {type(path).__name__}")
     return _store().load(None if path is None else os.fspath(path))
+
+
+def __getattr__(name):
+    """gradhub.distributed, gradhub.parallel and gradhub.DistributedDataParallel, imported on
+    first use (they import torch and the engine)."""
+    if name in ("distributed", "parallel"):
+        import importlib
+        return importlib.import_module(f"{__name__}.{name}")
+    if name == "DistributedDataParallel":
+        from .parallel import DistributedDataParallel
+        return DistributedDataParallel
+    raise AttributeError(f"module 'gradhub' has no attribute '{name}'")
