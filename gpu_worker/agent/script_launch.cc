@@ -111,6 +111,10 @@ absl::StatusOr<RankLaunch> PlanScriptLaunch(const AgentConfig& config,
   env["GRADHUB_RANK"] = env["RANK"];
   env["GRADHUB_WORLD_SIZE"] = env["WORLD_SIZE"];
   env["GRADHUB_JOB_TOKEN"] = prepared.token;
+  // gradhub.distributed.init()'s rendezvous, with the job token (scoped by the api to this
+  // attempt's keys); empty without a store address, as a trainer rank's.
+  env["GRADHUB_STORE"] =
+      assignment.store_address().empty() ? "" : "grpc://" + assignment.store_address();
   env["GRADHUB_CHECKPOINT_URL"] = config.checkpoint_url;
   env["GRADHUB_METRICS_URL"] = config.metrics_url;
   env["GRADHUB_TLS_CA"] = config.tls_ca_file;

@@ -54,11 +54,13 @@ v1::RankAssignment WithLocalRanksDevices(
 //         ROLE_NAME MASTER_ADDR MASTER_PORT TORCHELASTIC_RESTART_COUNT (attempt - 1)
 //         TORCHELASTIC_RUN_ID (the job id) as torchrun sets them; GRADHUB_JOB_ID,
 //         GRADHUB_ATTEMPT, GRADHUB_RANK, GRADHUB_WORLD_SIZE, GRADHUB_JOB_TOKEN,
-//         GRADHUB_CHECKPOINT_URL, GRADHUB_METRICS_URL, GRADHUB_TLS_CA, GRADHUB_CODE_DIR,
-//         GRADHUB_SEED, GRADHUB_DEVICE, GRADHUB_BACKEND, CUDA_VISIBLE_DEVICES as for a trainer
-//         rank; PYTHONPATH (the gradhub module), PYTHONUNBUFFERED=1 (reports and logs arrive
-//         as printed), HOME (the scratch directory), USER and LOGNAME; then the spec's env,
-//         which ValidateScriptSpec keeps off every name above.
+//         GRADHUB_STORE (grpc://<store_address>, the rendezvous store that takes the job
+//         token for this attempt's keys; empty without one), GRADHUB_CHECKPOINT_URL,
+//         GRADHUB_METRICS_URL, GRADHUB_TLS_CA, GRADHUB_CODE_DIR, GRADHUB_SEED, GRADHUB_DEVICE,
+//         GRADHUB_BACKEND, CUDA_VISIBLE_DEVICES as for a trainer rank; PYTHONPATH (the gradhub
+//         module), PYTHONUNBUFFERED=1 (reports and logs arrive as printed), HOME (the scratch
+//         directory), USER and LOGNAME; then the spec's env, which ValidateScriptSpec keeps off
+//         every name above.
 // INVALID_ARGUMENT as PlanRankLaunch, and for an assignment that is not a script's.
 absl::StatusOr<RankLaunch> PlanScriptLaunch(const AgentConfig& config,
                                             const v1::RankAssignment& assignment,

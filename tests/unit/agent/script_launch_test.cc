@@ -95,6 +95,7 @@ TEST(PlanScriptLaunch, GivesTorchrunsEnvironment) {
 TEST(PlanScriptLaunch, GivesGradhubsEnvironmentWithTheJobsTokenNeverTheNodes) {
   const RankLaunch launch = *PlanScriptLaunch(Config("/work"), Assignment(), Prepared());
   EXPECT_EQ(launch.env.at("GRADHUB_JOB_TOKEN"), "ghj_job-secret");
+  EXPECT_EQ(launch.env.at("GRADHUB_STORE"), "grpc://10.0.0.1:7070");
   EXPECT_EQ(launch.env.at("GRADHUB_CHECKPOINT_URL"), "http://10.0.0.2:8081");
   EXPECT_EQ(launch.env.at("GRADHUB_METRICS_URL"), "http://10.0.0.3:9464");
   EXPECT_EQ(launch.env.at("GRADHUB_CODE_DIR"), "/work/jobs/x/attempt-3/code");
@@ -102,13 +103,24 @@ TEST(PlanScriptLaunch, GivesGradhubsEnvironmentWithTheJobsTokenNeverTheNodes) {
   EXPECT_EQ(launch.env.at("PYTHONPATH"), "/opt/gradhub/python");
   EXPECT_EQ(launch.env.at("HOME"), launch.dir);
   EXPECT_EQ(launch.env.at("LR"), "0.1");  // the spec's own
-  for (const char* secret : {"GRADHUB_TOKEN", "GRADHUB_NODE_SESSION", "GRADHUB_STORE",
-                             "GRADHUB_NODE_NAME", "GRADHUB_SPEC"}) {
+  for (const char* secret :
+       {"GRADHUB_TOKEN", "GRADHUB_NODE_SESSION", "GRADHUB_NODE_NAME", "GRADHUB_SPEC"}) {
     EXPECT_EQ(launch.env.count(secret), 0u) << secret;
   }
   for (const auto& [name, value] : launch.env) {
     EXPECT_THAT(value, ::testing::Not(HasSubstr("node-secret"))) << name;
   }
+}
+
+TEST(PlanScriptLaunch, GivesTheStoreOfItsAssignmentWhichTheSpecCannotRedirect) {
+  v1::RankAssignment assignment = Assignment();
+  // ValidateScriptSpec refuses it; the plan drops it anyway, so a spec that slipped past
+  // cannot point the rank's job token at a store of its own choosing.
+  (*assignment.mutable_spec()->mutable_script()->mutable_env())["GRADHUB_STORE"] = "grpc://evil:1";
+  EXPECT_EQ(PlanScriptLaunch(Config("/work"), assignment, Prepared())->env.at("GRADHUB_STORE"),
+            "grpc://10.0.0.1:7070");
+  assignment.clear_store_address();  // none configured: empty, as for a trainer rank
+  EXPECT_EQ(PlanScriptLaunch(Config("/work"), assignment, Prepared())->env.at("GRADHUB_STORE"), "");
 }
 
 TEST(PlanScriptLaunch, RefusesAnAssignmentThatIsNotAScripts) {
