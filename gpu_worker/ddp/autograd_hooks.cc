@@ -1,5 +1,6 @@
 #include "gpu_worker/ddp/autograd_hooks.h"
 
+#include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/csrc/autograd/variable.h>
@@ -31,6 +32,12 @@ GradientReadyHooks::GradientReadyHooks(const std::vector<at::Tensor>& parameters
 
 GradientReadyHooks::~GradientReadyHooks() {
   for (size_t i = 0; i < accumulators_.size(); ++i) accumulators_[i]->del_post_hook(hook_keys_[i]);
+}
+
+void GradientReadyHooks::QueueAtEndOfBackward(std::function<void()> callback) {
+  // The engine's callbacks hang off the graph task of the calling thread, so any engine
+  // instance (the Python engine when torch's Python module is loaded) takes them alike.
+  torch::autograd::Engine::get_default_engine().queue_callback(std::move(callback));
 }
 
 std::vector<size_t> GradientReadyHooks::Unreachable(const std::vector<at::Tensor>& outputs) const {

@@ -29,6 +29,11 @@ class GradientReadyHooks {
   // Indices of the parameters whose gradient a backward from `outputs` would not produce.
   std::vector<size_t> Unreachable(const std::vector<at::Tensor>& outputs) const;
 
+  // Runs `callback` once the backward now running has computed every gradient, on the thread
+  // that ran it, before backward() returns; what it throws, backward() throws. Only from
+  // inside a backward (a hook); throws c10::Error otherwise.
+  static void QueueAtEndOfBackward(std::function<void()> callback);
+
  private:
   // Held so the accumulators (and our hooks on them) live as long as we do.
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;

@@ -90,6 +90,26 @@ void VerifySameParameters(ProcessGroup& group, const std::vector<std::string>& n
   }
 }
 
+void BroadcastCoalesced(ProcessGroup& group, const std::vector<at::Tensor>& tensors, int root) {
+  if (group.size() == 1 || tensors.empty()) return;
+  // One collective per dtype instead of one per tensor.
+  std::map<at::ScalarType, std::vector<at::Tensor>> by_type;
+  for (const at::Tensor& tensor : tensors) by_type[tensor.scalar_type()].push_back(tensor);
+  c10::NoGradGuard no_grad;
+  for (auto& [type, same_type] : by_type) {
+    std::vector<at::Tensor> flat_parts;
+    for (const at::Tensor& tensor : same_type) flat_parts.push_back(tensor.reshape({-1}));
+    at::Tensor flat = at::cat(flat_parts);
+    group.Broadcast({flat}, root)->Wait();
+    int64_t offset = 0;
+    for (const at::Tensor& tensor : same_type) {
+      const_cast<at::Tensor&>(tensor).copy_(
+          flat.narrow(0, offset, tensor.numel()).view(tensor.sizes()));
+      offset += tensor.numel();
+    }
+  }
+}
+
 DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Module> module,
                                                  std::shared_ptr<ProcessGroup> group,
                                                  DdpOptions options)
@@ -105,32 +125,12 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
     buffers_.push_back(item.value());
 
   VerifySameParameters(*group_, names, parameters);
-  BroadcastFromRank0(parameters);
-  BroadcastFromRank0(buffers_);
+  BroadcastCoalesced(*group_, parameters, 0);
+  BroadcastCoalesced(*group_, buffers_, 0);
   reducer_ = std::make_unique<Reducer>(parameters, names, group_, options_.reducer);
 }
 
 DistributedDataParallel::~DistributedDataParallel() = default;
-
-void DistributedDataParallel::BroadcastFromRank0(const std::vector<at::Tensor>& tensors) {
-  if (group_->size() == 1 || tensors.empty()) return;
-  // One collective per dtype instead of one per tensor.
-  std::map<at::ScalarType, std::vector<at::Tensor>> by_type;
-  for (const at::Tensor& tensor : tensors) by_type[tensor.scalar_type()].push_back(tensor);
-  c10::NoGradGuard no_grad;
-  for (auto& [type, same_type] : by_type) {
-    std::vector<at::Tensor> flat_parts;
-    for (const at::Tensor& tensor : same_type) flat_parts.push_back(tensor.reshape({-1}));
-    at::Tensor flat = at::cat(flat_parts);
-    group_->Broadcast({flat}, 0)->Wait();
-    int64_t offset = 0;
-    for (const at::Tensor& tensor : same_type) {
-      const_cast<at::Tensor&>(tensor).copy_(
-          flat.narrow(0, offset, tensor.numel()).view(tensor.sizes()));
-      offset += tensor.numel();
-    }
-  }
-}
 
 at::Tensor DistributedDataParallel::Forward(const std::function<at::Tensor()>& forward) {
   if (armed_) {
@@ -139,7 +139,7 @@ at::Tensor DistributedDataParallel::Forward(const std::function<at::Tensor()>& f
         "forward");
   }
   const auto start = Clock::now();
-  if (options_.broadcast_buffers) BroadcastFromRank0(buffers_);
+  if (options_.broadcast_buffers) BroadcastCoalesced(*group_, buffers_, 0);
   at::Tensor output = forward();
   timings_.forward = Clock::now() - start;
   if (sync_ && c10::GradMode::is_enabled() && output.requires_grad()) {

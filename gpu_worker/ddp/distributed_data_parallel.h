@@ -75,8 +75,6 @@ class DistributedDataParallel {
   }
 
  private:
-  void BroadcastFromRank0(const std::vector<at::Tensor>& tensors);
-
   std::shared_ptr<torch::nn::Module> module_;
   std::shared_ptr<ProcessGroup> group_;
   DdpOptions options_;
@@ -91,5 +89,9 @@ class DistributedDataParallel {
 // differs from rank 0's (or the differing parameter count).
 void VerifySameParameters(ProcessGroup& group, const std::vector<std::string>& names,
                           const std::vector<at::Tensor>& parameters);
+
+// Copies rank `root`'s tensors to every rank, in place (without recording autograd), with one
+// broadcast per dtype instead of one per tensor. A no-op alone or without tensors.
+void BroadcastCoalesced(ProcessGroup& group, const std::vector<at::Tensor>& tensors, int root);
 
 }  // namespace gradhub::ddp

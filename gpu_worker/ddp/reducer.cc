@@ -28,8 +28,8 @@ Reducer::Reducer(std::vector<at::Tensor> parameters, std::vector<std::string> na
   std::vector<size_t> reverse_order(parameters_.size());
   std::iota(reverse_order.rbegin(), reverse_order.rend(), 0);
   BuildBuckets(reverse_order);
-  hooks_ = std::make_unique<GradientReadyHooks>(parameters_,
-                                                [this](size_t index) { OnGradientReady(index); });
+  hooks_ = std::make_unique<GradientReadyHooks>(
+      parameters_, [this](size_t index) { OnAutogradGradient(index); });
 }
 
 Reducer::~Reducer() = default;
@@ -148,8 +148,14 @@ void Reducer::RebuildBucketsFromRank0() {
   BuildBuckets(agreed);
 }
 
+bool Reducer::MayRearm() const {
+  // No autograd gradient came (it would have queued Finalize) and no collective was issued
+  // (find_unused_parameters may launch a bucket of unused parameters from Prepare).
+  return options_.finalize_at_end_of_backward && !step_.finalize_queued && step_.next_bucket == 0;
+}
+
 void Reducer::Prepare(const std::vector<at::Tensor>& outputs) {
-  if (step_.armed) {
+  if (step_.armed && !MayRearm()) {
     throw std::logic_error(
         "Reducer: the previous step's gradients were never finalized; call Finalize() after "
         "every synchronized backward");
@@ -165,12 +171,21 @@ void Reducer::Prepare(const std::vector<at::Tensor>& outputs) {
     bucket->reduction.reset();
   }
   step_.next_bucket = 0;
+  step_.finalize_queued = false;
   step_.stats = ReductionStats();
   step_.stats.bucket_start_times.assign(buckets_.size(), {});
   step_.armed = true;
   if (options_.find_unused_parameters) {
     for (size_t index : hooks_->Unreachable(outputs)) OnGradientReady(index);
   }
+}
+
+void Reducer::OnAutogradGradient(size_t index) {
+  if (step_.armed && options_.finalize_at_end_of_backward && !step_.finalize_queued) {
+    step_.finalize_queued = true;
+    GradientReadyHooks::QueueAtEndOfBackward([this] { Finalize(); });
+  }
+  OnGradientReady(index);
 }
 
 void Reducer::OnGradientReady(size_t index) {

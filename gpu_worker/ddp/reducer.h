@@ -26,6 +26,12 @@ struct ReducerOptions {
   // Detect, each step, parameters that take no part in the loss and count them as ready, so
   // their bucket is still reduced (costs a walk over the autograd graph per step).
   bool find_unused_parameters = false;
+  // Finalize from the autograd engine when the backward of a prepared step ends (the first
+  // gradient of the step queues it), instead of the caller calling Finalize(): what a front
+  // end needs whose user calls loss.backward() alone (gradhub.DistributedDataParallel). A
+  // collective's failure then comes out of backward(). A step prepared again before any of
+  // its gradients came (a forward whose output never went through backward) is re-armed.
+  bool finalize_at_end_of_backward = false;
 };
 
 // What one synchronized backward did, for telemetry and for tests of the overlap.
@@ -73,7 +79,8 @@ class Reducer {
   Reducer& operator=(const Reducer&) = delete;
 
   // Step 1, before backward of a synchronized step. `outputs` are the forward's outputs
-  // (only read with find_unused_parameters).
+  // (only read with find_unused_parameters). Throws std::logic_error if the last prepared
+  // step was never finalized (see finalize_at_end_of_backward for the one exception).
   void Prepare(const std::vector<at::Tensor>& outputs);
   // Step 3, after backward. Throws CommError if an allreduce failed, and std::logic_error
   // naming the parameters whose gradient never came (unused, without find_unused_parameters).
@@ -98,8 +105,9 @@ class Reducer {
   // What one synchronized step has done so far (Prepare to Finalize).
   struct Step {
     bool armed = false;
-    std::vector<bool> ready;  // by parameter index
-    size_t next_bucket = 0;   // first bucket not launched yet
+    std::vector<bool> ready;       // by parameter index
+    size_t next_bucket = 0;        // first bucket not launched yet
+    bool finalize_queued = false;  // finalize_at_end_of_backward: queued on the engine
     ReductionStats stats;
   };
   // The one bucket rebuild, after the first synchronized step.
@@ -114,7 +122,11 @@ class Reducer {
   at::Tensor GradientView(size_t index) const;
   // Makes .grad the bucket view again if something replaced it (zeroed, as a fresh .grad).
   void LinkGradient(size_t index);
+  // The autograd hook's entry: queues Finalize (finalize_at_end_of_backward), then marks.
+  void OnAutogradGradient(size_t index);
   void OnGradientReady(size_t index);
+  // Whether Prepare may arm a step that is still armed: nothing of it began.
+  bool MayRearm() const;
   void LaunchReadyBuckets();
   void RebuildBucketsFromRank0();
   [[noreturn]] void ThrowMissingGradients() const;

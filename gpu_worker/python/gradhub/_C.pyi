@@ -45,10 +45,11 @@ class Store:
     def add(self, key: str, delta: int) -> int: ...
 
 def tcp_store(host: str, port: int, world_size: int, is_server: bool,
-              timeout: Timeout = 300.0) -> Store:
+              timeout: Timeout = 60.0) -> Store:
     """torch's TCPStore (libtorch's c10d), which torchrun's MASTER_ADDR/MASTER_PORT name: the
-    server (rank 0 unless torchrun's agent hosts it) listens on `port`."""
-def file_store(path: str, timeout: Timeout = 300.0) -> Store:
+    server (rank 0 unless torchrun's agent hosts it) listens on `port`; a client waits up to
+    `timeout` for it to come up."""
+def file_store(path: str) -> Store:
     """Processes on one machine, through a shared file."""
 def platform_store(address: str, token: str, prefix: str, tls_ca_file: str = "") -> Store:
     """The job API's StoreService at host:port, with a job token; every key goes under

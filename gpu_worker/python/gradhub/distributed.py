@@ -47,8 +47,6 @@ __all__ = [
 # The collective timeout by default: far below NCCL's 10 minutes, so a dead peer surfaces
 # quickly and the job restarts (the engine's kDefaultCollectiveTimeout).
 DEFAULT_TIMEOUT = 60.0
-# How long init() waits for every rank to arrive.
-DEFAULT_RENDEZVOUS_TIMEOUT = 300.0
 
 _default_group = None
 
@@ -114,7 +112,7 @@ def _make_store(plan, rank, world_size, timeout, env):
         agent_hosts = env.get("TORCHELASTIC_USE_AGENT_STORE", "") == "True"
         return _C.tcp_store(plan[1], plan[2], world_size, rank == 0 and not agent_hosts, timeout)
     if plan[0] == "file":
-        return _C.file_store(plan[1], timeout)
+        return _C.file_store(plan[1])
     return _C.platform_store(plan[1], plan[2], plan[3], plan[4])
 
 
@@ -134,15 +132,15 @@ def _backend(backend):
 
 
 def init(backend="auto", *, init_method=None, rank=None, world_size=None,
-         timeout=DEFAULT_TIMEOUT, rendezvous_timeout=DEFAULT_RENDEZVOUS_TIMEOUT,
-         name="default", shared_memory=True, device=None):
+         timeout=DEFAULT_TIMEOUT, name="default", shared_memory=True, device=None):
     """Joins the job's ranks and returns the default ProcessGroup (also gradhub.distributed's
-    module-level collectives' group). Blocks until every rank arrived; RendezvousError after
-    `rendezvous_timeout` seconds.
+    module-level collectives' group). Blocks until every rank arrived; RendezvousError when
+    they did not within `timeout`.
 
     backend: "auto" (NCCL when this build has it and CUDA is available, else Gloo), "gloo" or
     "nccl". timeout: seconds (or a timedelta) within which each collective completes or
-    raises CollectiveError. shared_memory: Gloo allreduce through shared memory when every
+    raises CollectiveError, and the rendezvous too (a rank or the TCPStore's host that has not
+    come by then: RendezvousError). shared_memory: Gloo allreduce through shared memory when every
     rank is on this host. device: NCCL's CUDA device index (default: the current device).
     """
     global _default_group
@@ -158,9 +156,7 @@ def init(backend="auto", *, init_method=None, rank=None, world_size=None,
         raise ValueError(f"rank: {rank} is not in [0, world_size {world_size})")
     chosen = _backend(backend)
     timeout = _seconds("timeout", timeout)
-    rendezvous_timeout = _seconds("rendezvous_timeout", rendezvous_timeout)
-    store = _make_store(rendezvous_plan(init_method, env), rank, world_size, rendezvous_timeout,
-                        env)
+    store = _make_store(rendezvous_plan(init_method, env), rank, world_size, timeout, env)
     options = {}
     if chosen == Backend.GLOO:
         options["shared_memory"] = bool(shared_memory)
