@@ -337,6 +337,57 @@ TEST_F(DdpTest, UnusedParametersNeedFindUnused) {
   }
 }
 
+// finalize_at_end_of_backward: loss.backward() alone returns with averaged gradients (the
+// first gradient queued Finalize on the autograd engine), step after step.
+TEST_F(DdpTest, ReducerFinalizesAtEndOfBackward) {
+  auto store = std::make_shared<InMemoryStore>();
+  testing::spawnThreads(2, [&](int rank) {
+    ProcessGroupOptions options;
+    options.rank = rank;
+    options.size = 2;
+    options.store = store;
+    torch::nn::Linear layer(4, 2);
+    ReducerOptions reducer_options;
+    reducer_options.finalize_at_end_of_backward = true;
+    Reducer reducer(layer->parameters(), {"weight", "bias"}, CreateProcessGroup(options),
+                    reducer_options);
+    for (int step = 1; step <= 3; ++step) {
+      reducer.ZeroGrad();
+      torch::Tensor output = layer->forward(torch::ones({3, 4}) * (rank + 1) * step);
+      reducer.Prepare({output});
+      output.sum().backward();
+      // Rank r's weight gradient is 3 (r + 1) step; the average over two ranks is 4.5 step.
+      EXPECT_TRUE(torch::allclose(layer->weight.grad(), torch::full({2, 4}, 4.5 * step)));
+      EXPECT_EQ(reducer.last_stats().buckets, 1);
+    }
+  });
+}
+
+// With finalize_at_end_of_backward, a prepared step whose forward never went through backward
+// (evaluation with grad mode on) is armed again by the next Prepare; without it, that is a bug
+// in the caller and Prepare says so.
+TEST_F(DdpTest, ReducerRearmsOnlyAStepThatNeverStarted) {
+  for (bool at_end : {true, false}) {
+    auto store = std::make_shared<InMemoryStore>();
+    testing::spawnThreads(1, [&](int rank) {
+      ProcessGroupOptions options;
+      options.store = store;
+      torch::nn::Linear layer(4, 2);
+      ReducerOptions reducer_options;
+      reducer_options.finalize_at_end_of_backward = at_end;
+      Reducer reducer(layer->parameters(), {"weight", "bias"}, CreateProcessGroup(options),
+                      reducer_options);
+      torch::Tensor unused_output = layer->forward(torch::ones({1, 4}));
+      reducer.Prepare({unused_output});
+      if (at_end) {
+        EXPECT_NO_THROW(reducer.Prepare({layer->forward(torch::ones({1, 4}))}));
+      } else {
+        EXPECT_THROW(reducer.Prepare({layer->forward(torch::ones({1, 4}))}), std::logic_error);
+      }
+    });
+  }
+}
+
 TEST_F(DdpTest, MismatchedParametersAreNamed) {
   auto store = std::make_shared<InMemoryStore>();
   std::vector<std::string> errors(2);
