@@ -9,8 +9,8 @@
 #include <cstring>
 #include <filesystem>
 #include <system_error>
-#include <thread>
 
+#include "gpu_worker/ddp/store/poller.h"
 #include "gpu_worker/ddp/store/store_errors.h"
 
 namespace gradhub::ddp {
@@ -18,7 +18,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using std::chrono::milliseconds;
-using std::chrono::steady_clock;
 
 constexpr char kKeyFilePrefix[] = "k.";
 constexpr size_t kKeyFilePrefixSize = sizeof(kKeyFilePrefix) - 1;
@@ -26,8 +25,6 @@ constexpr char kLockFileName[] = ".lock";
 // Only one writer runs at a time (it holds the lock), so one temp name is enough, and a
 // writer that died leaves at most this one file behind for the next to truncate.
 constexpr char kTempFileName[] = ".tmp";
-constexpr milliseconds kFirstPoll{1};
-constexpr milliseconds kMaxPoll{20};
 
 [[noreturn]] void ThrowIo(const std::string& what, const std::string& path, int error) {
   throw StoreError("FileStore: cannot " + what + " " + path + ": " + std::strerror(error));
@@ -100,31 +97,6 @@ class FileLock {
 
  private:
   int fd_;
-};
-
-// Sleeps between polls: 1 ms, doubling to at most 20 ms, so a key set soon is seen soon and a
-// long wait costs little CPU; never sleeps past the deadline.
-class Poller {
- public:
-  explicit Poller(milliseconds timeout) {
-    auto now = steady_clock::now();
-    // Saturate rather than overflow for "wait forever" timeouts like milliseconds::max().
-    auto room = std::chrono::duration_cast<milliseconds>(steady_clock::time_point::max() - now);
-    deadline_ = timeout >= room ? steady_clock::time_point::max() : now + timeout;
-  }
-
-  // False once the deadline has passed: the caller's last look was its final one.
-  bool Sleep() {
-    auto now = steady_clock::now();
-    if (now >= deadline_) return false;
-    std::this_thread::sleep_for(std::min<steady_clock::duration>(delay_, deadline_ - now));
-    delay_ = std::min(delay_ * 2, kMaxPoll);
-    return true;
-  }
-
- private:
-  steady_clock::time_point deadline_;
-  milliseconds delay_ = kFirstPoll;
 };
 
 }  // namespace
