@@ -23,6 +23,9 @@ using std::chrono::milliseconds;
 const std::vector<uint8_t> kAbsent = {0,   'g', 'r', 'a', 'd', 'h', 'u', 'b',
                                       ':', 'a', 'b', 's', 'e', 'n', 't', 0};
 
+// See CheckOptions.
+constexpr milliseconds kMinTimeout = std::chrono::seconds(1);
+
 std::vector<uint8_t> Bytes(const std::string& text) { return {text.begin(), text.end()}; }
 
 std::string Text(const std::vector<uint8_t>& bytes) { return {bytes.begin(), bytes.end()}; }
@@ -66,8 +69,12 @@ void CheckOptions(const TcpStoreOptions& options) {
     refuse("world_size",
            "must be at least 1, or -1 when unknown; got " + std::to_string(options.world_size));
   }
-  if (options.timeout <= milliseconds::zero()) {
-    refuse("timeout", "must be positive; got " + std::to_string(options.timeout.count()) + " ms");
+  if (options.timeout < kMinTimeout) {
+    refuse("timeout",
+           "must be at least 1000 ms (libtorch 1.13's c10d cuts a connect timeout "
+           "to whole seconds, so under 1 s it cannot connect even to a server that "
+           "is up); got " +
+               std::to_string(options.timeout.count()) + " ms");
   }
 }
 
@@ -156,7 +163,10 @@ TcpStore::TcpStore(const TcpStoreOptions& options) {
 TcpStore::~TcpStore() = default;
 
 void TcpStore::Set(const std::string& key, const std::string& value) {
-  connection_->Run("set of key " + key, [&](c10d::TCPStore& s) { s.set(key, Bytes(value)); });
+  connection_->Run("set of key " + key, [&](c10d::TCPStore& s) {
+    s.set(key, Bytes(value));
+    s.check({key});  // The reply means the server has applied the set (header, step 1).
+  });
 }
 
 std::string TcpStore::Get(const std::string& key, milliseconds timeout) {

@@ -25,8 +25,9 @@ struct TcpStoreOptions {
   // TORCHELASTIC_USE_AGENT_STORE=True).
   bool is_server = false;
   // How long a client keeps trying to connect (c10d retries while the server is not up yet),
-  // and how long any request waits for its reply. Must be positive. Get and Wait take their
-  // own timeouts.
+  // and how long any request waits for its reply. At least 1 s: libtorch 1.13's c10d
+  // truncates the connect timeout to whole seconds and fails at once under 1 s. Get and Wait
+  // take their own timeouts.
   std::chrono::milliseconds timeout = kDefaultStoreTimeout;
 };
 
@@ -38,7 +39,10 @@ struct TcpStoreOptions {
 //
 // How each call maps onto c10d (one request and reply per c10d call, in order on one
 // connection, which c10d serializes with a lock):
-//   1. Set and Check are c10d's set and check.
+//   1. Check is c10d's check. Set is c10d's set followed by a check of the key: c10d's set has
+//      no reply, so without one Set could return before the server has the value, and a
+//      Check on another connection (another thread's store, torch's in Python) right after
+//      would not see it.
 //   2. Get and Wait poll (poller.h) instead of calling c10d's wait, for two reasons: c10d's
 //      wait holds the connection's lock until the keys come, so every other thread's call on
 //      this store would block behind it; and a wait that times out leaves its reply in flight,

@@ -126,6 +126,27 @@ TEST(TcpStore, ClientsOfOneServerSeeEachOthersKeys) {
   setter.join();
 }
 
+// c10d's set has no reply; TcpStore's Set returns once the server has the value.
+TEST(TcpStore, ASetIsSeenByOtherConnectionsAtOnce) {
+  TcpStore server(Options(0, true));
+  // The reader connects first: c10d's server serves ready connections in the order they
+  // came, so without Set's reply the reader's Check would be served before the writer's set.
+  TcpStore b(Options(server.port(), false)), a(Options(server.port(), false));
+  for (int i = 0; i < 200; ++i) {
+    const std::string key = "k" + std::to_string(i);
+    a.Set(key, "v");
+    ASSERT_TRUE(b.Check({key})) << key;
+  }
+}
+
+// The shortest timeout TcpStoreOptions takes (c10d, under 1 s, cannot connect at all).
+TEST(TcpStore, AOneSecondTimeoutConnects) {
+  TcpStore server(Options(0, true));
+  TcpStore client(Options(server.port(), false, -1, seconds(1)));
+  client.Set("k", "v");
+  EXPECT_EQ(server.Get("k", seconds(1)), "v");
+}
+
 // c10d's own wait would hold the connection for its whole timeout and, once timed out, leave
 // its reply in flight for the next call to misread (tcp_store.h, step 2).
 TEST(TcpStore, AWaitingGetNeitherBlocksOtherCallsNorSpoilsTheConnection) {
@@ -222,6 +243,7 @@ TEST(TcpStore, BadOptionsAreRefusedNamingTheField) {
       {"world_size", [](auto& o) { o.world_size = 0; }},
       {"world_size", [](auto& o) { o.world_size = -2; }},
       {"timeout", [](auto& o) { o.timeout = milliseconds(0); }},
+      {"timeout", [](auto& o) { o.timeout = milliseconds(999); }},  // c10d could not connect.
   };
   for (const auto& c : cases) {
     TcpStoreOptions options = Options(1, false);
