@@ -110,7 +110,9 @@ def rendezvous_plan(init_method, env):
 def _make_store(plan, rank, world_size, timeout, env):
     if plan[0] == "tcp":
         agent_hosts = env.get("TORCHELASTIC_USE_AGENT_STORE", "") == "True"
-        return _C.tcp_store(plan[1], plan[2], world_size, rank == 0 and not agent_hosts, timeout)
+        # libtorch 1.13's TCPStore counts its connect timeout in whole seconds.
+        return _C.tcp_store(plan[1], plan[2], world_size, rank == 0 and not agent_hosts,
+                            max(timeout, 1.0))
     if plan[0] == "file":
         return _C.file_store(plan[1])
     return _C.platform_store(plan[1], plan[2], plan[3], plan[4])
