@@ -148,6 +148,14 @@ void Reducer::RebuildBucketsFromRank0() {
   BuildBuckets(agreed);
 }
 
+void Reducer::SetCommHook(std::shared_ptr<CommHook> hook) {
+  if (rebuild_.first_prepared) {
+    throw std::logic_error(
+        "Reducer: a comm hook can only be set before the first synchronized step");
+  }
+  options_.comm_hook = std::move(hook);
+}
+
 bool Reducer::MayRearm() const {
   // No autograd gradient came (it would have queued Finalize) and no collective was issued
   // (find_unused_parameters may launch a bucket of unused parameters from Prepare).
@@ -175,6 +183,7 @@ void Reducer::Prepare(const std::vector<at::Tensor>& outputs) {
   step_.stats = ReductionStats();
   step_.stats.bucket_start_times.assign(buckets_.size(), {});
   step_.armed = true;
+  rebuild_.first_prepared = true;
   if (options_.find_unused_parameters) {
     for (size_t index : hooks_->Unreachable(outputs)) OnGradientReady(index);
   }

@@ -94,6 +94,10 @@ class Reducer {
   const ReductionStats& last_stats() const { return step_.stats; }
   // options.comm_hook: null without one.
   CommHook* comm_hook() const { return options_.comm_hook.get(); }
+  // Replaces options.comm_hook (null: plain averaging) before the first synchronized step, as
+  // c10d's register_comm_hook; std::logic_error once a step has been prepared, when buckets
+  // may already have gone through the old one.
+  void SetCommHook(std::shared_ptr<CommHook> hook);
 
  private:
   struct Bucket;
@@ -112,6 +116,7 @@ class Reducer {
   };
   // The one bucket rebuild, after the first synchronized step.
   struct Rebuild {
+    bool first_prepared = false;  // some step has been prepared
     bool done = false;
     std::vector<size_t> ready_order;  // parameters in the order their gradients came
   };

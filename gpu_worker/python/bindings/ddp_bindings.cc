@@ -57,6 +57,7 @@ void BindReducer(py::module_& module) {
       .def("prepare", &ddp::Reducer::Prepare, py::arg("outputs"),
            py::call_guard<py::gil_scoped_release>())
       .def("zero_grad", &ddp::Reducer::ZeroGrad, py::call_guard<py::gil_scoped_release>())
+      .def("set_comm_hook", &ddp::Reducer::SetCommHook, py::arg("hook"))
       .def("bucket_assignment", &ddp::Reducer::bucket_assignment)
       .def("last_stats", &StatsOf);
 }

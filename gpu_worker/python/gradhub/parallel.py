@@ -49,6 +49,38 @@ def powersgd(matrix_approximation_rank=1, start_iter=10, min_compression_rate=2.
                        error_feedback, warm_start, seed)
 
 
+def _hook_from_torch(state, hook):
+    """The C++ hook (or None: plain averaging) for register_comm_hook's (state, hook): one of
+    gradhub's, or one of torch's built-in hooks that gradhub runs in C++. A Python function of
+    one's own is refused: gradhub's buckets never go through Python."""
+    if isinstance(hook, _C.CommHook):
+        if state is not None:
+            raise ValueError("state: gradhub's hooks keep their own state; give None")
+        return hook
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+    simple = {default_hooks.allreduce_hook: None,
+              default_hooks.fp16_compress_hook: _C.fp16_compress,
+              default_hooks.bf16_compress_hook: _C.bf16_compress}
+    if hook in simple:
+        if state is not None:
+            raise ValueError("state: gradhub reduces over the DDP's own process group; give None")
+        return simple[hook]() if simple[hook] else None
+    if hook is psgd.powerSGD_hook:
+        if not isinstance(state, psgd.PowerSGDState):
+            raise TypeError("state: powerSGD_hook needs a PowerSGDState")
+        if state.process_group is not None or state.orthogonalization_epsilon != 0:
+            raise ValueError("state: gradhub's PowerSGD takes no process_group and no "
+                             "orthogonalization_epsilon")
+        # The initial Q's seed is gradhub's own (random_seed only seeds numpy in torch's).
+        return _C.powersgd(state.matrix_approximation_rank, state.start_powerSGD_iter,
+                           state.min_compression_rate, state.use_error_feedback,
+                           state.warm_start, 0)
+    raise TypeError(f"hook: {getattr(hook, '__name__', hook)!r} is neither a gradhub hook nor "
+                    "one of torch's allreduce/fp16_compress/bf16_compress/powerSGD hooks; "
+                    "gradhub runs comm hooks in C++ and cannot call a Python one")
+
+
 def _tensors_in(value, found):
     """Every tensor in a forward's output (nested tuples, lists, dicts), for
     find_unused_parameters' walk of the autograd graph."""
@@ -159,6 +191,13 @@ class DistributedDataParallel(torch.nn.Module):
                 parameter.grad = None
         else:
             self.reducer.zero_grad()
+
+    def register_comm_hook(self, state, hook):
+        """torch DDP's register_comm_hook, before the first backward, for the hooks gradhub
+        runs in C++: gradhub's own (state None), or torch's default_hooks.allreduce_hook,
+        fp16_compress_hook, bf16_compress_hook, and powerSGD_hook with a PowerSGDState, each
+        translated to gradhub's C++ equivalent. TypeError for any other hook."""
+        self.reducer.set_comm_hook(_hook_from_torch(state, hook))
 
     def last_reduction(self):
         """What the last synchronized backward sent: {"buckets", "bytes", "wait_seconds",
