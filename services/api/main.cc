@@ -22,6 +22,7 @@
 #include "services/api/rendezvous_store.h"
 #include "services/api/rest_gateway.h"
 #include "services/api/scheduler.h"
+#include "services/api/store_scope.h"
 #include "services/api/store_service.h"
 #include "services/common/abseil_mode.h"
 #include "services/common/auth/authenticator.h"
@@ -109,9 +110,11 @@ struct ApiServices {
         auth(&pool, config.server.admin_token),
         jobs(&pool, gradhub::SpecLimits{.max_world_size = static_cast<int>(config.max_world_size)}),
         job_service(&jobs, &auth),
+        // A database lookup per call of a script rank (its job token is never cached), on
+        // one of the store's authorization threads, not its queue thread (store_service.h).
         store_service(&store,
                       [this](const std::string& authorization) {
-                        return auth.RequireNodeOrAdmin(authorization);
+                        return gradhub::api::AuthorizeStoreCall(auth, authorization);
                       }),
         metrics(&pool),
         scheduler(&pool, SchedulerOptionsFor(config, &metrics, &notifier)),

@@ -9,6 +9,7 @@
 #include <grpcpp/alarm.h>
 
 #include "absl/time/time.h"
+#include "services/api/store_scope.h"
 #include "services/common/auth/call_authorization.h"
 #include "services/common/grpc_status.h"
 
@@ -42,26 +43,47 @@ absl::Duration BlockingTimeout(const RendezvousStore& store, const grpc::ServerC
   return timeout;
 }
 
+// Every key of a request against the caller's scope (store_scope.h, rule 4), by method.
+template <typename Request>  // Set, Get, Add: one key
+absl::Status KeysInScope(absl::string_view scope, const Request& request) {
+  return CheckKeyInScope(scope, "key", request.key());
+}
+absl::Status KeysInScope(absl::string_view scope, const WaitRequest& request) {
+  return CheckKeysInScope(scope, "keys", request.keys());
+}
+absl::Status KeysInScope(absl::string_view scope, const CheckRequest& request) {
+  return CheckKeysInScope(scope, "keys", request.keys());
+}
+absl::Status KeysInScope(absl::string_view scope, const DeletePrefixRequest& request) {
+  return CheckKeyInScope(scope, "prefix", request.prefix());
+}
+
 }  // namespace
 
 // One call of one method, from the request for it to its end. The queue's tags are the
 // addresses of its Event members, so the queue thread knows the call and which event came back.
 //
-// Life of a call, every step on the queue thread but the answer:
+// Life of a call, every step on the queue thread but the authorization and the answer:
 //   1. kRequested: gRPC has matched a client's call to this record (ok), or the server is
 //      shutting down (not ok: no call began and no done event follows; deleted at once). A
-//      fresh record is requested for the next call of the method, the caller is authorized
-//      and the handler runs.
-//   2. The handler, or later any thread that completes the store's waiter, hands over the
-//      answer (Answer); an alarm set to the past brings it back to the queue thread as
-//      kAnswered, where it is sent. So only the queue thread ever touches the gRPC call, and
-//      the record cannot be deleted under a thread still answering.
-//   3. kFinished (the answer sent or not) and kDone (gRPC's notification that the call is
+//      fresh record is requested for the next call of the method, and the caller's
+//      authorization metadata goes to an authorization thread (Authorize).
+//   2. That thread runs the Authorizer (it may query the database) and keeps the scope it
+//      returns; an alarm set to the past brings the call back to the queue thread as
+//      kAuthorized (Admit). A call refused, or with a key outside the scope, is answered so;
+//      one whose client gave up meanwhile (kDone came first) is answered CANCELLED without
+//      reaching the store; any other runs its handler.
+//   3. The handler, or later any thread that completes the store's waiter, hands over the
+//      answer (Answer); another such alarm brings it back to the queue thread as kAnswered,
+//      where it is sent. So only the queue thread ever touches the gRPC call or the waiter,
+//      and the record cannot be deleted under a thread still authorizing or answering: both
+//      come before the answer is sent, and so before kFinished.
+//   4. kFinished (the answer sent or not) and kDone (gRPC's notification that the call is
 //      over, finished or cancelled) come back in either order; on kDone of a cancelled call
 //      the store's waiter is cancelled, which answers it CANCELLED. Deleted after both.
 class StoreService::Call {
  public:
-  enum class Kind { kRequested, kAnswered, kFinished, kDone };
+  enum class Kind { kRequested, kAuthorized, kAnswered, kFinished, kDone };
   struct Event {
     Call* call;
     Kind kind;
@@ -82,17 +104,16 @@ class StoreService::Call {
         }
         if (!service_->stopping_) Another()->RequestCall();
         events_due_ = 2;  // kFinished and kDone
-        if (const absl::Status allowed = service_->authorize_(AuthorizationOf(context_));
-            !allowed.ok()) {
-          Answer(ToGrpc(allowed));
-        } else {
-          waiter_ = Handle();
-        }
+        Authorize();
+        return;
+      case Kind::kAuthorized:
+        Admit();
         return;
       case Kind::kAnswered:
         SendAnswer(answer_);
         return;
       case Kind::kDone:
+        over_ = true;
         if (context_.IsCancelled() && waiter_ != RendezvousStore::kNoWaiter) {
           service_->store_->CancelWait(waiter_);
         }
@@ -111,6 +132,8 @@ class StoreService::Call {
 
   // A fresh record of the same method.
   virtual Call* Another() const = 0;
+  // OK when every key of the request lies in `scope`; else the status to answer.
+  virtual absl::Status KeysInScope(absl::string_view scope) const = 0;
   // Runs the method's handler; returns the waiter it parked, if any.
   virtual RendezvousStore::WaiterId Handle() = 0;
   // Sends the answer, finishing the call with kFinished.
@@ -128,11 +151,36 @@ class StoreService::Call {
   Event finished_{this, Kind::kFinished};
 
  private:
+  // Step 2, on an authorization thread: the Authorizer's scope, then back to the queue thread.
+  void Authorize() {
+    service_->authorizations_->Submit([this, authorization = AuthorizationOf(context_)] {
+      scope_ = service_->authorize_(authorization);
+      authorized_alarm_.Set(service_->queue_.get(), gpr_time_0(GPR_CLOCK_MONOTONIC), &authorized_);
+    });
+  }
+
+  // Step 2, back on the queue thread.
+  void Admit() {
+    if (over_) {
+      Answer(grpc::Status(grpc::StatusCode::CANCELLED, "the call ended before it was authorized"));
+    } else if (!scope_.ok()) {
+      Answer(ToGrpc(scope_.status()));
+    } else if (const absl::Status in_scope = KeysInScope(*scope_); !in_scope.ok()) {
+      Answer(ToGrpc(in_scope));
+    } else {
+      waiter_ = Handle();
+    }
+  }
+
+  Event authorized_{this, Kind::kAuthorized};
   Event answered_{this, Kind::kAnswered};
   Event done_{this, Kind::kDone};
+  grpc::Alarm authorized_alarm_;
   grpc::Alarm answer_alarm_;
+  absl::StatusOr<std::string> scope_;  // written by the authorization thread, before kAuthorized
   grpc::Status answer_;
   RendezvousStore::WaiterId waiter_ = RendezvousStore::kNoWaiter;
+  bool over_ = false;  // kDone came
   int events_due_ = 0;
 };
 
@@ -156,6 +204,10 @@ class StoreService::UnaryCall final : public Call {
 
  private:
   Call* Another() const override { return new UnaryCall(service_, request_method_, handler_); }
+
+  absl::Status KeysInScope(absl::string_view scope) const override {
+    return api::KeysInScope(scope, request_);
+  }
 
   RendezvousStore::WaiterId Handle() override {
     return (service_->*handler_)(context_, request_, &response_,
@@ -184,6 +236,7 @@ void StoreService::AddTo(grpc::ServerBuilder& builder) {
 }
 
 void StoreService::Start() {
+  authorizations_ = std::make_unique<WorkerPool>(kAuthorizationThreads);
   using Service = v1::StoreService::AsyncService;
   (new UnaryCall<SetRequest, SetResponse>(this, &Service::RequestSet, &StoreService::Set))
       ->RequestCall();
@@ -217,6 +270,7 @@ void StoreService::Stop() {
   } else {
     Serve();  // never started: only drains
   }
+  authorizations_.reset();  // idle: every record, so every authorization, is over
 }
 
 void StoreService::CountRecords(int delta) {

@@ -18,8 +18,14 @@
 // gRPC's default 4 MiB message size. A server given a larger max_value_bytes must raise
 // ServerBuilder::SetMaxReceiveMessageSize (and clients their receive limit) to match.
 //
-// Every call is first put to the service's Authorizer (gradhub-api: a node token, which the
-// agent hands to its trainers, or the admin token).
+// Every call is first put to the service's Authorizer, which says which keys the caller may
+// touch (gradhub-api: store_scope.h's rules; a node token or the admin token any key, a script
+// rank's job token its own attempt's keys), and then every key of the call is checked against
+// that scope: a key outside it refuses the call before it reaches the store.
+// The Authorizer runs on a small pool of threads of the service's own, never on the queue
+// thread: it may query the database (gradhub-api looks a job token up on every call, since
+// job tokens end with their attempt and are never cached), and a query on the queue thread
+// would hold up every other call of every job behind it.
 //
 // Thread-safe: Shutdown() and pending_waiters() may be called from any thread.
 #pragma once
@@ -36,18 +42,27 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "gradhub/v1/store.grpc.pb.h"
 #include "services/api/rendezvous_store.h"
+#include "services/api/worker_pool.h"
 #include "services/common/async_grpc_service.h"
 
 namespace gradhub::api {
 
 class StoreService final : public AsyncGrpcService {
  public:
-  // OK when a call with this `authorization` metadata ("" when absent) may use the store;
-  // otherwise the status the call fails with. Runs on the service's one thread, before every
-  // call: keep it fast.
-  using Authorizer = std::function<absl::Status(const std::string& authorization)>;
+  // The key prefix a call with this `authorization` metadata ("" when absent) is confined to
+  // ("" = any key, store_scope.h's kAnyKey); otherwise the status the call fails with (say
+  // UNAUTHENTICATED or PERMISSION_DENIED). Runs before every call on one of the service's
+  // authorization threads, several at once: it may block (a database query) but must be
+  // thread-safe.
+  using Authorizer = std::function<absl::StatusOr<std::string>(const std::string& authorization)>;
+
+  // Authorizations at once: a rendezvous's calls come in bursts of the job's world size, and
+  // each authorization of a job token holds one of the api's pooled database connections (8 by
+  // default) for one indexed lookup, so half of them at most.
+  static constexpr int kAuthorizationThreads = 4;
 
   // `store` is not owned and must outlive the service and every call it serves.
   StoreService(RendezvousStore* store, Authorizer authorize);
@@ -72,7 +87,8 @@ class StoreService final : public AsyncGrpcService {
   template <typename Request, typename Response>
   class UnaryCall;
 
-  // Handlers, one per method, run on the service's thread once the call is authorized. Each
+  // Handlers, one per method, run on the service's thread once the call is authorized and its
+  // keys are in the caller's scope. Each
   // fills *response and calls finish(status) exactly once, at once or later from any thread, and
   // returns the store waiter to cancel if the client gives up first (kNoWaiter when none).
   using Finish = std::function<void(const grpc::Status&)>;
@@ -101,6 +117,8 @@ class StoreService final : public AsyncGrpcService {
   v1::StoreService::AsyncService service_;
   std::unique_ptr<grpc::ServerCompletionQueue> queue_;
   std::thread thread_;
+  // Runs authorize_ off the queue thread; from Start() until Stop() has drained the records.
+  std::unique_ptr<WorkerPool> authorizations_;
 
   bool stopped_ = false;
   // Set by Stop(): no further call is requested.

@@ -9,6 +9,7 @@
 #include "gpu_worker/ddp/store/prefix_store.h"
 #include "gpu_worker/store_client/grpc_store.h"
 #include "services/api/rendezvous_store.h"
+#include "services/api/store_scope.h"
 #include "services/api/store_service.h"
 #include "tests/support/grpc_test_server.h"
 #include "tests/unit/ddp/store_conformance.h"
@@ -32,7 +33,9 @@ GrpcStoreOptions WithToken(const std::string& token) {
 // inside an attempt, so the conformance suite sees the client through a PrefixStore on one.
 struct GrpcStoreBackend {
   api::RendezvousStore rendezvous;
-  api::StoreService service{&rendezvous, [](const std::string&) { return absl::OkStatus(); }};
+  api::StoreService service{&rendezvous, [](const std::string&) -> absl::StatusOr<std::string> {
+                              return std::string(api::kAnyKey);
+                            }};
   testing::TestGrpcServer server{{&service}};
   std::shared_ptr<ddp::Store> store = std::make_shared<ddp::PrefixStore>(
       MakeGrpcStore(server.address(), WithToken(kNodeToken)), "jobs/j1/attempts/1");
@@ -53,10 +56,11 @@ class GrpcStoreTest : public ::testing::Test {
   api::RendezvousStore rendezvous_;
   // As gradhub-api's, but one fixed token stands for "a node token".
   api::StoreService service_{
-      &rendezvous_, [](const std::string& authorization) {
-        return authorization == std::string("Bearer ") + kNodeToken
-                   ? absl::OkStatus()
-                   : absl::UnauthenticatedError("missing or invalid bearer token");
+      &rendezvous_, [](const std::string& authorization) -> absl::StatusOr<std::string> {
+        if (authorization != std::string("Bearer ") + kNodeToken) {
+          return absl::UnauthenticatedError("missing or invalid bearer token");
+        }
+        return std::string(api::kAnyKey);
       }};
   testing::TestGrpcServer server_{{&service_}};
   std::shared_ptr<ddp::Store> store_ = MakeGrpcStore(server_.address(), WithToken(kNodeToken));

@@ -18,7 +18,9 @@
 
 #include "gradhub/v1/store.grpc.pb.h"
 #include "services/api/rendezvous_store.h"
+#include "services/api/store_scope.h"
 #include "services/api/store_service.h"
+#include "tests/integration/store_service/token_client.h"
 #include "tests/support/grpc_test_server.h"
 
 namespace gradhub::api {
@@ -28,13 +30,15 @@ using std::chrono::milliseconds;
 using Clock = std::chrono::steady_clock;
 using ::testing::HasSubstr;
 using ::testing::Not;
+using testing::TokenClient;
 
 constexpr char kPrefix[] = "jobs/j1/attempts/1/";
 
 std::string Key(const std::string& name) { return kPrefix + name; }
 
-// Who may call is gradhub-api's Authenticator, tested with it; here every caller may.
-absl::Status AnyCaller(const std::string&) { return absl::OkStatus(); }
+// Who may call is gradhub-api's Authenticator, tested with it (store_job_token_test.cc); here
+// every caller may touch every key.
+absl::StatusOr<std::string> AnyCaller(const std::string&) { return std::string(kAnyKey); }
 
 // Polls `predicate` until it holds or `limit` passes.
 bool Eventually(const std::function<bool()>& predicate, milliseconds limit = milliseconds(5000)) {
@@ -534,11 +538,14 @@ TEST_F(StoreServiceTest, ServerShutdownAloneCancelsWaiters) {
 TEST(StoreServiceAuthorizationTest, EveryCallIsPutToTheAuthorizerFirst) {
   RendezvousStore store;
   std::atomic<int> asked{0};
-  StoreService service(&store, [&asked](const std::string& authorization) {
-    ++asked;
-    return authorization == "Bearer node" ? absl::OkStatus()
-                                          : absl::PermissionDeniedError("this takes a node token");
-  });
+  StoreService service(&store,
+                       [&asked](const std::string& authorization) -> absl::StatusOr<std::string> {
+                         ++asked;
+                         if (authorization != "Bearer node") {
+                           return absl::PermissionDeniedError("this takes a node token");
+                         }
+                         return std::string(kAnyKey);
+                       });
   testing::TestGrpcServer server({&service});
   auto stub = v1::StoreService::NewStub(server.NewChannel());
   auto call = [&](const std::string& token, auto method, const auto& request, auto* response) {
@@ -572,6 +579,117 @@ TEST(StoreServiceAuthorizationTest, EveryCallIsPutToTheAuthorizerFirst) {
   ASSERT_TRUE(call("node", &v1::StoreService::Stub::Get, get, &get_response).ok());
   EXPECT_EQ(get_response.value(), "v");
   EXPECT_EQ(asked.load(), 8);
+}
+
+// A caller confined to attempt 1 of job j1, as a job token is in gradhub-api.
+absl::StatusOr<std::string> JobOneCaller(const std::string&) { return std::string(kPrefix); }
+
+TEST(StoreServiceScopeTest, EveryKeyOfEveryMethodMustLieInTheCallersScope) {
+  RendezvousStore store;
+  ASSERT_TRUE(store.Set("jobs/j2/attempts/1/addr", "other job's").ok());
+  StoreService service(&store, JobOneCaller);
+  testing::TestGrpcServer server({&service});
+  TokenClient rank(server.NewChannel(), "job");
+  const std::string other = "jobs/j2/attempts/1/addr";
+  // field, then the status of one call with a key outside the scope.
+  const std::vector<std::pair<std::string, grpc::Status>> refused = {
+      {"key: ", rank.Set(other, "forged")}, {"key: ", rank.Get(other)},
+      {"key: ", rank.Add(other)},           {"keys[1]: ", rank.Wait({Key("mine"), other})},
+      {"keys[0]: ", rank.Check({other})},   {"prefix: ", rank.DeletePrefix("jobs/")},
+  };
+  for (const auto& [field, status] : refused) {
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::PERMISSION_DENIED)
+        << field << status.error_message();
+    EXPECT_THAT(status.error_message(), HasSubstr(field));
+    EXPECT_THAT(status.error_message(), HasSubstr(kPrefix)) << "names what it may touch";
+  }
+  EXPECT_EQ(service.pending_waiters(), 0u) << "a refused Wait parked nothing";
+  std::string kept;  // a present key completes inline
+  store.Get(other, absl::Seconds(1), [&kept](absl::StatusOr<std::string> v) { kept = *v; });
+  EXPECT_EQ(kept, "other job's");
+  EXPECT_FALSE(*store.Check({Key("mine")}));
+  // Its own keys, all methods.
+  ASSERT_TRUE(rank.Set(Key("addr"), "mine").ok());
+  std::string value;
+  ASSERT_TRUE(rank.Get(Key("addr"), &value).ok());
+  EXPECT_EQ(value, "mine");
+  EXPECT_TRUE(rank.Add(Key("count")).ok());
+  EXPECT_TRUE(rank.Wait({Key("addr"), Key("count")}).ok());
+  EXPECT_TRUE(rank.Check({Key("addr")}).ok());
+  EXPECT_TRUE(rank.DeletePrefix(kPrefix).ok());
+  EXPECT_FALSE(*store.Check({Key("addr")}));
+  EXPECT_TRUE(*store.Check({other})) << "its own DeletePrefix stays in its attempt";
+}
+
+// An Authorizer that blocks for one token until released, as a slow database would.
+class GatedAuthorizer {
+ public:
+  absl::StatusOr<std::string> operator()(const std::string& authorization) {
+    if (authorization == "Bearer slow") {
+      std::unique_lock<std::mutex> lock(mu_);
+      ++blocked_;
+      changed_.notify_all();
+      changed_.wait(lock, [this] { return open_; });
+    }
+    return std::string(kAnyKey);
+  }
+  void Open() {
+    std::lock_guard<std::mutex> lock(mu_);
+    open_ = true;
+    changed_.notify_all();
+  }
+  bool AwaitBlocked(int n) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return changed_.wait_for(lock, std::chrono::seconds(5), [&] { return blocked_ >= n; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable changed_;
+  int blocked_ = 0;
+  bool open_ = false;
+};
+
+TEST(StoreServiceAuthorizationTest, ASlowAuthorizationHoldsUpNoOtherCall) {
+  RendezvousStore store;
+  GatedAuthorizer gate;
+  StoreService service(&store, [&gate](const std::string& a) { return gate(a); });
+  testing::TestGrpcServer server({&service});
+  TokenClient slow(server.NewChannel(), "slow");
+  TokenClient fast(server.NewChannel(), "fast");
+  grpc::Status slow_set;
+  std::thread blocked([&] { slow_set = slow.Set(Key("slow"), "late"); });
+  ASSERT_TRUE(gate.AwaitBlocked(1));
+  // The queue thread is free: other callers' Set, Get and a Get that blocks, then wakes.
+  ASSERT_TRUE(fast.Set(Key("a"), "1").ok());
+  std::string value;
+  ASSERT_TRUE(fast.Get(Key("a"), &value).ok());
+  EXPECT_EQ(value, "1");
+  std::thread waiting([&] { EXPECT_TRUE(fast.Get(Key("b")).ok()); });
+  ASSERT_TRUE(Eventually([&] { return service.pending_waiters() == 1; }));
+  ASSERT_TRUE(fast.Set(Key("b"), "2").ok());
+  waiting.join();
+  EXPECT_FALSE(*store.Check({Key("slow")}));
+  gate.Open();
+  blocked.join();
+  EXPECT_TRUE(slow_set.ok()) << slow_set.error_message();
+  EXPECT_TRUE(*store.Check({Key("slow")}));
+}
+
+TEST(StoreServiceAuthorizationTest, ACallThatEndsWhileBeingAuthorizedNeverReachesTheStore) {
+  RendezvousStore store;
+  GatedAuthorizer gate;
+  StoreService service(&store, [&gate](const std::string& a) { return gate(a); });
+  auto server = std::make_unique<testing::TestGrpcServer>(std::vector<AsyncGrpcService*>{&service});
+  TokenClient impatient(server->NewChannel(), "slow", milliseconds(200));
+  EXPECT_EQ(impatient.Set(Key("k")).error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_EQ(impatient.Get(Key("never")).error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  ASSERT_TRUE(gate.AwaitBlocked(2));
+  gate.Open();
+  // Both records finish (the server's shutdown waits for them) without touching the store.
+  server.reset();
+  EXPECT_FALSE(*store.Check({Key("k")}));
+  EXPECT_EQ(service.pending_waiters(), 0u) << "no Get parked for a client that left";
 }
 
 TEST(TestGrpcServerTest, ServersGetDistinctFreePorts) {
