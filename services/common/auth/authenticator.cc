@@ -89,14 +89,6 @@ absl::StatusOr<Principal> Authenticator::LookUpToken(const std::string& digest) 
   return principal;
 }
 
-absl::Status Authenticator::RequireNodeOrAdmin(const std::string& authorization) const {
-  GRADHUB_ASSIGN_OR_RETURN(const Principal principal, Authenticate(authorization));
-  if (principal.kind != Principal::Kind::kNode && principal.kind != Principal::Kind::kAdmin) {
-    return absl::PermissionDeniedError("this takes a node token (or the admin token)");
-  }
-  return absl::OkStatus();
-}
-
 absl::Status Authenticator::RequireAdmin(const std::string& authorization) const {
   GRADHUB_ASSIGN_OR_RETURN(const Principal principal, Authenticate(authorization));
   if (principal.kind != Principal::Kind::kAdmin) {

@@ -74,10 +74,6 @@ class Authenticator {
   // message for a missing, malformed, unknown, revoked or expired token.
   absl::StatusOr<Principal> Authenticate(const std::string& authorization) const;
 
-  // OK for a node token or the admin token: what infrastructure calls (the agent protocol's
-  // store, used by trainers) take. PERMISSION_DENIED for a tenant's or a job's token.
-  absl::Status RequireNodeOrAdmin(const std::string& authorization) const;
-
   // OK for the admin token alone: what the operators' calls take (AdminService, NodeService's
   // node commands), over gRPC and REST alike. PERMISSION_DENIED for any other token.
   absl::Status RequireAdmin(const std::string& authorization) const;

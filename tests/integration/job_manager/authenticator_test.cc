@@ -76,17 +76,6 @@ TEST_F(AuthenticatorTest, RevokingThroughTheAuthenticatorTakesEffectAtOnceDespit
   EXPECT_EQ(auth_->Authenticate(header).status().code(), absl::StatusCode::kUnauthenticated);
 }
 
-TEST_F(AuthenticatorTest, InfrastructureCallsTakeANodeOrTheAdminToken) {
-  ASSERT_TRUE(auth_->CreateTenant("team-a", "").ok());
-  auto tenant = auth_->CreateTenantToken("team-a", "");
-  auto node = auth_->CreateNodeToken("agents");
-  EXPECT_TRUE(auth_->RequireNodeOrAdmin("Bearer " + node->secret).ok());
-  EXPECT_TRUE(auth_->RequireNodeOrAdmin("Bearer admin-secret").ok());
-  EXPECT_EQ(auth_->RequireNodeOrAdmin("Bearer " + tenant->secret).code(),
-            absl::StatusCode::kPermissionDenied);
-  EXPECT_EQ(auth_->RequireNodeOrAdmin("").code(), absl::StatusCode::kUnauthenticated);
-}
-
 TEST_F(AuthenticatorTest, SecretsAreNotStoredInClear) {
   ASSERT_TRUE(auth_->CreateTenant("team-a", "").ok());
   auto token = auth_->CreateTenantToken("team-a", "laptop");
