@@ -3,7 +3,8 @@
 //   - a DDP script written for torchrun runs unchanged as a world-4 job over two nodes;
 //   - a script that checkpoints through the gradhub module (its reports reaching gradhub-metrics
 //     as telemetry) resumes after a rank is killed, and after its whole agent is killed (on the
-//     other node), ending with the parameters of an uninterrupted run, bit for bit;
+//     other node), ending with the parameters of an uninterrupted run, bit for bit; so does the
+//     script-job example with gradhub's DDP (issue 32) after a rank is killed;
 //   - a script exiting 3 fails as USER quoting its last lines; one that hangs after reporting
 //     is caught by the watchdog;
 //   - a script reads neither the node token (nor the servers' admin token, from their argv),
@@ -13,6 +14,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -118,21 +120,39 @@ class ScriptJobsE2eTest : public ::testing::Test {
     return job.state() == v1::Job::RUNNING;
   }
 
-  // The parameters' digest of an uninterrupted run of the checkpointing script.
-  std::string ReferenceDigest(const std::string& digest, int steps) {
-    const v1::Job job =
-        AwaitEnd(cluster_->Submit(Script(digest, "ckpt.py", {std::to_string(steps)}, 2)).name());
+  // The checkpointing script (scripts.h) as a world-2 job of 40 steps.
+  v1::JobSpec CheckpointingJob() {
+    return Script(Upload({{"ckpt.py", testing::kCheckpointingScript}}), "ckpt.py", {"40"}, 2);
+  }
+
+  // The script-job example (deploy/examples/script-job/code/train.py) with gradhub's DDP as a
+  // world-2 job: 40 short steps, a checkpoint every 5, a report every 2.
+  v1::JobSpec GradhubDdpExampleJob() {
+    const char* source = std::getenv("GRADHUB_SOURCE_DIR");
+    EXPECT_NE(source, nullptr) << "GRADHUB_SOURCE_DIR (ctest sets it)";
+    std::ifstream in(std::string(source ? source : ".") +
+                     "/deploy/examples/script-job/code/train.py");
+    const std::string train((std::istreambuf_iterator<char>(in)), {});
+    EXPECT_FALSE(train.empty()) << "the example's train.py";
+    return Script(Upload({{"train.py", train}}), "train.py",
+                  {"--ddp", "gradhub", "--max-steps", "40", "--save-every", "5", "--report-every",
+                   "2", "--samples", "2048", "--hidden", "64", "--sleep-per-step", "0.1"},
+                  2);
+  }
+
+  // The parameters' digest of an uninterrupted run of `spec`.
+  std::string ReferenceDigest(const v1::JobSpec& spec) {
+    const v1::Job job = AwaitEnd(cluster_->Submit(spec).name());
     EXPECT_EQ(job.state(), v1::Job::SUCCEEDED) << cluster_->Describe(job.name());
     return FindInLogs(job.name(), 0, 0, "final parameters sha256 ([0-9a-f]{64})");
   }
 
-  // The checkpointing script's reference run, then the same job again (`restarts` its budgets),
-  // past its first checkpoint: {reference digest, job name}, or a test failure.
-  std::pair<std::string, std::string> ReferenceThenRunning(const v1::RestartPolicy& restarts) {
-    const std::string digest = Upload({{"ckpt.py", testing::kCheckpointingScript}});
-    const std::string reference = ReferenceDigest(digest, 40);
+  // `spec`'s reference run, then the same job again (`restarts` its budgets), past its first
+  // checkpoint: {reference digest, job name}, or a test failure.
+  std::pair<std::string, std::string> ReferenceThenRunning(v1::JobSpec spec,
+                                                           const v1::RestartPolicy& restarts) {
+    const std::string reference = ReferenceDigest(spec);
     EXPECT_FALSE(reference.empty());
-    v1::JobSpec spec = Script(digest, "ckpt.py", {"40"}, 2);
     *spec.mutable_max_restarts() = restarts;
     const std::string name = cluster_->Submit(spec).name();
     EXPECT_TRUE(AwaitCheckpointAndStep(name, 12)) << cluster_->Describe(name);
@@ -144,6 +164,25 @@ class ScriptJobsE2eTest : public ::testing::Test {
     const std::string resumed = FindInLogs(name, attempt, 0, "resumed from step ([0-9]+)");
     EXPECT_GT(std::atoi(resumed.c_str()), 0) << cluster_->Describe(name);
     EXPECT_EQ(FindInLogs(name, attempt, 0, "final parameters sha256 ([0-9a-f]{64})"), reference);
+  }
+
+  // `spec` run whole, then again with its last rank on its node killed (SIGKILL) past its first
+  // checkpoint: the job restarts once (maxRestarts.job 1), ends SUCCEEDED, and rank 0 of the
+  // second attempt resumed and ended with the whole run's parameters. The job's name.
+  std::string ExpectResumesAfterAKilledRank(v1::JobSpec spec) {
+    v1::RestartPolicy restarts;
+    restarts.set_job(1);
+    const auto [reference, name] = ReferenceThenRunning(std::move(spec), restarts);
+    if (HasFailure()) return name;
+    const std::string agent = cluster_->RanksOf("a").empty() ? "b" : "a";
+    const std::vector<pid_t> ranks = cluster_->RanksOf(agent);
+    EXPECT_FALSE(ranks.empty()) << cluster_->Describe(name);
+    if (!ranks.empty()) kill(ranks.back(), SIGKILL);
+    const v1::Job job = AwaitEnd(name);
+    EXPECT_EQ(job.state(), v1::Job::SUCCEEDED) << cluster_->Describe(name);
+    EXPECT_EQ(job.attempt(), 2);
+    ExpectResumedBitForBit(name, 2, reference);
+    return name;
   }
 
   std::unique_ptr<testing::LocalCluster> cluster_;
@@ -167,18 +206,8 @@ TEST_F(ScriptJobsE2eTest, ATorchrunScriptRunsUnchangedAsAWorldFourJobOverTwoNode
 }
 
 TEST_F(ScriptJobsE2eTest, AKilledRankResumesFromTheModulesCheckpointBitForBit) {
-  v1::RestartPolicy restarts;
-  restarts.set_job(1);
-  const auto [reference, name] = ReferenceThenRunning(restarts);
+  const std::string name = ExpectResumesAfterAKilledRank(CheckpointingJob());
   ASSERT_FALSE(HasFailure());
-  const std::string agent = cluster_->RanksOf("a").empty() ? "b" : "a";
-  const std::vector<pid_t> ranks = cluster_->RanksOf(agent);
-  ASSERT_FALSE(ranks.empty());
-  kill(ranks.back(), SIGKILL);
-  const v1::Job job = AwaitEnd(name);
-  ASSERT_EQ(job.state(), v1::Job::SUCCEEDED) << cluster_->Describe(name);
-  EXPECT_EQ(job.attempt(), 2);
-  ExpectResumedBitForBit(name, 2, reference);
   // The module's reports reached gradhub-metrics as telemetry, every rank to the last step.
   const std::string uuid = name.substr(std::strlen("jobs/"));
   for (const char* rank : {"0", "1"}) {
@@ -193,10 +222,23 @@ TEST_F(ScriptJobsE2eTest, AKilledRankResumesFromTheModulesCheckpointBitForBit) {
   }
 }
 
+// Issue 32's acceptance on the platform: the example with gradhub.DistributedDataParallel
+// (the C++ engine through gradhub._C) resumes exactly after a rank is killed.
+TEST_F(ScriptJobsE2eTest, TheExampleWithGradhubsDdpResumesAfterAKilledRankBitForBit) {
+  const std::string name = ExpectResumesAfterAKilledRank(GradhubDdpExampleJob());
+  // gradhub.distributed.init() found the other rank through gradhub-api's store (GRADHUB_STORE,
+  // the rank's job token), not MASTER_PORT.
+  EXPECT_NE(FindInLogs(name, 2, 0,
+                       "trains on cpu with gradhub's DDP over gloo \\(ranks met through the "
+                       "platform's store\\), world size 2"),
+            "")
+      << cluster_->Describe(name);
+}
+
 TEST_F(ScriptJobsE2eTest, ALostNodesJobResumesOnTheOtherNodeBitForBit) {
   v1::RestartPolicy restarts;
   restarts.set_infrastructure(2);
-  const auto [reference, name] = ReferenceThenRunning(restarts);
+  const auto [reference, name] = ReferenceThenRunning(CheckpointingJob(), restarts);
   ASSERT_FALSE(HasFailure());
   const std::string victim = cluster_->RanksOf("a").empty() ? "b" : "a";
   const std::string survivor = victim == "a" ? "b" : "a";
