@@ -17,12 +17,21 @@
 #      one GPU): the same job on cuda:0 and on the CPU (Gloo) end within tolerance; BF16 on the
 #      GPU within tolerance of FP32; a checkpoint saved on the GPU at step 100 resumes on the
 #      GPU (close to the uninterrupted run) and on the CPU (map_location).
-#   4. The script-job example (deploy/examples/script-job/code/train.py) as the agent starts a
+#   4. The Python front end (issue 32): gradhub._C built in this node build for this PyTorch
+#      (gradhub_python_module and its gradhub_python_extension; GRADHUB_PYTHON=$PYTHON, and
+#      pybind11 from that torch's own include/pybind11, the headers torch itself was built
+#      with, not a system copy), then gpu_worker/python/tests/cuda_equivalence_test.py:
+#      gradhub's DDP against torch's DDP on NCCL, world 1 on cuda:0 and world 2 when two GPUs
+#      are visible, parameters within 1e-6 after 100 steps. Built apart from step 1, so a
+#      failure is a row, not the end of the run.
+#   5. The script-job example (deploy/examples/script-job/code/train.py) as the agent starts a
 #      script rank on a CUDA node (script_launch.h: torchrun's variables, one GPU a rank through
-#      CUDA_VISIBLE_DEVICES, the gradhub module on PYTHONPATH; no cluster: this machine has no
-#      PostgreSQL), on up to 2 GPUs with NCCL: every rank exits 0 (a job's SUCCEEDED), and a
-#      run stopped at step 150 resumes from the module's checkpoint to the same parameters.
-#   5. A table last. Exit 0 only if every check passed. Within 10 minutes on one H200 with a
+#      CUDA_VISIBLE_DEVICES, the gradhub package on PYTHONPATH: step 4's build; no cluster:
+#      this machine has no PostgreSQL), on up to 2 GPUs with NCCL: every rank exits 0 (a job's
+#      SUCCEEDED), and a run stopped at step 150 resumes from the module's checkpoint to the
+#      same parameters; with --ddp gradhub (gradhub.DistributedDataParallel, its process group
+#      from MASTER_ADDR/MASTER_PORT) it trains on NCCL to the end.
+#   6. A table last. Exit 0 only if every check passed. Within 10 minutes on one H200 with a
 #      cold build (the trainer jobs take seconds each).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -41,6 +50,8 @@ cmake -S . -B "$build" -G "$generator" -DCMAKE_BUILD_TYPE=Release \
   -DGRADHUB_BUILD_SERVICES=OFF -DGRADHUB_BUILD_TESTS=OFF -DGRADHUB_USE_CCACHE=OFF \
   -DCMAKE_PREFIX_PATH="$torch_prefix" -DTorch_DIR="$torch_prefix/Torch" \
   -DGRADHUB_NCCL_INCLUDE_DIR="$nccl_root/include" -DGRADHUB_NCCL_LIBRARY="$nccl_lib" \
+  -DGRADHUB_PYTHON="$(command -v "$python")" -DPython3_EXECUTABLE="$(command -v "$python")" \
+  -DCMAKE_DISABLE_FIND_PACKAGE_pybind11=ON \
   >"$build.configure.log" 2>&1
 configured=$?
 set -e
@@ -185,13 +196,50 @@ else
     "not built: $(grep -o 'missing [^.]*' "$build.configure.log" | head -1 || echo 'node deps missing')" SKIP
 fi
 
-# --- 4. the script-job example, each rank as the agent starts it on a CUDA node ---
+# --- 4. the Python front end: gradhub._C for this PyTorch, and DDP equivalence on NCCL ---
+extension=no
+# The built package (the copy and its extension) once it built, else the sources' (no engine).
+python_path="$PWD/gpu_worker/python"
+if cmake --build "$build" --target help | grep 'gradhub_python_extension' >/dev/null; then
+  set +e
+  cmake --build "$build" --target gradhub_python_module -j "$(nproc)" >"$build/extension.log" 2>&1
+  extension_status=$?
+  set -e
+  if [ "$extension_status" -eq 0 ] && ls "$build"/python/gradhub/_C.*.so >/dev/null 2>&1; then
+    extension=yes
+    python_path="$(cd "$build/python" && pwd)"
+    row "gradhub._C for this PyTorch" "$(sed -n 's/^TORCH_VERSION = //p' "$build/python/gradhub/_build_info.py")" PASS
+  else
+    row "gradhub._C for this PyTorch" "build failed, exit $extension_status, see $build/extension.log" FAIL
+  fi
+else
+  row "gradhub._C for this PyTorch" \
+    "not configured: $(grep -o 'is not built: .*' "$build.configure.log" | head -1 | cut -c1-48)" FAIL
+fi
+if [ "$extension" = yes ]; then
+  set +e
+  (cd gpu_worker/python/tests && PYTHONPATH="$python_path" OPENBLAS_NUM_THREADS=1 \
+    timeout 300 "$python" cuda_equivalence_test.py) >"$build/equivalence.out" 2>&1
+  set -e
+  cat "$build/equivalence.out"
+  for world in 1 2; do
+    line=$(grep -E "^(PASS|SKIP|FAIL) test_world_${world}_" "$build/equivalence.out" | head -1)
+    verdict=${line%% *} figures=${line#*: }
+    [ -n "$line" ] || { verdict=FAIL figures="no result (timed out or crashed)"; }
+    row "DDP gradhub vs torch, NCCL, world $world" "$figures" "$verdict"
+  done
+else
+  row "DDP gradhub vs torch, NCCL" "not run: no gradhub._C" FAIL
+fi
+
+# --- 5. the script-job example, each rank as the agent starts it on a CUDA node ---
 rm -rf "$build/script-check" && mkdir -p "$build/script-check"
 script_dir="$(cd "$build/script-check" && pwd)" src="$PWD"
 script_world=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 script_world=$(( script_world >= 2 ? 2 : 1 ))
-# script_job NAME MAX_STEPS [CHECKPOINTS]: every rank in $script_dir/NAME, the module's
-# checkpoints in $script_dir/CHECKPOINTS (default NAME); 0 if every rank exited 0.
+# script_job NAME MAX_STEPS [CHECKPOINTS [ARGS...]]: every rank in $script_dir/NAME, the
+# module's checkpoints in $script_dir/CHECKPOINTS (default NAME), ARGS more of the script's
+# arguments; 0 if every rank exited 0.
 script_job() {
   local port status=0 pids=() r
   port=$("$python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
@@ -199,16 +247,16 @@ script_job() {
   for ((r = 0; r < script_world; r++)); do
     (cd "$script_dir/$1" && RANK=$r WORLD_SIZE=$script_world LOCAL_RANK=$r LOCAL_WORLD_SIZE=$script_world \
       GROUP_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port CUDA_VISIBLE_DEVICES=$r GRADHUB_DEVICE=cuda \
-      GRADHUB_BACKEND=NCCL PYTHONPATH="$src/gpu_worker/python" \
+      GRADHUB_BACKEND=NCCL PYTHONPATH="$python_path" \
       GRADHUB_CHECKPOINT_DIR="$script_dir/${3:-$1}-checkpoints" timeout 300 "$python" \
-      "$src/deploy/examples/script-job/code/train.py" --max-steps "$2" --seed 1 >"rank$r.log" 2>&1) &
+      "$src/deploy/examples/script-job/code/train.py" --max-steps "$2" --seed 1 "${@:4}" >"rank$r.log" 2>&1) &
     pids+=($!)
   done
   for r in "${pids[@]}"; do wait "$r" || status=1; done
   return $status
 }
 digest_of() { sed -n 's/^final parameters sha256 //p' "$script_dir/$1/rank0.log"; }
-if script_job whole 300 && grep -q "with nccl" "$script_dir/whole/rank0.log"; then
+if script_job whole 300 && grep -q "over nccl" "$script_dir/whole/rank0.log"; then
   row "script example, $script_world rank(s), NCCL" "$(grep -m1 'trains on' "$script_dir/whole/rank0.log")" PASS
 else
   row "script example, $script_world rank(s), NCCL" "$(tail -1 "$script_dir/whole/rank0.log")" FAIL
@@ -221,7 +269,18 @@ else
   row "script example resumed at 150, same bits" "$(digest_of resumed | cut -c1-16) vs $(digest_of whole | cut -c1-16)" FAIL
 fi
 
-# --- 5. the table ---
+# The example with gradhub's DDP (--ddp gradhub): gradhub.distributed.init() from
+# MASTER_ADDR/MASTER_PORT, gradhub.DistributedDataParallel on NCCL.
+if [ "$extension" != yes ]; then
+  row "script example, --ddp gradhub, NCCL" "not run: no gradhub._C (its row above)" SKIP
+elif script_job gradhub 300 gradhub --ddp gradhub &&
+    grep -q "with gradhub's DDP over nccl" "$script_dir/gradhub/rank0.log" && [ -n "$(digest_of gradhub)" ]; then
+  row "script example, --ddp gradhub, NCCL" "$(grep -m1 'trains on' "$script_dir/gradhub/rank0.log" | cut -c1-64)" PASS
+else
+  row "script example, --ddp gradhub, NCCL" "$(tail -1 "$script_dir/gradhub/rank0.log" | cut -c1-64)" FAIL
+fi
+
+# --- 6. the table ---
 echo
 printf '%-44s %-64s %s\n' check figures verdict
 for entry in "${rows[@]}"; do
