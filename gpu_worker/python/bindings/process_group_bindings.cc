@@ -115,6 +115,10 @@ void BindCollectives(py::class_<ddp::ProcessGroup, std::shared_ptr<ddp::ProcessG
       .def(
           "broadcast",
           [](ddp::ProcessGroup& g, const py::object& tensors, int src) {
+            if (src < 0 || src >= g.size()) {
+              throw py::value_error("src: " + std::to_string(src) + " is not a rank of group '" +
+                                    g.name() + "' (0 to " + std::to_string(g.size() - 1) + ")");
+            }
             std::vector<at::Tensor> list = THPVariable_Check(tensors.ptr())
                                                ? std::vector<at::Tensor>{tensors.cast<at::Tensor>()}
                                                : tensors.cast<std::vector<at::Tensor>>();

@@ -107,11 +107,13 @@ def rendezvous_plan(init_method, env):
                      "GRADHUB_JOB_TOKEN) or torchrun (MASTER_ADDR and MASTER_PORT)")
 
 
-def _make_store(plan, rank, world_size, timeout, env):
+def _make_store(plan, rank, timeout, env):
     if plan[0] == "tcp":
         agent_hosts = env.get("TORCHELASTIC_USE_AGENT_STORE", "") == "True"
-        # libtorch 1.13's TCPStore counts its connect timeout in whole seconds.
-        return _C.tcp_store(plan[1], plan[2], world_size, rank == 0 and not agent_hosts,
+        # world_size -1: the server does not wait for every client to connect (the group's
+        # rendezvous waits for every rank right after, within the same timeout). libtorch
+        # 1.13's TCPStore counts its connect timeout in whole seconds.
+        return _C.tcp_store(plan[1], plan[2], -1, rank == 0 and not agent_hosts,
                             max(timeout, 1.0))
     if plan[0] == "file":
         return _C.file_store(plan[1])
@@ -158,7 +160,7 @@ def init(backend="auto", *, init_method=None, rank=None, world_size=None,
         raise ValueError(f"rank: {rank} is not in [0, world_size {world_size})")
     chosen = _backend(backend)
     timeout = _seconds("timeout", timeout)
-    store = _make_store(rendezvous_plan(init_method, env), rank, world_size, timeout, env)
+    plan = rendezvous_plan(init_method, env)
     options = {}
     if chosen == Backend.GLOO:
         options["shared_memory"] = bool(shared_memory)
@@ -169,6 +171,7 @@ def init(backend="auto", *, init_method=None, rank=None, world_size=None,
             raise ValueError("shared_memory: is Gloo's setting, but the backend is nccl")
         import torch
         options["device"] = torch.cuda.current_device() if device is None else int(device)
+    store = _make_store(plan, rank, timeout, env)
     _default_group = ProcessGroup(store, rank, world_size, chosen, name=name, timeout=timeout,
                                   **options)
     return _default_group

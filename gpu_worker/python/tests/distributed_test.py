@@ -401,17 +401,12 @@ def test_work_wait_runs_out_then_completes_and_barrier(world):
         assert result["work"]["result"].tolist() == [size * (size + 1) / 2] * 16
 
 
-# The check is the engine's, which calls the argument "root" ("broadcast in group 'default'
-# rank 0/2: root 2 is not in [0, 2)"); the Python API calls it src.
-_SAYS_ROOT = pytest.mark.xfail(strict=True, reason="the message says root, not src")
-
-
 @pytest.mark.parametrize("case, kind, words", [
     ("non-contiguous", "ValueError", ["tensor", "contiguous"]),
     ("all_gather count", "ValueError", ["output", "one per rank"]),
     ("all_gather shape", "ValueError", ["output", "[1]", "shape"]),
-    pytest.param("src too large", "ValueError", ["src"], marks=_SAYS_ROOT),
-    pytest.param("src negative", "ValueError", ["src"], marks=_SAYS_ROOT),
+    ("src too large", "ValueError", ["src"]),
+    ("src negative", "ValueError", ["src"]),
     ("dtype", "ValueError", ["int32"]),
     ("not a tensor", "TypeError", ["all_reduce"]),
     ("op", "TypeError", ["all_reduce"]),

@@ -114,6 +114,16 @@ std::string ReadFirstLine(const std::string& path) {
   return line;
 }
 
+// Whether process `pid` (of this pid namespace) has exited: gone, or a zombie that its parent
+// has not reaped yet (killed while its launcher was busy: without this the timeout decides).
+bool ProcessExited(pid_t pid) {
+  if (kill(pid, 0) != 0) return errno == ESRCH;
+  // The state follows the command name, which may itself hold ") ": find the last one.
+  const std::string stat = ReadFirstLine("/proc/" + std::to_string(pid) + "/stat");
+  const size_t name_end = stat.rfind(") ");
+  return name_end != std::string::npos && name_end + 2 < stat.size() && stat[name_end + 2] == 'Z';
+}
+
 std::string ReadLink(const char* path) {
   char target[256];
   const ssize_t n = readlink(path, target, sizeof(target));
@@ -214,9 +224,8 @@ void SharedMemoryAllReduce::Barrier(Clock::time_point deadline, std::chrono::mil
       }
       theirs.sleepers.fetch_sub(1, std::memory_order_seq_cst);
       if (Reached(theirs, target)) break;
-      // A zombie (killed, not yet reaped) still counts as alive: then the timeout decides.
       const int32_t pid = theirs.pid.load(std::memory_order_relaxed);
-      if (kill(pid, 0) != 0 && errno == ESRCH) {
+      if (ProcessExited(pid)) {
         throw CommError(StrCat("rank ", peer, " (pid ", pid, ") exited while the shared-memory ",
                                "allreduce waited for it at barrier ", index + 1, " of ", count));
       }

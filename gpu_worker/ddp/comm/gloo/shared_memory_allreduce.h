@@ -37,7 +37,8 @@ namespace gradhub::ddp {
 // A barrier: each rank stores the barrier's number into its counter (FUTEX_WAKE when a peer
 // sleeps on it), then waits for every peer's counter to reach the number: a short spin, then
 // FUTEX_WAIT (shared, not private: the waiters are in other processes) in slices, between
-// which it checks that the peer's process still exists.
+// which it checks that the peer's process still exists and is not a zombie (killed, not yet
+// reaped by its launcher).
 //
 // Not thread-safe: one caller at a time (a GlooProcessGroup channel thread), and every rank
 // must call AllReduce with the same count and kernel, in the same order.
