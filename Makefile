@@ -39,8 +39,15 @@ setup:
 $(BUILD_DIR)/build.ninja:
 	cmake -S . -B $(BUILD_DIR) -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE)
 
+# Also makes this build's `gradhub` Python package (with its engine, gradhub._C) importable by
+# /usr/bin/python3: a gradhub.pth in its first site directory names $(BUILD_DIR)/python.
+# Without write access there (not root) it says so; PYTHONPATH=$(BUILD_DIR)/python then.
 build: $(BUILD_DIR)/build.ninja
 	cmake --build $(BUILD_DIR) -j $(JOBS)
+	@site=$$(/usr/bin/python3 -c 'import site; print(site.getsitepackages()[0])') && \
+	if mkdir -p "$$site" 2>/dev/null && echo "$(abspath $(BUILD_DIR))/python" >"$$site/gradhub.pth" 2>/dev/null; \
+	then echo "make build: /usr/bin/python3 imports gradhub from $(abspath $(BUILD_DIR))/python ($$site/gradhub.pth)"; \
+	else echo "make build: $$site is not writable; use PYTHONPATH=$(abspath $(BUILD_DIR))/python"; fi
 
 # The main job: `gradhub cluster up` (PostgreSQL, api, checkpoint, metrics, two agents with 2
 # slots each, Prometheus), then the digits example submitted and watched with the gradhub CLI,
