@@ -13,6 +13,13 @@
 # Each configuration is measured GRADHUB_BENCH_REPEATS times, the variants interleaved, and
 # each column is the median of its repeats (one run apiece swings by +-30% on a shared
 # machine). GRADHUB_BENCH_STEPS steps per run, the first fifth warm-up.
+# GRADHUB_BENCH_FIXED_MALLOC=1 runs every variant with glibc's mmap and trim thresholds fixed
+# (64 MiB, 256 MiB). By default glibc adapts them to what a process freed so far, and some
+# runs (of either side, by chance) end up unmapping and faulting in a freed activation or
+# gradient buffer every step: bench_ddp's 784-2048x4 MLP then takes 0.10-0.14 s a step
+# instead of 0.075, PyTorch's CNN 0.08-0.11 instead of 0.04, with 2-4x the page faults.
+# The default keeps glibc's behaviour (what a user's script gets, and what ../ddp/run.sh
+# measures); the fixed thresholds compare the DDP implementations without that lottery.
 # Usage: run.sh BUILD_DIR
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -25,6 +32,13 @@ world=2
 # ignores torch.set_num_threads).
 export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
 export PYTHONPATH="$build_dir/python${PYTHONPATH:+:$PYTHONPATH}"
+case "${GRADHUB_BENCH_FIXED_MALLOC:-0}" in
+  0) ;;
+  1) export MALLOC_MMAP_THRESHOLD_=67108864 MALLOC_TRIM_THRESHOLD_=268435456
+     echo "glibc malloc: mmap threshold 64 MiB, trim threshold 256 MiB (GRADHUB_BENCH_FIXED_MALLOC=1)" ;;
+  *) echo "GRADHUB_BENCH_FIXED_MALLOC: '$GRADHUB_BENCH_FIXED_MALLOC' is neither 0 nor 1" >&2
+     exit 2 ;;
+esac
 median() { tr ' ' '\n' | grep . | sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
 seconds() { awk '{print $3}'; }
 python_ddp() { /usr/bin/python3 "$here/python_ddp.py" "$1" "$2" "$3" "$world" "$steps" | seconds; }
@@ -32,6 +46,7 @@ python_ddp() { /usr/bin/python3 "$here/python_ddp.py" "$1" "$2" "$3" "$world" "$
 printf '%-28s %5s %5s %10s %10s %6s %8s %9s %8s %15s\n' model batch world pytorch_ms gradhub_ms \
   ratio tcp_ms tcp_ratio cxx_ms python_overhead
 for config in "784-1024-1024-10 64" "784-2048-2048-2048-2048-10 32" "cnn 32"; do
+  # shellcheck disable=SC2086  # splits "MODEL BATCH" on purpose
   set -- $config
   refs="" mines="" tcps="" cxxs=""
   for _ in $(seq "$repeats"); do
