@@ -10,6 +10,7 @@ Exits 0 when everything gradhub's side did was seen as expected; a failed assert
 
 import datetime
 import sys
+import time
 
 import torch.distributed as dist
 
@@ -37,6 +38,10 @@ def server():
     got = store.get("from_cpp")
     assert got == FROM_CPP, got
     assert store.get("counter") == b"11", store.get("counter")
+    # gradhub's Set of cpp/done is followed by a check whose reply this process's server thread
+    # sends; exiting at once could close the server before it does (a broken pipe there).
+    # Nothing tells a c10d server that its clients are done, so give the reply time to go.
+    time.sleep(2)
 
 
 if __name__ == "__main__":
