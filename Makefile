@@ -17,7 +17,7 @@ PACKAGES := \
   libgtest-dev libgmock-dev googletest prometheus \
   python3-torch python3-sklearn python3-dev pybind11-dev python3-pytest clang-format
 
-.PHONY: setup build demo test bench fmt fmt-check clean compose-test
+.PHONY: setup build demo test bench fmt fmt-check clean compose-test fuzz
 
 # Idempotent: installs only what is missing, and touches the network only then; creates the
 # ranks' user if it is missing.
@@ -68,6 +68,29 @@ bench: build
 # the host through the published ports to SUCCEEDED with checkpoints and metrics, then down -v.
 compose-test: build
 	tests/e2e/compose/run.sh $(BUILD_DIR)
+
+# The parsers' fuzz targets (tests/fuzz/) under libFuzzer, ASan and UBSan: a Clang build in
+# $(FUZZ_DIR), then each target for FUZZ_RUNS executions on a scratch copy of its corpus (the
+# tree's corpus is never written). Prints executions and crashes per target; a crash's input
+# lands in $(FUZZ_DIR)/artifacts/<target>/ and fails the run.
+FUZZ_DIR ?= build-fuzz
+FUZZ_RUNS ?= 1000000
+FUZZ_TARGETS := progress_record job_spec code_archive
+fuzz:
+	CC=clang CXX=clang++ cmake -S . -B $(FUZZ_DIR) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DGRADHUB_FUZZ=ON -DGRADHUB_BUILD_TESTS=ON
+	cmake --build $(FUZZ_DIR) -j $(JOBS) --target $(addsuffix _fuzz,$(FUZZ_TARGETS))
+	@failed=0; for t in $(FUZZ_TARGETS); do \
+	  work=$$(mktemp -d) && cp -R tests/fuzz/corpus/$$t/. $$work/ && \
+	  art=$(FUZZ_DIR)/artifacts/$$t && rm -rf $$art && mkdir -p $$art && \
+	  log=$(FUZZ_DIR)/fuzz-$$t.log; \
+	  $(FUZZ_DIR)/tests/$${t}_fuzz -runs=$(FUZZ_RUNS) -artifact_prefix=$$art/ $$work >$$log 2>&1; \
+	  rc=$$?; rm -rf $$work; \
+	  execs=$$(grep -oE '^(Done [0-9]+|#[0-9]+)' $$log | tail -1 | grep -oE '[0-9]+'); \
+	  crashes=$$(ls $$art | wc -l); \
+	  echo "make fuzz: $$t: $${execs:-0} executions, $$crashes crashes (exit $$rc, log $$log)"; \
+	  [ $$rc = 0 ] && [ $$crashes = 0 ] || failed=1; \
+	done; exit $$failed
 
 # Every C++ file as .clang-format says; fmt-check (run by .ci/run) fails on any difference.
 fmt:
