@@ -71,7 +71,8 @@ compose-test: build
 
 # The parsers' fuzz targets (tests/fuzz/) under libFuzzer, ASan and UBSan: a Clang build in
 # $(FUZZ_DIR), then each target for FUZZ_RUNS executions on a scratch copy of its corpus (the
-# tree's corpus is never written). Prints executions and crashes per target; a crash's input
+# tree's corpus is never written; libFuzzer's exit skips atexit, so a target's scratch files go
+# to TMPDIR inside that copy). Prints executions and crashes per target; a crash's input
 # lands in $(FUZZ_DIR)/artifacts/<target>/ and fails the run.
 FUZZ_DIR ?= build-fuzz
 FUZZ_RUNS ?= 1000000
@@ -81,10 +82,11 @@ fuzz:
 	  -DGRADHUB_FUZZ=ON -DGRADHUB_BUILD_TESTS=ON
 	cmake --build $(FUZZ_DIR) -j $(JOBS) --target $(addsuffix _fuzz,$(FUZZ_TARGETS))
 	@failed=0; for t in $(FUZZ_TARGETS); do \
-	  work=$$(mktemp -d) && cp -R tests/fuzz/corpus/$$t/. $$work/ && \
+	  work=$$(mktemp -d) && mkdir $$work/corpus $$work/tmp && cp -R tests/fuzz/corpus/$$t/. $$work/corpus/ && \
 	  art=$(FUZZ_DIR)/artifacts/$$t && rm -rf $$art && mkdir -p $$art && \
 	  log=$(FUZZ_DIR)/fuzz-$$t.log; \
-	  $(FUZZ_DIR)/tests/$${t}_fuzz -runs=$(FUZZ_RUNS) -artifact_prefix=$$art/ $$work >$$log 2>&1; \
+	  TMPDIR=$$work/tmp $(FUZZ_DIR)/tests/$${t}_fuzz -runs=$(FUZZ_RUNS) -artifact_prefix=$$art/ \
+	    $$work/corpus >$$log 2>&1; \
 	  rc=$$?; rm -rf $$work; \
 	  execs=$$(grep -oE '^(Done [0-9]+|#[0-9]+)' $$log | tail -1 | grep -oE '[0-9]+'); \
 	  crashes=$$(ls $$art | wc -l); \
