@@ -1,8 +1,10 @@
 #include "services/common/code_archive/archive_stream.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 
 #include "absl/strings/str_cat.h"
@@ -13,6 +15,7 @@ namespace gradhub::code {
 namespace {
 
 constexpr size_t kReadBytes = size_t{1} << 20;
+constexpr size_t kMinReadBytes = 4096;
 
 }  // namespace
 
@@ -64,7 +67,10 @@ absl::Status ArchiveStream::OnEntryEnd() {
 absl::StatusOr<ArchiveSummary> StreamFile(const std::string& path, ArchiveStream* stream) {
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return absl::ErrnoToStatus(errno, absl::StrCat("open ", path));
-  std::string buffer(kReadBytes, '\0');
+  // A small archive gets a small buffer: zeroing 1 MiB for each would dominate unpacking it.
+  struct stat file {};
+  const size_t size = fstat(fd, &file) == 0 ? static_cast<size_t>(file.st_size) : kReadBytes;
+  std::string buffer(std::clamp(size, kMinReadBytes, kReadBytes), '\0');
   absl::Status status;
   while (status.ok()) {
     const ssize_t n = read(fd, buffer.data(), buffer.size());
