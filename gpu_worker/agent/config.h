@@ -49,6 +49,9 @@ struct AgentConfig {
   // Isolation between tenants (isolation.h).
   std::string run_as;  // "" = gradhub-rank when root, the agent's own user otherwise
   std::vector<std::string> data_roots;
+  std::vector<std::string> tenant_data_roots;  // TENANT=DIR (tenant_roots.h)
+  int64_t tenant_gid_base = 1800000000;
+  int64_t tenant_gid_count = int64_t{1} << 24;
   int64_t max_input_bytes = int64_t{4} << 30;
   int64_t memory_per_slot = 0;  // 0 = machine memory / slots, < 0 = unlimited
   std::string memory_isolation = "auto";
@@ -138,14 +141,24 @@ struct AgentConfig {
         .StringList("data-root", "GRADHUB_DATA_ROOTS", &data_roots,
                     "Directory whose files jobs may name (datasets, models); repeatable (the "
                     "variable: ':'-separated). None = jobs may name no file on this node")
+        .StringList("tenant-data-root", "GRADHUB_TENANT_DATA_ROOTS", &tenant_data_roots,
+                    "TENANT=DIR: a directory only tenant TENANT's jobs may name and read, as "
+                    "--data-root; repeatable (the variable: ':'-separated). A root agent gives DIR "
+                    "the tenant's group and mode 0750, and that group only to the tenant's ranks")
+        .Int("tenant-gid-base", "GRADHUB_TENANT_GID_BASE", &tenant_gid_base,
+             "First gid of the range tenant groups come from: a tenant's gid is this plus "
+             "FNV-1a(tenants/<id>) modulo --tenant-gid-count (apart from the job uids)")
+        .Int("tenant-gid-count", "GRADHUB_TENANT_GID_COUNT", &tenant_gid_count,
+             "Size of that range")
         .Int("max-input-bytes", "GRADHUB_MAX_INPUT_BYTES", &max_input_bytes,
              "Largest dataset or model file a rank reads (after gzip decompression)")
         .Int("memory-per-slot", "GRADHUB_MEMORY_PER_SLOT", &memory_per_slot,
-             "Memory limit of each rank in bytes; 0 = this machine's memory divided by "
-             "--slots, negative = no limit")
+             "Memory limit of each rank in bytes (a job may ask less, memoryPerRankMib, never "
+             "more); 0 = this machine's memory divided by --slots, negative = no limit")
         .String("memory-isolation", "GRADHUB_MEMORY_ISOLATION", &memory_isolation,
                 "How the memory limit is enforced: auto (cgroup v2, else v1, else rlimit), "
-                "cgroup-v2, cgroup-v1, rlimit (RLIMIT_DATA) or none")
+                "cgroup-v2, cgroup-v1, rlimit (RLIMIT_DATA) or none (no cap; a job's own "
+                "memoryPerRankMib is still applied, by RLIMIT_DATA)")
         .String("cgroup-parent", "GRADHUB_CGROUP_PARENT", &cgroup_parent,
                 "Cgroup directory under which rank cgroups go (a delegated one on cgroup v2); "
                 "empty = the agent's own cgroup");

@@ -65,6 +65,12 @@ absl::StatusOr<v1::Node> DescribeNode(const AgentConfig& config) {
   node.set_master_port_base(static_cast<int32_t>(config.master_port_base));
   node.set_agent_version(kAgentVersion);
   for (const std::string& root : config.isolation.data_roots) node.add_data_roots(root);
+  for (const TenantRoot& root : config.isolation.tenant_roots) {
+    v1::TenantDataRoot* entry = node.add_tenant_data_roots();
+    entry->set_tenant(root.tenant);
+    entry->set_path(root.path);
+  }
+  node.set_memory_per_slot_bytes(config.isolation.memory_limit_bytes);
   return node;
 }
 

@@ -32,7 +32,8 @@ absl::StatusOr<int64_t> EffectiveSlots(const AgentConfig& config);
 absl::Status DescribeDevices(const AgentConfig& config, v1::Node* node);
 
 // The whole RegisterNode description: name, kind, slots, devices, labels, address, version,
-// and the data roots (config.isolation, as main set it up).
+// and from config.isolation (as main set it up) the data roots, the tenant data roots and the
+// memory cap of a slot (0 = none).
 absl::StatusOr<v1::Node> DescribeNode(const AgentConfig& config);
 
 }  // namespace gradhub::agent

@@ -106,9 +106,10 @@ absl::StatusOr<RankLaunch> PlanRankLaunch(const AgentConfig& config, const std::
   env["GRADHUB_NODE_NAME"] = config.name;
   env["GRADHUB_NODE_SESSION"] = session_id;
   SetDeviceEnvironment(config.devices, assignment, &env);
-  env["GRADHUB_DATA_ROOTS"] = JoinRootList(config.isolation.data_roots);
+  env["GRADHUB_DATA_ROOTS"] = JoinRootList(RankDataRoots(config.isolation, assignment.tenant()));
   env["GRADHUB_MAX_INPUT_BYTES"] = absl::StrCat(config.isolation.max_input_bytes);
-  env["GRADHUB_MEMORY_LIMIT_BYTES"] = absl::StrCat(config.isolation.memory_limit_bytes);
+  env["GRADHUB_MEMORY_LIMIT_BYTES"] =
+      absl::StrCat(RankMemoryLimit(config.isolation, assignment.spec()).value_or(0));
   return planned;
 }
 
@@ -177,8 +178,15 @@ absl::Status PrepareRankFiles(const RankLaunch& launch, const v1::RankAssignment
 absl::Status IsolateRank(const NodeIsolation& isolation, const RankLaunch& launch,
                          const v1::RankAssignment& assignment, RankProcessOptions* options) {
   options->identity = isolation.identity;
+  // Its tenant's group opens that tenant's data roots (tenant_roots.h); no other rank has it.
+  const gid_t tenant_gid = GidOfTenant(isolation.tenant_roots, assignment.tenant());
+  if (tenant_gid != 0 && options->identity.switch_user) {
+    options->identity.supplementary_gids.push_back(tenant_gid);
+  }
+  const absl::StatusOr<int64_t> limit = RankMemoryLimit(isolation, assignment.spec());
+  if (!limit.ok() || *limit == 0) return limit.status();
   if (isolation.memory_mechanism == MemoryMechanism::kRlimit) {
-    options->rlimit_data_bytes = isolation.memory_limit_bytes;
+    options->rlimit_data_bytes = *limit;
   }
   if (isolation.memory_mechanism != MemoryMechanism::kCgroupV1 &&
       isolation.memory_mechanism != MemoryMechanism::kCgroupV2) {
@@ -186,8 +194,7 @@ absl::Status IsolateRank(const NodeIsolation& isolation, const RankLaunch& launc
   }
   absl::StatusOr<std::unique_ptr<MemoryCgroup>> cgroup = MemoryCgroup::Create(
       isolation.memory_mechanism, isolation.cgroup_dir,
-      absl::StrCat(launch.job_id, ".", assignment.attempt(), ".", assignment.rank()),
-      isolation.memory_limit_bytes);
+      absl::StrCat(launch.job_id, ".", assignment.attempt(), ".", assignment.rank()), *limit);
   if (!cgroup.ok()) return cgroup.status();
   options->memory_cgroup = *std::move(cgroup);
   return absl::OkStatus();

@@ -33,9 +33,10 @@ struct RankLaunch {
   //   device_indices as config.devices names them, empty for none (the rank then sees no
   //   GPU); GRADHUB_DEVICE: cuda when the node is a CUDA node and the rank has a GPU, else
   //   cpu; GRADHUB_BACKEND: the spec's backend with AUTO resolved here (NCCL on cuda, GLOO on
-  //   cpu); GRADHUB_DATA_ROOTS (':'-separated, possibly empty),
-  //   GRADHUB_MAX_INPUT_BYTES and GRADHUB_MEMORY_LIMIT_BYTES from config.isolation (the
-  //   trainer's input policy and its out-of-memory message).
+  //   cpu); GRADHUB_DATA_ROOTS (':'-separated, possibly empty: the shared roots and the
+  //   assignment's tenant's, RankDataRoots), GRADHUB_MAX_INPUT_BYTES and
+  //   GRADHUB_MEMORY_LIMIT_BYTES (RankMemoryLimit) from config.isolation (the trainer's input
+  //   policy and its out-of-memory message).
   std::map<std::string, std::string> env;
 };
 
@@ -68,8 +69,10 @@ absl::StatusOr<RankLaunch> PlanRankLaunch(const AgentConfig& config, const std::
 absl::Status PrepareRankFiles(const RankLaunch& launch, const v1::RankAssignment& assignment,
                               const RankIdentity& identity = {});
 
-// The isolation part of a rank's RankProcessOptions: its identity, and its memory limit (a new
-// cgroup named <job id>.<attempt>.<rank> under isolation.cgroup_dir, or RLIMIT_DATA).
+// The isolation part of a rank's RankProcessOptions: its identity, with its tenant's group
+// (tenant_roots.h) as a supplementary group when it has roots here, and its memory limit
+// (RankMemoryLimit: a new cgroup named <job id>.<attempt>.<rank> under isolation.cgroup_dir,
+// or RLIMIT_DATA). INVALID_ARGUMENT as RankMemoryLimit.
 absl::Status IsolateRank(const NodeIsolation& isolation, const RankLaunch& launch,
                          const v1::RankAssignment& assignment, RankProcessOptions* options);
 

@@ -36,8 +36,7 @@ RankStart StartRankProcess(const AgentConfig& config, const std::string& session
   if (!launch.ok()) return Failed(launch.status());
   // A path out of this node's data roots, or a file it will not read: the spec's fault, found
   // before anything is created (isolation.h); the trainer checks again on what it opens.
-  if (std::string problem = CheckSpecInputs(config.isolation, assignment.spec());
-      !problem.empty()) {
+  if (std::string problem = CheckRankSpec(config.isolation, assignment); !problem.empty()) {
     return Failed(absl::InvalidArgumentError(problem), trainer::kExitUserError);
   }
   if (absl::Status prepared = PrepareRankFiles(*launch, assignment, config.isolation.identity);
@@ -75,6 +74,9 @@ RankStart StartScriptProcess(const AgentConfig& config, const v1::RankAssignment
       return Failed(prepared.status(), trainer::kExitUserError);
     }
     return NodeFailed(prepared.status());
+  }
+  if (std::string problem = CheckRankSpec(config.isolation, assignment); !problem.empty()) {
+    return Failed(absl::InvalidArgumentError(problem), trainer::kExitUserError);  // step 1
   }
   if (assignment.rank() == 0) {  // step 2
     if (absl::Status free = CheckMasterPortFree(assignment.master_port()); !free.ok()) {

@@ -1,7 +1,8 @@
 // Starting the trainer of one assignment (agent.h step 4), in order:
 //   1. its launch plan: directory, argv, environment (rank_launch.h);
-//   2. the spec's inputs checked against the node's data roots (isolation.h), before anything
-//      is created: a failure is the spec's fault;
+//   2. the spec checked against the node (isolation.h CheckRankSpec: its paths against the
+//      data roots of its tenant, its memory limit against a slot's), before anything is
+//      created: a failure is the spec's fault;
 //   3. its directory and files prepared, its identity and memory limit set (rank_launch.h);
 //   4. the process forked (rank_process.h), its output lines going to `on_line`.
 #pragma once
@@ -32,7 +33,8 @@ RankStart StartRankProcess(const AgentConfig& config, const std::string& session
 
 // A script job's rank (script_launch.h), once prepared (script_preparer.h):
 //   1. the preparation's error, if any: code that is missing or refused (NOT_FOUND,
-//      INVALID_ARGUMENT) is the user's (exit 10), anything else the node's (STOPPED);
+//      INVALID_ARGUMENT) is the user's (exit 10), anything else the node's (STOPPED); then
+//      the spec against this node (CheckRankSpec: its memory limit), the user's too;
 //   2. rank 0: its MASTER_PORT must be free here (else STOPPED: the node's fault);
 //   3. its launch plan and scratch directory, its identity (the job's uid) and memory limit;
 //   4. the process forked, keeping its last 5 stderr lines for the failure's reason.
