@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <random>
@@ -15,6 +16,8 @@
 #include <sstream>
 #include <thread>
 
+#include "gradhub/v1/code.grpc.pb.h"
+#include "services/common/code_archive/code_archive.h"
 #include "tests/support/postgres_server.h"
 
 namespace gradhub::testing {
@@ -227,6 +230,9 @@ bool LocalCluster::StartAgent(const std::string& name) {
   for (const std::string& root : options_.data_roots) {
     argv.insert(argv.end(), {"--data-root", root});
   }
+  for (const std::string& root : options_.tenant_data_roots) {
+    argv.insert(argv.end(), {"--tenant-data-root", root});
+  }
   if (!options_.memory_per_slot.empty()) {
     argv.insert(argv.end(), {"--memory-per-slot", options_.memory_per_slot});
   }
@@ -278,13 +284,47 @@ std::unique_ptr<grpc::ClientContext> LocalCluster::AdminContext() const {
   return ContextWith(kAdminToken);
 }
 
-v1::Job LocalCluster::Submit(const v1::JobSpec& spec) {
+v1::Job LocalCluster::Submit(const v1::JobSpec& spec) { return SubmitAs(token_, spec); }
+
+v1::Job LocalCluster::SubmitAs(const std::string& token, const v1::JobSpec& spec) {
   v1::CreateJobRequest request;
   *request.mutable_spec() = spec;
   v1::Job job;
-  const grpc::Status status = jobs_->CreateJob(TenantContext().get(), request, &job);
+  const grpc::Status status = jobs_->CreateJob(ContextWith(token).get(), request, &job);
   EXPECT_TRUE(status.ok()) << status.error_message();
   return job;
+}
+
+std::string LocalCluster::UploadCode(const std::map<std::string, std::string>& files,
+                                     const std::string& token) {
+  const std::string dir = this->dir() + "/code-" + std::to_string(uploads_++);
+  std::filesystem::create_directories(dir);
+  for (const auto& [name, text] : files) std::ofstream(dir + "/" + name) << text;
+  const std::string archive = dir + ".tar";
+  EXPECT_TRUE(code::PackDirectory(dir, archive).ok());
+  std::ifstream in(archive, std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), {});
+  auto stub = v1::CodeService::NewStub(
+      grpc::CreateChannel(checkpoint_address_, grpc::InsecureChannelCredentials()));
+  auto context = ContextWith(token.empty() ? token_ : token);
+  v1::CodeArchive uploaded;
+  auto writer = stub->UploadCode(context.get(), &uploaded);
+  v1::UploadCodeRequest header;
+  header.mutable_header()->set_size_bytes(static_cast<int64_t>(bytes.size()));
+  writer->Write(header);
+  v1::UploadCodeRequest data;
+  data.set_data(bytes);
+  writer->Write(data);
+  writer->WritesDone();
+  const grpc::Status status = writer->Finish();
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  return uploaded.digest();
+}
+
+std::string LocalCluster::CreateTenant(const std::string& id) {
+  auto tenant = Run({BinaryPath("gradhub-api"), "--database-url", url_, "create-tenant", id});
+  EXPECT_EQ(tenant.exit_code, 0) << tenant.err;
+  return tenant.out.substr(0, tenant.out.find('\n'));
 }
 
 v1::Job LocalCluster::Get(const std::string& name) {

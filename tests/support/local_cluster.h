@@ -43,6 +43,8 @@ struct LocalClusterOptions {
   // --memory-per-slot and --memory-isolation of every agent; empty = the agent's default.
   std::string memory_per_slot;
   std::string memory_isolation;
+  // Each agent's --tenant-data-root, "TENANT=DIR".
+  std::vector<std::string> tenant_data_roots;
 };
 
 class LocalCluster {
@@ -76,6 +78,14 @@ class LocalCluster {
   std::string AgentRunningTrainers() const;
 
   v1::Job Submit(const v1::JobSpec& spec);
+  // CreateJob as another tenant (its token, from CreateTenant).
+  v1::Job SubmitAs(const std::string& token, const v1::JobSpec& spec);
+  // Packs `files` (name -> text) into a code archive and uploads it (CodeService) as the tenant
+  // of `token` ("" = the cluster's tenant); returns its digest, "sha256:...".
+  std::string UploadCode(const std::map<std::string, std::string>& files,
+                         const std::string& token = "");
+  // A new tenant `id` (gradhub-api create-tenant); returns its token.
+  std::string CreateTenant(const std::string& id);
   v1::Job Get(const std::string& name);
   // Polls until `done(job)` or the limit; returns the last job seen.
   v1::Job AwaitJob(const std::string& name, const std::function<bool(const v1::Job&)>& done,
@@ -122,6 +132,7 @@ class LocalCluster {
   int metrics_grpc_port_ = 0, metrics_http_port_ = 0;
   std::unique_ptr<Subprocess> api_, checkpoint_, metrics_;
   std::map<std::string, std::unique_ptr<Subprocess>> agents_;
+  int uploads_ = 0;
   std::unique_ptr<v1::JobService::Stub> jobs_;
   std::unique_ptr<v1::NodeService::Stub> nodes_;
   std::unique_ptr<v1::CheckpointService::Stub> checkpoints_;

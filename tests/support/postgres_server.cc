@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -177,6 +178,18 @@ std::string WithDatabase(const std::string& url, const std::string& database) {
 
 using Connection = std::unique_ptr<PGconn, decltype(&PQfinish)>;
 
+// `bytes` random bytes as lowercase hex, from the kernel's generator.
+std::string RandomHex(int bytes) {
+  std::random_device device;
+  std::string text;
+  for (int i = 0; i < bytes; ++i) {
+    char digits[3];
+    snprintf(digits, sizeof(digits), "%02x", static_cast<unsigned>(device() & 0xff));
+    text += digits;
+  }
+  return text;
+}
+
 Connection Connect(const std::string& url) {
   Connection connection(PQconnectdb(url.c_str()), &PQfinish);
   if (PQstatus(connection.get()) != CONNECTION_OK)
@@ -246,8 +259,19 @@ PostgresServer::PostgresServer() : owner_pid_(getpid()) {
     log_path_ = dir_ + "/server.log";
     log_fd_ = open(log_path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     if (log_fd_ < 0) throw ErrnoError("open " + log_path_);
-    RunToCompletion({bin_dir_ + "/initdb", "-D", dir_ + "/data", "-A", "trust", "-U", "postgres",
-                     "--no-sync", "-E", "UTF8", "--locale=C"});
+    password_ = RandomHex(16);
+    const std::string password_file = dir_ + "/password";
+    {
+      std::ofstream out(password_file);
+      out << password_ << "\n";
+    }
+    if (run_as_.drop && chown(password_file.c_str(), run_as_.uid, run_as_.gid) != 0)
+      throw ErrnoError("chown " + password_file);
+    chmod(password_file.c_str(), 0600);
+    RunToCompletion({bin_dir_ + "/initdb", "-D", dir_ + "/data", "-A", "scram-sha-256",
+                     "--pwfile=" + password_file, "-U", "postgres", "--no-sync", "-E", "UTF8",
+                     "--locale=C"});
+    fs::remove(password_file);
     for (int attempt = 1;; ++attempt) {
       port_ = PickFreePort();
       if (Launch()) break;
@@ -288,7 +312,8 @@ void PostgresServer::Shutdown() {
 
 std::string PostgresServer::AdminUrl() const {
   return external_ ? external_url_
-                   : "postgresql://postgres@127.0.0.1:" + std::to_string(port_) + "/postgres";
+                   : "postgresql://postgres:" + password_ + "@127.0.0.1:" + std::to_string(port_) +
+                         "/postgres";
 }
 
 std::string PostgresServer::CreateDatabase() {

@@ -35,7 +35,7 @@ class PostgresServer {
   ~PostgresServer();
 
   // Creates an empty database with a unique name and returns a libpq URL for it
-  // (postgresql://postgres@127.0.0.1:PORT/NAME for our own server).
+  // (postgresql://postgres:PASSWORD@127.0.0.1:PORT/NAME for our own server).
   std::string CreateDatabase();
 
   // Stops the server (fast shutdown) and starts it again on the same port and data directory,
@@ -77,6 +77,9 @@ class PostgresServer {
   std::string bin_dir_;
   std::string dir_;  // Temp dir: data/, server.log and the Unix socket.
   std::string log_path_;
+  // The superuser's password: the server takes scram-sha-256 only (no trust), as a deployment
+  // must, because ranks of tenant code run on the same host and could reach its port.
+  std::string password_;
   int log_fd_ = -1;
   RunAs run_as_;
   int port_ = 0;

@@ -20,8 +20,6 @@
 #include <regex>
 #include <thread>
 
-#include "gradhub/v1/code.grpc.pb.h"
-#include "services/common/code_archive/code_archive.h"
 #include "tests/e2e/script/scripts.h"
 #include "tests/support/local_cluster.h"
 
@@ -49,28 +47,7 @@ class ScriptJobsE2eTest : public ::testing::Test {
 
   // Packs {name: text} as a code directory and uploads it: the digest.
   std::string Upload(const std::map<std::string, std::string>& files) {
-    const std::string dir = cluster_->dir() + "/code-" + std::to_string(uploads_++);
-    std::filesystem::create_directories(dir);
-    for (const auto& [name, text] : files) std::ofstream(dir + "/" + name) << text;
-    const std::string archive = dir + ".tar";
-    EXPECT_TRUE(code::PackDirectory(dir, archive).ok());
-    std::ifstream in(archive, std::ios::binary);
-    const std::string bytes((std::istreambuf_iterator<char>(in)), {});
-    auto stub = v1::CodeService::NewStub(
-        grpc::CreateChannel(cluster_->checkpoint_address(), grpc::InsecureChannelCredentials()));
-    auto context = cluster_->TenantContext();
-    v1::CodeArchive uploaded;
-    auto writer = stub->UploadCode(context.get(), &uploaded);
-    v1::UploadCodeRequest header;
-    header.mutable_header()->set_size_bytes(static_cast<int64_t>(bytes.size()));
-    writer->Write(header);
-    v1::UploadCodeRequest data;
-    data.set_data(bytes);
-    writer->Write(data);
-    writer->WritesDone();
-    const grpc::Status status = writer->Finish();
-    EXPECT_TRUE(status.ok()) << status.error_message();
-    return uploaded.digest();
+    return cluster_->UploadCode(files);
   }
 
   static v1::JobSpec Script(const std::string& digest, const std::string& entrypoint,
@@ -186,7 +163,6 @@ class ScriptJobsE2eTest : public ::testing::Test {
   }
 
   std::unique_ptr<testing::LocalCluster> cluster_;
-  int uploads_ = 0;
 };
 
 TEST_F(ScriptJobsE2eTest, ATorchrunScriptRunsUnchangedAsAWorldFourJobOverTwoNodes) {
