@@ -1,6 +1,5 @@
 #include "services/common/contract/job_spec.h"
 
-#include <google/protobuf/util/json_util.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -9,10 +8,13 @@
 #include <regex>
 #include <sstream>
 
+#include "absl/strings/str_cat.h"
 #include "services/common/contract/defaults.h"
+#include "services/common/contract/proto_json.h"
 #include "services/common/contract/script_spec.h"
 #include "services/common/contract/user_error.h"
 #include "services/common/json_text.h"
+#include "services/common/text_rules.h"
 
 namespace gradhub {
 namespace {
@@ -59,15 +61,23 @@ void ToJson(const YAML::Node& node, std::string* out) {
   }
 }
 
+// The issues found. A field whose value no spec can mean (ProtoValueIssues) gets that issue
+// alone: a NaN learning rate is not also "must be positive".
 class Checker {
  public:
+  void Unmeant(SpecIssue issue) {
+    unmeant_.push_back(issue.field);
+    issues_.push_back(std::move(issue));
+  }
   void Require(bool ok, std::string field, std::string message) {
-    if (!ok) issues_.push_back({std::move(field), std::move(message)});
+    if (ok || std::find(unmeant_.begin(), unmeant_.end(), field) != unmeant_.end()) return;
+    issues_.push_back({std::move(field), std::move(message)});
   }
   std::vector<SpecIssue> Take() { return std::move(issues_); }
 
  private:
   std::vector<SpecIssue> issues_;
+  std::vector<std::string> unmeant_;
 };
 
 void CheckModel(const v1::ModelSpec& model, Checker& check) {
@@ -348,9 +358,7 @@ v1::JobSpec ParseJobSpec(const std::string& text) {
   std::string json;
   ToJson(root, &json);
   v1::JobSpec spec;
-  google::protobuf::util::JsonParseOptions options;
-  options.case_insensitive_enum_parsing = true;
-  auto status = google::protobuf::util::JsonStringToMessage(json, &spec, options);
+  const absl::Status status = ParseProtoJson(json, &spec, {.case_insensitive_enums = true});
   if (!status.ok()) throw UserError("", "spec: " + std::string(status.message()));
   return spec;
 }
@@ -369,13 +377,43 @@ v1::JobSpec LoadJobSpec(const std::string& path) {
 
 namespace {
 
+constexpr size_t kMaxDisplayNameCharacters = 256;
+constexpr size_t kMaxLabelCharacters = 63;
+constexpr int64_t kMaxMemoryPerRankMib = int64_t{1} << 24;
+
+// distributed.encryptTraffic encrypts what the gradhub process group sends between hosts: Gloo
+// (GLOO, or AUTO where it picks Gloo) can, NCCL cannot, and a script job's ranks bring their
+// own process group, which gradhub does not reach.
+void CheckEncryptTraffic(const v1::JobSpec& spec, Checker& check) {
+  if (!spec.distributed().encrypt_traffic()) return;
+  if (spec.has_script()) {
+    check.Require(false, "distributed.encryptTraffic",
+                  "a script job chooses its own transport, which gradhub cannot encrypt: leave "
+                  "it out and encrypt in the script");
+    return;
+  }
+  check.Require(spec.distributed().backend() != v1::DistributedSpec::NCCL,
+                "distributed.encryptTraffic",
+                "needs backend GLOO or AUTO: NCCL has no encrypted transport");
+}
+
 // The rules of every job, trainer or script.
 void CheckCommonFields(const v1::JobSpec& spec, const SpecLimits& limits, Checker& check) {
-  check.Require(spec.display_name().size() <= 256, "displayName", "is longer than 256 characters");
+  const std::string name_problem = TextLimitProblem(spec.display_name(), kMaxDisplayNameCharacters);
+  check.Require(name_problem.empty(), "displayName", name_problem);
   for (const auto& [key, value] : spec.labels()) {
-    check.Require(!key.empty() && key.size() <= 63 && value.size() <= 63, "labels." + key,
-                  "keys must be 1 to 63 characters, values at most 63");
+    check.Require(!key.empty() && CountCharacters(key) <= kMaxLabelCharacters &&
+                      CountCharacters(value) <= kMaxLabelCharacters,
+                  "labels." + key,
+                  "keys must be 1 to 63 characters, values at most 63 (characters are Unicode "
+                  "code points)");
   }
+  check.Require(
+      spec.memory_per_rank_mib() >= 0 && spec.memory_per_rank_mib() <= kMaxMemoryPerRankMib,
+      "memoryPerRankMib",
+      absl::StrCat("must be between 0 (the node's per-slot cap) and ", kMaxMemoryPerRankMib,
+                   " (16 TiB)"));
+  CheckEncryptTraffic(spec, check);
   const auto& distributed = spec.distributed();
   check.Require(distributed.world_size() >= 0 && distributed.world_size() <= limits.max_world_size,
                 "distributed.worldSize",
@@ -433,6 +471,7 @@ void CheckTrainerFields(const v1::JobSpec& spec, Checker& check) {
 
 std::vector<SpecIssue> ValidateJobSpec(const v1::JobSpec& spec, const SpecLimits& limits) {
   Checker check;
+  for (SpecIssue& issue : ProtoValueIssues(spec)) check.Unmeant(std::move(issue));
   CheckCommonFields(spec, limits, check);
   if (spec.has_script()) {
     for (SpecIssue& issue : ValidateScriptSpec(spec)) {

@@ -4,26 +4,30 @@
 #include <vector>
 
 #include "gradhub/v1/jobs.pb.h"
+#include "services/common/contract/proto_values.h"
 
 namespace gradhub {
 
 // The JobSpec as users write it: YAML or JSON in the proto3 JSON mapping (camelCase names,
 // enum value names; JSON is YAML, so one parser reads both). Unknown fields and enum values
 // are errors, so a typo is never silently ignored. Enum names are matched case-insensitively
-// (`backend: auto` works). Throws UserError naming the field or the parse position.
+// (`backend: auto` works). The JSON is read as every request's is (ParseProtoJson): a list
+// only for a list field, no field twice, values the proto means. Throws UserError naming the
+// field or the parse position.
 v1::JobSpec ParseJobSpec(const std::string& text);
 v1::JobSpec LoadJobSpec(const std::string& path);
 
-struct SpecIssue {
-  std::string field;  // proto JSON path, e.g. "distributed.worldSize"
-  std::string message;
-};
+// `field` is the proto JSON path, e.g. "distributed.worldSize".
+using SpecIssue = FieldIssue;
 
 struct SpecLimits {
   int max_world_size = 1024;
 };
 
-// Every problem with the spec, not only the first, so a user fixes them in one go.
+// Every problem with the spec, not only the first, so a user fixes them in one go (one per
+// field): first the values no spec can mean (ProtoValueIssues: enum numbers without a name,
+// NaN and infinities, NUL and invalid UTF-8, anywhere in the spec), then the rules of each
+// field. Length limits count characters (Unicode code points, text_rules.h).
 std::vector<SpecIssue> ValidateJobSpec(const v1::JobSpec& spec, const SpecLimits& limits = {});
 
 // Throws UserError listing every issue ValidateJobSpec finds.

@@ -130,6 +130,7 @@ std::vector<SpecIssue> ValidateScriptSpec(const v1::JobSpec& spec) {
   std::vector<SpecIssue> issues;
   CheckCommand(spec.script(), &issues);
   CheckEnv(spec.script(), &issues);
+  // distributed.encryptTraffic is refused with its own reason (job_spec.cc CheckEncryptTraffic).
   static const std::set<std::string> kAllowed = {"displayName",
                                                  "labels",
                                                  "priority",
@@ -137,13 +138,15 @@ std::vector<SpecIssue> ValidateScriptSpec(const v1::JobSpec& spec) {
                                                  "nodeSelector",
                                                  "maxRestarts",
                                                  "hangTimeoutSeconds",
+                                                 "memoryPerRankMib",
                                                  "script",
                                                  "checkpoint.",
                                                  "checkpoint.keepLast",
                                                  "distributed.",
                                                  "distributed.worldSize",
                                                  "distributed.ranksPerNode",
-                                                 "distributed.backend"};
+                                                 "distributed.backend",
+                                                 "distributed.encryptTraffic"};
   RefuseSetFields(spec, "", kAllowed, &issues);
   return issues;
 }

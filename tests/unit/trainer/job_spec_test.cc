@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <limits>
+
 #include "services/common/contract/user_error.h"
 #include "tests/support/job_specs.h"
 
@@ -217,6 +220,106 @@ TEST(JobSpecTest, PowerSgdDefaults) {
   EXPECT_EQ(zero_start.distributed().power_sgd().start_step(), 0);
   EXPECT_FALSE(zero_start.distributed().power_sgd().warm_start());
   EXPECT_FALSE(WithDefaults(v1::JobSpec()).distributed().has_power_sgd());
+}
+
+// The values no spec can mean, wherever they sit, as gRPC delivers them (no JSON parser on the
+// way): each one issue naming its path, and only that issue for its field.
+TEST(JobSpecTest, ValuesTheProtoCannotMeanAreRefusedAnywhereByPath) {
+  v1::JobSpec spec = testing::MinimalJobSpec();
+  spec.set_precision(static_cast<v1::JobSpec::Precision>(7));
+  spec.mutable_distributed()->set_backend(static_cast<v1::DistributedSpec::Backend>(-2));
+  spec.mutable_optimizer()->mutable_sgd()->set_lr(std::numeric_limits<double>::quiet_NaN());
+  spec.mutable_model()->mutable_mlp()->set_dropout(std::numeric_limits<float>::infinity());
+  spec.mutable_lr_schedule()->mutable_cosine()->set_min_lr(-HUGE_VAL);
+  spec.set_display_name(std::string("a\0b", 3));
+  (*spec.mutable_labels())["team"] = "\xff";
+  const auto issues = ValidateJobSpec(spec);
+  EXPECT_NE(IssueOf(issues, "precision").message.find("7 is not a value of Precision"),
+            std::string::npos);
+  EXPECT_NE(IssueOf(issues, "distributed.backend").message.find("-2"), std::string::npos);
+  EXPECT_NE(IssueOf(issues, "optimizer.sgd.lr").message.find("finite"), std::string::npos);
+  EXPECT_NE(IssueOf(issues, "model.mlp.dropout").message.find("Infinity"), std::string::npos);
+  EXPECT_NE(IssueOf(issues, "lrSchedule.cosine.minLr").message.find("-Infinity"),
+            std::string::npos);
+  EXPECT_NE(IssueOf(issues, "displayName").message.find("NUL"), std::string::npos);
+  EXPECT_NE(IssueOf(issues, "labels.team").message.find("UTF-8"), std::string::npos);
+  int lr_issues = 0;
+  for (const auto& issue : issues) lr_issues += issue.field == "optimizer.sgd.lr";
+  EXPECT_EQ(lr_issues, 1) << "a NaN rate is not also 'must be positive'";
+}
+
+TEST(JobSpecTest, JsonAndYamlSpecsGoThroughTheStrictParser) {
+  for (const char* text :
+       {R"({"precision": 7})", "optimizer: {sgd: {lr: NaN}}\n",
+        "model: {mlp: {layers: [[64, 32], [10]]}}\n", "model: {mlp: {layers: [64, null, 10]}}\n",
+        "displayName: a\ndisplayName: b\n", "model: {mlp: {layers: 64}}\n"}) {
+    EXPECT_THROW(ParseJobSpec(text), UserError) << text;
+  }
+  try {
+    ParseJobSpec("model: {mlp: {layers: [[64, 32], [10]]}}\n");
+  } catch (const UserError& error) {
+    EXPECT_NE(std::string(error.what()).find("model.mlp.layers[0]"), std::string::npos)
+        << error.what();
+  }
+}
+
+TEST(JobSpecTest, LengthLimitsCountCharactersNotBytes) {
+  v1::JobSpec spec = testing::MinimalJobSpec();
+  std::string name;
+  for (int i = 0; i < 256; ++i) name += "\xc3\xa9";  // 256 characters, 512 bytes
+  spec.set_display_name(name);
+  (*spec.mutable_labels())["\xc3\xa9quipe"] = std::string(63, 'x');
+  (*spec.mutable_labels())["ok"] = [] {
+    std::string value;
+    for (int i = 0; i < 63; ++i) value += "\xe2\x82\xac";  // 63 characters of 3 bytes
+    return value;
+  }();
+  EXPECT_TRUE(ValidateJobSpec(spec).empty());
+  spec.set_display_name(name + "x");
+  const SpecIssue issue = IssueOf(ValidateJobSpec(spec), "displayName");
+  EXPECT_NE(issue.message.find("is 257 characters long; at most 256"), std::string::npos)
+      << issue.message;
+  EXPECT_NE(issue.message.find("Unicode code points"), std::string::npos) << issue.message;
+  (*spec.mutable_labels())["ok"] += "x";
+  EXPECT_NE(IssueOf(ValidateJobSpec(spec), "labels.ok").message.find("code points"),
+            std::string::npos);
+}
+
+TEST(JobSpecTest, MemoryPerRankIsBoundedAndNamed) {
+  v1::JobSpec spec = testing::MinimalJobSpec();
+  for (int64_t fine : {int64_t{0}, int64_t{512}, int64_t{16777216}}) {
+    spec.set_memory_per_rank_mib(fine);
+    EXPECT_TRUE(ValidateJobSpec(spec).empty()) << fine;
+  }
+  for (int64_t bad : {int64_t{-1}, int64_t{16777217}, std::numeric_limits<int64_t>::max()}) {
+    spec.set_memory_per_rank_mib(bad);
+    EXPECT_NE(IssueOf(ValidateJobSpec(spec), "memoryPerRankMib").message.find("16777216"),
+              std::string::npos)
+        << bad;
+  }
+  // A script job's ranks get the cap too.
+  v1::JobSpec script = ParseJobSpec("script: {code: \"sha256:" + std::string(64, 'a') +
+                                    "\", entrypoint: train.py}\n" + "memoryPerRankMib: 2048\n");
+  EXPECT_TRUE(ValidateJobSpec(script).empty());
+}
+
+TEST(JobSpecTest, EncryptTrafficNeedsGlooOrAutoAndATrainerJob) {
+  v1::JobSpec spec = testing::MinimalJobSpec();
+  spec.mutable_distributed()->set_encrypt_traffic(true);
+  for (auto backend : {v1::DistributedSpec::GLOO, v1::DistributedSpec::AUTO}) {
+    spec.mutable_distributed()->set_backend(backend);
+    EXPECT_TRUE(ValidateJobSpec(spec).empty()) << backend;
+  }
+  spec.mutable_distributed()->set_backend(v1::DistributedSpec::NCCL);
+  EXPECT_NE(IssueOf(ValidateJobSpec(spec), "distributed.encryptTraffic").message.find("NCCL"),
+            std::string::npos);
+  v1::JobSpec script = ParseJobSpec("script: {code: \"sha256:" + std::string(64, 'a') +
+                                    "\", entrypoint: train.py}\n" +
+                                    "distributed: {encryptTraffic: true, backend: GLOO}\n");
+  const auto issues = ValidateJobSpec(script);
+  EXPECT_NE(IssueOf(issues, "distributed.encryptTraffic").message.find("its own transport"),
+            std::string::npos);
+  EXPECT_EQ(issues.size(), 1u);
 }
 
 }  // namespace
