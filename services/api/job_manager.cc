@@ -119,7 +119,7 @@ absl::Status AppendEventFilter(const std::string& filter, std::string* sql, db::
 absl::StatusOr<v1::Job> JobManager::CreateJob(int64_t tenant_id, const v1::JobSpec& spec,
                                               const std::string& request_id) {
   std::vector<SpecIssue> issues = ValidateJobSpec(spec, limits_);
-  GRADHUB_ASSIGN_OR_RETURN(std::vector<SpecIssue> path_issues, CheckSpecPaths(spec));
+  GRADHUB_ASSIGN_OR_RETURN(std::vector<SpecIssue> path_issues, CheckSpecPaths(tenant_id, spec));
   issues.insert(issues.end(), path_issues.begin(), path_issues.end());
   if (issues.empty()) {
     GRADHUB_ASSIGN_OR_RETURN(std::optional<SpecIssue> code_issue, CheckScriptCode(tenant_id, spec));
@@ -175,17 +175,24 @@ absl::StatusOr<std::optional<SpecIssue>> JobManager::CheckScriptCode(int64_t ten
                                 "CodeService.UploadCode uploads it)")};
 }
 
-absl::StatusOr<std::vector<SpecIssue>> JobManager::CheckSpecPaths(const v1::JobSpec& spec) {
+absl::StatusOr<std::vector<SpecIssue>> JobManager::CheckSpecPaths(int64_t tenant_id,
+                                                                  const v1::JobSpec& spec) {
   const std::vector<SpecPath> paths = SpecPaths(spec);
   std::vector<SpecIssue> issues;
   if (paths.empty()) return issues;  // synthetic data, a built-in model: nothing to serve
-  GRADHUB_ASSIGN_OR_RETURN(const std::vector<std::vector<std::string>> nodes, NodeDataRoots());
-  std::vector<std::string> all_roots;
-  for (const auto& roots : nodes) {
+  GRADHUB_ASSIGN_OR_RETURN(const std::vector<NodeRoots> nodes, NodeDataRoots());
+  // What the tenant may use: every node's shared roots and its own, never another tenant's
+  // (which the message below must not list either).
+  std::vector<std::string> usable;
+  const auto add = [&usable](const std::vector<std::string>& roots) {
     for (const std::string& root : roots) {
-      if (std::find(all_roots.begin(), all_roots.end(), root) == all_roots.end()) {
-        all_roots.push_back(root);
-      }
+      if (std::find(usable.begin(), usable.end(), root) == usable.end()) usable.push_back(root);
+    }
+  };
+  for (const NodeRoots& node : nodes) {
+    add(node.shared);
+    if (const auto own = node.of_tenant.find(tenant_id); own != node.of_tenant.end()) {
+      add(own->second);
     }
   }
   for (const SpecPath& path : paths) {
@@ -193,27 +200,37 @@ absl::StatusOr<std::vector<SpecIssue>> JobManager::CheckSpecPaths(const v1::JobS
       // PathProblem's message for an unclean path names the field and the rule.
       const std::string problem = PathProblem(path, {});
       issues.push_back({path.field, problem.substr(path.field.size() + 2)});
-    } else if (!nodes.empty() && !IsUnderAnyRoot(path.path, all_roots)) {
+    } else if (!nodes.empty() && !IsUnderAnyRoot(path.path, usable)) {
       issues.push_back({path.field, absl::StrCat(path.path,
                                                  " is under no registered node's "
-                                                 "data roots (",
-                                                 DescribeRoots(all_roots), ")")});
+                                                 "data roots this tenant may use (",
+                                                 DescribeRoots(usable), ")")});
     }
   }
   return issues;
 }
 
-absl::StatusOr<std::vector<std::vector<std::string>>> JobManager::NodeDataRoots() {
+absl::StatusOr<std::vector<JobManager::NodeRoots>> JobManager::NodeDataRoots() {
   std::lock_guard<std::mutex> lock(roots_mu_);
   const auto now = std::chrono::steady_clock::now();
   if (roots_read_ && now - roots_read_time_ < kNodeRootsMaxAge) return node_roots_;
-  GRADHUB_ASSIGN_OR_RETURN(db::Result rows,
-                           pool_->Exec("SELECT data_roots::text AS data_roots FROM nodes"));
+  // Tenant roots by tenant id: CreateJob knows its caller's id, not its name. A root of a
+  // tenant that does not exist (yet) is nobody's.
+  GRADHUB_ASSIGN_OR_RETURN(
+      db::Result rows,
+      pool_->Exec("SELECT n.data_roots::text AS data_roots, coalesce((SELECT"
+                  " jsonb_agg(jsonb_build_array(t.id, r->>'path'))"
+                  " FROM jsonb_array_elements(n.tenant_data_roots) r"
+                  " JOIN tenants t ON 'tenants/' || t.name = r->>'tenant'), '[]')::text"
+                  " AS tenant_roots FROM nodes n"));
   node_roots_.clear();
   for (const db::Row& row : rows) {
-    std::vector<std::string>& roots = node_roots_.emplace_back();
+    NodeRoots& roots = node_roots_.emplace_back();
     for (const auto& root : nlohmann::json::parse(row.Get<std::string>("data_roots"))) {
-      roots.push_back(root.get<std::string>());
+      roots.shared.push_back(root.get<std::string>());
+    }
+    for (const auto& root : nlohmann::json::parse(row.Get<std::string>("tenant_roots"))) {
+      roots.of_tenant[root[0].get<int64_t>()].push_back(root[1].get<std::string>());
     }
   }
   roots_read_ = true;

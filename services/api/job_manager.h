@@ -40,7 +40,8 @@ class JobManager {
   }
 
   // INVALID_ARGUMENT naming every bad field, including every file path the spec names
-  // (data_paths.h) that is not clean or lies under no registered node's data roots. While no
+  // (data_paths.h) that is not clean or lies under no registered node's data roots that the
+  // tenant may use (shared ones and its own tenant_data_roots, never another's). While no
   // node is registered at all, paths are only checked for form: the api cannot know what will
   // serve them, and the job waits PENDING (the scheduler places it only on a node whose roots
   // hold its paths, and says so in its state reason). Idempotent per (tenant, request_id): a retry
@@ -114,16 +115,22 @@ class JobManager {
                           const std::function<bool()>& stop);
 
  private:
-  // The path issues of CreateJob (see there).
-  absl::StatusOr<std::vector<SpecIssue>> CheckSpecPaths(const v1::JobSpec& spec);
+  // The path issues of CreateJob (see there), against the roots the tenant may use.
+  absl::StatusOr<std::vector<SpecIssue>> CheckSpecPaths(int64_t tenant_id, const v1::JobSpec& spec);
   // A script job's code must be an archive its tenant uploaded (code_archives): another
   // tenant's digest is refused like one that does not exist.
   absl::StatusOr<std::optional<SpecIssue>> CheckScriptCode(int64_t tenant_id,
                                                            const v1::JobSpec& spec);
+  // One registered node's data roots: those every tenant may use (Node.data_roots), and each
+  // tenant's own (Node.tenant_data_roots) by tenant id.
+  struct NodeRoots {
+    std::vector<std::string> shared;
+    std::map<int64_t, std::vector<std::string>> of_tenant;
+  };
   // Every registered node's data roots (one entry per node), read at most every
   // kNodeRootsMaxAge: a registration takes effect for CreateJob that much later, and a burst
   // of CreateJobs costs no extra query each.
-  absl::StatusOr<std::vector<std::vector<std::string>>> NodeDataRoots();
+  absl::StatusOr<std::vector<NodeRoots>> NodeDataRoots();
   static constexpr std::chrono::milliseconds kNodeRootsMaxAge{1000};
 
   db::Pool* pool_;
@@ -134,7 +141,7 @@ class JobManager {
   std::mutex roots_mu_;
   bool roots_read_ = false;                                // guarded by roots_mu_
   std::chrono::steady_clock::time_point roots_read_time_;  // guarded by roots_mu_
-  std::vector<std::vector<std::string>> node_roots_;       // guarded by roots_mu_
+  std::vector<NodeRoots> node_roots_;                      // guarded by roots_mu_
 };
 
 }  // namespace gradhub::api

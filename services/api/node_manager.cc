@@ -27,7 +27,8 @@ using RankKey = std::tuple<std::string, int32_t, int32_t>;  // job id, attempt, 
 const std::string kNodeColumns = absl::StrCat(
     "n.id, n.name, n.state, n.device_kind, n.slots, n.labels::text AS labels, n.address,"
     " n.agent_version, n.data_roots::text AS data_roots, n.devices::text AS devices,"
-    " n.master_port_base,"
+    " n.master_port_base, n.memory_per_slot_bytes,"
+    " n.tenant_data_roots::text AS tenant_data_roots,"
     " coalesce(n.session_id::text, '') AS session_id, n.last_heartbeat_seq,"
     " (extract(epoch FROM n.last_heartbeat_time) * 1e6)::bigint AS heartbeat_us,"
     " (SELECT count(*) FROM rank_assignments a WHERE a.node_id = n.id"
@@ -49,6 +50,15 @@ std::string LabelsJson(const google::protobuf::Map<std::string, std::string>& la
 std::string RootsJson(const google::protobuf::RepeatedPtrField<std::string>& roots) {
   nlohmann::json json = nlohmann::json::array();
   for (const std::string& root : roots) json.push_back(root);
+  return json.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+// Node.tenant_data_roots as stored: a JSON array of {"tenant": "tenants/x", "path": "/dir"}.
+std::string TenantRootsJson(const google::protobuf::RepeatedPtrField<v1::TenantDataRoot>& roots) {
+  nlohmann::json json = nlohmann::json::array();
+  for (const v1::TenantDataRoot& root : roots) {
+    json.push_back({{"tenant", root.tenant()}, {"path", root.path()}});
+  }
   return json.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
@@ -87,6 +97,14 @@ v1::Node NodeFromRow(const db::Row& row) {
   node.set_master_port_base(row.Get<int32_t>("master_port_base"));
   const nlohmann::json roots = nlohmann::json::parse(row.Get<std::string>("data_roots"));
   for (const auto& root : roots) node.add_data_roots(root.get<std::string>());
+  const nlohmann::json tenant_roots =
+      nlohmann::json::parse(row.Get<std::string>("tenant_data_roots"));
+  for (const auto& root : tenant_roots) {
+    v1::TenantDataRoot* added = node.add_tenant_data_roots();
+    added->set_tenant(root.value("tenant", std::string()));
+    added->set_path(root.value("path", std::string()));
+  }
+  node.set_memory_per_slot_bytes(row.Get<int64_t>("memory_per_slot_bytes"));
   const nlohmann::json devices = nlohmann::json::parse(row.Get<std::string>("devices"));
   google::protobuf::util::JsonParseOptions lenient;
   lenient.ignore_unknown_fields = true;  // written by a newer api
@@ -178,8 +196,9 @@ absl::StatusOr<db::Result> ReadNodeRanks(db::Transaction& tx, int64_t node_id) {
           " (SELECT count(*) FROM rank_assignments b WHERE b.job_id = a.job_id"
           "   AND b.attempt = a.attempt AND b.node_id = a.node_id)::int AS local_world_size,"
           " coalesce(s.master_addr, '') AS master_addr, coalesce(s.master_port, 0) AS master_port,"
-          " coalesce(s.group_rank, 0) AS group_rank"
+          " coalesce(s.group_rank, 0) AS group_rank, 'tenants/' || t.name AS tenant"
           " FROM rank_assignments a JOIN jobs j ON j.id = a.job_id"
+          " JOIN tenants t ON t.id = j.tenant_id"
           " JOIN job_attempts at ON at.job_id = a.job_id AND at.attempt = a.attempt"
           // torchrun's rendezvous (RankAssignment.master_*, group_rank): rank 0's node, its
           // port, this node's index. Only for a script job's rank that may be desired; for the
@@ -222,6 +241,7 @@ absl::StatusOr<v1::RankAssignment> AssignmentFromRow(const db::Row& row, bool cu
   rank.set_master_addr(row.Get<std::string>("master_addr"));
   rank.set_master_port(row.Get<int32_t>("master_port"));
   rank.set_group_rank(row.Get<int32_t>("group_rank"));
+  rank.set_tenant(row.Get<std::string>("tenant"));
   // As submitted (no defaults written in); the trainer applies WithDefaults.
   auto parsed = google::protobuf::util::JsonStringToMessage(row.Get<std::string>("spec"),
                                                             rank.mutable_spec());
@@ -290,6 +310,21 @@ absl::Status CheckNode(const v1::Node& node, const std::string& name) {
                       "' is not an absolute path without '.' or '..' components;");
     }
   }
+  if (node.memory_per_slot_bytes() < 0) {
+    absl::StrAppend(&problems, " node.memory_per_slot_bytes: ", node.memory_per_slot_bytes(),
+                    " is negative (0 = no limit);");
+  }
+  static const std::regex kTenant("tenants/[a-z][a-z0-9-]{0,62}");
+  for (const v1::TenantDataRoot& root : node.tenant_data_roots()) {
+    if (!std::regex_match(root.tenant(), kTenant)) {
+      absl::StrAppend(&problems, " node.tenant_data_roots.tenant: '", root.tenant(),
+                      "' is not tenants/{tenant_id};");
+    }
+    if (!IsCleanPath(root.path())) {
+      absl::StrAppend(&problems, " node.tenant_data_roots.path: '", root.path(),
+                      "' is not an absolute path without '.' or '..' components;");
+    }
+  }
   if (!problems.empty()) {
     problems.pop_back();
     return absl::InvalidArgumentError(absl::StrCat("invalid node:", problems));
@@ -331,22 +366,25 @@ absl::StatusOr<v1::RegisterNodeResponse> NodeManager::RegisterNode(
     }
     GRADHUB_ASSIGN_OR_RETURN(
         db::Result session,
-        tx.Exec(
-            "INSERT INTO nodes (name, device_kind, slots, labels, address, agent_version,"
-            " session_id, last_heartbeat_time, data_roots, devices, master_port_base)"
-            " VALUES ($1, $2, $3, $4::jsonb, $5, $6, gen_random_uuid(), now(), $7::jsonb,"
-            " $8::jsonb, $9)"
-            " ON CONFLICT (name) DO UPDATE SET device_kind = EXCLUDED.device_kind,"
-            " slots = EXCLUDED.slots, labels = EXCLUDED.labels, address = EXCLUDED.address,"
-            " agent_version = EXCLUDED.agent_version, session_id = EXCLUDED.session_id,"
-            " data_roots = EXCLUDED.data_roots, devices = EXCLUDED.devices,"
-            " master_port_base = EXCLUDED.master_port_base, last_heartbeat_seq = 0, "
-            "last_heartbeat_time = now(),"
-            " state = CASE WHEN nodes.state = 'LOST' THEN 'READY' ELSE nodes.state END"
-            " RETURNING session_id::text AS session_id",
-            {name, node.kind() == v1::Node::CUDA ? "CUDA" : "CPU", node.slots(),
-             LabelsJson(node.labels()), node.address(), node.agent_version(),
-             RootsJson(node.data_roots()), DevicesJson(node.devices()), node.master_port_base()}));
+        tx.Exec("INSERT INTO nodes (name, device_kind, slots, labels, address, agent_version,"
+                " session_id, last_heartbeat_time, data_roots, devices, master_port_base,"
+                " memory_per_slot_bytes, tenant_data_roots)"
+                " VALUES ($1, $2, $3, $4::jsonb, $5, $6, gen_random_uuid(), now(), $7::jsonb,"
+                " $8::jsonb, $9, $10, $11::jsonb)"
+                " ON CONFLICT (name) DO UPDATE SET device_kind = EXCLUDED.device_kind,"
+                " slots = EXCLUDED.slots, labels = EXCLUDED.labels, address = EXCLUDED.address,"
+                " agent_version = EXCLUDED.agent_version, session_id = EXCLUDED.session_id,"
+                " data_roots = EXCLUDED.data_roots, devices = EXCLUDED.devices,"
+                " master_port_base = EXCLUDED.master_port_base,"
+                " memory_per_slot_bytes = EXCLUDED.memory_per_slot_bytes,"
+                " tenant_data_roots = EXCLUDED.tenant_data_roots, last_heartbeat_seq = 0,"
+                " last_heartbeat_time = now(),"
+                " state = CASE WHEN nodes.state = 'LOST' THEN 'READY' ELSE nodes.state END"
+                " RETURNING session_id::text AS session_id",
+                {name, node.kind() == v1::Node::CUDA ? "CUDA" : "CPU", node.slots(),
+                 LabelsJson(node.labels()), node.address(), node.agent_version(),
+                 RootsJson(node.data_roots()), DevicesJson(node.devices()), node.master_port_base(),
+                 node.memory_per_slot_bytes(), TenantRootsJson(node.tenant_data_roots())}));
     v1::RegisterNodeResponse response;
     response.set_session_id(session.row(0).Get<std::string>("session_id"));
     SetDuration(options_.heartbeat_interval, response.mutable_heartbeat_interval());

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
+#include <unordered_map>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -43,6 +44,7 @@ absl::StatusOr<std::vector<NodeRecord>> ReadNodes(db::Transaction& tx, absl::Dur
           absl::StrCat(
               "SELECT n.id, n.name, n.slots, n.device_kind, n.labels::text AS labels,"
               " n.data_roots::text AS data_roots, n.master_port_base,"
+              " n.tenant_data_roots::text AS tenant_data_roots, n.memory_per_slot_bytes,"
               " n.state, n.last_heartbeat_time > now() - $1 * interval '1 second' AS heartbeating,"
               " (SELECT coalesce(string_agg(a.slot::text, ','), '') FROM rank_assignments a"
               "   WHERE a.node_id = n.id AND a.state IN ",
@@ -67,6 +69,12 @@ absl::StatusOr<std::vector<NodeRecord>> ReadNodes(db::Transaction& tx, absl::Dur
     for (const auto& root : nlohmann::json::parse(row.Get<std::string>("data_roots"))) {
       node.data_roots.push_back(root.get<std::string>());
     }
+    for (const auto& root : nlohmann::json::parse(row.Get<std::string>("tenant_data_roots"))) {
+      node.tenant_data_roots.push_back(
+          {root.value("tenant", std::string()), root.value("path", std::string())});
+    }
+    node.memory_per_slot_bytes = row.Get<int64_t>("memory_per_slot_bytes");
+    node.slots = row.Get<int32_t>("slots");
     std::set<int32_t> used;
     for (absl::string_view slot :
          absl::StrSplit(row.Get<std::string>("used"), ',', absl::SkipEmpty())) {
@@ -86,7 +94,66 @@ QueuePosition PositionOf(const db::Row& row) {
           row.Get<std::string>("name")};
 }
 
-// The rows of the queue in the order the scheduler serves it (QueuePosition::Before).
+// The queue as one pass reads it: the waiting jobs (rows in no order), and what FairShareOrder
+// needs of their tenants.
+struct QueueSnapshot {
+  db::Result jobs;
+  std::unordered_map<int64_t, std::string> tenant_names;  // tenant id -> tenants/NAME
+  std::map<std::string, int64_t> held_slots;              // tenants/NAME -> slots of live ranks
+};
+
+absl::StatusOr<QueueSnapshot> ReadQueue(db::Pool& pool) {
+  // Of each job only what placement reads, in no order: PostgreSQL's sort of a long queue
+  // cost more than its scan (and spilled to disk past work_mem once the table had statistics),
+  // while FairShareOrder takes a few milliseconds. One backend: a parallel scan would take
+  // every core of a small database host while it lasts, and CreateJob's latency with them.
+  // The tenants are read after the jobs: a waiting job's tenant cannot be deleted.
+  return pool.Transact(
+      [&](db::Transaction& tx) -> absl::StatusOr<QueueSnapshot> {
+        GRADHUB_RETURN_IF_ERROR(tx.Exec("SET LOCAL max_parallel_workers_per_gather = 0").status());
+        GRADHUB_ASSIGN_OR_RETURN(
+            db::Result jobs,
+            tx.Exec(absl::StrCat(
+                "SELECT 'jobs/' || j.id::text AS name, j.priority, j.tenant_id, j.world_size,"
+                " (extract(epoch FROM j.create_time) * 1e6)::bigint AS create_us,"
+                " j.state_reason, j.current_attempt,"
+                " extract(epoch FROM now() - j.queued_time)::float8 AS waited_s,"
+                " j.state = 'RESTARTING' AND EXISTS (SELECT 1 FROM rank_assignments a"
+                "   WHERE a.job_id = j.id AND a.state IN ",
+                kLiveRankStatesSql,
+                ") AS stopping"
+                " FROM jobs j WHERE j.state IN ('PENDING', 'RESTARTING')")));
+        GRADHUB_ASSIGN_OR_RETURN(
+            db::Result tenants,
+            tx.Exec(absl::StrCat(
+                "SELECT t.id, 'tenants/' || t.name AS tenant, coalesce(h.slots, 0) AS slots"
+                " FROM tenants t LEFT JOIN (SELECT j.tenant_id, count(*)::bigint AS slots"
+                "   FROM rank_assignments a JOIN jobs j ON j.id = a.job_id WHERE a.state IN ",
+                kLiveRankStatesSql, " GROUP BY j.tenant_id) h ON h.tenant_id = t.id")));
+        QueueSnapshot queue{std::move(jobs), {}, {}};
+        for (const db::Row& row : tenants) {
+          const std::string tenant = row.Get<std::string>("tenant");
+          queue.tenant_names[row.Get<int64_t>("id")] = tenant;
+          queue.held_slots[tenant] = row.Get<int64_t>("slots");
+        }
+        return queue;
+      },
+      {.read_only = true});
+}
+
+// The queue's jobs as FairShareOrder takes them, in the order of its rows.
+std::vector<FairShareEntry> FairShareEntries(const QueueSnapshot& queue) {
+  std::vector<FairShareEntry> entries;
+  entries.reserve(static_cast<size_t>(queue.jobs.rows()));
+  for (const db::Row& row : queue.jobs) {
+    const auto tenant = queue.tenant_names.find(row.Get<int64_t>("tenant_id"));
+    entries.push_back({PositionOf(row), tenant == queue.tenant_names.end() ? "" : tenant->second,
+                       row.Get<int32_t>("world_size")});
+  }
+  return entries;
+}
+
+// The rows of `queue` in QueuePosition order (the fast path's new jobs).
 std::vector<int> QueueOrder(const db::Result& queue) {
   std::vector<std::pair<QueuePosition, int>> keys;
   keys.reserve(static_cast<size_t>(queue.rows()));
@@ -400,60 +467,40 @@ absl::Status Scheduler::FinishCancellations() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<db::Result> Scheduler::ReadQueue() {
-  // Of each job only what placement reads, in no order: PostgreSQL's sort of a long queue
-  // cost more than its scan (and spilled to disk past work_mem once the table had statistics),
-  // while QueueOrder takes a few milliseconds. One backend: a parallel scan would take every
-  // core of a small database host while it lasts, and CreateJob's latency with them.
-  return pool_->Transact(
-      [&](db::Transaction& tx) -> absl::StatusOr<db::Result> {
-        GRADHUB_RETURN_IF_ERROR(tx.Exec("SET LOCAL max_parallel_workers_per_gather = 0").status());
-        return tx.Exec(
-            absl::StrCat("SELECT 'jobs/' || j.id::text AS name, j.priority,"
-                         " (extract(epoch FROM j.create_time) * 1e6)::bigint AS create_us,"
-                         " j.state_reason, j.current_attempt,"
-                         " extract(epoch FROM now() - j.queued_time)::float8 AS waited_s,"
-                         " j.state = 'RESTARTING' AND EXISTS (SELECT 1 FROM rank_assignments a"
-                         "   WHERE a.job_id = j.id AND a.state IN ",
-                         kLiveRankStatesSql,
-                         ") AS stopping"
-                         " FROM jobs j WHERE j.state IN ('PENDING', 'RESTARTING')"));
-      },
-      {.read_only = true});
-}
-
 absl::Status Scheduler::PlaceJobs() {
   // The queue and the nodes are read once per pass without locks, and QueuePass decides each
-  // job against that snapshot. A job that cannot be placed in it and already says why is left
-  // alone: taking its row lock would make every waiting job a durable commit on every pass. A
-  // placement is decided again (QueuePass::Confirm) in a transaction under the scheduler lock
-  // from what it reads there, then written.
-  GRADHUB_ASSIGN_OR_RETURN(const db::Result queue, ReadQueue());
+  // job against that snapshot, in FairShareOrder. A job that cannot be placed in it and
+  // already says why is left alone: taking its row lock would make every waiting job a durable
+  // commit on every pass. A placement is decided again (QueuePass::Confirm) in a transaction
+  // under the scheduler lock from what it reads there, then written.
+  GRADHUB_ASSIGN_OR_RETURN(const QueueSnapshot queue, ReadQueue(*pool_));
   GRADHUB_ASSIGN_OR_RETURN(const std::vector<const QueuedSpecs::Entry*> specs,
-                           queued_specs_.Read(*pool_, queue));
+                           queued_specs_.Read(*pool_, queue.jobs));
   GRADHUB_ASSIGN_OR_RETURN(
       std::vector<NodeRecord> snapshot,
       pool_->Transact([&](db::Transaction& tx) { return ReadNodes(tx, options_.node_lease); },
                       {.read_only = true}));
   QueuePass pass(std::move(snapshot), options_.backfill_window);
+  FairShareOrder order(FairShareEntries(queue), queue.held_slots);
   // Reasons are written together at the end of the pass, one statement per distinct reason:
   // a burst of submissions to a full cluster would otherwise cost one more durable commit per
   // new job. They are only advice to the user, so the snapshot is good enough for them; a
   // placement is still decided under the lock.
   std::map<std::string, std::vector<std::string>> new_reasons;  // why -> job ids
   blocking_.reset();
-  for (const int i : QueueOrder(queue)) {
+  while (const std::optional<size_t> i = order.Next()) {
     if (stopping_) break;  // SIGTERM: the next api picks the queue up where this one left it
-    const db::Row entry = queue.row(i);
+    const db::Row entry = queue.jobs.row(static_cast<int>(*i));
     QueuedJob job;
     job.name = entry.Get<std::string>("name");
     job.attempt = entry.Get<int32_t>("current_attempt");
     job.stopping = entry.Get<bool>("stopping");
     job.waited = absl::Seconds(entry.Get<double>("waited_s"));
     // Unreadable (not cached) means decided in the transaction, from the whole stored job.
-    if (const QueuedSpecs::Entry* cached = specs[static_cast<size_t>(i)]; cached != nullptr) {
+    if (const QueuedSpecs::Entry* cached = specs[*i]; cached != nullptr) {
       job.spec = &cached->spec;
       job.shape = cached->shape;
+      job.tenant = cached->tenant;
       const GangPlacement guess = pass.Next(job);
       if (!guess.placed()) {
         if (guess.why != entry.Get<std::string>("state_reason")) {
@@ -462,14 +509,21 @@ absl::Status Scheduler::PlaceJobs() {
         continue;
       }
     }
-    absl::Status status = PlaceJob(job, pass);
-    AssignmentsChanged();  // at once, not at the end of the pass: the agents start the ranks
-    if (!status.ok()) {
-      std::cerr << "gradhub-api: scheduler: placing " << job.name << ": " << status << "\n";
-    }
+    PlaceAndTell(std::move(job), pass, &order);
   }
-  NoteBlockingJob(queue, pass);
+  NoteBlockingJob(queue.jobs, pass);
   return SetPendingReasons(new_reasons);
+}
+
+void Scheduler::PlaceAndTell(QueuedJob job, QueuePass& pass, FairShareOrder* order) {
+  const std::string name = job.name;
+  const absl::StatusOr<bool> placed = PlaceJob(std::move(job), pass);
+  AssignmentsChanged();  // at once, not at the end of the pass: the agents start the ranks
+  if (!placed.ok()) {
+    std::cerr << "gradhub-api: scheduler: placing " << name << ": " << placed.status() << "\n";
+  } else if (*placed && order != nullptr) {
+    order->Placed();
+  }
 }
 
 void Scheduler::NoteBlockingJob(const db::Result& queue, const QueuePass& pass) {
@@ -501,31 +555,30 @@ absl::Status Scheduler::PlaceNewJobs(const std::vector<std::string>& names) {
     job.name = position.name;
     job.attempt = row.Get<int32_t>("current_attempt");
     job.waited = absl::Seconds(row.Get<double>("waited_s"));
-    absl::Status status = PlaceJob(job, pass);
-    AssignmentsChanged();
-    if (!status.ok()) {
-      std::cerr << "gradhub-api: scheduler: placing " << job.name << ": " << status << "\n";
-    }
+    PlaceAndTell(std::move(job), pass, nullptr);
   }
   return absl::OkStatus();
 }
 
-absl::Status Scheduler::PlaceJob(QueuedJob queued, QueuePass& pass) {
-  return pool_->Transact([&](db::Transaction& tx) -> absl::Status {
+absl::StatusOr<bool> Scheduler::PlaceJob(QueuedJob queued, QueuePass& pass) {
+  return pool_->Transact([&](db::Transaction& tx) -> absl::StatusOr<bool> {
     GRADHUB_RETURN_IF_ERROR(TakeSchedulerLock(tx));
     GRADHUB_ASSIGN_OR_RETURN(v1::Job job, ReadJob(tx, queued.name, -1, true));
-    if (job.state() != v1::Job::PENDING && job.state() != v1::Job::RESTARTING) {
-      return absl::OkStatus();
-    }
+    if (job.state() != v1::Job::PENDING && job.state() != v1::Job::RESTARTING) return false;
     GRADHUB_ASSIGN_OR_RETURN(const std::vector<NodeRecord> nodes,
                              ReadNodes(tx, options_.node_lease));
     const v1::JobSpec spec = WithDefaults(job.spec());  // stored as submitted
     queued.spec = &spec;
     queued.attempt = job.attempt();
+    queued.tenant = job.tenant();
     const GangPlacement placement = pass.Confirm(queued, nodes);
-    if (!placement.placed()) return SetPendingReason(tx, job, placement.why);
+    if (!placement.placed()) {
+      GRADHUB_RETURN_IF_ERROR(SetPendingReason(tx, job, placement.why));
+      return false;
+    }
     MarkAssignmentsChanged();
-    return CreateAttempt(tx, job, placement);
+    GRADHUB_RETURN_IF_ERROR(CreateAttempt(tx, job, placement));
+    return true;
   });
 }
 
@@ -554,10 +607,12 @@ absl::StatusOr<std::vector<const QueuedSpecs::Entry*>> QueuedSpecs::Read(db::Poo
 absl::Status QueuedSpecs::Load(db::Pool& pool, const std::vector<std::string>& ids) {
   // The whole stored spec, as PlaceJob reads it: a projection here once left out a field the
   // rules read (precision), and judged FP16 jobs as if they could run on CPU nodes.
-  GRADHUB_ASSIGN_OR_RETURN(db::Result rows,
-                           pool.Exec("SELECT 'jobs/' || j.id::text AS name, j.spec::text AS spec"
-                                     " FROM jobs j WHERE j.id = ANY($1::uuid[])",
-                                     {UuidArray(ids)}));
+  GRADHUB_ASSIGN_OR_RETURN(
+      db::Result rows,
+      pool.Exec("SELECT 'jobs/' || j.id::text AS name, j.spec::text AS spec,"
+                " 'tenants/' || t.name AS tenant FROM jobs j JOIN tenants t ON t.id = j.tenant_id"
+                " WHERE j.id = ANY($1::uuid[])",
+                {UuidArray(ids)}));
   for (const db::Row& row : rows) {
     Entry& entry = entries_[row.Get<std::string>("name")];
     v1::JobSpec stored;
@@ -565,6 +620,7 @@ absl::Status QueuedSpecs::Load(db::Pool& pool, const std::vector<std::string>& i
         google::protobuf::util::JsonStringToMessage(row.Get<std::string>("spec"), &stored).ok();
     entry.spec = WithDefaults(std::move(stored));  // stored as submitted
     entry.shape = PlacementShape(entry.spec);
+    entry.tenant = row.Get<std::string>("tenant");
   }
   return absl::OkStatus();
 }

@@ -6,9 +6,17 @@
 //      RUNNING; all exited 0: SUCCEEDED; one failed or no progress for hang_timeout: the
 //      attempt fails and the job restarts or fails, see attempts.h);
 //   3. cancellations: a CANCELLING job none of whose ranks is live any more becomes CANCELLED;
-//   4. the queue: places each PENDING or RESTARTING job, priority first, then submission
-//      order, all of its ranks at once or none (gang placement), and otherwise writes why
-//      it waits into its state_reason.
+//   4. the queue: places each PENDING or RESTARTING job, all of its ranks at once or none
+//      (gang placement), and otherwise writes why it waits into its state_reason. In this
+//      order (FairShareOrder): priority first; then, at one priority, the tenant holding the
+//      fewest slots next, each tenant's jobs in submission order; per job (QueuePass):
+//        a. a job whose last attempt still has live ranks waits for them;
+//        b. a job no registered node could ever run waits aside, saying what no node offers;
+//           it holds nothing, and the next pass judges it again against the nodes then;
+//        c. once the queue is closed (d), the job waits for the slots kept for the job that
+//           closed it (named only to that job's own tenant);
+//        d. the job is placed if its gang fits now; if not, and it has waited backfill_window
+//           and the ready nodes could hold it once idle, it closes the queue behind it.
 //
 // The control plane may restart under running jobs. The protocol that keeps them running
 // (the agent's side is in gpu_worker/agent/agent.h and reconcile.h):
@@ -36,7 +44,9 @@
 // Backfill: a job behind a blocked one may be placed around it only while the blocked job
 // has waited less than backfill_window; after that nothing behind it starts, so the free
 // slots accumulate for it. The blocked job therefore waits at most backfill_window plus the
-// run time of the jobs that backfilled during that window.
+// run time of the jobs that backfilled during that window. No job starves another tenant's:
+// an infeasible job never closes the queue (4b), and a tenant that floods the queue is served
+// a job at a time like every other, behind any tenant holding fewer slots (4, FairShareOrder).
 //
 // The rules themselves (placement, backfill, the verdict on an attempt, restart budgets,
 // drains) are pure functions in scheduling_rules.h, each tested without a database; this
@@ -77,6 +87,7 @@ class QueuedSpecs {
     v1::JobSpec spec;
     // PlacementShape(spec): jobs of one shape fit a snapshot of the nodes or not together.
     std::string shape;
+    std::string tenant;  // tenants/NAME of the job: which tenant_data_roots it may use
     uint64_t seen_in_pass = 0;
   };
 
@@ -153,11 +164,13 @@ class Scheduler {
   absl::StatusOr<std::optional<double>> ReconcileAttempt(const std::string& name, int32_t attempt);
   // Step 3.
   absl::Status FinishCancellations();
-  // Step 4: the queue against a snapshot of the nodes (QueuePass::Next), each placement
-  // confirmed and written under the lock (PlaceJob).
+  // Step 4: the queue in FairShareOrder against a snapshot of the nodes (QueuePass::Next),
+  // each placement confirmed and written under the lock (PlaceJob).
   absl::Status PlaceJobs();
-  absl::StatusOr<db::Result> ReadQueue();
-  absl::Status PlaceJob(QueuedJob job, QueuePass& pass);
+  // Whether the job was placed (QueuePass::Confirm, then the attempt written).
+  absl::StatusOr<bool> PlaceJob(QueuedJob job, QueuePass& pass);
+  // PlaceJob, then wakes the agents; a placement counts for its tenant in `order` (if any).
+  void PlaceAndTell(QueuedJob job, QueuePass& pass, FairShareOrder* order);
   // The fast path (Start): jobs created since the last pass, placed in queue order without
   // reading the queue, when the last pass's verdict on every job ahead of them still holds.
   absl::Status PlaceNewJobs(const std::vector<std::string>& names);

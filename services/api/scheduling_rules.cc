@@ -38,11 +38,15 @@ std::string NoLabelledNode(const JobNeeds& job) {
 }
 
 bool ServesFiles(const NodeRecord& node, const JobNeeds& job) {
-  return RootsServeSpec(node.data_roots, job.spec);
+  if (node.tenant_data_roots.empty()) return RootsServeSpec(node.data_roots, job.spec);
+  return RootsServeSpec(RootsOfTenant(node, job.tenant), job.spec);
 }
 
-std::string NoNodeServesFiles(const JobNeeds&) {
-  return "no node's data roots hold every file the spec names (see each node's dataRoots)";
+std::string NoNodeServesFiles(const JobNeeds& job) {
+  return absl::StrCat(
+      "no node's data roots hold every file the spec names (see each node's dataRoots",
+      job.tenant.empty() ? "" : absl::StrCat(", and tenantDataRoots of ", std::string(job.tenant)),
+      ")");
 }
 
 bool OfDeviceKind(const NodeRecord& node, const JobNeeds& job) {
@@ -66,6 +70,20 @@ std::string NoNodeRunsScripts(const JobNeeds&) {
   return "no eligible node runs script jobs (gradhub-agent --master-port-base is 0 on all)";
 }
 
+constexpr int64_t kMiB = int64_t{1} << 20;
+
+bool HasMemoryPerRank(const NodeRecord& node, const JobNeeds& job) {
+  const int64_t mib = job.spec.memory_per_rank_mib();
+  // Whole MiB of the node's cap, so that a large ask cannot overflow when multiplied.
+  return mib <= 0 || node.memory_per_slot_bytes <= 0 || mib <= node.memory_per_slot_bytes / kMiB;
+}
+
+std::string NoNodeHasMemoryPerRank(const JobNeeds& job) {
+  return absl::StrCat("memoryPerRankMib ", job.spec.memory_per_rank_mib(),
+                      ": no eligible node gives a rank that much (see each node's "
+                      "memoryPerSlotBytes)");
+}
+
 bool TakesRanks(const NodeRecord& node, const JobNeeds&) {
   return node.state == v1::Node::READY && node.heartbeating;
 }
@@ -75,6 +93,30 @@ bool HasFreeSlot(const NodeRecord& node, const JobNeeds&) { return !node.free_sl
 std::string NoReadyNodeWithAFreeSlot(const JobNeeds& job) {
   return absl::StrCat("needs ", job.spec.distributed().world_size(),
                       " slots, no ready node has a free slot");
+}
+
+// The slots a job could hold at once on `nodes` (at most ranks_per_node of each), used or not,
+// on the device kind of its kinds that has the most; only READY heartbeating nodes when
+// `ready_only`.
+int64_t SlotCapacity(const JobNeeds& job, const std::vector<const NodeRecord*>& nodes,
+                     bool ready_only) {
+  const int64_t per_node = job.spec.distributed().ranks_per_node();
+  int64_t most = 0;
+  for (const v1::Node::DeviceKind kind : job.kinds) {
+    int64_t slots = 0;
+    for (const NodeRecord* node : nodes) {
+      if (node->kind != kind || (ready_only && !TakesRanks(*node, job))) continue;
+      const int64_t all = std::max<int64_t>(node->slots, node->free_slots.size());
+      slots += per_node > 0 ? std::min(all, per_node) : all;
+    }
+    most = std::max(most, slots);
+  }
+  return most;
+}
+
+std::string PerNodeCap(const v1::JobSpec& spec) {
+  const int32_t per_node = spec.distributed().ranks_per_node();
+  return per_node > 0 ? absl::StrCat(" (at most ", per_node, " per node)") : "";
 }
 
 // PlaceGang's step 2 on the nodes of one device kind that are eligible.
@@ -106,8 +148,7 @@ std::string TooFewSlots(const v1::JobSpec& spec, const std::vector<const NodeRec
     largest = std::max(largest, free);
     usable += per_node > 0 ? std::min(free, static_cast<size_t>(per_node)) : free;
   }
-  return absl::StrCat("needs ", spec.distributed().world_size(), " slots",
-                      per_node > 0 ? absl::StrCat(" (at most ", per_node, " per node)") : "", ", ",
+  return absl::StrCat("needs ", spec.distributed().world_size(), " slots", PerNodeCap(spec), ", ",
                       usable, " usable on ", admitted.size(), " ready nodes, ", largest,
                       " free on the largest node");
 }
@@ -120,29 +161,44 @@ std::vector<v1::Node::DeviceKind> DeviceKindsFor(const v1::JobSpec& spec) {
   return {v1::Node::CUDA, v1::Node::CPU};
 }
 
+std::vector<std::string> RootsOfTenant(const NodeRecord& node, std::string_view tenant) {
+  std::vector<std::string> roots = node.data_roots;
+  for (const TenantRoot& root : node.tenant_data_roots) {
+    if (!tenant.empty() && root.tenant == tenant) roots.push_back(root.path);
+  }
+  return roots;
+}
+
 const std::vector<NodeFilter>& NodeFilters() {
   static const std::vector<NodeFilter> kFilters = {
-      {"NodeSelector", LabelsMatch, NoLabelledNode},
-      {"DataRoots", ServesFiles, NoNodeServesFiles},
-      {"DeviceKind", OfDeviceKind, NoNodeOfDeviceKind},
-      {"RunsScripts", RunsScripts, NoNodeRunsScripts},
-      {"Ready", TakesRanks, NoReadyNodeWithAFreeSlot},
-      {"FreeSlot", HasFreeSlot, NoReadyNodeWithAFreeSlot},
+      {"NodeSelector", LabelsMatch, NoLabelledNode, true},
+      {"DataRoots", ServesFiles, NoNodeServesFiles, true},
+      {"DeviceKind", OfDeviceKind, NoNodeOfDeviceKind, true},
+      {"RunsScripts", RunsScripts, NoNodeRunsScripts, true},
+      {"Memory", HasMemoryPerRank, NoNodeHasMemoryPerRank, true},
+      {"Ready", TakesRanks, NoReadyNodeWithAFreeSlot, false},
+      {"FreeSlot", HasFreeSlot, NoReadyNodeWithAFreeSlot, false},
   };
   return kFilters;
 }
 
-Admission AdmitNodes(const JobNeeds& job, const std::vector<NodeRecord>& nodes) {
+Admission AdmitNodes(const JobNeeds& job, const std::vector<NodeRecord>& nodes,
+                     bool capability_only) {
   const std::vector<NodeFilter>& filters = NodeFilters();
+  size_t applied = filters.size();  // the capability filters come first
+  if (capability_only) {
+    applied = 0;
+    while (applied < filters.size() && filters[applied].capability) ++applied;
+  }
   Admission admission;
   // The reason is that of the first filter no node passes together with every filter before
   // it: the filter where the node that got furthest stopped.
   size_t furthest = 0;
   for (const NodeRecord& node : nodes) {
     size_t passed = 0;
-    while (passed < filters.size() && filters[passed].admits(node, job)) ++passed;
+    while (passed < applied && filters[passed].admits(node, job)) ++passed;
     furthest = std::max(furthest, passed);
-    if (passed == filters.size()) admission.nodes.push_back(&node);
+    if (passed == applied) admission.nodes.push_back(&node);
   }
   if (nodes.empty()) {
     admission.why = "no node is registered";
@@ -152,8 +208,28 @@ Admission AdmitNodes(const JobNeeds& job, const std::vector<NodeRecord>& nodes) 
   return admission;
 }
 
-GangPlacement PlaceGang(const v1::JobSpec& spec, const std::vector<NodeRecord>& nodes) {
-  const JobNeeds job(spec);
+Feasibility JudgeFeasibility(const JobNeeds& job, const std::vector<NodeRecord>& nodes) {
+  Feasibility verdict;
+  const Admission capable = AdmitNodes(job, nodes, /*capability_only=*/true);  // step 1
+  if (capable.nodes.empty()) {
+    verdict.never = capable.why;
+    return verdict;
+  }
+  const int32_t world_size = job.spec.distributed().world_size();
+  const int64_t slots = SlotCapacity(job, capable.nodes, /*ready_only=*/false);  // step 2
+  if (slots < world_size) {
+    verdict.never =
+        absl::StrCat("needs ", world_size, " slots", PerNodeCap(job.spec),
+                     "; the registered nodes that could run it have ", slots, " in all");
+    return verdict;
+  }
+  verdict.fits_when_idle = SlotCapacity(job, capable.nodes, true) >= world_size;  // step 3
+  return verdict;
+}
+
+GangPlacement PlaceGang(const v1::JobSpec& spec, const std::vector<NodeRecord>& nodes,
+                        std::string_view tenant) {
+  const JobNeeds job(spec, tenant);
   GangPlacement placement;
   const Admission admitted = AdmitNodes(job, nodes);  // step 1
   if (admitted.nodes.empty()) {
@@ -204,40 +280,71 @@ std::string PlacementShape(const v1::JobSpec& spec) {
   return bytes;
 }
 
-std::optional<std::string> QueuePass::WaitsRegardless(const QueuedJob& job) const {
-  if (job.stopping) {
-    return absl::StrCat("waiting for the ranks of attempt ", job.attempt, " to stop");
+std::optional<std::string> QueuePass::Closed(const QueuedJob& job) const {
+  if (!blocked_by_) return std::nullopt;
+  const std::string window = absl::FormatDuration(backfill_window_);
+  // Another tenant's job is not named: its name is not this tenant's to know.
+  if (job.tenant != blocked_tenant_) {
+    return absl::StrCat("waiting for ", job.spec ? job.spec->distributed().world_size() : 0,
+                        " slots: those that free up are kept for a job ahead that has waited "
+                        "longer than the backfill window (",
+                        window, ")");
   }
-  if (blocked_by_) {
-    return absl::StrCat("waiting behind ", *blocked_by_,
-                        ", which comes first and has waited longer than the backfill window (",
-                        absl::FormatDuration(backfill_window_), ")");
-  }
-  return std::nullopt;
+  return absl::StrCat("waiting behind ", *blocked_by_,
+                      ", which comes first and has waited longer than the backfill window (",
+                      window, ")");
 }
 
-void QueuePass::NoteUnplaced(const QueuedJob& job) {
-  if (!blocked_by_ && job.waited >= backfill_window_) blocked_by_ = job.name;
-}
-
-GangPlacement QueuePass::Next(const QueuedJob& job) {
+GangPlacement QueuePass::Decide(const QueuedJob& job, const Feasibility& feasibility,
+                                const std::vector<NodeRecord>& nodes,
+                                std::optional<std::string>* unfit) {
   GangPlacement placement;
-  if (std::optional<std::string> why = WaitsRegardless(job)) {
+  if (!feasibility.never.empty()) {  // step 2: aside, holding nothing
+    placement.why = feasibility.never;
+    return placement;
+  }
+  if (std::optional<std::string> why = Closed(job)) {  // step 3
     placement.why = *std::move(why);
     return placement;
   }
-  const std::string shape(job.shape);
-  if (const auto unfit = unfit_shapes_.find(shape);
-      !shape.empty() && unfit != unfit_shapes_.end()) {
-    placement.why = unfit->second;
+  if (*unfit) {  // step 4
+    placement.why = **unfit;
   } else {
-    placement = PlaceGang(*job.spec, snapshot_);
+    placement = PlaceGang(*job.spec, nodes, job.tenant);
   }
-  if (!placement.placed()) {
-    if (!shape.empty()) unfit_shapes_.emplace(shape, placement.why);
-    NoteUnplaced(job);
+  if (placement.placed()) return placement;
+  *unfit = placement.why;
+  if (!blocked_by_ && feasibility.fits_when_idle && job.waited >= backfill_window_) {
+    blocked_by_ = job.name;
+    blocked_tenant_ = job.tenant;
+  }
+  return placement;
+}
+
+GangPlacement QueuePass::Next(const QueuedJob& job) {
+  if (job.stopping) {  // step 1
+    GangPlacement placement;
+    placement.why = absl::StrCat("waiting for the ranks of attempt ", job.attempt, " to stop");
     return placement;
   }
+  KeyVerdict unshared;
+  KeyVerdict* verdict = &unshared;
+  bool judged = false;
+  if (!job.shape.empty()) {
+    std::string key = job.tenant;  // tenant NUL shape
+    key.push_back('\0');
+    key.append(job.shape.data(), job.shape.size());
+    auto [it, added] = verdicts_.try_emplace(std::move(key));
+    verdict = &it->second;
+    judged = !added;
+  }
+  if (!judged) verdict->feasibility = JudgeFeasibility(JobNeeds(*job.spec, job.tenant), snapshot_);
+  GangPlacement placement = Decide(job, verdict->feasibility, snapshot_, &verdict->unfit);
+  if (placement.placed()) TakeSlots(placement);
+  return placement;
+}
+
+void QueuePass::TakeSlots(const GangPlacement& placement) {
   // The placed ranks' slots are taken for the rest of the pass.
   for (const RankPlacement& rank : placement.ranks) {
     for (NodeRecord& node : snapshot_) {
@@ -246,18 +353,12 @@ GangPlacement QueuePass::Next(const QueuedJob& job) {
       free.erase(std::remove(free.begin(), free.end(), rank.slot), free.end());
     }
   }
-  return placement;
 }
 
 GangPlacement QueuePass::Confirm(const QueuedJob& job, const std::vector<NodeRecord>& nodes) {
-  GangPlacement placement;
-  if (std::optional<std::string> why = WaitsRegardless(job)) {
-    placement.why = *std::move(why);
-    return placement;
-  }
-  placement = PlaceGang(*job.spec, nodes);
-  if (!placement.placed()) NoteUnplaced(job);
-  return placement;
+  if (job.stopping) return Next(job);  // step 1 alone: it reads no nodes
+  std::optional<std::string> unfit;
+  return Decide(job, JudgeFeasibility(JobNeeds(*job.spec, job.tenant), nodes), nodes, &unfit);
 }
 
 bool QueuePosition::Before(const QueuePosition& other) const {
@@ -266,9 +367,74 @@ bool QueuePosition::Before(const QueuePosition& other) const {
   return name < other.name;
 }
 
+bool FairShareOrder::Turn::operator<(const Turn& other) const {
+  if (held != other.held) return held < other.held;
+  if (head->Before(*other.head)) return true;
+  if (other.head->Before(*head)) return false;
+  return tenant < other.tenant;
+}
+
+FairShareOrder::FairShareOrder(std::vector<FairShareEntry> jobs,
+                               const std::map<std::string, int64_t>& held)
+    : jobs_(std::move(jobs)) {
+  std::unordered_map<std::string, size_t> index;
+  for (const FairShareEntry& job : jobs_) {
+    const auto [it, added] = index.try_emplace(job.tenant, tenants_.size());
+    if (added) {
+      const auto slots = held.find(job.tenant);
+      tenants_.push_back({slots == held.end() ? 0 : slots->second, {}, 0});
+    }
+    tenant_of_.push_back(it->second);
+    by_priority_.push_back(by_priority_.size());
+  }
+  std::sort(by_priority_.begin(), by_priority_.end(),
+            [&](size_t a, size_t b) { return jobs_[a].position.Before(jobs_[b].position); });
+}
+
+void FairShareOrder::Enqueue(size_t tenant) {
+  const Tenant& of = tenants_[tenant];
+  if (of.next < of.jobs.size()) turns_.insert({of.held, &jobs_[of.jobs[of.next]].position, tenant});
+}
+
+bool FairShareOrder::StartNextPriority() {
+  if (next_level_ == by_priority_.size()) return false;
+  const int32_t priority = jobs_[by_priority_[next_level_]].position.priority;
+  std::vector<size_t> present;
+  for (; next_level_ < by_priority_.size(); ++next_level_) {
+    const size_t job = by_priority_[next_level_];
+    if (jobs_[job].position.priority != priority) break;
+    Tenant& tenant = tenants_[tenant_of_[job]];
+    if (tenant.next == tenant.jobs.size()) {  // its jobs of a higher priority were all served
+      tenant.jobs.clear();
+      tenant.next = 0;
+      present.push_back(tenant_of_[job]);
+    }
+    tenant.jobs.push_back(job);  // in QueuePosition order: by_priority_ is
+  }
+  for (const size_t tenant : present) Enqueue(tenant);
+  return true;
+}
+
+std::optional<size_t> FairShareOrder::Next() {
+  if (last_) Enqueue(tenant_of_[*last_]);  // its next job's turn, with what it holds now
+  last_.reset();
+  while (turns_.empty()) {
+    if (!StartNextPriority()) return std::nullopt;
+  }
+  const Turn turn = *turns_.begin();
+  turns_.erase(turns_.begin());
+  Tenant& tenant = tenants_[turn.tenant];
+  last_ = tenant.jobs[tenant.next++];
+  return last_;
+}
+
+void FairShareOrder::Placed() {
+  if (last_) tenants_[tenant_of_[*last_]].held += jobs_[*last_].slots;
+}
+
 bool FastPathMayPlace(const QueuePosition& job, const std::optional<QueuePosition>& blocking,
                       bool capacity_changed) {
-  return !capacity_changed && (!blocking || job.Before(*blocking));
+  return !capacity_changed && (!blocking || job.priority > blocking->priority);
 }
 
 std::string PlacementMessage(int32_t attempt, const GangPlacement& placement) {

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -24,6 +25,12 @@ namespace gradhub::api {
 // ---------------------------------------------------------------------------------------------
 // Placement
 
+// A directory of a node that only one tenant's jobs may name (Node.tenant_data_roots).
+struct TenantRoot {
+  std::string tenant;  // tenants/NAME
+  std::string path;
+};
+
 // A node as placement sees it, before any job's needs are applied.
 struct NodeRecord {
   int64_t id = 0;
@@ -32,10 +39,17 @@ struct NodeRecord {
   bool heartbeating = false;                // within its lease
   v1::Node::DeviceKind kind = v1::Node::CPU;
   std::map<std::string, std::string> labels;
-  std::vector<std::string> data_roots;
-  std::vector<int32_t> free_slots;  // ascending; on CUDA nodes a slot is a GPU
-  int32_t master_port_base = 0;     // script jobs' MASTER_PORT base; 0 = runs no script jobs
+  std::vector<std::string> data_roots;        // every tenant's jobs may name files under these
+  std::vector<TenantRoot> tenant_data_roots;  // only the named tenant's jobs may
+  int64_t memory_per_slot_bytes = 0;          // a rank's memory limit there; 0 = no limit
+  int32_t slots = 0;                          // in all, used or not
+  std::vector<int32_t> free_slots;            // ascending; on CUDA nodes a slot is a GPU
+  int32_t master_port_base = 0;  // script jobs' MASTER_PORT base; 0 = runs no script jobs
 };
+
+// The data roots a job of `tenant` (tenants/NAME) may name files under on a node: its shared
+// data_roots and the tenant_data_roots entries of that tenant, never another tenant's.
+std::vector<std::string> RootsOfTenant(const NodeRecord& node, std::string_view tenant);
 
 struct RankPlacement {
   int32_t rank = 0;
@@ -59,50 +73,79 @@ struct GangPlacement {
 // runs on either, and becomes NCCL on CUDA nodes and GLOO on CPU nodes.
 std::vector<v1::Node::DeviceKind> DeviceKindsFor(const v1::JobSpec& spec);
 
-// A job as the node filters see it: its spec (defaults applied) and the device kinds it runs
-// on. Holds a reference to the spec.
+// A job as the node filters see it: its spec (defaults applied), its tenant (tenants/NAME:
+// whose tenant_data_roots it may use; empty = none) and the device kinds it runs on. Holds
+// references to the spec and the tenant.
 struct JobNeeds {
-  explicit JobNeeds(const v1::JobSpec& spec) : spec(spec), kinds(DeviceKindsFor(spec)) {}
+  explicit JobNeeds(const v1::JobSpec& spec, std::string_view tenant = {})
+      : spec(spec), tenant(tenant), kinds(DeviceKindsFor(spec)) {}
   const v1::JobSpec& spec;
+  std::string_view tenant;
   std::vector<v1::Node::DeviceKind> kinds;
 };
 
 // A scheduling filter, as Kubernetes' filter plugins: whether one node may take ranks of a job,
 // and a reason of its own, the one the job waits with when no node passes it together with
-// every filter before it. Both pure functions.
+// every filter before it. Both pure functions. A capability filter asks what the node is
+// (labels, roots, kind, memory), which only a registration changes; the others ask what it
+// offers now (its state, its free slots).
 struct NodeFilter {
   const char* name;
   bool (*admits)(const NodeRecord& node, const JobNeeds& job);
   std::string (*why_none)(const JobNeeds& job);
+  bool capability;
 };
 
 // The filters, in the order their reasons are given (the most specific first):
 //   NodeSelector  the node's labels hold every key=value of spec.nodeSelector;
-//   DataRoots     its data roots hold every file the spec names (contract/data_paths.h);
+//   DataRoots     its data roots the job's tenant may use (RootsOfTenant) hold every file the
+//                 spec names (contract/data_paths.h);
 //   DeviceKind    it is of a kind the job runs on (DeviceKindsFor);
 //   RunsScripts   a script job's node has a master port base (gradhub-agent --master-port-base);
+//   Memory        spec.memoryPerRankMib (0 = any) fits its memory_per_slot_bytes (0 = no limit);
 //   Ready         READY (not cordoned or draining) and heartbeating within its lease;
 //   FreeSlot      it has a free slot.
-// The last two share their reason: "needs N slots, no ready node has a free slot".
+// All but the last two are capability filters. The last two share their reason: "needs N
+// slots, no ready node has a free slot".
 const std::vector<NodeFilter>& NodeFilters();
 
-// The nodes every filter admits, in the order of `nodes`; when none, `why` is the reason of the
-// first filter that no node passes with every filter before it ("no node is registered" when
-// `nodes` is empty).
+// The nodes every filter admits (only the capability filters when `capability_only`), in the
+// order of `nodes`; when none, `why` is the reason of the first filter that no node passes with
+// every filter before it ("no node is registered" when `nodes` is empty).
 struct Admission {
   std::vector<const NodeRecord*> nodes;
   std::string why;
 };
-Admission AdmitNodes(const JobNeeds& job, const std::vector<NodeRecord>& nodes);
+Admission AdmitNodes(const JobNeeds& job, const std::vector<NodeRecord>& nodes,
+                     bool capability_only = false);
 
-// Gang placement of one job (its spec with defaults applied) on `nodes`:
+// Whether a job could ever run on the registered nodes, whatever runs there now:
+//   1. Capable nodes: those every capability filter admits, in any state (a cordoned node may
+//      be uncordoned, a silent one may come back). None: `never` is the reason of the filter
+//      that stopped them ("no node is registered" when there is none).
+//   2. Of one device kind, their slots in all (at most ranks_per_node of each) hold the world
+//      size. Otherwise `never` = "needs N slots (at most K per node); the registered nodes
+//      that could run it have M in all".
+//   3. `fits_when_idle`: so do the slots of the capable nodes that are READY and heartbeating,
+//      used or not. Only such a job is worth keeping freed slots for (QueuePass step 4): one
+//      that needs a cordoned or silent node would hold the queue for nothing.
+// A job with `never` set waits aside (QueuePass step 2); each pass judges it again against the
+// nodes registered then, so a node that registers or changes is seen at once.
+struct Feasibility {
+  std::string never;  // empty = some registered nodes could hold the job
+  bool fits_when_idle = false;
+};
+Feasibility JudgeFeasibility(const JobNeeds& job, const std::vector<NodeRecord>& nodes);
+
+// Gang placement of one job (its spec with defaults applied, of `tenant`) on `nodes`:
 //   1. Eligible nodes: those every filter admits (AdmitNodes).
 //   2. Of one device kind at a time (DeviceKindsFor's order of preference), pack the ranks onto
 //      as few nodes as possible: the nodes with the most free slots first (rank 0 on the first),
 //      at most ranks_per_node on each, lowest free slots first.
 //   3. All ranks placed, or none: then `why` names what is missing, most specific first: the
 //      reason of the filter no node passed, else the count of usable slots.
-GangPlacement PlaceGang(const v1::JobSpec& spec, const std::vector<NodeRecord>& nodes);
+GangPlacement PlaceGang(const v1::JobSpec& spec, const std::vector<NodeRecord>& nodes,
+                        std::string_view tenant = {});
 
 // The placement-relevant part of a spec as text (QueuedJob::shape): its deterministic wire
 // bytes, less the fields placement never reads (names, labels, the optimizer and schedule,
@@ -114,22 +157,27 @@ std::string PlacementShape(const v1::JobSpec& spec);
 // A job in the queue as one pass of the scheduler sees it.
 struct QueuedJob {
   std::string name;                   // jobs/ID
+  std::string tenant;                 // tenants/NAME
   int32_t attempt = 0;                // its current (last) attempt; the next is attempt + 1
   const v1::JobSpec* spec = nullptr;  // with defaults applied
-  // The placement-relevant part of the spec as text: jobs of one shape fit a snapshot of the
-  // nodes or not together. Empty = not known (never shared with another job).
+  // The placement-relevant part of the spec as text: jobs of one shape (and tenant) fit a
+  // snapshot of the nodes or not together. Empty = not known (never shared with another job).
   std::string_view shape;
   bool stopping = false;  // RESTARTING with ranks of its last attempt still live
   absl::Duration waited;  // since it entered the queue (submitted, or restarting)
 };
 
-// One pass over the queue, in its order (priority, then submission). For each job:
+// One pass over the queue, in FairShareOrder. For each job:
 //   1. a job whose last attempt's ranks are still live waits for them: its next attempt would
 //      otherwise share their slots and their rendezvous;
-//   2. once a job that does not fit has waited backfill_window, no job behind it is placed
-//      (backfill is over): the slots that free up accumulate for it;
-//   3. otherwise the job is placed if its gang fits (PlaceGang); a job that does not fit waits
-//      with PlaceGang's reason and, past its window, closes the queue behind it (step 2).
+//   2. a job no registered node could ever run (JudgeFeasibility) waits aside with what no
+//      node offers, and holds nothing: no slots are kept for it, no job waits behind it;
+//   3. once a job that does not fit has waited backfill_window, no job behind it is placed
+//      (backfill is over): the slots that free up accumulate for it. Those behind it are told
+//      they wait for slots, and the job's name only when it is their own tenant's;
+//   4. otherwise the job is placed if its gang fits (PlaceGang); a job that does not fit waits
+//      with PlaceGang's reason and, past its window, closes the queue behind it (step 3) if the
+//      ready nodes could hold it once their running jobs end (Feasibility::fits_when_idle).
 // Next decides against the pass's snapshot of the nodes and takes the slots of what it
 // places from it, so later jobs of the pass see them taken. Confirm decides again against
 // nodes read under the scheduler's lock, before the placement is written.
@@ -140,22 +188,30 @@ class QueuePass {
 
   GangPlacement Next(const QueuedJob& job);
   GangPlacement Confirm(const QueuedJob& job, const std::vector<NodeRecord>& nodes);
-  // The job that closed the queue (step 2), once one has.
+  // The job that closed the queue (step 3), once one has.
   const std::optional<std::string>& blocked_by() const { return blocked_by_; }
 
  private:
-  // Steps 1-2: why the job waits whatever the nodes hold; nullopt = look at the nodes.
-  std::optional<std::string> WaitsRegardless(const QueuedJob& job) const;
-  // Step 3's consequence for the queue behind a job that did not fit.
-  void NoteUnplaced(const QueuedJob& job);
+  // What a job of one tenant and shape met in this pass: a snapshot keeps its nodes and only
+  // loses free slots, so a later job of the same key fares the same, and a long queue is
+  // mostly a few keys.
+  struct KeyVerdict {
+    Feasibility feasibility;
+    std::optional<std::string> unfit;  // PlaceGang's reason, once a job of the key did not fit
+  };
+  // Step 3's reason, once the queue is closed.
+  std::optional<std::string> Closed(const QueuedJob& job) const;
+  // Steps 2-4 against `nodes`, with the job's feasibility judged already; `unfit` caches step
+  // 4's reason for the job's key.
+  GangPlacement Decide(const QueuedJob& job, const Feasibility& feasibility,
+                       const std::vector<NodeRecord>& nodes, std::optional<std::string>* unfit);
+  void TakeSlots(const GangPlacement& placement);
 
   std::vector<NodeRecord> snapshot_;
   const absl::Duration backfill_window_;
   std::optional<std::string> blocked_by_;  // the first job past its window that did not fit
-  // A shape that did not fit the snapshot will not fit it for the next job of that shape
-  // either (the snapshot only loses slots during a pass), and a long queue is mostly a few
-  // shapes: shape -> why.
-  std::unordered_map<std::string, std::string> unfit_shapes_;
+  std::string blocked_tenant_;             // its tenant
+  std::unordered_map<std::string, KeyVerdict> verdicts_;  // tenant NUL shape -> verdict
 };
 
 // A job's place in the queue: priority (highest first), then submission time, then name.
@@ -166,11 +222,64 @@ struct QueuePosition {
   bool Before(const QueuePosition& other) const;
 };
 
+// One waiting job as FairShareOrder sees it.
+struct FairShareEntry {
+  QueuePosition position;
+  std::string tenant;  // any text naming the tenant
+  int32_t slots = 0;   // its world size: what its tenant holds once it is placed
+};
+
+// The order a pass serves the queue in, so that no tenant's jobs starve another's:
+//   1. priority first: no job is served before one of a higher priority;
+//   2. among the tenants with jobs at that priority, the one holding the fewest slots goes
+//      next (its live ranks when the pass began, plus what the pass placed for it since),
+//      ties to the tenant whose next job was submitted first;
+//   3. each tenant's jobs in submission order (QueuePosition): its head job first.
+// A tenant flooding the queue gets a turn like any other, not one per job it submitted: as
+// soon as it holds more slots than another tenant with a job waiting, that job comes first.
+// Thread-compatible; one pass's state. Next is O(log tenants).
+class FairShareOrder {
+ public:
+  // `held`: slots of live ranks per tenant when the pass began (absent = none).
+  FairShareOrder(std::vector<FairShareEntry> jobs, const std::map<std::string, int64_t>& held);
+  FairShareOrder(const FairShareOrder&) = delete;  // its turns point into its jobs
+  FairShareOrder& operator=(const FairShareOrder&) = delete;
+
+  // The index in `jobs` of the next job to serve; nullopt once every job was served.
+  std::optional<size_t> Next();
+  // The job Next returned last was placed: its slots count for its tenant from now on.
+  void Placed();
+
+ private:
+  struct Tenant {
+    int64_t held = 0;
+    std::vector<size_t> jobs;  // at the current priority, in QueuePosition order
+    size_t next = 0;           // in jobs
+  };
+  // A tenant's claim to go next at the current priority (step 2).
+  struct Turn {
+    int64_t held;
+    const QueuePosition* head;
+    size_t tenant;
+    bool operator<(const Turn& other) const;
+  };
+  void Enqueue(size_t tenant);  // its turn, if it has a job left at this priority
+  bool StartNextPriority();     // false when no priority is left
+  std::vector<FairShareEntry> jobs_;
+  std::vector<size_t> tenant_of_;    // job index -> index in tenants_
+  std::vector<size_t> by_priority_;  // job indices by priority (highest first), then position
+  size_t next_level_ = 0;            // in by_priority_: the first job of the next priority
+  std::vector<Tenant> tenants_;
+  std::set<Turn> turns_;
+  std::optional<size_t> last_;  // the job Next returned last
+};
+
 // The scheduler's fast path (scheduler.h): a job created since the last pass may be placed
 // before the next one only while that pass's verdict on every job ahead of it still holds:
 //   1. no capacity was freed since (a rank exited, a node came, a job was cancelled): the jobs
 //      ahead that did not fit then still do not fit, so the new job only backfills;
-//   2. it is ahead of the job that closed the queue in that pass, if one did (QueuePass step 2).
+//   2. no job closed the queue in that pass (QueuePass step 3), or the new job's priority is
+//      higher than that job's: of equal priority, FairShareOrder may well serve it later.
 bool FastPathMayPlace(const QueuePosition& job, const std::optional<QueuePosition>& blocking,
                       bool capacity_changed);
 

@@ -53,17 +53,50 @@ class SchedulerTest : public db::DatabaseTest {
                  const std::vector<std::string>& data_roots = {"/data"},
                  const std::map<std::string, std::string>& labels = {},
                  v1::Node::DeviceKind kind = v1::Node::CPU) {
-    v1::RegisterNodeRequest request;
-    request.mutable_node()->set_name("nodes/" + name);
-    request.mutable_node()->set_slots(slots);
-    request.mutable_node()->set_kind(kind);
-    for (const auto& [key, value] : labels)
-      (*request.mutable_node()->mutable_labels())[key] = value;
+    v1::Node node;
+    node.set_name("nodes/" + name);
+    node.set_slots(slots);
+    node.set_kind(kind);
+    for (const auto& [key, value] : labels) (*node.mutable_labels())[key] = value;
     // By default /data, where MinimalJobSpec's dataset is.
-    for (const std::string& root : data_roots) request.mutable_node()->add_data_roots(root);
+    for (const std::string& root : data_roots) node.add_data_roots(root);
+    return Register(node);
+  }
+
+  Agent Register(const v1::Node& node) {
+    v1::RegisterNodeRequest request;
+    *request.mutable_node() = node;
     auto response = nodes_->RegisterNode(request);
     EXPECT_TRUE(response.ok()) << response.status();
-    return {name, response.ok() ? response->session_id() : ""};
+    return {NodeId(node.name()), response.ok() ? response->session_id() : ""};
+  }
+
+  // A tenant besides the fixture's: its id.
+  int64_t NewTenant(const std::string& name) {
+    auto tenant = pool_->Exec("INSERT INTO tenants (name) VALUES ($1) RETURNING id", {name});
+    EXPECT_TRUE(tenant.ok()) << tenant.status();
+    return tenant.ok() ? tenant->row(0).Get<int64_t>("id") : 0;
+  }
+
+  // A job of `tenant` (MinimalJobSpec with `world_size` ranks, changed by `change`).
+  v1::Job SubmitAs(
+      int64_t tenant, int world_size,
+      const std::function<void(v1::JobSpec&)>& change = [](v1::JobSpec&) {}) {
+    v1::JobSpec spec = testing::MinimalJobSpec();
+    spec.mutable_distributed()->set_world_size(world_size);
+    change(spec);
+    auto job = jobs_->CreateJob(tenant, spec, "");
+    EXPECT_TRUE(job.ok()) << job.status();
+    return job.ok() ? *job : v1::Job();
+  }
+
+  // Another scheduler in place of the fixture's, its backfill window `window` (the fixture's
+  // is long enough never to end in a test).
+  void UseBackfillWindow(absl::Duration window) {
+    SchedulerOptions options;
+    options.backfill_window = window;
+    options.peer_failure_grace = absl::Seconds(600);
+    scheduler_ = std::make_unique<Scheduler>(pool_.get(), options);
   }
 
   // One heartbeat reporting `ranks`; returns the desired set.
@@ -600,6 +633,172 @@ TEST_F(SchedulerTest, TheStoredSpecIsAsSubmittedAndPlacedWithItsDefaults) {
   ASSERT_EQ(desired.size(), 1u);
   EXPECT_EQ(desired[0].world_size(), 1);
   EXPECT_FALSE(desired[0].spec().has_distributed());  // the trainer applies WithDefaults
+}
+
+// --- Tenants in one queue (issue 36) ---------------------------------------------------------
+
+// A job no registered node could ever hold once held every job behind it, of every tenant,
+// past the backfill window, and its reason named the other tenant's job.
+TEST_F(SchedulerTest, AnInfeasibleJobOfOneTenantDoesNotHoldAnothersFeasibleJob) {
+  UseBackfillWindow(absl::ZeroDuration());  // every job that does not fit is past its window
+  const int64_t alpha = NewTenant("alpha"), beta = NewTenant("beta");
+  Register("a", 2);
+  const v1::Job huge = SubmitAs(alpha, 8);
+  Pass();
+  const v1::Job small = SubmitAs(beta, 1);
+  Pass();
+  EXPECT_EQ(jobs_->GetJob(beta, small.name())->state(), v1::Job::SCHEDULED);
+  const v1::Job aside = *jobs_->GetJob(alpha, huge.name());
+  EXPECT_EQ(aside.state(), v1::Job::PENDING);
+  EXPECT_EQ(aside.state_reason(),
+            "needs 8 slots; the registered nodes that could run it have 2 in all");
+
+  // A node that makes it feasible is seen by the next pass.
+  Register("big", 8);
+  Pass();
+  EXPECT_EQ(jobs_->GetJob(alpha, huge.name())->state(), v1::Job::SCHEDULED);
+}
+
+TEST_F(SchedulerTest, BehindAnotherTenantsBlockedJobTheReasonNamesNoJob) {
+  UseBackfillWindow(absl::ZeroDuration());
+  const int64_t alpha = NewTenant("alpha"), beta = NewTenant("beta");
+  Register("a", 2);
+  const v1::Job running = SubmitAs(beta, 1);
+  Pass();
+  ASSERT_EQ(jobs_->GetJob(beta, running.name())->state(), v1::Job::SCHEDULED);
+  // alpha holds no slot and beta one: alpha's job comes first, does not fit, and (past its
+  // window) keeps the slots that free up. beta's next job waits for them without learning
+  // which job of which tenant holds it up.
+  const v1::Job blocked = SubmitAs(alpha, 2);
+  const v1::Job behind = SubmitAs(beta, 1);
+  Pass();
+  EXPECT_EQ(jobs_->GetJob(alpha, blocked.name())->state(), v1::Job::PENDING);
+  const v1::Job waiting = *jobs_->GetJob(beta, behind.name());
+  EXPECT_EQ(waiting.state(), v1::Job::PENDING);
+  EXPECT_EQ(waiting.state_reason(),
+            "waiting for 1 slots: those that free up are kept for a job ahead that has waited "
+            "longer than the backfill window (0)");
+  EXPECT_THAT(waiting.state_reason(), ::testing::Not(HasSubstr(JobId(blocked.name()))));
+}
+
+TEST_F(SchedulerTest, ATenantFloodingTheQueueDoesNotStarveAnother) {
+  const int64_t alpha = NewTenant("alpha"), beta = NewTenant("beta");
+  Agent a = Register("a", 2);
+  std::vector<v1::Job> flood;
+  for (int i = 0; i < 10; ++i) flood.push_back(SubmitAs(alpha, 1));
+  Pass();
+  const v1::Job late = SubmitAs(beta, 1);
+  Pass();
+  EXPECT_EQ(jobs_->GetJob(beta, late.name())->state(), v1::Job::PENDING);
+  EXPECT_EQ(jobs_->GetJob(beta, late.name())->state_reason(),
+            "needs 1 slots, no ready node has a free slot");
+
+  // One of alpha's two running jobs ends: its slot goes to beta, which holds none, not to
+  // alpha's third job, submitted long before.
+  const std::vector<v1::RankAssignment> on_a = Beat(a, {});
+  ASSERT_EQ(on_a.size(), 2u);
+  Beat(a, {Status(on_a[0], v1::RankStatus::RUNNING), Status(on_a[1], v1::RankStatus::RUNNING)});
+  Pass();
+  Beat(a, {Status(on_a[0], v1::RankStatus::SUCCEEDED), Status(on_a[1], v1::RankStatus::RUNNING)});
+  Pass();
+  EXPECT_EQ(jobs_->GetJob(beta, late.name())->state(), v1::Job::SCHEDULED)
+      << jobs_->GetJob(beta, late.name())->state_reason();
+  int scheduled = 0;
+  for (const v1::Job& job : flood) {
+    scheduled += jobs_->GetJob(alpha, job.name())->state() == v1::Job::SCHEDULED;
+  }
+  EXPECT_EQ(scheduled, 0) << "alpha's jobs wait (one RUNNING, one SUCCEEDED)";
+}
+
+TEST_F(SchedulerTest, AJobAskingMoreMemoryThanAnySlotWaitsAsideNamingTheField) {
+  UseBackfillWindow(absl::ZeroDuration());
+  v1::Node node;
+  node.set_name("nodes/a");
+  node.set_slots(2);
+  node.add_data_roots("/data");
+  node.set_memory_per_slot_bytes(int64_t{1} << 30);
+  Register(node);
+  EXPECT_EQ(nodes_->GetNode("nodes/a")->memory_per_slot_bytes(), int64_t{1} << 30);
+  const v1::Job greedy =
+      SubmitAs(tenant_, 1, [](v1::JobSpec& spec) { spec.set_memory_per_rank_mib(2048); });
+  const v1::Job modest =
+      SubmitAs(tenant_, 1, [](v1::JobSpec& spec) { spec.set_memory_per_rank_mib(1024); });
+  Pass();
+  EXPECT_EQ(Get(greedy).state(), v1::Job::PENDING);
+  EXPECT_THAT(Get(greedy).state_reason(), HasSubstr("memoryPerRankMib 2048"));
+  EXPECT_EQ(Get(modest).state(), v1::Job::SCHEDULED) << Get(modest).state_reason();
+
+  node.set_memory_per_slot_bytes(int64_t{4} << 30);  // the agent restarts with more
+  Register(node);
+  Pass();
+  EXPECT_EQ(Get(greedy).state(), v1::Job::SCHEDULED) << Get(greedy).state_reason();
+}
+
+// A node with a root of tenant alpha's own, besides the shared /data.
+v1::Node NodeWithTenantRoot(const std::string& name) {
+  v1::Node node;
+  node.set_name("nodes/" + name);
+  node.set_slots(2);
+  node.add_data_roots("/data");
+  v1::TenantDataRoot* root = node.add_tenant_data_roots();
+  root->set_tenant("tenants/alpha");
+  root->set_path("/alpha");
+  return node;
+}
+
+void UseAlphasRoot(v1::JobSpec& spec) {
+  spec.mutable_dataset()->mutable_csv()->set_path("/alpha/x.csv");
+}
+
+TEST_F(SchedulerTest, CreateJobRefusesAPathUnderAnotherTenantsRoot) {
+  const int64_t alpha = NewTenant("alpha"), beta = NewTenant("beta");
+  Agent a = Register(NodeWithTenantRoot("a"));
+  const v1::Node stored = *nodes_->GetNode("nodes/a");
+  ASSERT_EQ(stored.tenant_data_roots_size(), 1);
+  EXPECT_EQ(stored.tenant_data_roots(0).tenant(), "tenants/alpha");
+  EXPECT_EQ(stored.tenant_data_roots(0).path(), "/alpha");
+  v1::JobSpec spec = testing::MinimalJobSpec();
+  UseAlphasRoot(spec);
+  const absl::StatusOr<v1::Job> refused = jobs_->CreateJob(beta, spec, "");
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.status().message(), HasSubstr("dataset.csv.path"));
+  EXPECT_THAT(refused.status().message(), HasSubstr("may use (/data)"));
+
+  const v1::Job own = SubmitAs(alpha, 1, UseAlphasRoot);
+  Pass();
+  EXPECT_EQ(jobs_->GetJob(alpha, own.name())->state(), v1::Job::SCHEDULED);
+  const std::vector<v1::RankAssignment> desired = Beat(a, {});
+  ASSERT_EQ(desired.size(), 1u);
+  EXPECT_EQ(desired[0].tenant(), "tenants/alpha");
+}
+
+TEST_F(SchedulerTest, AJobNamingAnotherTenantsRootIsNeverPlaced) {
+  const int64_t alpha = NewTenant("alpha"), beta = NewTenant("beta");
+  // Created while no node is registered: only the paths' form is checked then.
+  const v1::Job theirs = SubmitAs(beta, 1, UseAlphasRoot);
+  const v1::Job own = SubmitAs(alpha, 1, UseAlphasRoot);
+  Register(NodeWithTenantRoot("a"));
+  Pass();
+  const v1::Job waiting = *jobs_->GetJob(beta, theirs.name());
+  EXPECT_EQ(waiting.state(), v1::Job::PENDING);
+  EXPECT_THAT(waiting.state_reason(), HasSubstr("data roots"));
+  EXPECT_EQ(jobs_->GetJob(alpha, own.name())->state(), v1::Job::SCHEDULED);
+  Pass();
+  EXPECT_EQ(jobs_->GetJob(beta, theirs.name())->state(), v1::Job::PENDING);
+}
+
+TEST_F(SchedulerTest, RegisterNodeRefusesMalformedTenantRootsAndMemory) {
+  v1::RegisterNodeRequest request;
+  *request.mutable_node() = NodeWithTenantRoot("a");
+  request.mutable_node()->mutable_tenant_data_roots(0)->set_tenant("alpha");
+  request.mutable_node()->add_tenant_data_roots()->set_path("/x/../etc");
+  request.mutable_node()->mutable_tenant_data_roots(1)->set_tenant("tenants/alpha");
+  request.mutable_node()->set_memory_per_slot_bytes(-1);
+  const auto refused = nodes_->RegisterNode(request);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.status().message(), HasSubstr("node.tenant_data_roots.tenant: 'alpha'"));
+  EXPECT_THAT(refused.status().message(), HasSubstr("node.tenant_data_roots.path: '/x/../etc'"));
+  EXPECT_THAT(refused.status().message(), HasSubstr("node.memory_per_slot_bytes: -1"));
 }
 
 }  // namespace

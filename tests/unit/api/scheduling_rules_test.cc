@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -25,7 +26,15 @@ NodeRecord Node(int64_t id, const std::string& name, int free_slots,
   node.name = name;
   node.kind = kind;
   node.heartbeating = true;
+  node.slots = free_slots;
   for (int32_t slot = 0; slot < free_slots; ++slot) node.free_slots.push_back(slot);
+  return node;
+}
+
+// A node of `slots` slots of which the first `used` hold ranks.
+NodeRecord BusyNode(int64_t id, const std::string& name, int slots, int used) {
+  NodeRecord node = Node(id, name, slots);
+  node.free_slots.erase(node.free_slots.begin(), node.free_slots.begin() + used);
   return node;
 }
 
@@ -62,7 +71,15 @@ TEST(NodeFilters, GiveTheirReasonsMostSpecificFirst) {
   std::vector<std::string> names;
   for (const NodeFilter& filter : NodeFilters()) names.push_back(filter.name);
   EXPECT_EQ(names, (std::vector<std::string>{"NodeSelector", "DataRoots", "DeviceKind",
-                                             "RunsScripts", "Ready", "FreeSlot"}));
+                                             "RunsScripts", "Memory", "Ready", "FreeSlot"}));
+}
+
+TEST(NodeFilters, OnlyReadyAndFreeSlotAskWhatANodeOffersNow) {
+  std::vector<std::string> now;
+  for (const NodeFilter& filter : NodeFilters()) {
+    if (!filter.capability) now.push_back(filter.name);
+  }
+  EXPECT_EQ(now, (std::vector<std::string>{"Ready", "FreeSlot"}));
 }
 
 TEST(NodeFilters, NodeSelectorAdmitsNodesWithEveryLabel) {
@@ -94,6 +111,50 @@ TEST(NodeFilters, DataRootsAdmitNodesServingEveryFileTheSpecNames) {
   EXPECT_TRUE(Filter("DataRoots").admits(node, job));
   EXPECT_TRUE(Filter("DataRoots").admits(Node(2, "b", 1), JobNeeds(Spec(1))));  // no files
   EXPECT_THAT(Filter("DataRoots").why_none(job), HasSubstr("data roots"));
+}
+
+TEST(RootsOfTenant, AreTheSharedRootsAndTheTenantsOwnNeverAnothers) {
+  NodeRecord node = Node(1, "a", 1);
+  node.data_roots = {"/shared"};
+  node.tenant_data_roots = {{"tenants/a", "/a"}, {"tenants/b", "/b"}, {"tenants/a", "/a2"}};
+  EXPECT_EQ(RootsOfTenant(node, "tenants/a"), (std::vector<std::string>{"/shared", "/a", "/a2"}));
+  EXPECT_EQ(RootsOfTenant(node, "tenants/b"), (std::vector<std::string>{"/shared", "/b"}));
+  EXPECT_EQ(RootsOfTenant(node, "tenants/c"), (std::vector<std::string>{"/shared"}));
+  EXPECT_EQ(RootsOfTenant(node, ""), (std::vector<std::string>{"/shared"}));
+}
+
+TEST(NodeFilters, DataRootsAdmitATenantsOwnRootsOnlyForItsJobs) {
+  v1::JobSpec spec = Spec(1);
+  spec.mutable_dataset()->mutable_csv()->set_path("/tenant-a/train.csv");
+  NodeRecord node = Node(1, "a", 1);
+  node.tenant_data_roots = {{"tenants/a", "/tenant-a"}};
+  EXPECT_TRUE(Filter("DataRoots").admits(node, JobNeeds(spec, "tenants/a")));
+  EXPECT_FALSE(Filter("DataRoots").admits(node, JobNeeds(spec, "tenants/b")));
+  EXPECT_FALSE(Filter("DataRoots").admits(node, JobNeeds(spec)));
+  EXPECT_THAT(Filter("DataRoots").why_none(JobNeeds(spec, "tenants/b")),
+              HasSubstr("tenantDataRoots of tenants/b"));
+}
+
+TEST(NodeFilters, MemoryAdmitsNodesWhoseSlotHoldsARank) {
+  v1::JobSpec spec = Spec(1);
+  NodeRecord node = Node(1, "a", 1);
+  node.memory_per_slot_bytes = int64_t{2048} << 20;  // 2 GiB
+  EXPECT_TRUE(Filter("Memory").admits(node, JobNeeds(spec))) << "0 asks for a slot's share";
+  spec.set_memory_per_rank_mib(2048);
+  EXPECT_TRUE(Filter("Memory").admits(node, JobNeeds(spec)));
+  spec.set_memory_per_rank_mib(2049);
+  EXPECT_FALSE(Filter("Memory").admits(node, JobNeeds(spec)));
+  node.memory_per_slot_bytes += (int64_t{1} << 20) - 1;  // a MiB short of 2049
+  EXPECT_FALSE(Filter("Memory").admits(node, JobNeeds(spec)));
+  node.memory_per_slot_bytes = 0;                  // no limit
+  spec.set_memory_per_rank_mib(int64_t{1} << 40);  // would overflow as bytes
+  EXPECT_TRUE(Filter("Memory").admits(node, JobNeeds(spec)));
+  node.memory_per_slot_bytes = int64_t{1} << 59;  // 2^39 MiB
+  EXPECT_FALSE(Filter("Memory").admits(node, JobNeeds(spec)));
+  spec.set_memory_per_rank_mib(4096);
+  EXPECT_EQ(Filter("Memory").why_none(JobNeeds(spec)),
+            "memoryPerRankMib 4096: no eligible node gives a rank that much (see each node's "
+            "memoryPerSlotBytes)");
 }
 
 TEST(NodeFilters, DeviceKindAdmitsTheKindsTheJobRunsOn) {
@@ -171,6 +232,64 @@ TEST(AdmitNodes, WithoutAnyNodeSaysNoneIsRegistered) {
   EXPECT_EQ(PlaceGang(Spec(1), {}).why, "no node is registered");
 }
 
+TEST(AdmitNodes, CapabilityOnlyAsksNothingOfStateOrFreeSlots) {
+  NodeRecord cordoned_full = BusyNode(1, "a", 2, 2);
+  cordoned_full.state = v1::Node::CORDONED;
+  cordoned_full.heartbeating = false;
+  const JobNeeds job(Spec(1));
+  EXPECT_TRUE(AdmitNodes(job, {cordoned_full}).nodes.empty());
+  EXPECT_EQ(AdmitNodes(job, {cordoned_full}, /*capability_only=*/true).nodes.size(), 1u);
+  v1::JobSpec big = Spec(1);
+  big.set_memory_per_rank_mib(1024);
+  cordoned_full.memory_per_slot_bytes = int64_t{512} << 20;
+  EXPECT_THAT(AdmitNodes(JobNeeds(big), {cordoned_full}, true).why,
+              HasSubstr("memoryPerRankMib 1024"));
+}
+
+// --- feasibility ---
+
+TEST(JudgeFeasibility, WithoutAnyNodeNothingCouldRunTheJob) {
+  EXPECT_EQ(JudgeFeasibility(JobNeeds(Spec(1)), {}).never, "no node is registered");
+}
+
+TEST(JudgeFeasibility, ANodeThatCouldHoldTheJobCountsWhateverItRunsOrItsState) {
+  NodeRecord full = BusyNode(1, "a", 2, 2), cordoned = Node(2, "b", 2);
+  cordoned.state = v1::Node::CORDONED;
+  const Feasibility busy = JudgeFeasibility(JobNeeds(Spec(2)), {full});
+  EXPECT_EQ(busy.never, "");
+  EXPECT_TRUE(busy.fits_when_idle) << "its slots free up as its jobs end";
+  const Feasibility needs_cordoned = JudgeFeasibility(JobNeeds(Spec(4)), {full, cordoned});
+  EXPECT_EQ(needs_cordoned.never, "") << "a cordoned node may be uncordoned";
+  EXPECT_FALSE(needs_cordoned.fits_when_idle) << "but ready nodes alone cannot hold it";
+}
+
+TEST(JudgeFeasibility, TheWorldSizeMustFitTheSlotsOfTheCapableNodesInAll) {
+  const std::vector<NodeRecord> nodes = {Node(1, "a", 2), Node(2, "b", 4)};
+  EXPECT_EQ(JudgeFeasibility(JobNeeds(Spec(6)), nodes).never, "");
+  EXPECT_EQ(JudgeFeasibility(JobNeeds(Spec(7)), nodes).never,
+            "needs 7 slots; the registered nodes that could run it have 6 in all");
+  EXPECT_EQ(JudgeFeasibility(JobNeeds(Spec(5, 2)), nodes).never,
+            "needs 5 slots (at most 2 per node); the registered nodes that could run it have 4 "
+            "in all");
+}
+
+TEST(JudgeFeasibility, SlotsOfDifferentDeviceKindsDoNotAddUp) {
+  const std::vector<NodeRecord> nodes = {Node(1, "cpu", 2), Node(2, "gpu", 2, v1::Node::CUDA)};
+  EXPECT_EQ(JudgeFeasibility(JobNeeds(Spec(2)), nodes).never, "");
+  EXPECT_THAT(JudgeFeasibility(JobNeeds(Spec(3)), nodes).never, HasSubstr("have 2 in all"));
+}
+
+TEST(JudgeFeasibility, AFilterNoNodePassesGivesItsReason) {
+  v1::JobSpec spec = Spec(1);
+  spec.set_memory_per_rank_mib(4096);
+  NodeRecord small = Node(1, "a", 8);
+  small.memory_per_slot_bytes = int64_t{1024} << 20;
+  EXPECT_THAT(JudgeFeasibility(JobNeeds(spec), {small}).never, HasSubstr("memoryPerRankMib 4096"));
+  v1::JobSpec labelled = Spec(1);
+  (*labelled.mutable_node_selector())["zone"] = "b";
+  EXPECT_EQ(JudgeFeasibility(JobNeeds(labelled), {small}).never, "no node with label zone=b");
+}
+
 TEST(PlacementShape, DropsOnlyWhatPlacementNeverReads) {
   v1::JobSpec spec = Spec(2);
   spec.mutable_dataset()->mutable_csv()->set_path("/data/a.csv");
@@ -195,6 +314,7 @@ TEST(PlacementShape, DropsOnlyWhatPlacementNeverReads) {
       differs([](v1::JobSpec& s) { s.mutable_model()->mutable_torchscript()->set_path("/m"); }));
   EXPECT_TRUE(differs([](v1::JobSpec& s) { s.mutable_distributed()->set_world_size(3); }));
   EXPECT_TRUE(differs([](v1::JobSpec& s) { s.mutable_distributed()->set_ranks_per_node(1); }));
+  EXPECT_TRUE(differs([](v1::JobSpec& s) { s.set_memory_per_rank_mib(1024); }));
   EXPECT_TRUE(differs(
       [](v1::JobSpec& s) { s.mutable_distributed()->set_backend(v1::DistributedSpec::NCCL); }));
 }
@@ -328,9 +448,10 @@ TEST(PlaceGang, OnCudaNodesEachRankGetsItsOwnGpuAndNoMoreRanksThanGpus) {
 // --- the queue ---
 
 QueuedJob Queued(const std::string& name, const v1::JobSpec& spec, double waited_seconds,
-                 const std::string& shape = "") {
+                 const std::string& shape = "", const std::string& tenant = "tenants/a") {
   QueuedJob job;
   job.name = name;
+  job.tenant = tenant;
   job.spec = &spec;
   job.waited = absl::Seconds(waited_seconds);
   job.shape = shape;
@@ -339,19 +460,60 @@ QueuedJob Queued(const std::string& name, const v1::JobSpec& spec, double waited
 
 TEST(QueuePass, InsideItsBackfillWindowABlockedJobLetsSmallerOnesAround) {
   const v1::JobSpec big = Spec(4), small = Spec(1);
-  QueuePass pass({Node(1, "a", 2)}, absl::Seconds(60));
+  QueuePass pass({BusyNode(1, "a", 4, 2)}, absl::Seconds(60));
   EXPECT_FALSE(pass.Next(Queued("jobs/big", big, 10)).placed());
   EXPECT_TRUE(pass.Next(Queued("jobs/small", small, 0)).placed());
 }
 
 TEST(QueuePass, PastItsBackfillWindowNothingBehindTheBlockedJobStarts) {
   const v1::JobSpec big = Spec(4), small = Spec(1);
-  QueuePass pass({Node(1, "a", 2)}, absl::Seconds(60));
+  QueuePass pass({BusyNode(1, "a", 4, 2)}, absl::Seconds(60));
   EXPECT_FALSE(pass.Next(Queued("jobs/big", big, 61)).placed());
   const GangPlacement behind = pass.Next(Queued("jobs/small", small, 0));
   EXPECT_FALSE(behind.placed());
   EXPECT_THAT(behind.why, HasSubstr("waiting behind jobs/big"));
   EXPECT_THAT(behind.why, HasSubstr("backfill window (1m)"));
+  EXPECT_EQ(pass.blocked_by(), "jobs/big");
+}
+
+TEST(QueuePass, BehindAnotherTenantsJobTheReasonNamesNoJob) {
+  const v1::JobSpec big = Spec(4), small = Spec(1);
+  QueuePass pass({BusyNode(1, "a", 4, 2)}, absl::Seconds(60));
+  EXPECT_FALSE(pass.Next(Queued("jobs/big", big, 61, "", "tenants/a")).placed());
+  const GangPlacement behind = pass.Next(Queued("jobs/small", small, 0, "", "tenants/b"));
+  EXPECT_FALSE(behind.placed());
+  EXPECT_EQ(behind.why,
+            "waiting for 1 slots: those that free up are kept for a job ahead that has waited "
+            "longer than the backfill window (1m)");
+}
+
+TEST(QueuePass, AnInfeasibleJobWaitsAsideAndHoldsNothing) {
+  const v1::JobSpec huge = Spec(8), small = Spec(1);
+  QueuePass pass({BusyNode(1, "a", 4, 2)}, absl::Seconds(60));
+  const GangPlacement aside = pass.Next(Queued("jobs/huge", huge, 3600));
+  EXPECT_FALSE(aside.placed());
+  EXPECT_EQ(aside.why, "needs 8 slots; the registered nodes that could run it have 4 in all");
+  EXPECT_FALSE(pass.blocked_by()) << "no slots are kept for a job that can never use them";
+  EXPECT_TRUE(pass.Next(Queued("jobs/small", small, 0, "", "tenants/b")).placed());
+}
+
+TEST(QueuePass, AnInfeasibleJobSaysSoEvenBehindAClosedQueue) {
+  const v1::JobSpec big = Spec(4), huge = Spec(8);
+  QueuePass pass({BusyNode(1, "a", 4, 2)}, absl::Seconds(60));
+  EXPECT_FALSE(pass.Next(Queued("jobs/big", big, 61)).placed());
+  EXPECT_THAT(pass.Next(Queued("jobs/huge", huge, 0)).why, HasSubstr("have 4 in all"));
+}
+
+TEST(QueuePass, AJobThatOnlyANodeNotReadyCouldHoldDoesNotCloseTheQueue) {
+  NodeRecord cordoned = Node(2, "b", 4);
+  cordoned.state = v1::Node::CORDONED;
+  const v1::JobSpec big = Spec(6), small = Spec(1);
+  QueuePass pass({BusyNode(1, "a", 4, 2), cordoned}, absl::Seconds(60));
+  const GangPlacement waits = pass.Next(Queued("jobs/big", big, 3600));
+  EXPECT_FALSE(waits.placed());
+  EXPECT_THAT(waits.why, HasSubstr("needs 6 slots, 2 usable on 1 ready nodes"));
+  EXPECT_FALSE(pass.blocked_by());
+  EXPECT_TRUE(pass.Next(Queued("jobs/small", small, 0)).placed());
 }
 
 TEST(QueuePass, ARestartingJobWaitsForItsLastAttemptsRanksToStop) {
@@ -374,7 +536,7 @@ TEST(QueuePass, APlacementTakesItsSlotsForTheRestOfThePass) {
 
 TEST(QueuePass, AShapeThatDidNotFitIsNotPackedAgainInThePass) {
   const v1::JobSpec fits = Spec(1), unfit = Spec(3);
-  QueuePass pass({Node(1, "a", 2)}, absl::Seconds(60));
+  QueuePass pass({BusyNode(1, "a", 4, 2)}, absl::Seconds(60));
   EXPECT_FALSE(pass.Next(Queued("jobs/1", unfit, 0, "shape")).placed());
   // The same shape text: the cached reason, even with a spec that would fit (shapes are the
   // placement-relevant part of the spec, so this cannot happen outside a test).
@@ -383,14 +545,34 @@ TEST(QueuePass, AShapeThatDidNotFitIsNotPackedAgainInThePass) {
   EXPECT_TRUE(pass.Next(Queued("jobs/3", fits, 0, "other")).placed());
 }
 
+// Tenant roots make a shape's fate the tenant's: one verdict must not stand for another's job.
+TEST(QueuePass, AShapeIsJudgedForEachTenantOnItsOwnRoots) {
+  v1::JobSpec spec = Spec(1);
+  spec.mutable_dataset()->mutable_csv()->set_path("/tenant-b/train.csv");
+  NodeRecord node = Node(1, "a", 2);
+  node.tenant_data_roots = {{"tenants/b", "/tenant-b"}};
+  QueuePass pass({node}, absl::Seconds(60));
+  EXPECT_THAT(pass.Next(Queued("jobs/1", spec, 0, "shape", "tenants/a")).why,
+              HasSubstr("data roots"));
+  EXPECT_TRUE(pass.Next(Queued("jobs/2", spec, 0, "shape", "tenants/b")).placed());
+}
+
 TEST(QueuePass, ConfirmDecidesAgainstTheNodesReadUnderTheLockAndMayBlockTheQueue) {
   const v1::JobSpec spec = Spec(2), small = Spec(1);
   QueuePass pass({Node(1, "a", 2)}, absl::Seconds(60));
   ASSERT_TRUE(pass.Next(Queued("jobs/1", spec, 100)).placed());
   // Meanwhile the slots were taken: the confirmation says so, and the job (past its window)
   // now holds the queue.
-  EXPECT_FALSE(pass.Confirm(Queued("jobs/1", spec, 100), {Node(1, "a", 1)}).placed());
+  EXPECT_FALSE(pass.Confirm(Queued("jobs/1", spec, 100), {BusyNode(1, "a", 2, 1)}).placed());
   EXPECT_THAT(pass.Next(Queued("jobs/2", small, 0)).why, HasSubstr("waiting behind jobs/1"));
+}
+
+TEST(QueuePass, ConfirmSetsAnInfeasibleJobAsideWithoutClosingTheQueue) {
+  const v1::JobSpec spec = Spec(2), small = Spec(1);
+  QueuePass pass({}, absl::Seconds(60));
+  EXPECT_EQ(pass.Confirm(Queued("jobs/1", spec, 100), {Node(1, "a", 1)}).why,
+            "needs 2 slots; the registered nodes that could run it have 1 in all");
+  EXPECT_FALSE(pass.blocked_by());
 }
 
 TEST(QueuePosition, PriorityFirstThenSubmissionThenName) {
@@ -400,12 +582,71 @@ TEST(QueuePosition, PriorityFirstThenSubmissionThenName) {
   EXPECT_FALSE(QueuePosition({0, 1000, "jobs/a"}).Before({0, 1000, "jobs/a"}));
 }
 
-TEST(FastPathMayPlace, OnlyWhileTheLastPassVerdictsHoldAndAheadOfTheJobClosingTheQueue) {
+// --- fair share ---
+
+// The names of the jobs in the order served, calling Placed after each in `placed`.
+std::string Served(FairShareOrder order, const std::vector<FairShareEntry>& jobs,
+                   const std::set<std::string>& placed) {
+  std::string out;
+  while (const std::optional<size_t> i = order.Next()) {
+    if (!out.empty()) out += ",";
+    out += jobs[*i].position.name;
+    if (placed.count(jobs[*i].position.name)) order.Placed();
+  }
+  return out;
+}
+
+FairShareEntry Waiting(const std::string& name, const std::string& tenant, int64_t submitted,
+                       int32_t priority = 0, int32_t slots = 1) {
+  return {{priority, submitted, name}, tenant, slots};
+}
+
+TEST(FairShareOrder, ATenantFloodingTheQueueTakesTurnsWithTheOthers) {
+  const std::vector<FairShareEntry> jobs = {Waiting("a1", "A", 1), Waiting("a2", "A", 2),
+                                            Waiting("a3", "A", 3), Waiting("a4", "A", 4),
+                                            Waiting("b1", "B", 5), Waiting("b2", "B", 6)};
+  const std::set<std::string> all = {"a1", "a2", "a3", "a4", "b1", "b2"};
+  EXPECT_EQ(Served(FairShareOrder(jobs, {}), jobs, all), "a1,b1,a2,b2,a3,a4");
+  // What was not placed holds nothing: then submission order decides.
+  EXPECT_EQ(Served(FairShareOrder(jobs, {}), jobs, {}), "a1,a2,a3,a4,b1,b2");
+}
+
+TEST(FairShareOrder, TheTenantHoldingFewerSlotsGoesFirst) {
+  const std::vector<FairShareEntry> jobs = {Waiting("a1", "A", 1), Waiting("b1", "B", 2)};
+  EXPECT_EQ(Served(FairShareOrder(jobs, {{"A", 4}}), jobs, {}), "b1,a1");
+  EXPECT_EQ(Served(FairShareOrder(jobs, {{"A", 4}, {"B", 8}}), jobs, {}), "a1,b1");
+}
+
+TEST(FairShareOrder, ABigPlacementCountsItsSlots) {
+  const std::vector<FairShareEntry> jobs = {Waiting("a1", "A", 1, 0, 8), Waiting("a2", "A", 2),
+                                            Waiting("b1", "B", 3), Waiting("b2", "B", 4),
+                                            Waiting("b3", "B", 5)};
+  EXPECT_EQ(Served(FairShareOrder(jobs, {}), jobs, {"a1", "a2", "b1", "b2", "b3"}),
+            "a1,b1,b2,b3,a2");
+}
+
+TEST(FairShareOrder, PriorityComesBeforeFairShare) {
+  const std::vector<FairShareEntry> jobs = {Waiting("a1", "A", 1, 0), Waiting("a2", "A", 2, 5),
+                                            Waiting("b1", "B", 3, 0), Waiting("b2", "B", 4, 5)};
+  EXPECT_EQ(Served(FairShareOrder(jobs, {{"A", 10}}), jobs, {"a1", "a2", "b1", "b2"}),
+            "b2,a2,b1,a1");
+}
+
+TEST(FairShareOrder, EachTenantsJobsInTheirOwnQueueOrder) {
+  const std::vector<FairShareEntry> jobs = {Waiting("a3", "A", 3), Waiting("a1", "A", 1),
+                                            Waiting("a2", "A", 2)};
+  EXPECT_EQ(Served(FairShareOrder(jobs, {}), jobs, {"a1", "a2", "a3"}), "a1,a2,a3");
+  EXPECT_EQ(Served(FairShareOrder({}, {}), {}, {}), "");
+}
+
+TEST(FastPathMayPlace, OnlyWhileTheLastPassVerdictsHoldAndNoJobClosedTheQueueAtItsPriority) {
   const QueuePosition blocking{0, 1000, "jobs/b"};
   EXPECT_TRUE(FastPathMayPlace({0, 2000, "jobs/new"}, std::nullopt, false));
   EXPECT_FALSE(FastPathMayPlace({0, 2000, "jobs/new"}, std::nullopt, true))
       << "capacity freed: a job ahead may fit now";
   EXPECT_FALSE(FastPathMayPlace({0, 2000, "jobs/new"}, blocking, false)) << "behind the blocker";
+  EXPECT_FALSE(FastPathMayPlace({0, 500, "jobs/old"}, blocking, false))
+      << "of equal priority, fair share decides who comes first: the next pass";
   EXPECT_TRUE(FastPathMayPlace({5, 2000, "jobs/urgent"}, blocking, false)) << "higher priority";
 }
 
