@@ -7,6 +7,9 @@
 //   - no rank runs as root;
 //   - a rank that needs more memory than its slot is stopped at its limit and its job FAILS
 //     saying so, while another job on the same node succeeds;
+//   - a tenant's data root (--tenant-data-root) serves that tenant's ranks only, by the
+//     agent's check and by the kernel, and a rank's memory limit is its spec's
+//     memoryPerRankMib;
 //   - deploy/local/cluster.sh (make demo) leaves no process behind.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -22,6 +25,7 @@
 #include <fstream>
 #include <regex>
 #include <sstream>
+#include <thread>
 
 #include "tests/support/local_cluster.h"
 
@@ -297,6 +301,137 @@ void IsolationE2eTest::OverLimitStoppedNeighbourFinishes() {
   const v1::Job finished = cluster_->AwaitJob(neighbour, testing::Ended);
   EXPECT_EQ(finished.state(), v1::Job::SUCCEEDED) << cluster_->Describe(neighbour);
   EXPECT_EQ(finished.attempt(), 1) << "the neighbour was never disturbed";
+}
+
+// ------------------------------------------------------------------------------------------
+// Per-tenant data roots and a rank's memory (issue 36)
+
+// A script rank's code: tries to read each file named in argv, then prints its memory limit as
+// the kernel holds it (RLIMIT_DATA when set, else its memory cgroup's).
+constexpr char kProbeScript[] = R"(import sys
+for path in sys.argv[1:]:
+    try:
+        open(path).read()
+        print("OPEN", path, "OPENED")
+    except OSError as error:
+        print("OPEN", path, "DENIED", error.errno)
+def limit():
+    for line in open("/proc/self/limits"):
+        if line.startswith("Max data size") and line.split()[3] != "unlimited":
+            return line.split()[3]
+    for line in open("/proc/self/cgroup"):
+        number, controllers, path = line.rstrip("\n").split(":", 2)
+        if "memory" in controllers.split(","):
+            return open("/sys/fs/cgroup/memory" + path + "/memory.limit_in_bytes").read().strip()
+    for line in open("/proc/self/cgroup"):
+        if line.startswith("0::"):
+            return open("/sys/fs/cgroup" + line[3:].strip() + "/memory.max").read().strip()
+print("LIMIT", limit())
+)";
+
+// The memory limit of process `pid` as the kernel holds it, read as kProbeScript reads it.
+std::string KernelMemoryLimit(pid_t pid) {
+  const std::string proc = "/proc/" + std::to_string(pid);
+  std::smatch match;
+  const std::string limits = ReadFile(proc + "/limits");
+  if (std::regex_search(limits, match, std::regex("Max data size +([0-9]+)"))) return match[1];
+  const std::string cgroups = ReadFile(proc + "/cgroup");
+  if (std::regex_search(cgroups, match, std::regex("\\d+:[^:\\n]*memory[^:\\n]*:([^\\n]*)"))) {
+    return ReadFile("/sys/fs/cgroup/memory" + match[1].str() + "/memory.limit_in_bytes");
+  }
+  if (std::regex_search(cgroups, match, std::regex("0::([^\\n]*)"))) {
+    return ReadFile("/sys/fs/cgroup" + match[1].str() + "/memory.max");
+  }
+  return "";
+}
+
+// A spec naming a file of another tenant's root: refused at CreateJob (the api knows the
+// node's tenant roots), or by the agent's check before the start; either way naming the field,
+// and nothing trains.
+void ExpectRefusedNamingThePath(testing::LocalCluster& cluster, const v1::JobSpec& spec) {
+  v1::CreateJobRequest request;
+  *request.mutable_spec() = spec;
+  v1::Job job;
+  const grpc::Status status =
+      cluster.jobs().CreateJob(cluster.TenantContext().get(), request, &job);
+  if (status.ok()) {
+    const v1::Job failed = cluster.AwaitJob(job.name(), testing::Ended);
+    EXPECT_EQ(failed.state(), v1::Job::FAILED) << cluster.Describe(job.name());
+    EXPECT_THAT(failed.state_reason(), HasSubstr("dataset.csv.path"));
+    EXPECT_EQ(failed.progress().step(), 0);
+  } else {
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(status.error_message(), HasSubstr("dataset.csv.path"));
+  }
+}
+
+// kProbeScript as a script job of the cluster's tenant over `paths`, with memoryPerRankMib
+// `mib`: its output once it SUCCEEDED and its last line arrived.
+std::string RunProbeScript(testing::LocalCluster& cluster, const std::vector<std::string>& paths,
+                           int64_t mib) {
+  v1::JobSpec script;
+  script.set_display_name("probe");
+  script.mutable_script()->set_code(cluster.UploadCode({{"probe.py", kProbeScript}}));
+  script.mutable_script()->set_entrypoint("probe.py");
+  for (const std::string& path : paths) script.mutable_script()->add_args(path);
+  script.set_memory_per_rank_mib(mib);
+  const std::string name = cluster.Submit(script).name();
+  EXPECT_EQ(cluster.AwaitJob(name, testing::Ended).state(), v1::Job::SUCCEEDED)
+      << cluster.Describe(name);
+  std::string out;  // the output is shipped apart from the exit: wait for its last line
+  for (int i = 0; i < 100 && out.find("LIMIT") == std::string::npos; ++i) {
+    if (i > 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    out.clear();
+    for (const std::string& line : cluster.Logs(name, 0, 0)) out += line + "\n";
+  }
+  return out;
+}
+
+// The cluster's tenant ("team") has a root of its own; another tenant ("rival") has one too,
+// with a file readable by anyone who may enter it. Through the real api and a root agent:
+//   - team's trainer job reads its root and runs with its spec's memoryPerRankMib as the limit;
+//   - team's trainer job naming rival's file is refused (at CreateJob, or by the agent's check
+//     before the start), naming the field, and never trains;
+//   - team's script rank, whose code opens rival's file directly as its job's uid, is refused
+//     by the kernel, while it opens its own tenant's file; its limit is its spec's too.
+TEST_F(IsolationE2eTest, ATenantsRootServesOnlyItsOwnRanksAndARankGetsItsSpecsMemory) {
+  if (geteuid() != 0) GTEST_SKIP() << "tenant roots are closed to other tenants by a root agent";
+  const std::string own = files_.path() + "/team-data", rival = files_.path() + "/rival-data";
+  for (const std::string& dir : {own, rival}) std::filesystem::create_directories(dir);
+  WriteCsv(own + "/train.csv");
+  WriteCsv(rival + "/train.csv");
+  for (const std::string& file : {own + "/train.csv", rival + "/train.csv"}) {
+    chmod(file.c_str(), 0644);
+  }
+  testing::LocalClusterOptions options;
+  options.agents = {"a"};
+  options.checkpoint_service = true;  // the script's code
+  options.memory_per_slot = std::to_string(kLimit);
+  options.tenant_data_roots = {"team=" + own, "tenants/rival=" + rival};
+  StartCluster(options);
+
+  v1::JobSpec mine = CsvJob(own + "/train.csv", 1000000);
+  mine.set_memory_per_rank_mib(448);
+  const std::string name = cluster_->Submit(mine).name();
+  ASSERT_EQ(cluster_
+                ->AwaitJob(name,
+                           [](const v1::Job& job) {
+                             return job.state() == v1::Job::RUNNING || testing::Ended(job);
+                           })
+                .state(),
+            v1::Job::RUNNING)
+      << cluster_->Describe(name);
+  const std::vector<pid_t> ranks = cluster_->TrainersOf("a");
+  ASSERT_EQ(ranks.size(), 1u);
+  EXPECT_EQ(KernelMemoryLimit(ranks[0]), std::to_string(448 << 20) + "\n");
+  cluster_->Cancel(name);
+
+  ExpectRefusedNamingThePath(*cluster_, CsvJob(rival + "/train.csv"));
+  const std::string out =
+      RunProbeScript(*cluster_, {rival + "/train.csv", own + "/train.csv"}, 300);
+  EXPECT_THAT(out, HasSubstr("OPEN " + rival + "/train.csv DENIED 13")) << out;  // EACCES
+  EXPECT_THAT(out, HasSubstr("OPEN " + own + "/train.csv OPENED")) << out;
+  EXPECT_THAT(out, HasSubstr("LIMIT " + std::to_string(300 << 20))) << out;
 }
 
 // The trainer checks again on what it opens, whatever the agent checked: its roots come from
