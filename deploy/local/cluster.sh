@@ -47,10 +47,16 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM HUP
 
 pg_port=$((20000 + RANDOM % 20000))
-"${as_pg[@]}" "$pg_bin/initdb" -D "$pg_dir/data" -U gradhub -A trust >/dev/null
+# Password authentication, never trust: ranks run on this host and can reach the port.
+pg_password="$(od -An -N24 -tx1 /dev/urandom | tr -d ' \n')"
+(umask 077 && printf '%s\n' "$pg_password" > "$pg_dir/password")
+[ "$(id -u)" = 0 ] && chown nobody "$pg_dir/password"
+"${as_pg[@]}" "$pg_bin/initdb" -D "$pg_dir/data" -U gradhub -A scram-sha-256 \
+  --pwfile="$pg_dir/password" >/dev/null
+rm -f "$pg_dir/password"
 "${as_pg[@]}" "$pg_bin/pg_ctl" -D "$pg_dir/data" -l "$pg_dir/pg.log" -w \
   -o "-p $pg_port -k $pg_dir -c listen_addresses=127.0.0.1" start >/dev/null
-export GRADHUB_DATABASE_URL="postgresql://gradhub@127.0.0.1:$pg_port/postgres"
+export GRADHUB_DATABASE_URL="postgresql://gradhub:$pg_password@127.0.0.1:$pg_port/postgres"
 
 "$bin/gradhub-api" migrate >/dev/null
 "$bin/gradhub-api" --grpc-address 127.0.0.1:0 --http-host 127.0.0.1 --http-port 0 serve \

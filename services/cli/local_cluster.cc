@@ -97,7 +97,9 @@ ClusterRecord FromJson(const nlohmann::json& json) {
 // Atomically, so that a `status` running alongside `up` reads a whole record.
 absl::Status WriteRecord(const ClusterRecord& record) {
   const std::string path = RecordPath(record.state_dir), temporary = path + ".tmp";
+  const mode_t old_mask = umask(077);  // it holds the database URL, password included
   std::ofstream(temporary, std::ios::trunc) << ToJson(record).dump(2) << "\n";
+  umask(old_mask);
   if (std::rename(temporary.c_str(), path.c_str()) != 0) {
     return absl::InternalError(absl::StrCat("cannot write ", path));
   }
@@ -203,7 +205,7 @@ int PostmasterPid(const ClusterRecord& record) {
 
 // Creates the database cluster on the first `up` of this state directory: true when it did
 // (the database is new, and tokens of an earlier one are void).
-absl::StatusOr<bool> InitDatabaseOnce(const ClusterRecord& record) {
+absl::StatusOr<bool> InitDatabaseOnce(const ClusterRecord& record, const std::string& password) {
   if (fs::exists(record.postgres_data + "/PG_VERSION")) return false;
   const std::string dir = fs::path(record.postgres_data).parent_path().string();
   std::error_code error;
@@ -215,15 +217,30 @@ absl::StatusOr<bool> InitDatabaseOnce(const ClusterRecord& record) {
       return absl::InternalError(absl::StrCat("cannot give ", dir, " to ", record.postgres_user));
     }
   }
-  GRADHUB_RETURN_IF_ERROR(
+  // scram-sha-256, never trust: ranks run tenant code on this host and can reach the port.
+  const std::string password_file = dir + "/.initdb-password";
+  {
+    const mode_t old_mask = umask(077);
+    std::ofstream(password_file, std::ios::trunc) << password << "\n";
+    umask(old_mask);
+  }
+  if (const passwd* user =
+          record.postgres_user.empty() ? nullptr : getpwnam(record.postgres_user.c_str());
+      user != nullptr && chown(password_file.c_str(), user->pw_uid, user->pw_gid) != 0) {
+    return absl::InternalError(
+        absl::StrCat("cannot give ", password_file, " to ", record.postgres_user));
+  }
+  const absl::Status status =
       RunPostgresTool(record, {record.postgres_bin + "/initdb", "-D", record.postgres_data, "-U",
-                               "gradhub", "-A", "trust"}));
+                               "gradhub", "-A", "scram-sha-256", "--pwfile=" + password_file});
+  std::remove(password_file.c_str());
+  GRADHUB_RETURN_IF_ERROR(status);
   return true;
 }
 
 // Starts PostgreSQL on a free loopback port (its socket in its own directory), records it and
 // returns its URL.
-absl::StatusOr<std::string> StartPostgres(ClusterRecord* record) {
+absl::StatusOr<std::string> StartPostgres(ClusterRecord* record, const std::string& password) {
   GRADHUB_ASSIGN_OR_RETURN(const int port, FreeLoopbackPort());
   const std::string dir = fs::path(record->postgres_data).parent_path().string();
   const std::string log = dir + "/postgres.log";
@@ -231,7 +248,8 @@ absl::StatusOr<std::string> StartPostgres(ClusterRecord* record) {
       *record,
       {record->postgres_bin + "/pg_ctl", "-D", record->postgres_data, "-l", log, "-w", "-o",
        absl::StrCat("-p ", port, " -k '", dir, "' -c listen_addresses=127.0.0.1"), "start"}));
-  const std::string url = absl::StrCat("postgresql://gradhub@127.0.0.1:", port, "/postgres");
+  const std::string url =
+      absl::StrCat("postgresql://gradhub:", password, "@127.0.0.1:", port, "/postgres");
   record->processes.push_back(
       {kPostgres, PostmasterPid(*record), record->postgres_bin + "/postgres", log, {{"URL", url}}});
   GRADHUB_RETURN_IF_ERROR(WriteRecord(*record));
@@ -378,7 +396,9 @@ absl::Status StartServers(const LocalClusterOptions& options,
       options,
       {"checkpoint",
        {{bin + "/gradhub-checkpoint", "--grpc-host", "127.0.0.1", "--grpc-port", "0", "--http-host",
-         "127.0.0.1", "--http-port", "0", "--data-dir", options.state_dir + "/checkpoint-store"},
+         "127.0.0.1", "--http-port", "0", "--data-dir", options.state_dir + "/checkpoint-store",
+         // Encryption at rest: the master key beside the blobs' directory, made on first `up`.
+         "--master-key-file", options.state_dir + "/checkpoint-master.key", "--create-master-key"},
         env},
        {Port("gRPC", "gRPC", false), Port("REST", "REST", true)}},
       record));
@@ -489,9 +509,12 @@ absl::StatusOr<ClusterTokens> StartAll(const LocalClusterOptions& options, Clust
     record->postgres_data = options.state_dir + "/postgres/data";
     record->postgres_bin = options.postgres_bin;
     record->postgres_user = geteuid() == 0 ? kPostgresUser : "";
-    GRADHUB_ASSIGN_OR_RETURN(new_database, InitDatabaseOnce(*record));
+    GRADHUB_ASSIGN_OR_RETURN(const std::string password,
+                             KeptSecret(options.state_dir, "database-password",
+                                        [] { return absl::StatusOr<std::string>(RandomHex(24)); }));
+    GRADHUB_ASSIGN_OR_RETURN(new_database, InitDatabaseOnce(*record, password));
     if (new_database) progress << "created a database in " << record->postgres_data << "\n";
-    GRADHUB_ASSIGN_OR_RETURN(url, StartPostgres(record));
+    GRADHUB_ASSIGN_OR_RETURN(url, StartPostgres(record, password));
     progress << "started postgres\n";
   }
   GRADHUB_RETURN_IF_ERROR(
