@@ -2,7 +2,9 @@
 // rows in PostgreSQL) and a storage backend. Today's backend is the local filesystem
 // (local_blob_store.h); the interface is shaped so that an S3-compatible one fits behind it
 // unchanged: an upload is a multipart upload (Append buffers into parts, Commit is
-// CompleteMultipartUpload), a blob is an object.
+// CompleteMultipartUpload), a blob is an object. gradhub-checkpoint wraps it in
+// SealedBlobStore (sealed_blob_store.h), which encrypts every upload and blob at rest behind
+// this same interface.
 //
 // Two namespaces of keys:
 //   - uploads, written in order by Append and invisible to readers until committed; an upload

@@ -527,15 +527,18 @@ absl::StatusOr<uint32_t> CheckpointManager::VerifiedCrc32c(const CheckpointRow& 
                                                            const std::string& sha256,
                                                            UploadState& state, bool checked) {
   if (checked) return state.crc32c;
-  GRADHUB_ASSIGN_OR_RETURN(const HashedBlob blob, HashBlob(row.blob_key));
-  if (blob.size != row.size_bytes || blob.digests.sha256 != sha256) {
+  const absl::StatusOr<HashedBlob> blob = HashBlob(row.blob_key);
+  // DATA_LOSS: the blob does not read back whole (a store that encrypts found it changed).
+  if (!blob.ok() && !absl::IsDataLoss(blob.status())) return blob.status();
+  if (!blob.ok() || blob->size != row.size_bytes || blob->digests.sha256 != sha256) {
     Failure("sha256_mismatch");
     GRADHUB_RETURN_IF_ERROR(Discard(row, state));
-    return absl::DataLossError(absl::StrCat("sha256 ", sha256, " does not match the ", blob.size,
-                                            " bytes received; the upload is discarded, start "
-                                            "a new one"));
+    return absl::DataLossError(absl::StrCat(
+        "sha256 ", sha256, " does not match the bytes received (",
+        blob.ok() ? absl::StrCat(blob->size, " bytes") : std::string(blob.status().message()),
+        "); the upload is discarded, start a new one"));
   }
-  return blob.digests.crc32c;
+  return blob->digests.crc32c;
 }
 
 // After a commit's transaction: the checkpoints retention retired go on the removal worker;
@@ -652,9 +655,12 @@ absl::StatusOr<std::unique_ptr<CheckpointDownload>> CheckpointManager::OpenDownl
   }
   GRADHUB_ASSIGN_OR_RETURN(TransferSlots::Slot slot, AcquireTransfer(caller));
   absl::StatusOr<std::unique_ptr<BlobReader>> reader = blobs_->Open(row.blob_key, 0);
-  if (!reader.ok() && !absl::IsNotFound(reader.status())) return reader.status();
+  const bool lost = absl::IsNotFound(reader.status()) || absl::IsDataLoss(reader.status());
+  if (!reader.ok() && !lost) return reader.status();
   auto download = std::unique_ptr<CheckpointDownload>(
       new CheckpointDownload(this, std::move(row), std::move(slot)));
+  // DATA_LOSS: a store that encrypts found a file that is not the blob (sealed_blob_store.h).
+  if (absl::IsDataLoss(reader.status())) return download->Corrupt(reader.status().ToString());
   if (!reader.ok()) return download->Corrupt("its blob is missing");
   if ((*reader)->size() != download->row_.size_bytes) {
     return download->Corrupt(absl::StrCat("its blob has ", (*reader)->size(), " bytes instead of ",

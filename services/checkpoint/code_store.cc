@@ -400,6 +400,8 @@ absl::StatusOr<std::unique_ptr<CodeDownload>> CodeStore::OpenArchive(v1::CodeArc
   const std::string sha256 = ShaOf(archive);
   absl::StatusOr<std::unique_ptr<BlobReader>> reader = blobs_->Open(CodeBlobKey(sha256), 0);
   if (absl::IsNotFound(reader.status())) return RemoveCorrupt(sha256, "its blob is missing");
+  // DATA_LOSS: a store that encrypts found a file that is not the archive's blob.
+  if (absl::IsDataLoss(reader.status())) return RemoveCorrupt(sha256, reader.status().ToString());
   if (!reader.ok()) return reader.status();
   const int64_t size = archive.size_bytes();
   if ((*reader)->size() != size) {

@@ -27,6 +27,16 @@ struct CheckpointConfig {
   int64_t max_code_bytes = int64_t{256} << 20;
   int64_t max_code_unpacked_bytes = int64_t{1} << 30;
   int64_t max_code_entries = 100000;
+  // Encryption at rest (sealed_blob_store.h, key_store.h). An empty master_key_file means
+  // <data_dir>/master.key, made when absent.
+  std::string master_key_file;
+  bool create_master_key = false;
+  std::string old_master_key_file;  // for rewrap-keys
+
+  // --master-key-file, or its default.
+  std::string MasterKeyPath() const {
+    return master_key_file.empty() ? data_dir + "/master.key" : master_key_file;
+  }
 
   void Register(Flags& flags) {
     server.Register(flags, {.connections_env = "GRADHUB_CHECKPOINT_DATABASE_CONNECTIONS",
@@ -64,6 +74,16 @@ struct CheckpointConfig {
               &max_code_unpacked_bytes, "Largest sum of a code archive's file sizes");
     flags.Int("max-code-entries", "GRADHUB_CHECKPOINT_MAX_CODE_ENTRIES", &max_code_entries,
               "Most entries (files, directories, links) in one code archive");
+    flags.String("master-key-file", "GRADHUB_CHECKPOINT_MASTER_KEY_FILE", &master_key_file,
+                 "File of the master key (32 random bytes, mode 0600) that wraps the data keys "
+                 "blobs are encrypted under; keep it off the data directory's disk. Empty: "
+                 "<data-dir>/master.key, made when absent (a copy of that disk is then a copy "
+                 "of the key)");
+    flags.Bool("create-master-key", "GRADHUB_CHECKPOINT_CREATE_MASTER_KEY", &create_master_key,
+               "Make --master-key-file (32 random bytes, mode 0600) when it does not exist");
+    flags.String("old-master-key-file", "GRADHUB_CHECKPOINT_OLD_MASTER_KEY_FILE",
+                 &old_master_key_file,
+                 "For rewrap-keys: the master key the data keys are wrapped by until now");
   }
 };
 

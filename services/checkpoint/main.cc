@@ -1,6 +1,7 @@
 // gradhub-checkpoint: the checkpoint store. Subcommands:
 //   serve     migrate, clean up, then serve gRPC and REST until SIGTERM (the default)
 //   migrate   bring the database schema up to date and exit
+//   rewrap-keys, rotate-key TENANT   encryption at rest's key rotations (key_store.h)
 #include <grpcpp/grpcpp.h>
 #include <malloc.h>
 #include <signal.h>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "services/checkpoint/blob_scopes.h"
 #include "services/checkpoint/checkpoint_limits.h"
 #include "services/checkpoint/checkpoint_manager.h"
 #include "services/checkpoint/checkpoint_metrics.h"
@@ -21,7 +23,9 @@
 #include "services/checkpoint/code_service.h"
 #include "services/checkpoint/code_store.h"
 #include "services/checkpoint/config.h"
+#include "services/checkpoint/key_store.h"
 #include "services/checkpoint/local_blob_store.h"
+#include "services/checkpoint/sealed_blob_store.h"
 #include "services/common/abseil_mode.h"
 #include "services/common/auth/authenticator.h"
 #include "services/common/db/migrator.h"
@@ -34,13 +38,20 @@
 namespace {
 
 using gradhub::checkpoint::CheckpointConfig;
+using gradhub::checkpoint::MasterKey;
 
 constexpr char kSummary[] =
     "gradhub-checkpoint: the gradhub checkpoint store (blobs on disk, rows in PostgreSQL).\n\n"
     "Usage: gradhub-checkpoint [flags] COMMAND\n\n"
     "Commands:\n"
     "  serve     apply migrations, clean up, then serve gRPC and REST until SIGTERM (default)\n"
-    "  migrate   apply the schema migrations compiled into this binary, then exit";
+    "  migrate   apply the schema migrations compiled into this binary, then exit\n"
+    "  rewrap-keys\n"
+    "            re-wrap every data key wrapped by --old-master-key-file with\n"
+    "            --master-key-file (after a master key rotation), then exit\n"
+    "  rotate-key TENANT\n"
+    "            give TENANT (or _code: the code archives' key) a new data key for new\n"
+    "            blobs; blobs sealed before keep theirs, then exit";
 
 constexpr int kMaxIdleRpcThreads = 32;
 // Far above what a store's memory and threads serve: a mistyped limit is refused, not obeyed.
@@ -59,6 +70,85 @@ int Migrate(const CheckpointConfig& config) {
     return 1;
   }
   Log(*done);
+  return 0;
+}
+
+// --master-key-file's key. Made first when it does not exist and either --create-master-key
+// or the default path (in the data directory) allows it.
+absl::StatusOr<MasterKey> LoadMasterKey(const CheckpointConfig& config) {
+  const std::string path = config.MasterKeyPath();
+  const bool by_default = config.master_key_file.empty();
+  if (by_default) {
+    Log(absl::StrCat("the master key is ", path,
+                     ", on the data directory's disk: a copy of that "
+                     "disk holds the key too; pass --master-key-file on another volume"));
+  }
+  absl::StatusOr<MasterKey> key = MasterKey::Load(path);
+  if (!absl::IsNotFound(key.status()) || !(by_default || config.create_master_key)) return key;
+  key = MasterKey::Create(path);
+  if (absl::IsAlreadyExists(key.status())) return MasterKey::Load(path);  // made meanwhile
+  if (key.ok()) Log(absl::StrCat("created master key ", key->id(), " in ", path));
+  return key;
+}
+
+// rewrap-keys: after a master key rotation, every data key wrapped by the old master key is
+// wrapped by the new one (key_store.h); blobs are untouched.
+int RewrapKeys(const CheckpointConfig& config) {
+  if (config.old_master_key_file.empty()) {
+    Log("rewrap-keys: --old-master-key-file: required (the master key used until now)");
+    return 2;
+  }
+  absl::StatusOr<MasterKey> master = LoadMasterKey(config);
+  absl::StatusOr<MasterKey> old = MasterKey::Load(config.old_master_key_file);
+  for (const auto* key : {&master, &old}) {
+    if (!key->ok()) {
+      Log(absl::StrCat("rewrap-keys: ", key->status().message()));
+      return 2;
+    }
+  }
+  if (int rc = Migrate(config); rc != 0) return rc;
+  gradhub::db::Pool pool(config.server.database.Pool("gradhub-checkpoint rewrap-keys"));
+  gradhub::checkpoint::KeyStore keys(&pool, &*master);
+  const absl::StatusOr<int> rewrapped = keys.Rewrap(*old);
+  if (!rewrapped.ok()) {
+    Log(absl::StrCat("rewrap-keys: ", rewrapped.status().message()));
+    return 1;
+  }
+  Log(absl::StrCat("rewrap-keys: ", *rewrapped, " data keys re-wrapped from master key ", old->id(),
+                   " to ", master->id()));
+  const absl::Status left = keys.CheckAllWrappedByMaster();
+  if (!left.ok()) Log(absl::StrCat("rewrap-keys: ", left.message()));
+  return left.ok() ? 0 : 1;
+}
+
+// rotate-key NAME: a new current data key for tenant NAME, or for the platform (`_code`).
+int RotateKey(const CheckpointConfig& config, const std::string& name) {
+  absl::StatusOr<MasterKey> master = LoadMasterKey(config);
+  if (!master.ok()) {
+    Log(absl::StrCat("rotate-key: ", master.status().message()));
+    return 2;
+  }
+  if (int rc = Migrate(config); rc != 0) return rc;
+  gradhub::db::Pool pool(config.server.database.Pool("gradhub-checkpoint rotate-key"));
+  gradhub::checkpoint::KeyScope scope = gradhub::checkpoint::KeyScope::Platform();
+  if (name != "_code") {
+    absl::StatusOr<gradhub::db::Result> tenant =
+        pool.Exec("SELECT id FROM tenants WHERE name = $1", {name});
+    if (!tenant.ok() || tenant->empty()) {
+      Log(absl::StrCat("rotate-key: no tenant '", name, "'"));
+      return 2;
+    }
+    scope = gradhub::checkpoint::KeyScope::Tenant(tenant->row(0).Get<int64_t>("id"));
+  }
+  gradhub::checkpoint::KeyStore keys(&pool, &*master);
+  const absl::StatusOr<gradhub::checkpoint::DataKey> rotated = keys.Rotate(scope);
+  if (!rotated.ok()) {
+    Log(absl::StrCat("rotate-key: ", rotated.status().message()));
+    return 1;
+  }
+  Log(absl::StrCat("rotate-key: new blobs of ", scope.ToString(), " are sealed under data key ",
+                   gradhub::checkpoint::UuidText(rotated->id),
+                   "; blobs sealed before keep their keys"));
   return 0;
 }
 
@@ -140,16 +230,21 @@ absl::Status CheckLimits(const CheckpointConfig& config) {
 // The store's parts, built in dependency order (members are initialized in declaration order
 // and destroyed in reverse, so that nothing outlives what it points to). Nothing runs yet.
 struct CheckpointServer {
-  CheckpointServer(const CheckpointConfig& config, gradhub::checkpoint::BlobStore* blobs)
+  // `files`: where the sealed blobs are kept (the local filesystem).
+  CheckpointServer(const CheckpointConfig& config, gradhub::checkpoint::BlobStore* files,
+                   const MasterKey* master)
       : pool(config.server.database.Pool("gradhub-checkpoint")),
+        keys(&pool, master),
+        scopes(&pool),
+        blobs(files, &keys, &scopes),
         auth(&pool, config.server.admin_token),
         metrics(&pool),
-        manager(&pool, blobs, &metrics,
+        manager(&pool, &blobs, &metrics,
                 {.chunk_size_bytes = static_cast<int32_t>(config.chunk_bytes),
                  .upload_ttl = config.upload_ttl,
                  .max_transfers = static_cast<int>(config.max_transfers),
                  .max_transfers_per_caller = static_cast<int>(config.max_transfers_per_caller)}),
-        code(&pool, blobs, &manager.transfer_slots(), &metrics, CodeOptionsFor(config)),
+        code(&pool, &blobs, &manager.transfer_slots(), &metrics, CodeOptionsFor(config)),
         service(&manager, &auth, &metrics),
         code_service(&code, &auth, &metrics),
         rest(&manager, &auth, &metrics, RestOptionsFor(config)),
@@ -173,6 +268,10 @@ struct CheckpointServer {
   }
 
   gradhub::db::Pool pool;
+  // Encryption at rest: every blob sealed under its tenant's data key.
+  gradhub::checkpoint::KeyStore keys;
+  gradhub::checkpoint::CheckpointBlobScopes scopes;
+  gradhub::checkpoint::SealedBlobStore blobs;
   gradhub::api::Authenticator auth;
   gradhub::checkpoint::CheckpointMetrics metrics;
   gradhub::checkpoint::CheckpointManager manager;
@@ -232,9 +331,19 @@ int Serve(const CheckpointConfig& config) {
     Log(absl::StrCat("--data-dir: ", blobs.status().message()));
     return 2;
   }
+  const absl::StatusOr<MasterKey> master = LoadMasterKey(config);
+  if (!master.ok()) {
+    Log(std::string(master.status().message()));
+    return 2;
+  }
   if (int rc = Migrate(config); rc != 0) return rc;
   const gradhub::ShutdownSignals signals;
-  CheckpointServer store(config, blobs->get());
+  CheckpointServer store(config, blobs->get(), &*master);
+  // Keys this master key cannot unwrap would fail every read of their tenants: refused now.
+  if (absl::Status wrapped = store.keys.CheckAllWrappedByMaster(); !wrapped.ok()) {
+    Log(std::string(wrapped.message()));
+    return 2;
+  }
   // Before the first call: what a crash left half done is finished or removed.
   RunCleanup(store.manager, store.code);
   return ServeUntilSignal(config, signals, *std::move(credentials), store);
@@ -252,6 +361,8 @@ int main(int argc, char** argv) {
   gradhub::HideSecretFlagValues(argc, argv, {"--admin-token", "--database-url"});
   if (args.empty() || (args.size() == 1 && args[0] == "serve")) return Serve(config);
   if (args.size() == 1 && args[0] == "migrate") return Migrate(config);
+  if (args.size() == 1 && args[0] == "rewrap-keys") return RewrapKeys(config);
+  if (args.size() == 2 && args[0] == "rotate-key") return RotateKey(config, args[1]);
   std::cerr << flags.Usage();
   return 2;
 }

@@ -1,6 +1,7 @@
 // The real gradhub-checkpoint binary, SIGKILLed in the middle of an upload and started again on
 // the same data directory and database: nothing partial is resumable, the upload resumes at the
-// offset the server reports, and it commits. Then a SIGTERM ends it with exit code 0.
+// offset the server reports (the end of its last whole sealed chunk: blobs are encrypted at rest
+// under the fixture's master key), and it commits. Then a SIGTERM ends it with exit code 0.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -15,6 +16,9 @@ namespace gradhub::checkpoint::testing {
 namespace {
 
 constexpr int kChunk = 1 << 20;
+// What the server holds once its first batch of 4 MiB is written: the whole sealed chunks in it
+// (the rest of a chunk stays in memory until the next batch, and dies with the process).
+constexpr int64_t kFirstBatch = 4 * sealed::kChunkBytes;
 
 class CheckpointCrashTest : public CheckpointTest {
  protected:
@@ -24,7 +28,8 @@ class CheckpointCrashTest : public CheckpointTest {
     server_ = std::make_unique<gradhub::testing::Subprocess>(std::vector<std::string>{
         gradhub::testing::BinaryPath("gradhub-checkpoint"), "--database-url", url_, "--grpc-host",
         "127.0.0.1", "--grpc-port", "0", "--http-host", "127.0.0.1", "--http-port", "0",
-        "--data-dir", data_dir_, "--admin-token", kAdminToken, "--shutdown-grace", "2s", "serve"});
+        "--data-dir", data_dir_, "--master-key-file", master_key_file_, "--admin-token",
+        kAdminToken, "--shutdown-grace", "2s", "serve"});
     static const std::regex kServing("serving gRPC on port ([0-9]+)");
     for (int i = 0; i < 600 && server_->running(); ++i) {
       std::smatch match;
@@ -43,10 +48,16 @@ class CheckpointCrashTest : public CheckpointTest {
         grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
   }
 
+  // The bytes the server holds of `upload`, as a store opened now on its files reads them.
+  absl::StatusOr<int64_t> OnDisk(const std::string& upload) {
+    return SealedBlobStore(blobs_.get(), keys_.get(), scopes_.get()).UploadedBytes(upload);
+  }
+
   std::unique_ptr<gradhub::testing::Subprocess> server_;
 };
 
 TEST_F(CheckpointCrashTest, AnUploadInterruptedByAKillResumesAtTheServersOffsetAndCommits) {
+  SealBlobs();  // what the server writes, the fixture's manager reads
   std::string address = StartServer();
   ASSERT_FALSE(address.empty());
   const std::string job = InsertJob(*pool_, tenant_a_);
@@ -76,7 +87,7 @@ TEST_F(CheckpointCrashTest, AnUploadInterruptedByAKillResumesAtTheServersOffsetA
       chunk.set_data(data.substr(static_cast<size_t>(i) * kChunk, kChunk));
       ASSERT_TRUE(writer->Write(chunk));
     }
-    for (int i = 0; i < 500 && *blobs_->UploadedBytes(started.upload_id()) < 4 * kChunk; ++i) {
+    for (int i = 0; i < 500 && *OnDisk(started.upload_id()) < kFirstBatch; ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
     server_->Kill(SIGKILL);
@@ -100,7 +111,7 @@ TEST_F(CheckpointCrashTest, AnUploadInterruptedByAKillResumesAtTheServersOffsetA
               grpc::StatusCode::NOT_FOUND);
   }
   const int64_t held = Probe(*stub, admin, started.upload_id());
-  EXPECT_GE(held, 4 * kChunk);
+  EXPECT_GE(held, kFirstBatch);
   EXPECT_LE(held, 6 * kChunk);
   ASSERT_TRUE(SendChunks(*stub, admin, started.upload_id(), data, static_cast<size_t>(held),
                          data.size(), kChunk)

@@ -15,9 +15,12 @@
 #include <string_view>
 
 #include "gradhub/v1/checkpoint.grpc.pb.h"
+#include "services/checkpoint/blob_scopes.h"
 #include "services/checkpoint/checkpoint_manager.h"
 #include "services/checkpoint/checkpoint_metrics.h"
+#include "services/checkpoint/key_store.h"
 #include "services/checkpoint/local_blob_store.h"
+#include "services/checkpoint/sealed_blob_store.h"
 #include "services/common/auth/authenticator.h"
 #include "services/common/crc32c.h"
 #include "services/common/sha256.h"
@@ -231,8 +234,28 @@ class CheckpointTest : public db::DatabaseTest {
 
   // A manager as after a restart of the server: nothing in memory.
   void NewManager(CheckpointManagerOptions options = {.chunk_size_bytes = 64 << 10}) {
-    manager_ =
-        std::make_unique<CheckpointManager>(pool_.get(), blobs_.get(), metrics_.get(), options);
+    manager_ = std::make_unique<CheckpointManager>(pool_.get(), store(), metrics_.get(), options);
+  }
+
+  // Encryption at rest as gradhub-checkpoint runs it: blobs_ sealed (sealed_blob_store.h)
+  // under data keys in PostgreSQL, wrapped by the master key in master_key_file_; a new
+  // manager over it. Called again: the sealed store restarts too (its memory is gone).
+  void SealBlobs(CheckpointManagerOptions options = {.chunk_size_bytes = 64 << 10}) {
+    if (master_ == nullptr) {
+      master_key_file_ = data_dir_ + "/master.key";
+      absl::StatusOr<MasterKey> master = MasterKey::Create(master_key_file_);
+      ASSERT_TRUE(master.ok()) << master.status();
+      master_ = std::make_unique<MasterKey>(*std::move(master));
+      keys_ = std::make_unique<KeyStore>(pool_.get(), master_.get());
+      scopes_ = std::make_unique<CheckpointBlobScopes>(pool_.get());
+    }
+    manager_.reset();
+    sealed_ = std::make_unique<SealedBlobStore>(blobs_.get(), keys_.get(), scopes_.get());
+    NewManager(options);
+  }
+  // What the manager stores in: sealed_ once SealBlobs was called, else the files as they are.
+  BlobStore* store() {
+    return sealed_ != nullptr ? static_cast<BlobStore*>(sealed_.get()) : blobs_.get();
   }
 
   Caller As(const std::string& token, const Node* node = nullptr) {
@@ -365,6 +388,12 @@ class CheckpointTest : public db::DatabaseTest {
   std::unique_ptr<db::Pool> pool_;
   std::string data_dir_;
   std::unique_ptr<LocalBlobStore> blobs_;
+  // Encryption at rest, once SealBlobs was called.
+  std::string master_key_file_;
+  std::unique_ptr<MasterKey> master_;
+  std::unique_ptr<KeyStore> keys_;
+  std::unique_ptr<CheckpointBlobScopes> scopes_;
+  std::unique_ptr<SealedBlobStore> sealed_;
   std::unique_ptr<api::Authenticator> auth_;
   std::unique_ptr<CheckpointMetrics> metrics_;
   std::unique_ptr<CheckpointManager> manager_;
