@@ -23,6 +23,7 @@ struct ApiConfig {
   absl::Duration heartbeat_interval = absl::FromChrono(defaults::kHeartbeatInterval);
   absl::Duration backfill_window = absl::Seconds(60);
   absl::Duration scheduler_interval = absl::Milliseconds(200);
+  StreamLimits rest_streams{};
 
   void Register(Flags& flags) {
     server.Register(flags, {.connections_env = "GRADHUB_DATABASE_CONNECTIONS",
@@ -49,6 +50,7 @@ struct ApiConfig {
                    "How long a job that does not fit may be passed over by smaller ones");
     flags.Duration("scheduler-interval", "GRADHUB_SCHEDULER_INTERVAL", &scheduler_interval,
                    "Time between scheduler passes (one also follows every rank exit)");
+    rest_streams.Register(flags);
   }
 };
 

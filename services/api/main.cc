@@ -154,7 +154,8 @@ absl::StatusOr<std::unique_ptr<gradhub::GrpcServer>> StartGrpc(
       .address = config.grpc_address,
       .credentials = credentials,
       .max_idle_threads = kMaxIdleRpcThreads,
-      .max_receive_bytes = static_cast<int>(config.max_request_bytes)};
+      .max_receive_bytes = static_cast<int>(config.max_request_bytes),
+      .limits = config.server.grpc};
   return gradhub::StartGrpcServer(options, [&services](grpc::ServerBuilder& builder) {
     std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
         interceptors;
@@ -193,6 +194,8 @@ gradhub::api::RestGatewayOptions RestOptionsFor(const gradhub::api::ApiConfig& c
   options.max_body_bytes = static_cast<size_t>(config.max_request_bytes);
   options.tls_cert_file = config.server.tls.cert_file;
   options.tls_key_file = config.server.tls.key_file;
+  options.limits = config.server.http;
+  options.streams = config.rest_streams;
   return options;
 }
 

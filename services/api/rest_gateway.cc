@@ -195,12 +195,19 @@ void Post(httplib::Server& server, const std::string& pattern, httplib::Server::
 }
 
 // Answers 200 with newline-delimited JSON, one message per line, written by `stream` on this
-// thread. The status line is gone by the first line, so a later error is sent as a last line
-// of the same {"error": ...} shape. The stream stops when `stopping` (the gateway's Stop) is
-// set, or when a keep-alive blank line cannot be written (the client went away).
-void StreamLines(httplib::Response& response, const std::atomic<bool>& stopping, Stream stream) {
+// thread, when the caller's tenant may open one more stream (`slots`, per tenant and in all;
+// the admin token counts as a tenant of its own); else 429 naming the limit. The status line is
+// gone by the first line, so a later error is sent as a last line of the same {"error": ...}
+// shape. The stream stops when `stopping` (the gateway's Stop) is set, or when a keep-alive
+// blank line cannot be written (the client went away); its slot is freed with the response.
+void StreamLines(httplib::Response& response, const std::atomic<bool>& stopping, KeyedSlots& slots,
+                 int64_t tenant_id, Stream stream) {
+  absl::StatusOr<KeyedSlots::Slot> slot =
+      slots.Acquire(tenant_id == kAnyTenant ? "admin" : absl::StrCat(tenant_id));
+  if (!slot.ok()) return SendError(response, slot.status());
+  auto held = std::make_shared<KeyedSlots::Slot>(*std::move(slot));
   response.set_chunked_content_provider(
-      "application/x-ndjson", [&stopping, stream](size_t, httplib::DataSink& sink) {
+      "application/x-ndjson", [&stopping, stream, held](size_t, httplib::DataSink& sink) {
         absl::Time last_write = absl::Now();
         auto write = [&](const std::string& text) {
           if (!sink.write(text.data(), text.size())) return false;
@@ -208,8 +215,10 @@ void StreamLines(httplib::Response& response, const std::atomic<bool>& stopping,
           return true;
         };
         auto send = [&](const Message& message) { return write(ToJson(message) + "\n"); };
+        // A client that closed its end is seen at once (its slot is freed); one that vanished
+        // without a word, at the keep-alive line.
         auto stop = [&] {
-          if (stopping) return true;
+          if (stopping || !sink.is_writable()) return true;
           return absl::Now() - last_write > kStreamKeepAlive && !write("\n");
         };
         const absl::Status status = stream(send, stop);
@@ -242,7 +251,21 @@ absl::StatusOr<v1::GetJobLogsRequest> ParseLogsRequest(const httplib::Request& r
 }  // namespace
 
 RestGateway::RestGateway(RestBackends backends, RestGatewayOptions options)
-    : backends_(std::move(backends)), options_(std::move(options)) {
+    : backends_(std::move(backends)),
+      options_(std::move(options)),
+      streams_({.max_total = options_.streams.max_streams,
+                .max_per_key = options_.streams.max_streams_per_tenant},
+               {.what = "watch and log streams",
+                .key_noun = "tenant",
+                .total_flag = "--http-max-streams",
+                .per_key_flag = "--http-max-streams-per-tenant"}) {
+  // Every route that takes a body needs a token: a caller without a valid one is answered 401
+  // from the headers, before a byte of its body is read.
+  if (!options_.admit_body) {
+    options_.admit_body = [auth = backends_.auth](const httplib::Request& request) {
+      return auth->Authenticate(request.get_header_value("Authorization")).status();
+    };
+  }
   server_ = MakeHttpServer(options_);
   Route();
 }
@@ -250,6 +273,7 @@ RestGateway::RestGateway(RestBackends backends, RestGatewayOptions options)
 RestGateway::~RestGateway() { Stop(); }
 
 absl::StatusOr<int> RestGateway::Start(const std::string& host, int port) {
+  GRADHUB_RETURN_IF_ERROR(options_.streams.Validate());
   return StartHttpServer(*server_, options_, host, port, &thread_);
 }
 
@@ -277,16 +301,19 @@ void RestGateway::InstallHooks() {
   server_->set_logger([this](const httplib::Request&, const httplib::Response&) {
     backends_.metrics->RecordRequest("rest", current_request.method, current_request.code,
                                      absl::Now() - current_request.start);
+    // A request refused from its headers (http_server.h) never reaches the pre-routing hook.
+    current_request = RequestRecord{};
   });
   // httplib's own errors get the same shape (and metrics code) as the handlers' errors. Runs
-  // for every status >= 400; a handler's error already has its body.
+  // for every status >= 400; a handler's error already has its body and its code, a refusal
+  // from the headers its body only.
   server_->set_error_handler([](const httplib::Request&, httplib::Response& response) {
-    if (!response.body.empty()) return;
     // The body's code is the HTTP status sent: 413 stays 413 although its gRPC meaning,
     // RESOURCE_EXHAUSTED, maps to 429 where a handler returns it.
     const int status = response.status;
     const absl::Status error = StatusForHttpError(status);
-    current_request.code = error.code();
+    if (current_request.code == absl::StatusCode::kOk) current_request.code = error.code();
+    if (!response.body.empty()) return;
     response.set_content(HttpErrorJson(error, status) + "\n", "application/json");
   });
 }
@@ -375,7 +402,7 @@ void RestGateway::RouteJobStreams() {
                  if (auto job = jobs->GetJob(*id, JobName(request)); !job.ok()) {
                    return SendError(response, job.status());
                  }
-                 StreamLines(response, stopping_,
+                 StreamLines(response, stopping_, streams_, *id,
                              [jobs, tenant_id = *id, name = JobName(request)](const auto& send,
                                                                               const auto& stop) {
                                return jobs->WatchJob(tenant_id, name, send, stop);
@@ -392,7 +419,7 @@ void RestGateway::RouteJobStreams() {
             if (auto job = jobs->GetJob(*id, logs->name()); !job.ok()) {
               return SendError(response, job.status());
             }
-            StreamLines(response, stopping_,
+            StreamLines(response, stopping_, streams_, *id,
                         [jobs, tenant_id = *id, logs = *logs](const auto& send, const auto& stop) {
                           return jobs->StreamLogs(tenant_id, logs, send, stop);
                         });

@@ -21,6 +21,7 @@
 #include "services/api/tenant_manager.h"
 #include "services/common/auth/authenticator.h"
 #include "services/common/http_server.h"
+#include "services/common/keyed_slots.h"
 
 namespace httplib {
 class Server;
@@ -28,8 +29,10 @@ class Server;
 
 namespace gradhub::api {
 
-// A watch or a followed log holds one of max_concurrent_requests for its whole life.
-using RestGatewayOptions = HttpServerOptions;
+// The listener's options (TLS, body size, connection and time limits) and the stream limits.
+struct RestGatewayOptions : HttpServerOptions {
+  StreamLimits streams;
+};
 
 // What the gateway serves. None owned; all must outlive the gateway, and all are required.
 struct RestBackends {
@@ -70,6 +73,7 @@ class RestGateway {
 
   RestBackends backends_;
   RestGatewayOptions options_;
+  KeyedSlots streams_;  // watch and log streams (StreamLimits)
   std::unique_ptr<httplib::Server> server_;
   std::atomic<bool> stopping_{false};
   std::thread thread_;

@@ -50,13 +50,11 @@ class Server;
 
 namespace gradhub::checkpoint {
 
-// A download or an upload holds one of max_concurrent_requests for its whole transfer.
-// max_body_bytes (64 KiB) bounds the body of every route but the PUT uploads.
+// A download or an upload holds its connection's thread for its whole transfer (the store's
+// --max-transfers bound how many run). max_body_bytes (64 KiB) bounds the body of every route
+// but the PUT uploads.
 struct CheckpointRestOptions : HttpServerOptions {
-  CheckpointRestOptions() {
-    max_concurrent_requests = 32;
-    max_body_bytes = 64 << 10;
-  }
+  CheckpointRestOptions() { max_body_bytes = 64 << 10; }
   // The largest checkpoint one PUT may carry. gRPC uploads have no limit of their own (the
   // disk is one); this bounds what a Content-Length may declare.
   int64_t max_upload_bytes = int64_t{1} << 40;

@@ -187,7 +187,8 @@ absl::StatusOr<std::unique_ptr<gradhub::GrpcServer>> StartGrpc(
        .max_receive_bytes = max_message,
        .max_send_bytes = max_message,
        // Two stores with different data directories behind one address would lose uploads.
-       .exclusive_port = true},
+       .exclusive_port = true,
+       .limits = config.server.grpc},
       [services](grpc::ServerBuilder& builder) {
         for (grpc::Service* service : services) builder.RegisterService(service);
       });
@@ -256,6 +257,7 @@ struct CheckpointServer {
     gradhub::checkpoint::CheckpointRestOptions options;
     options.tls_cert_file = config.server.tls.cert_file;
     options.tls_key_file = config.server.tls.key_file;
+    options.limits = config.server.http;
     return options;
   }
 

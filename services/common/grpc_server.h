@@ -17,6 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "services/common/edge_limits.h"
 
 namespace gradhub {
 
@@ -33,6 +34,8 @@ struct GrpcServerOptions {
   // When true, a second server on the same port fails to start instead of sharing it (gRPC's
   // default, SO_REUSEPORT).
   bool exclusive_port = false;
+  // Streams per connection, threads in all, handshake time (edge_limits.h; the server's flags).
+  GrpcLimits limits{};
 };
 
 // A started server and the port it bound. Thread-safe as grpc::Server is.
@@ -55,7 +58,8 @@ class GrpcServer {
 
 // Builds a server with `options` and server reflection; `add_services` registers the server's
 // services (and anything else of its own: interceptors, channel arguments) on the builder.
-// Binds and starts. UNAVAILABLE naming the address when it cannot bind.
+// Binds and starts. INVALID_ARGUMENT naming the flag of a limit out of range; UNAVAILABLE naming
+// the address when it cannot bind.
 absl::StatusOr<std::unique_ptr<GrpcServer>> StartGrpcServer(
     const GrpcServerOptions& options,
     const std::function<void(grpc::ServerBuilder&)>& add_services);

@@ -63,6 +63,17 @@ absl::Status StatusForHttpError(int http_status) {
       return absl::ResourceExhaustedError("request body is over the size limit");
     case 400:
       return absl::InvalidArgumentError("malformed HTTP request");
+    case 401:
+      return absl::UnauthenticatedError("a valid bearer token is required");
+    case 408:
+      return absl::DeadlineExceededError("the request did not arrive in time");
+    case 415:
+    case 431:
+      return absl::InvalidArgumentError(absl::StrCat("request refused (HTTP ", http_status, ")"));
+    case 429:
+      return absl::ResourceExhaustedError("too many requests; retry later");
+    case 501:
+      return absl::UnimplementedError("not implemented");
     default:
       return absl::UnknownError(absl::StrCat("HTTP ", http_status));
   }

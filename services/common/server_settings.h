@@ -1,14 +1,15 @@
 // The settings every gradhub server shares, each with its flag, environment variable and
 // default, declared once so that gradhub-api, gradhub-checkpoint and gradhub-metrics cannot
-// drift in what they accept: the api's database, the admin token, TLS for what they serve, and
-// the shutdown grace. Each server's config.h holds one of these and adds its own settings
-// (listen addresses, limits, intervals).
+// drift in what they accept: the api's database, the admin token, TLS for what they serve, the
+// shutdown grace, and what one client may take of them (edge_limits.h). Each server's config.h
+// holds one of these and adds its own settings (listen addresses, limits, intervals).
 #pragma once
 
 #include <string>
 
 #include "absl/time/time.h"
 #include "services/common/db/settings.h"
+#include "services/common/edge_limits.h"
 #include "services/common/flags.h"
 
 namespace gradhub {
@@ -38,9 +39,12 @@ struct ServerSettings {
   TlsSettings tls{};
   // How long calls in flight (and open streams) may finish after SIGTERM.
   absl::Duration shutdown_grace = absl::Seconds(10);
+  // What one client may take of the server (edge_limits.h): --http-* and --grpc-* limits.
+  HttpLimits http{};
+  GrpcLimits grpc{};
 
-  // --database-*, --admin-token, --shutdown-grace, --tls-cert, --tls-key; the defaults are the
-  // values the members hold when this is called.
+  // --database-*, --admin-token, --shutdown-grace, --tls-cert, --tls-key, the --http-* and
+  // --grpc-* limits; the defaults are the values the members hold when this is called.
   void Register(Flags& flags, const Spec& spec) {
     database.Register(flags, spec.connections_env, spec.migrates);
     flags.String("admin-token", "GRADHUB_ADMIN_TOKEN", &admin_token,
@@ -52,6 +56,8 @@ struct ServerSettings {
     flags.String("tls-cert", "GRADHUB_TLS_CERT", &tls.cert_file,
                  "PEM certificate chain; with --tls-key, " + spec.tls_effect);
     flags.String("tls-key", "GRADHUB_TLS_KEY", &tls.key_file, "PEM private key of --tls-cert");
+    http.Register(flags);
+    grpc.Register(flags);
   }
 };
 

@@ -34,7 +34,8 @@ absl::StatusOr<v1::TelemetryBatch> BatchOf(const httplib::Request& request) {
 }  // namespace
 
 HttpEndpoint::HttpEndpoint(HttpEndpointOptions options) : options_(std::move(options)) {
-  server_options_.max_concurrent_requests = options_.threads;
+  server_options_.idle_threads = options_.threads;
+  server_options_.limits = options_.limits;
   server_options_.max_body_bytes = options_.max_body_bytes;
   server_options_.tls_cert_file = options_.tls_cert_file;
   server_options_.tls_key_file = options_.tls_key_file;

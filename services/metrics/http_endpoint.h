@@ -38,10 +38,12 @@ struct HttpEndpointOptions {
   // Both set = HTTPS only (PEM files), as the gRPC port.
   std::string tls_cert_file;
   std::string tls_key_file;
-  // Requests served at once (a scrape or a batch is short; a few suffice).
+  // Threads kept for the next connections (a scrape or a batch is short; a few suffice).
   int threads = 4;
   // Larger bodies are refused with 413 unread: a batch of a few steps is a few KiB.
   size_t max_body_bytes = 1 << 20;
+  // Connections and request times (edge_limits.h; the server's --http-* flags).
+  HttpLimits limits;
 };
 
 class HttpEndpoint {

@@ -93,7 +93,8 @@ struct MetricsServer {
                   [this](const std::string& authorization) { return Authorize(authorization); },
               .metrics = &metrics,
               .tls_cert_file = config.server.tls.cert_file,
-              .tls_key_file = config.server.tls.key_file}) {}
+              .tls_key_file = config.server.tls.key_file,
+              .limits = config.server.http}) {}
 
   absl::StatusOr<gradhub::metrics::TelemetrySender> Authorize(
       const std::string& authorization) const {
@@ -118,7 +119,8 @@ absl::StatusOr<std::unique_ptr<gradhub::GrpcServer>> StartGrpc(
   return gradhub::StartGrpcServer(
       {.address = config.host + ":" + std::to_string(config.grpc_port),
        .credentials = std::move(credentials),
-       .max_idle_threads = kMaxIdleRpcThreads},
+       .max_idle_threads = kMaxIdleRpcThreads,
+       .limits = config.server.grpc},
       [service](grpc::ServerBuilder& builder) {
         builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 30000);
         builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
