@@ -13,6 +13,8 @@
 #include "services/api/admin_service.h"
 #include "services/api/api_metrics.h"
 #include "services/api/assignment_notifier.h"
+#include "services/api/audit_reader.h"
+#include "services/api/audit_service.h"
 #include "services/api/config.h"
 #include "services/api/grpc_metrics.h"
 #include "services/api/job_manager.h"
@@ -25,6 +27,9 @@
 #include "services/api/store_scope.h"
 #include "services/api/store_service.h"
 #include "services/common/abseil_mode.h"
+#include "services/common/audit/audit_log.h"
+#include "services/common/audit/call_auditor.h"
+#include "services/common/audit/grpc_audit.h"
 #include "services/common/auth/authenticator.h"
 #include "services/common/contract/defaults.h"
 #include "services/common/db/connection.h"
@@ -122,7 +127,11 @@ struct ApiServices {
         node_service(
             &nodes, &auth, [this] { scheduler.Nudge(); }, &notifier),
         tenants(&auth),
-        admin_service(&auth, &tenants) {
+        admin_service(&auth, &tenants),
+        audit_log(&pool),
+        auditor(&auth, &audit_log, {.registry = &metrics.registry(), .server_name = "gradhub-api"}),
+        audit_reader(&auth, &audit_log),
+        audit_service(&audit_reader) {
     jobs.set_on_created([this](const std::string& name) { scheduler.JobCreated(name); });
     jobs.set_on_cancelled([this] {
       scheduler.Nudge();
@@ -143,10 +152,14 @@ struct ApiServices {
   gradhub::api::NodeService node_service;
   gradhub::api::TenantManager tenants;
   gradhub::api::AdminService admin_service;
+  gradhub::audit::PostgresAuditLog audit_log;
+  gradhub::audit::CallAuditor auditor;  // records audited calls of gRPC and REST alike
+  gradhub::api::AuditReader audit_reader;
+  gradhub::api::AuditService audit_service;
 };
 
-// The gRPC server with every service registered (and the interceptor that counts their calls),
-// bound and started.
+// The gRPC server with every service registered (and the interceptors that count their calls
+// and record the audited ones), bound and started.
 absl::StatusOr<std::unique_ptr<gradhub::GrpcServer>> StartGrpc(
     const gradhub::api::ApiConfig& config,
     const std::shared_ptr<grpc::ServerCredentials>& credentials, ApiServices& services) {
@@ -160,11 +173,13 @@ absl::StatusOr<std::unique_ptr<gradhub::GrpcServer>> StartGrpc(
     std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
         interceptors;
     interceptors.push_back(gradhub::api::MetricsInterceptorFactory(&services.metrics));
+    interceptors.push_back(gradhub::audit::AuditInterceptorFactory(&services.auditor));
     builder.experimental().SetInterceptorCreators(std::move(interceptors));
     builder.RegisterService(&services.job_service);
     services.store_service.AddTo(builder);
     builder.RegisterService(&services.node_service);
     builder.RegisterService(&services.admin_service);
+    builder.RegisterService(&services.audit_service);
   });
 }
 
@@ -180,13 +195,14 @@ void StartBackground(const gradhub::api::ApiConfig& config, int grpc_port, ApiSe
 
 // REST serves the same managers as gRPC; a drain nudges the scheduler as NodeService's does.
 gradhub::api::RestBackends RestBackendsOf(ApiServices& services) {
-  return gradhub::api::RestBackends{
-      .jobs = &services.jobs,
-      .nodes = &services.nodes,
-      .tenants = &services.tenants,
-      .auth = &services.auth,
-      .metrics = &services.metrics,
-      .on_nodes_changed = [&services] { services.scheduler.Nudge(); }};
+  return gradhub::api::RestBackends{.jobs = &services.jobs,
+                                    .nodes = &services.nodes,
+                                    .tenants = &services.tenants,
+                                    .auth = &services.auth,
+                                    .metrics = &services.metrics,
+                                    .on_nodes_changed = [&services] { services.scheduler.Nudge(); },
+                                    .audit_events = &services.audit_reader,
+                                    .auditor = &services.auditor};
 }
 
 gradhub::api::RestGatewayOptions RestOptionsFor(const gradhub::api::ApiConfig& config) {

@@ -10,6 +10,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "services/common/audit/http_audit.h"
 #include "services/common/http_errors.h"
 #include "services/common/status_macros.h"
 
@@ -291,9 +292,11 @@ void RestGateway::Route() {
   RouteJobStreams();
   RouteNodes();
   RouteTenants();
+  RouteAudit();
 }
 
 void RestGateway::InstallHooks() {
+  if (backends_.auditor != nullptr) audit::AuditHttpCalls(*server_, backends_.auditor);
   server_->set_pre_routing_handler([](const httplib::Request&, httplib::Response&) {
     current_request = RequestRecord{};
     return httplib::Server::HandlerResponse::Unhandled;
@@ -497,6 +500,24 @@ void RestGateway::RouteTenants() {
                           request, TenantName(request) + "/tokens/" + request.matches[2].str()));
                   return tenants->RevokeToken(revoke);
                 }));
+}
+
+void RestGateway::RouteAudit() {
+  const AuditReader* reader = backends_.audit_events;
+  auto list = [reader](const httplib::Request& request, httplib::Response& response) {
+    if (reader == nullptr) {
+      return SendError(response, absl::UnimplementedError("this server keeps no audit log"));
+    }
+    const absl::StatusOr<AuditScope> scope =
+        reader->Authorize(request.get_header_value("Authorization"));
+    if (!scope.ok()) return SendError(response, scope.status());
+    v1::ListAuditEventsRequest events;
+    if (const absl::Status parsed = ParseListParams(request, &events); !parsed.ok()) {
+      return SendError(response, parsed);
+    }
+    Send(response, reader->List(*scope, events));
+  };
+  server_->Get("/v1/auditEvents", Rpc("AuditService.ListAuditEvents", std::move(list)));
 }
 
 }  // namespace gradhub::api

@@ -16,9 +16,11 @@
 
 #include "absl/status/statusor.h"
 #include "services/api/api_metrics.h"
+#include "services/api/audit_reader.h"
 #include "services/api/job_manager.h"
 #include "services/api/node_manager.h"
 #include "services/api/tenant_manager.h"
+#include "services/common/audit/call_auditor.h"
 #include "services/common/auth/authenticator.h"
 #include "services/common/http_server.h"
 #include "services/common/keyed_slots.h"
@@ -34,7 +36,8 @@ struct RestGatewayOptions : HttpServerOptions {
   StreamLimits streams;
 };
 
-// What the gateway serves. None owned; all must outlive the gateway, and all are required.
+// What the gateway serves. None owned; all must outlive the gateway, and all but the audit log's
+// are required.
 struct RestBackends {
   JobManager* jobs = nullptr;
   NodeManager* nodes = nullptr;
@@ -44,6 +47,10 @@ struct RestBackends {
   // Called after a drain, as NodeService calls its on_change: the scheduler's Nudge, so the
   // node's ranks move at once. Empty = the next scheduler pass finds them.
   std::function<void()> on_nodes_changed;
+  // GET /v1/auditEvents reads `audit_events` (nullptr: UNIMPLEMENTED); `auditor` records the
+  // audited calls (services/common/audit/http_audit.h; nullptr: none).
+  const AuditReader* audit_events = nullptr;
+  audit::CallAuditor* auditor = nullptr;
 };
 
 // Thread-safety: Start and Stop are called by the thread that owns the gateway (Stop also from
@@ -70,6 +77,7 @@ class RestGateway {
   void RouteJobStreams();  // WatchJob and GetJobLogs as newline-delimited JSON
   void RouteNodes();       // NodeService's operator calls (admin token)
   void RouteTenants();     // AdminService (admin token)
+  void RouteAudit();       // AuditService.ListAuditEvents
 
   RestBackends backends_;
   RestGatewayOptions options_;

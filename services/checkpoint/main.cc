@@ -27,6 +27,10 @@
 #include "services/checkpoint/local_blob_store.h"
 #include "services/checkpoint/sealed_blob_store.h"
 #include "services/common/abseil_mode.h"
+#include "services/common/audit/audit_log.h"
+#include "services/common/audit/call_auditor.h"
+#include "services/common/audit/grpc_audit.h"
+#include "services/common/audit/http_audit.h"
 #include "services/common/auth/authenticator.h"
 #include "services/common/db/migrator.h"
 #include "services/common/db/pool.h"
@@ -173,9 +177,11 @@ void RunScrub(gradhub::checkpoint::CheckpointManager& manager, gradhub::checkpoi
   if (!task.stopping()) LogReport("code scrub", code.Scrub(stop));
 }
 
+// The gRPC server with `services` registered and `auditor` recording the audited calls
+// (DeleteCheckpoint, UploadCode).
 absl::StatusOr<std::unique_ptr<gradhub::GrpcServer>> StartGrpc(
     const CheckpointConfig& config, std::shared_ptr<grpc::ServerCredentials> credentials,
-    std::vector<grpc::Service*> services) {
+    std::vector<grpc::Service*> services, gradhub::audit::CallAuditor* auditor) {
   // Checkpoint chunks and code upload messages (code.proto: 4 MiB of data) both fit.
   const int max_message = std::max(static_cast<int>(config.chunk_bytes),
                                    gradhub::checkpoint::kMaxCodeMessageDataBytes) +
@@ -189,7 +195,11 @@ absl::StatusOr<std::unique_ptr<gradhub::GrpcServer>> StartGrpc(
        // Two stores with different data directories behind one address would lose uploads.
        .exclusive_port = true,
        .limits = config.server.grpc},
-      [services](grpc::ServerBuilder& builder) {
+      [services, auditor](grpc::ServerBuilder& builder) {
+        std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
+            interceptors;
+        interceptors.push_back(gradhub::audit::AuditInterceptorFactory(auditor));
+        builder.experimental().SetInterceptorCreators(std::move(interceptors));
         for (grpc::Service* service : services) builder.RegisterService(service);
       });
 }
@@ -240,6 +250,9 @@ struct CheckpointServer {
         blobs(files, &keys, &scopes),
         auth(&pool, config.server.admin_token),
         metrics(&pool),
+        audit_log(&pool),
+        auditor(&auth, &audit_log,
+                {.registry = &metrics.registry(), .server_name = "gradhub-checkpoint"}),
         manager(&pool, &blobs, &metrics,
                 {.chunk_size_bytes = static_cast<int32_t>(config.chunk_bytes),
                  .upload_ttl = config.upload_ttl,
@@ -251,7 +264,9 @@ struct CheckpointServer {
         rest(&manager, &auth, &metrics, RestOptionsFor(config)),
         code_rest(rest.http_server(), &code, &auth, &metrics),
         cleanup(config.cleanup_interval, [this] { RunCleanup(manager, code); }),
-        scrub(config.scrub_interval, [this] { RunScrub(manager, code, scrub); }) {}
+        scrub(config.scrub_interval, [this] { RunScrub(manager, code, scrub); }) {
+    gradhub::audit::AuditHttpCalls(rest.http_server(), &auditor);  // both REST faces' calls
+  }
 
   static gradhub::checkpoint::CheckpointRestOptions RestOptionsFor(const CheckpointConfig& config) {
     gradhub::checkpoint::CheckpointRestOptions options;
@@ -276,6 +291,8 @@ struct CheckpointServer {
   gradhub::checkpoint::SealedBlobStore blobs;
   gradhub::api::Authenticator auth;
   gradhub::checkpoint::CheckpointMetrics metrics;
+  gradhub::audit::PostgresAuditLog audit_log;
+  gradhub::audit::CallAuditor auditor;  // records DeleteCheckpoint and UploadCode calls
   gradhub::checkpoint::CheckpointManager manager;
   gradhub::checkpoint::CodeStore code;
   gradhub::checkpoint::CheckpointService service;
@@ -291,7 +308,8 @@ struct CheckpointServer {
 int ServeUntilSignal(const CheckpointConfig& config, const gradhub::ShutdownSignals& signals,
                      std::shared_ptr<grpc::ServerCredentials> credentials,
                      CheckpointServer& store) {
-  auto server = StartGrpc(config, std::move(credentials), {&store.service, &store.code_service});
+  auto server = StartGrpc(config, std::move(credentials), {&store.service, &store.code_service},
+                          &store.auditor);
   if (!server.ok()) {
     Log(std::string(server.status().message()));
     return 1;

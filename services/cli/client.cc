@@ -13,7 +13,8 @@ Client::Client(ClientOptions options)
                                                         : grpc::InsecureChannelCredentials())),
       jobs_(v1::JobService::NewStub(channel_)),
       nodes_(v1::NodeService::NewStub(channel_)),
-      admin_(v1::AdminService::NewStub(channel_)) {
+      admin_(v1::AdminService::NewStub(channel_)),
+      audit_(v1::AuditService::NewStub(channel_)) {
   grpc::ChannelArguments args;
   // Downloads are streams without a deadline (they last as long as the bytes do); keepalive
   // pings notice a server or network that went away mid-stream.

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "absl/time/time.h"
+#include "gradhub/v1/audit.grpc.pb.h"
 #include "gradhub/v1/checkpoint.grpc.pb.h"
 #include "gradhub/v1/code.grpc.pb.h"
 #include "gradhub/v1/jobs.grpc.pb.h"
@@ -37,6 +38,7 @@ class Client {
   v1::JobService::StubInterface& jobs() { return *jobs_; }
   v1::NodeService::StubInterface& nodes() { return *nodes_; }
   v1::AdminService::StubInterface& admin() { return *admin_; }
+  v1::AuditService::StubInterface& audit() { return *audit_; }
   v1::CheckpointService::StubInterface& checkpoints() { return *checkpoints_; }
   // Code archives live in gradhub-checkpoint too (code.proto).
   v1::CodeService::StubInterface& code() { return *code_; }
@@ -54,6 +56,7 @@ class Client {
   std::unique_ptr<v1::JobService::StubInterface> jobs_;
   std::unique_ptr<v1::NodeService::StubInterface> nodes_;
   std::unique_ptr<v1::AdminService::StubInterface> admin_;
+  std::unique_ptr<v1::AuditService::StubInterface> audit_;
   std::shared_ptr<grpc::Channel> checkpoint_channel_;
   std::unique_ptr<v1::CheckpointService::StubInterface> checkpoints_;
   std::unique_ptr<v1::CodeService::StubInterface> code_;

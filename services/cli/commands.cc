@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "services/cli/audit_commands.h"
 #include "services/cli/checkpoint_commands.h"
 #include "services/cli/cluster_commands.h"
 #include "services/cli/code_commands.h"
@@ -763,6 +764,11 @@ std::vector<Command> OperatorCommands() {
        "Create a token and print its secret, shown only once (admin token).", CreateToken},
       {"admin revoke-token", "TOKEN_NAME",
        "Revoke a token (tenants/<id>/tokens/<id>); idempotent (admin token).", RevokeToken},
+      {"admin audit",
+       "[--tenant T] [--actor A] [--method M] [--resource R] [--outcome O] [--limit N] [-o json]",
+       "Show the audit log of mutating calls, newest first (admin token: every tenant's; a "
+       "tenant token: its own tenant's).",
+       AdminAudit},
       {"cluster up", "[--data-root DIR]...",
        "Start a local cluster (PostgreSQL, api, checkpoint, metrics, two agents, Prometheus) "
        "in the background and make it this CLI's default; harmless when it is up. State and "

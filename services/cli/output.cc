@@ -580,4 +580,32 @@ std::string CheckpointsTable(const std::vector<const v1::Checkpoint*>& checkpoin
   return table.Render();
 }
 
+namespace {
+
+// `text` on one line (line breaks as spaces), cut to `max_chars` characters with "...".
+std::string OneLine(const std::string& text, size_t max_chars) {
+  std::string line;
+  size_t chars = 0;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const unsigned char byte = static_cast<unsigned char>(text[i]);
+    const bool starts_char = (byte & 0xC0) != 0x80;  // not a UTF-8 continuation byte
+    if (starts_char && ++chars > max_chars) return line + "...";
+    line += text[i] == '\n' || text[i] == '\r' ? ' ' : text[i];
+  }
+  return line;
+}
+
+}  // namespace
+
+std::string AuditEventsTable(const std::vector<const v1::AuditEvent*>& events) {
+  Table table({"TIME", "ACTOR", "TENANT", "METHOD", "RESOURCE", "OUTCOME", "VIA", "MESSAGE"});
+  for (const v1::AuditEvent* event : events) {
+    table.AddRow({FormatTime(event->time()), event->actor(), OrDash(event->tenant()),
+                  std::string(absl::StripPrefix(event->method(), "gradhub.v1.")),
+                  OrDash(event->resource()), event->outcome(), event->transport(),
+                  OrDash(OneLine(event->message(), 60))});
+  }
+  return table.Render();
+}
+
 }  // namespace gradhub::cli

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "gradhub/v1/audit.pb.h"
 #include "gradhub/v1/checkpoint.pb.h"
 #include "gradhub/v1/jobs.pb.h"
 #include "gradhub/v1/nodes.pb.h"
@@ -105,5 +106,10 @@ std::string TokenSummary(const v1::Token& token);
 std::string CheckpointsTable(const std::vector<const v1::Checkpoint*>& checkpoints);
 // 1536 -> "1.5 KiB"; below 1 KiB in bytes ("512 B").
 std::string HumanBytes(int64_t bytes);
+
+// `admin audit`: one row per event as given (newest first): time, actor, tenant, the rpc
+// without its package, resource, outcome, transport, and the message on one line, cut to 60
+// characters.
+std::string AuditEventsTable(const std::vector<const v1::AuditEvent*>& events);
 
 }  // namespace gradhub::cli

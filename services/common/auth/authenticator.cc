@@ -59,7 +59,7 @@ absl::StatusOr<Principal> Authenticator::LookUpToken(const std::string& digest) 
   // (RESTARTING and CANCELLING included: a stopping rank 0 may still save its last step).
   GRADHUB_ASSIGN_OR_RETURN(
       db::Result rows,
-      pool_->Exec("SELECT k.kind, coalesce(k.tenant_id, j.tenant_id, 0) AS tenant_id,"
+      pool_->Exec("SELECT k.id, k.kind, coalesce(k.tenant_id, j.tenant_id, 0) AS tenant_id,"
                   " coalesce(t.name, jt.name, '') AS tenant_name,"
                   " coalesce(k.job_id::text, '') AS job_id, coalesce(k.attempt, 0) AS attempt,"
                   " coalesce(k.rank, 0) AS rank"
@@ -78,6 +78,7 @@ absl::StatusOr<Principal> Authenticator::LookUpToken(const std::string& digest) 
   principal.kind = kind == "NODE"  ? Principal::Kind::kNode
                    : kind == "JOB" ? Principal::Kind::kJob
                                    : Principal::Kind::kTenant;
+  principal.token_id = row.Get<int64_t>("id");
   if (principal.kind == Principal::Kind::kNode) return principal;
   principal.tenant_id = row.Get<int64_t>("tenant_id");
   principal.tenant_name = row.Get<std::string>("tenant_name");

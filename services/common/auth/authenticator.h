@@ -28,6 +28,7 @@ struct Principal {
   std::string job_id;       // kJob only: the uuid
   int32_t attempt = 0;      // kJob only
   int32_t rank = 0;         // kJob only
+  int64_t token_id = 0;     // the api_tokens row (kTenant, kNode, kJob): the audit log's actor
 };
 
 struct TenantRecord {
