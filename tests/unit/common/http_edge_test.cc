@@ -184,6 +184,30 @@ TEST(HttpEdgeTest, ABodyThatAdmitBodyRefusesIsAnsweredFromTheHeadersUnread) {
   EXPECT_EQ(served->body, "3\n");
 }
 
+TEST(HttpEdgeTest, AClientThatExpects100ContinueGetsItOrItsRefusalBeforeSendingTheBody) {
+  HttpServerOptions options = SmallLimits();
+  options.admit_body = [](const httplib::Request& request) {
+    return request.has_header("Authorization") ? absl::OkStatus()
+                                               : absl::UnauthenticatedError("no token");
+  };
+  EdgeServer server(options);
+  RawHttpClient admitted(server.port());
+  ASSERT_TRUE(
+      admitted.Send("POST /echo HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer t\r\n"
+                    "Content-Length: 5\r\nExpect: 100-continue\r\n\r\n"));
+  EXPECT_EQ(StatusOf(admitted.ReadHead(kAnswerTime)), 100);
+  ASSERT_TRUE(admitted.Send("hello"));
+  const std::string answer = admitted.ReadHead(kAnswerTime);
+  EXPECT_EQ(StatusOf(answer), 200) << answer;
+
+  RawHttpClient refused(server.port());
+  ASSERT_TRUE(
+      refused.Send("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n"
+                   "Expect: 100-continue\r\n\r\n"));
+  EXPECT_EQ(StatusOf(refused.ReadUntilClosed(kAnswerTime)), 401);
+  EXPECT_EQ(server.handled(), 1);
+}
+
 TEST(HttpEdgeTest, AmbiguousOrCompressedBodiesAreRefusedFromTheirHeaders) {
   EdgeServer server(SmallLimits());
   const std::vector<std::pair<std::string, int>> cases = {
