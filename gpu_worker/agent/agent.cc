@@ -33,7 +33,7 @@ CodeCacheOptions CodeOptions(const AgentConfig& config) {
   CodeCacheOptions options;
   options.token = config.token;
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
-      ClientCredentials(config.tls_ca_file);
+      ClientCredentials(config.tls_ca_file, config.tls_cert_file, config.tls_key_file);
   // main has built the api channel with the same file, so this does not fail there.
   if (credentials.ok()) options.credentials = *credentials;
   return options;

@@ -19,6 +19,10 @@ struct AgentConfig {
   std::string server = "localhost:7070";
   std::string token;
   std::string tls_ca_file;
+  // The node's client certificate and key (TLS to gradhub-api and gradhub-checkpoint); never
+  // handed to ranks.
+  std::string tls_cert_file;
+  std::string tls_key_file;
   std::string name;  // the hostname unless set
   // -1 = one per GPU on a CUDA node, 1 on a CPU node (EffectiveSlots, node_description.h).
   int64_t slots = -1;
@@ -69,6 +73,11 @@ struct AgentConfig {
         .String("tls-ca", "GRADHUB_TLS_CA", &tls_ca_file,
                 "PEM certificates trusted for TLS to --server (its ranks get it too); "
                 "empty = plaintext")
+        .String("tls-cert", "GRADHUB_TLS_CERT", &tls_cert_file,
+                "PEM client certificate of this node (CN = --name; `gradhub cluster certs "
+                "--nodes`), presented to the servers with --tls-key; needs --tls-ca. Not given "
+                "to ranks")
+        .String("tls-key", "GRADHUB_TLS_KEY", &tls_key_file, "PEM private key of --tls-cert")
         .String("name", "GRADHUB_NODE_NAME", &name, "Node name, stable across restarts")
         .Int("slots", "GRADHUB_SLOTS", &slots,
              "Ranks this node runs at once; -1 = one per GPU on a GPU node (each rank gets its "

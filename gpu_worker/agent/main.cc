@@ -149,7 +149,8 @@ void WarnAboutSettings(const AgentConfig& config) {
 // Runs the agent until SIGTERM or SIGINT has stopped its ranks. Its cgroup directory goes when
 // it ends (every rank's cgroup is gone by then).
 int RunUntilSignal(const AgentConfig& config, const gradhub::ShutdownSignals& signals) {
-  auto credentials = gradhub::ClientCredentials(config.tls_ca_file);
+  auto credentials =
+      gradhub::ClientCredentials(config.tls_ca_file, config.tls_cert_file, config.tls_key_file);
   if (!credentials.ok()) {
     if (!config.isolation.cgroup_dir.empty()) rmdir(config.isolation.cgroup_dir.c_str());
     std::cerr << "gradhub-agent: " << credentials.status().message() << "\n";

@@ -24,6 +24,8 @@ struct ApiConfig {
   absl::Duration backfill_window = absl::Seconds(60);
   absl::Duration scheduler_interval = absl::Milliseconds(200);
   StreamLimits rest_streams{};
+  // NodeService's agent calls must come with a node's client certificate (node_identity.h).
+  bool require_node_certificates = false;
 
   void Register(Flags& flags) {
     server.Register(flags, {.connections_env = "GRADHUB_DATABASE_CONNECTIONS",
@@ -51,6 +53,11 @@ struct ApiConfig {
     flags.Duration("scheduler-interval", "GRADHUB_SCHEDULER_INTERVAL", &scheduler_interval,
                    "Time between scheduler passes (one also follows every rank exit)");
     rest_streams.Register(flags);
+    flags.Bool("tls-require-client-cert", "GRADHUB_TLS_REQUIRE_CLIENT_CERT",
+               &require_node_certificates,
+               "The agent calls of NodeService must come with a client certificate chaining to "
+               "--tls-client-ca, for the node they name (mTLS); without, a certificate is still "
+               "checked when presented. Needs --tls-client-ca");
   }
 };
 

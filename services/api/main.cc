@@ -124,8 +124,8 @@ struct ApiServices {
         metrics(&pool),
         scheduler(&pool, SchedulerOptionsFor(config, &metrics, &notifier)),
         nodes(&pool, NodeManagerOptionsFor(config)),
-        node_service(
-            &nodes, &auth, [this] { scheduler.Nudge(); }, &notifier),
+        node_service(&nodes, &auth, [this] { scheduler.Nudge(); }, &notifier,
+                     {.require_client_certificate = config.require_node_certificates}),
         tenants(&auth),
         admin_service(&auth, &tenants),
         audit_log(&pool),
@@ -231,8 +231,12 @@ void WaitForShutdown(const gradhub::ShutdownSignals& signals, const gradhub::api
 }
 
 int Serve(const gradhub::api::ApiConfig& config) {
-  auto credentials =
-      gradhub::ServerCredentials(config.server.tls.cert_file, config.server.tls.key_file);
+  if (config.require_node_certificates && config.server.tls.client_ca_file.empty()) {
+    std::cerr << "gradhub-api: --tls-require-client-cert needs --tls-client-ca\n";
+    return 2;
+  }
+  auto credentials = gradhub::ServerCredentials(
+      config.server.tls.cert_file, config.server.tls.key_file, config.server.tls.client_ca_file);
   if (!credentials.ok()) {
     std::cerr << "gradhub-api: " << credentials.status().message() << "\n";
     return 2;

@@ -28,10 +28,21 @@ absl::Status NodeService::Require(const grpc::ServerContext& context, Principal:
                                          : "node administration takes the admin token");
 }
 
+absl::Status NodeService::RequireAgent(const grpc::ServerContext& context,
+                                       const std::optional<std::string>& node) const {
+  if (absl::Status token = Require(context, Principal::Kind::kNode); !token.ok()) return token;
+  // NodeId: "nodes/a" and "a" name the same node; a malformed name matches no certificate.
+  return CheckNodeIdentity(
+      PeerCertificateOf(context), options_.require_client_certificate,
+      node.has_value() ? std::optional<std::string>(NodeId(*node)) : std::nullopt);
+}
+
 grpc::Status NodeService::RegisterNode(grpc::ServerContext* context,
                                        const v1::RegisterNodeRequest* request,
                                        v1::RegisterNodeResponse* response) {
-  if (auto status = Require(*context, Principal::Kind::kNode); !status.ok()) return ToGrpc(status);
+  if (auto status = RequireAgent(*context, request->node().name()); !status.ok()) {
+    return ToGrpc(status);
+  }
   grpc::Status answer = Answer(nodes_->RegisterNode(*request), response);
   if (on_change_) on_change_();
   return answer;
@@ -40,7 +51,7 @@ grpc::Status NodeService::RegisterNode(grpc::ServerContext* context,
 grpc::Status NodeService::Heartbeat(grpc::ServerContext* context,
                                     const v1::HeartbeatRequest* request,
                                     v1::HeartbeatResponse* response) {
-  if (auto status = Require(*context, Principal::Kind::kNode); !status.ok()) return ToGrpc(status);
+  if (auto status = RequireAgent(*context, request->node()); !status.ok()) return ToGrpc(status);
   grpc::Status answer = Answer(nodes_->Heartbeat(*request), response);
   // A rank that exited, started or freed its slot is for the scheduler to act on now.
   for (const v1::RankStatus& rank : request->ranks()) {
@@ -55,7 +66,7 @@ grpc::Status NodeService::Heartbeat(grpc::ServerContext* context,
 grpc::Status NodeService::WatchAssignments(
     grpc::ServerContext* context, const v1::WatchAssignmentsRequest* request,
     grpc::ServerWriter<v1::WatchAssignmentsResponse>* writer) {
-  if (auto status = Require(*context, Principal::Kind::kNode); !status.ok()) return ToGrpc(status);
+  if (auto status = RequireAgent(*context, request->node()); !status.ok()) return ToGrpc(status);
   if (notifier_ == nullptr) {
     return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "this server pushes no assignments");
   }
@@ -87,7 +98,9 @@ grpc::Status NodeService::WatchAssignments(
 grpc::Status NodeService::ReportLogs(grpc::ServerContext* context,
                                      grpc::ServerReader<v1::ReportLogsRequest>* reader,
                                      v1::ReportLogsResponse* response) {
-  if (auto status = Require(*context, Principal::Kind::kNode); !status.ok()) return ToGrpc(status);
+  // The request names a rank, not a node: a certificate is required where certificates are, and
+  // any node's will do (its ranks' logs may be shipped after they left the node's assignments).
+  if (auto status = RequireAgent(*context, std::nullopt); !status.ok()) return ToGrpc(status);
   v1::ReportLogsRequest batch;
   std::string stream_of;  // "job/attempt/rank" of the first message
   while (reader->Read(&batch)) {
@@ -108,7 +121,7 @@ grpc::Status NodeService::ReportLogs(grpc::ServerContext* context,
 grpc::Status NodeService::IssueRankCredential(grpc::ServerContext* context,
                                               const v1::IssueRankCredentialRequest* request,
                                               v1::IssueRankCredentialResponse* response) {
-  if (auto status = Require(*context, Principal::Kind::kNode); !status.ok()) return ToGrpc(status);
+  if (auto status = RequireAgent(*context, request->node()); !status.ok()) return ToGrpc(status);
   absl::StatusOr<std::string> job_id = nodes_->CheckRankOnNode(*request);
   if (!job_id.ok()) return ToGrpc(job_id.status());
   absl::StatusOr<NewToken> token =

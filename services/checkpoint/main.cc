@@ -340,8 +340,8 @@ int Serve(const CheckpointConfig& config) {
     Log(std::string(limits.message()));
     return 2;
   }
-  auto credentials =
-      gradhub::ServerCredentials(config.server.tls.cert_file, config.server.tls.key_file);
+  auto credentials = gradhub::ServerCredentials(
+      config.server.tls.cert_file, config.server.tls.key_file, config.server.tls.client_ca_file);
   if (!credentials.ok()) {
     Log(std::string(credentials.status().message()));
     return 2;

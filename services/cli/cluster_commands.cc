@@ -7,9 +7,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "services/cli/client_config.h"
 #include "services/cli/local_cluster.h"
 #include "services/cli/local_process.h"
+#include "services/common/tls/cluster_ca.h"
 
 namespace gradhub::cli {
 namespace {
@@ -59,7 +61,12 @@ int ClusterUpCommand(Invocation& inv) {
   inv.RepeatedFlag("data-root", &roots,
                    "Another directory whose files jobs may name, besides the examples' data and "
                    "<state>/data");
+  bool insecure = false;
+  inv.flags().Bool("insecure", "", &insecure,
+                   "Plaintext everywhere, no certificates (default: TLS with the cluster's own "
+                   "CA in <state>/tls, agents with client certificates)");
   if (!inv.Parse(0, 0)) return inv.exit_code();
+  options.tls = !insecure;
   for (const std::string& root : roots) {
     options.data_roots.push_back(std::filesystem::absolute(root).lexically_normal().string());
   }
@@ -70,10 +77,49 @@ int ClusterUpCommand(Invocation& inv) {
   PrintServices(inv, up->record);
   inv.out() << "data roots: " << absl::StrJoin(options.data_roots, ":") << "\n"
             << "client config: " << ClientConfigPath()
-            << " (the defaults of --server, --checkpoint-server, --token)\n"
+            << " (the defaults of --server, --checkpoint-server, --token, --tls-ca)\n"
+            << (up->record.tls_dir.empty()
+                    ? std::string("TLS: off (--insecure)\n")
+                    : "TLS: on; CA " + up->record.tls_dir + "/ca.pem (curl --cacert it)\n")
             << "admin token: " << options.state_dir << "/admin-token\n"
             << "try: gradhub submit -f deploy/examples/jobs/digits-mlp.yaml --watch\n"
             << "logs: gradhub cluster logs SERVICE; stop: gradhub cluster down\n";
+  return kOk;
+}
+
+int ClusterCertsCommand(Invocation& inv) {
+  std::string out, ca_dir, hosts, nodes;
+  inv.flags()
+      .String("out", "", &out, "Directory of the servers' and clients' files (required)")
+      .String("ca-dir", "", &ca_dir,
+              "Directory of the CA's certificate and key, kept apart from what servers mount; "
+              "empty = --out")
+      .String("hosts", "", &hosts,
+              "Comma-separated host names or IPs the servers are reached at, besides localhost "
+              "and 127.0.0.1 (e.g. the compose or Kubernetes service names)")
+      .String("nodes", "", &nodes,
+              "Comma-separated node names: a client certificate for each agent");
+  if (!inv.Parse(0, 0)) return inv.exit_code();
+  if (out.empty()) return inv.UsageError("--out: required");
+  const tls::ClusterCertsOptions options{.out_dir = out,
+                                         .ca_dir = ca_dir,
+                                         .hosts = absl::StrSplit(hosts, ',', absl::SkipEmpty()),
+                                         .nodes = absl::StrSplit(nodes, ',', absl::SkipEmpty())};
+  absl::StatusOr<tls::ClusterCertFiles> files = tls::MakeClusterCerts(options);
+  if (!files.ok()) {
+    if (files.status().code() == absl::StatusCode::kInvalidArgument) {
+      return inv.UsageError(std::string(files.status().message()));
+    }
+    return FailWith(inv, files.status());
+  }
+  inv.out() << (files->made_ca ? "made a CA: " : "kept the CA: ") << files->ca_key << "\n"
+            << "trusted by clients (--tls-ca): " << files->ca_cert << "\n"
+            << "servers (--tls-cert, --tls-key): " << files->server_cert << " " << files->server_key
+            << "\n";
+  for (const auto& [node, paths] : files->nodes) {
+    inv.out() << "node " << node << " (agent --tls-cert, --tls-key): " << paths.cert << " "
+              << paths.key << "\n";
+  }
   return kOk;
 }
 

@@ -1,4 +1,5 @@
-// `gradhub cluster up | status | down | logs`: a local cluster for one user (local_cluster.h).
+// `gradhub cluster up | certs | status | down | logs`: a local cluster for one user
+// (local_cluster.h).
 #pragma once
 
 #include "services/cli/invocation.h"
@@ -6,6 +7,9 @@
 namespace gradhub::cli {
 
 int ClusterUpCommand(Invocation& inv);
+// `gradhub cluster certs --out DIR [--ca-dir DIR] [--hosts h,...] [--nodes n,...]`: a cluster
+// CA and its certificates (services/common/tls/cluster_ca.h), for compose and Kubernetes.
+int ClusterCertsCommand(Invocation& inv);
 int ClusterStatusCommand(Invocation& inv);
 int ClusterDownCommand(Invocation& inv);
 int ClusterLogsCommand(Invocation& inv);

@@ -769,13 +769,19 @@ std::vector<Command> OperatorCommands() {
        "Show the audit log of mutating calls, newest first (admin token: every tenant's; a "
        "tenant token: its own tenant's).",
        AdminAudit},
-      {"cluster up", "[--data-root DIR]...",
+      {"cluster up", "[--data-root DIR]... [--insecure]",
        "Start a local cluster (PostgreSQL, api, checkpoint, metrics, two agents, Prometheus) "
-       "in the background and make it this CLI's default; harmless when it is up. State and "
+       "in the background and make it this CLI's default; harmless when it is up. TLS with a "
+       "CA of its own (--insecure: plaintext). State and "
        "logs in $GRADHUB_STATE_DIR, else $XDG_STATE_HOME/gradhub, else ~/.gradhub (as root "
        "/var/lib/gradhub/local); $GRADHUB_DATABASE_URL: that database instead of a private "
        "PostgreSQL; $GRADHUB_BIN: where the services' binaries are (default: beside gradhub).",
        ClusterUpCommand},
+      {"cluster certs", "--out DIR [--ca-dir DIR] [--hosts H,...] [--nodes N,...]",
+       "Make a cluster CA (kept when there is one) and issue its servers' certificate "
+       "(localhost, 127.0.0.1 and --hosts) and a client certificate per agent node; keys 0600. "
+       "For docker-compose and Kubernetes; `cluster up` makes its own.",
+       ClusterCertsCommand},
       {"cluster status", "", "Show the local cluster's services; exit 6 if one has stopped.",
        ClusterStatusCommand},
       {"cluster down", "", "Stop the local cluster (only what `cluster up` started).",

@@ -24,6 +24,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "services/cli/client_config.h"
+#include "services/cli/cluster_tls.h"
 #include "services/cli/local_process.h"
 #include "services/common/status_macros.h"
 
@@ -66,11 +67,9 @@ nlohmann::json ToJson(const ClusterRecord& record) {
                          {"log", process.log},
                          {"endpoints", endpoints}});
   }
-  return {{"stateDir", record.state_dir},
-          {"processes", processes},
-          {"postgresData", record.postgres_data},
-          {"postgresBin", record.postgres_bin},
-          {"postgresUser", record.postgres_user}};
+  return {{"stateDir", record.state_dir},         {"processes", processes},
+          {"postgresData", record.postgres_data}, {"postgresBin", record.postgres_bin},
+          {"postgresUser", record.postgres_user}, {"tlsDir", record.tls_dir}};
 }
 
 ClusterRecord FromJson(const nlohmann::json& json) {
@@ -79,6 +78,7 @@ ClusterRecord FromJson(const nlohmann::json& json) {
   record.postgres_data = json.at("postgresData").get<std::string>();
   record.postgres_bin = json.at("postgresBin").get<std::string>();
   record.postgres_user = json.at("postgresUser").get<std::string>();
+  record.tls_dir = json.value("tlsDir", "");  // absent in the records of earlier versions
   for (const nlohmann::json& item : json.at("processes")) {
     ClusterProcess process{item.at("name").get<std::string>(),
                            item.at("pid").get<int>(),
@@ -340,7 +340,7 @@ struct Launch {
   struct Ready {
     std::string marker;
     std::string kind;    // "" = no endpoint
-    std::string prefix;  // before the port: "127.0.0.1:" or "http://127.0.0.1:"
+    std::string prefix;  // before the port: "127.0.0.1:", "http://127.0.0.1:", "https://..."
     std::string suffix;  // after it: "" or "/metrics"
   };
   std::vector<Ready> ready;
@@ -375,47 +375,64 @@ absl::Status StartService(const LocalClusterOptions& options, Launch launch,
   return WriteRecord(*record);
 }
 
-Launch::Ready Port(const std::string& protocol, const std::string& kind, bool http,
-                   const std::string& suffix = "") {
-  return {"serving " + protocol + " on port ", kind,
-          http ? "http://127.0.0.1:" : "127.0.0.1:", suffix};
+// `url_scheme`: "" for a gRPC endpoint (host:port), else "http://" or "https://".
+Launch::Ready Port(const std::string& protocol, const std::string& kind,
+                   const std::string& url_scheme = "", const std::string& suffix = "") {
+  return {"serving " + protocol + " on port ", kind, url_scheme + "127.0.0.1:", suffix};
+}
+
+// `argv` with `more` after its first element (the binary), before the flags of its own.
+std::vector<std::string> WithFlags(std::vector<std::string> argv,
+                                   const std::vector<std::string>& more) {
+  argv.insert(argv.begin() + 1, more.begin(), more.end());
+  return argv;
 }
 
 // gradhub-api, gradhub-checkpoint and gradhub-metrics, each on free loopback ports.
 absl::Status StartServers(const LocalClusterOptions& options,
-                          const std::map<std::string, std::string>& env, ClusterRecord* record) {
+                          const std::map<std::string, std::string>& env, const ClusterTls& tls,
+                          ClusterRecord* record) {
   const std::string& bin = options.bin_dir;
-  GRADHUB_RETURN_IF_ERROR(StartService(options,
-                                       {"api",
-                                        {{bin + "/gradhub-api", "--grpc-address", "127.0.0.1:0",
-                                          "--http-host", "127.0.0.1", "--http-port", "0", "serve"},
-                                         env},
-                                        {Port("gRPC", "gRPC", false), Port("REST", "REST", true)}},
-                                       record));
+  const std::string rest = tls.url_scheme();
+  GRADHUB_RETURN_IF_ERROR(
+      StartService(options,
+                   {"api",
+                    {WithFlags({bin + "/gradhub-api", "--grpc-address", "127.0.0.1:0",
+                                "--http-host", "127.0.0.1", "--http-port", "0", "serve"},
+                               tls.ApiArgs()),
+                     env},
+                    {Port("gRPC", "gRPC"), Port("REST", "REST", rest)}},
+                   record));
   GRADHUB_RETURN_IF_ERROR(StartService(
       options,
       {"checkpoint",
-       {{bin + "/gradhub-checkpoint", "--grpc-host", "127.0.0.1", "--grpc-port", "0", "--http-host",
-         "127.0.0.1", "--http-port", "0", "--data-dir", options.state_dir + "/checkpoint-store",
-         // Encryption at rest: the master key beside the blobs' directory, made on first `up`.
-         "--master-key-file", options.state_dir + "/checkpoint-master.key", "--create-master-key"},
+       {WithFlags(
+            {bin + "/gradhub-checkpoint", "--grpc-host", "127.0.0.1", "--grpc-port", "0",
+             "--http-host", "127.0.0.1", "--http-port", "0", "--data-dir",
+             options.state_dir + "/checkpoint-store",
+             // Encryption at rest: the master key beside the blobs' directory, made on first `up`.
+             "--master-key-file", options.state_dir + "/checkpoint-master.key",
+             "--create-master-key"},
+            tls.ServerArgs()),
         env},
-       {Port("gRPC", "gRPC", false), Port("REST", "REST", true)}},
+       {Port("gRPC", "gRPC"), Port("REST", "REST", rest)}},
       record));
-  return StartService(
-      options,
-      {"metrics",
-       {{bin + "/gradhub-metrics", "--host", "127.0.0.1", "--grpc-port", "0", "--http-port", "0"},
-        env},
-       {Port("gRPC", "gRPC", false), Port("HTTP", "HTTP", true),
-        Port("HTTP", "Prometheus", true, "/metrics")}},
-      record);
+  return StartService(options,
+                      {"metrics",
+                       {WithFlags({bin + "/gradhub-metrics", "--host", "127.0.0.1", "--grpc-port",
+                                   "0", "--http-port", "0"},
+                                  tls.ServerArgs()),
+                        env},
+                       {Port("gRPC", "gRPC"), Port("HTTP", "HTTP", rest),
+                        Port("HTTP", "Prometheus", rest, "/metrics")}},
+                      record);
 }
 
 // Two agents of kSlotsPerAgent CPU slots, with no shared disk (each keeps only a cache of
 // checkpoints); ready once registered with the api.
 absl::Status StartAgents(const LocalClusterOptions& options, std::map<std::string, std::string> env,
-                         const std::string& node_token, ClusterRecord* record) {
+                         const std::string& node_token, const ClusterTls& tls,
+                         ClusterRecord* record) {
   env["GRADHUB_NODE_TOKEN"] = node_token;
   // Both agents are on this machine: each its own MASTER_PORT range.
   int master_port_base = 29500;
@@ -444,8 +461,11 @@ absl::Status StartAgents(const LocalClusterOptions& options, std::map<std::strin
     for (const std::string& root : options.data_roots) {
       argv.insert(argv.end(), {"--data-root", root});
     }
-    GRADHUB_RETURN_IF_ERROR(StartService(
-        options, {node, {argv, env}, {{"gradhub-agent: registered as", "", "", ""}}}, record));
+    GRADHUB_RETURN_IF_ERROR(StartService(options,
+                                         {node,
+                                          {WithFlags(std::move(argv), tls.AgentArgs(node)), env},
+                                          {{"gradhub-agent: registered as", "", "", ""}}},
+                                         record));
     record->processes.back().endpoints.emplace_back("CPU slots", absl::StrCat(kSlotsPerAgent));
     master_port_base += kSlotsPerAgent;
   }
@@ -464,7 +484,8 @@ std::string FindOnPath(const std::string& name) {
 
 // Prometheus, when installed, scraping the three servers every 5 s.
 absl::Status StartPrometheus(const LocalClusterOptions& options,
-                             const std::map<std::string, std::string>& env, ClusterRecord* record) {
+                             const std::map<std::string, std::string>& env, const ClusterTls& tls,
+                             ClusterRecord* record) {
   const std::string binary = FindOnPath("prometheus");
   if (binary.empty()) return absl::OkStatus();
   const std::string dir = options.state_dir + "/prometheus";
@@ -478,8 +499,8 @@ absl::Status StartPrometheus(const LocalClusterOptions& options,
     std::string target = Endpoint(*record, service, kind);
     target = target.substr(target.find("//") + 2);
     target = target.substr(0, target.find('/'));
-    absl::StrAppend(&config, "  - job_name: ", job, "\n    static_configs:\n      - targets: ['",
-                    target, "']\n");
+    absl::StrAppend(&config, "  - job_name: ", job, "\n", tls.PrometheusScrapeOptions(),
+                    "    static_configs:\n      - targets: ['", target, "']\n");
   }
   std::ofstream(dir + "/prometheus.yml", std::ios::trunc) << config;
   GRADHUB_ASSIGN_OR_RETURN(const int port, FreeLoopbackPort());
@@ -499,8 +520,8 @@ absl::Status StartPrometheus(const LocalClusterOptions& options,
 // Up and down.
 
 // The start order, each step waiting for the one before: 1. PostgreSQL (initdb the first
-// time); 2. the schema; 3. the tokens; 4. api, checkpoint, metrics; 5. the agents, which need
-// all three; 6. Prometheus, which scrapes them.
+// time); 2. the schema; 3. the tokens and the certificates; 4. api, checkpoint, metrics; 5. the
+// agents, which need all three; 6. Prometheus, which scrapes them.
 absl::StatusOr<ClusterTokens> StartAll(const LocalClusterOptions& options, ClusterRecord* record,
                                        std::ostream& progress) {
   std::string url = options.database_url;
@@ -520,12 +541,17 @@ absl::StatusOr<ClusterTokens> StartAll(const LocalClusterOptions& options, Clust
   GRADHUB_RETURN_IF_ERROR(
       ApiOutput(options, ServiceEnv(options.state_dir, url, ""), {"migrate"}).status());
   GRADHUB_ASSIGN_OR_RETURN(ClusterTokens tokens, MakeTokens(options, url, new_database));
+  GRADHUB_ASSIGN_OR_RETURN(
+      const ClusterTls tls,
+      PrepareClusterTls(options.state_dir, options.tls, {std::begin(kAgents), std::end(kAgents)}));
+  record->tls_dir = tls.dir();
   const auto env = ServiceEnv(options.state_dir, url, tokens.admin);
-  GRADHUB_RETURN_IF_ERROR(StartServers(options, env, record));
-  progress << "started api, checkpoint, metrics\n";
-  GRADHUB_RETURN_IF_ERROR(StartAgents(options, env, tokens.node, record));
+  GRADHUB_RETURN_IF_ERROR(StartServers(options, env, tls, record));
+  progress << "started api, checkpoint, metrics" << (tls.enabled() ? " (TLS)" : " (plaintext)")
+           << "\n";
+  GRADHUB_RETURN_IF_ERROR(StartAgents(options, env, tokens.node, tls, record));
   progress << "started " << absl::StrJoin(kAgents, ", ") << "\n";
-  GRADHUB_RETURN_IF_ERROR(StartPrometheus(options, env, record));
+  GRADHUB_RETURN_IF_ERROR(StartPrometheus(options, env, tls, record));
   return tokens;
 }
 
@@ -639,7 +665,7 @@ absl::StatusOr<UpResult> ClusterUp(const LocalClusterOptions& options, std::ostr
       ClientConfigPath(), {{"server", Endpoint(record, "api", "gRPC")},
                            {"checkpoint-server", Endpoint(record, "checkpoint", "gRPC")},
                            {"token", tokens->tenant},
-                           {"tls-ca", ""}}));
+                           {"tls-ca", ClusterTls(record.tls_dir).ca_file()}}));
   return UpResult{std::move(record), /*already_up=*/false};
 }
 

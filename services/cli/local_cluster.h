@@ -3,9 +3,11 @@
 // PostgreSQL under the state directory (initdb once, reused after) unless
 // $GRADHUB_DATABASE_URL names one, gradhub-api, gradhub-checkpoint, gradhub-metrics, two
 // agents with 2 CPU slots each, and Prometheus when it is installed; all on loopback, each
-// with its log file under <state>/logs. What was started is recorded in
-// <state>/cluster.json, so that `down` stops exactly that, and `status` can tell a crashed
-// service from a running one.
+// with its log file under <state>/logs. TLS by default, with a CA of the cluster's own under
+// the state directory (cluster_tls.h): the servers serve only TLS, the agents present their
+// node's client certificate (required by the api), the CLI's client config trusts the CA. What was
+// started is recorded in <state>/cluster.json, so that `down` stops exactly that, and `status` can
+// tell a crashed service from a running one.
 //
 // Not thread-safe; one CLI process at a time works on a state directory (`up` and `down`
 // hold <state>/lock).
@@ -35,6 +37,8 @@ struct LocalClusterOptions {
   std::vector<std::string> data_roots;
   // How long each service may take to say it is ready.
   absl::Duration ready_timeout = absl::Seconds(60);
+  // TLS everywhere with the cluster's own CA (cluster_tls.h); false = plaintext (--insecure).
+  bool tls = true;
 };
 
 // This machine's defaults: StateDir(), $GRADHUB_BIN or this binary's directory,
@@ -60,6 +64,7 @@ struct ClusterRecord {
   std::string postgres_data;              // "" = an external database
   std::string postgres_bin;
   std::string postgres_user;  // whom PostgreSQL runs as; "" = as ourselves
+  std::string tls_dir;        // the certificates (cluster_tls.h); "" = plaintext
 };
 
 // What `up` did: started the cluster, or found it already up.

@@ -18,6 +18,8 @@ namespace gradhub {
 struct TlsSettings {
   std::string cert_file;
   std::string key_file;
+  // gRPC asks clients for a certificate, which must chain to this CA when presented; "" = none.
+  std::string client_ca_file;
 };
 
 // Plain data after Register and parsing; read-only once the server runs.
@@ -56,6 +58,10 @@ struct ServerSettings {
     flags.String("tls-cert", "GRADHUB_TLS_CERT", &tls.cert_file,
                  "PEM certificate chain; with --tls-key, " + spec.tls_effect);
     flags.String("tls-key", "GRADHUB_TLS_KEY", &tls.key_file, "PEM private key of --tls-cert");
+    flags.String("tls-client-ca", "GRADHUB_TLS_CLIENT_CA", &tls.client_ca_file,
+                 "PEM CA certificates: gRPC asks callers for a client certificate, and one that "
+                 "is presented must chain to these (agents' node certificates: `gradhub cluster "
+                 "certs`); empty = none asked for. Needs --tls-cert");
     http.Register(flags);
     grpc.Register(flags);
   }

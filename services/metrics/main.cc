@@ -131,8 +131,8 @@ absl::StatusOr<std::unique_ptr<gradhub::GrpcServer>> StartGrpc(
 }
 
 int Serve(const MetricsConfig& config) {
-  auto credentials =
-      gradhub::ServerCredentials(config.server.tls.cert_file, config.server.tls.key_file);
+  auto credentials = gradhub::ServerCredentials(
+      config.server.tls.cert_file, config.server.tls.key_file, config.server.tls.client_ca_file);
   if (!credentials.ok()) {
     std::cerr << "gradhub-metrics: " << credentials.status().message() << "\n";
     return 2;

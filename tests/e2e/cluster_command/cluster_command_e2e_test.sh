@@ -2,10 +2,13 @@
 # e2e: `gradhub cluster up | status | logs | down` in a state directory of its own, and every
 # example job of deploy/examples/jobs submitted with the bare CLI (no flag, no variable but
 # GRADHUB_STATE_DIR: the client config that `up` writes does the rest), each SUCCEEDED.
+# `up` runs TLS by default with a CA of its own: the servers refuse plaintext clients, the
+# client config trusts the CA, keys are private; `gradhub cluster certs` makes the same files
+# for compose and Kubernetes, and keeps its CA when run again.
 # Then: flags and variables beat the config; `up` again is harmless; a killed service is
 # reported by `status` (and refused by `up`); `down` leaves no process of ours and spares a
-# stranger whose pid it recorded; a second `up` reuses the database (no initdb, the earlier
-# jobs are still listed) and the second `down` again leaves nothing.
+# stranger whose pid it recorded; a second `up --insecure` reuses the database (no initdb, the
+# earlier jobs are still listed) in plaintext, and the second `down` again leaves nothing.
 # ctest sets GRADHUB_BUILD_DIR and GRADHUB_SOURCE_DIR.
 set -euo pipefail
 build="${GRADHUB_BUILD_DIR:?}"
@@ -64,6 +67,50 @@ for service in postgres api checkpoint metrics node-a node-b; do
   grep -Eq "^$service +[0-9]+ +running" "$out" || fail "cluster up did not list $service running"
 done
 grep -q "created a database" "$out.err" || fail "the first up made no database: $(cat "$out.err")"
+
+echo "== TLS by default"
+ca="$state/tls/ca.pem"
+grep -qx "tls-ca=$ca" "$state/config" || fail "the client config does not trust $ca: $(cat "$state/config")"
+grep -q "TLS: on" "$out" || fail "cluster up did not say TLS is on: $(cat "$out")"
+for key in "$state/tls/server-key.pem" "$state/tls/node-node-a-key.pem" "$state/tls-ca/ca-key.pem"; do
+  [ "$(stat -c %a "$key")" = 600 ] || fail "$key has mode $(stat -c %a "$key"), not 600"
+done
+[ ! -e "$state/tls/ca-key.pem" ] || fail "the CA key lies beside what the services read"
+"$gradhub" list > "$out" 2>&1 || fail "the CLI over TLS (client config): $(cat "$out")"
+set +e
+"$gradhub" --tls-ca= list > "$out" 2>&1
+code=$?
+set -e
+[ "$code" = 6 ] || fail "a plaintext client of the api exited $code, not 6 (UNAVAILABLE): $(cat "$out")"
+rest="$("$gradhub" cluster status | sed -n 's/^api .*REST \(https:[^ ]*\).*/\1/p')"
+[ -n "$rest" ] || fail "the api's REST endpoint is not https: $("$gradhub" cluster status)"
+curl -fsS --max-time 10 --cacert "$ca" "$rest/healthz" > /dev/null || fail "https $rest/healthz with the CA"
+if curl -fsS --max-time 10 "http://${rest#https://}/healthz" > "$out" 2>&1; then
+  fail "plaintext HTTP to the api's REST port was answered: $(cat "$out")"
+fi
+if curl -fsS --max-time 10 "$rest/healthz" > "$out" 2>&1; then
+  fail "curl trusted the api's certificate without the cluster CA"
+fi
+
+echo "== gradhub cluster certs"
+"$gradhub" cluster certs --out "$state/certs" --ca-dir "$state/certs-ca" \
+  --hosts gradhub-api,10.0.0.7 --nodes agent-a > "$out" 2>&1 || fail "cluster certs: $(cat "$out")"
+grep -q "made a CA" "$out" || fail "cluster certs made no CA: $(cat "$out")"
+for file in ca.pem server.pem server-key.pem node-agent-a.pem node-agent-a-key.pem; do
+  [ -s "$state/certs/$file" ] || fail "cluster certs wrote no $file"
+done
+openssl verify -CAfile "$state/certs/ca.pem" "$state/certs/server.pem" > /dev/null ||
+  fail "the server certificate does not verify"
+openssl x509 -in "$state/certs/server.pem" -noout -ext subjectAltName |
+  grep -q "DNS:gradhub-api" || fail "the server certificate lacks DNS:gradhub-api"
+"$gradhub" cluster certs --out "$state/certs" --ca-dir "$state/certs-ca" > "$out" 2>&1 ||
+  fail "cluster certs again: $(cat "$out")"
+grep -q "kept the CA" "$out" || fail "a second cluster certs did not keep the CA: $(cat "$out")"
+set +e
+"$gradhub" cluster certs --out "$state/certs" --hosts "bad host" > "$out" 2>&1
+code=$?
+set -e
+[ "$code" = 2 ] || fail "a host name with a space exited $code, not 2: $(cat "$out")"
 
 echo "== the examples, with the bare CLI"
 # The TorchScript model is exported by its own script beside a copy of the examples under
@@ -141,9 +188,11 @@ left="$(ours)"
 [ ! -e "$state/config" ] || fail "down left the client config"
 if "$gradhub" cluster status > "$out" 2>&1; then fail "status after down succeeded"; fi
 
-echo "== up again: the same database"
-"$gradhub" cluster up > "$out" 2> "$out.err" || fail "up after down: $(cat "$out" "$out.err")"
+echo "== up again, --insecure: the same database, in plaintext"
+"$gradhub" cluster up --insecure > "$out" 2> "$out.err" || fail "up after down: $(cat "$out" "$out.err")"
 if grep -q "created a database" "$out.err"; then fail "the second up ran initdb again"; fi
+grep -qx "tls-ca=" "$state/config" || fail "--insecure left a CA in the client config: $(cat "$state/config")"
+"$gradhub" cluster status | grep -Eq "^api .*REST http://" || fail "--insecure REST is not http"
 "$gradhub" list --all > "$out" || fail "list after the second up"
 grep -q "${jobs[digits-mlp]}" "$out" || fail "the earlier jobs are gone: $(cat "$out")"
 "$gradhub" cluster down > "$out" 2>&1 || fail "second down: $(cat "$out")"
