@@ -63,7 +63,7 @@ Agent::Agent(AgentConfig config, v1::NodeService::StubInterface* stub)
       shipper_(stub, ShipperOptions(config_)),
       ranks_(&shipper_, config_.stop_grace),
       code_cache_(config_.work_dir + "/code", CodeOptions(config_)),
-      scripts_(config_, stub, &code_cache_, [this] { waker_.Notify(); }),
+      preparer_(config_, stub, &code_cache_, [this] { waker_.Notify(); }),
       watch_(stub, config_.token, [this] { waker_.Notify(); }) {}
 
 Agent::~Agent() = default;
@@ -81,6 +81,8 @@ void Agent::CleanUpLeftovers() {
               << " trainer(s) left by a previous agent (" << leftovers.skipped
               << " already gone)\n";
   }
+  // This agent does not know which jobs held which uids: none holds one now (job_uids.h).
+  if (config_.isolation.identity.switch_user) DisownJobFiles(JobDirectories(config_, ""));
 }
 
 bool Agent::Register() {
@@ -157,16 +159,13 @@ bool Agent::StartRank(const v1::RankAssignment& assignment,
                       const google::protobuf::RepeatedPtrField<v1::RankAssignment>& desired) {
   const RankKey key = KeyOf(assignment);
   LineCallback on_line = [this, key](const OutputLine& line) { shipper_.Append(key, line); };
-  RankStart start;
-  if (assignment.spec().has_script()) {
-    std::optional<absl::StatusOr<PreparedScript>> prepared =
-        scripts_.Poll(assignment, session_.session_id());
-    if (!prepared) return false;  // the key stays unseen: the next reconcile asks again
-    start = StartScriptProcess(config_, WithLocalRanksDevices(assignment, desired), *prepared,
-                               std::move(on_line));
-  } else {
-    start = StartRankProcess(config_, session_.session_id(), assignment, std::move(on_line));
-  }
+  std::optional<absl::StatusOr<PreparedRank>> prepared =
+      preparer_.Poll(assignment, session_.session_id(), ranks_.JobIds());
+  if (!prepared) return false;  // the key stays unseen: the next reconcile asks again
+  RankStart start = assignment.spec().has_script()
+                        ? StartScriptProcess(config_, WithLocalRanksDevices(assignment, desired),
+                                             *prepared, std::move(on_line))
+                        : StartRankProcess(config_, assignment, *prepared, std::move(on_line));
   if (start.process == nullptr) {
     ranks_.FailedToStart(key, start.error, start.exit_code, start.state);
   } else {

@@ -1,8 +1,9 @@
 // Agent: the node side of the level-triggered heartbeat protocol in nodes.proto.
 //
 //   1. Run() first kills what a previous incarnation left (leftovers.h, pid files under
-//      <work-dir>/pids), then calls RegisterNode until it succeeds (backoff, never gives up)
-//      and prints "gradhub-agent: registered as nodes/<name> with N slots".
+//      <work-dir>/pids) and gives the directories of its jobs to root (their uids may go to
+//      other jobs now: job_uids.h), then calls RegisterNode until it succeeds (backoff, never
+//      gives up) and prints "gradhub-agent: registered as nodes/<name> with N slots".
 //   2. Every heartbeat_interval (the server's latest value) it sends Heartbeat with seq + 1
 //      and a RankStatus for every rank it knows: running ones and exited ones not yet dropped.
 //   3./4. On an answer it reconciles with the desired set (reconcile.h, a pure function):
@@ -20,8 +21,9 @@
 //      the server.
 //
 // Its parts: NodeSession (the registration, seq and interval) and RpcErrorLog (node_session.h),
-// RankTable (the ranks known, rank_table.h), StartRankProcess (rank_start.h), Reconcile
-// (reconcile.h), LoopWaker (what ends a sleep, loop_waker.h), AssignmentWatch, LogShipper.
+// RankTable (the ranks known, rank_table.h), RankPreparer (a rank's uid and job token,
+// rank_preparer.h), StartRankProcess (rank_start.h), Reconcile (reconcile.h), LoopWaker (what
+// ends a sleep, loop_waker.h), AssignmentWatch, LogShipper.
 //
 // Threads: Run() is the protocol loop and the only thread that touches the session and the rank
 // table; rank processes are forked, read and reaped by RankProcess's supervisor thread; the
@@ -41,9 +43,9 @@
 #include "gpu_worker/agent/log_shipper.h"
 #include "gpu_worker/agent/loop_waker.h"
 #include "gpu_worker/agent/node_session.h"
+#include "gpu_worker/agent/rank_preparer.h"
 #include "gpu_worker/agent/rank_table.h"
 #include "gpu_worker/agent/reconcile.h"
-#include "gpu_worker/agent/script_preparer.h"
 #include "gradhub/v1/nodes.grpc.pb.h"
 #include "services/common/backoff.h"
 
@@ -81,8 +83,8 @@ class Agent {
   HeartbeatResult HeartbeatFailed(const grpc::Status& status);
   // Step 4 with the desired set of a heartbeat's answer.
   void ReconcileWith(const google::protobuf::RepeatedPtrField<v1::RankAssignment>& desired);
-  // True when it started a process or reported a failure to start; false while a script
-  // rank is still being prepared (script_preparer.h).
+  // True when it started a process or reported a failure to start; false while the rank is
+  // still being prepared (its job's uid, its job token, a script's code: rank_preparer.h).
   // `desired` is the whole set it came in (a script rank sees its attempt's local GPUs).
   bool StartRank(const v1::RankAssignment& assignment,
                  const google::protobuf::RepeatedPtrField<v1::RankAssignment>& desired);
@@ -106,9 +108,9 @@ class Agent {
   // Declared before ranks_: rank processes call into it until they are destroyed.
   LogShipper shipper_;
   RankTable ranks_;
-  // Script jobs: their code archives, and their ranks prepared off this loop.
+  // Script jobs' code archives, and every rank prepared off this loop.
   CodeCache code_cache_;
-  ScriptPreparer scripts_;
+  RankPreparer preparer_;
   // Last: its thread calls waker_.Notify(), so it is stopped before anything above goes.
   AssignmentWatch watch_;
 };

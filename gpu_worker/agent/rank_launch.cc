@@ -81,8 +81,9 @@ absl::StatusOr<RankLaunch> PlanRankPaths(const AgentConfig& config,
   return launch;
 }
 
-absl::StatusOr<RankLaunch> PlanRankLaunch(const AgentConfig& config, const std::string& session_id,
-                                          const v1::RankAssignment& assignment) {
+absl::StatusOr<RankLaunch> PlanRankLaunch(const AgentConfig& config,
+                                          const v1::RankAssignment& assignment,
+                                          const PreparedRank& prepared) {
   absl::StatusOr<RankLaunch> planned = PlanRankPaths(config, assignment);
   if (!planned.ok()) return planned.status();
   RankLaunch& launch = *planned;
@@ -98,13 +99,12 @@ absl::StatusOr<RankLaunch> PlanRankLaunch(const AgentConfig& config, const std::
   env["GRADHUB_ATTEMPT"] = absl::StrCat(assignment.attempt());
   env["GRADHUB_STORE"] =
       assignment.store_address().empty() ? "" : "grpc://" + assignment.store_address();
-  env["GRADHUB_TOKEN"] = config.token;
+  env["GRADHUB_TOKEN"] = prepared.token;  // the job's, never the node's
   env["GRADHUB_TLS_CA"] = config.tls_ca_file;
   env["GRADHUB_CHECKPOINT_DIR"] = launch.checkpoint_dir;
   env["GRADHUB_CHECKPOINT_SERVER"] = config.checkpoint_server;
   env["GRADHUB_METRICS_SERVER"] = config.metrics_server;
   env["GRADHUB_NODE_NAME"] = config.name;
-  env["GRADHUB_NODE_SESSION"] = session_id;
   SetDeviceEnvironment(config.devices, assignment, &env);
   env["GRADHUB_DATA_ROOTS"] = JoinRootList(RankDataRoots(config.isolation, assignment.tenant()));
   env["GRADHUB_MAX_INPUT_BYTES"] = absl::StrCat(config.isolation.max_input_bytes);
@@ -122,6 +122,22 @@ absl::Status Chown(const std::string& path, const RankIdentity& identity, mode_t
   if (chmod(path.c_str(), mode) != 0) {
     return absl::InternalError(absl::StrCat("cannot chmod ", path, ": ", std::strerror(errno)));
   }
+  return absl::OkStatus();
+}
+
+// Everything under `dir` becomes `identity`'s (modes kept): the checkpoints an earlier
+// attempt of the job wrote as another uid. Nothing to do unless switching users.
+absl::Status ChownContents(const std::string& dir, const RankIdentity& identity) {
+  if (!identity.switch_user) return absl::OkStatus();
+  std::error_code error;
+  for (auto it = std::filesystem::recursive_directory_iterator(dir, error);
+       !error && it != std::filesystem::recursive_directory_iterator(); it.increment(error)) {
+    if (lchown(it->path().c_str(), identity.uid, identity.gid) != 0) {
+      return absl::InternalError(
+          absl::StrCat("cannot chown ", it->path().string(), ": ", std::strerror(errno)));
+    }
+  }
+  if (error) return absl::InternalError(absl::StrCat("cannot list ", dir, ": ", error.message()));
   return absl::OkStatus();
 }
 
@@ -171,6 +187,9 @@ absl::Status PrepareRankFiles(const RankLaunch& launch, const v1::RankAssignment
   }
   for (const std::string& dir : {launch.dir, launch.checkpoint_dir}) {
     if (absl::Status owned = Chown(dir, identity, 0700); !owned.ok()) return owned;
+  }
+  if (absl::Status owned = ChownContents(launch.checkpoint_dir, identity); !owned.ok()) {
+    return owned;
   }
   return WriteSpec(launch.spec_path, assignment, identity);
 }

@@ -14,6 +14,13 @@
 
 namespace gradhub::agent {
 
+// What a rank needs besides its assignment, made off the protocol loop (rank_preparer.h).
+struct PreparedRank {
+  RankIdentity identity;  // its job's uid (JobIdentity, job_uids.h), or the node's rank user's
+  std::string token;      // the rank's job token (IssueRankCredential)
+  std::string code_dir;   // script ranks: the attempt's unpacked code
+};
+
 struct RankLaunch {
   std::string job_id;          // the uuid of `jobs/{job_id}`
   std::string dir;             // <work-dir>/jobs/<job_id>/attempt-<n>/rank-<r>
@@ -27,16 +34,17 @@ struct RankLaunch {
   //   GRADHUB_SPEC, GRADHUB_RANK, GRADHUB_WORLD_SIZE, GRADHUB_LOCAL_RANK,
   //   GRADHUB_LOCAL_WORLD_SIZE, GRADHUB_JOB_ID, GRADHUB_ATTEMPT,
   //   GRADHUB_STORE=grpc://<store_address> (empty without one: a world of 1 needs none),
-  //   GRADHUB_TOKEN=<node token>, GRADHUB_CHECKPOINT_DIR, GRADHUB_CHECKPOINT_SERVER,
-  //   GRADHUB_METRICS_SERVER, GRADHUB_NODE_NAME and GRADHUB_NODE_SESSION (which bind the
-  //   rank's calls to the checkpoint store to this node); CUDA_VISIBLE_DEVICES: the GPUs of
-  //   device_indices as config.devices names them, empty for none (the rank then sees no
-  //   GPU); GRADHUB_DEVICE: cuda when the node is a CUDA node and the rank has a GPU, else
-  //   cpu; GRADHUB_BACKEND: the spec's backend with AUTO resolved here (NCCL on cuda, GLOO on
-  //   cpu); GRADHUB_DATA_ROOTS (':'-separated, possibly empty: the shared roots and the
-  //   assignment's tenant's, RankDataRoots), GRADHUB_MAX_INPUT_BYTES and
-  //   GRADHUB_MEMORY_LIMIT_BYTES (RankMemoryLimit) from config.isolation (the trainer's input
-  //   policy and its out-of-memory message).
+  //   GRADHUB_TOKEN=<the rank's job token> (PreparedRank: its job, attempt and rank only, for
+  //   the store, the checkpoint store and telemetry; never the node token or session),
+  //   GRADHUB_TLS_CA, GRADHUB_CHECKPOINT_DIR, GRADHUB_CHECKPOINT_SERVER,
+  //   GRADHUB_METRICS_SERVER, GRADHUB_NODE_NAME (telemetry says where it ran);
+  //   CUDA_VISIBLE_DEVICES: the GPUs of device_indices as config.devices names them, empty
+  //   for none (the rank then sees no GPU); GRADHUB_DEVICE: cuda when the node is a CUDA node
+  //   and the rank has a GPU, else cpu; GRADHUB_BACKEND: the spec's backend with AUTO
+  //   resolved here (NCCL on cuda, GLOO on cpu); GRADHUB_DATA_ROOTS (':'-separated, possibly
+  //   empty: the shared roots and the assignment's tenant's, RankDataRoots),
+  //   GRADHUB_MAX_INPUT_BYTES and GRADHUB_MEMORY_LIMIT_BYTES (RankMemoryLimit) from
+  //   config.isolation (the trainer's input policy and its out-of-memory message).
   std::map<std::string, std::string> env;
 };
 
@@ -57,15 +65,17 @@ void SetDeviceEnvironment(const NodeDevices& devices, const v1::RankAssignment& 
 
 // `config.work_dir` and `config.checkpoint_root` must be absolute (main makes them so).
 // INVALID_ARGUMENT for a job name that is not `jobs/<id>` with a path-safe id, or a negative
-// attempt or rank.
-// `session_id` is the one the api gave this agent at Register.
-absl::StatusOr<RankLaunch> PlanRankLaunch(const AgentConfig& config, const std::string& session_id,
-                                          const v1::RankAssignment& assignment);
+// attempt or rank. `prepared` gives the job token.
+absl::StatusOr<RankLaunch> PlanRankLaunch(const AgentConfig& config,
+                                          const v1::RankAssignment& assignment,
+                                          const PreparedRank& prepared);
 
 // Creates the rank and checkpoint directories and writes the spec (proto3 JSON mapping).
-// With a rank user (identity.switch_user), the rank directory, its spec and the checkpoint
-// directory are that user's (mode 0700/0600: no other rank's user may read them), and the
-// directories above them root's, searchable but not listable (0711).
+// With a rank user (identity.switch_user: the job's uid), the rank directory, its spec and the
+// checkpoint directory with everything in it are that user's (mode 0700/0600: no other job's
+// rank may read them; the files of an earlier attempt that ran as another uid, on this node or
+// on one sharing the checkpoint root, become this one's), and the directories above them
+// root's, searchable but not listable (0711).
 absl::Status PrepareRankFiles(const RankLaunch& launch, const v1::RankAssignment& assignment,
                               const RankIdentity& identity = {});
 

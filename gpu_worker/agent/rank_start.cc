@@ -30,28 +30,30 @@ RankProcessOptions ProcessOptions(const RankLaunch& launch, LineCallback on_line
 
 }  // namespace
 
-RankStart StartRankProcess(const AgentConfig& config, const std::string& session_id,
-                           const v1::RankAssignment& assignment, LineCallback on_line) {
-  absl::StatusOr<RankLaunch> launch = PlanRankLaunch(config, session_id, assignment);
+RankStart StartRankProcess(const AgentConfig& config, const v1::RankAssignment& assignment,
+                           const absl::StatusOr<PreparedRank>& prepared, LineCallback on_line) {
+  if (!prepared.ok()) return Failed(prepared.status());  // step 0
+  absl::StatusOr<RankLaunch> launch = PlanRankLaunch(config, assignment, *prepared);
   if (!launch.ok()) return Failed(launch.status());
   // A path out of this node's data roots, or a file it will not read: the spec's fault, found
   // before anything is created (isolation.h); the trainer checks again on what it opens.
   if (std::string problem = CheckRankSpec(config.isolation, assignment); !problem.empty()) {
     return Failed(absl::InvalidArgumentError(problem), trainer::kExitUserError);
   }
-  if (absl::Status prepared = PrepareRankFiles(*launch, assignment, config.isolation.identity);
-      !prepared.ok()) {
-    return Failed(prepared);
+  if (absl::Status files = PrepareRankFiles(*launch, assignment, prepared->identity); !files.ok()) {
+    return Failed(files);
   }
   RankProcessOptions options = ProcessOptions(*launch, std::move(on_line));
-  if (absl::Status isolated = IsolateRank(config.isolation, *launch, assignment, &options);
+  NodeIsolation isolation = config.isolation;
+  isolation.identity = prepared->identity;
+  if (absl::Status isolated = IsolateRank(isolation, *launch, assignment, &options);
       !isolated.ok()) {
     return Failed(isolated);
   }
   absl::StatusOr<std::unique_ptr<RankProcess>> process = RankProcess::Start(std::move(options));
   if (!process.ok()) return Failed(process.status());
   std::cerr << "gradhub-agent: started " << KeyOf(assignment).ToString() << " as pid "
-            << (*process)->pid() << " in " << launch->dir
+            << (*process)->pid() << " uid " << prepared->identity.uid << " in " << launch->dir
             << " (GRADHUB_DEVICE=" << launch->env.at("GRADHUB_DEVICE")
             << " CUDA_VISIBLE_DEVICES=" << launch->env.at("CUDA_VISIBLE_DEVICES")
             << " GRADHUB_BACKEND=" << launch->env.at("GRADHUB_BACKEND") << ")\n";
@@ -67,7 +69,7 @@ RankStart NodeFailed(absl::Status error) {
 }  // namespace
 
 RankStart StartScriptProcess(const AgentConfig& config, const v1::RankAssignment& assignment,
-                             const absl::StatusOr<PreparedScript>& prepared, LineCallback on_line) {
+                             const absl::StatusOr<PreparedRank>& prepared, LineCallback on_line) {
   if (!prepared.ok()) {  // step 1
     const absl::StatusCode code = prepared.status().code();
     if (code == absl::StatusCode::kNotFound || code == absl::StatusCode::kInvalidArgument) {

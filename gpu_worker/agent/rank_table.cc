@@ -6,6 +6,7 @@
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "services/common/contract/trainer_exit_codes.h"
 
 namespace gradhub::agent {
@@ -168,6 +169,14 @@ size_t RankTable::CountExited() const {
     exited += rank.process != nullptr && rank.process->Status().exited;
   }
   return exited;
+}
+
+std::set<std::string> RankTable::JobIds() const {
+  std::set<std::string> jobs;
+  for (const auto& [key, rank] : ranks_) {
+    jobs.insert(std::string(absl::StripPrefix(key.job, "jobs/")));
+  }
+  return jobs;
 }
 
 }  // namespace gradhub::agent

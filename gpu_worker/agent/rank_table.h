@@ -66,6 +66,9 @@ class RankTable {
   bool AnyRunning() const;
   // Ranks whose process has exited; a change is news the agent reports at once.
   size_t CountExited() const;
+  // The ids (uuids, without "jobs/") of the jobs of every rank known: their uids stay theirs
+  // (job_uids.h rule 4).
+  std::set<std::string> JobIds() const;
 
  private:
   struct Rank {

@@ -47,28 +47,6 @@ void SetTorchrunEnvironment(const v1::RankAssignment& assignment, const std::str
 
 }  // namespace
 
-uint32_t JobUid(const std::string& job_id, int64_t base, int64_t count) {
-  uint64_t hash = 1469598103934665603ULL;  // FNV-1a, 64 bits
-  for (const unsigned char c : job_id) {
-    hash ^= c;
-    hash *= 1099511628211ULL;
-  }
-  return static_cast<uint32_t>(base + static_cast<int64_t>(hash % static_cast<uint64_t>(count)));
-}
-
-RankIdentity ScriptIdentity(const RankIdentity& node, uint32_t uid) {
-  if (!node.switch_user) return node;
-  RankIdentity identity;
-  identity.switch_user = true;
-  identity.name = absl::StrCat("gradhub-job-", uid);
-  identity.uid = uid;
-  identity.gid = uid;
-  // The node's rank group too, so files a node shares with its ranks (data roots readable by
-  // gradhub-rank's group) stay readable; the job's own group keeps its code to itself.
-  if (node.gid != 0) identity.supplementary_gids = {node.gid};
-  return identity;
-}
-
 v1::RankAssignment WithLocalRanksDevices(
     const v1::RankAssignment& assignment,
     const google::protobuf::RepeatedPtrField<v1::RankAssignment>& desired) {
@@ -89,7 +67,7 @@ v1::RankAssignment WithLocalRanksDevices(
 
 absl::StatusOr<RankLaunch> PlanScriptLaunch(const AgentConfig& config,
                                             const v1::RankAssignment& assignment,
-                                            const PreparedScript& prepared) {
+                                            const PreparedRank& prepared) {
   if (!assignment.spec().has_script()) {
     return absl::InvalidArgumentError("spec: not a script job (script is unset)");
   }

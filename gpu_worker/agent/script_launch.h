@@ -6,8 +6,9 @@
 //   - its files: the code, unpacked once per attempt on this node into <attempt>/code, the
 //     agent's and read-only to the rank; a scratch directory <attempt>/rank-<r>, the rank's,
 //     its working directory and HOME;
-//   - its identity: with a root agent, a uid (and group) of the job's own (JobUid), so that a
-//     rank of another job on the node can read neither its files nor its /proc entries.
+//   - its identity: as every rank's with a root agent, a uid (and group) of the job's own
+//     (job_uids.h), so that a rank of another job on the node can read neither its files nor
+//     its /proc entries.
 #pragma once
 
 #include <cstdint>
@@ -16,29 +17,9 @@
 #include "absl/status/statusor.h"
 #include "gpu_worker/agent/config.h"
 #include "gpu_worker/agent/rank_launch.h"
-#include "gpu_worker/agent/rank_user.h"
 #include "gradhub/v1/nodes.pb.h"
 
 namespace gradhub::agent {
-
-// What a script rank needs besides its assignment, made off the protocol loop
-// (script_preparer.h).
-struct PreparedScript {
-  std::string code_dir;   // the attempt's unpacked code
-  std::string token;      // the rank's job token
-  RankIdentity identity;  // ScriptIdentity
-};
-
-// The uid of job `job_id` on this node: base + FNV-1a(job id) % count. The same for every rank
-// and attempt of the job, so its ranks share files; another job's differs unless the hash
-// collides, which ScriptIdentity's caller resolves (script_preparer.h).
-uint32_t JobUid(const std::string& job_id, int64_t base, int64_t count);
-
-// A script rank's identity: the node's rank identity when the agent is not root (it cannot
-// switch); else uid `uid` with a group of the same number (no passwd entry is needed), and the
-// node's rank group (gradhub-rank's) as a supplementary group, for what the node shares with
-// every rank, such as data roots readable by that group.
-RankIdentity ScriptIdentity(const RankIdentity& node, uint32_t uid);
 
 // The GPUs a script rank sees (CUDA_VISIBLE_DEVICES): those of every rank of its attempt on
 // this node, in local-rank order, so that cuda:LOCAL_RANK is its own, as scripts written for
@@ -64,7 +45,7 @@ v1::RankAssignment WithLocalRanksDevices(
 // INVALID_ARGUMENT as PlanRankLaunch, and for an assignment that is not a script's.
 absl::StatusOr<RankLaunch> PlanScriptLaunch(const AgentConfig& config,
                                             const v1::RankAssignment& assignment,
-                                            const PreparedScript& prepared);
+                                            const PreparedRank& prepared);
 
 // Creates the scratch directory (launch.dir), `identity`'s and 0700, under jobs/<id> and
 // attempt-<n>, root's 0711 (enterable, not listable) when the agent switches users.

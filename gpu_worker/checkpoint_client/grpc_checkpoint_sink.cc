@@ -99,10 +99,6 @@ class GrpcCheckpointSink final : public trainer::CheckpointSink {
     auto context = std::make_unique<grpc::ClientContext>();
     context->set_deadline(std::chrono::system_clock::now() + options_.rpc_timeout);
     if (!options_.token.empty()) context->AddMetadata("authorization", "Bearer " + options_.token);
-    if (!options_.node.empty()) context->AddMetadata("gradhub-node", options_.node);
-    if (!options_.node_session.empty()) {
-      context->AddMetadata("gradhub-node-session", options_.node_session);
-    }
     return context;
   }
 

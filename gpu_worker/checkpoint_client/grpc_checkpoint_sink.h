@@ -38,14 +38,12 @@
 namespace gradhub::checkpoint_client {
 
 struct GrpcCheckpointSinkOptions {
-  std::string address;      // host:port of gradhub-checkpoint
-  std::string token;        // the node token, sent as a bearer token
+  std::string address;  // host:port of gradhub-checkpoint
+  // Sent as a bearer token: the rank's job token (the server lets it read its job's
+  // checkpoints and save its attempt's, while that attempt is current), or by hand the admin's.
+  std::string token;
   std::string tls_ca_file;  // PEM certificates to trust; empty = plaintext
-  // Sent as `gradhub-node` / `gradhub-node-session`: the server lets a node write only the
-  // jobs placed on it. Empty when the trainer runs by hand (then the token must be the admin's).
-  std::string node;
-  std::string node_session;
-  std::string job;  // "jobs/<id>"
+  std::string job;          // "jobs/<id>"
   int32_t attempt = 1;
   // Blobs this node uploaded or downloaded, by hash: a restart on the same node skips the
   // download. Empty = no cache.

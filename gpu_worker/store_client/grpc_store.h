@@ -16,7 +16,8 @@ namespace gradhub::store_client {
 std::string GrpcStoreAddress(const std::string& url);
 
 struct GrpcStoreOptions {
-  // Sent as `authorization: Bearer <token>` when not empty (the api wants a node token).
+  // Sent as `authorization: Bearer <token>` when not empty: a rank's job token, which the api
+  // confines to its attempt's keys (jobs/<id>/attempts/<n>/), or the admin token.
   std::string token;
   // PEM certificates to trust for TLS to the api; empty = plaintext.
   std::string tls_ca_file;

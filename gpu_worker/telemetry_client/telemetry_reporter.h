@@ -44,7 +44,8 @@ namespace gradhub::telemetry_client {
 struct TelemetryReporterOptions {
   // host:port of gradhub-metrics' gRPC port.
   std::string address;
-  // Sent as `authorization: Bearer <token>` when not empty (a node token).
+  // Sent as `authorization: Bearer <token>` when not empty: the rank's job token, which may
+  // report only batches of its own job, attempt and rank (or by hand the admin token).
   std::string token;
   // PEM certificates to trust for TLS; empty = plaintext.
   std::string tls_ca_file;

@@ -46,7 +46,6 @@ struct TrainerConfig {
   std::string checkpoint_server;
   std::string metrics_server;
   std::string node;
-  std::string node_session;
   int64_t threads = 0;
   // Set by the agent from the node it runs on (gpu_worker/agent/rank_launch.h).
   std::string device = "cpu";
@@ -69,7 +68,9 @@ struct TrainerConfig {
         .String("store", "GRADHUB_STORE", &store,
                 "Rendezvous store: grpc://host:port (gradhub-api), file:/dir for ranks on one "
                 "machine; empty for world size 1")
-        .String("token", "GRADHUB_TOKEN", &token, "Bearer token for the grpc:// store")
+        .String("token", "GRADHUB_TOKEN", &token,
+                "Bearer token for the grpc:// store, the checkpoint store and telemetry: the "
+                "rank's job token (set by the agent), or by hand the admin token")
         .String("tls-ca", "GRADHUB_TLS_CA", &tls_ca_file,
                 "PEM certificates trusted for TLS to the grpc:// store; empty = plaintext")
         .String("job-id", "GRADHUB_JOB_ID", &job_id, "Job id, scopes rendezvous keys")
@@ -84,10 +85,7 @@ struct TrainerConfig {
                 "host:port of gradhub-metrics; every rank sends each step's telemetry there "
                 "(queued, never waited for). Empty = none")
         .String("node", "GRADHUB_NODE_NAME", &node,
-                "This node's name, sent to the checkpoint store (set by the agent)")
-        .String("node-session", "GRADHUB_NODE_SESSION", &node_session,
-                "The agent's session id, which binds checkpoint calls to this node (set by "
-                "the agent)")
+                "This node's name, sent with telemetry (set by the agent)")
         .Duration("preempt-grace", "GRADHUB_PREEMPT_GRACE", &preempt_grace,
                   "On SIGTERM, how long rank 0 may take to commit its last checkpoint")
         .Int("threads", "GRADHUB_THREADS", &threads,
@@ -134,8 +132,6 @@ std::shared_ptr<trainer::CheckpointSink> OpenCheckpoints(const TrainerConfig& co
     options.address = config.checkpoint_server;
     options.token = config.token;
     options.tls_ca_file = config.tls_ca_file;
-    options.node = config.node;
-    options.node_session = config.node_session;
     options.job = "jobs/" + config.job_id;
     options.attempt = static_cast<int32_t>(config.attempt);
     options.cache_dir = config.checkpoint_dir;

@@ -14,6 +14,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <pwd.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -24,6 +25,7 @@
 #include <filesystem>
 #include <fstream>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -212,7 +214,9 @@ TEST_F(IsolationE2eTest, PathsTheNodeWillNotReadFailTheJobNamingTheField) {
   }
 }
 
-// A job reading a file under a root trains; its ranks run as the agent's rank user.
+// A job reading a file under a root trains; its ranks never run as root. With a root agent they
+// run as their job's uid (job_uids.h: one of --job-uid-base's range, the same for both ranks,
+// its own number as group), with the node rank user's group as their only other group.
 TEST_F(IsolationE2eTest, RanksReadTheirDataAndNeverRunAsRoot) {
   testing::LocalClusterOptions options;
   options.agents = {"a"};
@@ -226,15 +230,26 @@ TEST_F(IsolationE2eTest, RanksReadTheirDataAndNeverRunAsRoot) {
   ASSERT_EQ(running.state(), v1::Job::RUNNING) << cluster_->Describe(name);
   const std::vector<pid_t> ranks = cluster_->TrainersOf("a");
   ASSERT_EQ(ranks.size(), 2u);
+  std::set<std::string> job_uids;
   for (pid_t pid : ranks) {
     const std::string status = ReadFile("/proc/" + std::to_string(pid) + "/status");
     std::smatch uid;
     ASSERT_TRUE(std::regex_search(status, uid, std::regex("Uid:\\s+(\\d+)\\s+(\\d+)\\s+(\\d+)")));
     for (int i = 1; i <= 3; ++i) EXPECT_NE(uid[i].str(), "0") << "rank pid " << pid;
     if (geteuid() == 0) {
-      EXPECT_THAT(status, ::testing::ContainsRegex("Groups:[ \t]*\n"));
+      const int64_t job_uid = std::stoll(uid[1].str());
+      EXPECT_GE(job_uid, 1900000000) << "rank pid " << pid;  // the agent's default range
+      EXPECT_LT(job_uid, 1900000000 + (int64_t{1} << 20)) << "rank pid " << pid;
+      EXPECT_THAT(status, ::testing::ContainsRegex("Gid:\t" + uid[1].str() + "\t"));
+      const passwd* rank_user = getpwnam("gradhub-rank");
+      if (rank_user == nullptr) rank_user = getpwnam("nobody");  // as LocalCluster runs agents
+      ASSERT_NE(rank_user, nullptr);
+      EXPECT_THAT(status, ::testing::ContainsRegex("Groups:\t" + std::to_string(rank_user->pw_gid) +
+                                                   " *\n"));
+      job_uids.insert(uid[1].str());
     }
   }
+  if (geteuid() == 0) EXPECT_EQ(job_uids.size(), 1u) << "both ranks of the job, one uid";
   cluster_->Cancel(name);
   EXPECT_EQ(cluster_->AwaitJob(name, testing::Ended).state(), v1::Job::CANCELLED);
 }

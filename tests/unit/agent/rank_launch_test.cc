@@ -5,6 +5,8 @@
 #include <google/protobuf/util/time_util.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -54,8 +56,15 @@ v1::RankAssignment Assignment() {
   return assignment;
 }
 
+// What the preparation gives a rank (rank_preparer.h): its job token.
+PreparedRank Prepared() {
+  PreparedRank prepared;
+  prepared.token = "ghj_job-secret";
+  return prepared;
+}
+
 TEST(RankLaunchTest, DirectoriesAndEnvironmentFollowTheTrainerContract) {
-  const auto launch = PlanRankLaunch(Config("/w"), "session-1", Assignment());
+  const auto launch = PlanRankLaunch(Config("/w"), Assignment(), Prepared());
   ASSERT_TRUE(launch.ok()) << launch.status();
   const std::string id = "0b7c7a4e-1f4e-4d1c-9a57-2f0c1b1d3e55";
   EXPECT_EQ(launch->job_id, id);
@@ -73,13 +82,12 @@ TEST(RankLaunchTest, DirectoriesAndEnvironmentFollowTheTrainerContract) {
       {"GRADHUB_JOB_ID", id},
       {"GRADHUB_ATTEMPT", "3"},
       {"GRADHUB_STORE", "grpc://10.0.0.1:7070"},
-      {"GRADHUB_TOKEN", "node-secret"},
+      {"GRADHUB_TOKEN", "ghj_job-secret"},  // the rank's job token, never the node's
       {"GRADHUB_TLS_CA", "/etc/gradhub/ca.pem"},
       {"GRADHUB_CHECKPOINT_DIR", "/w/checkpoints/" + id},
       {"GRADHUB_CHECKPOINT_SERVER", "10.0.0.2:7071"},
       {"GRADHUB_METRICS_SERVER", "10.0.0.3:7072"},
       {"GRADHUB_NODE_NAME", "node-a"},
-      {"GRADHUB_NODE_SESSION", "session-1"},
       {"GRADHUB_DATA_ROOTS", "/data:/srv/models"},
       {"GRADHUB_MAX_INPUT_BYTES", "1073741824"},
       {"GRADHUB_MEMORY_LIMIT_BYTES", "6442450944"},
@@ -99,7 +107,7 @@ TEST(RankLaunchTest, DevicesAndCheckpointRoot) {
   assignment.add_device_indices(0);
   assignment.add_device_indices(2);
   assignment.clear_store_address();
-  const auto launch = PlanRankLaunch(config, "session-1", assignment);
+  const auto launch = PlanRankLaunch(config, assignment, Prepared());
   ASSERT_TRUE(launch.ok());
   EXPECT_EQ(launch->env.at("CUDA_VISIBLE_DEVICES"), "0,2");
   EXPECT_EQ(launch->env.at("GRADHUB_CHECKPOINT_DIR"),
@@ -118,7 +126,7 @@ TEST(RankLaunchTest, RanksOnAGpuNodeGetTheirOwnGpuAndNcclForAuto) {
     assignment.set_rank(local_rank);
     assignment.set_local_rank(local_rank);
     assignment.add_device_indices(local_rank);  // the server's: the rank's slot
-    const auto launch = PlanRankLaunch(config, "session-1", assignment);
+    const auto launch = PlanRankLaunch(config, assignment, Prepared());
     ASSERT_TRUE(launch.ok()) << launch.status();
     EXPECT_EQ(launch->env.at("GRADHUB_DEVICE"), "cuda");
     EXPECT_EQ(launch->env.at("GRADHUB_BACKEND"), "NCCL");
@@ -133,11 +141,11 @@ TEST(RankLaunchTest, AnExplicitBackendPassesThroughAndAutoIsGlooOnACpuNode) {
   v1::RankAssignment assignment = Assignment();
   assignment.add_device_indices(0);
   assignment.mutable_spec()->mutable_distributed()->set_backend(v1::DistributedSpec::GLOO);
-  EXPECT_EQ(PlanRankLaunch(gpu, "s", assignment)->env.at("GRADHUB_BACKEND"), "GLOO");
+  EXPECT_EQ(PlanRankLaunch(gpu, assignment, Prepared())->env.at("GRADHUB_BACKEND"), "GLOO");
 
   v1::RankAssignment on_cpu = Assignment();
   on_cpu.mutable_spec()->mutable_distributed()->set_backend(v1::DistributedSpec::NCCL);
-  const auto launch = PlanRankLaunch(Config("/w"), "s", on_cpu);
+  const auto launch = PlanRankLaunch(Config("/w"), on_cpu, Prepared());
   EXPECT_EQ(launch->env.at("GRADHUB_BACKEND"), "NCCL");  // the trainer refuses it, naming why
   EXPECT_EQ(launch->env.at("GRADHUB_DEVICE"), "cpu");
   EXPECT_EQ(launch->env.at("CUDA_VISIBLE_DEVICES"), "");
@@ -165,9 +173,9 @@ TEST(RankLaunchTest, DeviceIndicesAreNamedAsTheAgentSeesThem) {
   EXPECT_EQ(config.devices.gpus[1].cuda_version(), "12.4");
   v1::RankAssignment assignment = Assignment();
   assignment.add_device_indices(1);
-  EXPECT_EQ(PlanRankLaunch(config, "s", assignment)->env.at("CUDA_VISIBLE_DEVICES"), "3");
+  EXPECT_EQ(PlanRankLaunch(config, assignment, Prepared())->env.at("CUDA_VISIBLE_DEVICES"), "3");
   config.devices = FromInventory(inventory, nullptr);
-  EXPECT_EQ(PlanRankLaunch(config, "s", assignment)->env.at("CUDA_VISIBLE_DEVICES"), "1");
+  EXPECT_EQ(PlanRankLaunch(config, assignment, Prepared())->env.at("CUDA_VISIBLE_DEVICES"), "1");
   EXPECT_FALSE(FromInventory(devices::DeviceInventory{}, nullptr).cuda);
 }
 
@@ -176,18 +184,18 @@ TEST(RankLaunchTest, RefusesJobNamesThatAreNotPathSafe) {
        {"0b7c7a4e", "jobs/", "jobs/..", "jobs/a/../../etc", "jobs/a b", "tenants/x/jobs/y"}) {
     v1::RankAssignment assignment = Assignment();
     assignment.set_job(job);
-    const auto launch = PlanRankLaunch(Config("/w"), "session-1", assignment);
+    const auto launch = PlanRankLaunch(Config("/w"), assignment, Prepared());
     EXPECT_EQ(launch.status().code(), absl::StatusCode::kInvalidArgument) << job;
   }
   v1::RankAssignment negative = Assignment();
   negative.set_rank(-1);
-  EXPECT_FALSE(PlanRankLaunch(Config("/w"), "session-1", negative).ok());
+  EXPECT_FALSE(PlanRankLaunch(Config("/w"), negative, Prepared()).ok());
 }
 
 TEST(RankLaunchTest, WritesTheSpecAsProto3Json) {
   testing::TempDir dir;
   const v1::RankAssignment assignment = Assignment();
-  const auto launch = PlanRankLaunch(Config(dir.path()), "session-1", assignment);
+  const auto launch = PlanRankLaunch(Config(dir.path()), assignment, Prepared());
   ASSERT_TRUE(launch.ok());
   ASSERT_TRUE(PrepareRankFiles(*launch, assignment).ok());
   EXPECT_TRUE(std::filesystem::is_directory(launch->dir));
@@ -201,6 +209,35 @@ TEST(RankLaunchTest, WritesTheSpecAsProto3Json) {
   EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(parsed, assignment.spec()));
   // Preparing again (same key after an agent restart) overwrites.
   EXPECT_TRUE(PrepareRankFiles(*launch, assignment).ok());
+}
+
+// With a job's uid (a root agent), the rank's directory, its spec and its job's checkpoint
+// directory are that uid's, 0700, and so is what an earlier attempt of the job left in the
+// checkpoint directory as another uid (it could not read its checkpoints otherwise).
+TEST(RankLaunchTest, AJobsUidOwnsItsDirectoriesAndTheCheckpointsOfEarlierAttempts) {
+  if (geteuid() != 0) GTEST_SKIP() << "chown to another uid takes root";
+  testing::TempDir dir;
+  const v1::RankAssignment assignment = Assignment();
+  const auto launch = PlanRankLaunch(Config(dir.path()), assignment, Prepared());
+  ASSERT_TRUE(launch.ok());
+  std::filesystem::create_directories(launch->checkpoint_dir + "/cache");
+  const std::string earlier = launch->checkpoint_dir + "/cache/step-10.ckpt";
+  std::ofstream(earlier) << "bytes";
+  ASSERT_EQ(chown(earlier.c_str(), 1900000001, 1900000001), 0);
+  RankIdentity job;
+  job.switch_user = true;
+  job.uid = job.gid = 1900000002;
+  ASSERT_TRUE(PrepareRankFiles(*launch, assignment, job).ok());
+  for (const std::string& path : {launch->dir, launch->spec_path, launch->checkpoint_dir,
+                                  launch->checkpoint_dir + "/cache", earlier}) {
+    struct stat info {};
+    ASSERT_EQ(stat(path.c_str(), &info), 0) << path;
+    EXPECT_EQ(info.st_uid, 1900000002u) << path;
+    EXPECT_EQ(info.st_gid, 1900000002u) << path;
+  }
+  struct stat rank_dir {};
+  stat(launch->dir.c_str(), &rank_dir);
+  EXPECT_EQ(rank_dir.st_mode & 0777, 0700u);
 }
 
 TEST(RankStatusTest, FromAProcessStatus) {

@@ -56,8 +56,8 @@ v1::RankAssignment Assignment() {
   return assignment;
 }
 
-PreparedScript Prepared() {
-  PreparedScript prepared;
+PreparedRank Prepared() {
+  PreparedRank prepared;
   prepared.code_dir = "/work/jobs/x/attempt-3/code";
   prepared.token = "ghj_job-secret";
   prepared.identity.name = "gradhub-job-1900000042";
@@ -146,29 +146,6 @@ TEST(WithLocalRanksDevices, AScriptRankSeesItsAttemptsLocalGpusInLocalRankOrder)
   EXPECT_THAT(widened.device_indices(), ElementsAre(2, 5));  // cuda:1 is its own GPU, 5
   const v1::RankAssignment cpu = WithLocalRanksDevices(Assignment(), desired);
   EXPECT_TRUE(cpu.device_indices().empty());  // a CPU rank stays without GPUs
-}
-
-TEST(JobUid, IsTheSameForAJobAndWithinTheRange) {
-  const uint32_t uid = JobUid(kJob, 1900000000, 1 << 20);
-  EXPECT_EQ(uid, JobUid(kJob, 1900000000, 1 << 20));
-  EXPECT_GE(uid, 1900000000u);
-  EXPECT_LT(uid, 1900000000u + (1u << 20));
-  EXPECT_NE(uid, JobUid("another-job", 1900000000, 1 << 20));
-}
-
-TEST(ScriptIdentity, IsTheJobsUidWhenTheAgentSwitchesUsersElseTheAgents) {
-  RankIdentity agent;
-  agent.uid = 1000;
-  agent.gid = 1000;
-  agent.name = "me";
-  EXPECT_EQ(ScriptIdentity(agent, 1900000042).uid, 1000u);
-  RankIdentity root = agent;
-  root.switch_user = true;
-  const RankIdentity job = ScriptIdentity(root, 1900000042);
-  EXPECT_TRUE(job.switch_user);
-  EXPECT_EQ(job.uid, 1900000042u);
-  EXPECT_EQ(job.gid, 1900000042u);
-  EXPECT_THAT(job.supplementary_gids, ElementsAre(1000u));  // the node's rank group
 }
 
 TEST(UnpackAttemptCode, UnpacksOnceIntoTheAttemptsCodeDirectoryReadOnly) {

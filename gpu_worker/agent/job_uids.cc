@@ -1,0 +1,155 @@
+#include "gpu_worker/agent/job_uids.h"
+
+#include <dirent.h>
+#include <unistd.h>
+
+#include <cctype>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+
+namespace gradhub::agent {
+namespace {
+
+// Every uid of one /proc/<pid>/status ("Uid:\treal\teffective\tsaved\tfilesystem") into *uids,
+// those in `range` only.
+void AddProcessUids(const std::string& status_path, const UidRange& range,
+                    std::set<uint32_t>* uids) {
+  std::ifstream status(status_path);
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("Uid:", 0) != 0) continue;
+    std::istringstream fields(line.substr(4));
+    int64_t uid = 0;
+    while (fields >> uid) {
+      if (range.Contains(uid)) uids->insert(static_cast<uint32_t>(uid));
+    }
+    return;
+  }
+}
+
+bool IsPid(const char* name) {
+  if (*name == '\0') return false;
+  for (; *name != '\0'; ++name) {
+    if (!std::isdigit(static_cast<unsigned char>(*name))) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+uint32_t PreferredJobUid(const std::string& job_id, const UidRange& range) {
+  uint64_t hash = 1469598103934665603ULL;  // FNV-1a, 64 bits
+  for (const unsigned char c : job_id) {
+    hash ^= c;
+    hash *= 1099511628211ULL;
+  }
+  return static_cast<uint32_t>(range.base +
+                               static_cast<int64_t>(hash % static_cast<uint64_t>(range.count)));
+}
+
+absl::StatusOr<uint32_t> ChooseJobUid(const std::string& job_id, const UidRange& range,
+                                      const std::map<uint32_t, std::string>& holders,
+                                      const std::set<uint32_t>& in_use) {
+  for (const auto& [uid, holder] : holders) {  // rule 1
+    if (holder == job_id) return uid;
+  }
+  const int64_t first = PreferredJobUid(job_id, range) - range.base;
+  for (int64_t i = 0; i < range.count; ++i) {  // rule 2
+    const auto uid = static_cast<uint32_t>(range.base + (first + i) % range.count);
+    if (holders.count(uid) == 0 && in_use.count(uid) == 0) return uid;
+  }
+  return absl::ResourceExhaustedError(absl::StrCat(  // rule 3
+      "every uid of --job-uid-base ", range.base, " and --job-uid-count ", range.count,
+      " is held by another job or run by a process on this node"));
+}
+
+std::vector<uint32_t> ReleasableUids(const std::map<uint32_t, std::string>& holders,
+                                     const std::set<std::string>& active_jobs,
+                                     const std::set<uint32_t>& in_use) {
+  std::vector<uint32_t> releasable;
+  for (const auto& [uid, job] : holders) {
+    if (active_jobs.count(job) == 0 && in_use.count(uid) == 0) releasable.push_back(uid);
+  }
+  return releasable;
+}
+
+std::set<uint32_t> UidsInUse(const UidRange& range, const std::string& proc) {
+  std::set<uint32_t> uids;
+  DIR* dir = opendir(proc.c_str());
+  if (dir == nullptr) return uids;
+  while (const dirent* entry = readdir(dir)) {
+    if (IsPid(entry->d_name)) {
+      AddProcessUids(absl::StrCat(proc, "/", entry->d_name, "/status"), range, &uids);
+    }
+  }
+  closedir(dir);
+  return uids;
+}
+
+RankIdentity JobIdentity(const RankIdentity& node, uint32_t uid) {
+  if (!node.switch_user) return node;
+  RankIdentity identity;
+  identity.switch_user = true;
+  identity.name = absl::StrCat("gradhub-job-", uid);
+  identity.uid = uid;
+  identity.gid = uid;
+  // The node's rank group too, so what the node shares with its ranks (the trainer, data roots
+  // readable by gradhub-rank's group) stays readable; the job's own group keeps its code to
+  // itself.
+  if (node.gid != 0) identity.supplementary_gids = {node.gid};
+  return identity;
+}
+
+absl::StatusOr<uint32_t> JobUids::Acquire(const std::string& job_id,
+                                          std::set<std::string> active_jobs) {
+  active_jobs.insert(job_id);
+  const std::set<uint32_t> in_use = UidsInUse(range_, proc_);
+  std::vector<std::string> released;
+  absl::StatusOr<uint32_t> uid;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const uint32_t free : ReleasableUids(holders_, active_jobs, in_use)) {  // rule 4
+      released.push_back(holders_[free]);
+      holders_.erase(free);
+    }
+    // Given to root before any job can get the uid: the lock is held until it is.
+    for (const std::string& job : released) {
+      if (disown_) disown_(job);
+    }
+    uid = ChooseJobUid(job_id, range_, holders_, in_use);  // rules 1 to 3
+    if (uid.ok()) holders_[*uid] = job_id;
+  }
+  return uid;
+}
+
+std::map<uint32_t, std::string> JobUids::Holders() const {
+  absl::MutexLock lock(&mu_);
+  return holders_;
+}
+
+void DisownJobFiles(const std::vector<std::string>& dirs) {
+  for (const std::string& dir : dirs) {
+    std::error_code error;
+    if (!std::filesystem::exists(dir, error)) continue;
+    auto disown = [](const std::filesystem::path& path) {
+      if (lchown(path.c_str(), 0, 0) != 0) {
+        std::cerr << "gradhub-agent: cannot give " << path << " to root: " << std::strerror(errno)
+                  << "\n";
+      }
+    };
+    disown(dir);
+    for (auto it = std::filesystem::recursive_directory_iterator(
+             dir, std::filesystem::directory_options::skip_permission_denied, error);
+         !error && it != std::filesystem::recursive_directory_iterator(); it.increment(error)) {
+      disown(it->path());
+    }
+  }
+}
+
+}  // namespace gradhub::agent

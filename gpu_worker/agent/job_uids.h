@@ -1,0 +1,105 @@
+// A uid per job on a node: with a root agent every rank, trainer or script, runs as a uid of its
+// job's own from --job-uid-base/--job-uid-count, with a group of the same number (no passwd
+// entry is needed), so that a rank of another job, even of the same tenant, can neither signal
+// nor ptrace it nor read its /proc entries and its directories (0700 to that uid).
+//
+// The rules, pure (ChooseJobUid, ReleasableUids: tests/unit/agent/job_uids_test.cc, a test per
+// rule):
+//   1. A job that holds a uid on this node keeps it: every rank and attempt of the job here runs
+//      as that one uid, so they share the job's files (checkpoint cache, code).
+//   2. A job that holds none gets the first free uid from its preferred one (PreferredJobUid:
+//      base + FNV-1a(job id) % count), wrapping around the range. Free: held by no other job,
+//      and run by no process on the node. A leftover of an earlier job (one that outlived its
+//      rank leader, or that a previous agent started) keeps its uid from every other job: it
+//      could otherwise signal or ptrace the new job's ranks and read its files.
+//   3. Every uid of the range taken: RESOURCE_EXHAUSTED, and the rank is not started.
+//   4. A held uid is released once the agent knows no rank of its job (none running, none still
+//      reported, none being prepared) and no process on the node runs as it. While a leftover
+//      process lives, the uid stays its job's (rule 2 keeps it from the others anyway).
+// JobUids applies them with the node's processes (/proc/*/status, every Uid field) and, on a
+// release, gives the job's node-local directories to root (DisownJobFiles), so that a later job
+// that gets the uid cannot enter them.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "gpu_worker/agent/rank_user.h"
+
+namespace gradhub::agent {
+
+// [base, base + count): --job-uid-base and --job-uid-count (main checks count >= 1).
+struct UidRange {
+  int64_t base = 0;
+  int64_t count = 1;
+  bool Contains(int64_t uid) const { return uid >= base && uid < base + count; }
+};
+
+// The uid job `job_id` tries first: base + FNV-1a(job id) % count. The same on every node and
+// for every attempt, so a job usually gets the same uid back (rule 2).
+uint32_t PreferredJobUid(const std::string& job_id, const UidRange& range);
+
+// Rules 1 to 3. `holders`: uid -> the job holding it; `in_use`: uids some process on the node
+// runs as (any of its real, effective, saved or filesystem uid).
+absl::StatusOr<uint32_t> ChooseJobUid(const std::string& job_id, const UidRange& range,
+                                      const std::map<uint32_t, std::string>& holders,
+                                      const std::set<uint32_t>& in_use);
+
+// Rule 4: the held uids to release, given the jobs the agent still knows (`active_jobs`) and
+// the uids in use.
+std::vector<uint32_t> ReleasableUids(const std::map<uint32_t, std::string>& holders,
+                                     const std::set<std::string>& active_jobs,
+                                     const std::set<uint32_t>& in_use);
+
+// The uids in `range` that some process on the node runs as: every Uid field of every
+// /proc/<pid>/status (`proc` is /proc but for tests). A process that exits during the scan
+// may be missed or not; either is fine (it holds nothing once gone).
+std::set<uint32_t> UidsInUse(const UidRange& range, const std::string& proc = "/proc");
+
+// A rank's identity as its job's uid: the node's rank identity when the agent is not root (it
+// cannot switch); else `uid` with a group of the same number, and the node's rank group
+// (gradhub-rank's) as a supplementary group, for what the node shares with every rank: the
+// trainer binary, data roots readable by that group.
+RankIdentity JobIdentity(const RankIdentity& node, uint32_t uid);
+
+// The node's job uids. Thread-safe: Acquire runs on rank preparation threads.
+class JobUids {
+ public:
+  // `disown(job_id)` runs when a job's uid is released (rule 4), before the uid can go to
+  // another job: it gives the job's directories on this node to root (DisownJobFiles).
+  // `proc` as UidsInUse.
+  JobUids(UidRange range, std::function<void(const std::string& job_id)> disown,
+          std::string proc = "/proc")
+      : range_(range), disown_(std::move(disown)), proc_(std::move(proc)) {}
+
+  // The uid of job `job_id`, after releasing what rule 4 allows: `active_jobs` are the jobs the
+  // agent still knows (ranks running, reported or being prepared), `job_id` among them or not.
+  // RESOURCE_EXHAUSTED as ChooseJobUid.
+  absl::StatusOr<uint32_t> Acquire(const std::string& job_id, std::set<std::string> active_jobs);
+
+  // uid -> job, for the agent's log and for tests.
+  std::map<uint32_t, std::string> Holders() const;
+
+ private:
+  const UidRange range_;
+  const std::function<void(const std::string&)> disown_;
+  const std::string proc_;
+  mutable absl::Mutex mu_;
+  std::map<uint32_t, std::string> holders_ ABSL_GUARDED_BY(mu_);
+};
+
+// Gives every file under each of `dirs` (missing ones skipped) to root:root, modes unchanged:
+// the directories of a job whose uid was released (rule 4). Errors are logged, not returned: a
+// file that stays with the old uid is reachable only by a job that learns the old job's id.
+void DisownJobFiles(const std::vector<std::string>& dirs);
+
+}  // namespace gradhub::agent

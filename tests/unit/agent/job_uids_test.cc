@@ -1,0 +1,178 @@
+// The rules of gpu_worker/agent/job_uids.h, one test each, then the parts that touch the node:
+// the /proc scan (on a fake /proc), JobUids putting them together, and the files of a released
+// job given to root.
+#include "gpu_worker/agent/job_uids.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "tests/support/subprocess.h"
+
+namespace gradhub::agent {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::IsEmpty;
+
+constexpr UidRange kRange{1900000000, 1 << 20};
+constexpr char kJob[] = "0b7c7a4e-1f4e-4d1c-9a57-2f0c1b1d3e55";
+
+TEST(PreferredJobUid, IsTheSameForAJobAndWithinTheRange) {
+  const uint32_t uid = PreferredJobUid(kJob, kRange);
+  EXPECT_EQ(uid, PreferredJobUid(kJob, kRange));
+  EXPECT_TRUE(kRange.Contains(uid));
+  EXPECT_NE(uid, PreferredJobUid("another-job", kRange));
+}
+
+TEST(ChooseJobUid, Rule1AJobThatHoldsAUidKeepsIt) {
+  // Even where its preferred uid is free now: every rank and attempt shares the one it holds.
+  const std::map<uint32_t, std::string> holders = {{1900000007, kJob}, {1900000008, "other"}};
+  EXPECT_EQ(ChooseJobUid(kJob, kRange, holders, {1900000007}).value(), 1900000007u);
+}
+
+TEST(ChooseJobUid, Rule2ANewJobGetsItsPreferredUidWhenFree) {
+  EXPECT_EQ(ChooseJobUid(kJob, kRange, {}, {}).value(), PreferredJobUid(kJob, kRange));
+}
+
+TEST(ChooseJobUid, Rule2NeverAUidAnotherJobHolds) {
+  const uint32_t preferred = PreferredJobUid(kJob, kRange);
+  const std::map<uint32_t, std::string> holders = {{preferred, "other"}};
+  EXPECT_EQ(ChooseJobUid(kJob, kRange, holders, {}).value(), preferred + 1);
+}
+
+TEST(ChooseJobUid, Rule2NeverAUidALeftoverProcessRunsAs) {
+  // Held by no job the agent knows (a previous agent's leftover, say), but a process runs as it.
+  const uint32_t preferred = PreferredJobUid(kJob, kRange);
+  EXPECT_EQ(ChooseJobUid(kJob, kRange, {}, {preferred, preferred + 1}).value(), preferred + 2);
+}
+
+TEST(ChooseJobUid, Rule2WrapsAroundTheRange) {
+  const UidRange four{5000, 4};
+  const uint32_t preferred = PreferredJobUid(kJob, four);
+  std::set<uint32_t> in_use;
+  for (uint32_t uid = preferred; uid < 5004; ++uid) in_use.insert(uid);
+  const absl::StatusOr<uint32_t> uid = ChooseJobUid(kJob, four, {}, in_use);
+  ASSERT_TRUE(uid.ok()) << uid.status();
+  EXPECT_GE(*uid, 5000u);
+  EXPECT_LT(*uid, preferred);
+}
+
+TEST(ChooseJobUid, Rule3NoFreeUidIsResourceExhausted) {
+  const UidRange two{5000, 2};
+  const absl::StatusOr<uint32_t> uid = ChooseJobUid(kJob, two, {{5000, "other"}}, {5001});
+  EXPECT_EQ(uid.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(uid.status().message()), ::testing::HasSubstr("--job-uid-count"));
+}
+
+TEST(ReleasableUids, Rule4AUidGoesOnceItsJobIsUnknownAndNoProcessRunsAsIt) {
+  const std::map<uint32_t, std::string> holders = {
+      {5000, "running"},   // the agent still knows a rank of it
+      {5001, "leftover"},  // unknown, but a process still runs as it
+      {5002, "gone"},      // unknown, no process: released
+  };
+  EXPECT_THAT(ReleasableUids(holders, {"running"}, {5001}), ElementsAre(5002u));
+  EXPECT_THAT(ReleasableUids(holders, {"running", "gone"}, {5001}), IsEmpty());
+}
+
+// A fake /proc: one status file per pid, with the Uid line the kernel writes.
+class FakeProc {
+ public:
+  void Add(int pid, const std::string& uid_line) {
+    const std::string dir = dir_.path() + "/" + std::to_string(pid);
+    std::filesystem::create_directories(dir);
+    std::ofstream(dir + "/status") << "Name:\tpython3\nUmask:\t0022\n"
+                                   << uid_line << "\nGid:\t0\t0\t0\t0\n";
+  }
+  const std::string& path() const { return dir_.path(); }
+
+ private:
+  testing::TempDir dir_;
+};
+
+TEST(UidsInUse, ReadsEveryUidFieldOfEveryProcessInTheRange) {
+  FakeProc proc;
+  proc.Add(10, "Uid:\t1900000001\t1900000001\t1900000001\t1900000001");
+  proc.Add(11, "Uid:\t0\t1900000002\t0\t0");           // a setuid effective uid counts too
+  proc.Add(12, "Uid:\t1000\t1000\t1000\t1900000003");  // and a filesystem uid
+  proc.Add(13, "Uid:\t999\t999\t999\t999");            // outside the range
+  std::filesystem::create_directories(proc.path() + "/self-not-a-pid");
+  EXPECT_EQ(UidsInUse(kRange, proc.path()),
+            (std::set<uint32_t>{1900000001, 1900000002, 1900000003}));
+  EXPECT_THAT(UidsInUse(kRange, proc.path() + "/missing"), IsEmpty());
+}
+
+TEST(UidsInUse, FindsThisProcessOnTheRealProc) {
+  const UidRange mine{getuid(), 1};
+  EXPECT_THAT(UidsInUse(mine), ElementsAre(getuid()));
+}
+
+TEST(JobIdentity, IsTheJobsUidWithTheRankGroupWhenTheAgentSwitchesUsersElseTheNodes) {
+  RankIdentity agent;
+  agent.uid = 1000;
+  agent.gid = 1000;
+  agent.name = "me";
+  EXPECT_EQ(JobIdentity(agent, 1900000042).uid, 1000u);
+  RankIdentity root = agent;
+  root.switch_user = true;
+  const RankIdentity job = JobIdentity(root, 1900000042);
+  EXPECT_TRUE(job.switch_user);
+  EXPECT_EQ(job.uid, 1900000042u);
+  EXPECT_EQ(job.gid, 1900000042u);
+  EXPECT_EQ(job.name, "gradhub-job-1900000042");
+  EXPECT_THAT(job.supplementary_gids, ElementsAre(1000u));  // the node's rank group
+}
+
+TEST(JobUids, KeepsAJobsUidReleasesItOnlyWhenNoProcessHoldsItAndDisownsItsFiles) {
+  FakeProc proc;
+  const UidRange two{5000, 2};
+  std::vector<std::string> disowned;
+  JobUids uids(
+      two, [&](const std::string& job) { disowned.push_back(job); }, proc.path());
+  const uint32_t a = uids.Acquire("a", {}).value();
+  EXPECT_EQ(uids.Acquire("a", {"a"}).value(), a);  // a second rank of job a
+  const uint32_t b = uids.Acquire("b", {"a"}).value();
+  EXPECT_NE(a, b);
+  // Both held by known jobs: a third job waits.
+  EXPECT_EQ(uids.Acquire("c", {"a", "b"}).status().code(), absl::StatusCode::kResourceExhausted);
+  // Job a is over on this node, but a leftover process still runs as its uid.
+  proc.Add(77, "Uid:\t" + std::to_string(a) + "\t" + std::to_string(a) + "\t0\t0");
+  EXPECT_EQ(uids.Acquire("c", {"b"}).status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(disowned, IsEmpty());
+  // The leftover is gone: job a's uid is released, its files given to root, and c gets it.
+  std::filesystem::remove_all(proc.path() + "/77");
+  EXPECT_EQ(uids.Acquire("c", {"b"}).value(), a);
+  EXPECT_THAT(disowned, ElementsAre("a"));
+  EXPECT_EQ(uids.Holders(), (std::map<uint32_t, std::string>{{a, "c"}, {b, "b"}}));
+}
+
+TEST(DisownJobFiles, GivesEveryFileUnderTheDirectoriesToRoot) {
+  if (geteuid() != 0) GTEST_SKIP() << "chown to root takes root";
+  testing::TempDir dir;
+  const std::string job = dir.path() + "/jobs/j";
+  std::filesystem::create_directories(job + "/attempt-1/rank-0");
+  std::ofstream(job + "/attempt-1/rank-0/spec.json") << "{}";
+  for (const std::string& path :
+       {job, job + "/attempt-1", job + "/attempt-1/rank-0", job + "/attempt-1/rank-0/spec.json"}) {
+    ASSERT_EQ(chown(path.c_str(), 1900000005, 1900000005), 0);
+  }
+  chmod((job + "/attempt-1/rank-0").c_str(), 0700);
+  DisownJobFiles({job, dir.path() + "/missing"});
+  for (const std::string& path :
+       {job, job + "/attempt-1", job + "/attempt-1/rank-0", job + "/attempt-1/rank-0/spec.json"}) {
+    struct stat info {};
+    ASSERT_EQ(stat(path.c_str(), &info), 0);
+    EXPECT_EQ(info.st_uid, 0u) << path;
+    EXPECT_EQ(info.st_gid, 0u) << path;
+  }
+  struct stat rank {};
+  stat((job + "/attempt-1/rank-0").c_str(), &rank);
+  EXPECT_EQ(rank.st_mode & 0777, 0700u);  // modes kept
+}
+
+}  // namespace
+}  // namespace gradhub::agent
