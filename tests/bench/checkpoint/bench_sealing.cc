@@ -5,9 +5,13 @@
 //   upload:   Append in 4 MiB batches (what an upload stream's writer thread appends), then
 //             Commit (fsync, rename, fsync of the directory);
 //   download: Open at 0, Read in 1 MiB pieces to the end (what a download's read-ahead does).
-// Output: one line per round and mode, then the medians in MB/s and sealed / plain.
+// Output: one line per round and mode, then the medians in MB/s and sealed / plain, and the
+// CPU seconds of each (this process's, all threads): on a shared machine the throughput moves
+// with the load, the CPU cost much less.
 //
 // Usage: bench_sealing [--dir DIR] [--mib 256] [--rounds 3] [--direct true|false]
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -38,7 +42,16 @@ class OneTenant final : public ckpt::BlobScopes {
 
 struct Seconds {
   double upload = 0, download = 0;
+  double upload_cpu = 0, download_cpu = 0;
 };
+
+// User and system CPU of this process.
+double CpuSeconds() {
+  struct rusage usage;
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<double>(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) +
+         static_cast<double>(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1e6;
+}
 
 double Since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
@@ -51,6 +64,7 @@ Seconds Round(ckpt::BlobStore& store, const std::string& data, int round) {
   constexpr size_t kBatch = 4 << 20;
   Seconds took;
   Clock::time_point start = Clock::now();
+  double cpu = CpuSeconds();
   for (size_t at = 0; at < data.size(); at += kBatch) {
     const auto held =
         store.Append(upload, static_cast<int64_t>(at), std::string_view(data).substr(at, kBatch));
@@ -64,7 +78,9 @@ Seconds Round(ckpt::BlobStore& store, const std::string& data, int round) {
     std::exit(1);
   }
   took.upload = Since(start);
+  took.upload_cpu = CpuSeconds() - cpu;
   start = Clock::now();
+  cpu = CpuSeconds();
   auto reader = store.Open(blob, 0);
   size_t read = 0;
   std::string piece;
@@ -77,6 +93,7 @@ Seconds Round(ckpt::BlobStore& store, const std::string& data, int round) {
     read += piece.size();
   }
   took.download = Since(start);
+  took.download_cpu = CpuSeconds() - cpu;
   if (!reader.ok() || read != data.size()) {
     std::cerr << "bench_sealing: read " << read << " of " << data.size() << " bytes\n";
     std::exit(1);
@@ -119,7 +136,7 @@ int main(int argc, char** argv) {
   OneTenant scopes;
   ckpt::SealedBlobStore sealed(local->get(), &keys, &scopes);
 
-  std::vector<double> up[2], down[2];
+  std::vector<double> up[2], down[2], up_cpu[2], down_cpu[2];
   const double mb = static_cast<double>(data.size()) / 1e6;
   for (int round = 0; round < rounds; ++round) {
     for (int mode = 0; mode < 2; ++mode) {
@@ -127,17 +144,22 @@ int main(int argc, char** argv) {
       const Seconds took = Round(store, data, round * 2 + mode);
       up[mode].push_back(mb / took.upload);
       down[mode].push_back(mb / took.download);
+      up_cpu[mode].push_back(took.upload_cpu);
+      down_cpu[mode].push_back(took.download_cpu);
       std::printf("round %d %-6s upload %8.1f MB/s  download %8.1f MB/s\n", round,
                   mode == 0 ? "plain" : "sealed", up[mode].back(), down[mode].back());
     }
   }
   std::printf("\n%lld MiB, %lld rounds, %s: medians\n", static_cast<long long>(mib),
               static_cast<long long>(rounds), direct ? "O_DIRECT" : "page cache");
-  std::printf("| | plain MB/s | sealed MB/s | sealed / plain |\n|---|---|---|---|\n");
-  std::printf("| upload (append + commit) | %.0f | %.0f | %.2f |\n", Median(up[0]), Median(up[1]),
-              Median(up[1]) / Median(up[0]));
-  std::printf("| download (open + read) | %.0f | %.0f | %.2f |\n", Median(down[0]), Median(down[1]),
-              Median(down[1]) / Median(down[0]));
+  std::printf(
+      "| | plain MB/s | sealed MB/s | sealed / plain | plain CPU s | sealed CPU s |\n"
+      "|---|---|---|---|---|---|\n");
+  std::printf("| upload (append + commit) | %.0f | %.0f | %.2f | %.3f | %.3f |\n", Median(up[0]),
+              Median(up[1]), Median(up[1]) / Median(up[0]), Median(up_cpu[0]), Median(up_cpu[1]));
+  std::printf("| download (open + read) | %.0f | %.0f | %.2f | %.3f | %.3f |\n", Median(down[0]),
+              Median(down[1]), Median(down[1]) / Median(down[0]), Median(down_cpu[0]),
+              Median(down_cpu[1]));
   fs::remove_all(work);
   return 0;
 }

@@ -88,6 +88,14 @@ class CheckpointEncryptionTest : public CheckpointTest {
     return Download(*stub_, CallAs{}, name, offset, data);
   }
 
+  // The whole checkpoint over gRPC; "" (and a failure) when the download fails.
+  std::string ReadOverGrpc(const v1::Checkpoint& checkpoint) {
+    std::string data;
+    const grpc::Status status = DownloadOverGrpc(checkpoint.name(), 0, &data);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    return status.ok() ? data : "";
+  }
+
   v1::Checkpoint::State StateOf(const std::string& job) { return ListAll(Admin(), job)[0].state(); }
 
   sealed::Header HeaderOf(const v1::Checkpoint& checkpoint) {
@@ -153,7 +161,7 @@ TEST_F(CheckpointEncryptionTest, AnotherTenantsBlobCopiedOverACheckpointIsRefuse
   EXPECT_THAT(status.error_message(), HasSubstr(absl::StrCat("tenant:", tenant_b_)));
   EXPECT_TRUE(received.empty());
   EXPECT_EQ(StateOf(mine), v1::Checkpoint::BAD);
-  ASSERT_TRUE(DownloadOverGrpc(other.name(), 0, &received).ok());  // theirs is untouched
+  EXPECT_EQ(ReadOverGrpc(other), Plaintext(100000, 4));  // theirs is untouched
 }
 
 TEST_F(CheckpointEncryptionTest, ACheckpointOfAnotherJobCopiedOverOneIsRefusedBeforeAnyByte) {
@@ -180,11 +188,8 @@ TEST_F(CheckpointEncryptionTest, ARotatedTenantKeySealsNewCheckpointsAndTheOldOn
                   " AND retire_time IS NOT NULL",
                   {tenant_a_}),
             1);
-  std::string read;
-  ASSERT_TRUE(DownloadOverGrpc(old_checkpoint.name(), 0, &read).ok());
-  EXPECT_EQ(read, before);
-  ASSERT_TRUE(DownloadOverGrpc(new_checkpoint.name(), 0, &read).ok());
-  EXPECT_EQ(read, after);
+  EXPECT_EQ(ReadOverGrpc(old_checkpoint), before);
+  EXPECT_EQ(ReadOverGrpc(new_checkpoint), after);
 }
 
 TEST_F(CheckpointEncryptionTest, AfterAMasterKeyRewrapEveryCheckpointStillReadsUnderTheNewKey) {
@@ -213,11 +218,8 @@ TEST_F(CheckpointEncryptionTest, AfterAMasterKeyRewrapEveryCheckpointStillReadsU
   keys_ = std::make_unique<KeyStore>(pool_.get(), master_.get());
   SealBlobs({.chunk_size_bytes = kGrpcChunk});
   StartServer();
-  std::string read;
-  ASSERT_TRUE(DownloadOverGrpc(a.name(), 0, &read).ok());
-  EXPECT_EQ(read, data);
-  ASSERT_TRUE(DownloadOverGrpc(b.name(), 0, &read).ok());
-  EXPECT_EQ(read, data);
+  EXPECT_EQ(ReadOverGrpc(a), data);
+  EXPECT_EQ(ReadOverGrpc(b), data);
 }
 
 TEST_F(CheckpointEncryptionTest, AnUploadResumesAfterTheStoreRestartsFromItsWholeChunks) {
