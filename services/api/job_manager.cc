@@ -4,6 +4,7 @@
 #include <google/protobuf/util/time_util.h>
 
 #include <algorithm>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <thread>
@@ -14,7 +15,9 @@
 #include "services/common/contract/data_paths.h"
 #include "services/common/contract/job_states.h"
 #include "services/common/job_records.h"
+#include "services/common/page_token.h"
 #include "services/common/status_macros.h"
+#include "services/common/text_rules.h"
 
 namespace gradhub::api {
 namespace {
@@ -22,6 +25,9 @@ namespace {
 using State = v1::Job::State;
 using google::protobuf::util::TimeUtil;
 
+// The names of the lists whose page tokens (page_token.h) this manager makes.
+constexpr char kJobsList[] = "jobs";
+constexpr char kEventsList[] = "job_events";
 constexpr size_t kMaxRequestIdLength = 64;
 constexpr size_t kMaxCancelReasonLength = 1024;
 // GetJobMetricsRequest.max_points: 0 = the default; more than the maximum is refused, not
@@ -125,8 +131,9 @@ absl::StatusOr<v1::Job> JobManager::CreateJob(int64_t tenant_id, const v1::JobSp
     GRADHUB_ASSIGN_OR_RETURN(std::optional<SpecIssue> code_issue, CheckScriptCode(tenant_id, spec));
     if (code_issue) issues.push_back(*std::move(code_issue));
   }
-  if (request_id.size() > kMaxRequestIdLength) {
-    issues.push_back({"request_id", absl::StrCat("at most ", kMaxRequestIdLength, " characters")});
+  // Refused, not cut: libpq would send "a" for "a\0b", which would then be a retry of "a".
+  if (std::string problem = TextLimitProblem(request_id, kMaxRequestIdLength); !problem.empty()) {
+    issues.push_back({"request_id", std::move(problem)});
   }
   if (!issues.empty()) {
     std::string message = "invalid job spec:";
@@ -267,13 +274,12 @@ absl::StatusOr<v1::ListJobsResponse> JobManager::ListJobs(int64_t tenant_id,
     }
   }
   if (!request.page_token().empty()) {
-    // "<create time in microseconds>/<job id>" of the last job of the previous page.
-    const std::string& token = request.page_token();
-    const size_t slash = token.find('/');
-    const std::string id =
-        slash == std::string::npos ? "" : JobId("jobs/" + token.substr(slash + 1));
-    int64_t micros = 0;
-    if (id.empty() || !absl::SimpleAtoi(token.substr(0, slash), &micros)) {
+    // The create time (microseconds since the epoch) and id of the last job of the page before.
+    GRADHUB_ASSIGN_OR_RETURN(const std::vector<std::string> key,
+                             ReadPageToken(request.page_token(), kJobsList, 2));
+    GRADHUB_ASSIGN_OR_RETURN(const int64_t micros, PageTokenInt(key[0], 0, kMaxTimestampMicros));
+    const std::string id = JobId("jobs/" + key[1]);
+    if (id.empty()) {
       return absl::InvalidArgumentError("page_token: not a token this server returned");
     }
     absl::StrAppend(&sql, " AND (j.create_time, j.id) < (timestamptz 'epoch' + ",
@@ -291,8 +297,9 @@ absl::StatusOr<v1::ListJobsResponse> JobManager::ListJobs(int64_t tenant_id,
         }
         if (rows.rows() > page_size) {
           const db::Row last = rows.row(page_size - 1);
-          response.set_next_page_token(
-              absl::StrCat(last.Get<int64_t>("create_us"), "/", last.Get<std::string>("id")));
+          response.set_next_page_token(MakePageToken(
+              kJobsList,
+              {absl::StrCat(last.Get<int64_t>("create_us")), last.Get<std::string>("id")}));
         }
         return response;
       },
@@ -301,9 +308,9 @@ absl::StatusOr<v1::ListJobsResponse> JobManager::ListJobs(int64_t tenant_id,
 
 absl::StatusOr<v1::Job> JobManager::CancelJob(int64_t tenant_id, const std::string& name,
                                               const std::string& reason) {
-  if (reason.size() > kMaxCancelReasonLength) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("reason: at most ", kMaxCancelReasonLength, " characters"));
+  if (const std::string problem = TextLimitProblem(reason, kMaxCancelReasonLength);
+      !problem.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("reason: ", problem));
   }
   const std::string why =
       reason.empty() ? "cancelled by the user" : absl::StrCat("cancelled by the user: ", reason);
@@ -356,10 +363,10 @@ absl::StatusOr<v1::ListJobEventsResponse> JobManager::ListJobEvents(
   GRADHUB_RETURN_IF_ERROR(AppendEventFilter(request.filter(), &sql, &params));
   if (!request.page_token().empty()) {
     // The id of the last event of the previous page: ids only grow, so pages never shift.
-    int64_t after = 0;
-    if (!absl::SimpleAtoi(request.page_token(), &after) || after < 0) {
-      return absl::InvalidArgumentError("page_token: not a token this server returned");
-    }
+    GRADHUB_ASSIGN_OR_RETURN(const std::vector<std::string> key,
+                             ReadPageToken(request.page_token(), kEventsList, 1));
+    GRADHUB_ASSIGN_OR_RETURN(const int64_t after,
+                             PageTokenInt(key[0], 0, std::numeric_limits<int64_t>::max()));
     absl::StrAppend(&sql, " AND id > ", params.Bind(after), "::bigint");
   }
   absl::StrAppend(&sql, " ORDER BY id LIMIT ", params.Bind(page_size + 1));
@@ -372,7 +379,8 @@ absl::StatusOr<v1::ListJobEventsResponse> JobManager::ListJobEvents(
           *events.add_events() = JobEventFromRow(rows.row(i), job.name());
         }
         if (rows.rows() > page_size) {
-          events.set_next_page_token(absl::StrCat(events.events(page_size - 1).id()));
+          events.set_next_page_token(
+              MakePageToken(kEventsList, {absl::StrCat(events.events(page_size - 1).id())}));
         }
         return events;
       },

@@ -64,7 +64,7 @@ class JobManager {
   // CANCELLING returns it unchanged. A job without live ranks becomes CANCELLED at once; one
   // with ranks becomes CANCELLING, and the scheduler makes it CANCELLED once its agents have
   // reported every rank gone (scheduler.h, step 3), so CANCELLED means no process is left.
-  // `reason` (at most 1 KiB) goes into the CANCEL_REQUESTED event and the state reason.
+  // `reason` (at most 1024 characters) goes into the CANCEL_REQUESTED event and the state reason.
   absl::StatusOr<v1::Job> CancelJob(int64_t tenant_id, const std::string& name,
                                     const std::string& reason = "");
 

@@ -16,6 +16,7 @@
 #include "services/common/contract/data_paths.h"
 #include "services/common/contract/job_states.h"
 #include "services/common/job_records.h"
+#include "services/common/page_token.h"
 #include "services/common/status_macros.h"
 
 namespace gradhub::api {
@@ -536,8 +537,11 @@ absl::StatusOr<int64_t> NodeManager::StoreLogs(const v1::ReportLogsRequest& requ
 
 absl::StatusOr<v1::ListNodesResponse> NodeManager::ListNodes(const v1::ListNodesRequest& request) {
   GRADHUB_ASSIGN_OR_RETURN(const int32_t page_size, ListPageSize(request.page_size()));
+  // The name of the last node of the page before (page_token.h).
+  GRADHUB_ASSIGN_OR_RETURN(const std::string after,
+                           ReadNamePageToken(request.page_token(), "nodes"));
   std::string sql = absl::StrCat("SELECT ", kNodeColumns, " FROM nodes n WHERE n.name > $1");
-  db::ParamList params = {request.page_token()};
+  db::ParamList params = {after};
   GRADHUB_ASSIGN_OR_RETURN(std::vector<FilterTerm> terms, ParseListFilter(request.filter()));
   for (const FilterTerm& term : terms) {
     if (term.field == "state") {
@@ -568,7 +572,8 @@ absl::StatusOr<v1::ListNodesResponse> NodeManager::ListNodes(const v1::ListNodes
     *response.add_nodes() = NodeFromRow(rows.row(i));
   }
   if (rows.rows() > page_size) {
-    response.set_next_page_token(rows.row(page_size - 1).Get<std::string>("name"));
+    response.set_next_page_token(
+        MakePageToken("nodes", {rows.row(page_size - 1).Get<std::string>("name")}));
   }
   return response;
 }

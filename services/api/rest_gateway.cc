@@ -10,9 +10,10 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "services/common/audit/http_audit.h"
+#include "services/common/contract/proto_json.h"
 #include "services/common/http_errors.h"
 #include "services/common/status_macros.h"
+#include "services/common/text_rules.h"
 
 namespace gradhub::api {
 namespace {
@@ -55,14 +56,13 @@ void Send(httplib::Response& response, const absl::StatusOr<T>& result) {
   response.set_content(ToJson(*result) + "\n", "application/json");
 }
 
-// An empty body is the empty message; otherwise proto3 JSON, unknown fields refused.
+// An empty body is the empty message; otherwise proto3 JSON as ParseProtoJson reads it:
+// strict, shaped as the message, unknown fields refused, values the proto means.
 absl::Status ParseBody(const httplib::Request& request, Message* message) {
   if (request.body.empty()) return absl::OkStatus();
-  google::protobuf::util::JsonParseOptions options;
-  options.ignore_unknown_fields = false;
-  const auto status = google::protobuf::util::JsonStringToMessage(request.body, message, options);
-  if (!status.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("request body: ", status.message().ToString()));
+  const absl::Status parsed = ParseProtoJson(request.body, message);
+  if (!parsed.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("request body: ", parsed.message()));
   }
   return absl::OkStatus();
 }
@@ -142,10 +142,24 @@ std::optional<int64_t> CallerTenant(const Authenticator& auth, const httplib::Re
 }
 
 // Labels the request with its rpc's name for the metrics, then handles it.
+// Every query parameter and path segment is text a handler may store or match (a request id,
+// a filter, a page token, a name): NUL and invalid UTF-8 are refused naming it (text_rules.h)
+// before any handler reads them. A body's strings are ParseBody's.
+absl::Status CheckRequestText(const httplib::Request& request) {
+  std::vector<NamedText> texts(request.params.begin(), request.params.end());
+  for (size_t i = 1; i < request.matches.size(); ++i) {
+    texts.emplace_back("name", request.matches[i].str());
+  }
+  return CheckTexts(texts);
+}
+
 httplib::Server::Handler Rpc(const char* method, httplib::Server::Handler handler) {
   return [method, handler = std::move(handler)](const httplib::Request& request,
                                                 httplib::Response& response) {
     current_request.method = method;
+    if (const absl::Status text = CheckRequestText(request); !text.ok()) {
+      return SendError(response, text);
+    }
     handler(request, response);
   };
 }
@@ -292,11 +306,9 @@ void RestGateway::Route() {
   RouteJobStreams();
   RouteNodes();
   RouteTenants();
-  RouteAudit();
 }
 
 void RestGateway::InstallHooks() {
-  if (backends_.auditor != nullptr) audit::AuditHttpCalls(*server_, backends_.auditor);
   server_->set_pre_routing_handler([](const httplib::Request&, httplib::Response&) {
     current_request = RequestRecord{};
     return httplib::Server::HandlerResponse::Unhandled;
@@ -500,24 +512,6 @@ void RestGateway::RouteTenants() {
                           request, TenantName(request) + "/tokens/" + request.matches[2].str()));
                   return tenants->RevokeToken(revoke);
                 }));
-}
-
-void RestGateway::RouteAudit() {
-  const AuditReader* reader = backends_.audit_events;
-  auto list = [reader](const httplib::Request& request, httplib::Response& response) {
-    if (reader == nullptr) {
-      return SendError(response, absl::UnimplementedError("this server keeps no audit log"));
-    }
-    const absl::StatusOr<AuditScope> scope =
-        reader->Authorize(request.get_header_value("Authorization"));
-    if (!scope.ok()) return SendError(response, scope.status());
-    v1::ListAuditEventsRequest events;
-    if (const absl::Status parsed = ParseListParams(request, &events); !parsed.ok()) {
-      return SendError(response, parsed);
-    }
-    Send(response, reader->List(*scope, events));
-  };
-  server_->Get("/v1/auditEvents", Rpc("AuditService.ListAuditEvents", std::move(list)));
 }
 
 }  // namespace gradhub::api

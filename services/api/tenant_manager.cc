@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "services/common/job_records.h"
+#include "services/common/page_token.h"
 #include "services/common/status_macros.h"
 
 namespace gradhub::api {
@@ -45,9 +46,12 @@ absl::StatusOr<v1::Tenant> TenantManager::CreateTenant(const v1::CreateTenantReq
 absl::StatusOr<v1::ListTenantsResponse> TenantManager::ListTenants(
     const v1::ListTenantsRequest& request) {
   GRADHUB_ASSIGN_OR_RETURN(const int32_t page_size, ListPageSize(request.page_size()));
+  // The name of the last tenant of the page before (page_token.h).
+  GRADHUB_ASSIGN_OR_RETURN(const std::string after,
+                           ReadNamePageToken(request.page_token(), "tenants"));
   // One more than a page tells whether another page follows.
   GRADHUB_ASSIGN_OR_RETURN(std::vector<TenantRecord> records,
-                           auth_->ListTenants(request.page_token(), page_size + 1));
+                           auth_->ListTenants(after, page_size + 1));
   v1::ListTenantsResponse response;
   for (size_t i = 0; i < records.size() && i < static_cast<size_t>(page_size); ++i) {
     v1::Tenant& tenant = *response.add_tenants();
@@ -56,7 +60,7 @@ absl::StatusOr<v1::ListTenantsResponse> TenantManager::ListTenants(
     *tenant.mutable_create_time() = TimeUtil::MicrosecondsToTimestamp(records[i].create_us);
   }
   if (records.size() > static_cast<size_t>(page_size)) {
-    response.set_next_page_token(records[page_size - 1].name);
+    response.set_next_page_token(MakePageToken("tenants", {records[page_size - 1].name}));
   }
   return response;
 }

@@ -17,7 +17,7 @@ class TenantManager {
 
   // INVALID_ARGUMENT naming `tenant_id` for a bad name; ALREADY_EXISTS when taken.
   absl::StatusOr<v1::Tenant> CreateTenant(const v1::CreateTenantRequest& request);
-  // Sorted by name; `page_token` is the last name of the previous page.
+  // Sorted by name; `page_token` (page_token.h) holds the last name of the previous page.
   absl::StatusOr<v1::ListTenantsResponse> ListTenants(const v1::ListTenantsRequest& request);
   // A TENANT token under `parent` (tenants/{tenant_id}); a NODE token belongs to no tenant,
   // its parent is not used and its name is `tenants/-/tokens/{id}`. The secret is in the

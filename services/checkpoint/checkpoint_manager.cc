@@ -1,6 +1,7 @@
 #include "services/checkpoint/checkpoint_manager.h"
 
 #include <algorithm>
+#include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -12,6 +13,7 @@
 #include "services/common/crc32c.h"
 #include "services/common/db/migrator.h"
 #include "services/common/job_records.h"
+#include "services/common/page_token.h"
 #include "services/common/status_macros.h"
 
 namespace gradhub::checkpoint {
@@ -757,14 +759,12 @@ absl::StatusOr<v1::ListCheckpointsResponse> CheckpointManager::List(
     absl::StrAppend(&sql, " AND c.state = ", params.Bind(term.value));
   }
   if (!request.page_token().empty()) {
-    // "<step>/<id>" of the last checkpoint of the previous page.
-    const std::string& token = request.page_token();
-    const size_t slash = token.find('/');
-    int64_t step = 0, id = 0;
-    if (slash == std::string::npos || !absl::SimpleAtoi(token.substr(0, slash), &step) ||
-        !absl::SimpleAtoi(token.substr(slash + 1), &id)) {
-      return absl::InvalidArgumentError("page_token: not a token this server returned");
-    }
+    // The step and id of the last checkpoint of the previous page (page_token.h).
+    constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+    GRADHUB_ASSIGN_OR_RETURN(const std::vector<std::string> key,
+                             ReadPageToken(request.page_token(), "checkpoints", 2));
+    GRADHUB_ASSIGN_OR_RETURN(const int64_t step, PageTokenInt(key[0], 0, kMax));
+    GRADHUB_ASSIGN_OR_RETURN(const int64_t id, PageTokenInt(key[1], 0, kMax));
     absl::StrAppend(&sql, " AND (c.step, c.id) < (", params.Bind(step), "::bigint, ",
                     params.Bind(id), "::bigint)");
   }
@@ -778,7 +778,8 @@ absl::StatusOr<v1::ListCheckpointsResponse> CheckpointManager::List(
           GRADHUB_ASSIGN_OR_RETURN(CheckpointRow row, CheckpointFromRow(rows.row(i)));
           *response.add_checkpoints() = std::move(row.proto);
           if (i == page_size - 1 && rows.rows() > page_size) {
-            response.set_next_page_token(absl::StrCat(row.step, "/", row.id));
+            response.set_next_page_token(
+                MakePageToken("checkpoints", {absl::StrCat(row.step), absl::StrCat(row.id)}));
           }
         }
         return response;

@@ -76,4 +76,13 @@ std::string TextLimitProblem(std::string_view text, size_t max_characters) {
                       " (characters are Unicode code points)");
 }
 
+absl::Status CheckTexts(const std::vector<NamedText>& texts) {
+  for (const auto& [name, text] : texts) {
+    if (std::string problem = TextProblem(text); !problem.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(name, ": ", problem));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace gradhub

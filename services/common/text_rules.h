@@ -13,6 +13,10 @@
 #include <cstddef>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
 
 namespace gradhub {
 
@@ -28,5 +32,10 @@ std::string TextProblem(std::string_view text);
 // "" when `text` is valid (TextProblem) and at most `max_characters` long; otherwise what is
 // wrong, e.g. "is 300 characters long; at most 256 (characters are Unicode code points)".
 std::string TextLimitProblem(std::string_view text, size_t max_characters);
+
+// A request's loose texts (query parameters, path segments), each with the name a client
+// knows it by: INVALID_ARGUMENT "<name>: <problem>" for the first with a TextProblem.
+using NamedText = std::pair<std::string, std::string>;
+absl::Status CheckTexts(const std::vector<NamedText>& texts);
 
 }  // namespace gradhub

@@ -49,7 +49,10 @@ absl::StatusOr<std::string> Connection::Prepared(const std::string& sql, int par
 absl::StatusOr<Result> Connection::Exec(std::string_view sql, absl::Span<const Param> params) {
   std::vector<const char*> values;
   values.reserve(params.size());
-  for (const Param& param : params) values.push_back(param.c_str());
+  for (const Param& param : params) {
+    if (param.holds_nul()) return NulParameterStatus(sql);
+    values.push_back(param.c_str());
+  }
   const std::string statement(sql);
   GRADHUB_ASSIGN_OR_RETURN(const std::string name,
                            Prepared(statement, static_cast<int>(values.size())));

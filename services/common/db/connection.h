@@ -37,7 +37,8 @@ class Connection {
   // into the SQL). This is the only way user data reaches the database. A statement with
   // parameters is prepared on its first use on this connection and only executed after that:
   // parsing and planning were 40% of PostgreSQL's CPU in a CreateJob. Statements without
-  // parameters (BEGIN, COMMIT) are sent as they are.
+  // parameters (BEGIN, COMMIT) are sent as they are. A text parameter holding a NUL is
+  // INVALID_ARGUMENT, sent nowhere (error.h NulParameterStatus).
   absl::StatusOr<Result> Exec(std::string_view sql, absl::Span<const Param> params = {});
 
   // Past this many distinct statement texts (SQL assembled per request, such as list

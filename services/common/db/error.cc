@@ -1,5 +1,9 @@
 #include "services/common/db/error.h"
 
+#include <chrono>
+#include <iostream>
+#include <mutex>
+
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
@@ -9,23 +13,43 @@ namespace {
 
 // absl::string_view: Debian builds Abseil with its own string_view, not std::string_view.
 constexpr absl::string_view kSqlStatePayload = "type.gradhub.dev/sqlstate";
+constexpr absl::string_view kDetailsPayload = "type.gradhub.dev/db-details";
 constexpr size_t kStatementPreview = 80;
 
-absl::StatusCode CodeFor(std::string_view state) {
-  if (state == sqlstate::kUniqueViolation) return absl::StatusCode::kAlreadyExists;
-  if (state == sqlstate::kForeignKeyViolation) return absl::StatusCode::kFailedPrecondition;
-  if (state == sqlstate::kIllegalTransition) return absl::StatusCode::kFailedPrecondition;
+// What a condition means to a caller and a client; `message` null = PostgreSQL's own primary
+// message, which only our own trigger raises (migrations/0001: "job X cannot go from A to B").
+struct Condition {
+  absl::StatusCode code;
+  const char* message;
+  bool log;  // no caller expects it: the details go to the server's log
+};
+
+Condition ConditionFor(std::string_view state) {
+  using absl::StatusCode;
+  if (state == sqlstate::kUniqueViolation) {
+    return {StatusCode::kAlreadyExists, "conflicts with an existing record", false};
+  }
+  if (state == sqlstate::kForeignKeyViolation) {
+    return {StatusCode::kFailedPrecondition,
+            "refers to a record that does not exist, or is referred to by one", false};
+  }
+  if (state == sqlstate::kIllegalTransition)
+    return {StatusCode::kFailedPrecondition, nullptr, false};
   if (state == sqlstate::kSerializationFailure || state == sqlstate::kDeadlockDetected) {
-    return absl::StatusCode::kAborted;
+    return {StatusCode::kAborted, "conflicted with a concurrent change; try again", false};
   }
-  if (state == sqlstate::kQueryCanceled) return absl::StatusCode::kDeadlineExceeded;
-  std::string_view cls = state.substr(0, 2);
-  if (cls == "22" || cls == "23") return absl::StatusCode::kInvalidArgument;  // bad data
+  if (state == sqlstate::kQueryCanceled) {
+    return {StatusCode::kDeadlineExceeded, "the database took too long to answer", true};
+  }
+  const std::string_view cls = state.substr(0, 2);
   if (cls == "08" || state == "57P01" || state == "57P02" || state == "57P03") {
-    return absl::StatusCode::kUnavailable;  // connection lost, server shutting down
+    return {StatusCode::kUnavailable, "the database is unavailable", true};
   }
-  if (cls == "53") return absl::StatusCode::kResourceExhausted;
-  return absl::StatusCode::kInternal;  // e.g. class 42: our own SQL is wrong
+  if (cls == "53")
+    return {StatusCode::kResourceExhausted, "the database is out of resources", true};
+  // Class 22 (bad data) and 23 (a rule of the schema) included: request handlers refuse bad
+  // input naming its field, so reaching the database with it is a bug of ours.
+  return {StatusCode::kInternal, "internal database error; the server's log has the details", true};
 }
 
 std::string Preview(std::string_view statement) {
@@ -37,20 +61,56 @@ std::string Preview(std::string_view statement) {
   return flat;
 }
 
-absl::Status WithState(absl::StatusCode code, std::string message, std::string_view state) {
-  absl::Status status(code, message);
-  status.SetPayload(kSqlStatePayload, absl::Cord(std::string(state)));
-  return status;
-}
-
 std::string Trimmed(const char* text) {
   return std::string(absl::StripTrailingAsciiWhitespace(text == nullptr ? "" : text));
+}
+
+// One line on stderr per failure, at most kLinesPerSecond a second: a database that is down
+// fails every request, and the log must stay readable. Lines dropped are counted in the next.
+void LogLine(const std::string& line) {
+  constexpr int kLinesPerSecond = 10;
+  static std::mutex mu;
+  static std::chrono::steady_clock::time_point window_start;
+  static int lines = 0;
+  static int64_t dropped = 0;
+  std::lock_guard<std::mutex> lock(mu);
+  const auto now = std::chrono::steady_clock::now();
+  if (now - window_start >= std::chrono::seconds(1)) {
+    window_start = now;
+    lines = 0;
+  }
+  if (++lines > kLinesPerSecond) {
+    ++dropped;
+    return;
+  }
+  std::cerr << "gradhub db: " << line;
+  if (dropped > 0) std::cerr << " (" << dropped << " earlier lines dropped)";
+  std::cerr << "\n";
+  dropped = 0;
+}
+
+absl::Status Make(std::string_view state, const std::string& details, const char* own_message) {
+  const Condition condition = ConditionFor(state);
+  if (condition.log) LogLine(absl::StrCat("SQLSTATE ", std::string(state), ": ", details));
+  const std::string message =
+      condition.message != nullptr
+          ? absl::StrCat(condition.message, " (SQLSTATE ", std::string(state), ")")
+          : own_message;
+  absl::Status status(condition.code, message);
+  status.SetPayload(kSqlStatePayload, absl::Cord(std::string(state)));
+  status.SetPayload(kDetailsPayload, absl::Cord(details));
+  return status;
 }
 
 }  // namespace
 
 std::string SqlStateOf(const absl::Status& status) {
   auto payload = status.GetPayload(kSqlStatePayload);
+  return payload ? std::string(*payload) : std::string();
+}
+
+std::string DetailsOf(const absl::Status& status) {
+  auto payload = status.GetPayload(kDetailsPayload);
   return payload ? std::string(*payload) : std::string();
 }
 
@@ -65,10 +125,9 @@ bool IsConnectionLost(const absl::Status& status) {
 }
 
 absl::Status StatusFromConnection(const PGconn* conn, std::string_view context) {
-  std::string reason = conn ? Trimmed(PQerrorMessage(conn)) : "out of memory";
-  return WithState(absl::StatusCode::kUnavailable,
-                   absl::StrCat(std::string(context), ": postgres connection failed: ", reason),
-                   sqlstate::kConnectionFailure);
+  const std::string reason = conn ? Trimmed(PQerrorMessage(conn)) : "out of memory";
+  return Make(sqlstate::kConnectionFailure,
+              absl::StrCat(std::string(context), ": postgres connection failed: ", reason), "");
 }
 
 absl::Status StatusFromResult(const PGresult* result, const PGconn* conn,
@@ -78,16 +137,31 @@ absl::Status StatusFromResult(const PGresult* result, const PGconn* conn,
   if (state == nullptr || (conn != nullptr && PQstatus(conn) == CONNECTION_BAD)) {
     return StatusFromConnection(conn, Preview(statement));
   }
-  std::string message = absl::StrCat(Trimmed(PQresultErrorField(result, PG_DIAG_MESSAGE_PRIMARY)),
-                                     " [SQLSTATE ", state, "]");
-  if (const char* detail = PQresultErrorField(result, PG_DIAG_MESSAGE_DETAIL)) {
-    absl::StrAppend(&message, " (", Trimmed(detail), ")");
+  const std::string primary = Trimmed(PQresultErrorField(result, PG_DIAG_MESSAGE_PRIMARY));
+  std::string details = primary;
+  // Not for class 23: its detail quotes the row or key values ("Key (name)=(x)"), which may
+  // be a client's data.
+  const char* detail = std::string_view(state).substr(0, 2) == "23"
+                           ? nullptr
+                           : PQresultErrorField(result, PG_DIAG_MESSAGE_DETAIL);
+  if (detail != nullptr) {
+    absl::StrAppend(&details, " (", Trimmed(detail), ")");
   }
   if (const char* constraint = PQresultErrorField(result, PG_DIAG_CONSTRAINT_NAME)) {
-    absl::StrAppend(&message, " constraint ", constraint);
+    absl::StrAppend(&details, " constraint ", constraint);
   }
-  absl::StrAppend(&message, " in: ", Preview(statement));
-  return WithState(CodeFor(state), std::move(message), state);
+  absl::StrAppend(&details, " in: ", Preview(statement));
+  return Make(state, details, primary.c_str());
+}
+
+absl::Status NulParameterStatus(std::string_view statement) {
+  const std::string details =
+      absl::StrCat("a text parameter holds a NUL character, refused in: ", Preview(statement));
+  LogLine(details);
+  absl::Status status = absl::InvalidArgumentError(
+      "a text value holds a NUL character, which the database cannot store");
+  status.SetPayload(kDetailsPayload, absl::Cord(details));
+  return status;
 }
 
 }  // namespace gradhub::db

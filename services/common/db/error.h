@@ -1,6 +1,14 @@
-// How PostgreSQL failures become absl::Status: the code says what a caller can do about it,
-// the message says what happened, and the SQLSTATE travels along as a payload so callers can
-// branch on the exact condition (SqlStateOf) without parsing messages.
+// How PostgreSQL failures become absl::Status. Three parts, for three readers:
+//   - the code says what a caller can do about it (ALREADY_EXISTS, ABORTED: run it again,
+//     UNAVAILABLE, ...; INTERNAL for every condition no caller expects);
+//   - the message is what a client may read: a fixed sentence per condition, never SQL,
+//     parameters or the driver's text (those name tables, constraints, hosts and the values of
+//     other rows). Handlers pass messages on unchanged, so this is where that is decided;
+//   - the details (PostgreSQL's message, detail and constraint, and the statement's start)
+//     travel as a payload (DetailsOf) that no transport sends, and are written to the
+//     server's log (stderr) for the conditions no caller expects.
+// The SQLSTATE travels as a payload too, so callers branch on the exact condition (SqlStateOf)
+// without parsing messages. Thread-safe.
 #pragma once
 
 #include <libpq-fe.h>
@@ -30,18 +38,28 @@ inline constexpr std::string_view kConnectionFailure = "08006";
 // The SQLSTATE a database status carries, or "" for statuses that did not come from here.
 std::string SqlStateOf(const absl::Status& status);
 
+// What the database said, for the server's own log and tests: "" for statuses that did not
+// come from here. Never sent to a client: PostgreSQL's message may quote a value it could not
+// read. Parameters are not added, nor the detail of class 23 (it quotes rows and keys).
+std::string DetailsOf(const absl::Status& status);
+
 // Worth running the whole transaction again: serialization failure or deadlock.
 bool IsRetryableConflict(const absl::Status& status);
 
 // The connection is gone (server restart, network): reconnecting may help.
 bool IsConnectionLost(const absl::Status& status);
 
-// Status for a failed result. `statement` is shown shortened, to say which query failed;
-// parameters are never included in messages (they may hold user data or secrets).
+// Status for a failed result. `statement` goes into the details, shortened, to say which
+// query failed.
 absl::Status StatusFromResult(const PGresult* result, const PGconn* conn,
                               std::string_view statement);
 
 // Status for a failure with no usable result (connection broken, out of memory).
 absl::Status StatusFromConnection(const PGconn* conn, std::string_view context);
+
+// INVALID_ARGUMENT for a text parameter holding a NUL character, refused before it is sent:
+// libpq would cut it there (a request id "a\0b" would match "a"). Request handlers refuse NUL
+// naming the field (text_rules.h); this is the last line for a field one of them missed.
+absl::Status NulParameterStatus(std::string_view statement);
 
 }  // namespace gradhub::db

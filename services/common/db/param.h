@@ -31,6 +31,8 @@ class Param {
   static Param Bytes(std::string_view bytes);
 
   const char* c_str() const { return text_ ? text_->c_str() : nullptr; }
+  // A NUL inside the text: c_str() would cut it there, so Connection::Exec refuses it.
+  bool holds_nul() const { return text_ && text_->find('\0') != std::string::npos; }
 
  private:
   std::optional<std::string> text_;

@@ -1,6 +1,8 @@
 #include <atomic>
 #include <cmath>
+#include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -64,12 +66,61 @@ TEST_F(PoolTest, StatementsWithParametersArePreparedOncePerConnection) {
       << "past the bound, statements run unprepared";
 }
 
-TEST_F(PoolTest, ErrorsCarryTheSqlState) {
+TEST_F(PoolTest, ErrorsCarryTheSqlStateAndKeepTheSqlForTheServer) {
   auto pool = MakePool();
   auto result = pool->Exec("SELECT * FROM no_such_table");
   ASSERT_FALSE(result.ok());
   EXPECT_EQ(SqlStateOf(result.status()), "42P01");
-  EXPECT_NE(result.status().message().find("no_such_table"), std::string::npos);
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(result.status().message().find("no_such_table"), std::string::npos) << result.status();
+  EXPECT_NE(DetailsOf(result.status()).find("no_such_table"), std::string::npos);
+}
+
+// A client reads a database error's message (handlers pass it on): what it says must never be
+// SQL, the driver's text or a value; the server keeps those (DetailsOf, its log).
+void ExpectNothingOfTheDatabaseIn(const absl::Status& status) {
+  for (const char* leak : {"SELECT", "INSERT", "secret_value", "kept_name", "pkey", "relation",
+                           "division", "invalid input", "Key ("}) {
+    EXPECT_EQ(status.message().find(leak), std::string::npos) << leak << " in " << status;
+  }
+}
+
+TEST_F(PoolTest, ClientsReadAFixedSentencePerConditionNeverTheSql) {
+  auto pool = MakePool();
+  ASSERT_TRUE(pool->Exec("CREATE TABLE kept_name (name text PRIMARY KEY)").ok());
+  ASSERT_TRUE(pool->Exec("INSERT INTO kept_name VALUES ($1)", {"secret_value"}).ok());
+  // Conditions callers branch on keep their codes.
+  auto taken = pool->Exec("INSERT INTO kept_name VALUES ($1)", {"secret_value"});
+  EXPECT_EQ(taken.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(SqlStateOf(taken.status()), sqlstate::kUniqueViolation);
+  ExpectNothingOfTheDatabaseIn(taken.status());
+  EXPECT_NE(DetailsOf(taken.status()).find("kept_name_pkey"), std::string::npos);
+  // Conditions nobody expects (bad data that validation should have refused, our own SQL) are
+  // INTERNAL.
+  for (const auto& [sql, value] : std::vector<std::pair<std::string, std::string>>{
+           {"SELECT 1 / $1::int AS x", "0"},
+           {"SELECT $1::uuid AS x", "secret_value"},
+           {"SELECT (timestamptz 'epoch' + $1::bigint * interval '1 microsecond') AS x",
+            "9223372036854775807"}}) {
+    auto failed = pool->Exec(sql, {value});
+    EXPECT_EQ(failed.status().code(), absl::StatusCode::kInternal) << sql;
+    ExpectNothingOfTheDatabaseIn(failed.status());
+    EXPECT_NE(DetailsOf(failed.status()).find("SELECT"), std::string::npos);
+  }
+}
+
+TEST_F(PoolTest, ATextParameterWithANulIsRefusedNotCut) {
+  auto pool = MakePool();
+  ASSERT_TRUE(pool->Exec("CREATE TABLE ids (id text PRIMARY KEY)").ok());
+  ASSERT_TRUE(pool->Exec("INSERT INTO ids VALUES ($1)", {"a"}).ok());
+  // libpq would send "a" for "a\0b" and find the row of "a".
+  auto found = pool->Exec("SELECT id FROM ids WHERE id = $1", {std::string("a\0b", 3)});
+  ASSERT_FALSE(found.ok());
+  EXPECT_EQ(found.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(found.status().message().find("NUL"), std::string::npos);
+  ExpectNothingOfTheDatabaseIn(found.status());
+  // Bytes may hold NUL: they travel as hex.
+  EXPECT_TRUE(pool->Exec("SELECT $1::bytea AS b", {Param::Bytes(std::string("\0", 1))}).ok());
 }
 
 TEST_F(PoolTest, SurvivesAServerRestart) {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "services/api/job_manager.h"
+#include "services/common/page_token.h"
 #include "tests/integration/db/db_test_util.h"
 #include "tests/support/job_specs.h"
 
@@ -80,6 +81,34 @@ TEST_F(JobManagerTest, RetriedRequestIdMakesOneJob) {
               HasSubstr("request_id"));
   auto count = pool_->Exec("SELECT count(*)::bigint AS n FROM jobs");
   EXPECT_EQ(count->row(0).Get<int64_t>("n"), 2);
+}
+
+// The NUL would make libpq send "r1": the request would be taken for a retry of r1.
+TEST_F(JobManagerTest, ANulInARequestIdIsRefusedNotTakenForTheIdBeforeIt) {
+  ASSERT_TRUE(manager_->CreateJob(tenant_a_, ValidSpec(), "r1").ok());
+  v1::JobSpec other = ValidSpec();
+  other.set_max_steps(7);
+  for (const v1::JobSpec& spec : {ValidSpec(), other}) {
+    auto refused = manager_->CreateJob(tenant_a_, spec, std::string("r1\0x", 4));
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(refused.status().message(), HasSubstr("request_id: holds a NUL character"));
+  }
+  auto count = pool_->Exec("SELECT count(*)::bigint AS n FROM jobs");
+  EXPECT_EQ(count->row(0).Get<int64_t>("n"), 1);
+}
+
+TEST_F(JobManagerTest, TextLimitsCountCharacters) {
+  std::string id;
+  for (int i = 0; i < 64; ++i) id += "\xc3\xa9";  // 64 characters, 128 bytes
+  auto job = manager_->CreateJob(tenant_a_, ValidSpec(), id);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_THAT(manager_->CreateJob(tenant_a_, ValidSpec(), id + "x").status().message(),
+              HasSubstr("request_id: is 65 characters long; at most 64 (characters are Unicode"));
+  std::string reason;
+  for (int i = 0; i < 1024; ++i) reason += "\xe2\x82\xac";
+  EXPECT_THAT(manager_->CancelJob(tenant_a_, job->name(), reason + "x").status().message(),
+              HasSubstr("reason: is 1025 characters long; at most 1024"));
+  EXPECT_TRUE(manager_->CancelJob(tenant_a_, job->name(), reason).ok());
 }
 
 TEST_F(JobManagerTest, InvalidSpecNamesEveryFieldAndWritesNothing) {
@@ -279,6 +308,30 @@ TEST_F(JobManagerTest, ListRejectsBadArgumentsNamingThem) {
   EXPECT_TRUE(manager_->ListJobs(tenant_a_, request).ok());
   request.set_page_token("garbage");
   EXPECT_THAT(manager_->ListJobs(tenant_a_, request).status().message(), HasSubstr("page_token"));
+  request.clear_page_token();
+  request.set_page_size(0);
+  auto job = manager_->CreateJob(tenant_a_, ValidSpec(), "");
+  const std::string id = job->name().substr(5);
+  // A token of the right form whose time PostgreSQL cannot add to the epoch (the probe's "out
+  // of range" answered SQL text), of another list, or raw as the tokens once were.
+  for (const std::string& token :
+       {MakePageToken("jobs", {"9223372036854775807", id}), MakePageToken("jobs", {"-1", id}),
+        MakePageToken("jobs", {"253402300800000000", id}), MakePageToken("jobs", {"1", "x"}),
+        MakePageToken("job_events", {"1"}), "1700000000000000/" + id}) {
+    request.set_page_token(token);
+    const absl::Status status = manager_->ListJobs(tenant_a_, request).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << token;
+    EXPECT_EQ(status.message(), "page_token: not a token this server returned") << token;
+  }
+  v1::ListJobEventsRequest events = testing::EventsOf(job->name());
+  for (const std::string& token :
+       {MakePageToken("job_events", {"-1"}), MakePageToken("job_events", {"99999999999999999999"}),
+        MakePageToken("jobs", {"1", id}), std::string("5")}) {
+    events.set_page_token(token);
+    EXPECT_EQ(manager_->ListJobEvents(tenant_a_, events).status().message(),
+              "page_token: not a token this server returned")
+        << token;
+  }
   request.clear_page_token();
   for (const char* filter : {"color=red", "state=SLEEPING", "state", "state=RUNNING OR x=y"}) {
     request.set_filter(filter);

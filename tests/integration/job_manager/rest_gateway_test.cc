@@ -19,6 +19,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "services/api/rest_gateway.h"
+#include "services/common/page_token.h"
 #include "tests/integration/db/db_test_util.h"
 
 namespace gradhub::api {
@@ -550,6 +551,102 @@ TEST_F(RestGatewayTest, ServesHttpsWithTheGivenCertificateAndRefusesAnUnusableOn
   EXPECT_EQ(failed.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(failed.status().message(), HasSubstr("tls"));
   std::filesystem::remove_all(dir);
+}
+
+// kSpec with `field` (a JSON member, e.g. R"("precision": 7)") added at its top.
+std::string SpecWith(const std::string& member) {
+  return "{" + member + "," + std::string(kSpec).substr(1);
+}
+
+// A 400 INVALID_ARGUMENT whose message names `field`, and nothing of the database in it.
+void ExpectRefusedNaming(const httplib::Result& answer, const std::string& field,
+                         const std::string& what) {
+  ASSERT_TRUE(answer) << what;
+  EXPECT_EQ(answer->status, 400) << what << ": " << answer->body;
+  EXPECT_THAT(answer->body, HasSubstr("INVALID_ARGUMENT")) << what;
+  EXPECT_THAT(answer->body, HasSubstr(field)) << what << ": " << answer->body;
+  for (const char* leak : {"SELECT", "INSERT", "WHERE", "SQLSTATE", "jsonb", "postgres", "relation",
+                           "syntax", "out of range", "invalid byte"}) {
+    EXPECT_THAT(answer->body, ::testing::Not(HasSubstr(leak))) << what << ": " << answer->body;
+  }
+}
+
+// Each class the probe of the REST API found, one bad body or query per instance: refused as
+// INVALID_ARGUMENT naming the field, never with SQL, and nothing created.
+TEST_F(RestGatewayTest, BodiesTheProtoCannotMeanAreRefusedNamingTheField) {
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {R"("precision": 7)", "precision"},
+      {R"("distributed": {"backend": 42})", "distributed.backend"},
+      {R"("lrSchedule": {"step": {"stepSize": 5, "gamma": "NaN"}})", "lrSchedule.step.gamma"},
+      {R"("gradClipNorm": "Infinity")", "gradClipNorm"},
+      {R"("gradClipNorm": "-Infinity")", "gradClipNorm"},
+      {R"("gradClipNorm": 1e999)", "request body"},
+      {R"("labels": {"a": [["b"]]})", "labels.a"},
+      {R"("displayName": "a\u0000b")", "displayName"},
+      {R"("labels": {"team": "x\u0000"})", "labels.team"},
+      {R"("memoryPerRankMib": "16777217")", "memoryPerRankMib"},
+      {R"("distributed": {"backend": "NCCL", "encryptTraffic": true})",
+       "distributed.encryptTraffic"},
+      {R"("display_name": "twice")", "displayName: is given twice"},
+  };
+  for (const auto& [member, field] : bad) {
+    ExpectRefusedNaming(client_->Post("/v1/jobs", headers_a_, SpecWith(member), "application/json"),
+                        field, member);
+  }
+  // Lists inside lists: protobuf alone flattens them into one list.
+  std::string nested = kSpec;
+  nested.replace(nested.find("[64, 10]"), 8, "[[64], [10]]");
+  ExpectRefusedNaming(client_->Post("/v1/jobs", headers_a_, nested, "application/json"),
+                      "model.mlp.layers[0]", nested);
+  auto listed = Parsed<v1::ListJobsResponse>(client_->Get("/v1/jobs", headers_a_));
+  EXPECT_EQ(listed.jobs_size(), 0);
+}
+
+TEST_F(RestGatewayTest, NulAndBadPageTokensInQueriesAndPathsAreRefusedNamingThem) {
+  ASSERT_EQ(client_->Post("/v1/jobs?requestId=r1", headers_a_, kSpec, "application/json")->status,
+            200);
+  // A NUL in requestId would be cut by libpq and found as r1: a retry of another request.
+  ExpectRefusedNaming(
+      client_->Post("/v1/jobs?requestId=r1%00x", headers_a_, kSpec, "application/json"),
+      "requestId", "NUL in requestId");
+  ExpectRefusedNaming(
+      client_->Post("/v1/jobs?requestId=r1%FF", headers_a_, kSpec, "application/json"), "requestId",
+      "invalid UTF-8 in requestId");
+  EXPECT_EQ(Parsed<v1::ListJobsResponse>(client_->Get("/v1/jobs", headers_a_)).jobs_size(), 1);
+  ExpectRefusedNaming(client_->Get("/v1/jobs?filter=state%3DPENDING%00", headers_a_), "filter",
+                      "NUL in a filter");
+  ExpectRefusedNaming(
+      client_->Post("/v1/tenants/team-a%00x/tokens", admin_, "{}", "application/json"), "name",
+      "NUL in a path");
+  // Out-of-range and foreign page tokens, in every list.
+  const std::string huge = MakePageToken("jobs", {"9223372036854775807", "0"});
+  for (const std::string& path : std::vector<std::string>{
+           "/v1/jobs?pageToken=99999999999999999%2F00000000-0000-0000-0000-000000000000",
+           "/v1/jobs?pageToken=" + huge}) {
+    ExpectRefusedNaming(client_->Get(path.c_str(), headers_a_), "page_token", path);
+  }
+  ExpectRefusedNaming(client_->Get("/v1/jobs?pageToken=%00", headers_a_), "pageToken", "NUL");
+  for (const char* path : {"/v1/tenants?pageToken=team-a", "/v1/nodes?pageToken=node-1"}) {
+    ExpectRefusedNaming(client_->Get(path, admin_), "page_token", path);
+  }
+}
+
+// kSpec with its displayName replaced by `name`.
+std::string SpecNamed(const std::string& name) {
+  std::string spec = kSpec;
+  const size_t start = spec.find("\"displayName\"");
+  spec.replace(start, spec.find('\n', start) - start, "\"displayName\": \"" + name + "\",");
+  return spec;
+}
+
+TEST_F(RestGatewayTest, DisplayNamesAreCountedInCharacters) {
+  std::string name;
+  for (int i = 0; i < 256; ++i) name += "\xc3\xa9";  // 256 characters, 512 bytes
+  auto fits = client_->Post("/v1/jobs", headers_a_, SpecNamed(name), "application/json");
+  EXPECT_EQ(fits->status, 200) << fits->body;
+  auto longer = client_->Post("/v1/jobs", headers_a_, SpecNamed(name + "x"), "application/json");
+  ExpectRefusedNaming(longer, "displayName: is 257 characters long; at most 256", "257");
+  EXPECT_THAT(longer->body, HasSubstr("Unicode code points"));
 }
 
 }  // namespace

@@ -42,5 +42,13 @@ TEST(TextRulesTest, LimitsCountCharactersAndSaySo) {
   EXPECT_EQ(TextLimitProblem(std::string(1, '\0'), 10), "holds a NUL character (at byte 0)");
 }
 
+TEST(TextRulesTest, CheckTextsNamesTheFirstBadText) {
+  EXPECT_TRUE(CheckTexts({{"pageToken", "abc"}, {"name", "jobs/x"}}).ok());
+  const absl::Status refused =
+      CheckTexts({{"pageToken", "abc"}, {"requestId", std::string("r1\0x", 4)}, {"name", "\xff"}});
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(refused.message(), "requestId: holds a NUL character (at byte 2)");
+}
+
 }  // namespace
 }  // namespace gradhub
