@@ -10,6 +10,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "services/common/audit/http_audit.h"
 #include "services/common/contract/proto_json.h"
 #include "services/common/http_errors.h"
 #include "services/common/status_macros.h"
@@ -141,7 +142,6 @@ std::optional<int64_t> CallerTenant(const Authenticator& auth, const httplib::Re
   return *id;
 }
 
-// Labels the request with its rpc's name for the metrics, then handles it.
 // Every query parameter and path segment is text a handler may store or match (a request id,
 // a filter, a page token, a name): NUL and invalid UTF-8 are refused naming it (text_rules.h)
 // before any handler reads them. A body's strings are ParseBody's.
@@ -153,6 +153,7 @@ absl::Status CheckRequestText(const httplib::Request& request) {
   return CheckTexts(texts);
 }
 
+// Labels the request with its rpc's name for the metrics, then handles it.
 httplib::Server::Handler Rpc(const char* method, httplib::Server::Handler handler) {
   return [method, handler = std::move(handler)](const httplib::Request& request,
                                                 httplib::Response& response) {
@@ -306,9 +307,11 @@ void RestGateway::Route() {
   RouteJobStreams();
   RouteNodes();
   RouteTenants();
+  RouteAudit();
 }
 
 void RestGateway::InstallHooks() {
+  if (backends_.auditor != nullptr) audit::AuditHttpCalls(*server_, backends_.auditor);
   server_->set_pre_routing_handler([](const httplib::Request&, httplib::Response&) {
     current_request = RequestRecord{};
     return httplib::Server::HandlerResponse::Unhandled;
@@ -512,6 +515,24 @@ void RestGateway::RouteTenants() {
                           request, TenantName(request) + "/tokens/" + request.matches[2].str()));
                   return tenants->RevokeToken(revoke);
                 }));
+}
+
+void RestGateway::RouteAudit() {
+  const AuditReader* reader = backends_.audit_events;
+  auto list = [reader](const httplib::Request& request, httplib::Response& response) {
+    if (reader == nullptr) {
+      return SendError(response, absl::UnimplementedError("this server keeps no audit log"));
+    }
+    const absl::StatusOr<AuditScope> scope =
+        reader->Authorize(request.get_header_value("Authorization"));
+    if (!scope.ok()) return SendError(response, scope.status());
+    v1::ListAuditEventsRequest events;
+    if (const absl::Status parsed = ParseListParams(request, &events); !parsed.ok()) {
+      return SendError(response, parsed);
+    }
+    Send(response, reader->List(*scope, events));
+  };
+  server_->Get("/v1/auditEvents", Rpc("AuditService.ListAuditEvents", std::move(list)));
 }
 
 }  // namespace gradhub::api
