@@ -2,6 +2,8 @@
 // the same data directory and database: nothing partial is resumable, the upload resumes at the
 // offset the server reports (the end of its last whole sealed chunk: blobs are encrypted at rest
 // under the fixture's master key), and it commits. Then a SIGTERM ends it with exit code 0.
+// Also its key commands, as an operator runs them (rotate-key, rewrap-keys), and its refusal to
+// serve with a master key that did not wrap the data keys.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -25,11 +27,27 @@ class CheckpointCrashTest : public CheckpointTest {
   // Starts the server and returns its gRPC address, or "" (with a failure) when it does not
   // come up.
   std::string StartServer() {
-    server_ = std::make_unique<gradhub::testing::Subprocess>(std::vector<std::string>{
-        gradhub::testing::BinaryPath("gradhub-checkpoint"), "--database-url", url_, "--grpc-host",
-        "127.0.0.1", "--grpc-port", "0", "--http-host", "127.0.0.1", "--http-port", "0",
-        "--data-dir", data_dir_, "--master-key-file", master_key_file_, "--admin-token",
-        kAdminToken, "--shutdown-grace", "2s", "serve"});
+    server_ = std::make_unique<gradhub::testing::Subprocess>(
+        std::vector<std::string>{gradhub::testing::BinaryPath("gradhub-checkpoint"),
+                                 "--database-url",
+                                 url_,
+                                 "--grpc-host",
+                                 "127.0.0.1",
+                                 "--grpc-port",
+                                 "0",
+                                 "--http-host",
+                                 "127.0.0.1",
+                                 "--http-port",
+                                 "0",
+                                 "--data-dir",
+                                 data_dir_,
+                                 "--master-key-file",
+                                 master_key_file_,
+                                 "--admin-token",
+                                 kAdminToken,
+                                 "--shutdown-grace",
+                                 "2s",
+                                 "serve"});
     static const std::regex kServing("serving gRPC on port ([0-9]+)");
     for (int i = 0; i < 600 && server_->running(); ++i) {
       std::smatch match;
@@ -132,6 +150,49 @@ TEST_F(CheckpointCrashTest, AnUploadInterruptedByAKillResumesAtTheServersOffsetA
   server_->Kill(SIGTERM);
   EXPECT_EQ(server_->Wait(std::chrono::seconds(20)), 0) << server_->err();
   EXPECT_THAT(server_->err(), ::testing::HasSubstr("cleanup: "));
+}
+
+TEST_F(CheckpointCrashTest, KeyCommandsRotateAndRewrapAndAStaleMasterKeyIsRefused) {
+  SealBlobs();
+  const std::string job = InsertJob(*pool_, tenant_a_);
+  const std::string data = Blob(300000, 3);
+  const v1::Checkpoint saved = Save(job, 1, 10, data);  // sealed under the fixture's master key
+  const auto run = [&](const std::vector<std::string>& args) {
+    std::vector<std::string> argv = {gradhub::testing::BinaryPath("gradhub-checkpoint"),
+                                     "--database-url", url_, "--data-dir", data_dir_};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return gradhub::testing::Run(argv);
+  };
+  const auto rotated = run({"--master-key-file", master_key_file_, "rotate-key", "team-a"});
+  EXPECT_EQ(rotated.exit_code, 0) << rotated.err;
+  EXPECT_EQ(Count("SELECT count(*) AS n FROM checkpoint_keys WHERE tenant_id = $1"
+                  " AND retire_time IS NULL",
+                  {tenant_a_}),
+            1);
+  EXPECT_EQ(Count("SELECT count(*) AS n FROM checkpoint_keys WHERE tenant_id = $1", {tenant_a_}),
+            2);
+  EXPECT_EQ(run({"--master-key-file", master_key_file_, "rotate-key", "nobody"}).exit_code, 2);
+
+  // A new master key: the server refuses it until the keys are re-wrapped.
+  const std::string next = data_dir_ + "/next.key";
+  const auto refused = run({"--master-key-file", next, "--create-master-key", "--grpc-port", "0",
+                            "--http-port", "0", "--admin-token", kAdminToken, "serve"});
+  EXPECT_EQ(refused.exit_code, 2);
+  EXPECT_THAT(refused.err, ::testing::HasSubstr("rewrap-keys"));
+  EXPECT_EQ(run({"--master-key-file", next, "rewrap-keys"}).exit_code, 2);  // no old key given
+  const auto rewrapped =
+      run({"--master-key-file", next, "--old-master-key-file", master_key_file_, "rewrap-keys"});
+  EXPECT_EQ(rewrapped.exit_code, 0) << rewrapped.err;
+  EXPECT_THAT(rewrapped.err, ::testing::HasSubstr("2 data keys re-wrapped"));
+
+  master_key_file_ = next;
+  const std::string address = StartServer();
+  ASSERT_FALSE(address.empty());
+  std::string downloaded;
+  ASSERT_TRUE(Download(*Connect(address), CallAs{}, saved.name(), 0, &downloaded).ok());
+  EXPECT_TRUE(downloaded == data);
+  server_->Kill(SIGTERM);
+  EXPECT_EQ(server_->Wait(std::chrono::seconds(20)), 0) << server_->err();
 }
 
 }  // namespace
