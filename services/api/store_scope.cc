@@ -12,7 +12,6 @@ std::string AttemptKeyPrefix(absl::string_view job_id, int32_t attempt) {
 absl::StatusOr<std::string> StoreScopeOf(const Principal& principal) {
   switch (principal.kind) {
     case Principal::Kind::kAdmin:
-    case Principal::Kind::kNode:
       return std::string(kAnyKey);
     case Principal::Kind::kJob:
       // An empty job id would make the scope "jobs//attempts/..."; refuse rather than guess.
@@ -20,12 +19,13 @@ absl::StatusOr<std::string> StoreScopeOf(const Principal& principal) {
         return absl::PermissionDeniedError("this job token names no job attempt");
       }
       return AttemptKeyPrefix(principal.job_id, principal.attempt);
+    case Principal::Kind::kNode:
     case Principal::Kind::kTenant:
       break;
   }
   return absl::PermissionDeniedError(
-      "the rendezvous store takes a job token (a script rank's), a node token or the admin "
-      "token, not a tenant's");
+      "the rendezvous store takes a rank's job token or the admin token, not a tenant's or a "
+      "node's");
 }
 
 absl::StatusOr<std::string> AuthorizeStoreCall(const Authenticator& auth,

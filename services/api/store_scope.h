@@ -2,14 +2,16 @@
 // call, as pure functions of the caller's Principal and the call's keys (no database, no gRPC),
 // each with a test of its own (tests/unit/api/store_scope_test.cc).
 //
-// A script rank runs tenant code with its job token, so the store treats it as a possible
-// attacker of every other job: it may touch its own attempt's keys and nothing else.
-//   1. The admin token and node tokens (an agent's, which it hands to its trainer ranks: the
-//      platform's own code) may touch any key: the scope is "" (kAnyKey).
+// Every rank, trainer or script, calls with its job token, and a script rank runs tenant code,
+// so the store treats each as a possible attacker of every other job: it may touch its own
+// attempt's keys and nothing else.
+//   1. The admin token may touch any key: the scope is "" (kAnyKey).
 //   2. A job token is confined to its attempt: "jobs/{job_id}/attempts/{attempt}/". Keys of
 //      another job, of another attempt of its own job, or outside "jobs/" are refused, so a
-//      script can neither read, forge, wait on nor delete another rendezvous.
-//   3. A tenant token gets no store access at all (tenants submit jobs; their ranks rendezvous).
+//      rank can neither read, forge, wait on nor delete another rendezvous.
+//   3. A tenant token gets no store access at all (tenants submit jobs; their ranks
+//      rendezvous), and neither does a node token (agents never rendezvous; their ranks have
+//      job tokens of their own).
 //   4. Every key of a call must start with the scope: `key` (Set, Get, Add), each of `keys`
 //      (Wait, Check), `prefix` (DeletePrefix). One key outside refuses the whole call, before it
 //      touches the store: PERMISSION_DENIED naming the field and the key.
@@ -39,7 +41,7 @@ inline constexpr absl::string_view kAnyKey = "";
 std::string AttemptKeyPrefix(absl::string_view job_id, int32_t attempt);
 
 // The key prefix `principal` is confined to (rules 1 to 3); PERMISSION_DENIED for a tenant's
-// token, and for a job token that names no job or attempt.
+// or a node's token, and for a job token that names no job or attempt.
 absl::StatusOr<std::string> StoreScopeOf(const Principal& principal);
 
 // StoreService's Authorizer in gradhub-api: the caller's token through `auth`, then

@@ -19,9 +19,9 @@
 // ServerBuilder::SetMaxReceiveMessageSize (and clients their receive limit) to match.
 //
 // Every call is first put to the service's Authorizer, which says which keys the caller may
-// touch (gradhub-api: store_scope.h's rules; a node token or the admin token any key, a script
-// rank's job token its own attempt's keys), and then every key of the call is checked against
-// that scope: a key outside it refuses the call before it reaches the store.
+// touch (gradhub-api: store_scope.h's rules; the admin token any key, a rank's job token its
+// own attempt's keys, a tenant's or a node's token none), and then every key of the call is
+// checked against that scope: a key outside it refuses the call before it reaches the store.
 // The Authorizer runs on a small pool of threads of the service's own, never on the queue
 // thread: it may query the database (gradhub-api looks a job token up on every call, since
 // job tokens end with their attempt and are never cached), and a query on the queue thread

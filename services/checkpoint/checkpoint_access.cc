@@ -1,9 +1,7 @@
 #include "services/checkpoint/checkpoint_access.h"
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/strip.h"
 #include "services/common/contract/job_spec.h"
-#include "services/common/contract/job_states.h"
 #include "services/common/job_records.h"
 #include "services/common/status_macros.h"
 
@@ -47,49 +45,6 @@ absl::StatusOr<JobRow> ReadJob(db::Transaction& tx, const std::string& job_id, J
   return job;
 }
 
-// The node named in the call's `gradhub-node`, without its optional "nodes/" prefix.
-std::string NodeNameOf(const Caller& caller) {
-  absl::string_view node = caller.node;
-  absl::ConsumePrefix(&node, "nodes/");
-  return std::string(node);
-}
-
-// What the node named in the call may do with one job.
-struct NodeFacts {
-  std::string node;
-  bool placed = false;              // an active rank of the job on this node
-  bool placed_for_attempt = false;  // ... of the attempt asked about
-};
-
-// PERMISSION_DENIED unless the node named in the call holds the session it claims and is not
-// LOST; then what ranks of the job it runs.
-absl::StatusOr<NodeFacts> CheckNodeSession(db::Transaction& tx, const Caller& caller,
-                                           const std::string& job_id, int32_t attempt) {
-  NodeFacts facts;
-  facts.node = NodeNameOf(caller);
-  if (facts.node.empty() || caller.node_session.empty()) {
-    return absl::PermissionDeniedError(
-        "a node token must come with gradhub-node and gradhub-node-session metadata");
-  }
-  GRADHUB_ASSIGN_OR_RETURN(
-      db::Result rows,
-      tx.Exec(absl::StrCat("SELECT n.state, coalesce(n.session_id::text, '') = $2 AS current,"
-                           " coalesce(bool_or(a.job_id IS NOT NULL), false) AS placed,"
-                           " coalesce(bool_or(a.attempt = $4::int), false) AS placed_for_attempt"
-                           " FROM nodes n LEFT JOIN rank_assignments a ON a.node_id = n.id"
-                           "   AND a.job_id = $3::uuid AND a.state IN ",
-                           kLiveRankStatesSql, " WHERE n.name = $1 GROUP BY n.id"),
-              {facts.node, caller.node_session, job_id, attempt}));
-  if (rows.empty() || !rows.row(0).Get<bool>("current") ||
-      rows.row(0).Get<std::string>("state") == "LOST") {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "nodes/", facts.node, ": not a current session of that node (the agent must re-register)"));
-  }
-  facts.placed = rows.row(0).Get<bool>("placed");
-  facts.placed_for_attempt = rows.row(0).Get<bool>("placed_for_attempt");
-  return facts;
-}
-
 }  // namespace
 
 absl::StatusOr<JobRow> ReadJobRow(db::Transaction& tx, const std::string& job_id, JobLock lock) {
@@ -97,10 +52,9 @@ absl::StatusOr<JobRow> ReadJobRow(db::Transaction& tx, const std::string& job_id
 }
 
 absl::StatusOr<Caller> IdentifyCaller(const api::Authenticator& auth,
-                                      const std::string& authorization, std::string node,
-                                      std::string node_session) {
+                                      const std::string& authorization) {
   GRADHUB_ASSIGN_OR_RETURN(api::Principal principal, auth.Authenticate(authorization));
-  return Caller{std::move(principal), std::move(node), std::move(node_session)};
+  return Caller{std::move(principal)};
 }
 
 std::string CallerKey(const Caller& caller) {
@@ -114,15 +68,19 @@ std::string CallerKey(const Caller& caller) {
     case Kind::kNode:
       break;
   }
-  return absl::StrCat("node:", NodeNameOf(caller));
+  return "node";
 }
 
 absl::Status CheckKind(const Caller& caller, Access access) {
   const Kind kind = caller.principal.kind;
-  if (kind == Kind::kTenant && access == Access::kUpload) {
-    return absl::PermissionDeniedError("uploads take a node token, a job token or the admin token");
+  if (kind == Kind::kNode) {
+    return absl::PermissionDeniedError(
+        "a node token has no checkpoint rights: ranks use their own job token");
   }
-  if ((kind == Kind::kNode || kind == Kind::kJob) && access == Access::kManage) {
+  if (kind == Kind::kTenant && access == Access::kUpload) {
+    return absl::PermissionDeniedError("uploads take a rank's job token or the admin token");
+  }
+  if (kind == Kind::kJob && access == Access::kManage) {
     return absl::PermissionDeniedError("listing and deleting take a tenant or the admin token");
   }
   return absl::OkStatus();
@@ -147,19 +105,8 @@ absl::StatusOr<JobRow> AuthorizeJob(db::Transaction& tx, const Caller& caller,
         absl::StrCat("the token of attempt ", caller.principal.attempt, " of jobs/", job_id,
                      " saves checkpoints of that attempt only, not of attempt ", attempt));
   }
-  // A node's session first: who the caller is comes before what state the job is in.
-  NodeFacts node;
-  if (kind == Kind::kNode) {
-    GRADHUB_ASSIGN_OR_RETURN(node, CheckNodeSession(tx, caller, job_id, attempt));
-  }
   if (access == Access::kUpload) {
     GRADHUB_RETURN_IF_ERROR(CheckAttemptMaySave(job, attempt));
-  }
-  const bool placed = access == Access::kUpload ? node.placed_for_attempt : node.placed;
-  if (kind == Kind::kNode && !placed) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "nodes/", node.node, " runs no rank of jobs/", job_id,
-        access == Access::kUpload ? absl::StrCat(" attempt ", attempt) : std::string()));
   }
   return job;
 }

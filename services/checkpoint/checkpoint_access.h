@@ -1,18 +1,16 @@
 // Who may do what with checkpoints: the rules at the top of proto/gradhub/v1/checkpoint.proto,
-// as checks against the job's, the node's and the ranks' rows.
+// as checks against the job's row, over gRPC and REST alike.
 //
-//   - Trainers: a node token plus the call's `gradhub-node` and `gradhub-node-session`
-//     metadata. The session must be the node's current one (nodes.session_id) and the node not
-//     LOST; node tokens are shared by every agent, so the session is what binds a call to one
-//     node. Uploads also need a rank of the upload's attempt on that node in an active state
-//     (ASSIGNED, STARTING, RUNNING, STOPPING); reads need an active rank of the job.
+//   - Ranks, trainers and scripts alike (job tokens, Principal::Kind::kJob, issued per rank by
+//     IssueRankCredential): read their own job's checkpoints and upload those of their own
+//     attempt; never list or delete. Any other job is NOT_FOUND, as for a tenant. The token
+//     itself names the job and the attempt, and the Authenticator refuses it (never cached)
+//     as soon as that attempt is no longer current or the job ended.
 //   - The admin token may do everything.
 //   - Tenants list, read and delete their own jobs' checkpoints; another tenant's job is
 //     NOT_FOUND, exactly like a job that does not exist.
-//   - Script ranks (job tokens, Principal::Kind::kJob): read their own job's checkpoints and
-//     upload those of their own attempt; never list or delete. Any other job is NOT_FOUND, as
-//     for a tenant. No node metadata: the token itself names the job and the attempt, and the
-//     Authenticator refuses it once that attempt is no longer current or the job ended.
+//   - Node tokens (agents) have no checkpoint rights at all: every rank has a credential of its
+//     own, so a node token that leaks from an agent reads and writes no job's checkpoints.
 // Whoever uploads, only the job's current attempt may, while the job is SCHEDULED, RUNNING or
 // RESTARTING (rank 0 of an attempt being stopped saves its last step): a straggler of a failed
 // attempt gets FAILED_PRECONDITION.
@@ -28,29 +26,25 @@
 
 namespace gradhub::checkpoint {
 
-// The caller of one request, as the adapters learn it from the call's metadata (gRPC) or
-// headers (REST).
+// The caller of one request, as the adapters learn it from the call's `authorization`
+// metadata (gRPC) or header (REST).
 struct Caller {
   api::Principal principal;
-  std::string node;          // `gradhub-node`: the node's name ("nodes/" prefix optional)
-  std::string node_session;  // `gradhub-node-session`
 };
 
 // Who the caller is for limits per caller (transfer_slots.h): "admin", "tenant:<id>",
-// "job:<uuid>" or "node:<name>" (the name as the call says it: ask once AuthorizeJob has
-// checked it).
+// "job:<uuid>" or "node" (node tokens, shared by every agent: code downloads).
 std::string CallerKey(const Caller& caller);
 
 // The caller behind `authorization` ("Bearer ..."); UNAUTHENTICATED as the Authenticator says.
 absl::StatusOr<Caller> IdentifyCaller(const api::Authenticator& auth,
-                                      const std::string& authorization, std::string node,
-                                      std::string node_session);
+                                      const std::string& authorization);
 
 enum class Access {
-  kUpload,  // StartUpload, UploadChunks, CommitCheckpoint: trainers and script ranks (for one
+  kUpload,  // StartUpload, UploadChunks, CommitCheckpoint: ranks (job tokens, for their own
             // attempt), admin
-  kRead,    // GetLatestCheckpoint, DownloadCheckpoint: trainers, script ranks, the job's tenant,
-            // admin
+  kRead,    // GetLatestCheckpoint, DownloadCheckpoint: ranks (their own job), the job's
+            // tenant, admin
   kManage,  // ListCheckpoints, DeleteCheckpoint: the job's tenant, admin
 };
 
@@ -79,17 +73,16 @@ absl::StatusOr<JobRow> ReadJobRow(db::Transaction& tx, const std::string& job_id
 // Reads job `job_id` (a uuid, or "" for a malformed name) in `tx` and checks that `caller` may
 // `access` it; `attempt` is the attempt of the upload (kUpload only). NOT_FOUND for a missing
 // job, another tenant's, or (job tokens) any job but the token's; PERMISSION_DENIED for a token
-// of the wrong kind, a node session that is not current, a node without a rank of the job, or a
-// job token uploading for another attempt than its own; FAILED_PRECONDITION for an upload of an
-// attempt that is not the current one, or while the job is not SCHEDULED, RUNNING or
-// RESTARTING.
+// of the wrong kind (CheckKind), or a job token uploading for another attempt than its own;
+// FAILED_PRECONDITION for an upload of an attempt that is not the current one, or while the
+// job is not SCHEDULED, RUNNING or RESTARTING.
 absl::StatusOr<JobRow> AuthorizeJob(db::Transaction& tx, const Caller& caller,
                                     const std::string& job_id, Access access, int32_t attempt,
                                     JobLock lock = JobLock::kNone);
 
-// PERMISSION_DENIED when the caller's kind of token may never `access` (a tenant uploading, a
-// node or a job token listing or deleting), checked before any row is read so that it reveals
-// nothing about jobs.
+// PERMISSION_DENIED when the caller's kind of token may never `access` (a node token, a tenant
+// uploading, a job token listing or deleting), checked before any row is read so that it
+// reveals nothing about jobs.
 absl::Status CheckKind(const Caller& caller, Access access);
 
 }  // namespace gradhub::checkpoint

@@ -203,9 +203,7 @@ absl::StatusOr<int> CheckpointRest::Start(const std::string& host, int port) {
 }
 
 absl::StatusOr<Caller> CheckpointRest::CallerOf(const httplib::Request& request) const {
-  return IdentifyCaller(*auth_, request.get_header_value("Authorization"),
-                        request.get_header_value(kNodeMetadata),
-                        request.get_header_value(kNodeSessionMetadata));
+  return IdentifyCaller(*auth_, request.get_header_value("Authorization"));
 }
 
 void CheckpointRest::LimitBodies() {

@@ -1,9 +1,9 @@
 // The REST face of CheckpointService (cpp-httplib), at the paths checkpoint.proto gives next to
 // each rpc: list, latest, download (raw bytes), delete, and one-request uploads for clients
 // without gRPC (script ranks, through the `gradhub` Python module). It calls CheckpointManager
-// as the gRPC adapter does and adds only transport: the caller from the `Authorization` (and,
-// for trainers, `gradhub-node` / `gradhub-node-session`) headers, status codes, error bodies
-// shaped as gradhub-api's REST gateway shapes them. Also serves /healthz, /readyz and /metrics.
+// as the gRPC adapter does and adds only transport: the caller from the `Authorization` header,
+// status codes, error bodies shaped as gradhub-api's REST gateway shapes them. Also serves
+// /healthz, /readyz and /metrics.
 //
 //   GET    /v1/jobs/{job}/checkpoints?pageSize=&pageToken=&filter=
 //   GET    /v1/jobs/{job}/checkpoints:latest

@@ -7,20 +7,10 @@
 #include "services/common/grpc_status.h"
 
 namespace gradhub::checkpoint {
-namespace {
-
-std::string MetadataOf(const grpc::ServerContext& context, const char* key) {
-  const auto& metadata = context.client_metadata();
-  const auto found = metadata.find(key);
-  return found == metadata.end() ? "" : std::string(found->second.data(), found->second.size());
-}
-
-}  // namespace
 
 absl::StatusOr<Caller> CallerOfCall(const api::Authenticator& auth,
                                     const grpc::ServerContext& context) {
-  return IdentifyCaller(auth, api::AuthorizationOf(context), MetadataOf(context, kNodeMetadata),
-                        MetadataOf(context, kNodeSessionMetadata));
+  return IdentifyCaller(auth, api::AuthorizationOf(context));
 }
 
 absl::StatusOr<Caller> CheckpointService::CallerOf(const grpc::ServerContext& context) const {

@@ -1,8 +1,8 @@
-// gradhub.v1.CheckpointService over gRPC: the caller from the call's metadata (`authorization`,
-// `gradhub-node`, `gradhub-node-session`), one CheckpointManager call, its absl::Status mapped
-// one to one onto the gRPC status. The synchronous API: a stream of chunks is a loop of blocking
-// reads and writes on one of gRPC's threads, which is what that pool is for (and a sync server
-// must not also carry callback services: see services/common/async_grpc_service.h).
+// gradhub.v1.CheckpointService over gRPC: the caller from the call's `authorization` metadata,
+// one CheckpointManager call, its absl::Status mapped one to one onto the gRPC status. The
+// synchronous API: a stream of chunks is a loop of blocking reads and writes on one of gRPC's
+// threads, which is what that pool is for (and a sync server must not also carry callback
+// services: see services/common/async_grpc_service.h).
 #pragma once
 
 #include "gradhub/v1/checkpoint.grpc.pb.h"
@@ -12,12 +12,8 @@
 
 namespace gradhub::checkpoint {
 
-// Metadata keys by which a trainer names its node (checkpoint.proto).
-inline constexpr char kNodeMetadata[] = "gradhub-node";
-inline constexpr char kNodeSessionMetadata[] = "gradhub-node-session";
-
-// The caller of a call, from its `authorization` and (trainers) node metadata: what
-// CheckpointService and CodeService (code_service.h) both ask.
+// The caller of a call, from its `authorization`: what CheckpointService and CodeService
+// (code_service.h) both ask.
 absl::StatusOr<Caller> CallerOfCall(const api::Authenticator& auth,
                                     const grpc::ServerContext& context);
 

@@ -79,9 +79,7 @@ CodeRest::CodeRest(httplib::Server& server, CodeStore* store, const api::Authent
 }
 
 absl::StatusOr<Caller> CodeRest::CallerOf(const httplib::Request& request) const {
-  return IdentifyCaller(*auth_, request.get_header_value("Authorization"),
-                        request.get_header_value(kNodeMetadata),
-                        request.get_header_value(kNodeSessionMetadata));
+  return IdentifyCaller(*auth_, request.get_header_value("Authorization"));
 }
 
 void CodeRest::RouteUpload(httplib::Server& server) {

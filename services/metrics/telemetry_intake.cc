@@ -10,16 +10,19 @@ absl::StatusOr<TelemetrySender> SenderFor(const api::Principal& principal) {
   using Kind = api::Principal::Kind;
   switch (principal.kind) {
     case Kind::kAdmin:
-    case Kind::kNode:
       return TelemetrySender{};
     case Kind::kJob:
       return TelemetrySender{
           TelemetrySender::Rank{principal.job_id, principal.attempt, principal.rank}};
+    case Kind::kNode:
     case Kind::kTenant:
       break;
   }
-  return absl::PermissionDeniedError(
-      "telemetry takes a node token, a script rank's job token or the admin token");
+  return absl::PermissionDeniedError("telemetry takes a rank's job token or the admin token");
+}
+
+bool MustRecheckSender(const TelemetrySender& sender, absl::Time checked, absl::Time now) {
+  return sender.only.has_value() && now - checked >= kSenderRecheck;
 }
 
 absl::StatusOr<TelemetrySender> AuthorizeSender(const api::Authenticator& auth,

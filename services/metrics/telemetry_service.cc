@@ -8,13 +8,23 @@ namespace gradhub::metrics {
 grpc::Status TelemetryService::ReportTelemetry(grpc::ServerContext* context,
                                                grpc::ServerReader<v1::TelemetryBatch>* reader,
                                                v1::ReportTelemetryResponse* response) {
-  const absl::StatusOr<TelemetrySender> sender = authorize_(api::AuthorizationOf(*context));
+  const std::string authorization = api::AuthorizationOf(*context);
+  absl::StatusOr<TelemetrySender> sender = authorize_(authorization);
   if (!sender.ok()) return ToGrpc(sender.status());
+  absl::Time checked = absl::Now();
   metrics_->AddStreams(1);
   int64_t accepted = 0;
   grpc::Status status = grpc::Status::OK;
   v1::TelemetryBatch batch;
   while (reader->Read(&batch)) {
+    if (MustRecheckSender(*sender, checked, absl::Now())) {  // step 2
+      checked = absl::Now();
+      sender = authorize_(authorization);
+      if (!sender.ok()) {
+        status = ToGrpc(sender.status());
+        break;
+      }
+    }
     const absl::StatusOr<BatchOutcome> outcome = IngestBatch(*metrics_, *sender, batch);
     if (!outcome.ok()) {
       status = ToGrpc(outcome.status());

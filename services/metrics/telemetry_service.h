@@ -4,14 +4,17 @@
 // services/common/async_grpc_service.h.
 //
 // A stream, in order (the rules are telemetry_intake.h's, which POST /v1/telemetry shares):
-//   1. The caller's token must be a node token, a job token or the admin token
+//   1. The caller's token must be a job token (a rank's) or the admin token
 //      (UNAUTHENTICATED / PERMISSION_DENIED before anything is read).
-//   2. Each batch must be well formed and, for a job token, of its own job, attempt and rank;
+//   2. A job token is authorized again before a batch once kSenderRecheck (5 s) has passed
+//      since the last time: a token whose attempt ended (or whose job did) ends the stream
+//      UNAUTHENTICATED.
+//   3. Each batch must be well formed and, for a job token, of its own job, attempt and rank;
 //      one that is not ends the stream with INVALID_ARGUMENT / PERMISSION_DENIED naming the
 //      field.
-//   3. Each batch goes to TrainingMetrics, which keeps or drops its steps (and counts them);
+//   4. Each batch goes to TrainingMetrics, which keeps or drops its steps (and counts them);
 //      dropping never ends the stream, so a trainer of a refused job is not told to reconnect.
-//   4. When the client half-closes, the answer counts the steps accepted over the stream.
+//   5. When the client half-closes, the answer counts the steps accepted over the stream.
 #pragma once
 
 #include <string>

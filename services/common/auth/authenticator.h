@@ -19,8 +19,9 @@
 namespace gradhub::api {
 
 struct Principal {
-  // kJob: a script rank's credential (NodeService.IssueRankCredential), which acts only on one
-  // job, and only while `attempt` is that job's current attempt and the job has not ended.
+  // kJob: a rank's credential, trainer or script (NodeService.IssueRankCredential), which acts
+  // only on one job, attempt and rank, and only while `attempt` is that job's current attempt
+  // and the job has not ended.
   enum class Kind { kAdmin, kTenant, kNode, kJob };
   Kind kind = Kind::kTenant;
   int64_t tenant_id = 0;    // kTenant; kJob: the job's tenant

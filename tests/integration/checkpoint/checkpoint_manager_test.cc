@@ -300,39 +300,26 @@ TEST_F(CheckpointManagerTest, ACommitDiscardsTheUploadsOfEarlierStepsOfTheJob) {
   EXPECT_TRUE(absl::IsNotFound(Commit(Admin(), *abandoned, Sha256Hex(data)).status()));
 }
 
-TEST_F(CheckpointManagerTest, TrainersNeedTheirNodesCurrentSessionAndARankOfTheAttempt) {
+// Every rank has a job token of its own: a node token, shared by the agents, reads and writes
+// no job's checkpoints (and says so before any row is read). Tenants never upload.
+TEST_F(CheckpointManagerTest, ANodeTokenHasNoCheckpointRightsAndATenantNeverUploads) {
   const std::string job = InsertJob(*pool_, tenant_a_);
-  const Node placed = InsertNode(*pool_, "gpu-1"), idle = InsertNode(*pool_, "gpu-2");
-  PlaceRank(*pool_, job, 1, 0, placed);
-  ASSERT_TRUE(Start(Trainer(placed), job, 1, 1, 10).ok());
-  Node named_with_prefix = placed;
-  named_with_prefix.name = "nodes/gpu-1";
-  EXPECT_TRUE(Start(Trainer(named_with_prefix), job, 1, 2, 10).ok());
-
-  Node stolen = placed;
-  stolen.session = idle.session;  // another agent's session
-  EXPECT_TRUE(absl::IsPermissionDenied(Start(Trainer(stolen), job, 1, 3, 10).status()));
-  Node unnamed;
-  EXPECT_TRUE(absl::IsPermissionDenied(Start(Trainer(unnamed), job, 1, 3, 10).status()));
-  auto elsewhere = Start(Trainer(idle), job, 1, 3, 10);
-  EXPECT_TRUE(absl::IsPermissionDenied(elsewhere.status()));
-  EXPECT_THAT(elsewhere.status().message(), HasSubstr("runs no rank"));
-  // Reads take the node check without the attempt; listing is not a trainer's call.
-  Save(job, 1, 5, Blob(10));
-  EXPECT_TRUE(manager_->GetLatest(Trainer(placed), JobName(job)).ok());
-  EXPECT_TRUE(absl::IsPermissionDenied(manager_->GetLatest(Trainer(idle), JobName(job)).status()));
-  EXPECT_TRUE(ReadAll(Trainer(placed), JobName(job) + "/checkpoints/5").ok());
+  const v1::Checkpoint saved = Save(job, 1, 5, Blob(10));
+  const Caller node = As(node_token_);
+  for (const absl::Status& refused :
+       {Start(node, job, 1, 6, 10).status(), manager_->OpenUpload(node, "x").status(),
+        manager_->GetLatest(node, JobName(job)).status(), ReadAll(node, saved.name()).status(),
+        Commit(node, "x", Sha256Hex("x")).status(), manager_->Delete(node, saved.name())}) {
+    EXPECT_TRUE(absl::IsPermissionDenied(refused)) << refused;
+    EXPECT_THAT(refused.message(), HasSubstr("node token"));
+  }
   v1::ListCheckpointsRequest list;
   list.set_parent(JobName(job));
-  EXPECT_TRUE(absl::IsPermissionDenied(manager_->List(Trainer(placed), list).status()));
-  // A LOST node, or a rank no longer active, is refused.
-  ASSERT_TRUE(pool_->Exec("UPDATE nodes SET state = 'LOST' WHERE id = $1", {placed.id}).ok());
-  EXPECT_TRUE(absl::IsPermissionDenied(Start(Trainer(placed), job, 1, 6, 10).status()));
-  ASSERT_TRUE(pool_->Exec("UPDATE nodes SET state = 'READY' WHERE id = $1", {placed.id}).ok());
-  ASSERT_TRUE(pool_->Exec("UPDATE rank_assignments SET state = 'FAILED'").ok());
-  EXPECT_TRUE(absl::IsPermissionDenied(Start(Trainer(placed), job, 1, 6, 10).status()));
-  // Tenants never upload.
+  EXPECT_TRUE(absl::IsPermissionDenied(manager_->List(node, list).status()));
   EXPECT_TRUE(absl::IsPermissionDenied(Start(As(token_a_), job, 1, 7, 10).status()));
+  // The rank of the job's attempt, with its own token, does both.
+  ASSERT_TRUE(Start(Rank(job, 1), job, 1, 8, 10).ok());
+  EXPECT_TRUE(ReadAll(Rank(job, 1, /*rank=*/1), saved.name()).ok());
 }
 
 TEST_F(CheckpointManagerTest, ATenantSeesOnlyItsOwnJobsCheckpoints) {
@@ -362,8 +349,7 @@ TEST_F(CheckpointManagerTest, ATenantSeesOnlyItsOwnJobsCheckpoints) {
 TEST_F(CheckpointManagerTest, PastItsTransferLimitACallerIsRefusedWhileOthersStillTransfer) {
   NewManager({.chunk_size_bytes = 64 << 10, .max_transfers = 3, .max_transfers_per_caller = 1});
   const std::string job = InsertJob(*pool_, tenant_a_);
-  const Node node = InsertNode(*pool_, "gpu-1");
-  PlaceRank(*pool_, job, 1, 0, node);
+  const Caller trainer = Rank(job, 1);
   const v1::Checkpoint saved = Save(job, 1, 10, Blob(1000));
   const Caller a = As(token_a_);
 
@@ -373,9 +359,9 @@ TEST_F(CheckpointManagerTest, PastItsTransferLimitACallerIsRefusedWhileOthersSti
   ASSERT_TRUE(absl::IsResourceExhausted(second.status())) << second.status();
   EXPECT_THAT(second.status().message(), HasSubstr("--max-transfers-per-caller"));
   // The tenant's limit holds back no one else: its job's trainer still uploads and reads.
-  auto upload = Start(Trainer(node), job, 1, 20, 10);
+  auto upload = Start(trainer, job, 1, 20, 10);
   ASSERT_TRUE(upload.ok()) << upload.status();
-  auto writer = manager_->OpenUpload(Trainer(node), *upload);
+  auto writer = manager_->OpenUpload(trainer, *upload);
   ASSERT_TRUE(writer.ok()) << writer.status();
   EXPECT_TRUE(ReadAll(Admin(), saved.name()).ok());
   // Three transfers in all (the tenant's download, the trainer's stream, the admin's): full.

@@ -1,6 +1,7 @@
-// CheckpointService over real gRPC on loopback, as a trainer and a tenant use it: chunked
-// uploads with node metadata, a stream broken half way and resumed from the server's count,
-// gaps, downloads, and tenant isolation.
+// CheckpointService over real gRPC on loopback, as a trainer (with its rank's job token) and a
+// tenant use it: chunked uploads, a stream broken half way and resumed from the server's count,
+// gaps, downloads, tenant isolation, and the job token's scope (its own job and attempt, while
+// that attempt is current) and the node token's lack of rights on the gRPC path.
 #include "services/checkpoint/checkpoint_service.h"
 
 #include <gmock/gmock.h>
@@ -29,9 +30,7 @@ class CheckpointServiceTest : public CheckpointTest {
         gradhub::testing::TestGrpcServerOptions{.max_message_bytes = 4 * kChunk});
     stub_ = v1::CheckpointService::NewStub(server_->NewChannel());
     job_ = InsertJob(*pool_, tenant_a_);
-    node_ = InsertNode(*pool_, "gpu-1");
-    PlaceRank(*pool_, job_, 1, 0, node_);
-    trainer_ = {node_token_, node_.name, node_.session};
+    trainer_ = {auth_->CreateJobToken(job_, 1, /*rank=*/0)->secret};
   }
   void TearDown() override {
     server_.reset();
@@ -60,12 +59,30 @@ class CheckpointServiceTest : public CheckpointTest {
     return stub_->CommitCheckpoint(context.get(), request, checkpoint);
   }
 
+  // StartUpload and GetLatestCheckpoint as `as`: their status codes.
+  grpc::StatusCode StartAs(const CallAs& as, const std::string& job_id, int32_t attempt) {
+    auto context = Context(as);
+    v1::StartUploadRequest request;
+    request.set_job(JobName(job_id));
+    request.set_attempt(attempt);
+    request.set_step(100);
+    request.set_size_bytes(10);
+    v1::StartUploadResponse response;
+    return stub_->StartUpload(context.get(), request, &response).error_code();
+  }
+  grpc::StatusCode LatestAs(const CallAs& as, const std::string& job_id) {
+    auto context = Context(as);
+    v1::GetLatestCheckpointRequest request;
+    request.set_job(JobName(job_id));
+    v1::Checkpoint latest;
+    return stub_->GetLatestCheckpoint(context.get(), request, &latest).error_code();
+  }
+
   std::unique_ptr<CheckpointService> service_;
   std::unique_ptr<gradhub::testing::TestGrpcServer> server_;
   std::unique_ptr<v1::CheckpointService::Stub> stub_;
   std::string job_;
-  Node node_;
-  CallAs trainer_;
+  CallAs trainer_;  // rank 0 of attempt 1 of job_
 };
 
 TEST_F(CheckpointServiceTest, ATrainerUploadsInChunksCommitsAndDownloads) {
@@ -167,7 +184,7 @@ TEST_F(CheckpointServiceTest, AChunkWithAWrongCrc32cIsDataLossAndTheUploadGoesOn
   EXPECT_TRUE(downloaded == data);
 }
 
-TEST_F(CheckpointServiceTest, AWrongShaIsDataLossAndAStragglerIsFailedPrecondition) {
+TEST_F(CheckpointServiceTest, AWrongShaIsDataLossAndAStragglersTokenIsRefused) {
   // Chunks without crc32c: the server hashes the blob at commit.
   const std::string data = Blob(1000);
   const v1::StartUploadResponse started = StartOverGrpc(1, 1000);
@@ -180,7 +197,10 @@ TEST_F(CheckpointServiceTest, AWrongShaIsDataLossAndAStragglerIsFailedPreconditi
 
   const v1::StartUploadResponse next = StartOverGrpc(2, 1000);
   Restart(*pool_, job_);
+  // The straggler's token died with its attempt; even the admin may not upload for that one.
   EXPECT_EQ(SendChunks(*stub_, trainer_, next.upload_id(), data, 0, 1000, kChunk).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(SendChunks(*stub_, CallAs{}, next.upload_id(), data, 0, 1000, kChunk).error_code(),
             grpc::StatusCode::FAILED_PRECONDITION);
 }
 
@@ -204,7 +224,7 @@ TEST_F(CheckpointServiceTest, ADownloadWithVerifySha256FindsASha256ThatNamesOthe
 
 TEST_F(CheckpointServiceTest, AnotherTenantsCheckpointsAreNotFound) {
   const v1::Checkpoint saved = Save(job_, 1, 10, Blob(100));
-  const CallAs other{token_b_, "", ""}, owner{token_a_, "", ""};
+  const CallAs other{token_b_}, owner{token_a_};
   {
     auto context = Context(other);
     v1::ListCheckpointsRequest request;
@@ -257,6 +277,72 @@ TEST_F(CheckpointServiceTest, ACorruptBlobEndsTheDownloadWithDataLoss) {
   EXPECT_EQ(Download(*stub_, trainer_, saved.name(), 0, &downloaded).error_code(),
             grpc::StatusCode::DATA_LOSS);
   EXPECT_LT(downloaded.size(), data.size());  // the last chunk never went out
+}
+
+// The gRPC path applies checkpoint_access.h's rule for job tokens: its own job's reads and its
+// own attempt's uploads; another job is NOT_FOUND (same tenant or not), another attempt
+// PERMISSION_DENIED, and any other rank of the attempt has the same rights (rank 0 saves).
+TEST_F(CheckpointServiceTest, AJobTokenActsOnItsOwnJobAndAttemptOnly) {
+  const v1::Checkpoint saved = Save(job_, 1, 10, Blob(100));
+  const std::string sibling = InsertJob(*pool_, tenant_a_), foreign = InsertJob(*pool_, tenant_b_);
+  Save(sibling, 1, 10, Blob(100));
+  EXPECT_EQ(StartAs(trainer_, job_, 1), grpc::StatusCode::OK);
+  EXPECT_EQ(LatestAs(trainer_, job_), grpc::StatusCode::OK);
+  for (const std::string& other : {sibling, foreign}) {
+    EXPECT_EQ(StartAs(trainer_, other, 1), grpc::StatusCode::NOT_FOUND);
+    EXPECT_EQ(LatestAs(trainer_, other), grpc::StatusCode::NOT_FOUND);
+  }
+  std::string data;
+  EXPECT_EQ(Download(*stub_, trainer_, JobName(sibling) + "/checkpoints/10", 0, &data).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(StartAs(trainer_, job_, 2), grpc::StatusCode::PERMISSION_DENIED);
+  const CallAs rank1{auth_->CreateJobToken(job_, 1, 1)->secret};
+  ASSERT_TRUE(Download(*stub_, rank1, saved.name(), 0, &data).ok());
+  EXPECT_TRUE(data == Blob(100));
+}
+
+// A job token works only while its attempt is the job's current one and the job has not ended:
+// refused (UNAUTHENTICATED, on the very next call: job tokens are never cached) once the job
+// restarted, and once it finished.
+TEST_F(CheckpointServiceTest, AJobTokenIsRefusedOnceItsAttemptOrItsJobEnded) {
+  Save(job_, 1, 10, Blob(100));
+  ASSERT_EQ(LatestAs(trainer_, job_), grpc::StatusCode::OK);
+  Restart(*pool_, job_);
+  EXPECT_EQ(LatestAs(trainer_, job_), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(StartAs(trainer_, job_, 1), grpc::StatusCode::UNAUTHENTICATED);
+  std::string data;
+  EXPECT_EQ(Download(*stub_, trainer_, JobName(job_) + "/checkpoints/10", 0, &data).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  const CallAs second{auth_->CreateJobToken(job_, 2, 0)->secret};
+  EXPECT_EQ(LatestAs(second, job_), grpc::StatusCode::OK);  // the new attempt's rank reads
+  for (const char* state : {"RUNNING", "SUCCEEDED"}) {
+    const auto moved =
+        pool_->Exec("UPDATE jobs SET state = $2 WHERE id = $1::uuid", {job_, std::string(state)});
+    ASSERT_TRUE(moved.ok()) << moved.status();
+  }
+  EXPECT_EQ(LatestAs(second, job_), grpc::StatusCode::UNAUTHENTICATED);
+}
+
+// The node token has no rights on checkpoints over gRPC either (PERMISSION_DENIED on every
+// call); ranks use their own job tokens.
+TEST_F(CheckpointServiceTest, ANodeTokenIsRefusedOnEveryCheckpointCall) {
+  const v1::Checkpoint saved = Save(job_, 1, 10, Blob(100));
+  const CallAs node{node_token_};
+  EXPECT_EQ(StartAs(node, job_, 1), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(LatestAs(node, job_), grpc::StatusCode::PERMISSION_DENIED);
+  std::string data;
+  EXPECT_EQ(Download(*stub_, node, saved.name(), 0, &data).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  const v1::StartUploadResponse started = StartOverGrpc(20, 10);
+  EXPECT_EQ(SendChunks(*stub_, node, started.upload_id(), Blob(10), 0, 10, kChunk).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  auto context = Context(node);
+  v1::CommitCheckpointRequest commit;
+  commit.set_upload_id(started.upload_id());
+  commit.set_sha256(Sha256Hex(Blob(10)));
+  v1::Checkpoint checkpoint;
+  EXPECT_EQ(stub_->CommitCheckpoint(context.get(), commit, &checkpoint).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
 }
 
 }  // namespace

@@ -1,7 +1,7 @@
 // What the checkpoint store's integration tests share: the rows a checkpoint needs (tenants,
-// jobs, attempts, nodes with sessions, rank placements) written with plain SQL, so that each
-// test states the exact situation it is about; gRPC clients for uploads and downloads; and a
-// fixture with a real PostgreSQL database, a LocalBlobStore in a temp dir and a manager.
+// jobs, attempts) written with plain SQL, so that each test states the exact situation it is
+// about; gRPC clients for uploads and downloads; and a fixture with a real PostgreSQL database,
+// a LocalBlobStore in a temp dir and a manager.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
@@ -41,11 +41,6 @@ inline std::string Blob(size_t size, int seed = 0) {
 // ---------------------------------------------------------------------------------------------
 // Rows.
 
-struct Node {
-  int64_t id = 0;
-  std::string name, session;
-};
-
 // A job of `tenant_id` in `state` at `attempt` (its attempts rows included); keep_last 0 leaves
 // checkpoint.keepLast out of the spec. Returns the job's id.
 inline std::string InsertJob(db::Pool& pool, int64_t tenant_id,
@@ -71,26 +66,6 @@ inline std::string InsertJob(db::Pool& pool, int64_t tenant_id,
     EXPECT_TRUE(inserted.ok()) << inserted.status();
   }
   return id;
-}
-
-// A registered node with a fresh session.
-inline Node InsertNode(db::Pool& pool, const std::string& name) {
-  auto row = pool.Exec(
-      "INSERT INTO nodes (name, slots, session_id, last_heartbeat_time)"
-      " VALUES ($1, 8, gen_random_uuid(), now()) RETURNING id, session_id::text AS session",
-      {name});
-  EXPECT_TRUE(row.ok()) << row.status();
-  return {row->row(0).Get<int64_t>("id"), name, row->row(0).Get<std::string>("session")};
-}
-
-// Rank `rank` of the job's `attempt` placed on `node`, in `state`.
-inline void PlaceRank(db::Pool& pool, const std::string& job_id, int attempt, int rank,
-                      const Node& node, const std::string& state = "RUNNING") {
-  auto placed = pool.Exec(
-      "INSERT INTO rank_assignments (job_id, attempt, rank, node_id, local_rank, slot, state)"
-      " VALUES ($1::uuid, $2::int, $3::int, $4, $3::int, $3::int + 8 * $2::int, $5)",
-      {job_id, attempt, rank, node.id, state});
-  EXPECT_TRUE(placed.ok()) << placed.status();
 }
 
 // The job's attempt failed and the next one is SCHEDULED, as the scheduler would do it: the old
@@ -133,14 +108,11 @@ inline std::optional<uint32_t> CrcOf(std::string_view data, ChunkCrc crc) {
 
 struct CallAs {
   std::string token = kAdminToken;
-  std::string node, session;  // for node tokens
 };
 
 inline std::unique_ptr<grpc::ClientContext> Context(const CallAs& as) {
   auto context = std::make_unique<grpc::ClientContext>();
   context->AddMetadata("authorization", "Bearer " + as.token);
-  if (!as.node.empty()) context->AddMetadata("gradhub-node", as.node);
-  if (!as.session.empty()) context->AddMetadata("gradhub-node-session", as.session);
   context->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
   return context;
 }
@@ -258,14 +230,16 @@ class CheckpointTest : public db::DatabaseTest {
     return sealed_ != nullptr ? static_cast<BlobStore*>(sealed_.get()) : blobs_.get();
   }
 
-  Caller As(const std::string& token, const Node* node = nullptr) {
-    auto caller = IdentifyCaller(*auth_, "Bearer " + token, node ? node->name : "",
-                                 node ? node->session : "");
+  Caller As(const std::string& token) {
+    auto caller = IdentifyCaller(*auth_, "Bearer " + token);
     EXPECT_TRUE(caller.ok()) << caller.status();
     return *caller;
   }
   Caller Admin() { return As(kAdminToken); }
-  Caller Trainer(const Node& node) { return As(node_token_, &node); }
+  // A rank of the job's `attempt`, trainer or script: its job token (IssueRankCredential's).
+  Caller Rank(const std::string& job_id, int attempt, int rank = 0) {
+    return As(auth_->CreateJobToken(job_id, attempt, rank)->secret);
+  }
 
   absl::StatusOr<std::string> Start(const Caller& caller, const std::string& job_id, int attempt,
                                     int64_t step, int64_t size,

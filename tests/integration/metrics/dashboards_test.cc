@@ -131,7 +131,7 @@ TEST_F(TrainingDashboardTest, EveryPanelHasDataFromARealPrometheus) {
   testing::PrometheusServer prometheus(
       {{{"gradhub-metrics", "127.0.0.1:" + std::to_string(metrics.http_port())}}});
   ASSERT_TRUE(prometheus.AwaitTargetsUp(seconds(30))) << prometheus.log();
-  SyntheticJob training(metrics.address(), node_token_, job);
+  SyntheticJob training(metrics.address(), kAdminToken, job);
   // Long enough for rates over a few scrapes and for evaluations and checkpoints to land.
   const std::string id = job.substr(5);
   ASSERT_GT(prometheus.AwaitData("gradhub_eval_metric{job_id=\"" + id + "\"}", seconds(30))
@@ -157,7 +157,7 @@ TEST_F(TrainingDashboardTest, ExpositionPassesPromtoolLint) {
   ASSERT_TRUE(metrics.Start());
   const std::string job = InsertJob(2);
   {
-    SyntheticJob training(metrics.address(), node_token_, job);
+    SyntheticJob training(metrics.address(), kAdminToken, job);
     std::this_thread::sleep_for(milliseconds(1500));
   }
   testing::TempDir dir;

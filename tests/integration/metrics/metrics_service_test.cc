@@ -56,7 +56,7 @@ class MetricsServiceTest : public MetricsDatabaseTest {
                                        int rank) {
     TelemetryReporterOptions options;
     options.address = address;
-    options.token = node_token_;
+    options.token = JobToken(job, 1, rank);  // a trainer rank's own credential
     options.job = job;
     options.rank = rank;
     options.node = "nodes/test";
@@ -274,6 +274,11 @@ TEST_F(MetricsServiceTest, RefusesOtherTokensAndMalformedBatches) {
   EXPECT_EQ(SendRaw(metrics.address(), tenant_token->secret, {BatchOf(job, 1, 0, {1})}, &response)
                 .error_code(),
             grpc::StatusCode::PERMISSION_DENIED);
+  // Nor a node token: every rank reports with its own job token.
+  const grpc::Status node =
+      SendRaw(metrics.address(), node_token_, {BatchOf(job, 1, 0, {1})}, &response);
+  EXPECT_EQ(node.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(node.error_message(), HasSubstr("job token"));
   const grpc::Status malformed =
       SendRaw(metrics.address(), kAdminToken, {BatchOf("jobs/nope", 1, 0, {1})}, &response);
   EXPECT_EQ(malformed.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
@@ -331,7 +336,7 @@ TEST_F(MetricsServiceTest, StaleAttemptsUnknownJobsAndDuplicatesAreDroppedAndCou
   ASSERT_TRUE(metrics.Start());
   const std::string job = InsertJob(1, /*attempt=*/2);
   v1::ReportTelemetryResponse response;
-  ASSERT_TRUE(SendRaw(metrics.address(), node_token_,
+  ASSERT_TRUE(SendRaw(metrics.address(), kAdminToken,
                       {BatchOf(job, 1, 0, {10, 11}), BatchOf(job, 2, 0, {1, 2, 3}),
                        BatchOf(job, 2, 0, {3, 4}),
                        BatchOf("jobs/00000000-0000-4000-8000-000000000000", 1, 0, {1})},
@@ -351,7 +356,7 @@ TEST_F(MetricsServiceTest, FinishedJobsSeriesExpireAndTheJobLimitHolds) {
   ASSERT_TRUE(metrics.Start());
   const std::string first = InsertJob(1), second = InsertJob(1);
   v1::ReportTelemetryResponse response;
-  ASSERT_TRUE(SendRaw(metrics.address(), node_token_,
+  ASSERT_TRUE(SendRaw(metrics.address(), kAdminToken,
                       {BatchOf(first, 1, 0, {1}), BatchOf(second, 1, 0, {1, 2})}, &response)
                   .ok());
   EXPECT_EQ(response.accepted_steps(), 1);

@@ -103,7 +103,7 @@ class MetricsProcess {
   std::unique_ptr<testing::Subprocess> process_;
 };
 
-// A database with the schema, a tenant and a node token.
+// A database with the schema, a tenant and a node token (which telemetry refuses).
 class MetricsDatabaseTest : public db::DatabaseTest {
  protected:
   void SetUp() override {
@@ -127,6 +127,14 @@ class MetricsDatabaseTest : public db::DatabaseTest {
         {tenant_, world_size, attempt});
     EXPECT_TRUE(row.ok()) << row.status();
     return row.ok() ? "jobs/" + row->row(0).Get<std::string>("id") : "";
+  }
+
+  // A rank's job token (IssueRankCredential's): its job "jobs/<id>", attempt and rank only.
+  std::string JobToken(const std::string& job, int attempt, int rank) {
+    api::Authenticator auth(pool_.get(), "");
+    auto token = auth.CreateJobToken(job.substr(5), attempt, rank);
+    EXPECT_TRUE(token.ok()) << token.status();
+    return token.ok() ? token->secret : "";
   }
 
   void SetJob(const std::string& name, const std::string& state, int attempt) {

@@ -1,7 +1,8 @@
 // POST /v1/telemetry (script ranks' telemetry, telemetry_intake.h) against gradhub-metrics as a
 // real process on a real PostgreSQL: a job token's batch shows at /metrics as a trainer's does;
-// it reports only for its own job, attempt and rank, over REST and gRPC alike; node tokens
-// report for any rank; errors come in the REST servers' shape, naming what is wrong; with TLS
+// it reports only for its own job, attempt and rank, over REST and gRPC alike, and only while
+// its attempt lasts (an open gRPC stream included); node tokens report for none, the admin
+// token for any rank; errors come in the REST servers' shape, naming what is wrong; with TLS
 // the HTTP port serves HTTPS only; and the gradhub Python module, run as a rank runs it, gets
 // its reports there.
 #include <gmock/gmock.h>
@@ -11,6 +12,7 @@
 #include <cstdlib>
 #include <map>
 #include <string>
+#include <thread>
 
 #include "gradhub/v1/telemetry.grpc.pb.h"
 #include "tests/integration/metrics/metrics_test_util.h"
@@ -30,6 +32,16 @@ std::string BatchJson(const std::string& job, int attempt, int rank, int first, 
   }
   return "{\"job\":\"" + job + "\",\"attempt\":" + std::to_string(attempt) +
          ",\"rank\":" + std::to_string(rank) + ",\"steps\":[" + steps + "],\"droppedSteps\":\"0\"}";
+}
+
+// The same as a gRPC batch: one step.
+v1::TelemetryBatch Batch(const std::string& job, int attempt, int rank, int64_t step) {
+  v1::TelemetryBatch batch;
+  batch.set_job(job);
+  batch.set_attempt(attempt);
+  batch.set_rank(rank);
+  batch.add_steps()->set_step(step);
+  return batch;
 }
 
 std::string RankSeries(const std::string& name, const std::string& job, int rank) {
@@ -65,13 +77,6 @@ class TelemetryRestTest : public MetricsDatabaseTest {
     job_token_ = JobToken(job_, 1, 1);
   }
 
-  std::string JobToken(const std::string& job, int attempt, int rank) {
-    api::Authenticator auth(pool_.get(), "");
-    auto token = auth.CreateJobToken(job.substr(5), attempt, rank);
-    EXPECT_TRUE(token.ok()) << token.status();
-    return token.ok() ? token->secret : "";
-  }
-
   Answer Post(const std::string& token, const std::string& body) {
     httplib::Client client("127.0.0.1", metrics_->http_port());
     httplib::Headers headers;
@@ -81,17 +86,29 @@ class TelemetryRestTest : public MetricsDatabaseTest {
     return {response->status, response->body};
   }
 
-  grpc::Status Stream(const std::string& token, const v1::TelemetryBatch& batch) {
-    auto stub = v1::TelemetryService::NewStub(
-        grpc::CreateChannel(metrics_->address(), grpc::InsecureChannelCredentials()));
+  // A ReportTelemetry stream as `token`, open until Finish.
+  struct OpenStream {
+    OpenStream(const std::string& address, const std::string& token)
+        : stub(v1::TelemetryService::NewStub(
+              grpc::CreateChannel(address, grpc::InsecureChannelCredentials()))) {
+      context.AddMetadata("authorization", "Bearer " + token);
+      context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+      writer = stub->ReportTelemetry(&context, &response);
+    }
+    grpc::Status Finish() {
+      writer->WritesDone();
+      return writer->Finish();
+    }
+    std::unique_ptr<v1::TelemetryService::Stub> stub;
     grpc::ClientContext context;
-    context.AddMetadata("authorization", "Bearer " + token);
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
     v1::ReportTelemetryResponse response;
-    auto writer = stub->ReportTelemetry(&context, &response);
-    writer->Write(batch);
-    writer->WritesDone();
-    return writer->Finish();
+    std::unique_ptr<grpc::ClientWriter<v1::TelemetryBatch>> writer;
+  };
+
+  grpc::Status Stream(const std::string& token, const v1::TelemetryBatch& batch) {
+    OpenStream stream(metrics_->address(), token);
+    stream.writer->Write(batch);
+    return stream.Finish();
   }
 
   std::unique_ptr<MetricsProcess> metrics_;
@@ -170,12 +187,58 @@ TEST_F(TelemetryRestTest, AJobTokenReportsForItsOwnJobAttemptAndRankOnly) {
   EXPECT_EQ(SampleOf(text, RankSeries("gradhub_training_step", job_, 1)), 1);
 }
 
-TEST_F(TelemetryRestTest, ANodeTokenReportsForAnyRank) {
-  ASSERT_EQ(Post(node_token_, BatchJson(job_, 1, 0, 1, 2)).status, 200);
-  ASSERT_EQ(Post(node_token_, BatchJson(other_job_, 1, 1, 1, 3)).status, 200);
+// Every rank reports with its own job token: a node token reports for none, over REST or gRPC.
+// The admin token reports for any rank (an operator, a trainer started by hand).
+TEST_F(TelemetryRestTest, ANodeTokenReportsForNoRankTheAdminTokenForAny) {
+  const Answer refused = Post(node_token_, BatchJson(job_, 1, 0, 1, 2));
+  EXPECT_EQ(refused.status, 403);
+  EXPECT_THAT(refused.body, HasSubstr("job token"));
+  EXPECT_EQ(Stream(node_token_, Batch(job_, 1, 0, 1)).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  ASSERT_EQ(Post(kAdminToken, BatchJson(job_, 1, 0, 1, 2)).status, 200);
+  ASSERT_EQ(Post(kAdminToken, BatchJson(other_job_, 1, 1, 1, 3)).status, 200);
   const std::string text = metrics_->Scrape();
   EXPECT_EQ(SampleOf(text, RankSeries("gradhub_training_step", job_, 0)), 2);
   EXPECT_EQ(SampleOf(text, RankSeries("gradhub_training_step", other_job_, 1)), 3);
+}
+
+// Over gRPC, as a trainer reports: its job token streams its own rank's batches; another job's
+// or another attempt's end the stream PERMISSION_DENIED; once its attempt ended the token is
+// refused at the stream's start (UNAUTHENTICATED).
+TEST_F(TelemetryRestTest, OverGrpcAJobTokenStreamsItsOwnRankOnlyWhileItsAttemptLasts) {
+  EXPECT_TRUE(Stream(job_token_, Batch(job_, 1, 1, 1)).ok());
+  const grpc::Status other_job = Stream(job_token_, Batch(other_job_, 1, 1, 2));
+  EXPECT_EQ(other_job.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(other_job.error_message(), HasSubstr("job:"));
+  const grpc::Status other_attempt = Stream(job_token_, Batch(job_, 2, 1, 2));
+  EXPECT_EQ(other_attempt.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(other_attempt.error_message(), HasSubstr("attempt:"));
+  SetJob(job_, "RUNNING", 2);
+  EXPECT_EQ(Stream(job_token_, Batch(job_, 1, 1, 3)).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_TRUE(Stream(JobToken(job_, 2, 1), Batch(job_, 2, 1, 1)).ok());
+  SetJob(job_, "SUCCEEDED", 2);
+  EXPECT_EQ(Stream(JobToken(job_, 2, 1), Batch(job_, 2, 1, 2)).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+}
+
+// A stream opened while the attempt was current does not outlive it by more than
+// kSenderRecheck (5 s): the token is checked again, and the stream ends UNAUTHENTICATED.
+TEST_F(TelemetryRestTest, AJobTokensOpenStreamEndsWithinTheRecheckTimeOnceItsAttemptEnded) {
+  OpenStream stream(metrics_->address(), job_token_);
+  ASSERT_TRUE(stream.writer->Write(Batch(job_, 1, 1, 1)));
+  SetJob(job_, "RUNNING", 2);
+  const auto start = std::chrono::steady_clock::now();
+  int64_t step = 2;
+  while (stream.writer->Write(Batch(job_, 1, 1, step++)) &&
+         std::chrono::steady_clock::now() - start < std::chrono::seconds(20)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  const grpc::Status ended = stream.Finish();
+  EXPECT_EQ(ended.error_code(), grpc::StatusCode::UNAUTHENTICATED) << ended.error_message();
+  // 5 s and the stream's end reaching this client, with room for a loaded machine; without
+  // the recheck it would last the loop's 20 s.
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(12));
 }
 
 TEST_F(TelemetryRestTest, AnEndedAttemptsTokenAndOtherTokensAreRefused) {
@@ -200,10 +263,10 @@ TEST_F(TelemetryRestTest, MalformedBodiesAre400NamingTheProblem) {
   answer = Post(job_token_, "{\"job\":\"" + job_ + "\",\"attempt\":1,\"rank\":1,\"lossy\":1}");
   EXPECT_EQ(answer.status, 400);
   EXPECT_THAT(answer.body, HasSubstr("lossy"));
-  answer = Post(node_token_, BatchJson("jobs/nope", 1, 1, 1, 1));
+  answer = Post(kAdminToken, BatchJson("jobs/nope", 1, 1, 1, 1));
   EXPECT_EQ(answer.status, 400);
   EXPECT_THAT(answer.body, HasSubstr("job: 'jobs/nope' is not jobs/<job id>"));
-  answer = Post(node_token_, BatchJson(job_, 0, 1, 1, 1));
+  answer = Post(kAdminToken, BatchJson(job_, 0, 1, 1, 1));
   EXPECT_EQ(answer.status, 400);
   EXPECT_THAT(answer.body, HasSubstr("attempt: must be at least 1"));
   // Over the 1 MiB limit: 413 in the same shape, unread.
