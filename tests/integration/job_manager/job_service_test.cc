@@ -3,6 +3,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include "services/api/job_service.h"
 #include "services/common/job_records.h"
 #include "tests/integration/db/db_test_util.h"
@@ -132,6 +134,27 @@ TEST_F(JobServiceTest, InvalidSpecIsInvalidArgumentNamingTheField) {
   grpc::Status status = stub_->CreateJob(As(token_a_).get(), request, &job);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(status.error_message(), HasSubstr("distributed.worldSize"));
+}
+
+// The values the REST gateway's JSON parser refuses arrive over gRPC as binary protos: the
+// same validators refuse them, by the same names.
+TEST_F(JobServiceTest, ValuesNoSpecCanMeanAndNulRequestIdsAreRefusedOverGrpcToo) {
+  v1::CreateJobRequest request = Create("r1");
+  v1::Job job;
+  ASSERT_TRUE(stub_->CreateJob(As(token_a_).get(), request, &job).ok());
+  request.mutable_spec()->set_precision(static_cast<v1::JobSpec::Precision>(9));
+  request.mutable_spec()->mutable_optimizer()->mutable_sgd()->set_lr(
+      std::numeric_limits<double>::infinity());
+  request.mutable_spec()->set_display_name(std::string("a\0b", 3));
+  grpc::Status status = stub_->CreateJob(As(token_a_).get(), request, &job);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  for (const char* field : {"precision", "optimizer.sgd.lr", "displayName"}) {
+    EXPECT_THAT(status.error_message(), HasSubstr(field));
+  }
+  request = Create(std::string("r1\0x", 4));
+  status = stub_->CreateJob(As(token_a_).get(), request, &job);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("request_id: holds a NUL character"));
 }
 
 TEST_F(JobServiceTest, AdminTokenReadsEveryTenantsJobsButCreatesNone) {
