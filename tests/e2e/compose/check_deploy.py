@@ -28,10 +28,15 @@ SELECTORS = {
     "agent": "gradhub-agent", "trainer": "gradhub-trainer", "cli": "gradhub",
     "gradhub": "gradhub", "gradhub-api": "gradhub-api", "gradhub-checkpoint": "gradhub-checkpoint",
     "gradhub-metrics": "gradhub-metrics", "gradhub-agent": "gradhub-agent",
-    "gradhub-trainer": "gradhub-trainer", "node-token": "gradhub-api",
+    "gradhub-trainer": "gradhub-trainer", "node-token": "gradhub-api", "certs": "gradhub",
 }
-# Selectors that imply a command and take positional arguments (node-token FILE).
-IMPLIED = {"node-token": ("create-node-token", 1)}
+# Selectors that imply a command and take positional arguments (node-token FILE; certs DIR
+# CA_DIR). A command of two words ("cluster certs") has flags of its own: `gradhub cluster
+# certs --help` lists them.
+IMPLIED = {"node-token": ("create-node-token", 1), "certs": ("cluster certs", 2)}
+# Commands that call no server: their client flags' defaults (--server localhost:7070) name
+# nothing.
+OFFLINE_COMMANDS = {"cluster certs"}
 # Variables the entrypoint itself reads.
 ENTRYPOINT_VARS = {"GRADHUB_NODE_TOKEN_FILE"}
 # Where each server listens: flag -> kind. A value host:port or a bare port.
@@ -82,12 +87,14 @@ class Help:
 _help_cache = {}
 
 
-def binary_help(bin_dir, program):
-    if program not in _help_cache:
+def binary_help(bin_dir, program, command=()):
+    key = (program, tuple(command))
+    if key not in _help_cache:
         path = os.path.join(bin_dir, program)
-        out = subprocess.run([path, "--help"], capture_output=True, text=True, timeout=30)
-        _help_cache[program] = Help(out.stdout + out.stderr)
-    return _help_cache[program]
+        out = subprocess.run([path, *command, "--help"], capture_output=True, text=True,
+                             timeout=30)
+        _help_cache[key] = Help(out.stdout + out.stderr)
+    return _help_cache[key]
 
 
 def port_of(value):
@@ -129,8 +136,13 @@ class Program:
         args = [str(a) for a in argv[1:]]
         if selector in IMPLIED:
             self.command, positional = IMPLIED[selector]
-            if self.command not in self.help.commands:
+            words = self.command.split()
+            if words[0] not in self.help.commands:
                 errors.append(f"{where}: {self.program} has no command '{self.command}'")
+            elif len(words) > 1:
+                self.help = binary_help(bin_dir, self.program, words)
+                if not self.help.flags:
+                    errors.append(f"{where}: {self.program} has no command '{self.command}'")
             if len(args) < positional:
                 errors.append(f"{where}: {selector} takes {positional} argument(s)")
             args = args[positional:]
@@ -172,6 +184,10 @@ class Program:
             return self.env[var]
         return default
 
+    def serves_tls(self):
+        """Whether this server serves TLS only (--tls-cert, or its variable)."""
+        return self.program in LISTEN_FLAGS and bool(self.value("tls-cert"))
+
     def listens(self):
         """{port: kind} this program serves on."""
         ports = {}
@@ -186,7 +202,7 @@ class Program:
     def endpoints(self):
         """(flag, host, port, program, kind) of every flag naming another server."""
         out = []
-        if self.program is None:
+        if self.program is None or self.command in OFFLINE_COMMANDS:
             return out
         for flag, (target, kind) in ENDPOINT_FLAGS.items():
             if flag in self.help.flags:
@@ -258,7 +274,10 @@ def check_compose(root, bin_dir, path, override=None, base=None):
                               f"{sorted(listens[name]) or 'nothing'}")
         hc = svc.get("healthcheck") or {}
         test = " ".join(str(t) for t in (hc.get("test") or []))
-        for m in re.finditer(r"https?://(localhost|127\.0\.0\.1):(\d+)(/\S*)?", test):
+        for m in re.finditer(r"(https?)://(localhost|127\.0\.0\.1):(\d+)(/\S*)?", test):
+            if name in programs and programs[name].serves_tls() and m.group(1) != "https":
+                errors.append(f"{where}: health check over {m.group(1)}, but it serves TLS only")
+            m = re.match(r"https?://(localhost|127\.0\.0\.1):(\d+)(/\S*)?", m.group(0))
             p = int(m.group(2))
             if listens[name].get(p) != "http":
                 errors.append(f"{where}: health check on port {p}, not its HTTP port "
@@ -295,6 +314,18 @@ def check_compose(root, bin_dir, path, override=None, base=None):
             elif listens[host].get(port) != kind:
                 errors.append(f"{where}: --{flag}={host}:{port}, but {host}'s {kind} port is "
                               f"{[p for p, k in listens[host].items() if k == kind]}")
+        for flag in ("checkpoint-url", "metrics-url"):
+            m = re.match(r"(https?)://([^:/]+)", prog.value(flag) or "") if \
+                prog.program and flag in prog.help.flags else None
+            if m and m.group(2) in programs and programs[m.group(2)].serves_tls():
+                if m.group(1) != "https":
+                    errors.append(f"{where}: --{flag} is {m.group(1)}, but {m.group(2)} serves "
+                                  "TLS only")
+        for flag, host, port, target, kind in prog.endpoints():
+            if host in programs and programs[host].serves_tls() and "tls-ca" in prog.help.flags \
+                    and not prog.value("tls-ca"):
+                errors.append(f"{where}: --{flag} names {host}, which serves TLS only, and "
+                              "there is no --tls-ca")
         url = prog.env.get("GRADHUB_DATABASE_URL", "")
         m = re.search(r"@([^:/]+):(\d+)/", url)
         if m and (m.group(1) not in services or
@@ -405,6 +436,16 @@ def check_k8s(root, bin_dir, directory):
         by_kind.setdefault(kind, {})[name] = (where, o)
     secrets = {n: set((o.get("stringData") or {}).keys()) | set((o.get("data") or {}).keys())
                for n, (_, o) in by_kind.get("Secret", {}).items()}
+    # Secrets the files say how to make (`kubectl create secret generic NAME --from-file=F`,
+    # e.g. gradhub-tls, which holds private keys): their keys are the files' names.
+    for fname in files:
+        with open(os.path.join(directory, fname)) as f:
+            text = f.read()
+        for m in re.finditer(r"create secret generic (\S+)((?:\s*\\?\s*#?\s*--from-\S+)+)", text):
+            keys = {os.path.basename(v.split("=", 1)[1]) for v in re.findall(r"--from-file=\S+",
+                                                                          m.group(2))}
+            keys |= {v.split("=", 2)[1] for v in re.findall(r"--from-literal=\S+", m.group(2))}
+            secrets.setdefault(m.group(1), keys)
     configmaps = {n: set((o.get("data") or {}).keys())
                   for n, (_, o) in by_kind.get("ConfigMap", {}).items()}
     pods = {}  # workload name -> (labels, {port name/number: kind}, program)
@@ -425,6 +466,10 @@ def check_k8s(root, bin_dir, directory):
                 s = (v.get("secret") or {}).get("secretName")
                 if s and s not in secrets:
                     errors.append(f"{where}: volume {v.get('name')} uses Secret {s}, not defined")
+                for item in (v.get("secret") or {}).get("items") or []:
+                    if s in secrets and item.get("key") not in secrets[s]:
+                        errors.append(f"{where}: volume {v.get('name')} uses key "
+                                      f"{item.get('key')} of Secret {s}, not defined")
             if kind == "StatefulSet":
                 if spec.get("serviceName") not in by_kind.get("Service", {}):
                     errors.append(f"{where}: serviceName {spec.get('serviceName')} is no Service")
@@ -541,11 +586,17 @@ COMPOSE_MUTATIONS = [
     ("a command that does not exist", "      - serve\n", "      - serv\n"),
     ("a variable no program reads", "GRADHUB_DATA_ROOTS:", "GRADHUB_DATA_ROOT:"),
     ("a mounted path missing from the repo", "./dashboard/dashboards:", "./dashboard/dashboardz:"),
-    ("a health check on the wrong port", "http://localhost:9464/readyz",
-     "http://localhost:9465/readyz"),
+    ("a health check on the wrong port", "https://localhost:9464/readyz",
+     "https://localhost:9465/readyz"),
     ("depends_on a service that does not exist", "    depends_on:\n      postgres:",
      "    depends_on:\n      postgress:"),
     ("a program the image does not have", "      - metrics\n", "      - metric\n"),
+    ("a plaintext health check of a TLS server", '"https://localhost:8081/readyz"',
+     '"http://localhost:8081/readyz"'),
+    ("a plaintext URL of a TLS server", "--checkpoint-url=https://gradhub-checkpoint:8081",
+     "--checkpoint-url=http://gradhub-checkpoint:8081"),
+    ("an agent that does not trust the servers' CA", "      - --tls-ca=/etc/gradhub/tls/ca.pem\n",
+     "      - --tls-ca=\n"),
 ]
 K8S_MUTATIONS = [
     ("api.yaml", "a flag that does not exist", "--http-port=8080", "--http-prot=8080"),
@@ -558,6 +609,8 @@ K8S_MUTATIONS = [
      "app.kubernetes.io/name: gradhub-checkpointz\n  ports"),
     ("agent.yaml", "no GPU requested", "nvidia.com/gpu: 1", "example.com/gpu: 1"),
     ("api.yaml", "a Secret key that does not exist", "key: database-url", "key: database-uri"),
+    ("agent.yaml", "a key of the TLS Secret that does not exist", "{key: ca.pem, path: ca.pem}",
+     "{key: ca.crt, path: ca.pem}"),
 ]
 
 

@@ -8,10 +8,11 @@
 #   3. images: gradhub from the host's binaries (deploy/Dockerfile.prebuilt), PostgreSQL and
 #      Prometheus from Debian's packages (docker-compose.test.yml);
 #   4. `docker-compose up` of everything but Grafana and the GPU agent, waiting on health checks;
-#   5. from the host, through the published ports: a tenant, the digits example (or, without
-#      python3-sklearn's digits, the synthetic ResNet) submitted with build/bin/gradhub and
-#      watched to SUCCEEDED; its checkpoints listed (gRPC via the CLI, and REST); its telemetry
-#      at gradhub-metrics' /metrics and every gradhub target up in Prometheus;
+#   5. from the host, through the published ports, over TLS with the cluster CA copied out of
+#      the tls volume (a plaintext client must be refused): a tenant, the digits example (or,
+#      without python3-sklearn's digits, the synthetic ResNet) submitted with build/bin/gradhub
+#      and watched to SUCCEEDED; its checkpoints listed (gRPC via the CLI, and REST); its
+#      telemetry at gradhub-metrics' /metrics and every gradhub target up in Prometheus;
 #   6. `docker-compose down -v`, whatever happened.
 # Usage: tests/e2e/compose/run.sh [BUILD_DIR]   (KEEP_UP=1 leaves the topology up)
 set -euo pipefail
@@ -40,7 +41,7 @@ export GRADHUB_PROMETHEUS_PORT=${GRADHUB_PROMETHEUS_PORT:-29090}
 export GRADHUB_IMAGE=gradhub:local
 export GRADHUB_ADMIN_TOKEN="e2e-admin-$(od -An -N8 -tx8 /dev/urandom | tr -d ' ')"
 export POSTGRES_PASSWORD="e2e-$(od -An -N6 -tx8 /dev/urandom | tr -d ' ')"
-services=(postgres gradhub-api node-token gradhub-checkpoint gradhub-metrics agent-a agent-b prometheus)
+services=(certs postgres gradhub-api node-token gradhub-checkpoint gradhub-metrics agent-a agent-b prometheus)
 compose=(docker-compose -p "$project" -f "$src/docker-compose.yml" -f "$here/docker-compose.test.yml")
 
 # --- 1. the engine ------------------------------------------------------------------------
@@ -56,7 +57,8 @@ docker=/usr/bin/docker
 [ -x "$docker" ] || docker="$(command -v docker)"
 dockerd_pid=""
 workdir="$(mktemp -d /tmp/gradhub-compose-e2e.XXXXXX)"
-# The CLI talks to the compose topology only: no client config of a local cluster, no TLS.
+# The CLI talks to the compose topology only: no client config of a local cluster; its CA is
+# the topology's (step 5).
 export GRADHUB_CONFIG="$workdir/no-client-config"
 unset GRADHUB_TLS_CA GRADHUB_SERVER GRADHUB_CHECKPOINT_SERVER GRADHUB_TOKEN
 cleanup() {
@@ -117,8 +119,13 @@ compose_up=1
 "${compose[@]}" up -d --no-build "${services[@]}"
 "${compose[@]}" ps
 
+# The cluster CA, which every client of the topology trusts (the certs service made it).
+"${compose[@]}" exec -T gradhub-api cat /etc/gradhub/tls/ca.pem > "$workdir/ca.pem" ||
+  fail "no CA in the tls volume"
+grep -q "BEGIN CERTIFICATE" "$workdir/ca.pem" || fail "the tls volume's ca.pem is no certificate"
+curl=(curl --cacert "$workdir/ca.pem")
 cli=("$gradhub" --server "127.0.0.1:$GRADHUB_API_GRPC_PORT"
-     --checkpoint-server "127.0.0.1:$GRADHUB_CHECKPOINT_GRPC_PORT")
+     --checkpoint-server "127.0.0.1:$GRADHUB_CHECKPOINT_GRPC_PORT" --tls-ca "$workdir/ca.pem")
 log "waiting for both agents to register"
 for _ in $(seq 1 120); do
   ready="$("${cli[@]}" --token "$GRADHUB_ADMIN_TOKEN" nodes list 2>/dev/null | grep -c 'READY' || true)"
@@ -127,6 +134,18 @@ for _ in $(seq 1 120); do
 done
 "${cli[@]}" --token "$GRADHUB_ADMIN_TOKEN" nodes list || true
 [ "$ready" -ge 2 ] || fail "the agents did not register"
+log "TLS: a plaintext client is refused, gRPC and REST"
+set +e
+"$gradhub" --server "127.0.0.1:$GRADHUB_API_GRPC_PORT" --tls-ca= --token "$GRADHUB_ADMIN_TOKEN" \
+  nodes list >/dev/null 2>&1
+plain=$?
+set -e
+[ "$plain" = 6 ] || fail "a plaintext gRPC client exited $plain, not 6 (UNAVAILABLE)"
+if curl -fsS --max-time 10 "http://127.0.0.1:$GRADHUB_API_HTTP_PORT/healthz" >/dev/null 2>&1; then
+  fail "plaintext HTTP to the api's REST port was answered"
+fi
+"${curl[@]}" -fsS --max-time 10 "https://127.0.0.1:$GRADHUB_API_HTTP_PORT/healthz" >/dev/null ||
+  fail "https /healthz with the cluster CA"
 
 # --- 5. a job from the host -----------------------------------------------------------------
 token="$("${compose[@]}" exec -T gradhub-api gradhub-api create-tenant e2e | tail -n 1 | tr -d '\r')"
@@ -154,14 +173,14 @@ log "checkpoints (gradhub checkpoints list, gRPC at :$GRADHUB_CHECKPOINT_GRPC_PO
 checkpoints="$("${cli[@]}" --token "$token" checkpoints list "$job")"
 echo "$checkpoints"
 grep -q 'COMMITTED' <<<"$checkpoints" || fail "no committed checkpoint"
-rest="$(curl -fsS -H "Authorization: Bearer $token" \
-  "http://127.0.0.1:$GRADHUB_CHECKPOINT_HTTP_PORT/v1/jobs/$id/checkpoints")" ||
+rest="$("${curl[@]}" -fsS -H "Authorization: Bearer $token" \
+  "https://127.0.0.1:$GRADHUB_CHECKPOINT_HTTP_PORT/v1/jobs/$id/checkpoints")" ||
   fail "checkpoint REST list"
 echo "REST /v1/jobs/$id/checkpoints: ${rest:0:300}"
 grep -q '"step"' <<<"$rest" || fail "the REST checkpoint list is empty"
 
 log "metrics: gradhub-metrics /metrics at :$GRADHUB_METRICS_HTTP_PORT"
-scrape="$(curl -fsS "http://127.0.0.1:$GRADHUB_METRICS_HTTP_PORT/metrics")" || fail "gradhub-metrics /metrics"
+scrape="$("${curl[@]}" -fsS "https://127.0.0.1:$GRADHUB_METRICS_HTTP_PORT/metrics")" || fail "gradhub-metrics /metrics"
 series="$(grep "job_id=\"$id\"" <<<"$scrape" || true)"
 sed -n 1,8p <<<"$series"
 [ -n "$series" ] || fail "no series of job $id at gradhub-metrics"
