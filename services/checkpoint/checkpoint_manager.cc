@@ -15,6 +15,7 @@
 #include "services/common/job_records.h"
 #include "services/common/page_token.h"
 #include "services/common/status_macros.h"
+#include "services/common/text_rules.h"
 
 namespace gradhub::checkpoint {
 
@@ -29,14 +30,22 @@ absl::Status ValidateStart(const v1::StartUploadRequest& request) {
   if (request.attempt() < 1) absl::StrAppend(&problems, " attempt: must be at least 1;");
   if (request.step() < 0) absl::StrAppend(&problems, " step: must not be negative;");
   if (request.size_bytes() < 0) absl::StrAppend(&problems, " size_bytes: must not be negative;");
-  if (request.request_id().size() > kMaxRequestIdLength) {
-    absl::StrAppend(&problems, " request_id: at most ", kMaxRequestIdLength, " characters;");
+  if (const std::string problem = TextLimitProblem(request.request_id(), kMaxRequestIdLength);
+      !problem.empty()) {
+    absl::StrAppend(&problems, " request_id: ", problem, ";");
   }
   size_t metadata_bytes = 0;
-  for (const auto& [key, value] : request.metadata()) metadata_bytes += key.size() + value.size();
+  bool metadata_text_ok = true;  // stored as jsonb, which holds no NUL (text_rules.h)
+  for (const auto& [key, value] : request.metadata()) {
+    metadata_bytes += key.size() + value.size();
+    metadata_text_ok = metadata_text_ok && TextProblem(key).empty() && TextProblem(value).empty();
+  }
   if (request.metadata_size() > kMaxMetadataEntries || metadata_bytes > kMaxMetadataBytes) {
     absl::StrAppend(&problems, " metadata: at most ", kMaxMetadataEntries, " entries and ",
                     kMaxMetadataBytes, " bytes;");
+  }
+  if (!metadata_text_ok) {
+    absl::StrAppend(&problems, " metadata: a key or value holds a NUL character or is not UTF-8;");
   }
   if (problems.empty()) return absl::OkStatus();
   problems.pop_back();

@@ -10,6 +10,7 @@
 #include "services/common/db/error.h"
 #include "services/common/sha256.h"
 #include "services/common/status_macros.h"
+#include "services/common/text_rules.h"
 
 namespace gradhub::api {
 namespace {
@@ -118,8 +119,11 @@ absl::StatusOr<int64_t> Authenticator::CreateTenant(const std::string& name,
     return absl::InvalidArgumentError(
         absl::StrCat("name: '", name, "' must match [a-z][a-z0-9-]{0,62}"));
   }
-  if (request_id.size() > 64) {
-    return absl::InvalidArgumentError("request_id: at most 64 characters");
+  if (std::string problem = TextLimitProblem(request_id, 64); !problem.empty()) {
+    return absl::InvalidArgumentError("request_id: " + problem);
+  }
+  if (std::string problem = TextProblem(display_name); !problem.empty()) {
+    return absl::InvalidArgumentError("display_name: " + problem);
   }
   // A name taken by a call with the same request_id: that call's tenant (the no-op update makes
   // RETURNING give its row); taken otherwise: no row.

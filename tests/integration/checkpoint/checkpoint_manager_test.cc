@@ -248,6 +248,15 @@ TEST_F(CheckpointManagerTest, InvalidStartsNameTheField) {
   request.set_job("jobs/not-a-uuid");
   request.set_attempt(1);
   EXPECT_TRUE(absl::IsNotFound(manager_->StartUpload(Admin(), request).status()));
+  // Texts the database would refuse (jsonb holds no NUL) or cut are refused by name first.
+  request.set_job(JobName(job));
+  (*request.mutable_metadata())["format"] = std::string("a\0b", 3);
+  EXPECT_THAT(manager_->StartUpload(Admin(), request).status().message(),
+              HasSubstr("metadata: a key or value holds a NUL character"));
+  request.clear_metadata();
+  request.set_request_id(std::string(65, 'r'));
+  EXPECT_THAT(manager_->StartUpload(Admin(), request).status().message(),
+              HasSubstr("request_id: is 65 characters long; at most 64"));
 }
 
 TEST_F(CheckpointManagerTest, AStragglerOfAFailedAttemptCannotUploadOrCommit) {

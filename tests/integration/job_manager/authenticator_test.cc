@@ -96,5 +96,15 @@ TEST_F(AuthenticatorTest, TenantNamesAreCheckedAndUnique) {
   EXPECT_EQ(auth_->CreateTenantToken("nobody", "").status().code(), absl::StatusCode::kNotFound);
 }
 
+TEST_F(AuthenticatorTest, TenantTextsAreRefusedByNameNotCutOrSentToTheDatabase) {
+  EXPECT_THAT(auth_->CreateTenant("team-a", std::string("A\0B", 3)).status().message(),
+              HasSubstr("display_name: holds a NUL character"));
+  std::string id;
+  for (int i = 0; i < 64; ++i) id += "\xc3\xa9";  // 64 characters, 128 bytes
+  EXPECT_TRUE(auth_->CreateTenant("team-a", "", id).ok());
+  EXPECT_THAT(auth_->CreateTenant("team-b", "", id + "x").status().message(),
+              HasSubstr("request_id: is 65 characters long; at most 64"));
+}
+
 }  // namespace
 }  // namespace gradhub::api
