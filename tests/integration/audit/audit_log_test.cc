@@ -7,6 +7,7 @@
 #include <prometheus/text_serializer.h>
 
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "services/api/audit_reader.h"
@@ -136,6 +137,28 @@ TEST_F(AuditLogTest, RowsComeBackNewestFirstWithEveryField) {
   EXPECT_GT(newest.time().seconds(), 1700000000);
   EXPECT_EQ((*events)[1].event.tenant(), "tenants/a");
   EXPECT_EQ((*events)[1].event.resource(), "jobs/x");
+}
+
+TEST_F(AuditLogTest, ConcurrentAppendsAreAllWrittenAndABadRowFailsAlone) {
+  constexpr int kCallers = 40;
+  std::vector<absl::Status> statuses(kCallers);
+  std::vector<std::thread> callers;
+  for (int i = 0; i < kCallers; ++i) {
+    callers.emplace_back([&, i] {
+      // Caller 7's row breaks a CHECK (no actor): it alone must fail, whatever batch it joins.
+      statuses[i] = log_->Append({.actor = i == 7 ? "" : "admin",
+                                  .method = kCancel,
+                                  .resource = "nodes/n" + std::to_string(i),
+                                  .outcome = "OK",
+                                  .transport = "grpc"});
+    });
+  }
+  for (std::thread& caller : callers) caller.join();
+  for (int i = 0; i < kCallers; ++i) EXPECT_EQ(statuses[i].ok(), i != 7) << i << statuses[i];
+  std::vector<std::string> resources;
+  for (const v1::AuditEvent& event : All()) resources.push_back(event.resource());
+  EXPECT_EQ(resources.size(), static_cast<size_t>(kCallers - 1));
+  EXPECT_THAT(resources, ::testing::Not(::testing::Contains("nodes/n7")));
 }
 
 TEST_F(AuditLogTest, RowsAreInsertOnlyForEveryone) {
