@@ -1,13 +1,13 @@
 #include "services/api/audit_reader.h"
 
+#include <limits>
 #include <regex>
 #include <vector>
 
-#include "absl/strings/escaping.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "services/common/audit/audited_calls.h"
+#include "services/common/page_token.h"
 #include "services/common/sha256.h"
 #include "services/common/status_macros.h"
 
@@ -18,6 +18,8 @@ constexpr int32_t kDefaultPageSize = 100;
 constexpr int32_t kMaxPageSize = 1000;
 // Hex characters of the filter's SHA-256 a page token carries.
 constexpr size_t kFilterDigestChars = 16;
+// The list a page token names (page_token.h).
+constexpr char kPageTokenList[] = "auditEvents";
 
 // The filter's field for `key`, nullptr for a key the grammar does not have.
 std::optional<std::string>* FieldOf(audit::AuditFilter& filter, absl::string_view key) {
@@ -60,10 +62,6 @@ std::string FilterDigest(const audit::AuditFilter& filter) {
   return Sha256Hex(canonical).substr(0, kFilterDigestChars);
 }
 
-absl::Status BadPageToken(absl::string_view why) {
-  return absl::InvalidArgumentError(absl::StrCat("page_token: ", why));
-}
-
 }  // namespace
 
 absl::StatusOr<audit::AuditFilter> ParseAuditFilter(const std::string& filter) {
@@ -101,23 +99,19 @@ absl::StatusOr<int32_t> AuditPageSize(int32_t requested) {
 }
 
 std::string AuditPageToken(int64_t last_id, const audit::AuditFilter& filter) {
-  return absl::WebSafeBase64Escape(absl::StrCat(last_id, ".", FilterDigest(filter)));
+  const std::string id = absl::StrCat(last_id);
+  return MakePageToken(kPageTokenList, {id, FilterDigest(filter)});
 }
 
 absl::StatusOr<int64_t> AuditPageTokenBefore(const std::string& token,
                                              const audit::AuditFilter& filter) {
-  std::string text;
-  if (!absl::WebSafeBase64Unescape(token, &text)) {
-    return BadPageToken("not a token this server returned");
-  }
-  const std::vector<std::string> parts = absl::StrSplit(text, absl::MaxSplits('.', 1));
-  int64_t id = 0;
-  if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &id) || id <= 0 ||
-      parts[1].size() != kFilterDigestChars) {
-    return BadPageToken("not a token this server returned");
-  }
+  GRADHUB_ASSIGN_OR_RETURN(const std::vector<std::string> parts,
+                           ReadPageToken(token, kPageTokenList, 2));
+  GRADHUB_ASSIGN_OR_RETURN(const int64_t id,
+                           PageTokenInt(parts[0], 1, std::numeric_limits<int64_t>::max()));
   if (parts[1] != FilterDigest(filter)) {
-    return BadPageToken("returned for another filter; list again without it");
+    return absl::InvalidArgumentError(
+        "page_token: returned for another filter; list again without it");
   }
   return id;
 }

@@ -33,9 +33,9 @@ absl::StatusOr<audit::AuditFilter> ParseAuditFilter(const std::string& filter);
 // 1 to 1000; 0 = 100. INVALID_ARGUMENT naming page_size otherwise.
 absl::StatusOr<int32_t> AuditPageSize(int32_t requested);
 
-// An opaque page token: the last event's id and a digest of the filter it was listed with, so
-// that a token is refused with another filter (or another tenant's scope) rather than
-// continuing a listing it did not start.
+// An opaque page token (page_token.h): the last event's id and a digest of the filter it was
+// listed with, so that a token is refused with another filter (or another tenant's scope)
+// rather than continuing a listing it did not start.
 std::string AuditPageToken(int64_t last_id, const audit::AuditFilter& filter);
 // The id a token continues before; INVALID_ARGUMENT naming page_token for one this server did
 // not make for `filter`.
