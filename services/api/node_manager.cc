@@ -3,6 +3,7 @@
 #include <google/protobuf/util/json_util.h>
 #include <google/protobuf/util/time_util.h>
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <regex>
@@ -156,6 +157,10 @@ absl::Status RecordRank(db::Transaction& tx, int64_t node_id, const v1::RankStat
   if (state == nullptr || job_id.empty()) return absl::OkStatus();
   const int64_t step_us =
       status.has_last_step_time() ? TimeUtil::TimestampToMicroseconds(status.last_step_time()) : 0;
+  // The message is the rank's last stderr lines, a tenant's bytes: PostgreSQL text holds no
+  // NUL, and a parameter holding one fails the whole heartbeat (db/error.h).
+  std::string message = status.message();
+  message.erase(std::remove(message.begin(), message.end(), '\0'), message.end());
   const std::string sql = absl::StrCat(
       "UPDATE rank_assignments a SET"
       " state = CASE"
@@ -175,7 +180,7 @@ absl::Status RecordRank(db::Transaction& tx, int64_t node_id, const v1::RankStat
   return tx
       .Exec(sql,
             {job_id, status.attempt(), status.rank(), node_id, std::string(state), status.pid(),
-             status.last_step(), step_us, status.exit_code(), status.signal(), status.message()})
+             status.last_step(), step_us, status.exit_code(), status.signal(), message})
       .status();
 }
 

@@ -288,6 +288,29 @@ TEST_F(SchedulerTest, GangPlacesAcrossNodesRunsAndSucceeds) {
   EXPECT_EQ(nodes_->GetNode("nodes/a")->slots_in_use(), 0);
 }
 
+// A rank's message is its last stderr lines, a tenant's bytes. A NUL in them must neither fail
+// the node's heartbeat (the database refuses a parameter holding one) nor cut the message.
+TEST_F(SchedulerTest, ARankMessageHoldingANulNeitherFailsTheHeartbeatNorIsCut) {
+  Agent a = Register("a", 1);
+  v1::Job job = Submit(1, 0);
+  Pass();
+  auto on_a = Beat(a, {});
+  ASSERT_EQ(on_a.size(), 1u);
+  v1::RankStatus failed = Status(on_a[0], v1::RankStatus::FAILED, 3);
+  failed.set_message(std::string("Trace\0back: boom", 16));
+  Beat(a, {failed});
+  Pass();
+  auto events = jobs_->ListJobEvents(tenant_, testing::EventsOf(job.name()));
+  ASSERT_TRUE(events.ok()) << events.status();
+  bool found = false;
+  for (const auto& e : events->events()) {
+    if (e.type() != v1::JobEvent::RANK_FAILED) continue;
+    found = true;
+    EXPECT_THAT(e.message(), HasSubstr("Traceback: boom"));
+  }
+  EXPECT_TRUE(found);
+}
+
 TEST_F(SchedulerTest, KilledRankStopsTheOthersAndTheNextAttemptWaitsForThem) {
   Agent a = Register("a", 2), b = Register("b", 2);
   v1::Job job = Submit(4);
