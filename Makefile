@@ -15,7 +15,8 @@ PACKAGES := \
   libtorch-dev libopenblas0-pthread libgloo-dev \
   prometheus-cpp-dev libcpp-httplib-dev libssl-dev openssl libisal-dev libyaml-cpp-dev nlohmann-json3-dev zlib1g-dev \
   libgtest-dev libgmock-dev googletest prometheus \
-  python3-torch python3-sklearn python3-dev pybind11-dev python3-pytest clang-format
+  python3-torch python3-sklearn python3-dev pybind11-dev python3-pytest clang-format \
+  clang libclang-rt-14-dev
 
 .PHONY: setup build demo test bench fmt fmt-check clean compose-test fuzz
 
@@ -73,10 +74,12 @@ compose-test: build
 # $(FUZZ_DIR), then each target for FUZZ_RUNS executions on a scratch copy of its corpus (the
 # tree's corpus is never written; libFuzzer's exit skips atexit, so a target's scratch files go
 # to TMPDIR inside that copy). Prints executions and crashes per target; a crash's input
-# lands in $(FUZZ_DIR)/artifacts/<target>/ and fails the run.
+# lands in $(FUZZ_DIR)/artifacts/<target>/ and fails the run. FUZZ_FLAGS go to every target
+# (libFuzzer's flags, e.g. -max_total_time=20: ctest fuzz_smoke, tests/fuzz/smoke.sh).
 FUZZ_DIR ?= build-fuzz
 FUZZ_RUNS ?= 1000000
-FUZZ_TARGETS := progress_record job_spec code_archive
+FUZZ_FLAGS ?=
+FUZZ_TARGETS := progress_record job_spec code_archive rest_request csv_dataset checkpoint_state
 fuzz:
 	CC=clang CXX=clang++ cmake -S . -B $(FUZZ_DIR) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 	  -DGRADHUB_FUZZ=ON -DGRADHUB_BUILD_TESTS=ON
@@ -86,7 +89,7 @@ fuzz:
 	  art=$(FUZZ_DIR)/artifacts/$$t && rm -rf $$art && mkdir -p $$art && \
 	  log=$(FUZZ_DIR)/fuzz-$$t.log; \
 	  TMPDIR=$$work/tmp $(FUZZ_DIR)/tests/$${t}_fuzz -runs=$(FUZZ_RUNS) -artifact_prefix=$$art/ \
-	    $$work/corpus >$$log 2>&1; \
+	    $(FUZZ_FLAGS) $$work/corpus >$$log 2>&1; \
 	  rc=$$?; rm -rf $$work; \
 	  execs=$$(grep -oE '^(Done [0-9]+|#[0-9]+)' $$log | tail -1 | grep -oE '[0-9]+'); \
 	  crashes=$$(ls $$art | wc -l); \

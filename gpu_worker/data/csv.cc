@@ -1,5 +1,6 @@
 #include <ATen/ATen.h>
 
+#include <cfloat>
 #include <cmath>
 #include <cstdlib>
 #include <string_view>
@@ -38,6 +39,10 @@ bool ParseNumber(std::string_view field, double* value) {
   *value = std::strtod(text.c_str(), &end);
   return end == text.c_str() + text.size() && std::isfinite(*value);
 }
+
+// The most classes a CSV's labels may make: the model's output layer has one unit per class, so
+// a label of 10^12 would ask for a layer no node can hold.
+constexpr int64_t kMaxClasses = int64_t{1} << 20;
 
 // A line of the file with its 1-based number.
 using NumberedLine = std::pair<int64_t, std::string_view>;
@@ -122,11 +127,16 @@ CsvTable ParseRows(const std::vector<NumberedLine>& rows, const std::string& pat
     }
     for (int64_t c = 0; c < columns; ++c) {
       double value;
+      // The field's text is not echoed: messages reach the job's owner, the file may not be
+      // theirs.
+      auto column = [&] { return where + ": column " + std::to_string(c + 1); };
       if (!ParseNumber(fields[c], &value)) {
-        // The field's text is not echoed: messages reach the job's owner, the file may not
-        // be theirs.
-        throw UserError("", where + ": column " + std::to_string(c + 1) + " (" +
-                                std::to_string(fields[c].size()) + " bytes) is not a number");
+        throw UserError(
+            "", column() + " (" + std::to_string(fields[c].size()) + " bytes) is not a number");
+      }
+      // Features and regression targets train as float32: a larger number would be inf.
+      if (std::fabs(value) > FLT_MAX) {
+        throw UserError("", column() + " is outside float32's range (magnitude above 3.4e38)");
       }
       if (c == label) {
         table.labels.push_back(value);
@@ -153,6 +163,12 @@ std::unique_ptr<TensorDataset> ToDataset(const v1::CsvDataset& spec, CsvTable ta
     throw UserError("dataset.csv.task", "CLASSIFICATION needs non-negative integer labels; " +
                                             spec.path() + " has others in column " +
                                             std::to_string(label + 1));
+  }
+  if (classification && max_label >= static_cast<double>(kMaxClasses)) {
+    throw UserError("dataset.csv.task",
+                    "classification takes labels below " + std::to_string(kMaxClasses) +
+                        " (one output per class); " + spec.path() + " has a larger one in column " +
+                        std::to_string(label + 1) + " (task: REGRESSION if they are values)");
   }
   const int64_t rows = static_cast<int64_t>(table.labels.size());
   DataShape shape;

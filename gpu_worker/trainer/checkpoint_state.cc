@@ -5,7 +5,9 @@
 
 #include <sstream>
 
+#include "gpu_worker/common/data_shape.h"
 #include "gpu_worker/ddp/comm_hook.h"
+#include "gpu_worker/trainer/checkpoint_archive.h"
 #include "services/common/contract/user_error.h"
 
 namespace gradhub::trainer {
@@ -76,6 +78,96 @@ void ReadLossScaler(torch::serialize::InputArchive& archive, ddp::LossScaler::St
   state.skipped_steps = skipped_steps.item<int64_t>();
 }
 
+// What a tensor must keep through a load. torch's loaders replace a parameter's data with the
+// archive's tensor (Tensor::set_), so an archive could give it another shape, type or device,
+// and the step after would fail far from the cause, or (a shape that still broadcasts) train
+// something else. A load is checked against the layout taken before it.
+struct Layout {
+  std::string name;
+  std::vector<int64_t> sizes;
+  caffe2::TypeMeta dtype;
+  c10::Device device = c10::kCPU;
+};
+
+Layout LayoutOf(std::string name, const at::Tensor& t) {
+  return {std::move(name), t.sizes().vec(), t.dtype(), t.device()};
+}
+
+std::string Describe(const std::vector<int64_t>& sizes, caffe2::TypeMeta dtype,
+                     const c10::Device& device) {
+  return ShapeString(sizes) + " " + std::string(dtype.name()) + " on " + device.str();
+}
+
+void RequireLayout(const Layout& want, const at::Tensor& got) {
+  if (got.defined() && got.sizes() == want.sizes && got.dtype() == want.dtype &&
+      got.device() == want.device) {
+    return;
+  }
+  throw UserError("checkpoint",
+                  want.name + " is " +
+                      (got.defined() ? Describe(got.sizes().vec(), got.dtype(), got.device())
+                                     : std::string("missing")) +
+                      " in the checkpoint; the model's is " +
+                      Describe(want.sizes, want.dtype, want.device));
+}
+
+// The module's parameters and buffers, by name.
+std::vector<Layout> ModuleLayout(torch::nn::Module& module) {
+  std::vector<Layout> layout;
+  for (const auto& item : module.named_parameters())
+    layout.push_back(LayoutOf(item.key(), item.value()));
+  for (const auto& item : module.named_buffers())
+    layout.push_back(LayoutOf(item.key(), item.value()));
+  return layout;
+}
+
+void RequireModuleLayout(const std::vector<Layout>& before, torch::nn::Module& module) {
+  const std::vector<Layout> after = ModuleLayout(module);
+  if (after.size() != before.size()) throw UserError("checkpoint", "the model's tensors changed");
+  size_t i = 0;
+  for (const auto& item : module.named_parameters()) RequireLayout(before[i++], item.value());
+  for (const auto& item : module.named_buffers()) RequireLayout(before[i++], item.value());
+}
+
+// The tensors of one parameter's optimizer state, for the optimizers the trainer makes
+// (optimization.cc); each has its parameter's layout.
+std::vector<at::Tensor> StateTensors(const torch::optim::OptimizerParamState& state) {
+  if (auto* sgd = dynamic_cast<const torch::optim::SGDParamState*>(&state)) {
+    return {sgd->momentum_buffer()};
+  }
+  if (auto* adam = dynamic_cast<const torch::optim::AdamParamState*>(&state)) {
+    return {adam->exp_avg(), adam->exp_avg_sq(), adam->max_exp_avg_sq()};
+  }
+  if (auto* adamw = dynamic_cast<const torch::optim::AdamWParamState*>(&state)) {
+    return {adamw->exp_avg(), adamw->exp_avg_sq(), adamw->max_exp_avg_sq()};
+  }
+  return {};
+}
+
+void RequireOptimizerLayout(torch::optim::Optimizer& optimizer) {
+  for (const torch::optim::OptimizerParamGroup& group : optimizer.param_groups()) {
+    for (const at::Tensor& param : group.params()) {
+      const auto state = optimizer.state().find(c10::guts::to_string(param.unsafeGetTensorImpl()));
+      if (state == optimizer.state().end()) continue;
+      for (const at::Tensor& t : StateTensors(*state->second)) {
+        if (t.defined()) RequireLayout(LayoutOf("the optimizer's state", param), t);
+      }
+    }
+  }
+}
+
+// Loads `archive` into `module` and checks it kept its layout.
+void LoadModule(torch::serialize::InputArchive& archive, torch::nn::Module& module) {
+  const std::vector<Layout> before = ModuleLayout(module);
+  module.load(archive);
+  RequireModuleLayout(before, module);
+}
+
+void LoadOptimizer(torch::serialize::InputArchive& archive, torch::optim::Optimizer& optimizer) {
+  optimizer.load(archive);
+  RequireOptimizerLayout(optimizer);
+}
+
 }  // namespace
 
 v1::JobSpec ResumeRelevantSpec(const v1::JobSpec& spec) {
@@ -121,18 +213,19 @@ std::string SerializeRankState(const RankStateParts& parts) {
 
 void RestoreRankState(const std::string& bytes, const RankStateParts& parts,
                       const c10::Device& device) {
+  CheckCheckpointArchive(bytes);
   torch::serialize::InputArchive archive;
   std::istringstream in(bytes);
   archive.load_from(in, device);
   if (parts.module) {
     torch::serialize::InputArchive part;
     archive.read(kModel, part);
-    parts.module->load(part);
+    LoadModule(part, *parts.module);
   }
   if (parts.optimizer) {
     torch::serialize::InputArchive part;
     archive.read(kOptimizer, part);
-    parts.optimizer->load(part);
+    LoadOptimizer(part, *parts.optimizer);
   }
   if (parts.comm_hook) {
     torch::serialize::InputArchive part;
@@ -174,6 +267,7 @@ std::string SerializeState(torch::nn::Module& module, const SharedUpdateState& u
 int64_t RestoreState(const std::string& bytes, torch::nn::Module& module,
                      const SharedUpdateState& update, const v1::JobSpec& spec, int rank,
                      std::string* rank_state, const c10::Device& device) {
+  CheckCheckpointArchive(bytes);
   torch::serialize::InputArchive archive, model_archive, optimizer_archive;
   std::istringstream in(bytes);
   // Read straight onto the module's device: a tensor read onto another device would replace
@@ -194,10 +288,10 @@ int64_t RestoreState(const std::string& bytes, torch::nn::Module& module,
     }
   }
   archive.read(kModel, model_archive);
-  module.load(model_archive);
+  LoadModule(model_archive, module);
   if (update.optimizer) {
     archive.read(kOptimizer, optimizer_archive);
-    update.optimizer->load(optimizer_archive);
+    LoadOptimizer(optimizer_archive, *update.optimizer);
   }
   if (rank_state) {
     c10::IValue saved;

@@ -40,7 +40,9 @@ struct RankStateParts {
   bool empty() const { return !module && !optimizer && !comm_hook; }
 };
 std::string SerializeRankState(const RankStateParts& parts);
-// Tensors are read onto `device` (map_location), whatever device they were saved from.
+// Tensors are read onto `device` (map_location), whatever device they were saved from. Like
+// RestoreState, throws UserError ("checkpoint") for bytes that are not an archive gradhub
+// writes (checkpoint_archive.h), before torch reads them.
 void RestoreRankState(const std::string& bytes, const RankStateParts& parts,
                       const c10::Device& device = c10::kCPU);
 
@@ -76,8 +78,10 @@ std::string SerializeState(torch::nn::Module& module, const SharedUpdateState& u
 // module's: torch's map_location), and returns its step; with `rank_state`, sets it to rank
 // `rank`'s saved rank state (empty when the checkpoint has none). A loss scaler is left as it
 // is (its initial state) when the checkpoint has none (one from before FP16). Throws
-// UserError ("spec") naming the changed fields when the checkpoint was written under a spec
-// whose ResumeRelevantSpec differs.
+// UserError ("checkpoint") for bytes that are not an archive gradhub writes, checked before
+// torch reads them (checkpoint_archive.h), or that would give a parameter, buffer or optimizer
+// state another shape, type or device than the model's; and UserError ("spec") naming the changed
+// fields when the checkpoint was written under a spec whose ResumeRelevantSpec differs.
 int64_t RestoreState(const std::string& bytes, torch::nn::Module& module,
                      const SharedUpdateState& update, const v1::JobSpec& spec_with_defaults,
                      int rank = 0, std::string* rank_state = nullptr,

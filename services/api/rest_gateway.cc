@@ -8,13 +8,11 @@
 #include <optional>
 #include <type_traits>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "services/api/rest_request.h"
 #include "services/common/audit/http_audit.h"
-#include "services/common/contract/proto_json.h"
 #include "services/common/http_errors.h"
 #include "services/common/status_macros.h"
-#include "services/common/text_rules.h"
 
 namespace gradhub::api {
 namespace {
@@ -57,76 +55,6 @@ void Send(httplib::Response& response, const absl::StatusOr<T>& result) {
   response.set_content(ToJson(*result) + "\n", "application/json");
 }
 
-// An empty body is the empty message; otherwise proto3 JSON as ParseProtoJson reads it:
-// strict, shaped as the message, unknown fields refused, values the proto means.
-absl::Status ParseBody(const httplib::Request& request, Message* message) {
-  if (request.body.empty()) return absl::OkStatus();
-  const absl::Status parsed = ParseProtoJson(request.body, message);
-  if (!parsed.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("request body: ", parsed.message()));
-  }
-  return absl::OkStatus();
-}
-
-// An integer query parameter, left unchanged when absent; INVALID_ARGUMENT naming it.
-template <typename Int>
-absl::Status IntParam(const httplib::Request& request, const char* name, Int* value) {
-  if (!request.has_param(name)) return absl::OkStatus();
-  if (!absl::SimpleAtoi(request.get_param_value(name), value)) {
-    return absl::InvalidArgumentError(absl::StrCat(name, ": not an integer"));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status BoolParam(const httplib::Request& request, const char* name, bool* value) {
-  if (!request.has_param(name)) return absl::OkStatus();
-  const std::string text = request.get_param_value(name);
-  if (text == "true" || text == "1") {
-    *value = true;
-  } else if (text == "false" || text == "0") {
-    *value = false;
-  } else {
-    return absl::InvalidArgumentError(absl::StrCat(name, ": expected true or false"));
-  }
-  return absl::OkStatus();
-}
-
-// pageSize and pageToken into any List*Request; INVALID_ARGUMENT naming a bad one.
-template <typename ListRequest>
-absl::Status ParsePageParams(const httplib::Request& request, ListRequest* list) {
-  int32_t page_size = 0;
-  GRADHUB_RETURN_IF_ERROR(IntParam(request, "pageSize", &page_size));
-  list->set_page_size(page_size);
-  list->set_page_token(request.get_param_value("pageToken"));
-  return absl::OkStatus();
-}
-
-// The page and the filter, for the List*Requests that have one.
-template <typename ListRequest>
-absl::Status ParseListParams(const httplib::Request& request, ListRequest* list) {
-  GRADHUB_RETURN_IF_ERROR(ParsePageParams(request, list));
-  list->set_filter(request.get_param_value("filter"));
-  return absl::OkStatus();
-}
-
-std::string JobName(const httplib::Request& request) { return "jobs/" + request.matches[1].str(); }
-std::string NodeName(const httplib::Request& request) {
-  return "nodes/" + request.matches[1].str();
-}
-std::string TenantName(const httplib::Request& request) {
-  return "tenants/" + request.matches[1].str();
-}
-
-// The message of a POST whose body is the request and whose path names the resource: the body
-// parsed (unknown fields refused), then the name from the path, which wins over the body's.
-template <typename Request>
-absl::StatusOr<Request> BodyNamed(const httplib::Request& request, const std::string& name) {
-  Request message;
-  GRADHUB_RETURN_IF_ERROR(ParseBody(request, &message));
-  message.set_name(name);
-  return message;
-}
-
 // A JobManager stream (WatchJob, StreamLogs) taking `send(message)` and `stop()`.
 using Stream = std::function<absl::Status(const std::function<bool(const Message&)>& send,
                                           const std::function<bool()>& stop)>;
@@ -140,17 +68,6 @@ std::optional<int64_t> CallerTenant(const Authenticator& auth, const httplib::Re
     return std::nullopt;
   }
   return *id;
-}
-
-// Every query parameter and path segment is text a handler may store or match (a request id,
-// a filter, a page token, a name): NUL and invalid UTF-8 are refused naming it (text_rules.h)
-// before any handler reads them. A body's strings are ParseBody's.
-absl::Status CheckRequestText(const httplib::Request& request) {
-  std::vector<NamedText> texts(request.params.begin(), request.params.end());
-  for (size_t i = 1; i < request.matches.size(); ++i) {
-    texts.emplace_back("name", request.matches[i].str());
-  }
-  return CheckTexts(texts);
 }
 
 // Labels the request with its rpc's name for the metrics, then handles it.
@@ -245,25 +162,6 @@ void StreamLines(httplib::Response& response, const std::atomic<bool>& stopping,
       });
 }
 
-// GetJobLogs' query: attempt, rank, afterSeq, follow; INVALID_ARGUMENT naming a bad one.
-absl::StatusOr<v1::GetJobLogsRequest> ParseLogsRequest(const httplib::Request& request) {
-  v1::GetJobLogsRequest logs;
-  logs.set_name(JobName(request));
-  int32_t attempt = 0, rank = -1;
-  int64_t after_seq = 0;
-  bool follow = false;
-  for (absl::Status parsed :
-       {IntParam(request, "attempt", &attempt), IntParam(request, "rank", &rank),
-        IntParam(request, "afterSeq", &after_seq), BoolParam(request, "follow", &follow)}) {
-    if (!parsed.ok()) return parsed;
-  }
-  logs.set_attempt(attempt);
-  if (request.has_param("rank")) logs.set_rank(rank);
-  logs.set_after_seq(after_seq);
-  logs.set_follow(follow);
-  return logs;
-}
-
 }  // namespace
 
 RestGateway::RestGateway(RestBackends backends, RestGatewayOptions options)
@@ -355,25 +253,26 @@ void RestGateway::RouteJobs() {
   const Authenticator& auth = *backends_.auth;
   JobManager* jobs = backends_.jobs;
   using Request = httplib::Request;
-  Post(*server_, "/v1/jobs",
+  Post(*server_, rest_paths::kJobs,
        JobRpc("JobService.CreateJob", auth, JobAccess::kCreate,
               [jobs](const Request& request, int64_t id) -> absl::StatusOr<v1::Job> {
                 v1::JobSpec spec;
                 GRADHUB_RETURN_IF_ERROR(ParseBody(request, &spec));
                 return jobs->CreateJob(id, spec, request.get_param_value("requestId"));
               }));
-  server_->Get("/v1/jobs", JobRpc("JobService.ListJobs", auth, JobAccess::kReadOrCancel,
-                                  [jobs](const Request& request,
-                                         int64_t id) -> absl::StatusOr<v1::ListJobsResponse> {
-                                    v1::ListJobsRequest list;
-                                    GRADHUB_RETURN_IF_ERROR(ParseListParams(request, &list));
-                                    return jobs->ListJobs(id, list);
-                                  }));
-  server_->Get(R"(/v1/jobs/([^/:]+))", JobRpc("JobService.GetJob", auth, JobAccess::kReadOrCancel,
-                                              [jobs](const Request& request, int64_t id) {
-                                                return jobs->GetJob(id, JobName(request));
-                                              }));
-  Post(*server_, R"(/v1/jobs/([^/:]+):cancel)",
+  server_->Get(
+      rest_paths::kJobs,
+      JobRpc("JobService.ListJobs", auth, JobAccess::kReadOrCancel,
+             [jobs](const Request& request, int64_t id) -> absl::StatusOr<v1::ListJobsResponse> {
+               v1::ListJobsRequest list;
+               GRADHUB_RETURN_IF_ERROR(ParseListParams(request, &list));
+               return jobs->ListJobs(id, list);
+             }));
+  server_->Get(rest_paths::kJob, JobRpc("JobService.GetJob", auth, JobAccess::kReadOrCancel,
+                                        [jobs](const Request& request, int64_t id) {
+                                          return jobs->GetJob(id, JobName(request));
+                                        }));
+  Post(*server_, rest_paths::kJobCancel,
        JobRpc("JobService.CancelJob", auth, JobAccess::kReadOrCancel,
               [jobs](const Request& request, int64_t id) -> absl::StatusOr<v1::Job> {
                 v1::CancelJobRequest cancel;
@@ -387,7 +286,7 @@ void RestGateway::RouteJobHistory() {
   const Authenticator& auth = *backends_.auth;
   JobManager* jobs = backends_.jobs;
   using Request = httplib::Request;
-  server_->Get(R"(/v1/jobs/([^/:]+)/events)",
+  server_->Get(rest_paths::kJobEvents,
                JobRpc("JobService.ListJobEvents", auth, JobAccess::kReadOrCancel,
                       [jobs](const Request& request,
                              int64_t id) -> absl::StatusOr<v1::ListJobEventsResponse> {
@@ -396,7 +295,7 @@ void RestGateway::RouteJobHistory() {
                         GRADHUB_RETURN_IF_ERROR(ParseListParams(request, &list));
                         return jobs->ListJobEvents(id, list);
                       }));
-  server_->Get(R"(/v1/jobs/([^/:]+)/metrics)",
+  server_->Get(rest_paths::kJobMetrics,
                JobRpc("JobService.GetJobMetrics", auth, JobAccess::kReadOrCancel,
                       [jobs](const Request& request, int64_t id) -> absl::StatusOr<v1::JobMetrics> {
                         v1::GetJobMetricsRequest metrics;
@@ -411,7 +310,7 @@ void RestGateway::RouteJobHistory() {
 void RestGateway::RouteJobStreams() {
   const Authenticator& auth = *backends_.auth;
   JobManager* jobs = backends_.jobs;
-  server_->Get(R"(/v1/jobs/([^/:]+):watch)",
+  server_->Get(rest_paths::kJobWatch,
                Rpc("JobService.WatchJob", [this, jobs, &auth](const httplib::Request& request,
                                                               httplib::Response& response) {
                  auto id = CallerTenant(auth, request, response, JobAccess::kReadOrCancel);
@@ -427,7 +326,7 @@ void RestGateway::RouteJobStreams() {
                              });
                }));
   server_->Get(
-      R"(/v1/jobs/([^/:]+)/logs)",
+      rest_paths::kJobLogs,
       Rpc("JobService.GetJobLogs",
           [this, jobs, &auth](const httplib::Request& request, httplib::Response& response) {
             auto id = CallerTenant(auth, request, response, JobAccess::kReadOrCancel);
@@ -448,25 +347,25 @@ void RestGateway::RouteNodes() {
   const Authenticator& auth = *backends_.auth;
   NodeManager* nodes = backends_.nodes;
   using Request = httplib::Request;
-  server_->Get("/v1/nodes",
+  server_->Get(rest_paths::kNodes,
                AdminRpc("NodeService.ListNodes", auth,
                         [nodes](const Request& request) -> absl::StatusOr<v1::ListNodesResponse> {
                           v1::ListNodesRequest list;
                           GRADHUB_RETURN_IF_ERROR(ParseListParams(request, &list));
                           return nodes->ListNodes(list);
                         }));
-  server_->Get(R"(/v1/nodes/([^/:]+))",
+  server_->Get(rest_paths::kNode,
                AdminRpc("NodeService.GetNode", auth, [nodes](const Request& request) {
                  return nodes->GetNode(NodeName(request));
                }));
-  Post(*server_, R"(/v1/nodes/([^/:]+):cordon)",
+  Post(*server_, rest_paths::kNodeCordon,
        AdminRpc("NodeService.CordonNode", auth,
                 [nodes](const Request& request) -> absl::StatusOr<v1::Node> {
                   GRADHUB_ASSIGN_OR_RETURN(const auto cordon, BodyNamed<v1::CordonNodeRequest>(
                                                                   request, NodeName(request)));
                   return nodes->CordonNode(cordon.name(), cordon.cordon());
                 }));
-  Post(*server_, R"(/v1/nodes/([^/:]+):drain)",
+  Post(*server_, rest_paths::kNodeDrain,
        AdminRpc("NodeService.DrainNode", auth,
                 [this, nodes](const Request& request) -> absl::StatusOr<v1::Node> {
                   GRADHUB_ASSIGN_OR_RETURN(const auto drain, BodyNamed<v1::DrainNodeRequest>(
@@ -481,7 +380,7 @@ void RestGateway::RouteTenants() {
   const Authenticator& auth = *backends_.auth;
   TenantManager* tenants = backends_.tenants;
   using Request = httplib::Request;
-  Post(*server_, "/v1/tenants",
+  Post(*server_, rest_paths::kTenants,
        AdminRpc("AdminService.CreateTenant", auth,
                 [tenants](const Request& request) -> absl::StatusOr<v1::Tenant> {
                   v1::CreateTenantRequest create;
@@ -491,14 +390,14 @@ void RestGateway::RouteTenants() {
                   return tenants->CreateTenant(create);
                 }));
   server_->Get(
-      "/v1/tenants",
+      rest_paths::kTenants,
       AdminRpc("AdminService.ListTenants", auth,
                [tenants](const Request& request) -> absl::StatusOr<v1::ListTenantsResponse> {
                  v1::ListTenantsRequest list;
                  GRADHUB_RETURN_IF_ERROR(ParsePageParams(request, &list));
                  return tenants->ListTenants(list);
                }));
-  Post(*server_, R"(/v1/tenants/([^/:]+)/tokens)",
+  Post(*server_, rest_paths::kTenantTokens,
        AdminRpc("AdminService.CreateToken", auth,
                 [tenants](const Request& request) -> absl::StatusOr<v1::CreateTokenResponse> {
                   v1::CreateTokenRequest create;
@@ -506,7 +405,7 @@ void RestGateway::RouteTenants() {
                   create.set_parent(TenantName(request));
                   return tenants->CreateToken(create);
                 }));
-  Post(*server_, R"(/v1/tenants/([^/:]+)/tokens/([^/:]+):revoke)",
+  Post(*server_, rest_paths::kTokenRevoke,
        AdminRpc("AdminService.RevokeToken", auth,
                 [tenants](const Request& request) -> absl::StatusOr<v1::Token> {
                   GRADHUB_ASSIGN_OR_RETURN(

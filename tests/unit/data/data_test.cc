@@ -164,6 +164,39 @@ TEST_F(DataFileTest, BadCsvNamesThePathAndLine) {
   EXPECT_THROW(LoadDataset(Csv((dir_ / "missing.csv").string()), 1, 0), UserError);
 }
 
+// Found by the csv_dataset fuzz target (tests/fuzz/corpus/csv_dataset/ keeps both inputs): a
+// label of 1e36 made a class count out of int64's range (undefined behaviour), and a number
+// past float32's range became inf in the inputs.
+TEST_F(DataFileTest, LabelsPastTheClassLimitAreRefusedNamingTheTask) {
+  const std::string path = Write("big.csv", "1,2,1e36\n8,4,0\n");
+  try {
+    LoadDataset(Csv(path), 1, 0);
+    FAIL() << "expected UserError";
+  } catch (const UserError& e) {
+    EXPECT_EQ(e.field(), "dataset.csv.task");
+    EXPECT_THAT(e.what(), HasSubstr("below 1048576"));
+    EXPECT_THAT(e.what(), HasSubstr("column 3"));
+  }
+  v1::DatasetSpec regression = Csv(path);
+  regression.mutable_csv()->set_task(v1::CsvDataset::REGRESSION);
+  EXPECT_EQ(LoadDataset(regression, 1, 0)->shape().task, Task::kRegression);
+  auto largest = LoadDataset(Csv(Write("largest.csv", "1,1048575\n2,0\n")), 1, 0);
+  EXPECT_EQ(largest->shape().num_classes, 1048576);
+}
+
+TEST_F(DataFileTest, NumbersPastFloat32AreRefusedNamingTheLineAndColumn) {
+  for (const std::string& row : {"1e39,4,1", "1,2,-3.5e38"}) {
+    const std::string path = Write("huge.csv", "1,2,0\n" + row + "\n");
+    try {
+      LoadDataset(Csv(path), 1, 0);
+      FAIL() << "expected UserError for " << row;
+    } catch (const UserError& e) {
+      EXPECT_THAT(e.what(), HasSubstr(path + ":2: column "));
+      EXPECT_THAT(e.what(), HasSubstr("outside float32's range"));
+    }
+  }
+}
+
 TEST_F(DataFileTest, TextIsWindowsOfNextCharacters) {
   v1::DatasetSpec spec;
   spec.mutable_text()->set_path(Write("t.txt", "abcdefghijklmnopqrstuvwxyz"));
