@@ -25,6 +25,7 @@
 #include "absl/strings/str_join.h"
 #include "gpu_worker/agent/leftovers.h"
 #include "services/common/contract/progress_record.h"
+#include "services/common/text_rules.h"
 
 extern char** environ;
 
@@ -51,34 +52,6 @@ const char* RankStateName(RankState state) {
 
 namespace {
 
-// Length of the valid UTF-8 sequence at text[i], or 0 if it is not one.
-size_t ValidSequenceLength(const std::string& text, size_t i) {
-  const auto byte = [&](size_t k) { return static_cast<unsigned char>(text[k]); };
-  const unsigned char lead = byte(i);
-  if (lead < 0x80) return 1;
-  size_t length = 0;
-  unsigned char low = 0x80, high = 0xBF;  // range of the first continuation byte
-  if (lead >= 0xC2 && lead <= 0xDF) {
-    length = 2;
-  } else if (lead >= 0xE0 && lead <= 0xEF) {
-    length = 3;
-    if (lead == 0xE0) low = 0xA0;   // no overlong forms
-    if (lead == 0xED) high = 0x9F;  // no surrogates
-  } else if (lead >= 0xF0 && lead <= 0xF4) {
-    length = 4;
-    if (lead == 0xF0) low = 0x90;
-    if (lead == 0xF4) high = 0x8F;  // nothing above U+10FFFF
-  } else {
-    return 0;
-  }
-  if (i + length > text.size()) return 0;
-  if (byte(i + 1) < low || byte(i + 1) > high) return 0;
-  for (size_t k = 2; k < length; ++k) {
-    if ((byte(i + k) & 0xC0) != 0x80) return 0;
-  }
-  return length;
-}
-
 constexpr char kReplacement[] = "\xEF\xBF\xBD";  // U+FFFD
 
 }  // namespace
@@ -88,7 +61,7 @@ std::vector<std::string> SanitizeAndSplitLine(const std::string& raw, size_t max
   std::vector<std::string> pieces;
   std::string current;
   for (size_t i = 0; i < raw.size();) {
-    const size_t length = ValidSequenceLength(raw, i);
+    const size_t length = Utf8SequenceLength(raw, i);
     const size_t out_length = length == 0 ? 3 : length;
     if (current.size() + out_length > max_bytes) {
       pieces.push_back(std::move(current));

@@ -3,11 +3,10 @@
 #include "absl/strings/str_cat.h"
 
 namespace gradhub {
-namespace {
 
-// The length of the valid UTF-8 sequence at text[i], or 0 when none starts there. Follows the
-// table of well-formed byte sequences in the Unicode standard (section 3.9, table 3-7).
-size_t SequenceAt(std::string_view text, size_t i) {
+// Follows the table of well-formed byte sequences in the Unicode standard (section 3.9,
+// table 3-7).
+size_t Utf8SequenceLength(std::string_view text, size_t i) {
   const auto byte = [&](size_t k) { return static_cast<unsigned char>(text[i + k]); };
   const unsigned char lead = byte(0);
   if (lead < 0x80) return 1;
@@ -33,10 +32,12 @@ size_t SequenceAt(std::string_view text, size_t i) {
   return length;
 }
 
+namespace {
+
 // The offset of the first byte that starts no valid sequence, or npos.
 size_t FirstInvalidByte(std::string_view text) {
   for (size_t i = 0; i < text.size();) {
-    const size_t length = SequenceAt(text, i);
+    const size_t length = Utf8SequenceLength(text, i);
     if (length == 0) return i;
     i += length;
   }
@@ -50,7 +51,7 @@ bool IsValidUtf8(std::string_view text) { return FirstInvalidByte(text) == std::
 size_t CountCharacters(std::string_view text) {
   size_t count = 0;
   for (size_t i = 0; i < text.size(); ++count) {
-    const size_t length = SequenceAt(text, i);
+    const size_t length = Utf8SequenceLength(text, i);
     i += length == 0 ? 1 : length;
   }
   return count;

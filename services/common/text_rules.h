@@ -22,6 +22,10 @@ namespace gradhub {
 
 bool IsValidUtf8(std::string_view text);
 
+// The length of the valid UTF-8 sequence starting at text[i], or 0 when none starts there
+// (i < text.size()). For code that repairs text byte by byte (U+FFFD for each bad byte).
+size_t Utf8SequenceLength(std::string_view text, size_t i);
+
 // The code points of `text`; a byte that starts no valid sequence counts as one.
 size_t CountCharacters(std::string_view text);
 

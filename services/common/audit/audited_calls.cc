@@ -5,6 +5,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "services/common/job_records.h"
+#include "services/common/text_rules.h"
 
 namespace gradhub::audit {
 namespace {
@@ -32,34 +33,6 @@ std::string ExpandTarget(std::string_view pattern, const std::smatch& match,
     pos = close + 1;
   }
   return target;
-}
-
-// The length of the UTF-8 sequence starting at text[i] when it is a valid one (RFC 3629: no
-// overlong forms, no surrogates, nothing above U+10FFFF); 0 otherwise.
-size_t ValidSequence(absl::string_view text, size_t i) {
-  const auto byte = [&](size_t k) { return static_cast<unsigned char>(text[k]); };
-  const unsigned char lead = byte(i);
-  if (lead < 0x80) return 1;
-  size_t length = 0;
-  unsigned char low = 0x80, high = 0xBF;  // the allowed range of the second byte
-  if (lead >= 0xC2 && lead <= 0xDF) {
-    length = 2;
-  } else if (lead >= 0xE0 && lead <= 0xEF) {
-    length = 3;
-    if (lead == 0xE0) low = 0xA0;
-    if (lead == 0xED) high = 0x9F;
-  } else if (lead >= 0xF0 && lead <= 0xF4) {
-    length = 4;
-    if (lead == 0xF0) low = 0x90;
-    if (lead == 0xF4) high = 0x8F;
-  } else {
-    return 0;
-  }
-  if (i + length > text.size() || byte(i + 1) < low || byte(i + 1) > high) return 0;
-  for (size_t k = 2; k < length; ++k) {
-    if (byte(i + k) < 0x80 || byte(i + k) > 0xBF) return 0;
-  }
-  return length;
 }
 
 }  // namespace
@@ -156,7 +129,7 @@ std::string BoundedText(absl::string_view text, size_t max_chars) {
   std::string out;
   size_t chars = 0;
   for (size_t i = 0; i < text.size() && chars < max_chars; ++chars) {
-    const size_t length = ValidSequence(text, i);
+    const size_t length = Utf8SequenceLength(std::string_view(text.data(), text.size()), i);
     if (length == 0 || text[i] == '\0') {
       out += "\xEF\xBF\xBD";  // U+FFFD
       ++i;
