@@ -19,6 +19,7 @@
 #include "gpu_worker/trainer/progress_reporter.h"
 #include "gpu_worker/trainer/training_plan.h"
 #include "gpu_worker/trainer/update_rule.h"
+#include "services/common/contract/user_error.h"
 #include "services/common/sha256.h"
 
 namespace gradhub::trainer {
@@ -97,6 +98,8 @@ c10::Device TrainingDevice(const PlacementPlan& placement, int local_rank) {
 
 // The rank's process group. NCCL: the engine's group, with its own collective timeout and
 // abort of a communicator whose peer died (gpu_worker/ddp/comm/nccl), on this rank's GPU.
+// Gloo: distributed.encryptTraffic seals its traffic; NCCL cannot, so a spec that asks for it
+// where AUTO became NCCL is refused here rather than run in the clear.
 ddp::ProcessGroupOptions ProcessGroupOptionsFor(const TrainingPlan& plan,
                                                 const TrainerOptions& options,
                                                 const c10::Device& device) {
@@ -105,9 +108,17 @@ ddp::ProcessGroupOptions ProcessGroupOptionsFor(const TrainingPlan& plan,
   group.size = plan.world_size;
   group.store = options.store;
   group.timeout = options.collective_timeout;
+  const bool encrypt = plan.spec.distributed().encrypt_traffic();
   if (plan.placement.backend == v1::DistributedSpec::NCCL) {
+    if (encrypt) {
+      throw UserError("distributed.encryptTraffic",
+                      "this rank's backend is NCCL (AUTO on a CUDA node), which has no encrypted "
+                      "transport: set backend GLOO or leave encryptTraffic out");
+    }
     group.backend = ddp::Backend::kNccl;
     group.nccl = ddp::NcclOptions{device.index()};
+  } else if (encrypt) {
+    group.gloo.emplace().encrypt_traffic = true;
   }
   return group;
 }

@@ -59,6 +59,14 @@ struct GlooOptions {
   // Where rank 0 creates that segment (a few MiB; unlinked once every rank mapped it). A
   // tmpfs: /dev/shm is what shm_open uses.
   std::string shared_memory_dir = "/dev/shm";
+  // Seal every message of allreduce, broadcast and allgather over TCP with AES-256-GCM under
+  // a key rank 0 draws for the group and hands out through the store (gloo/sealed_channel.h;
+  // a job's distributed.encryptTraffic). A message that fails authentication fails the
+  // collective and breaks the group. Every rank must set the same value (a mismatch fails the
+  // rendezvous with CommError naming this option). An allreduce through the shared-memory
+  // segment stays as it is: that traffic never leaves the host. Costs bus bandwidth
+  // (tests/bench/allreduce measures it).
+  bool encrypt_traffic = false;
 };
 
 // Settings that only the NCCL backend reads.

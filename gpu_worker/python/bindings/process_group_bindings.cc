@@ -41,7 +41,8 @@ void Wait(PyWork& handle, const py::object& timeout) {
 std::shared_ptr<ddp::ProcessGroup> Join(const std::shared_ptr<ddp::Store>& store, int rank,
                                         int size, ddp::Backend backend, const std::string& name,
                                         const py::object& timeout, bool shared_memory,
-                                        const std::string& hostname, int device) {
+                                        const std::string& hostname, int device,
+                                        bool encrypt_traffic) {
   if (!store) throw py::value_error("store: must be a gradhub Store, not None");
   ddp::ProcessGroupOptions options;
   options.backend = backend;
@@ -55,11 +56,12 @@ std::shared_ptr<ddp::ProcessGroup> Join(const std::shared_ptr<ddp::Store>& store
     ddp::GlooOptions gloo;
     gloo.hostname = hostname;
     gloo.shared_memory = shared_memory;
+    gloo.encrypt_traffic = encrypt_traffic;
     options.gloo = gloo;
   } else {
-    if (!shared_memory || !hostname.empty()) {
+    if (!shared_memory || !hostname.empty() || encrypt_traffic) {
       throw py::value_error(
-          "shared_memory and hostname: are Gloo's settings, but the backend "
+          "shared_memory, hostname and encrypt_traffic: are Gloo's settings, but the backend "
           "is nccl");
     }
     options.nccl = ddp::NcclOptions{.device = device};
@@ -160,7 +162,7 @@ void BindProcessGroup(py::module_& module) {
       .def(py::init(&Join), py::arg("store"), py::arg("rank"), py::arg("size"),
            py::arg("backend") = ddp::Backend::kGloo, py::arg("name") = "default",
            py::arg("timeout") = py::none(), py::arg("shared_memory") = true,
-           py::arg("hostname") = "", py::arg("device") = 0)
+           py::arg("hostname") = "", py::arg("device") = 0, py::arg("encrypt_traffic") = false)
       .def_property_readonly("rank", &ddp::ProcessGroup::rank)
       .def_property_readonly("size", &ddp::ProcessGroup::size)
       .def_property_readonly("name", &ddp::ProcessGroup::name)

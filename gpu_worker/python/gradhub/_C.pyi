@@ -68,10 +68,12 @@ class ProcessGroup:
     backend: Backend
     def __init__(self, store: Store, rank: int, size: int, backend: Backend = Backend.GLOO,
                  name: str = "default", timeout: Timeout = 60.0, shared_memory: bool = True,
-                 hostname: str = "", device: int = 0) -> None:
+                 hostname: str = "", device: int = 0, encrypt_traffic: bool = False) -> None:
         """Joins the group: blocks until all `size` ranks arrived through `store` (raises
-        RendezvousError after `timeout`). `shared_memory` and `hostname` are Gloo settings,
-        `device` (a CUDA index) NCCL's: giving one for the other backend raises ValueError."""
+        RendezvousError after `timeout`). `shared_memory`, `hostname` and `encrypt_traffic`
+        (every message over TCP sealed with AES-256-GCM; the same on every rank) are Gloo
+        settings, `device` (a CUDA index) NCCL's: giving one for the other backend raises
+        ValueError."""
     def all_reduce(self, tensor: torch.Tensor, op: ReduceOp = ReduceOp.SUM) -> Work: ...
     def broadcast(self, tensors: Union[torch.Tensor, Sequence[torch.Tensor]], src: int = 0) -> Work: ...
     def all_gather(self, output_tensors: List[torch.Tensor], input_tensor: torch.Tensor) -> Work: ...

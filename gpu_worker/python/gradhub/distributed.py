@@ -136,7 +136,8 @@ def _backend(backend):
 
 
 def init(backend="auto", *, init_method=None, rank=None, world_size=None,
-         timeout=DEFAULT_TIMEOUT, name="default", shared_memory=True, device=None):
+         timeout=DEFAULT_TIMEOUT, name="default", shared_memory=True, device=None,
+         encrypt_traffic=False):
     """Joins the job's ranks and returns the default ProcessGroup (also gradhub.distributed's
     module-level collectives' group). Blocks until every rank arrived; RendezvousError when
     they did not within `timeout`.
@@ -146,6 +147,9 @@ def init(backend="auto", *, init_method=None, rank=None, world_size=None,
     raises CollectiveError, and the rendezvous too (a rank or the TCPStore's host that has not
     come by then: RendezvousError). shared_memory: Gloo allreduce through shared memory when every
     rank is on this host. device: NCCL's CUDA device index (default: the current device).
+    encrypt_traffic: Gloo seals every message it sends over TCP with AES-256-GCM under a key
+    made for this group (every rank must pass the same value; a message that fails
+    authentication raises CollectiveError); NCCL cannot.
     """
     global _default_group
     if _default_group is not None:
@@ -164,11 +168,15 @@ def init(backend="auto", *, init_method=None, rank=None, world_size=None,
     options = {}
     if chosen == Backend.GLOO:
         options["shared_memory"] = bool(shared_memory)
+        options["encrypt_traffic"] = bool(encrypt_traffic)
         if device is not None:
             raise ValueError("device: is NCCL's setting, but the backend is gloo")
     else:
         if shared_memory is not True:
             raise ValueError("shared_memory: is Gloo's setting, but the backend is nccl")
+        if encrypt_traffic:
+            raise ValueError("encrypt_traffic: is Gloo's setting (NCCL has no encrypted "
+                             "transport), but the backend is nccl")
         import torch
         options["device"] = torch.cuda.current_device() if device is None else int(device)
     store = _make_store(plan, rank, timeout, env)

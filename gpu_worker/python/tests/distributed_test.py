@@ -434,6 +434,40 @@ def test_destroy_then_a_second_group_through_a_file(world):
 
 
 # ----------------------------------------------------------------------------------------
+# encrypt_traffic: every message over TCP sealed (AES-256-GCM), the same results.
+
+def _sealed_rank(rank, world, rendezvous):
+    dist.init("gloo", init_method=rendezvous, rank=rank, world_size=world, shared_memory=False,
+              encrypt_traffic=True, timeout=COLLECTIVE_TIMEOUT_S)
+    reduced = torch.arange(100_003, dtype=torch.float32) * (rank + 1)
+    dist.all_reduce(reduced, dist.ReduceOp.AVG).wait()
+    sent = torch.arange(7, dtype=torch.int64) * (rank + 1)
+    dist.broadcast(sent, src=world - 1).wait()
+    gathered = [torch.full((3,), -1.0) for _ in range(world)]
+    dist.all_gather(gathered, torch.full((3,), rank * 2.0)).wait()
+    return {"reduced": reduced, "sent": sent, "gathered": gathered}
+
+
+def test_encrypted_traffic_gives_the_plain_results():
+    world = 3
+    ranks = rank_processes.run(world, _sealed_rank,
+                               f"tcp://127.0.0.1:{rank_processes.free_port()}")
+    for result in ranks:
+        assert torch.equal(torch.as_tensor(result["reduced"]),
+                           torch.arange(100_003, dtype=torch.float32) * 2)
+        assert result["sent"].tolist() == [world * i for i in range(7)]
+        assert [t.tolist() for t in result["gathered"]] == [[r * 2.0] * 3 for r in range(world)]
+
+
+def test_init_refuses_encrypt_traffic_with_nccl(clean_env, monkeypatch):
+    # Whether or not this build has NCCL, the option is refused before any rendezvous.
+    monkeypatch.setattr(dist, "_backend", lambda backend: dist.Backend.NCCL)
+    with pytest.raises(ValueError, match="^encrypt_traffic:"):
+        dist.init("nccl", init_method="tcp://127.0.0.1:1", rank=0, world_size=2,
+                  encrypt_traffic=True)
+
+
+# ----------------------------------------------------------------------------------------
 # torchrun itself: its agent hosts the TCPStore on MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE)
 # and init() reads everything from the environment it gives its children.
 

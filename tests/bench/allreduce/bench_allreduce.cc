@@ -1,9 +1,10 @@
 // Allreduce bus bandwidth of gradhub's GlooProcessGroup against raw Gloo, ranks as processes.
 // Implementations: gloo (raw Gloo: ring allreduce over TCP on loopback), tcp (gradhub over the
 // same ring, transport and address: shared memory off), shm (gradhub's default on one host:
-// its shared-memory allreduce).
+// its shared-memory allreduce), sealed (gradhub over TCP with GlooOptions::encrypt_traffic:
+// its own ring, every message AES-256-GCM sealed).
 // Prints one line: <impl> <MiB> <world> <median seconds per allreduce>.
-// Usage: bench_allreduce gloo|tcp|shm MIB WORLD ITERS
+// Usage: bench_allreduce gloo|tcp|shm|sealed MIB WORLD ITERS
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -62,7 +63,7 @@ double RawGloo(int rank, int world, int64_t numel, int iterations, const std::st
 }
 
 double Gradhub(int rank, int world, int64_t numel, int iterations, const std::string& dir,
-               bool shared_memory) {
+               bool shared_memory, bool encrypt) {
   gradhub::ddp::ProcessGroupOptions options;
   options.backend = gradhub::ddp::Backend::kGloo;
   options.rank = rank;
@@ -70,6 +71,7 @@ double Gradhub(int rank, int world, int64_t numel, int iterations, const std::st
   options.gloo.emplace().hostname = "127.0.0.1";
   options.store = std::make_shared<gradhub::ddp::FileStore>(dir);
   options.gloo->shared_memory = shared_memory;
+  options.gloo->encrypt_traffic = encrypt;
   auto group = gradhub::ddp::CreateProcessGroup(options);
   if (dynamic_cast<gradhub::ddp::GlooProcessGroup&>(*group).uses_shared_memory() != shared_memory) {
     std::fprintf(stderr, "bench_allreduce: rank %d: shared memory %s, wanted %s\n", rank,
@@ -84,8 +86,8 @@ double Gradhub(int rank, int world, int64_t numel, int iterations, const std::st
 
 int main(int argc, char** argv) {
   const std::string impl = argc == 5 ? argv[1] : "";
-  if (impl != "gloo" && impl != "tcp" && impl != "shm") {
-    std::fprintf(stderr, "usage: bench_allreduce gloo|tcp|shm MIB WORLD ITERS\n");
+  if (impl != "gloo" && impl != "tcp" && impl != "shm" && impl != "sealed") {
+    std::fprintf(stderr, "usage: bench_allreduce gloo|tcp|shm|sealed MIB WORLD ITERS\n");
     return 2;
   }
   const int64_t numel = std::stoll(argv[2]) * (1 << 20) / sizeof(float);
@@ -95,8 +97,9 @@ int main(int argc, char** argv) {
   const std::string dir = mkdtemp(pattern);
   auto run = [&](int rank) {
     at::set_num_threads(1);
-    return impl == "gloo" ? RawGloo(rank, world, numel, iterations, dir)
-                          : Gradhub(rank, world, numel, iterations, dir, impl == "shm");
+    return impl == "gloo"
+               ? RawGloo(rank, world, numel, iterations, dir)
+               : Gradhub(rank, world, numel, iterations, dir, impl == "shm", impl == "sealed");
   };
   // Children are forked before any thread exists in this process.
   std::vector<pid_t> children;

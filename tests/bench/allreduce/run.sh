@@ -1,28 +1,33 @@
 #!/usr/bin/env bash
 # Allreduce bus bandwidth, gradhub's GlooProcessGroup against raw Gloo (reference first), same
 # machine and run, ranks as processes on one host. busbw = algbw * 2(n-1)/n. Columns: raw Gloo
-# (ring over loopback TCP), gradhub over the same TCP ring (shared memory off), and gradhub's
-# default on one host, its shared-memory allreduce; the ratios are gradhub's busbw over raw
-# Gloo's. Each size is measured GRADHUB_BENCH_REPEATS times, the three variants interleaved
-# (reference first each time), and each column is the median of its repeats: one run apiece
-# swings by +-30% on a shared machine.
+# (ring over loopback TCP), gradhub over the same TCP ring (shared memory off), gradhub's
+# default on one host, its shared-memory allreduce, and gradhub over TCP with every message
+# sealed (GlooOptions::encrypt_traffic, a job's distributed.encryptTraffic); the ratios are
+# gradhub's busbw over raw Gloo's, and the sealed path's over the plain TCP one's (what
+# encryption costs). Each size is measured GRADHUB_BENCH_REPEATS times, the four variants
+# interleaved (reference first each time), and each column is the median of its repeats: one
+# run apiece swings by +-30% on a shared machine.
 # Usage: run.sh BUILD_DIR
 set -euo pipefail
 bench="$1/bin/bench_allreduce"
 world=${GRADHUB_BENCH_WORLD:-2}
 repeats=${GRADHUB_BENCH_REPEATS:-5}
 median() { tr ' ' '\n' | grep . | sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
-printf '%6s %6s %14s %10s %10s %9s %9s\n' MiB world gloo_busbw_GBs tcp_GBs shm_GBs tcp_ratio shm_ratio
+printf '%6s %6s %14s %10s %10s %10s %9s %9s %12s\n' MiB world gloo_busbw_GBs tcp_GBs shm_GBs \
+  sealed_GBs tcp_ratio shm_ratio sealed/tcp
 for mib in 1 8 25 100; do
   iters=$(( 200 / mib + 10 ))
-  ref="" tcp="" shm=""
+  ref="" tcp="" shm="" sealed=""
   for _ in $(seq "$repeats"); do
     ref+="$("$bench" gloo "$mib" "$world" "$iters" | awk '{print $4}') "
     tcp+="$("$bench" tcp "$mib" "$world" "$iters" | awk '{print $4}') "
     shm+="$("$bench" shm "$mib" "$world" "$iters" | awk '{print $4}') "
+    sealed+="$("$bench" sealed "$mib" "$world" "$iters" | awk '{print $4}') "
   done
   awk -v s="$mib" -v n="$world" -v r="$(echo $ref | median)" -v t="$(echo $tcp | median)" \
-    -v m="$(echo $shm | median)" 'BEGIN {
+    -v m="$(echo $shm | median)" -v e="$(echo $sealed | median)" 'BEGIN {
       bus = s * 1048576 * 2 * (n - 1) / n / 1e9
-      printf "%6s %6s %14.2f %10.2f %10.2f %9.2f %9.2f\n", s, n, bus / r, bus / t, bus / m, r / t, r / m }'
+      printf "%6s %6s %14.2f %10.2f %10.2f %10.2f %9.2f %9.2f %12.2f\n", s, n, bus / r, bus / t,
+        bus / m, bus / e, r / t, r / m, t / e }'
 done

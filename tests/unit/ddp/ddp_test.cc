@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <optional>
 
 #include "gpu_worker/ddp/distributed_data_parallel.h"
 #include "gpu_worker/ddp/store/in_memory_store.h"
@@ -71,6 +72,8 @@ struct Scenario {
   InputShape sample_shape = {8};
   int64_t classes = 4;
   int steps = kSteps;
+  // The ranks' Gloo settings; unset = the defaults.
+  std::optional<GlooOptions> gloo;
 };
 
 // Trains `replicas[r]` on rank r's share of every step's global batch.
@@ -86,6 +89,7 @@ void TrainDistributed(const Scenario& scenario,
     options.rank = rank;
     options.size = n;
     options.store = store;
+    options.gloo = scenario.gloo;
     auto group = CreateProcessGroup(options);
     auto& model = replicas[rank];
     DistributedDataParallel ddp(model, group, scenario.options);
@@ -165,6 +169,20 @@ TEST_F(DdpTest, MlpWorldSize3EqualsSingleProcess) {
   Scenario scenario;
   scenario.world_size = 3;
   ExpectMlpEquivalence(scenario);
+}
+
+// Every gradient bucket (and the parameter broadcast at construction) sealed over TCP.
+TEST_F(DdpTest, EncryptedTrafficWorldSizes2And3EqualSingleProcess) {
+  for (int world : {2, 3}) {
+    SCOPED_TRACE(::testing::Message() << world << " ranks");
+    Scenario scenario;
+    scenario.world_size = world;
+    scenario.gloo.emplace().shared_memory = false;
+    scenario.gloo->encrypt_traffic = true;
+    scenario.options.reducer.first_bucket_bytes = 512;  // several buckets: several collectives
+    scenario.options.reducer.bucket_cap_bytes = 2048;
+    ExpectMlpEquivalence(scenario, {8, 32, 32, 32, 4});
+  }
 }
 
 TEST_F(DdpTest, NoSyncAccumulationOverFourMicroBatches) {

@@ -1,6 +1,7 @@
 // The Gloo backend: the ProcessGroup conformance suite (process_group_conformance.h) over
-// shared memory and over TCP with two channels, then what only Gloo has: the two allreduce
-// paths agreeing bit for bit, channels, the listen address, and choosing shared memory.
+// shared memory and over TCP with two channels, each plain and sealed, then what only Gloo
+// has: the two allreduce paths agreeing bit for bit, channels, the listen address, and
+// choosing shared memory.
 // Ranks are threads over an InMemoryStore; failure paths with real processes are in
 // process_group_death_test.cc, the NCCL instantiation in tests/gpu.
 #include <ATen/ATen.h>
@@ -62,10 +63,20 @@ GlooOptions TcpTwoChannels() {
   return gloo;
 }
 
-INSTANTIATE_TEST_SUITE_P(Gloo, ProcessGroupConformanceTest,
-                         ::testing::Values(GlooBackend("SharedMemory", GlooOptions{}),
-                                           GlooBackend("TcpTwoChannels", TcpTwoChannels())),
-                         ProcessGroupBackendName);
+// GlooOptions::encrypt_traffic: every message over TCP sealed (tests of the sealing itself
+// are in encrypted_process_group_test.cc).
+GlooOptions Sealed(GlooOptions gloo) {
+  gloo.encrypt_traffic = true;
+  return gloo;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Gloo, ProcessGroupConformanceTest,
+    ::testing::Values(GlooBackend("SharedMemory", GlooOptions{}),
+                      GlooBackend("TcpTwoChannels", TcpTwoChannels()),
+                      GlooBackend("SealedTcpTwoChannels", Sealed(TcpTwoChannels())),
+                      GlooBackend("SealedWithSharedMemory", Sealed(GlooOptions{}))),
+    ProcessGroupBackendName);
 
 ProcessGroupOptions GlooOptionsFor(int rank, int size, std::shared_ptr<Store> store,
                                    std::string name = "default", bool shared_memory = true) {

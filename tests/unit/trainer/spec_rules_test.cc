@@ -214,6 +214,9 @@ const Refusal kRefusals[] = {
     // --- where the rank landed ---
     {"distributed.backend", KnownAt::kPlacement,
      "NCCL on a CPU node: DeviceKindsFor gives NCCL CUDA nodes only"},
+    {"distributed.encryptTraffic", KnownAt::kPlacement,
+     "AUTO that became NCCL on a CUDA node, which has no encrypted transport (backend NCCL "
+     "with encryptTraffic is refused at CreateJob)"},
     // --- how the rank was started ---
     {"distributed.worldSize", KnownAt::kLaunch,
      "the spec's world size against the ranks launched; the scheduler launches the spec's"},

@@ -75,26 +75,27 @@ std::string ReasonFor(std::exception_ptr error, std::chrono::milliseconds timeou
   }
 }
 
-// Broadcasts `tensors` from `root` in one transfer: a lone tensor in place, several (a
-// model's parameters) through one buffer of their bytes back to back, instead of one round
-// trip per tensor.
-void BroadcastTensors(const std::shared_ptr<gloo::Context>& context, uint32_t tag,
-                      std::chrono::milliseconds timeout, const std::vector<at::Tensor>& tensors,
-                      int root, size_t total_bytes) {
-  auto run = [&](void* data) {
-    gloo::BroadcastOptions opts(context);
-    opts.setOutput(static_cast<uint8_t*>(data), total_bytes);
-    opts.setRoot(root);
-    opts.setTag(tag);
-    opts.setTimeout(timeout);
-    gloo::broadcast(opts);
-  };
+void GlooBroadcast(const std::shared_ptr<gloo::Context>& context, uint32_t tag,
+                   std::chrono::milliseconds timeout, void* data, size_t bytes, int root) {
+  gloo::BroadcastOptions opts(context);
+  opts.setOutput(static_cast<uint8_t*>(data), bytes);
+  opts.setRoot(root);
+  opts.setTag(tag);
+  opts.setTimeout(timeout);
+  gloo::broadcast(opts);
+}
+
+// Broadcasts `tensors` from `root` in one transfer, `run(data)` of `total_bytes` bytes: a
+// lone tensor in place, several (a model's parameters) through one buffer of their bytes back
+// to back, instead of one round trip per tensor.
+template <typename Run>
+void BroadcastTensors(const std::vector<at::Tensor>& tensors, bool sending, size_t total_bytes,
+                      Run&& run) {
   if (tensors.size() == 1) {
     run(tensors[0].data_ptr());
     return;
   }
   std::vector<uint8_t> flat(total_bytes);
-  const bool sending = context->rank == root;
   size_t offset = 0;
   for (const auto& t : tensors) {
     if (sending) std::memcpy(flat.data() + offset, t.data_ptr(), t.nbytes());
@@ -140,6 +141,11 @@ GlooProcessGroup::GlooProcessGroup(const ProcessGroupOptions& options)
   const GlooOptions gloo = options.gloo.value_or(GlooOptions{});
   hostname_ = ResolveListenHostname(gloo.hostname);
   ConnectChannels(options, gloo);
+  // Sealing before shared memory: rank 0's last write of the sealing agreement (the verdict)
+  // is read by every other rank before it writes its shared-memory key, which rank 0 waits
+  // for, so a store that rank 0 hosts (a TCPStore server, gone once its owner drops it after
+  // this constructor) outlives every read of the agreement.
+  SetUpSealing(options, gloo);
   SetUpSharedMemory(options, gloo);
   for (auto& channel : channels_) {
     Channel* raw = channel.get();
@@ -198,6 +204,23 @@ void GlooProcessGroup::SetUpSharedMemory(const ProcessGroupOptions& options,
   }
 }
 
+void GlooProcessGroup::SetUpSealing(const ProcessGroupOptions& options, const GlooOptions& gloo) {
+  const TrafficKeyAgreement::Options agreement{options.store, name() + "/sealing/", rank(),
+                                               size(),        gloo.encrypt_traffic, timeout_};
+  std::optional<TrafficKey> key;
+  try {
+    key = TrafficKeyAgreement::Establish(agreement);
+  } catch (const std::exception& e) {
+    throw CommError(StrCat(who_, ": agreeing on traffic encryption (store keys '", agreement.prefix,
+                           "*') failed: ", e.what()));
+  }
+  if (!key) return;
+  for (auto& channel : channels_) {
+    channel->sealed =
+        std::make_unique<SealedChannel>(channel->context, *key, name(), channel->index);
+  }
+}
+
 GlooProcessGroup::~GlooProcessGroup() {
   for (auto& channel : channels_) {
     {
@@ -213,8 +236,7 @@ GlooProcessGroup::~GlooProcessGroup() {
 }
 
 std::shared_ptr<Work> GlooProcessGroup::Submit(const char* kind, const std::string& detail,
-                                               bool empty, bool after_prior,
-                                               std::function<void(Channel&, uint32_t)> run) {
+                                               bool empty, bool after_prior, RunFn run) {
   std::lock_guard<std::mutex> lock(issue_mu_);
   const uint64_t seq = next_seq_++;
   auto work =
@@ -266,7 +288,7 @@ void GlooProcessGroup::RunChannel(Channel& channel) {
     op->work->MarkStarted();
     try {
       WaitForPrior(*op);
-      op->run(channel, static_cast<uint32_t>(op->seq));
+      op->run(channel, op->seq);
       op->work->Complete();
     } catch (...) {
       const std::string message =
@@ -278,7 +300,7 @@ void GlooProcessGroup::RunChannel(Channel& channel) {
 }
 
 void GlooProcessGroup::WaitForPrior(const Op& op) const {
-  // Protocol step 5. These ops were issued earlier, so they sit ahead of this one in their
+  // Protocol step 6. These ops were issued earlier, so they sit ahead of this one in their
   // channels' queues and never wait for it: no cycle. A failed one has broken the group, and
   // this op then fails as well.
   const auto deadline = Work::Clock::now() + timeout_;
@@ -305,8 +327,16 @@ std::shared_ptr<Work> GlooProcessGroup::Broadcast(std::vector<at::Tensor> tensor
   const auto timeout = timeout_;
   return Submit(
       "broadcast", checked.detail, checked.empty, /*after_prior=*/false,
-      [tensors = std::move(tensors), root, total_bytes, timeout](Channel& channel, uint32_t tag) {
-        BroadcastTensors(channel.context, tag, timeout, tensors, root, total_bytes);
+      [tensors = std::move(tensors), root, total_bytes, timeout](Channel& channel, uint64_t seq) {
+        const bool sending = channel.context->rank == root;
+        BroadcastTensors(tensors, sending, total_bytes, [&](void* data) {
+          if (channel.sealed != nullptr) {
+            channel.sealed->Broadcast(data, total_bytes, root, seq, timeout);
+          } else {
+            GlooBroadcast(channel.context, static_cast<uint32_t>(seq), timeout, data, total_bytes,
+                          root);
+          }
+        });
       });
 }
 
@@ -318,11 +348,15 @@ std::shared_ptr<Work> GlooProcessGroup::AllReduce(at::Tensor tensor, ReduceOp op
   const auto timeout = timeout_;
   return Submit(
       "allreduce", checked.detail, checked.empty, /*after_prior=*/false,
-      [tensor = std::move(tensor), kernel, group_size, timeout](Channel& channel, uint32_t tag) {
+      [tensor = std::move(tensor), kernel, group_size, timeout](Channel& channel, uint64_t seq) {
         void* data = tensor.data_ptr();
         const size_t n = static_cast<size_t>(tensor.numel());
         if (channel.shared_memory != nullptr) {
           channel.shared_memory->AllReduce(data, n, kernel, timeout);
+          return;
+        }
+        if (channel.sealed != nullptr) {
+          channel.sealed->AllReduce(data, n, kernel, seq, timeout);
           return;
         }
         // gloo takes typed buffers.
@@ -331,7 +365,7 @@ std::shared_ptr<Work> GlooProcessGroup::AllReduce(at::Tensor tensor, ReduceOp op
           gloo::AllreduceOptions opts(channel.context);
           opts.setOutput(static_cast<T*>(data), n);  // in place: output doubles as input
           opts.setReduceFunction(kernel.reduce);
-          opts.setTag(tag);
+          opts.setTag(static_cast<uint32_t>(seq));
           opts.setTimeout(timeout);
           gloo::allreduce(opts);
         });
@@ -344,19 +378,26 @@ std::shared_ptr<Work> GlooProcessGroup::AllGather(std::vector<at::Tensor> output
   const detail::CheckedCollective checked =
       detail::CheckAllGather(*this, c10::Device(c10::kCPU), outputs, input);
   const auto timeout = timeout_;
-  return Submit("allgather", checked.detail, checked.empty, /*after_prior=*/false,
-                [outputs = std::move(outputs), input = std::move(input), timeout](Channel& channel,
-                                                                                  uint32_t tag) {
-                  GatherTensors(channel.context, tag, timeout, outputs, input);
-                });
+  return Submit(
+      "allgather", checked.detail, checked.empty, /*after_prior=*/false,
+      [outputs = std::move(outputs), input = std::move(input), timeout](Channel& channel,
+                                                                        uint64_t seq) {
+        if (channel.sealed != nullptr) {
+          std::vector<void*> blocks;
+          for (const auto& output : outputs) blocks.push_back(output.data_ptr());
+          channel.sealed->AllGather(input.data_ptr(), input.nbytes(), blocks, seq, timeout);
+          return;
+        }
+        GatherTensors(channel.context, static_cast<uint32_t>(seq), timeout, outputs, input);
+      });
 }
 
 std::shared_ptr<Work> GlooProcessGroup::Barrier() {
   const auto timeout = timeout_;
   return Submit("barrier", "", false, /*after_prior=*/true,
-                [timeout](Channel& channel, uint32_t tag) {
+                [timeout](Channel& channel, uint64_t seq) {
                   gloo::BarrierOptions opts(channel.context);
-                  opts.setTag(tag);
+                  opts.setTag(static_cast<uint32_t>(seq));
                   opts.setTimeout(timeout);
                   gloo::barrier(opts);
                 });

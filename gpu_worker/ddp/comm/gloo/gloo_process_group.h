@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "gpu_worker/ddp/comm/gloo/sealed_channel.h"
 #include "gpu_worker/ddp/comm/gloo/shared_memory_allreduce.h"
 #include "gpu_worker/ddp/comm/group_health.h"
 #include "gpu_worker/ddp/comm/process_group.h"
@@ -38,21 +39,27 @@ namespace gradhub::ddp {
 //     options.timeout makes the constructor throw CommError. Group names must be unique per
 //     store: a second group with the same name on the same store would read the first one's
 //     stale addresses.
-//  3. The ranks agree through the store whether allreduces go through a shared-memory segment
+//  3. The ranks agree through the store whether they encrypt their traffic
+//     (GlooOptions::encrypt_traffic, which must be the same on every rank) and on the group's
+//     key (TrafficKeyAgreement in sealed_channel.h). Encrypting, every channel's allreduce (over
+//     TCP), broadcast and allgather seal every message (SealedChannel); the barrier carries no
+//     data and the shared-memory allreduce no traffic off the host, so both stay as they are.
+//  4. The ranks agree through the store whether allreduces go through a shared-memory segment
 //     (all on one host, GlooOptions::shared_memory on every rank; see SharedMemorySetup), one per
 //     channel. A failure to set it up on any rank makes every rank use TCP, logged once by
 //     rank 0 on stderr.
-//  4. The k-th collective issued (k = 0, 1, ...; every rank counts the same) is queued on
+//  5. The k-th collective issued (k = 0, 1, ...; every rank counts the same) is queued on
 //     channel k % channels, whose own thread runs its queue in FIFO order, with gloo tag k
 //     and gloo timeout options.timeout (an allreduce on a channel with a segment runs there, with
 //     the same timeout, instead). With several channels, back-to-back gradient buckets
 //     therefore run concurrently on different connections. Collectives of size 0 complete at
 //     once without touching the network (they still take a number, so every rank stays in
 //     step).
-//  5. Barrier first waits (locally) for every collective issued before it, then runs
+//  6. Barrier first waits (locally) for every collective issued before it, then runs
 //     gloo::barrier: when it completes, all earlier collectives of this rank have completed
 //     and every rank has reached the barrier.
-//  6. The first collective that fails (peer closed, I/O error, timeout) breaks the group:
+//  7. The first collective that fails (peer closed, I/O error, timeout, a sealed message that
+//     fails authentication) breaks the group:
 //     queued and later collectives fail at once with CommError "process group 'x' is
 //     unusable after an earlier failure: <first error>". The job is expected to restart.
 //
@@ -82,18 +89,22 @@ class GlooProcessGroup final : public ProcessGroup {
   // The address peers connect to (after the fallback of step 1), for logs.
   const std::string& listen_hostname() const { return hostname_; }
   int channels() const { return static_cast<int>(channels_.size()); }
-  // Whether allreduces go through shared memory (step 3); the same on every rank.
+  // Whether allreduces go through shared memory (step 4); the same on every rank.
   bool uses_shared_memory() const { return channels_.front()->shared_memory != nullptr; }
+  // Whether collectives over TCP are sealed (step 3); the same on every rank.
+  bool encrypts_traffic() const { return channels_.front()->sealed != nullptr; }
 
  private:
   struct Channel;
-  // One queued collective. `run` does the transfer on the channel with the tag.
+  // One queued collective. `run` does the transfer on the channel: gloo's tag is the
+  // sequence number's low 32 bits, a sealed message's label has all 64.
+  using RunFn = std::function<void(Channel&, uint64_t seq)>;
   struct Op {
     uint64_t seq = 0;
     std::shared_ptr<Work> work;
     // Barrier only: collectives issued before it that were not complete at issue time.
     std::vector<std::shared_ptr<Work>> prior;
-    std::function<void(Channel&, uint32_t tag)> run;
+    RunFn run;
   };
   struct Channel {
     int index = 0;
@@ -101,6 +112,8 @@ class GlooProcessGroup final : public ProcessGroup {
     std::shared_ptr<gloo::rendezvous::Context> context;
     // Null when the group uses TCP for allreduce.
     std::unique_ptr<SharedMemoryAllReduce> shared_memory;
+    // Null unless the group encrypts its traffic.
+    std::unique_ptr<SealedChannel> sealed;
     std::mutex mu;
     std::condition_variable wake;
     std::deque<std::unique_ptr<Op>> queue;
@@ -112,10 +125,11 @@ class GlooProcessGroup final : public ProcessGroup {
   // once when the group is broken or `empty`. `detail` describes the operands; with
   // `after_prior` the op first waits for every collective issued before it (Barrier).
   std::shared_ptr<Work> Submit(const char* kind, const std::string& detail, bool empty,
-                               bool after_prior, std::function<void(Channel&, uint32_t)> run);
-  // Protocol steps 2 and 3, for the constructor.
+                               bool after_prior, RunFn run);
+  // Protocol steps 2 to 4, for the constructor.
   void ConnectChannels(const ProcessGroupOptions& options, const GlooOptions& gloo);
   void SetUpSharedMemory(const ProcessGroupOptions& options, const GlooOptions& gloo);
+  void SetUpSealing(const ProcessGroupOptions& options, const GlooOptions& gloo);
   void RunChannel(Channel& channel);
   void WaitForPrior(const Op& op) const;
 
