@@ -1,11 +1,12 @@
 // The plans of the encrypted collectives (gpu_worker/ddp/comm/gloo/exchange_plans.h), run for
-// every rank of a world over in-memory FIFO links in round-robin: each finishes with the right
-// result, none ever waits forever, every rank ends with the same bits, and the ring moves no
-// more than its 2 (n-1)/n share.
+// every rank of a world over in-memory FIFO links in round-robin, each send as early as its
+// after_receives allows: each rank finishes with the right result, none ever waits forever,
+// every rank ends with the same bits, and the ring moves no more than its 2 (n-1)/n share.
 #include "gpu_worker/ddp/comm/gloo/exchange_plans.h"
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -26,44 +27,70 @@ struct Network {
 // Called for an IncomingChunk with reduce set (int64 elements summed in the tests).
 using ReduceFn = std::function<void(const IncomingChunk&, const Message&)>;
 
-// Runs step i of rank r when its receive (if any) has arrived; its send goes first. Returns
-// false when no rank can move although some have steps left: a deadlock.
+// One rank's run of its plan as the sealed pipeline runs it: every send goes out as early as
+// its after_receives allows (so a wrong one sends bytes not yet final, and the results show
+// it), and each step's send must be out before its receive.
+struct RankRun {
+  const ExchangePlan* plan = nullptr;
+  std::vector<const OutgoingChunk*> sends;
+  std::vector<size_t> send_of_step;  // index into sends, or SIZE_MAX
+  size_t next_send = 0, next_step = 0, received = 0;
+
+  explicit RankRun(const ExchangePlan& p) : plan(&p) {
+    for (const ExchangeStep& step : p.steps) {
+      send_of_step.push_back(step.send ? sends.size() : SIZE_MAX);
+      if (step.send) sends.push_back(&*step.send);
+    }
+  }
+  bool Done() const { return next_step == plan->steps.size() && next_send == sends.size(); }
+};
+
+// Moves rank r as far as it can; true if it moved.
+bool Advance(RankRun& run, int r, const ReduceFn& reduce, Network& net) {
+  bool moved = false;
+  for (;;) {
+    while (run.next_send < run.sends.size() &&
+           run.sends[run.next_send]->after_receives <= run.received) {
+      const OutgoingChunk& out = *run.sends[run.next_send++];
+      net.links[{r, run.plan->send_to}].emplace_back(out.plain, out.plain + out.bytes);
+      net.sent_bytes[r] += out.bytes;
+      moved = true;
+    }
+    if (run.next_step == run.plan->steps.size()) return moved;
+    const ExchangeStep& step = run.plan->steps[run.next_step];
+    const size_t own_send = run.send_of_step[run.next_step];
+    EXPECT_TRUE(own_send == SIZE_MAX || own_send < run.next_send)
+        << "rank " << r << " step " << run.next_step << ": its send waits for a later receive";
+    if (step.recv) {
+      auto& link = net.links[{run.plan->recv_from, r}];
+      if (link.empty()) return moved;
+      const Message message = std::move(link.front());
+      link.pop_front();
+      EXPECT_EQ(message.size(), step.recv->bytes) << "rank " << r << " step " << run.next_step;
+      if (step.recv->reduce) {
+        reduce(*step.recv, message);
+      } else if (!message.empty()) {
+        std::memcpy(step.recv->target, message.data(), message.size());
+      }
+      ++run.received;
+    }
+    ++run.next_step;
+    moved = true;
+  }
+}
+
+// Runs every rank's plan in round-robin over FIFO links. False when no rank can move although
+// some have work left: a deadlock.
 bool RunPlans(const std::vector<ExchangePlan>& plans, const ReduceFn& reduce, Network& net) {
   const int n = static_cast<int>(plans.size());
-  std::vector<size_t> next(n, 0);
-  std::vector<bool> sent(n, false);
+  std::vector<RankRun> runs(plans.begin(), plans.end());
   net.sent_bytes.assign(n, 0);
   for (bool moved = true; moved;) {
     moved = false;
-    for (int r = 0; r < n; ++r) {
-      while (next[r] < plans[r].steps.size()) {
-        const ExchangeStep& step = plans[r].steps[next[r]];
-        if (step.send && !sent[r]) {
-          const OutgoingChunk& out = *step.send;
-          net.links[{r, plans[r].send_to}].emplace_back(out.plain, out.plain + out.bytes);
-          net.sent_bytes[r] += out.bytes;
-          sent[r] = true;
-        }
-        if (step.recv) {
-          auto& link = net.links[{plans[r].recv_from, r}];
-          if (link.empty()) break;
-          const Message message = std::move(link.front());
-          link.pop_front();
-          EXPECT_EQ(message.size(), step.recv->bytes) << "rank " << r << " step " << next[r];
-          if (step.recv->reduce) {
-            reduce(*step.recv, message);
-          } else if (!message.empty()) {
-            std::memcpy(step.recv->target, message.data(), message.size());
-          }
-        }
-        ++next[r];
-        sent[r] = false;
-        moved = true;
-      }
-    }
+    for (int r = 0; r < n; ++r) moved = Advance(runs[r], r, reduce, net) || moved;
   }
-  for (int r = 0; r < n; ++r) {
-    if (next[r] != plans[r].steps.size()) return false;
+  for (const RankRun& run : runs) {
+    if (!run.Done()) return false;
   }
   for (const auto& [link, messages] : net.links) {
     EXPECT_TRUE(messages.empty()) << "undelivered on " << link.first << "->" << link.second;

@@ -20,11 +20,17 @@ struct Chunks {
     const size_t start = std::min(bytes, k * chunk);
     return std::min(bytes, start + chunk) - start;
   }
-  OutgoingChunk Out(size_t k) const { return {At(k), Size(k)}; }
+  OutgoingChunk Out(size_t k, size_t after_receives) const {
+    return {At(k), Size(k), after_receives};
+  }
   IncomingChunk In(size_t k, bool reduce, bool complete) const {
     return {At(k), Size(k), reduce, complete};
   }
 };
+
+// On a ring every step receives, and the chunk sent at step i is the one received at step
+// i - chunks (the same chunk of the block one step of the ring earlier), or the rank's own.
+size_t AfterRingStep(size_t step, size_t chunks) { return step >= chunks ? step - chunks + 1 : 0; }
 
 // The two neighbours of `rank` on the ring 0 -> 1 -> ... -> size-1 -> 0.
 void OnRing(ExchangePlan& plan, int rank, int size) {
@@ -52,14 +58,16 @@ ExchangePlan RingAllReducePlan(uint8_t* data, size_t count, size_t element_size,
     const Chunks& out = blocks[Mod(rank - s, size)];
     const Chunks& in = blocks[Mod(rank - s - 1, size)];
     for (size_t k = 0; k < chunks; ++k) {
-      plan.steps.push_back({out.Out(k), in.In(k, /*reduce=*/true, /*complete=*/s == size - 2)});
+      plan.steps.push_back({out.Out(k, AfterRingStep(plan.steps.size(), chunks)),
+                            in.In(k, /*reduce=*/true, /*complete=*/s == size - 2)});
     }
   }
   for (int t = 0; t < size - 1; ++t) {
     const Chunks& out = blocks[Mod(rank + 1 - t, size)];
     const Chunks& in = blocks[Mod(rank - t, size)];
     for (size_t k = 0; k < chunks; ++k) {
-      plan.steps.push_back({out.Out(k), in.In(k, /*reduce=*/false, /*complete=*/false)});
+      plan.steps.push_back({out.Out(k, AfterRingStep(plan.steps.size(), chunks)),
+                            in.In(k, /*reduce=*/false, /*complete=*/false)});
     }
   }
   return plan;
@@ -80,7 +88,8 @@ ExchangePlan RingAllGatherPlan(const uint8_t* input, const std::vector<uint8_t*>
     const Chunks out{source, bytes, chunk};
     const Chunks in{outputs[Mod(rank - t - 1, size)], bytes, chunk};
     for (size_t k = 0; k < chunks; ++k) {
-      plan.steps.push_back({out.Out(k), in.In(k, /*reduce=*/false, /*complete=*/false)});
+      plan.steps.push_back({out.Out(k, AfterRingStep(plan.steps.size(), chunks)),
+                            in.In(k, /*reduce=*/false, /*complete=*/false)});
     }
   }
   return plan;
@@ -102,8 +111,8 @@ ExchangePlan ChainBroadcastPlan(uint8_t* data, size_t bytes, int root, int rank,
   const size_t steps = chunks + (sends && receives ? 1 : 0);
   for (size_t k = 0; k < steps; ++k) {
     ExchangeStep step;
-    if (sends && !receives) step.send = all.Out(k);
-    if (sends && receives && k > 0) step.send = all.Out(k - 1);
+    if (sends && !receives) step.send = all.Out(k, 0);
+    if (sends && receives && k > 0) step.send = all.Out(k - 1, /*after_receives=*/k);
     if (receives && k < chunks) step.recv = all.In(k, /*reduce=*/false, /*complete=*/false);
     plan.steps.push_back(step);
   }

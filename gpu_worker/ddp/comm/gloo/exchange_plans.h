@@ -7,9 +7,11 @@
 // next rank (send_to), then receives at most one chunk from the previous one (recv_from).
 // Chunks are at most `chunk_bytes` (whole elements for allreduce); both ends of a link compute
 // the same sizes. A chunk sent at step i was complete when step i began: it is either the
-// rank's own data or one received (and reduced) at an earlier step, so a rank that runs its
-// steps in order, sending before receiving, never waits for itself, and a ring of such ranks
-// never deadlocks (each step needs only the previous rank's send of the same step).
+// rank's own data or one received (and reduced) at an earlier step (its after_receives says
+// which), so a rank that runs its steps in order, sending before receiving, never waits for
+// itself, and a ring of such ranks never deadlocks (each step needs only the previous rank's
+// send of the same step). A rank may also send a chunk ahead of its step once after_receives
+// of its receives are done.
 #pragma once
 
 #include <cstddef>
@@ -22,6 +24,10 @@ namespace gradhub::ddp {
 struct OutgoingChunk {
   const uint8_t* plain = nullptr;
   size_t bytes = 0;
+  // How many of the plan's receives (in order) must be done before the chunk holds what it
+  // sends: 0 for the rank's own data, else one more than the index of the receive that
+  // completes it. It may go out as early as that, ahead of its step.
+  size_t after_receives = 0;
 };
 
 struct IncomingChunk {

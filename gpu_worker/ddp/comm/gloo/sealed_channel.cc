@@ -105,11 +105,21 @@ class SealedChannel::Pipeline {
 
   void Run() {
     for (const ExchangeStep& step : plan_.steps) {
+      if (step.send) sends_.push_back(&*step.send);
       if (step.recv) recv_bytes_.push_back(step.recv->bytes);
     }
     for (size_t k = 0; k < std::min(kWindow, recv_bytes_.size()); ++k) PostReceive(k);
+    size_t due = 0;  // sends of the steps begun so far
     for (const ExchangeStep& step : plan_.steps) {
-      if (step.send) Send(*step.send);
+      if (step.send) ++due;
+      while (sent_ < due) Send(*sends_[sent_]);
+      // Step 2a's sends ahead: up to kWindow - 1 past this step's, each once its bytes are
+      // final. A wait for a free slot here needs the peer to have consumed a message of an
+      // earlier step, never a later one, so ranks that all do this cannot wait on each other.
+      while (sent_ < sends_.size() && sent_ + 1 < due + kWindow &&
+             sends_[sent_]->after_receives <= received_) {
+        Send(*sends_[sent_]);
+      }
       if (step.recv) Receive(*step.recv);
     }
     while (completed_sends_ < sent_) WaitSend();
@@ -175,7 +185,8 @@ class SealedChannel::Pipeline {
   const uint64_t collective_;
   const uint64_t slot_;
   const Clock::time_point deadline_;
-  std::vector<size_t> recv_bytes_;  // of the plan's receives, in order
+  std::vector<const OutgoingChunk*> sends_;  // the plan's, in order
+  std::vector<size_t> recv_bytes_;           // of the plan's receives, in order
   size_t sent_ = 0, completed_sends_ = 0, received_ = 0;
 };
 

@@ -31,11 +31,13 @@ namespace gradhub::ddp {
 //  1. The first W receives are posted at once, into W receive slots of kChunkBytes + tag, so
 //     that a peer's sends never wait for this rank to ask.
 //  2. For each step of the plan, in order:
-//     a. send: wait until the send W before it has completed (its slot is free again), seal
-//        the chunk into that slot (label: the collective's number, the message's index in its
-//        direction) and post it. gloo writes it (this thread when the socket takes it at once,
-//        else gloo's event loop) while this thread goes on to the next chunk, so sealing
-//        overlaps sending.
+//     a. send: the step's chunk, unless it went out ahead, then up to W - 1 later chunks whose
+//        bytes are already final (exchange_plans.h, after_receives). Each waits until the send
+//        W before it has completed (its slot is free again), is sealed into that slot (label:
+//        the collective's number, the message's index in its direction) and posted. gloo
+//        writes it (this thread when the socket takes it at once, else gloo's event loop)
+//        while this thread seals the next chunks and the peer's messages travel, so sealing
+//        overlaps sending and receiving.
 //     b. receive: wait for the next message and open it, its tag checked over the whole
 //        message: a chunk to reduce into scratch, and only then reduced into the tensor; a
 //        chunk that overwrites its place (allreduce's all-gather half, broadcast, allgather)
