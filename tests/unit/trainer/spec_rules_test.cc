@@ -228,6 +228,10 @@ const Refusal kRefusals[] = {
     // --- the checkpoint it resumes ---
     {"spec", KnownAt::kCheckpoint,
      "a checkpoint written under a spec that differs in fields that decide the result"},
+    {"checkpoint", KnownAt::kCheckpoint,
+     "a checkpoint's bytes gradhub could not have written (checkpoint_archive.h, "
+     "checkpoint_pickle.h), or whose tensors do not fit the model: a tenant can upload any "
+     "bytes, and only the resuming rank reads them"},
     // --- the data files' contents ---
     {"dataset.csv.path", KnownAt::kDataFiles, "the CSV file's rows"},
     {"dataset.csv.labelColumnIndex", KnownAt::kDataFiles, "the CSV file's columns"},
