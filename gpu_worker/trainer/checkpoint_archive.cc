@@ -292,6 +292,11 @@ void CheckCheckpointArchive(std::string_view bytes) {
   }
   const std::optional<std::map<std::string, uint64_t>> sizes = ZipDirectory(bytes).RecordSizes();
   if (!sizes) Refuse("a zip directory that does not give every record's size once");
+  // A reader allocates a record's size before it inflates it: none may claim more bytes than
+  // the whole archive holds (the records gradhub writes are stored, or small code).
+  for (const auto& [name, size] : *sizes) {
+    if (size > bytes.size()) Refuse("a record that unpacks to more bytes than the whole archive");
+  }
   if (records.size() > kMaxCheckpointRecords) {
     Refuse(std::to_string(records.size()) + " records, over " +
            std::to_string(kMaxCheckpointRecords));

@@ -9,7 +9,8 @@
 // everything else is refused before torch sees it:
 //   1. the zip's records are only those such an archive has (data.pkl, constants.pkl, the
 //      version, data/<n>, code/__torch__.py, code/__torch__/___torch_mangle_<n>.py and their
-//      .debug_pkl), at most kMaxRecords of them;
+//      .debug_pkl), at most kMaxCheckpointRecords of them, none unpacking to more bytes than
+//      the whole archive (readers allocate that size before they inflate);
 //   2. each code record is class declarations alone, line by line in the exporter's form:
 //      `class Module(Module):`, then `__parameters__`/`__buffers__` lists of quoted names,
 //      `__annotations__` entries and `name : Type` attributes, whose types are tensors,

@@ -229,6 +229,25 @@ TEST(CheckpointArchiveTest, APickleThatWouldMakeTorchAllocateGigabytesIsRefused)
                 "STOP with more to read, or not one value left");
 }
 
+TEST(CheckpointArchiveTest, ARecordClaimingMoreBytesThanTheArchiveIsRefused) {
+  // A compressed code record whose zip directory says it inflates to 3.5 GB (found by the
+  // fuzz target: the reader allocates that much before inflating).
+  std::string checkpoint = Trained("sgd").Checkpoint();
+  const std::string name = "archive/code/__torch__/___torch_mangle_0.py";  // deflated
+  size_t header = std::string::npos;
+  for (size_t at = checkpoint.find("PK\x01\x02"); at != std::string::npos;
+       at = checkpoint.find("PK\x01\x02", at + 4)) {
+    const size_t name_size =
+        static_cast<uint8_t>(checkpoint[at + 28]) + 256 * static_cast<uint8_t>(checkpoint[at + 29]);
+    if (name_size == name.size() && checkpoint.compare(at + 46, name.size(), name) == 0) {
+      header = at;
+    }
+  }
+  ASSERT_NE(header, std::string::npos);
+  checkpoint.replace(header + 24, 4, "\xce\x0f\x00\xd2", 4);  // uncompressed size
+  ExpectRefused(checkpoint, "a record that unpacks to more bytes than the whole archive");
+}
+
 TEST(CheckpointArchiveTest, RecordsSuchArchivesNeverHaveAreRefused) {
   const std::string checkpoint = Trained("sgd").Checkpoint();
   auto same = [](const std::string&, std::string content) -> std::optional<std::string> {
