@@ -185,8 +185,8 @@ TEST_F(DataFileTest, LabelsPastTheClassLimitAreRefusedNamingTheTask) {
 }
 
 TEST_F(DataFileTest, NumbersPastFloat32AreRefusedNamingTheLineAndColumn) {
-  for (const std::string& row : {"1e39,4,1", "1,2,-3.5e38"}) {
-    const std::string path = Write("huge.csv", "1,2,0\n" + row + "\n");
+  for (const char* row : {"1e39,4,1", "1,2,-3.5e38"}) {
+    const std::string path = Write("huge.csv", "1,2,0\n" + std::string(row) + "\n");
     try {
       LoadDataset(Csv(path), 1, 0);
       FAIL() << "expected UserError for " << row;

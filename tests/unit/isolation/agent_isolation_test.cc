@@ -186,7 +186,10 @@ TEST(RankIsolationTest, RankFilesBelongToTheRankUser) {
   v1::RankAssignment assignment;
   assignment.set_job("jobs/0b7c7a4e-1f4e-4d1c-9a57-2f0c1b1d3e55");
   assignment.set_attempt(1);
-  auto launch = PlanRankLaunch(config, "s", assignment);
+  PreparedRank prepared;
+  prepared.identity = *user;
+  prepared.token = "s";
+  auto launch = PlanRankLaunch(config, assignment, prepared);
   ASSERT_TRUE(launch.ok());
   ASSERT_TRUE(PrepareRankFiles(*launch, assignment, *user).ok());
   for (const std::string& path : {launch->dir, launch->spec_path, launch->checkpoint_dir}) {
