@@ -1,0 +1,320 @@
+// The pipeline schedules' rules, one test each, and a discrete-event simulation of all stages
+// of a pipeline together: blocking receives, asynchronous sends. No torch, no communication.
+#include "gpu_worker/ddp/pipeline/schedule.h"
+
+#include "gpu_worker/ddp/pipeline/layout.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <optional>
+#include <stdexcept>
+#include <tuple>
+#include <vector>
+
+namespace gradhub::ddp::pipeline {
+namespace {
+
+using ::testing::ElementsAreArray;
+using ::testing::HasSubstr;
+using Kind = StageAction::Kind;
+
+constexpr StageAction F(int mb, int chunk = 0) { return {Kind::kForward, mb, chunk}; }
+constexpr StageAction B(int mb, int chunk = 0) { return {Kind::kBackward, mb, chunk}; }
+
+struct Shape {
+  PipelineSchedule schedule;
+  int stages, micro_batches, chunks;
+};
+
+// Every shape the simulation covers: S in 1..8, M in 1..16, each schedule where it applies
+// (interleaved with 2 and 3 chunks where M is a multiple of S).
+std::vector<Shape> AllShapes() {
+  std::vector<Shape> shapes;
+  for (int s = 1; s <= 8; ++s) {
+    for (int m = 1; m <= 16; ++m) {
+      shapes.push_back({PipelineSchedule::kGPipe, s, m, 1});
+      shapes.push_back({PipelineSchedule::kOneFOneB, s, m, 1});
+      for (int v : {2, 3}) {
+        if (s >= 2 && m % s == 0)
+          shapes.push_back({PipelineSchedule::kInterleavedOneFOneB, s, m, v});
+      }
+    }
+  }
+  return shapes;
+}
+
+std::string Describe(const Shape& shape) {
+  return std::string(PipelineScheduleName(shape.schedule)) + " S=" + std::to_string(shape.stages) +
+         " M=" + std::to_string(shape.micro_batches) + " v=" + std::to_string(shape.chunks);
+}
+
+// When each action of each stage finished, in a simulation where a forward takes
+// `forward_time` and a backward `backward_time` (per chunk), messages arrive at once, sends
+// never block and a receive blocks until its message was sent. Empty if the stages deadlock.
+struct Simulation {
+  using Key = std::tuple<Kind, int, int>;  // kind, micro-batch, virtual stage
+  std::map<Key, double> start, finish;
+  std::vector<double> busy, end;  // per stage
+  double makespan = 0;
+  bool deadlocked = false;
+};
+
+// What action `action` of stage `stage` waits for: the previous virtual stage's forward, or
+// the next virtual stage's backward (and its own forward, which runs on the same stage).
+std::optional<Simulation::Key> Dependency(const Shape& shape, int stage,
+                                          const StageAction& action) {
+  const int virtual_stage = VirtualStage(shape.stages, stage, action.chunk);
+  if (action.kind == Kind::kForward) {
+    if (virtual_stage == 0) return std::nullopt;
+    return Simulation::Key{Kind::kForward, action.micro_batch, virtual_stage - 1};
+  }
+  if (virtual_stage == shape.stages * shape.chunks - 1) {
+    return Simulation::Key{Kind::kForward, action.micro_batch, virtual_stage};
+  }
+  return Simulation::Key{Kind::kBackward, action.micro_batch, virtual_stage + 1};
+}
+
+using StageLists = std::vector<std::vector<StageAction>>;
+
+Simulation Simulate(const Shape& shape, const StageLists& lists, double forward_time = 1,
+                    double backward_time = 1) {
+  const int S = shape.stages;
+  Simulation sim;
+  sim.busy.assign(S, 0);
+  sim.end.assign(S, 0);
+  std::vector<size_t> next(S, 0);
+  for (bool progressed = true; progressed;) {
+    progressed = false;
+    for (int s = 0; s < S; ++s) {
+      while (next[s] < lists[s].size()) {
+        const StageAction& action = lists[s][next[s]];
+        const auto dependency = Dependency(shape, s, action);
+        double ready = sim.end[s];
+        if (dependency) {
+          const auto it = sim.finish.find(*dependency);
+          if (it == sim.finish.end()) break;  // blocked in a receive
+          ready = std::max(ready, it->second);
+        }
+        const double duration =
+            (action.kind == Kind::kForward ? forward_time : backward_time) / shape.chunks;
+        const Simulation::Key key{action.kind, action.micro_batch,
+                                  VirtualStage(S, s, action.chunk)};
+        sim.start[key] = ready;
+        sim.end[s] = sim.finish[key] = ready + duration;
+        sim.busy[s] += duration;
+        ++next[s];
+        progressed = true;
+      }
+    }
+  }
+  for (int s = 0; s < S; ++s) sim.deadlocked |= next[s] < lists[s].size();
+  sim.makespan = *std::max_element(sim.end.begin(), sim.end.end());
+  return sim;
+}
+
+Simulation Simulate(const Shape& shape) {
+  StageLists lists;
+  for (int s = 0; s < shape.stages; ++s) {
+    lists.push_back(
+        StageActions(shape.schedule, shape.stages, s, shape.micro_batches, shape.chunks));
+  }
+  return Simulate(shape, lists);
+}
+
+TEST(PipelineScheduleTest, GPipeRunsEveryForwardThenEveryBackwardInOrder) {
+  EXPECT_THAT(StageActions(PipelineSchedule::kGPipe, 4, 1, 3),
+              ElementsAreArray({F(0), F(1), F(2), B(0), B(1), B(2)}));
+}
+
+TEST(PipelineScheduleTest, OneFOneBWarmsUpWithStagesAfterThisOne) {
+  // S=4, stage 1: two warm-up forwards, then F/B in turn, then the last two backwards.
+  EXPECT_THAT(StageActions(PipelineSchedule::kOneFOneB, 4, 1, 5),
+              ElementsAreArray({F(0), F(1), F(2), B(0), F(3), B(1), F(4), B(2), B(3), B(4)}));
+  // The last stage has no warm-up.
+  EXPECT_THAT(StageActions(PipelineSchedule::kOneFOneB, 4, 3, 2),
+              ElementsAreArray({F(0), B(0), F(1), B(1)}));
+}
+
+TEST(PipelineScheduleTest, OneFOneBWithFewerMicroBatchesThanStagesIsGPipeOnEarlyStages) {
+  // Stage 0 of 4 would warm up with 3 forwards; with M = 2 it runs both, then both backwards.
+  EXPECT_EQ(StageActions(PipelineSchedule::kOneFOneB, 4, 0, 2),
+            StageActions(PipelineSchedule::kGPipe, 4, 0, 2));
+  EXPECT_THAT(StageActions(PipelineSchedule::kOneFOneB, 4, 3, 2),
+              ElementsAreArray({F(0), B(0), F(1), B(1)}));
+}
+
+TEST(PipelineScheduleTest, InterleavedFollowsMegatronRounds) {
+  // S=2, v=2, M=4, stage 0: warm-up 2 * 1 + 1 * 2 = 4 forwards, round by round through the
+  // chunks; backwards go through the chunks the other way.
+  EXPECT_THAT(StageActions(PipelineSchedule::kInterleavedOneFOneB, 2, 0, 4, 2),
+              ElementsAreArray({F(0), F(1), F(0, 1), F(1, 1), F(2), B(0, 1), F(3), B(1, 1), F(2, 1),
+                                B(0), F(3, 1), B(1), B(2, 1), B(3, 1), B(2), B(3)}));
+}
+
+TEST(PipelineScheduleTest, EveryForwardPrecedesItsBackwardOnceEach) {
+  for (const Shape& shape : AllShapes()) {
+    for (int s = 0; s < shape.stages; ++s) {
+      std::map<std::pair<int, int>, int> forward_at, backward_at;
+      const auto actions =
+          StageActions(shape.schedule, shape.stages, s, shape.micro_batches, shape.chunks);
+      ASSERT_EQ(actions.size(), 2u * shape.micro_batches * shape.chunks) << Describe(shape);
+      for (size_t i = 0; i < actions.size(); ++i) {
+        auto& seen = actions[i].kind == Kind::kForward ? forward_at : backward_at;
+        ASSERT_TRUE(seen.emplace(std::pair(actions[i].micro_batch, actions[i].chunk), i).second)
+            << Describe(shape) << " stage " << s << ": " << ToString(actions[i]) << " twice";
+      }
+      for (const auto& [key, at] : backward_at) {
+        ASSERT_TRUE(forward_at.count(key)) << Describe(shape);
+        EXPECT_LT(forward_at[key], at) << Describe(shape) << " stage " << s;
+      }
+    }
+  }
+}
+
+TEST(PipelineScheduleTest, BackwardsOfEachChunkRunInMicroBatchOrderEndingWithTheLast) {
+  for (const Shape& shape : AllShapes()) {
+    for (int s = 0; s < shape.stages; ++s) {
+      const auto actions =
+          StageActions(shape.schedule, shape.stages, s, shape.micro_batches, shape.chunks);
+      std::vector<int> last(shape.chunks, -1);
+      for (const StageAction& action : actions) {
+        if (action.kind != Kind::kBackward) continue;
+        EXPECT_EQ(action.micro_batch, last[action.chunk] + 1) << Describe(shape);
+        last[action.chunk] = action.micro_batch;
+      }
+      EXPECT_EQ(actions.back(), B(shape.micro_batches - 1)) << Describe(shape);
+    }
+  }
+}
+
+TEST(PipelineScheduleTest, SimulationFindsADeadlock) {
+  // Stage 0 waits for B0 before sending F1; stage 1 waits for F1 before running B0.
+  const Shape shape{PipelineSchedule::kOneFOneB, 2, 2, 1};
+  EXPECT_TRUE(Simulate(shape, {{F(0), B(0), F(1), B(1)}, {F(0), F(1), B(0), B(1)}}).deadlocked);
+  EXPECT_FALSE(Simulate(shape, {{F(0), F(1), B(0), B(1)}, {F(0), B(0), F(1), B(1)}}).deadlocked);
+}
+
+TEST(PipelineScheduleTest, AllStagesCompleteWithoutDeadlock) {
+  for (const Shape& shape : AllShapes()) {
+    EXPECT_FALSE(Simulate(shape).deadlocked) << Describe(shape);
+  }
+}
+
+TEST(PipelineScheduleTest, ForwardsFollowThePreviousStageAndBackwardsTheNext) {
+  for (const Shape& shape : AllShapes()) {
+    const Simulation sim = Simulate(shape);
+    const int last = shape.stages * shape.chunks - 1;
+    for (const auto& [key, finish] : sim.finish) {
+      EXPECT_LT(sim.start.at(key), finish);
+      const auto [kind, mb, virtual_stage] = key;
+      const double start = sim.start.at(key);
+      if (kind == Kind::kForward && virtual_stage > 0) {
+        EXPECT_GE(start, sim.finish.at({kind, mb, virtual_stage - 1})) << Describe(shape);
+      }
+      if (kind == Kind::kBackward && virtual_stage < last) {
+        EXPECT_GE(start, sim.finish.at({kind, mb, virtual_stage + 1})) << Describe(shape);
+      }
+      if (kind == Kind::kBackward) {
+        EXPECT_GE(start, sim.finish.at({Kind::kForward, mb, virtual_stage})) << Describe(shape);
+      }
+    }
+  }
+}
+
+TEST(PipelineScheduleTest, BalancedStagesIdleForTheIdealBubble) {
+  for (const Shape& shape : AllShapes()) {
+    if (shape.schedule == PipelineSchedule::kInterleavedOneFOneB) continue;
+    const Simulation sim = Simulate(shape);
+    const double ideal = IdealBubbleFraction(shape.schedule, shape.stages, shape.micro_batches);
+    for (int s = 0; s < shape.stages; ++s) {
+      EXPECT_NEAR(1 - sim.busy[s] / sim.makespan, ideal, 1e-9) << Describe(shape);
+    }
+  }
+}
+
+TEST(PipelineScheduleTest, InterleavingShrinksTheBubble) {
+  const Shape plain{PipelineSchedule::kOneFOneB, 4, 8, 1};
+  const Shape interleaved{PipelineSchedule::kInterleavedOneFOneB, 4, 8, 2};
+  EXPECT_LT(Simulate(interleaved).makespan, Simulate(plain).makespan);
+  EXPECT_NEAR(IdealBubbleFraction(interleaved.schedule, 4, 8, 2), 3.0 / 19, 1e-12);
+}
+
+TEST(PipelineScheduleTest, PeakInFlightIsAllMicroBatchesForGPipe) {
+  for (int s = 0; s < 4; ++s)
+    EXPECT_EQ(PeakInFlightMicroBatches(PipelineSchedule::kGPipe, 4, s, 8), 8);
+}
+
+TEST(PipelineScheduleTest, PeakInFlightIsStagesFromHereForOneFOneB) {
+  for (int stages = 1; stages <= 8; ++stages) {
+    for (int m = 1; m <= 16; ++m) {
+      for (int s = 0; s < stages; ++s) {
+        EXPECT_EQ(PeakInFlightMicroBatches(PipelineSchedule::kOneFOneB, stages, s, m),
+                  std::min(stages - s, m))
+            << "S=" << stages << " s=" << s << " M=" << m;
+      }
+    }
+  }
+}
+
+TEST(PipelineScheduleTest, IdealBubble) {
+  EXPECT_DOUBLE_EQ(IdealBubbleFraction(PipelineSchedule::kGPipe, 1, 4), 0);
+  EXPECT_DOUBLE_EQ(IdealBubbleFraction(PipelineSchedule::kOneFOneB, 4, 8), 3.0 / 11);
+}
+
+void ExpectRefused(const std::function<void()>& call, const std::string& names) {
+  try {
+    call();
+    ADD_FAILURE() << "accepted; expected an error naming " << names;
+  } catch (const std::invalid_argument& e) {
+    EXPECT_THAT(e.what(), HasSubstr(names));
+  }
+}
+
+TEST(PipelineScheduleTest, BadShapesAreRefusedNamingTheParameter) {
+  using P = PipelineSchedule;
+  ExpectRefused([] { StageActions(P::kGPipe, 0, 0, 4); }, "stages is 0");
+  ExpectRefused([] { StageActions(P::kOneFOneB, 2, 2, 4); }, "stage is 2");
+  ExpectRefused([] { StageActions(P::kOneFOneB, 2, -1, 4); }, "stage is -1");
+  ExpectRefused([] { StageActions(P::kOneFOneB, 2, 0, 0); }, "micro_batches is 0");
+  ExpectRefused([] { StageActions(P::kGPipe, 2, 0, 4, 2); }, "chunks_per_stage is 2");
+  ExpectRefused([] { StageActions(P::kInterleavedOneFOneB, 2, 0, 4, 1); }, "chunks_per_stage is 1");
+  ExpectRefused([] { StageActions(P::kInterleavedOneFOneB, 1, 0, 4, 2); }, "stages is 1");
+  ExpectRefused([] { StageActions(P::kInterleavedOneFOneB, 4, 0, 6, 2); }, "micro_batches is 6");
+  ExpectRefused([] { IdealBubbleFraction(P::kGPipe, 2, 0); }, "micro_batches is 0");
+}
+
+TEST(PipelineLayoutTest, AReplicasStagesAreConsecutiveRanks) {
+  const PipelineLayout layout(8, 4);  // 4 stages x 2 replicas
+  EXPECT_EQ(layout.replicas(), 2);
+  EXPECT_EQ(layout.RankOf(1, 2), 6);
+  EXPECT_EQ(layout.StageOf(6), 2);
+  EXPECT_EQ(layout.ReplicaOf(6), 1);
+  EXPECT_EQ(layout.FirstStageRank(6), 4);
+  EXPECT_EQ(layout.LastStageRank(1), 3);
+}
+
+TEST(PipelineLayoutTest, NeighboursGoAroundTheReplicasRing) {
+  const PipelineLayout layout(8, 4);
+  EXPECT_EQ(layout.NextRank(5), 6);
+  EXPECT_EQ(layout.PreviousRank(5), 4);
+  EXPECT_EQ(layout.NextRank(7), 4);  // the last stage's chunk c feeds stage 0's chunk c + 1
+  EXPECT_EQ(layout.PreviousRank(4), 7);
+  EXPECT_EQ(PipelineLayout(3, 1).NextRank(2), 2);
+}
+
+TEST(PipelineLayoutTest, AStagesDataParallelGroupHoldsItInEveryReplica) {
+  EXPECT_THAT(PipelineLayout(8, 4).DataParallelRanks(1), ElementsAreArray({1, 5}));
+  EXPECT_THAT(PipelineLayout(3, 1).DataParallelRanks(0), ElementsAreArray({0, 1, 2}));
+}
+
+TEST(PipelineLayoutTest, StagesMustDivideTheWorld) {
+  ExpectRefused([] { PipelineLayout(6, 4); }, "parallelism.pipelineStages is 4");
+  ExpectRefused([] { PipelineLayout(6, 0); }, "parallelism.pipelineStages is 0");
+  ExpectRefused([] { PipelineLayout(0, 1); }, "world size is 0");
+}
+
+}  // namespace
+}  // namespace gradhub::ddp::pipeline
