@@ -127,6 +127,22 @@ CheckedCollective CheckAllGather(const ProcessGroup& group, const c10::Device& d
           input.numel() == 0};
 }
 
+CheckedCollective CheckPointToPoint(const ProcessGroup& group, const c10::Device& device,
+                                    bool sending, const at::Tensor& tensor, int peer,
+                                    uint32_t tag) {
+  const char* op = sending ? "send" : "recv";
+  CheckTensor(op, group, device, tensor, "tensor");
+  const char* field = sending ? "dst" : "src";
+  if (peer < 0 || peer >= group.size() || peer == group.rank()) {
+    throw std::invalid_argument(StrCat(
+        Site(op, group), ": ", field, " ", peer,
+        peer == group.rank() ? " is this rank" : StrCat(" is not in [0, ", group.size(), ")")));
+  }
+  return {StrCat(DtypeName(tensor.scalar_type()), ", ", tensor.numel(), " elements, ",
+                 sending ? "to" : "from", " rank ", peer, ", tag ", tag),
+          false};
+}
+
 std::string DescribeCollective(const ProcessGroup& group, const char* kind, uint64_t seq,
                                const std::string& detail) {
   return StrCat(kind, " #", seq, detail.empty() ? "" : " (" + detail + ")", " in group '",

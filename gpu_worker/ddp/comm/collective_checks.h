@@ -62,6 +62,11 @@ CheckedCollective CheckAllReduce(const ProcessGroup& group, const c10::Device& d
 CheckedCollective CheckAllGather(const ProcessGroup& group, const c10::Device& device,
                                  const std::vector<at::Tensor>& outputs, const at::Tensor& input);
 
+// Send (`sending`) or Recv: `tensor` as for allreduce, `peer` (named "dst" or "src") in
+// [0, size) and not this rank. Its detail: "float32, 4096 elements, to rank 1, tag 7".
+CheckedCollective CheckPointToPoint(const ProcessGroup& group, const c10::Device& device,
+                                    bool sending, const at::Tensor& tensor, int peer, uint32_t tag);
+
 // Step 2: "<kind> #<seq> (<detail>) in group '<name>' rank <r>/<n>".
 std::string DescribeCollective(const ProcessGroup& group, const char* kind, uint64_t seq,
                                const std::string& detail);

@@ -3,6 +3,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <chrono>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -105,6 +106,13 @@ void ValidateProcessGroupOptions(const ProcessGroupOptions& options);
 // thread but must be issued in one agreed order per group (the Reducer issues from the
 // autograd thread). Supported dtypes: float32, float64, float16, bfloat16, int64. Tensors
 // must be contiguous, on CPU for Gloo and on the group's CUDA device for NCCL.
+//
+// Send and Recv (point to point) involve two ranks only, so they take no part in the
+// collectives' common order: a Send or Recv never needs the other ranks, and a collective
+// never waits for one (Barrier included). How each backend runs them beside its collectives
+// -- in particular whether a rank may post them in any order -- is in its header
+// (gloo/gloo_process_group.h: any order; nccl/nccl_process_group.h: issue order on one
+// stream, so neighbours must post in a matching order).
 class ProcessGroup {
  public:
   virtual ~ProcessGroup() = default;
@@ -120,6 +128,16 @@ class ProcessGroup {
   // outputs[r] receives rank r's `input`; outputs has size() tensors shaped like `input`.
   virtual std::shared_ptr<Work> AllGather(std::vector<at::Tensor> outputs, at::Tensor input) = 0;
   virtual std::shared_ptr<Work> Barrier() = 0;
+
+  // Point to point (pipeline stages): sends `tensor` to rank `dst` of this group. The message
+  // matches the Recv on `dst` that names this rank as `src` and the same `tag`; between one
+  // pair and one tag, messages match in the order they were issued. The Work completes when
+  // the tensor may be reused (its bytes are sent or copied). Fails with CommError naming the
+  // operation, group, peer and tag on the collective timeout or a dead peer.
+  virtual std::shared_ptr<Work> Send(at::Tensor tensor, int dst, uint32_t tag) = 0;
+  // Receives into `tensor` (shape and dtype must match the sender's; a size mismatch is a
+  // CommError naming both sizes) from rank `src`. Completes when the bytes have arrived.
+  virtual std::shared_ptr<Work> Recv(at::Tensor tensor, int src, uint32_t tag) = 0;
 
  protected:
   ProcessGroup(int rank, int size, std::string name)

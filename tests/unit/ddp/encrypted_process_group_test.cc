@@ -1,14 +1,16 @@
 // Encrypted Gloo collectives (GlooOptions::encrypt_traffic, gloo/sealed_channel.h): results
 // equal to the plain path's, the ranks' agreement on the option, and what the wire carries,
 // seen by a relay between two ranks (gloo_relay.h): no plaintext, and a flipped byte fails
-// the collective. The ProcessGroup conformance suite runs sealed too (process_group_test.cc);
-// ranks are threads over loopback TCP, each with its own group.
+// the collective; the same for point-to-point transfers. The ProcessGroup conformance suite
+// runs sealed too (process_group_test.cc); ranks are threads over loopback TCP, each with its
+// own group.
 #include <ATen/ATen.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -214,28 +216,18 @@ std::shared_ptr<ProcessGroup> JoinRelayed(const Relayed& relayed, int rank, bool
   return CreateProcessGroup(options);
 }
 
-// What rank 0 and rank 1 sent each other through the relay while rank 0 allreduced,
-// broadcast and allgathered a tensor of kSecret (rank 1: zeros), with the results checked.
-std::string WireOfSecretCollectives(bool encrypt) {
-  Relayed relayed{std::make_shared<testing::RelayingStore>(std::make_shared<InMemoryStore>(),
-                                                           encrypt ? "sealed" : "plain"),
-                  encrypt ? "sealed" : "plain"};
-  constexpr int64_t kNumel = 100000;  // 800 KB: several chunks
-  const at::Tensor secret = SecretTensor(kNumel);
+constexpr int64_t kSecretNumel = 100000;  // 800 KB: several chunks
+
+// What rank 0 and rank 1 sent each other through the relay of group `name` while each ran
+// traffic(rank, group, secret), secret a tensor of kSecret.
+std::string WireOf(bool encrypt, const std::string& name,
+                   const std::function<void(int, ProcessGroup&, const at::Tensor&)>& traffic) {
+  Relayed relayed{std::make_shared<testing::RelayingStore>(std::make_shared<InMemoryStore>(), name),
+                  name};
+  const at::Tensor secret = SecretTensor(kSecretNumel);
   spawnThreads(2, [&](int rank) {
     auto group = JoinRelayed(relayed, rank, encrypt, std::chrono::seconds(30));
-    at::Tensor mine = rank == 0 ? secret.clone() : at::zeros({kNumel}, at::kLong);
-    at::Tensor reduced = mine.clone();
-    group->AllReduce(reduced)->Wait();
-    EXPECT_TRUE(BitwiseEqual(reduced, secret)) << "allreduce on rank " << rank;
-    at::Tensor broadcast = mine.clone();
-    group->Broadcast({broadcast}, 0)->Wait();
-    EXPECT_TRUE(BitwiseEqual(broadcast, secret)) << "broadcast on rank " << rank;
-    std::vector<at::Tensor> gathered = {at::empty({kNumel}, at::kLong),
-                                        at::empty({kNumel}, at::kLong)};
-    group->AllGather(gathered, mine)->Wait();
-    EXPECT_TRUE(BitwiseEqual(gathered[0], secret)) << "allgather on rank " << rank;
-    group->Barrier()->Wait();
+    traffic(rank, *group, secret);
   });
   testing::GlooRelay* relay = relayed.store->relay();
   if (relay == nullptr) {
@@ -245,16 +237,43 @@ std::string WireOfSecretCollectives(bool encrypt) {
   return relay->SentByRank0() + relay->SentByRank1();
 }
 
-TEST(SealedWireTest, NoPlaintextCrossesTheWireWhenSealedWhilePlainTrafficShowsIt) {
+// Rank 0 allreduces, broadcasts and allgathers a tensor of kSecret (rank 1: zeros), with the
+// results checked.
+std::string WireOfSecretCollectives(bool encrypt) {
+  return WireOf(
+      encrypt, encrypt ? "sealed" : "plain",
+      [](int rank, ProcessGroup& group, const at::Tensor& secret) {
+        at::Tensor mine = rank == 0 ? secret.clone() : at::zeros_like(secret);
+        at::Tensor reduced = mine.clone();
+        group.AllReduce(reduced)->Wait();
+        EXPECT_TRUE(BitwiseEqual(reduced, secret)) << "allreduce on rank " << rank;
+        at::Tensor broadcast = mine.clone();
+        group.Broadcast({broadcast}, 0)->Wait();
+        EXPECT_TRUE(BitwiseEqual(broadcast, secret)) << "broadcast on rank " << rank;
+        std::vector<at::Tensor> gathered = {at::empty_like(secret), at::empty_like(secret)};
+        group.AllGather(gathered, mine)->Wait();
+        EXPECT_TRUE(BitwiseEqual(gathered[0], secret)) << "allgather on rank " << rank;
+        group.Barrier()->Wait();
+      });
+}
+
+// The control -- plain traffic shows kSecret, so the relay captured the payload -- and the
+// claim: sealed traffic shows no piece of it. `wire(encrypt)` runs the traffic, which carries
+// at least `bytes` either way.
+void ExpectSealingHidesTheSecret(const std::function<std::string(bool encrypt)>& wire,
+                                 size_t bytes) {
   const std::string needle(kSecret, sizeof(kSecret) - 1);
-  const std::string plain = WireOfSecretCollectives(/*encrypt=*/false);
-  // The control: the relay sees the tensor's bytes when nothing is sealed.
-  EXPECT_GT(plain.size(), 3u * 800000);
+  const std::string plain = wire(/*encrypt=*/false);
+  EXPECT_GT(plain.size(), bytes);
   EXPECT_NE(plain.find(needle), std::string::npos) << "the relay did not capture the payload";
-  const std::string sealed = WireOfSecretCollectives(/*encrypt=*/true);
-  EXPECT_GT(sealed.size(), 3u * 800000);
+  const std::string sealed = wire(/*encrypt=*/true);
+  EXPECT_GT(sealed.size(), bytes);
   EXPECT_EQ(sealed.find(needle), std::string::npos) << "plaintext on the wire";
   EXPECT_EQ(sealed.find(needle.substr(0, 12)), std::string::npos) << "plaintext on the wire";
+}
+
+TEST(SealedWireTest, NoPlaintextCrossesTheWireWhenSealedWhilePlainTrafficShowsIt) {
+  ExpectSealingHidesTheSecret(WireOfSecretCollectives, 3u * 800000);
 }
 
 TEST(SealedWireTest, AFlippedByteFailsTheCollectiveNamingTheSenderAndBreaksTheGroup) {
@@ -286,6 +305,55 @@ TEST(SealedWireTest, AFlippedByteFailsTheCollectiveNamingTheSenderAndBreaksTheGr
     } catch (const CommError& e) {
       EXPECT_THAT(e.what(), HasSubstr("unusable after an earlier failure"));
       EXPECT_THAT(e.what(), HasSubstr("failed authentication from rank 0"));
+    }
+  });
+}
+
+// ---------------------------------------------------------------------------------------
+// Point to point through the relay: sealed like the collectives (gloo/point_to_point.h).
+
+// Each rank sends the other a tensor of kSecret, with what arrived checked.
+std::string WireOfSecretTransfers(bool encrypt) {
+  return WireOf(encrypt, encrypt ? "sealed-p2p" : "plain-p2p",
+                [](int rank, ProcessGroup& group, const at::Tensor& secret) {
+                  at::Tensor got = at::zeros_like(secret);
+                  auto send = group.Send(secret, 1 - rank, 7);
+                  auto recv = group.Recv(got, 1 - rank, 7);
+                  send->Wait();
+                  recv->Wait();
+                  EXPECT_TRUE(BitwiseEqual(got, secret)) << "rank " << rank;
+                });
+}
+
+TEST(SealedWireTest, NoPlaintextOfATransferCrossesTheWireWhenSealed) {
+  ExpectSealingHidesTheSecret(WireOfSecretTransfers, 2u * 800000);
+}
+
+TEST(SealedWireTest, AFlippedByteFailsTheRecvNamingTheSenderAndBreaksTheGroup) {
+  Relayed relayed{
+      std::make_shared<testing::RelayingStore>(std::make_shared<InMemoryStore>(), "tampered-p2p"),
+      "tampered-p2p"};
+  spawnThreads(2, [&](int rank) {
+    auto group = JoinRelayed(relayed, rank, true, std::chrono::seconds(5));
+    group->Barrier()->Wait();  // both joined, so the relay exists
+    if (rank == 0) {
+      relayed.store->relay()->TamperWithNextPayload(1024);  // the payload, not the header
+      group->Send(at::ones({1 << 18}), 1, 3)->Wait();       // gloo wrote it: the send succeeded
+      return;
+    }
+    try {
+      group->Recv(at::zeros({1 << 18}), 0, 3)->Wait();
+      ADD_FAILURE() << "a tampered transfer was received";
+    } catch (const CommError& e) {
+      EXPECT_THAT(e.what(), HasSubstr("recv #0 (float32, 262144 elements, from rank 0, tag 3) in "
+                                      "group 'tampered-p2p' rank 1/2: collective traffic failed "
+                                      "authentication from rank 0 (tampered or corrupted)"));
+    }
+    try {
+      group->Recv(at::zeros({3}), 0, 3)->Wait();
+      ADD_FAILURE() << "a broken group ran a Recv";
+    } catch (const CommError& e) {
+      EXPECT_THAT(e.what(), HasSubstr("unusable after an earlier failure"));
     }
   });
 }

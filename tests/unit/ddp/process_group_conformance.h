@@ -12,7 +12,8 @@
 // a test binary.
 //
 // What it covers: every collective (allreduce with every op and dtype, broadcast from every
-// root and of several tensors, allgather into separate and adjacent outputs, barrier), sizes
+// root and of several tensors, allgather into separate and adjacent outputs, barrier; send and
+// recv both ways and between collectives, their descriptions and refusals), sizes
 // 0 to 1 MiB, collectives in flight at once and issued from another thread, Work (times,
 // callbacks, description, Wait with a timeout), subgroups, refused tensors and options (each
 // naming the op or field), a rendezvous or a collective whose peer never comes (a CommError
@@ -509,6 +510,83 @@ TEST_P(ProcessGroupConformanceTest, RefusesBadOptionsNamingTheField) {
     refused(options,
             "options.gloo is set, but the backend is " + std::string(BackendName(options.backend)));
   }
+}
+
+// ---------------------------------------------------------------------------------------
+// Point to point, posted in an order every backend runs (NCCL runs a rank's ops in issue
+// order on one stream; the orders only Gloo allows are in p2p_test.cc).
+
+TEST_P(ProcessGroupConformanceTest, SendAndRecvEveryDtypeAndSizeBothWays) {
+  using namespace gradhub::ddp::testing;
+  if (!WhyNot(2).empty()) GTEST_SKIP() << WhyNot(2);
+  OnRanks(2, "p2p", [&](int rank, ProcessGroup& group) {
+    for (at::ScalarType type : SupportedDtypes()) {
+      const int64_t element = c10::elementSize(type);
+      for (int64_t numel : {int64_t{0}, int64_t{1}, int64_t{7}, kMiB / element + 7}) {
+        SCOPED_TRACE(::testing::Message()
+                     << "rank " << rank << ", " << type << ", " << numel << " elements");
+        // Rank 0 sends first and then receives; rank 1 the other way round.
+        for (int sender : {0, 1}) {
+          const uint32_t tag = static_cast<uint32_t>(numel + sender);
+          if (rank == sender) {
+            group.Send(RankTensor(type, numel, rank, 2), 1 - rank, tag)->Wait();
+          } else {
+            at::Tensor got = OnDevice(at::zeros({numel}, at::TensorOptions().dtype(type)), rank);
+            group.Recv(got, sender, tag)->Wait();
+            EXPECT_TRUE(HasValues(OnHost(got), [&](int64_t i) { return Value(i, sender, 2); }));
+          }
+        }
+      }
+    }
+  });
+}
+
+TEST_P(ProcessGroupConformanceTest, SendAndRecvBetweenCollectivesInTheSameOrder) {
+  using namespace gradhub::ddp::testing;
+  if (!WhyNot(2).empty()) GTEST_SKIP() << WhyNot(2);
+  OnRanks(2, "p2p-mixed", [&](int rank, ProcessGroup& group) {
+    for (int round = 0; round < 3; ++round) {
+      at::Tensor reduced = RankTensor(at::kFloat, 1000, rank, 2);
+      auto allreduce = group.AllReduce(reduced);
+      at::Tensor message = RankTensor(at::kDouble, 5000, rank, 2);
+      auto transfer = rank == 0 ? group.Send(message, 1, 7) : group.Recv(message, 0, 7);
+      at::Tensor broadcast = RankTensor(at::kLong, 10, rank, 2);
+      auto after = group.Broadcast({broadcast}, 1);
+      allreduce->Wait();
+      transfer->Wait();
+      after->Wait();
+      EXPECT_TRUE(HasValues(OnHost(reduced), [&](int64_t i) { return Sum(i, 2); }));
+      EXPECT_TRUE(HasValues(OnHost(message), [&](int64_t i) { return Value(i, 0, 2); }));
+      EXPECT_TRUE(HasValues(OnHost(broadcast), [&](int64_t i) { return Value(i, 1, 2); }));
+    }
+  });
+}
+
+TEST_P(ProcessGroupConformanceTest, SendAndRecvNameThePeerAndTagAndRefuseBadPeers) {
+  using ::testing::HasSubstr;
+  if (!WhyNot(2).empty()) GTEST_SKIP() << WhyNot(2);
+  OnRanks(2, "p2p-named", [&](int rank, ProcessGroup& group) {
+    const at::Tensor ok = RankTensor(at::kFloat, 4, rank, 2);
+    const std::string me = std::to_string(rank);
+    EXPECT_THAT(
+        InvalidArgumentOf([&] { group.Send(ok, rank, 0); }),
+        HasSubstr("send in group 'p2p-named' rank " + me + "/2: dst " + me + " is this rank"));
+    EXPECT_THAT(InvalidArgumentOf([&] { group.Recv(ok, 2, 0); }),
+                HasSubstr("recv in group 'p2p-named' rank " + me + "/2: src 2 is not in [0, 2)"));
+    EXPECT_THAT(InvalidArgumentOf([&] { group.Send(ok, -1, 0); }), HasSubstr("dst -1"));
+    EXPECT_THAT(InvalidArgumentOf(
+                    [&] { group.Recv(OnDevice(at::ones({4}, at::kChar), rank), 1 - rank, 0); }),
+                HasSubstr("recv in group 'p2p-named' rank " + me +
+                          "/2: tensor has unsupported dtype int8"));
+    // Refused calls take no number: the first transfer of each side is #0.
+    auto work = rank == 0 ? group.Send(ok, 1, 42) : group.Recv(ok.clone(), 0, 42);
+    work->Wait();
+    EXPECT_THAT(work->description(),
+                HasSubstr(rank == 0 ? "send #0 (float32, 4 elements, to rank 1, tag 42) in group "
+                                      "'p2p-named' rank 0/2"
+                                    : "recv #0 (float32, 4 elements, from rank 0, tag 42) in "
+                                      "group 'p2p-named' rank 1/2"));
+  });
 }
 
 // ---------------------------------------------------------------------------------------

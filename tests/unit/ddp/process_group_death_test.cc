@@ -4,7 +4,8 @@
 // The peer is this test binary itself, re-executed to run only the disabled PeerRank test, so
 // it is a real process with its own sockets and its own mapping of the shared-memory segment,
 // killed with SIGKILL as a crashed trainer would be. Both allreduce paths: over TCP the survivor
-// sees the connection close, in shared memory it sees the peer's process gone.
+// sees the connection close, in shared memory it sees the peer's process gone; and a Recv
+// (point to point) from the peer.
 #include <ATen/ATen.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -107,6 +108,37 @@ TEST_P(GlooDeadPeerPathTest, SurvivorFailsWithinTimeoutNamingOpGroupAndRank) {
     if (shared_memory) {
       EXPECT_THAT(e.what(), HasSubstr("rank 1 (pid " + std::to_string(peer) + ") exited"));
     }
+  }
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  EXPECT_LT(seconds, std::chrono::duration<double>(kGroupTimeout).count() + 2.0);
+  std::filesystem::remove_all(store_dir);
+}
+
+// Point to point: a Recv from a peer that dies fails as soon as the connection closes, well
+// within the timeout, naming the op, its peer and tag, the group and this rank.
+TEST(GlooDeadPeerTest, RecvFromAPeerThatDiesFailsWithinTheTimeout) {
+  const std::string store_dir = (std::filesystem::temp_directory_path() /
+                                 ("gradhub-death-" + std::to_string(getpid()) + "-p2p"))
+                                    .string();
+  std::filesystem::remove_all(store_dir);
+  const pid_t peer = SpawnPeer(store_dir, /*shared_memory=*/false);
+  ASSERT_GT(peer, 0);
+  auto pg = JoinGroup(0, store_dir, /*shared_memory=*/false);
+  at::Tensor tensor = at::ones({1 << 20});
+  pg->AllReduce(tensor, ReduceOp::kSum)->Wait();  // the peer is up; it never sends
+
+  const auto start = Clock::now();
+  auto recv = pg->Recv(at::zeros({1000}), 1, 3);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  ASSERT_EQ(kill(peer, SIGKILL), 0);
+  int status = 0;
+  waitpid(peer, &status, 0);
+  try {
+    recv->Wait();
+    ADD_FAILURE() << "a Recv from a dead peer completed";
+  } catch (const CommError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("recv #0 (float32, 1000 elements, from rank 1, tag 3) in "
+                                    "group 'death' rank 0/2: peer closed the connection"));
   }
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   EXPECT_LT(seconds, std::chrono::duration<double>(kGroupTimeout).count() + 2.0);

@@ -123,14 +123,15 @@ TEST(TrafficSealingTest, TruncatedOrSplicedMessagesAreRefused) {
 TEST(TrafficSealingTest, EveryDirectionHasItsOwnKey) {
   const TrafficKey key = DrawTrafficKey();
   std::set<std::array<uint8_t, 32>> keys;
-  for (int channel = 0; channel < 2; ++channel) {
+  // Point to point's "channel" too: its keys are none of the collectives'.
+  for (int channel : {0, 1, kPointToPointChannel}) {
     for (int sender = 0; sender < 3; ++sender) {
       for (int receiver = 0; receiver < 3; ++receiver) {
         keys.insert(DeriveDirectionKey(key, {"g", channel, sender, receiver}));
       }
     }
   }
-  EXPECT_EQ(keys.size(), 2u * 3 * 3);
+  EXPECT_EQ(keys.size(), 3u * 3 * 3);
   // The same inputs give the same key (both ends derive it on their own) ...
   EXPECT_EQ(DeriveDirectionKey(key, {"g", 0, 0, 1}), DeriveDirectionKey(key, {"g", 0, 0, 1}));
   // ... and the encoding is injective: names that run into the numbers stay apart.

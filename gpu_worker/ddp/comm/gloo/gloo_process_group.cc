@@ -20,6 +20,7 @@
 
 #include "gpu_worker/ddp/comm/checks.h"
 #include "gpu_worker/ddp/comm/collective_checks.h"
+#include "gpu_worker/ddp/comm/gloo/gloo_failure.h"
 #include "gpu_worker/ddp/comm/gloo/gloo_store_adapter.h"
 #include "gpu_worker/ddp/comm/reduce_kernels.h"
 
@@ -49,30 +50,6 @@ std::string ResolveListenHostname(const std::string& requested) {
   }
   freeaddrinfo(result);
   return bindable ? std::string(name) : std::string("127.0.0.1");
-}
-
-// The reason part of a failed collective's CommError, from what gloo threw.
-std::string ReasonFor(std::exception_ptr error, std::chrono::milliseconds timeout) {
-  try {
-    std::rethrow_exception(error);
-  } catch (const gloo::IoException& e) {
-    const std::string what = e.what();
-    if (what.find("Timed out") != std::string::npos ||
-        what.find("timed out") != std::string::npos) {
-      return StrCat("timed out after ", timeout.count(), " ms (", what, ")");
-    }
-    if (what.find("closed") != std::string::npos || what.find("reset") != std::string::npos ||
-        what.find("Broken pipe") != std::string::npos) {
-      return "peer closed the connection (" + what + ")";
-    }
-    return "I/O error (" + what + ")";
-  } catch (const gloo::EnforceNotMet& e) {
-    return std::string("gloo check failed (") + e.what() + ")";
-  } catch (const std::exception& e) {
-    return e.what();
-  } catch (...) {
-    return "unknown exception";
-  }
 }
 
 void GlooBroadcast(const std::shared_ptr<gloo::Context>& context, uint32_t tag,
@@ -145,8 +122,11 @@ GlooProcessGroup::GlooProcessGroup(const ProcessGroupOptions& options)
   // is read by every other rank before it writes its shared-memory key, which rank 0 waits
   // for, so a store that rank 0 hosts (a TCPStore server, gone once its owner drops it after
   // this constructor) outlives every read of the agreement.
-  SetUpSealing(options, gloo);
+  const std::optional<TrafficKey> key = SetUpSealing(options, gloo);
   SetUpSharedMemory(options, gloo);
+  GlooPointToPoint::Setup p2p{this, &health_, {}, key, timeout_};
+  for (const auto& channel : channels_) p2p.contexts.push_back(channel->context);
+  p2p_ = std::make_unique<GlooPointToPoint>(std::move(p2p));
   for (auto& channel : channels_) {
     Channel* raw = channel.get();
     raw->thread = std::thread([this, raw] { RunChannel(*raw); });
@@ -204,7 +184,8 @@ void GlooProcessGroup::SetUpSharedMemory(const ProcessGroupOptions& options,
   }
 }
 
-void GlooProcessGroup::SetUpSealing(const ProcessGroupOptions& options, const GlooOptions& gloo) {
+std::optional<TrafficKey> GlooProcessGroup::SetUpSealing(const ProcessGroupOptions& options,
+                                                         const GlooOptions& gloo) {
   const TrafficKeyAgreement::Options agreement{options.store, name() + "/sealing/", rank(),
                                                size(),        gloo.encrypt_traffic, timeout_};
   std::optional<TrafficKey> key;
@@ -214,14 +195,16 @@ void GlooProcessGroup::SetUpSealing(const ProcessGroupOptions& options, const Gl
     throw CommError(StrCat(who_, ": agreeing on traffic encryption (store keys '", agreement.prefix,
                            "*') failed: ", e.what()));
   }
-  if (!key) return;
+  if (!key) return std::nullopt;
   for (auto& channel : channels_) {
     channel->sealed =
         std::make_unique<SealedChannel>(channel->context, *key, name(), channel->index);
   }
+  return key;
 }
 
 GlooProcessGroup::~GlooProcessGroup() {
+  p2p_.reset();  // waits for the transfers in flight, each bounded by its deadline
   for (auto& channel : channels_) {
     {
       std::lock_guard<std::mutex> lock(channel->mu);
@@ -292,7 +275,7 @@ void GlooProcessGroup::RunChannel(Channel& channel) {
       op->work->Complete();
     } catch (...) {
       const std::string message =
-          op->work->description() + ": " + ReasonFor(std::current_exception(), timeout_);
+          op->work->description() + ": " + GlooFailureReason(std::current_exception(), timeout_);
       health_.MarkBroken(message);
       op->work->Complete(std::make_exception_ptr(CommError(message)));
     }
@@ -401,6 +384,14 @@ std::shared_ptr<Work> GlooProcessGroup::Barrier() {
                   opts.setTimeout(timeout);
                   gloo::barrier(opts);
                 });
+}
+
+std::shared_ptr<Work> GlooProcessGroup::Send(at::Tensor tensor, int dst, uint32_t tag) {
+  return p2p_->Send(std::move(tensor), dst, tag);
+}
+
+std::shared_ptr<Work> GlooProcessGroup::Recv(at::Tensor tensor, int src, uint32_t tag) {
+  return p2p_->Recv(std::move(tensor), src, tag);
 }
 
 }  // namespace gradhub::ddp

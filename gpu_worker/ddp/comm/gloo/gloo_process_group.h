@@ -5,10 +5,12 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "gpu_worker/ddp/comm/gloo/point_to_point.h"
 #include "gpu_worker/ddp/comm/gloo/sealed_channel.h"
 #include "gpu_worker/ddp/comm/gloo/shared_memory_allreduce.h"
 #include "gpu_worker/ddp/comm/group_health.h"
@@ -85,6 +87,12 @@ class GlooProcessGroup final : public ProcessGroup {
   std::shared_ptr<Work> AllReduce(at::Tensor tensor, ReduceOp op = ReduceOp::kSum) override;
   std::shared_ptr<Work> AllGather(std::vector<at::Tensor> outputs, at::Tensor input) override;
   std::shared_ptr<Work> Barrier() override;
+  // Point to point (gloo/point_to_point.h), beside the steps above: on the channels'
+  // connections, but never in their queues and without a sequence number, so transfers and
+  // collectives never wait for one another, and a rank may post its transfers in any order.
+  // A failed transfer breaks the group as in step 7, but for a size mismatch.
+  std::shared_ptr<Work> Send(at::Tensor tensor, int dst, uint32_t tag) override;
+  std::shared_ptr<Work> Recv(at::Tensor tensor, int src, uint32_t tag) override;
 
   // The address peers connect to (after the fallback of step 1), for logs.
   const std::string& listen_hostname() const { return hostname_; }
@@ -129,7 +137,9 @@ class GlooProcessGroup final : public ProcessGroup {
   // Protocol steps 2 to 4, for the constructor.
   void ConnectChannels(const ProcessGroupOptions& options, const GlooOptions& gloo);
   void SetUpSharedMemory(const ProcessGroupOptions& options, const GlooOptions& gloo);
-  void SetUpSealing(const ProcessGroupOptions& options, const GlooOptions& gloo);
+  // Returns the group key when the group encrypts.
+  std::optional<TrafficKey> SetUpSealing(const ProcessGroupOptions& options,
+                                         const GlooOptions& gloo);
   void RunChannel(Channel& channel);
   void WaitForPrior(const Op& op) const;
 
@@ -145,6 +155,8 @@ class GlooProcessGroup final : public ProcessGroup {
   std::vector<std::shared_ptr<Work>> in_flight_;
 
   GroupHealth health_;
+  // Reset first in the destructor: its transfers use the channels' contexts and health_.
+  std::unique_ptr<GlooPointToPoint> p2p_;
 };
 
 }  // namespace gradhub::ddp

@@ -20,6 +20,15 @@
 // per collective issued and never wrap (2^64); a collective sends at most 2^32 - 1 messages in
 // a direction (checked before it starts).
 //
+// Point-to-point messages (Send and Recv, gloo/point_to_point.h) have a nonce space of their
+// own: their direction key is derived as in step 2 with channel = kPointToPointChannel (-1,
+// encoded 0xffffffff, which no channel index reaches), so no p2p key equals a collective's.
+// Under that key a message's label is {collective: 2 k + part, message: tag}, where k counts
+// the messages of that tag in that direction (0, 1, ...) and part is 0 for a transfer's header
+// and 1 for its payload: each (tag, k, part) is one message, so again no (key, nonce) repeats.
+// The AAD is built the same way, so a p2p message opened under another tag, index or part
+// fails.
+//
 // What a receiver refuses: a flipped bit anywhere (ciphertext or tag), a message sealed for
 // another group, channel, direction, collective or position (the receiver opens with the
 // label it expects next, so a replayed or reordered message fails), and a truncated one.
@@ -52,6 +61,9 @@ class TrafficAuthenticationError : public std::runtime_error {
 
 // 32 bytes from OpenSSL's CSPRNG (RAND_bytes). Throws std::runtime_error if it fails.
 TrafficKey DrawTrafficKey();
+
+// The channel of point-to-point traffic in a TrafficDirection (see above).
+inline constexpr int kPointToPointChannel = -1;
 
 // One direction of one channel of a group (key and nonce steps 2 and 4).
 struct TrafficDirection {

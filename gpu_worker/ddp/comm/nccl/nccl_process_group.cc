@@ -266,12 +266,12 @@ template <typename Enqueue>
 std::shared_ptr<Work> NcclProcessGroup::Launch(const char* kind,
                                                const detail::CheckedCollective& checked,
                                                std::vector<at::Tensor> keep_alive,
-                                               Enqueue&& enqueue) {
+                                               Enqueue&& enqueue, const TransferKey* transfer) {
   std::vector<std::pair<std::shared_ptr<Work>, std::exception_ptr>> to_complete;
   std::shared_ptr<Work> work;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    const uint64_t seq = next_seq_++;
+    const uint64_t seq = transfer != nullptr ? next_transfer_[*transfer]++ : next_seq_++;
     work = std::make_shared<Work>(detail::DescribeCollective(*this, kind, seq, checked.detail),
                                   timeout_);
     if (health_.broken()) {
@@ -409,6 +409,43 @@ std::shared_ptr<Work> NcclProcessGroup::Barrier() {
     GRADHUB_NCCL_CHECK(ncclAllReduce(handles_.barrier_buffer, handles_.barrier_buffer, 1,
                                      ncclFloat32, ncclSum, handles_.comm, handles_.stream));
   });
+}
+
+std::shared_ptr<Work> NcclProcessGroup::Send(at::Tensor tensor, int dst, uint32_t tag) {
+  return Transfer(/*sending=*/true, std::move(tensor), dst, tag);
+}
+
+std::shared_ptr<Work> NcclProcessGroup::Recv(at::Tensor tensor, int src, uint32_t tag) {
+  return Transfer(/*sending=*/false, std::move(tensor), src, tag);
+}
+
+std::shared_ptr<Work> NcclProcessGroup::Transfer(bool sending, at::Tensor tensor, int peer,
+                                                 uint32_t tag) {
+  const c10::Device device(c10::kCUDA, static_cast<c10::DeviceIndex>(device_));
+  detail::CheckedCollective checked =
+      detail::CheckPointToPoint(*this, device, sending, tensor, peer, tag);
+  // Nothing to move; the peer's tensor is empty too (sizes must match), so it skips as well.
+  checked.empty = tensor.numel() == 0;
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 7, 0)
+  const ncclDataType_t type = NcclType(tensor.scalar_type());
+  const TransferKey key{sending, peer, tag};
+  return Launch(
+      sending ? "send" : "recv", checked, {tensor},
+      [&] {
+        const size_t count = static_cast<size_t>(tensor.numel());
+        if (sending) {
+          GRADHUB_NCCL_CHECK(
+              ncclSend(tensor.data_ptr(), count, type, peer, handles_.comm, handles_.stream));
+        } else {
+          GRADHUB_NCCL_CHECK(
+              ncclRecv(tensor.data_ptr(), count, type, peer, handles_.comm, handles_.stream));
+        }
+      },
+      &key);
+#else
+  throw std::invalid_argument(StrCat(sending ? "send" : "recv", " in group '", name(),
+                                     "': point to point needs ncclSend/ncclRecv (NCCL >= 2.7)"));
+#endif
 }
 
 }  // namespace gradhub::ddp

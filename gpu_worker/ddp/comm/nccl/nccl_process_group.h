@@ -7,10 +7,12 @@
 
 #include <condition_variable>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "gpu_worker/ddp/comm/collective_checks.h"
@@ -43,6 +45,20 @@ namespace gradhub::ddp {
 // rejects it with std::invalid_argument). Barrier is a sum allreduce of one float on the
 // NCCL stream, so it completes after every earlier collective of this rank.
 //
+// Point to point: Send and Recv are ncclSend / ncclRecv, enqueued by step 3 like a collective
+// (after the compute stream, on the one NCCL stream, completed by the watchdog), numbered
+// "send #k" / "recv #k" per peer and tag. What differs from Gloo:
+//  - NCCL has no tags: the k-th Send from S to R matches R's k-th Recv from S, whatever their
+//    tags. Tags are not checked at all (not even in debug builds): checking needs a message
+//    of its own, and the callers (the pipeline) issue both sides from one schedule.
+//  - The payload's size is not sent either: a size mismatch is not detected here; NCCL's
+//    behaviour is then undefined (it may hang until the timeout aborts the communicator).
+//  - Every op of a rank, collectives and transfers alike, runs in issue order on one
+//    stream, and an ncclSend may not complete before its peer's ncclRecv has started. So a
+//    rank must post its transfers in an order its peers match: a ring of Sends each posted
+//    before its Recv can deadlock (until the timeout). A pipeline orders them as Megatron-LM
+//    does: even stages send, then receive; odd stages receive, then send.
+//
 // Thread-safety: collectives may be issued from any thread (serialised, in issue order).
 // Destruction waits for outstanding collectives (each bounded by options.timeout), then
 // finalises the communicator, or aborts it when the group is broken.
@@ -58,6 +74,8 @@ class NcclProcessGroup final : public ProcessGroup {
   std::shared_ptr<Work> AllReduce(at::Tensor tensor, ReduceOp op = ReduceOp::kSum) override;
   std::shared_ptr<Work> AllGather(std::vector<at::Tensor> outputs, at::Tensor input) override;
   std::shared_ptr<Work> Barrier() override;
+  std::shared_ptr<Work> Send(at::Tensor tensor, int dst, uint32_t tag) override;
+  std::shared_ptr<Work> Recv(at::Tensor tensor, int src, uint32_t tag) override;
 
   int device() const { return device_; }
 
@@ -79,11 +97,17 @@ class NcclProcessGroup final : public ProcessGroup {
 
   // Steps 1 and 2, for the constructor; frees what it made and throws CommError on failure.
   void InitCommunicator(const ProcessGroupOptions& options);
+  // A transfer's counter: (sending, peer, tag).
+  using TransferKey = std::tuple<bool, int, uint32_t>;
+
   // Step 3 under mu_: fails fast when broken, completes at once when `empty`, else calls
-  // `enqueue` (which issues NCCL calls on handles_.stream) between the two events.
+  // `enqueue` (which issues NCCL calls on handles_.stream) between the two events. The Work
+  // is numbered by the collectives' sequence, or for a transfer by its key's counter.
   template <typename Enqueue>
   std::shared_ptr<Work> Launch(const char* kind, const detail::CheckedCollective& checked,
-                               std::vector<at::Tensor> keep_alive, Enqueue&& enqueue);
+                               std::vector<at::Tensor> keep_alive, Enqueue&& enqueue,
+                               const TransferKey* transfer = nullptr);
+  std::shared_ptr<Work> Transfer(bool sending, at::Tensor tensor, int peer, uint32_t tag);
   // Step 3's CUDA and NCCL calls for one op; throws on a failed call. Caller holds mu_.
   template <typename Enqueue>
   void EnqueueLocked(const char* kind, const std::shared_ptr<Work>& work,
@@ -109,6 +133,7 @@ class NcclProcessGroup final : public ProcessGroup {
   std::mutex mu_;  // everything below, and every NCCL call on handles_.comm
   std::condition_variable wake_;
   uint64_t next_seq_ = 0;
+  std::map<TransferKey, uint64_t> next_transfer_;
   std::deque<Pending> pending_;
   std::vector<cudaEvent_t> free_events_;
   bool stopping_ = false;

@@ -1,0 +1,346 @@
+// Point to point on the Gloo backend (gloo/point_to_point.h): what only Gloo promises beyond
+// the conformance suite's orders -- transfers posted in any order on the two sides, tags
+// independent of each other, many in flight, never waiting behind a collective -- and its
+// size check, timeout and the slots it uses. Plain and sealed, on one and on two channels.
+// Ranks are threads over an InMemoryStore with real gloo TCP between them; a peer process
+// that dies is in process_group_death_test.cc, the wire (sealing, tampering) in
+// encrypted_process_group_test.cc.
+#include <ATen/ATen.h>
+#include <gloo/types.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gpu_worker/ddp/comm/gloo/point_to_point.h"
+#include "gpu_worker/ddp/comm/gloo/task_threads.h"
+#include "gpu_worker/ddp/comm/process_group.h"
+#include "gpu_worker/ddp/store/in_memory_store.h"
+#include "tests/unit/ddp/collective_values.h"
+#include "tests/unit/ddp/test_ranks.h"
+
+namespace gradhub::ddp {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::HasValues;
+using testing::MakeTensor;
+using Clock = std::chrono::steady_clock;
+
+constexpr int64_t kMiB = 1 << 20;
+
+struct Variant {
+  std::string name;
+  int channels = 1;
+  bool encrypt = false;
+};
+
+class GlooPointToPointTest : public ::testing::TestWithParam<Variant> {
+ protected:
+  ProcessGroupOptions Options(int rank, int size, const std::string& name,
+                              std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
+    ProcessGroupOptions options;
+    options.rank = rank;
+    options.size = size;
+    options.store = store_;
+    options.name = name;
+    options.timeout = timeout;
+    GlooOptions& gloo = options.gloo.emplace();
+    gloo.shared_memory = false;  // allreduces over TCP too, beside the transfers
+    gloo.channels = GetParam().channels;
+    gloo.encrypt_traffic = GetParam().encrypt;
+    return options;
+  }
+
+  // Runs fn(rank, its group) for `world` ranks, each on its own thread.
+  void OnRanks(int world, const std::string& name,
+               const std::function<void(int rank, ProcessGroup& group)>& fn) {
+    testing::spawnThreads(
+        world, [&](int rank) { fn(rank, *CreateProcessGroup(Options(rank, world, name))); });
+  }
+
+  std::shared_ptr<InMemoryStore> store_ = std::make_shared<InMemoryStore>();
+};
+
+// Distinct per sender and message, exact in every dtype (small integers).
+double Payload(int64_t i, int sender, int message) {
+  return static_cast<double>((i * 7 + sender * 3 + message) % 97);
+}
+
+at::Tensor Message(at::ScalarType type, int64_t numel, int sender, int message) {
+  return MakeTensor(type, numel, [&](int64_t i) { return Payload(i, sender, message); });
+}
+
+TEST_P(GlooPointToPointTest, RingOfSendsWithReceivesPostedBeforeOrAfter) {
+  constexpr int n = 3;
+  constexpr int64_t kNumel = 4 * kMiB / 4;  // 4 MiB: more than a socket buffer holds
+  OnRanks(n, "ring", [&](int rank, ProcessGroup& group) {
+    const int next = (rank + 1) % n, previous = (rank + n - 1) % n;
+    for (bool receive_first : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "rank " << rank << ", receive first " << receive_first);
+      const int message = receive_first ? 1 : 0;
+      at::Tensor got = at::zeros({kNumel});
+      std::shared_ptr<Work> send, recv;
+      if (receive_first) recv = group.Recv(got, previous, 3);
+      send = group.Send(Message(at::kFloat, kNumel, rank, message), next, 3);
+      if (!receive_first) recv = group.Recv(got, previous, 3);
+      recv->Wait();  // the receive first: a blocking send would deadlock the ring here
+      send->Wait();
+      EXPECT_TRUE(HasValues(got, [&](int64_t i) { return Payload(i, previous, message); }));
+    }
+  });
+}
+
+TEST_P(GlooPointToPointTest, TwoTagsBetweenOnePairCompleteOutOfOrder) {
+  OnRanks(2, "tags", [&](int rank, ProcessGroup& group) {
+    if (rank == 0) {
+      // Tag 1 is sent only once the receiver has got tag 2, posted after it.
+      auto first = group.Send(Message(at::kFloat, kMiB, 0, 1), 1, 1);
+      auto second = group.Send(Message(at::kFloat, 1000, 0, 2), 1, 2);
+      second->Wait();
+      first->Wait();
+      return;
+    }
+    at::Tensor one = at::zeros({kMiB}), two = at::zeros({1000});
+    auto second = group.Recv(two, 0, 2);
+    second->Wait();
+    EXPECT_TRUE(HasValues(two, [](int64_t i) { return Payload(i, 0, 2); }));
+    group.Recv(one, 0, 1)->Wait();
+    EXPECT_TRUE(HasValues(one, [](int64_t i) { return Payload(i, 0, 1); }));
+  });
+}
+
+TEST_P(GlooPointToPointTest, SixtyFourSendsOutstandingBeforeAnyReceive) {
+  constexpr int kSends = 64;
+  OnRanks(2, "many", [&](int rank, ProcessGroup& group) {
+    if (rank == 0) {
+      std::vector<std::shared_ptr<Work>> sends;
+      for (int k = 0; k < kSends; ++k) {
+        // Tags 0 and 1 alternate: each tag's messages match in their issue order.
+        sends.push_back(group.Send(Message(at::kDouble, 1000 + k, 0, k), 1, k % 2));
+      }
+      for (auto& send : sends) send->Wait();
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));  // every send is waiting
+    std::vector<at::Tensor> got;
+    std::vector<std::shared_ptr<Work>> recvs;
+    for (int k = 0; k < kSends; ++k) got.push_back(at::zeros({1000 + k}, at::kDouble));
+    for (int k = 0; k < kSends; ++k) recvs.push_back(group.Recv(got[k], 0, k % 2));
+    for (int k = kSends - 1; k >= 0; --k) recvs[k]->Wait();  // waited for in reverse
+    for (int k = 0; k < kSends; ++k) {
+      EXPECT_TRUE(HasValues(got[k], [&](int64_t i) { return Payload(i, 0, k); }))
+          << "message " << k;
+    }
+  });
+}
+
+TEST_P(GlooPointToPointTest, EveryDtypeBothWaysAtOnce) {
+  OnRanks(2, "dtypes", [&](int rank, ProcessGroup& group) {
+    for (at::ScalarType type : {at::kFloat, at::kDouble, at::kBFloat16, at::kHalf, at::kLong}) {
+      for (int64_t numel : {int64_t{0}, int64_t{1}, int64_t{7}, kMiB + 7}) {
+        SCOPED_TRACE(::testing::Message() << "rank " << rank << ", " << type << ", " << numel);
+        at::Tensor got = at::zeros({numel}, at::TensorOptions().dtype(type));
+        auto send = group.Send(Message(type, numel, rank, 5), 1 - rank, 9);
+        auto recv = group.Recv(got, 1 - rank, 9);
+        recv->Wait();
+        send->Wait();
+        EXPECT_TRUE(HasValues(got, [&](int64_t i) { return Payload(i, 1 - rank, 5); }));
+      }
+    }
+  });
+}
+
+TEST_P(GlooPointToPointTest, SizeMismatchFailsTheRecvNamingBothSizesAndKeepsThePairInStep) {
+  OnRanks(2, "mismatch", [&](int rank, ProcessGroup& group) {
+    if (rank == 0) {
+      group.Send(Message(at::kFloat, 1024, 0, 0), 1, 4)->Wait();
+      group.Send(Message(at::kDouble, 512, 0, 1), 1, 4)->Wait();  // 4096 bytes as well
+      group.Send(Message(at::kFloat, 10, 0, 2), 1, 4)->Wait();
+      return;
+    }
+    auto refused = [&](at::Tensor into, const std::string& sizes) {
+      try {
+        group.Recv(into, 0, 4)->Wait();
+        ADD_FAILURE() << "a Recv of the wrong size completed";
+      } catch (const CommError& e) {
+        EXPECT_THAT(e.what(), HasSubstr("from rank 0, tag 4) in group 'mismatch' rank 1/2: size "
+                                        "mismatch: rank 0 sent " +
+                                        sizes));
+      }
+    };
+    refused(at::zeros({512}),
+            "1024 float32 elements (4096 bytes), this rank expects 512 float32 "
+            "elements (2048 bytes)");
+    refused(at::zeros({1024}),
+            "512 float64 elements (4096 bytes), this rank expects 1024 float32 "
+            "elements (4096 bytes)");
+    // The pair is still in step and the group usable.
+    at::Tensor good = at::zeros({10});
+    group.Recv(good, 0, 4)->Wait();
+    EXPECT_TRUE(HasValues(good, [](int64_t i) { return Payload(i, 0, 2); }));
+  });
+}
+
+TEST_P(GlooPointToPointTest, TransfersAndAllReducesInterleaveOnOneGroup) {
+  using testing::Sum;
+  OnRanks(2, "interleaved", [&](int rank, ProcessGroup& group) {
+    for (int round = 0; round < 4; ++round) {
+      at::Tensor reduced = testing::MakeTensor(
+          at::kFloat, kMiB / 4, [&](int64_t i) { return testing::Value(i, rank, 2); });
+      at::Tensor got = at::zeros({5000});
+      auto send = group.Send(Message(at::kFloat, 5000, rank, round), 1 - rank, round);
+      auto allreduce = group.AllReduce(reduced);
+      auto recv = group.Recv(got, 1 - rank, round);
+      allreduce->Wait();
+      recv->Wait();
+      send->Wait();
+      EXPECT_TRUE(HasValues(reduced, [](int64_t i) { return Sum(i, 2); }));
+      EXPECT_TRUE(HasValues(got, [&](int64_t i) { return Payload(i, 1 - rank, round); }));
+    }
+  });
+}
+
+TEST_P(GlooPointToPointTest, ATransferDoesNotWaitBehindACollective) {
+  constexpr auto kLate = std::chrono::milliseconds(500);
+  OnRanks(2, "independent", [&](int rank, ProcessGroup& group) {
+    at::Tensor reduced = at::ones({1000});
+    if (rank == 0) {
+      auto allreduce = group.AllReduce(reduced);  // its peer comes kLate later
+      auto send = group.Send(Message(at::kFloat, 100, 0, 0), 1, 0);
+      send->Wait();
+      EXPECT_FALSE(allreduce->IsCompleted()) << "the allreduce was expected to wait for rank 1";
+      allreduce->Wait();
+      EXPECT_LT(send->end_time(), allreduce->end_time());
+      return;
+    }
+    at::Tensor got = at::zeros({100});
+    group.Recv(got, 0, 0)->Wait();
+    std::this_thread::sleep_for(kLate);
+    group.AllReduce(reduced)->Wait();
+    EXPECT_TRUE(HasValues(got, [](int64_t i) { return Payload(i, 0, 0); }));
+  });
+}
+
+TEST_P(GlooPointToPointTest, ARecvWhosePeerNeverSendsFailsAtTheTimeoutAndBreaksTheGroup) {
+  constexpr auto kTimeout = std::chrono::milliseconds(500);
+  std::atomic<bool> done{false};
+  testing::spawnThreads(2, [&](int rank) {
+    auto group = CreateProcessGroup(Options(rank, 2, "silent", kTimeout));
+    if (rank == 1) {  // alive, but never sends
+      while (!done) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      return;
+    }
+    const auto start = Clock::now();
+    try {
+      group->Recv(at::zeros({10}), 1, 5)->Wait(std::chrono::seconds(10));
+      ADD_FAILURE() << "a Recv without a Send completed";
+    } catch (const CommError& e) {
+      EXPECT_THAT(e.what(), HasSubstr("recv #0 (float32, 10 elements, from rank 1, tag 5) in "
+                                      "group 'silent' rank 0/2: timed out after 500 ms"));
+    }
+    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    EXPECT_GE(seconds, 0.45);
+    EXPECT_LT(seconds, 5.0);
+    try {
+      group->Send(at::ones({3}), 1, 5)->Wait();
+      ADD_FAILURE() << "a broken group ran a Send";
+    } catch (const CommError& e) {
+      EXPECT_THAT(e.what(), HasSubstr("send #0"));
+      EXPECT_THAT(e.what(), HasSubstr("unusable after an earlier failure"));
+    }
+    done = true;
+  });
+}
+
+TEST_P(GlooPointToPointTest, DestroyingTheGroupWaitsForItsTransfers) {
+  testing::spawnThreads(2, [&](int rank) {
+    auto group = CreateProcessGroup(Options(rank, 2, "destroyed"));
+    at::Tensor got = at::zeros({kMiB});
+    auto work =
+        rank == 0 ? group->Send(Message(at::kFloat, kMiB, 0, 0), 1, 0) : group->Recv(got, 0, 0);
+    group.reset();  // without waiting
+    EXPECT_TRUE(work->IsCompleted()) << "rank " << rank;
+    EXPECT_EQ(work->error(), nullptr) << "rank " << rank;
+    if (rank == 1) {
+      EXPECT_TRUE(HasValues(got, [](int64_t i) { return Payload(i, 0, 0); }));
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Gloo, GlooPointToPointTest,
+                         ::testing::Values(Variant{"Tcp", 1, false},
+                                           Variant{"TcpTwoChannels", 2, false},
+                                           Variant{"Sealed", 1, true},
+                                           Variant{"SealedTwoChannels", 2, true}),
+                         [](const auto& info) { return info.param.name; });
+
+// ---------------------------------------------------------------------------------------
+// The parts.
+
+TEST(PointToPointSlotTest, NeverAGlooCollectiveSlotAndDistinctPerPartTagAndIndex) {
+  for (uint32_t tag : {0u, 1u, 0xffffffffu}) {
+    for (uint64_t index : {uint64_t{0}, uint64_t{1}, uint64_t{0xffffff}}) {
+      const uint64_t header = PointToPointSlot(false, tag, index);
+      const uint64_t payload = PointToPointSlot(true, tag, index);
+      EXPECT_EQ(header >> 56, 0x80u);
+      EXPECT_EQ(payload >> 56, 0x81u);
+      EXPECT_EQ((header >> 24) & 0xffffffffu, tag);
+      EXPECT_EQ(header & 0xffffff, index);
+      // gloo's collectives: prefixes 0x01 to 0x08 and the sealed ones' 0x47, with any delta.
+      for (uint8_t prefix : {0x01, 0x04, 0x07, 0x08, 0x47}) {
+        const uint64_t collective = gloo::Slot::build(prefix, tag);
+        EXPECT_NE(header >> 56, collective >> 56);
+      }
+    }
+  }
+  EXPECT_NE(PointToPointSlot(false, 1, 0), PointToPointSlot(false, 2, 0));
+  EXPECT_NE(PointToPointSlot(false, 1, 0), PointToPointSlot(false, 1, 1));
+  EXPECT_EQ(PointToPointSlot(false, 1, 0), PointToPointSlot(false, 1, uint64_t{1} << 24));  // wraps
+}
+
+TEST(TaskThreadsTest, TasksThatWaitForLaterTasksAllRun) {
+  // Task k waits until task k + 1 has started: only a thread per task gets them all done.
+  constexpr int kTasks = 16;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<bool> started(kTasks + 1, false);
+  started[kTasks] = true;
+  std::atomic<int> finished{0};
+  {
+    TaskThreads threads("test");
+    for (int k = 0; k < kTasks; ++k) {
+      threads.Run([&, k] {
+        std::unique_lock<std::mutex> lock(mu);
+        started[k] = true;
+        cv.notify_all();
+        cv.wait(lock, [&] { return started[k + 1]; });
+        ++finished;
+      });
+    }
+    EXPECT_GE(threads.threads(), 1u);
+  }  // destruction waits for every task
+  EXPECT_EQ(finished.load(), kTasks);
+}
+
+TEST(TaskThreadsTest, IdleThreadsAreReused) {
+  TaskThreads threads("test");
+  for (int k = 0; k < 20; ++k) {
+    std::atomic<bool> ran{false};
+    threads.Run([&] { ran = true; });
+    while (!ran) std::this_thread::yield();
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // back to idle
+  }
+  EXPECT_LE(threads.threads(), 3u);  // one, but for a thread descheduled between tasks
+}
+
+}  // namespace
+}  // namespace gradhub::ddp
