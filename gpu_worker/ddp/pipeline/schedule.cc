@@ -137,6 +137,26 @@ int PeakInFlightMicroBatches(PipelineSchedule schedule, int stages, int stage, i
   return peak;
 }
 
+std::vector<std::vector<int>> GradientReceivesAhead(PipelineSchedule schedule, int stages,
+                                                    int stage, int micro_batches) {
+  if (schedule == PipelineSchedule::kInterleavedOneFOneB) {
+    Refuse(schedule, "no transfer order for one-stream backends (NCCL); use GPIPE or 1F1B");
+  }
+  StageActions(schedule, stages, stage, micro_batches);  // validates, the stage included
+  std::vector<std::vector<int>> ahead(micro_batches);
+  if (stage == stages - 1) return ahead;
+  std::vector<int> since_last_forward;
+  for (const StageAction& action : StageActions(schedule, stages, stage + 1, micro_batches)) {
+    if (action.kind == Kind::kBackward) {
+      since_last_forward.push_back(action.micro_batch);
+    } else {
+      ahead[action.micro_batch] = std::move(since_last_forward);
+      since_last_forward.clear();
+    }
+  }
+  return ahead;
+}
+
 double IdealBubbleFraction(PipelineSchedule schedule, int stages, int micro_batches,
                            int chunks_per_stage) {
   ValidatePipelineShape(schedule, stages, micro_batches, chunks_per_stage);

@@ -95,6 +95,26 @@ int PeakInFlightMicroBatches(PipelineSchedule schedule, int stages, int stage, i
 double IdealBubbleFraction(PipelineSchedule schedule, int stages, int micro_batches,
                            int chunks_per_stage = 1);
 
+// Transfer order for backends that run a rank's transfers in issue order on one stream, where
+// a send completes only once its peer's receive has started (NCCL; see
+// nccl/nccl_process_group.h). Two neighbours must then issue the transfers between them in the
+// same order. Stage s sends activations in forward order, the order stage s + 1 receives them
+// in; the receives of the gradients coming back it posts ahead, each at the place where stage
+// s + 1's list sends it. So, per micro-batch j: the micro-batches whose gradient receive stage
+// s posts just before it sends j's activation (those whose backward comes after the previous
+// forward and before forward j in stage s + 1's list). A gradient not listed (its backward
+// follows stage s + 1's last forward) is received when its backward runs. Pairs of neighbours
+// in this order never deadlock on such a stream: in a chain of stages, two neighbours whose
+// next transfers are with each other always hold matching ones (the test simulates it).
+// Megatron-LM gets the same from even and odd stages pairing each send with a receive.
+//
+// Empty lists on the last stage. GPipe: all empty (every backward follows every forward).
+// Throws std::invalid_argument for the interleaved schedule, whose transfers go around the
+// replica's ring: no such order is derived for it, so it runs on backends that take
+// transfers in any order (Gloo).
+std::vector<std::vector<int>> GradientReceivesAhead(PipelineSchedule schedule, int stages,
+                                                    int stage, int micro_batches);
+
 // Chunk `chunk` of stage `stage` is virtual stage chunk * stages + stage.
 inline int VirtualStage(int stages, int stage, int chunk) { return chunk * stages + stage; }
 

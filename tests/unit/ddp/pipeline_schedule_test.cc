@@ -286,6 +286,136 @@ TEST(PipelineScheduleTest, BadShapesAreRefusedNamingTheParameter) {
   ExpectRefused([] { IdealBubbleFraction(P::kGPipe, 2, 0); }, "micro_batches is 0");
 }
 
+// --- transfers on one stream (NCCL) ---
+
+// One transfer of a stage, as the stage runner issues it (pipeline_stage.h).
+struct Transfer {
+  enum Message { kActivation, kGradient, kLoss };
+  bool send = false;
+  int peer = 0;
+  Message message = kActivation;
+  int micro_batch = 0;
+};
+
+// A stage's host: issues transfers and waits for some of them (by index into `issued`).
+struct HostProgram {
+  struct Step {
+    bool wait = false;
+    int transfer = 0;
+  };
+  std::vector<Transfer> issued;
+  std::vector<Step> steps;
+
+  int Issue(const Transfer& transfer) {
+    issued.push_back(transfer);
+    steps.push_back({false, static_cast<int>(issued.size()) - 1});
+    return steps.back().transfer;
+  }
+  void Wait(int transfer) { steps.push_back({true, transfer}); }
+};
+
+// What stage s's host does in a step: receive each activation and wait for it, post the
+// gradient receives ahead where GradientReceivesAhead says (when `ahead`), send each
+// activation, wait for each gradient at its backward and send the input's back; at the end
+// wait for every send, then the loss goes from the last stage to stage 0.
+HostProgram StageProgram(PipelineSchedule schedule, int S, int s, int M, bool ahead) {
+  using T = Transfer;
+  HostProgram host;
+  const auto early =
+      ahead ? GradientReceivesAhead(schedule, S, s, M) : std::vector<std::vector<int>>(M);
+  std::vector<int> gradient(M, -1);
+  for (const StageAction& a : StageActions(schedule, S, s, M)) {
+    const int mb = a.micro_batch;
+    if (a.kind == Kind::kForward) {
+      if (s > 0) host.Wait(host.Issue({false, s - 1, T::kActivation, mb}));
+      if (s == S - 1) continue;
+      for (int i : early[mb]) gradient[i] = host.Issue({false, s + 1, T::kGradient, i});
+      host.Issue({true, s + 1, T::kActivation, mb});
+    } else {
+      if (s < S - 1) {
+        if (gradient[mb] < 0) gradient[mb] = host.Issue({false, s + 1, T::kGradient, mb});
+        host.Wait(gradient[mb]);
+      }
+      if (s > 0) host.Issue({true, s - 1, T::kGradient, mb});
+    }
+  }
+  for (size_t i = 0; i < host.issued.size(); ++i) {
+    if (host.issued[i].send) host.Wait(static_cast<int>(i));
+  }
+  if (S > 1 && s == S - 1) host.Issue({true, 0, T::kLoss, 0});
+  if (S > 1 && s == 0) host.Wait(host.Issue({false, S - 1, T::kLoss, 0}));
+  return host;
+}
+
+// Runs every stage's host with one stream per rank: transfers run in issue order, and one
+// completes only together with its peer's matching transfer, both at the head of their streams
+// (the strictest reading of NCCL: no message is buffered). True if every host finished.
+bool CompletesOnOneStream(PipelineSchedule schedule, int S, int M, bool ahead) {
+  std::vector<HostProgram> hosts;
+  for (int s = 0; s < S; ++s) hosts.push_back(StageProgram(schedule, S, s, M, ahead));
+  std::vector<size_t> pc(S, 0), head(S, 0);  // head: first transfer not completed
+  std::vector<size_t> issued(S, 0);
+  const auto matches = [&](int r) {
+    if (head[r] >= issued[r]) return false;
+    const Transfer& mine = hosts[r].issued[head[r]];
+    const int p = mine.peer;
+    if (head[p] >= issued[p]) return false;
+    const Transfer& theirs = hosts[p].issued[head[p]];
+    return mine.send != theirs.send && theirs.peer == r && mine.message == theirs.message &&
+           mine.micro_batch == theirs.micro_batch;
+  };
+  for (bool progressed = true; progressed;) {
+    progressed = false;
+    for (int r = 0; r < S; ++r) {
+      for (; pc[r] < hosts[r].steps.size(); ++pc[r], progressed = true) {
+        const HostProgram::Step& step = hosts[r].steps[pc[r]];
+        if (step.wait && static_cast<size_t>(step.transfer) >= head[r]) break;
+        if (!step.wait) ++issued[r];
+      }
+    }
+    for (int r = 0; r < S; ++r) {
+      if (!matches(r)) continue;
+      ++head[hosts[r].issued[head[r]].peer];
+      ++head[r];
+      progressed = true;
+    }
+  }
+  for (int r = 0; r < S; ++r) {
+    if (pc[r] < hosts[r].steps.size() || head[r] < issued[r]) return false;
+  }
+  return true;
+}
+
+TEST(PipelineScheduleTest, GradientsAreReceivedAheadWhereTheNextStageSendsThem) {
+  // Stage 1 of 2 runs F0 B0 F1 B1 F2 B2: stage 0 posts g0 before sending a1, g1 before a2.
+  EXPECT_THAT(GradientReceivesAhead(PipelineSchedule::kOneFOneB, 2, 0, 3),
+              ElementsAreArray({std::vector<int>{}, std::vector<int>{0}, std::vector<int>{1}}));
+  for (const auto& early : GradientReceivesAhead(PipelineSchedule::kGPipe, 4, 1, 5)) {
+    EXPECT_TRUE(early.empty());
+  }
+  for (const auto& early : GradientReceivesAhead(PipelineSchedule::kOneFOneB, 4, 3, 5)) {
+    EXPECT_TRUE(early.empty());
+  }
+  ExpectRefused([] { GradientReceivesAhead(PipelineSchedule::kInterleavedOneFOneB, 2, 0, 4); },
+                "no transfer order");
+  ExpectRefused([] { GradientReceivesAhead(PipelineSchedule::kOneFOneB, 2, 2, 4); }, "stage is 2");
+}
+
+TEST(PipelineScheduleTest, OneStreamPerRankCompletesWithGradientsReceivedAhead) {
+  for (const Shape& shape : AllShapes()) {
+    if (shape.schedule == PipelineSchedule::kInterleavedOneFOneB) continue;
+    EXPECT_TRUE(CompletesOnOneStream(shape.schedule, shape.stages, shape.micro_batches, true))
+        << Describe(shape);
+  }
+}
+
+TEST(PipelineScheduleTest, OneStreamPerRankDeadlocksOneFOneBWithoutReceivingAhead) {
+  // Stage 0 sends a1 before it waits for g0; stage 1 sends g0 before it receives a1.
+  EXPECT_FALSE(CompletesOnOneStream(PipelineSchedule::kOneFOneB, 2, 4, false));
+  // GPipe needs nothing ahead: every stage's transfers come in the same order.
+  EXPECT_TRUE(CompletesOnOneStream(PipelineSchedule::kGPipe, 4, 4, false));
+}
+
 TEST(PipelineLayoutTest, AReplicasStagesAreConsecutiveRanks) {
   const PipelineLayout layout(8, 4);  // 4 stages x 2 replicas
   EXPECT_EQ(layout.replicas(), 2);
