@@ -1,4 +1,4 @@
-// Internal to gpu_worker/models: one builder per architecture, and what they share.
+// Internal to gpu_worker/models: what the architectures share (layered.h has their builders).
 #pragma once
 
 #include <torch/torch.h>
@@ -8,12 +8,6 @@
 #include "gpu_worker/models/model.h"
 
 namespace gradhub::models {
-
-std::unique_ptr<Model> BuildMlp(const v1::MlpModel& spec, const DataShape& data);
-std::unique_ptr<Model> BuildCnn(const v1::CnnModel& spec, const DataShape& data);
-std::unique_ptr<Model> BuildResNet(const v1::ResNetModel& spec, const DataShape& data);
-std::unique_ptr<Model> BuildTransformer(const v1::TransformerModel& spec, const DataShape& data);
-std::unique_ptr<Model> BuildTorchScript(const v1::TorchScriptModel& spec, const DataShape& data);
 
 // A torch::nn::Module with a forward(x), presented as a Model.
 class ModuleModel : public Model {

@@ -1,62 +1,84 @@
-#include "gpu_worker/models/architectures.h"
+#include "gpu_worker/models/layered.h"
 
 namespace gradhub::models {
 namespace {
 
-// LeNet-style: each stage is a 5x5 convolution (padded, so tiny images survive) and a 2x2
-// max-pool while the image is still at least 2 pixels wide; then one hidden layer.
-class CnnImpl : public torch::nn::Module {
+// LeNet-style: each conv unit is a 5x5 convolution (padded, so tiny images survive), a ReLU and
+// a 2x2 max-pool while the image is still at least 2 pixels wide; then one hidden layer.
+struct ConvUnit {
+  int64_t in = 0, out = 0;
+  bool pool = false;
+};
+
+// One conv unit; the first also reads the batch as images.
+class ConvLayerImpl : public Layer {
  public:
-  CnnImpl(ImageShape image, const std::vector<int64_t>& channels, int64_t hidden, int64_t outputs,
-          double dropout)
-      : image_(image), dropout_(dropout) {
-    int64_t in = image.channels, side = image.side;
-    for (size_t i = 0; i < channels.size(); ++i) {
-      convs_.push_back(register_module(
-          "conv" + std::to_string(i),
-          torch::nn::Conv2d(torch::nn::Conv2dOptions(in, channels[i], 5).padding(2))));
-      pools_.push_back(side >= 2);
-      if (side >= 2) side /= 2;
-      in = channels[i];
-    }
-    fc1_ = register_module("fc1", torch::nn::Linear(in * side * side, hidden));
-    fc2_ = register_module("fc2", torch::nn::Linear(hidden, outputs));
+  ConvLayerImpl(ConvUnit unit, std::optional<ImageShape> image)
+      : unit_(unit),
+        image_(image),
+        conv_(register_module(
+            "conv", torch::nn::Conv2d(torch::nn::Conv2dOptions(unit.in, unit.out, 5).padding(2)))) {
   }
 
-  at::Tensor forward(at::Tensor x) {
-    x = x.reshape({x.size(0), image_.channels, image_.side, image_.side});
-    for (size_t i = 0; i < convs_.size(); ++i) {
-      x = torch::relu(convs_[i]->forward(x));
-      if (pools_[i]) x = torch::max_pool2d(x, 2);
-    }
-    x = torch::relu(fc1_->forward(x.flatten(1)));
-    if (dropout_ > 0) x = torch::dropout(x, dropout_, is_training());
-    return fc2_->forward(x);
+  at::Tensor forward(const at::Tensor& input) override {
+    at::Tensor x = input;
+    if (image_) x = x.reshape({x.size(0), image_->channels, image_->side, image_->side});
+    x = torch::relu(conv_->forward(x));
+    return unit_.pool ? torch::max_pool2d(x, 2) : x;
   }
 
  private:
-  ImageShape image_;
-  double dropout_;
-  std::vector<torch::nn::Conv2d> convs_;
-  std::vector<bool> pools_;
-  torch::nn::Linear fc1_{nullptr}, fc2_{nullptr};
+  ConvUnit unit_;
+  std::optional<ImageShape> image_;
+  torch::nn::Conv2d conv_;
 };
+
+// The conv units' shapes, and the features the last one leaves.
+std::vector<ConvUnit> ConvUnits(ImageShape image, const std::vector<int64_t>& channels,
+                                int64_t* features) {
+  std::vector<ConvUnit> units;
+  int64_t in = image.channels, side = image.side;
+  for (int64_t out : channels) {
+    units.push_back({in, out, side >= 2});
+    if (side >= 2) side /= 2;
+    in = out;
+  }
+  *features = in * side * side;
+  return units;
+}
 
 }  // namespace
 
-std::unique_ptr<Model> BuildCnn(const v1::CnnModel& spec, const DataShape& data) {
+// Layers: the conv units, the hidden Linear (ReLU, dropout), the output Linear.
+LayerPlan PlanCnn(const v1::CnnModel& spec, const DataShape& data) {
   const ImageShape image =
       ResolveImageShape("model.cnn", data, spec.in_channels(), spec.image_size());
   const int64_t outputs = ResolveOutputs("model.cnn", data, spec.num_classes());
-  std::vector<int64_t> channels(spec.channels().begin(), spec.channels().end());
-  if (channels.empty()) channels = {6, 16};
+  const std::vector<int64_t> channels = CnnChannels(spec);
   const int64_t hidden = spec.hidden() > 0 ? spec.hidden() : 120;
+  int64_t features = 0;
+  const std::vector<ConvUnit> units = ConvUnits(image, channels, &features);
+  const auto convs = static_cast<int64_t>(units.size());
+  LayerPlan plan;
+  plan.count = convs + 2;
+  plan.build = [=, dropout = double{spec.dropout()}](int64_t i) -> std::shared_ptr<Layer> {
+    if (i < convs) {
+      return std::make_shared<ConvLayerImpl>(units[i],
+                                             i == 0 ? std::optional(image) : std::nullopt);
+    }
+    if (i == convs) {
+      return std::make_shared<DenseLayerImpl>(
+          DenseLayerImpl::Options{features, hidden, /*flatten=*/true, v1::MlpModel::RELU, dropout});
+    }
+    return std::make_shared<DenseLayerImpl>(
+        DenseLayerImpl::Options{hidden, outputs, /*flatten=*/false, std::nullopt, 0});
+  };
   std::string stages;
   for (int64_t c : channels) stages += (stages.empty() ? "" : "-") + std::to_string(c);
-  return MakeModel(std::make_shared<CnnImpl>(image, channels, hidden, outputs, spec.dropout()),
-                   "cnn " + std::to_string(image.channels) + "x" + std::to_string(image.side) +
-                       "x" + std::to_string(image.side) + " conv " + stages + " fc " +
-                       std::to_string(hidden) + "-" + std::to_string(outputs));
+  plan.description = "cnn " + std::to_string(image.channels) + "x" + std::to_string(image.side) +
+                     "x" + std::to_string(image.side) + " conv " + stages + " fc " +
+                     std::to_string(hidden) + "-" + std::to_string(outputs);
+  return plan;
 }
 
 }  // namespace gradhub::models

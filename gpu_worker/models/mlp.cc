@@ -1,52 +1,37 @@
-#include "gpu_worker/models/architectures.h"
+#include "gpu_worker/models/layered.h"
 #include "services/common/contract/user_error.h"
 
 namespace gradhub::models {
 namespace {
 
-class MlpImpl : public torch::nn::Module {
- public:
-  MlpImpl(const std::vector<int64_t>& widths, v1::MlpModel::Activation activation, double dropout)
-      : activation_(activation), dropout_(dropout) {
-    for (size_t i = 0; i + 1 < widths.size(); ++i) {
-      layers_.push_back(register_module("linear" + std::to_string(i),
-                                        torch::nn::Linear(widths[i], widths[i + 1])));
-    }
+at::Tensor Activate(const at::Tensor& x, v1::MlpModel::Activation activation) {
+  switch (activation) {
+    case v1::MlpModel::GELU:
+      return torch::gelu(x);
+    case v1::MlpModel::TANH:
+      return torch::tanh(x);
+    case v1::MlpModel::SIGMOID:
+      return torch::sigmoid(x);
+    default:
+      return torch::relu(x);
   }
-
-  at::Tensor forward(at::Tensor x) {
-    x = x.flatten(1);
-    for (size_t i = 0; i < layers_.size(); ++i) {
-      x = layers_[i]->forward(x);
-      if (i + 1 == layers_.size()) break;
-      x = Activate(x);
-      if (dropout_ > 0) x = torch::dropout(x, dropout_, is_training());
-    }
-    return x;
-  }
-
- private:
-  at::Tensor Activate(const at::Tensor& x) const {
-    switch (activation_) {
-      case v1::MlpModel::GELU:
-        return torch::gelu(x);
-      case v1::MlpModel::TANH:
-        return torch::tanh(x);
-      case v1::MlpModel::SIGMOID:
-        return torch::sigmoid(x);
-      default:
-        return torch::relu(x);
-    }
-  }
-
-  std::vector<torch::nn::Linear> layers_;
-  v1::MlpModel::Activation activation_;
-  double dropout_;
-};
+}
 
 }  // namespace
 
-std::unique_ptr<Model> BuildMlp(const v1::MlpModel& spec, const DataShape& data) {
+DenseLayerImpl::DenseLayerImpl(const Options& options)
+    : options_(options),
+      linear_(register_module("linear", torch::nn::Linear(options.inputs, options.outputs))) {}
+
+at::Tensor DenseLayerImpl::forward(const at::Tensor& input) {
+  at::Tensor x = linear_->forward(options_.flatten ? input.flatten(1) : input);
+  if (!options_.activation) return x;
+  x = Activate(x, *options_.activation);
+  return options_.dropout > 0 ? torch::dropout(x, options_.dropout, is_training()) : x;
+}
+
+// Layer i is Linear i, with the activation (and dropout) after every Linear but the last.
+LayerPlan PlanMlp(const v1::MlpModel& spec, const DataShape& data) {
   std::vector<int64_t> widths(spec.layers().begin(), spec.layers().end());
   if (widths.size() < 2) throw UserError("model.mlp.layers", "needs at least 2 entries");
   int64_t features = 1;
@@ -66,8 +51,17 @@ std::unique_ptr<Model> BuildMlp(const v1::MlpModel& spec, const DataShape& data)
   }
   std::string sizes;
   for (int64_t w : widths) sizes += (sizes.empty() ? "" : "-") + std::to_string(w);
-  return MakeModel(std::make_shared<MlpImpl>(widths, spec.activation(), spec.dropout()),
-                   "mlp " + sizes);
+  const v1::MlpModel::Activation activation = spec.activation();
+  const double dropout = spec.dropout();
+  LayerPlan plan;
+  plan.count = static_cast<int64_t>(widths.size()) - 1;
+  plan.build = [widths, activation, dropout, last = plan.count - 1](int64_t i) {
+    DenseLayerImpl::Options options{widths[i], widths[i + 1], /*flatten=*/i == 0, {}, dropout};
+    if (i != last) options.activation = activation;
+    return std::make_shared<DenseLayerImpl>(options);
+  };
+  plan.description = "mlp " + sizes;
+  return plan;
 }
 
 }  // namespace gradhub::models

@@ -1,6 +1,9 @@
-#include <cmath>
+#include <ATen/CPUGeneratorImpl.h>
 
-#include "gpu_worker/models/architectures.h"
+#include <cmath>
+#include <mutex>
+
+#include "gpu_worker/models/layered.h"
 #include "services/common/contract/user_error.h"
 
 namespace gradhub::models {
@@ -67,22 +70,65 @@ int64_t ResolveOutputs(const std::string& field, const DataShape& data, int64_t 
   return spec_classes > 0 ? spec_classes : data.num_classes;
 }
 
-std::unique_ptr<Model> BuildModel(const v1::ModelSpec& spec, const DataShape& data) {
+LayeredModel LayersOf(const v1::ModelSpec& spec, const DataShape& data, uint64_t seed) {
+  const auto zoo = [seed](LayerPlan plan) {
+    const int64_t count = plan.count;
+    return LayeredModel{count, [plan = std::move(plan), seed](StageRange range) {
+                          return BuildLayerStage(plan, range, seed);
+                        }};
+  };
   switch (spec.kind_case()) {
     case v1::ModelSpec::kMlp:
-      return BuildMlp(spec.mlp(), data);
+      return zoo(PlanMlp(spec.mlp(), data));
     case v1::ModelSpec::kCnn:
-      return BuildCnn(spec.cnn(), data);
+      return zoo(PlanCnn(spec.cnn(), data));
     case v1::ModelSpec::kResnet:
-      return BuildResNet(spec.resnet(), data);
+      return zoo(PlanResNet(spec.resnet(), data));
     case v1::ModelSpec::kTransformer:
-      return BuildTransformer(spec.transformer(), data);
+      return zoo(PlanTransformer(spec.transformer(), data));
     case v1::ModelSpec::kTorchscript:
-      return BuildTorchScript(spec.torchscript(), data);
+      return LayersOfTorchScript(spec.torchscript(), data);
     case v1::ModelSpec::KIND_NOT_SET:
       break;
   }
   throw UserError("model", "is not set (mlp, cnn, resnet, transformer or torchscript)");
+}
+
+std::unique_ptr<Model> BuildModel(const v1::ModelSpec& spec, const DataShape& data, uint64_t seed) {
+  LayeredModel layers = LayersOf(spec, data, seed);
+  return layers.build_stage({0, layers.count});
+}
+
+std::unique_ptr<Model> BuildModel(const v1::ModelSpec& spec, const DataShape& data) {
+  at::Generator generator = at::detail::getDefaultCPUGenerator();
+  uint64_t seed = 0;
+  {
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    seed = generator.current_seed();
+  }
+  return BuildModel(spec, data, seed);
+}
+
+int64_t LayerCount(const v1::ModelSpec& spec, const DataShape& data) {
+  return LayersOf(spec, data, /*seed=*/0).count;
+}
+
+std::unique_ptr<Model> BuildModelStage(const v1::ModelSpec& spec, const DataShape& data,
+                                       StageRange range, uint64_t seed) {
+  return LayersOf(spec, data, seed).build_stage(range);
+}
+
+std::vector<double> LayerParameterCounts(const v1::ModelSpec& spec, const DataShape& data) {
+  const LayeredModel layers = LayersOf(spec, data, /*seed=*/0);
+  std::vector<double> counts;
+  for (int64_t i = 0; i < layers.count; ++i) {
+    int64_t parameters = 0;
+    for (const at::Tensor& p : layers.build_stage({i, i + 1})->module()->parameters()) {
+      parameters += p.numel();
+    }
+    counts.push_back(static_cast<double>(parameters));
+  }
+  return counts;
 }
 
 }  // namespace gradhub::models

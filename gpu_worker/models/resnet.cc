@@ -1,4 +1,4 @@
-#include "gpu_worker/models/architectures.h"
+#include "gpu_worker/models/layered.h"
 
 namespace gradhub::models {
 namespace {
@@ -8,8 +8,27 @@ torch::nn::Conv2d Conv3x3(int64_t in, int64_t out, int64_t stride) {
       torch::nn::Conv2dOptions(in, out, 3).stride(stride).padding(1).bias(false));
 }
 
+// Reads the batch as images: conv, BatchNorm, ReLU.
+class StemImpl : public Layer {
+ public:
+  StemImpl(ImageShape image, int64_t width)
+      : image_(image),
+        conv_(register_module("conv", Conv3x3(image.channels, width, 1))),
+        bn_(register_module("bn", torch::nn::BatchNorm2d(width))) {}
+
+  at::Tensor forward(const at::Tensor& x) override {
+    at::Tensor images = x.reshape({x.size(0), image_.channels, image_.side, image_.side});
+    return torch::relu(bn_->forward(conv_->forward(images)));
+  }
+
+ private:
+  ImageShape image_;
+  torch::nn::Conv2d conv_;
+  torch::nn::BatchNorm2d bn_;
+};
+
 // He et al.'s basic block; a 1x1 projection on the shortcut where the shape changes.
-class BasicBlockImpl : public torch::nn::Module {
+class BasicBlockImpl : public Layer {
  public:
   BasicBlockImpl(int64_t in, int64_t out, int64_t stride)
       : conv1_(register_module("conv1", Conv3x3(in, out, stride))),
@@ -25,7 +44,7 @@ class BasicBlockImpl : public torch::nn::Module {
     }
   }
 
-  at::Tensor forward(const at::Tensor& x) {
+  at::Tensor forward(const at::Tensor& x) override {
     at::Tensor y = torch::relu(bn1_->forward(conv1_->forward(x)));
     y = bn2_->forward(conv2_->forward(y));
     return torch::relu(y + (shortcut_ ? shortcut_->forward(x) : x));
@@ -38,55 +57,64 @@ class BasicBlockImpl : public torch::nn::Module {
   torch::nn::BatchNorm2d bn2_;
   torch::nn::Sequential shortcut_{nullptr};
 };
-TORCH_MODULE(BasicBlock);
 
-class ResNetImpl : public torch::nn::Module {
+// Global average pool, then the classifier.
+class HeadImpl : public Layer {
  public:
-  ResNetImpl(ImageShape image, const std::vector<int64_t>& blocks, int64_t width, int64_t outputs)
-      : image_(image),
-        stem_(register_module("stem", Conv3x3(image.channels, width, 1))),
-        stem_bn_(register_module("stem_bn", torch::nn::BatchNorm2d(width))),
-        stages_(register_module("stages", torch::nn::Sequential())) {
-    int64_t in = width;
-    for (size_t stage = 0; stage < blocks.size(); ++stage) {
-      const int64_t out = width << stage;
-      for (int64_t b = 0; b < blocks[stage]; ++b) {
-        stages_->push_back(BasicBlock(in, out, stage > 0 && b == 0 ? 2 : 1));
-        in = out;
-      }
-    }
-    head_ = register_module("head", torch::nn::Linear(in, outputs));
-  }
+  HeadImpl(int64_t in, int64_t outputs)
+      : linear_(register_module("linear", torch::nn::Linear(in, outputs))) {}
 
-  at::Tensor forward(at::Tensor x) {
-    x = x.reshape({x.size(0), image_.channels, image_.side, image_.side});
-    x = torch::relu(stem_bn_->forward(stem_->forward(x)));
-    x = stages_->forward(x);
-    return head_->forward(torch::adaptive_avg_pool2d(x, {1, 1}).flatten(1));
+  at::Tensor forward(const at::Tensor& x) override {
+    return linear_->forward(torch::adaptive_avg_pool2d(x, {1, 1}).flatten(1));
   }
 
  private:
-  ImageShape image_;
-  torch::nn::Conv2d stem_;
-  torch::nn::BatchNorm2d stem_bn_;
-  torch::nn::Sequential stages_;
-  torch::nn::Linear head_{nullptr};
+  torch::nn::Linear linear_;
 };
+
+struct BlockShape {
+  int64_t in = 0, out = 0, stride = 1;
+};
+
+// Each stage after the first halves the resolution (its first block's stride) and doubles
+// the width.
+std::vector<BlockShape> BlockShapes(const std::vector<int64_t>& blocks, int64_t width) {
+  std::vector<BlockShape> shapes;
+  int64_t in = width;
+  for (size_t stage = 0; stage < blocks.size(); ++stage) {
+    const int64_t out = width << stage;
+    for (int64_t b = 0; b < blocks[stage]; ++b) {
+      shapes.push_back({in, out, stage > 0 && b == 0 ? 2 : 1});
+      in = out;
+    }
+  }
+  return shapes;
+}
 
 }  // namespace
 
-std::unique_ptr<Model> BuildResNet(const v1::ResNetModel& spec, const DataShape& data) {
+// Layers: the stem, each residual block, the head.
+LayerPlan PlanResNet(const v1::ResNetModel& spec, const DataShape& data) {
   const ImageShape image = ResolveImageShape("model.resnet", data, spec.in_channels(), 0);
   const int64_t outputs = ResolveOutputs("model.resnet", data, spec.num_classes());
-  std::vector<int64_t> blocks(spec.blocks_per_stage().begin(), spec.blocks_per_stage().end());
-  if (blocks.empty()) blocks = {3, 3, 3};
+  const std::vector<int64_t> blocks = ResNetBlocks(spec);
   const int64_t width = spec.base_width() > 0 ? spec.base_width() : 16;
+  const std::vector<BlockShape> shapes = BlockShapes(blocks, width);
+  const int64_t features = shapes.empty() ? width : shapes.back().out;
+  LayerPlan plan;
+  plan.count = static_cast<int64_t>(shapes.size()) + 2;
+  plan.build = [=, last = plan.count - 1](int64_t i) -> std::shared_ptr<Layer> {
+    if (i == 0) return std::make_shared<StemImpl>(image, width);
+    if (i == last) return std::make_shared<HeadImpl>(features, outputs);
+    const BlockShape& block = shapes[i - 1];
+    return std::make_shared<BasicBlockImpl>(block.in, block.out, block.stride);
+  };
   int64_t depth = 2;
   for (int64_t b : blocks) depth += 2 * b;
-  return MakeModel(std::make_shared<ResNetImpl>(image, blocks, width, outputs),
-                   "resnet-" + std::to_string(depth) + " " + std::to_string(image.channels) + "x" +
-                       std::to_string(image.side) + "x" + std::to_string(image.side) + " width " +
-                       std::to_string(width));
+  plan.description = "resnet-" + std::to_string(depth) + " " + std::to_string(image.channels) +
+                     "x" + std::to_string(image.side) + "x" + std::to_string(image.side) +
+                     " width " + std::to_string(width);
+  return plan;
 }
 
 }  // namespace gradhub::models

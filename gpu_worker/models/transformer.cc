@@ -1,6 +1,7 @@
+#include <algorithm>
 #include <cmath>
 
-#include "gpu_worker/models/architectures.h"
+#include "gpu_worker/models/layered.h"
 #include "services/common/contract/user_error.h"
 
 namespace gradhub::models {
@@ -47,7 +48,7 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
 TORCH_MODULE(CausalSelfAttention);
 
 // Pre-LayerNorm block (GPT-2): residual stream, attention, then a GELU feed-forward.
-class BlockImpl : public torch::nn::Module {
+class BlockImpl : public Layer {
  public:
   explicit BlockImpl(const TransformerShape& s)
       : dropout_(s.dropout),
@@ -59,8 +60,8 @@ class BlockImpl : public torch::nn::Module {
         fc1_(register_module("fc1", torch::nn::Linear(s.width, s.mlp_width))),
         fc2_(register_module("fc2", torch::nn::Linear(s.mlp_width, s.width))) {}
 
-  at::Tensor forward(at::Tensor x) {
-    x = x + Dropout(attention_->forward(norm1_->forward(x)));
+  at::Tensor forward(const at::Tensor& input) override {
+    at::Tensor x = input + Dropout(attention_->forward(norm1_->forward(input)));
     return x + Dropout(fc2_->forward(torch::gelu(fc1_->forward(norm2_->forward(x)))));
   }
 
@@ -75,31 +76,26 @@ class BlockImpl : public torch::nn::Module {
   torch::nn::LayerNorm norm2_;
   torch::nn::Linear fc1_, fc2_;
 };
-TORCH_MODULE(Block);
 
-class TransformerImpl : public torch::nn::Module {
+// Tokens to vectors: a token embedding plus a learned position embedding (GPT-2's scale of
+// 0.02 for both; unit-variance embeddings train slower).
+class EmbeddingImpl : public Layer {
  public:
-  explicit TransformerImpl(const TransformerShape& s)
+  explicit EmbeddingImpl(const TransformerShape& s)
       : context_(s.context),
         dropout_(s.dropout),
         tokens_(register_module("tokens", torch::nn::Embedding(s.vocab, s.width))),
-        positions_(register_parameter("positions", torch::randn({s.context, s.width}) * 0.02)),
-        blocks_(register_module("blocks", torch::nn::Sequential())),
-        norm_(
-            register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({s.width})))),
-        head_(register_module("head", torch::nn::Linear(s.width, s.vocab))) {
+        positions_(register_parameter("positions", torch::randn({s.context, s.width}) * 0.02)) {
     torch::NoGradGuard no_grad;
-    tokens_->weight.normal_(0, 0.02);  // GPT-2's scale; unit-variance embeddings train slower
-    for (int64_t i = 0; i < s.layers; ++i) blocks_->push_back(Block(s));
+    tokens_->weight.normal_(0, 0.02);
   }
 
-  at::Tensor forward(const at::Tensor& x) {
+  at::Tensor forward(const at::Tensor& x) override {
     const int64_t time = x.size(1);
     TORCH_CHECK(time <= context_, "sequence of ", time, " tokens exceeds the context of ",
                 context_);
     at::Tensor h = tokens_->forward(x) + positions_.narrow(0, 0, time);
-    if (dropout_ > 0) h = torch::dropout(h, dropout_, is_training());
-    return head_->forward(norm_->forward(blocks_->forward(h)));
+    return dropout_ > 0 ? torch::dropout(h, dropout_, is_training()) : h;
   }
 
  private:
@@ -107,14 +103,27 @@ class TransformerImpl : public torch::nn::Module {
   double dropout_;
   torch::nn::Embedding tokens_;
   at::Tensor positions_;
-  torch::nn::Sequential blocks_;
+};
+
+// The final LayerNorm and the next-token logits.
+class OutputImpl : public Layer {
+ public:
+  explicit OutputImpl(const TransformerShape& s)
+      : norm_(
+            register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({s.width})))),
+        head_(register_module("head", torch::nn::Linear(s.width, s.vocab))) {}
+
+  at::Tensor forward(const at::Tensor& x) override { return head_->forward(norm_->forward(x)); }
+
+ private:
   torch::nn::LayerNorm norm_;
   torch::nn::Linear head_;
 };
 
 }  // namespace
 
-std::unique_ptr<Model> BuildTransformer(const v1::TransformerModel& spec, const DataShape& data) {
+// Layers: the embedding, each block, the output.
+LayerPlan PlanTransformer(const v1::TransformerModel& spec, const DataShape& data) {
   if (data.task != Task::kLanguageModel) {
     throw UserError("model.transformer",
                     "is a character language model and needs a text "
@@ -139,11 +148,17 @@ std::unique_ptr<Model> BuildTransformer(const v1::TransformerModel& spec, const 
   s.heads = spec.heads();
   s.mlp_width = (spec.mlp_ratio() > 0 ? spec.mlp_ratio() : 4) * s.width;
   s.dropout = spec.dropout();
-  return MakeModel(std::make_shared<TransformerImpl>(s),
-                   "transformer " + std::to_string(s.layers) + " layers, width " +
-                       std::to_string(s.width) + ", " + std::to_string(s.heads) +
-                       " heads, context " + std::to_string(s.context) + ", vocabulary " +
-                       std::to_string(s.vocab));
+  LayerPlan plan;
+  plan.count = std::max<int64_t>(s.layers, 0) + 2;
+  plan.build = [s, last = plan.count - 1](int64_t i) -> std::shared_ptr<Layer> {
+    if (i == 0) return std::make_shared<EmbeddingImpl>(s);
+    if (i == last) return std::make_shared<OutputImpl>(s);
+    return std::make_shared<BlockImpl>(s);
+  };
+  plan.description = "transformer " + std::to_string(s.layers) + " layers, width " +
+                     std::to_string(s.width) + ", " + std::to_string(s.heads) + " heads, context " +
+                     std::to_string(s.context) + ", vocabulary " + std::to_string(s.vocab);
+  return plan;
 }
 
 }  // namespace gradhub::models

@@ -11,19 +11,12 @@
 
 #include "gpu_worker/models/model.h"
 #include "services/common/contract/user_error.h"
+#include "tests/unit/models/data_shapes.h"
 
 namespace gradhub::models {
 namespace {
 
 using ::testing::HasSubstr;
-
-DataShape Classification(std::vector<int64_t> sample, int64_t classes) {
-  DataShape shape;
-  shape.task = Task::kClassification;
-  shape.sample_shape = std::move(sample);
-  shape.num_classes = classes;
-  return shape;
-}
 
 std::string UserErrorOf(const v1::ModelSpec& spec, const DataShape& data) {
   try {
