@@ -2,9 +2,12 @@
 // Implementations: gloo (raw Gloo: ring allreduce over TCP on loopback), tcp (gradhub over the
 // same ring, transport and address: shared memory off), shm (gradhub's default on one host:
 // its shared-memory allreduce), sealed (gradhub over TCP with GlooOptions::encrypt_traffic:
-// its own ring, every message AES-256-GCM sealed).
-// Prints one line: <impl> <MiB> <world> <median seconds per allreduce>.
-// Usage: bench_allreduce gloo|tcp|shm|sealed MIB WORLD ITERS
+// its own ring, every message AES-256-GCM sealed). Beside them, point to point (pipeline
+// stages): p2p and p2p-sealed, where each of two ranks sends MIB to the other and receives
+// MIB from it at the same time (Send and Recv in flight together, as a stage's activation
+// and gradient are), plain and sealed; a time is one such exchange.
+// Prints one line: <impl> <MiB> <world> <median seconds per allreduce or exchange>.
+// Usage: bench_allreduce gloo|tcp|shm|sealed|p2p|p2p-sealed MIB WORLD ITERS (p2p: WORLD 2)
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -22,6 +25,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -62,8 +66,8 @@ double RawGloo(int rank, int world, int64_t numel, int iterations, const std::st
   });
 }
 
-double Gradhub(int rank, int world, int64_t numel, int iterations, const std::string& dir,
-               bool shared_memory, bool encrypt) {
+std::shared_ptr<gradhub::ddp::ProcessGroup> Join(int rank, int world, const std::string& dir,
+                                                 bool shared_memory, bool encrypt) {
   gradhub::ddp::ProcessGroupOptions options;
   options.backend = gradhub::ddp::Backend::kGloo;
   options.rank = rank;
@@ -78,25 +82,48 @@ double Gradhub(int rank, int world, int64_t numel, int iterations, const std::st
                  shared_memory ? "unavailable" : "used", shared_memory ? "on" : "off");
     std::exit(1);
   }
+  return group;
+}
+
+double Gradhub(int rank, int world, int64_t numel, int iterations, const std::string& dir,
+               bool shared_memory, bool encrypt) {
+  auto group = Join(rank, world, dir, shared_memory, encrypt);
   at::Tensor tensor = at::ones({numel});
   return MedianSeconds(iterations, [&] { group->AllReduce(tensor)->Wait(); });
+}
+
+double GradhubExchange(int rank, int64_t numel, int iterations, const std::string& dir,
+                       bool encrypt) {
+  auto group = Join(rank, 2, dir, /*shared_memory=*/false, encrypt);
+  at::Tensor outgoing = at::ones({numel}), incoming = at::empty({numel});
+  return MedianSeconds(iterations, [&] {
+    auto send = group->Send(outgoing, 1 - rank, 0);
+    auto recv = group->Recv(incoming, 1 - rank, 0);
+    send->Wait();
+    recv->Wait();
+  });
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   const std::string impl = argc == 5 ? argv[1] : "";
-  if (impl != "gloo" && impl != "tcp" && impl != "shm" && impl != "sealed") {
-    std::fprintf(stderr, "usage: bench_allreduce gloo|tcp|shm|sealed MIB WORLD ITERS\n");
+  const bool exchange = impl == "p2p" || impl == "p2p-sealed";
+  const int world = argc == 5 ? std::stoi(argv[3]) : 0;
+  if ((impl != "gloo" && impl != "tcp" && impl != "shm" && impl != "sealed" && !exchange) ||
+      (exchange && world != 2)) {
+    std::fprintf(stderr,
+                 "usage: bench_allreduce gloo|tcp|shm|sealed|p2p|p2p-sealed MIB WORLD ITERS "
+                 "(p2p: WORLD 2)\n");
     return 2;
   }
   const int64_t numel = std::stoll(argv[2]) * (1 << 20) / sizeof(float);
-  const int world = std::stoi(argv[3]);
   const int iterations = std::stoi(argv[4]);
   char pattern[] = "/tmp/gradhub-bench-allreduce-XXXXXX";
   const std::string dir = mkdtemp(pattern);
   auto run = [&](int rank) {
     at::set_num_threads(1);
+    if (exchange) return GradhubExchange(rank, numel, iterations, dir, impl == "p2p-sealed");
     return impl == "gloo"
                ? RawGloo(rank, world, numel, iterations, dir)
                : Gradhub(rank, world, numel, iterations, dir, impl == "shm", impl == "sealed");

@@ -8,6 +8,9 @@
 # encryption costs). Each size is measured GRADHUB_BENCH_REPEATS times, the four variants
 # interleaved (reference first each time), and each column is the median of its repeats: one
 # run apiece swings by +-30% on a shared machine.
+# Then point to point between two ranks (pipeline stages): each sends MIB to the other and
+# receives MIB from it at once; GB/s is MIB over the exchange's time, per direction, plain
+# and sealed (medians of as many repeats).
 # Usage: run.sh BUILD_DIR
 set -euo pipefail
 bench="$1/bin/bench_allreduce"
@@ -30,4 +33,16 @@ for mib in 1 8 25 100; do
       bus = s * 1048576 * 2 * (n - 1) / n / 1e9
       printf "%6s %6s %14.2f %10.2f %10.2f %10.2f %9.2f %9.2f %12.2f\n", s, n, bus / r, bus / t,
         bus / m, bus / e, r / t, r / m, t / e }'
+done
+printf '\n%6s %12s %16s %12s\n' MiB p2p_GBs p2p_sealed_GBs sealed/plain
+for mib in 1 25; do
+  iters=$(( 200 / mib + 10 ))
+  plain="" sealed=""
+  for _ in $(seq "$repeats"); do
+    plain+="$("$bench" p2p "$mib" 2 "$iters" | awk '{print $4}') "
+    sealed+="$("$bench" p2p-sealed "$mib" 2 "$iters" | awk '{print $4}') "
+  done
+  awk -v s="$mib" -v p="$(echo $plain | median)" -v e="$(echo $sealed | median)" 'BEGIN {
+      bytes = s * 1048576 / 1e9
+      printf "%6s %12.2f %16.2f %12.2f\n", s, bytes / p, bytes / e, p / e }'
 done

@@ -4,6 +4,7 @@
 #include <gloo/transport/unbound_buffer.h>
 
 #include <algorithm>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -65,9 +66,15 @@ void AwaitRecv(gloo::transport::UnboundBuffer& buffer, Clock::time_point deadlin
   }
 }
 
+// A buffer left uninitialised: every byte of it is written (sealed, or received) before it
+// is read, and zeroing 25 MiB first would cost as much as a memcpy of it.
+std::unique_ptr<uint8_t[]> Uninitialised(size_t bytes) {
+  return std::unique_ptr<uint8_t[]>(new uint8_t[bytes]);
+}
+
 // The bytes one message puts on the wire: the plaintext itself, or a sealed copy of it.
 struct Outgoing {
-  std::vector<uint8_t> sealed;
+  std::unique_ptr<uint8_t[]> sealed;
   void* data = nullptr;
   size_t bytes = 0;
 };
@@ -102,10 +109,10 @@ struct GlooPointToPoint::Transfer {
       out.bytes = bytes;
       return out;
     }
-    out.sealed.resize(bytes + kSealTagBytes);
-    cipher->Seal(Label(payload), plain, bytes, out.sealed.data());
-    out.data = out.sealed.data();
-    out.bytes = out.sealed.size();
+    out.bytes = bytes + kSealTagBytes;
+    out.sealed = Uninitialised(out.bytes);
+    cipher->Seal(Label(payload), plain, bytes, out.sealed.get());
+    out.data = out.sealed.get();
     return out;
   }
 
@@ -128,12 +135,13 @@ struct GlooPointToPoint::Transfer {
 
   // Receives one message of `bytes` plaintext bytes into `target`, opening it when sealed.
   void ReceiveInto(DirectionCipher* cipher, bool payload, void* target, size_t bytes) const {
-    std::vector<uint8_t> sealed(cipher != nullptr ? bytes + kSealTagBytes : 0);
-    void* landing = cipher != nullptr ? sealed.data() : target;
-    auto buffer = context->createUnboundBuffer(landing, cipher != nullptr ? sealed.size() : bytes);
+    const size_t wire_bytes = cipher != nullptr ? bytes + kSealTagBytes : bytes;
+    std::unique_ptr<uint8_t[]> sealed = cipher != nullptr ? Uninitialised(wire_bytes) : nullptr;
+    auto buffer =
+        context->createUnboundBuffer(cipher != nullptr ? sealed.get() : target, wire_bytes);
     buffer->recv(peer, Slot(payload));
     AwaitRecv(*buffer, deadline);
-    if (cipher != nullptr && !cipher->Open(Label(payload), sealed.data(), bytes, target)) {
+    if (cipher != nullptr && !cipher->Open(Label(payload), sealed.get(), bytes, target)) {
       throw TrafficAuthenticationError(peer);
     }
   }
@@ -148,9 +156,9 @@ struct GlooPointToPoint::Transfer {
     const WireHeader expected = HeaderOf(tensor);
     const bool match = sent.bytes == expected.bytes && sent.elements == expected.elements &&
                        sent.dtype == expected.dtype;
-    std::vector<uint8_t> scratch(match ? 0 : sent.bytes);
+    std::unique_ptr<uint8_t[]> scratch = match ? nullptr : Uninitialised(sent.bytes);
     if (sent.bytes > 0) {
-      ReceiveInto(cipher, true, match ? tensor.data_ptr() : scratch.data(), sent.bytes);
+      ReceiveInto(cipher, true, match ? tensor.data_ptr() : scratch.get(), sent.bytes);
     }
     if (!match) {
       throw SizeMismatch(StrCat("size mismatch: rank ", peer, " sent ", SizeOf(sent),
