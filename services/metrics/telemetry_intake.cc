@@ -38,6 +38,12 @@ absl::Status ValidateBatch(const v1::TelemetryBatch& batch) {
   }
   if (batch.attempt() < 1) return absl::InvalidArgumentError("attempt: must be at least 1");
   if (batch.rank() < 0) return absl::InvalidArgumentError("rank: must not be negative");
+  for (int i = 0; i < batch.steps_size(); ++i) {
+    if (batch.steps(i).pipeline_stage() < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("steps[", i, "].pipeline_stage: must not be negative"));
+    }
+  }
   return absl::OkStatus();
 }
 

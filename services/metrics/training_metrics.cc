@@ -61,7 +61,7 @@ BatchOutcome TrainingMetrics::Record(const v1::TelemetryBatch& batch, absl::Time
   for (const v1::StepTelemetry& step : batch.steps()) {
     if (rank.progress.Accept(step.step())) accepted.push_back(&step);
   }
-  families_->Apply(id, accepted, job->series, rank.series);
+  families_->Apply(id, batch.rank(), accepted, job->series, rank.series);
   const BatchOutcome outcome = {static_cast<int64_t>(accepted.size()),
                                 steps - static_cast<int64_t>(accepted.size())};
   counters_->Drop(DropReason::kDuplicateStep, outcome.dropped);

@@ -19,6 +19,9 @@
 //   gradhub_allreduce_bus_bandwidth_bytes_per_second{job_id,rank}  last batch's mean
 //   gradhub_checkpoint_save_seconds{job_id}                  histogram
 //   gradhub_eval_metric{job_id,name}                         last evaluation
+//   gradhub_pipeline_{bubble_fraction,p2p_bytes_total,p2p_wait_seconds_total,
+//       peak_activation_bytes}{job_id,rank,stage}            pipeline stages' ranks only
+//       (pipeline_series.h)
 //   gradhub_telemetry_dropped_total{reason}                  steps lost: by trainers
 //       (trainer_queue_full) or refused here (duplicate_step, stale_attempt, unknown_job,
 //       finished_job, job_limit, invalid, unavailable)

@@ -54,7 +54,8 @@ SeriesFamilies::SeriesFamilies(prometheus::Registry& registry, int max_eval_metr
       checkpoint_save_seconds_(Histograms(registry, "gradhub_checkpoint_save_seconds",
                                           "Time a trainer took to save a checkpoint.")),
       eval_metric_(
-          Gauges(registry, "gradhub_eval_metric", "Last evaluation of a job, by metric name.")) {}
+          Gauges(registry, "gradhub_eval_metric", "Last evaluation of a job, by metric name.")),
+      pipeline_(registry) {}
 
 JobSeries SeriesFamilies::AddJob(const std::string& job_id) {
   const prometheus::Labels labels = {{"job_id", job_id}};
@@ -91,10 +92,11 @@ void SeriesFamilies::Remove(const JobSeries& job, const std::vector<const RankSe
     samples_per_second_->Remove(series->samples_per_second);
     samples_->Remove(series->samples);
     bus_bandwidth_->Remove(series->bus_bandwidth);
+    pipeline_.Remove(series->pipeline);
   }
 }
 
-void SeriesFamilies::Apply(const std::string& job_id,
+void SeriesFamilies::Apply(const std::string& job_id, int32_t rank_id,
                            const std::vector<const v1::StepTelemetry*>& steps, JobSeries& job,
                            RankSeries& rank) {
   double bandwidth_sum = 0;
@@ -107,6 +109,7 @@ void SeriesFamilies::Apply(const std::string& job_id,
     }
   }
   if (bandwidth_steps > 0) rank.bus_bandwidth->Set(bandwidth_sum / bandwidth_steps);
+  pipeline_.Apply(job_id, rank_id, steps, rank.pipeline);
 }
 
 void SeriesFamilies::ApplyStep(const std::string& job_id, const v1::StepTelemetry& step,

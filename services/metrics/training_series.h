@@ -9,6 +9,7 @@
 #include <array>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,7 @@
 #include <prometheus/registry.h>
 
 #include "gradhub/v1/telemetry.pb.h"
+#include "services/metrics/pipeline_series.h"
 #include "services/metrics/telemetry_rules.h"
 
 namespace gradhub::metrics {
@@ -37,6 +39,8 @@ struct RankSeries {
   // gradhub_step_phase_seconds: every step observes every phase, so one count serves all.
   std::array<double, kStepPhases.size()> phase_sum{};
   uint64_t phase_count = 0;
+  // Only for ranks of a pipeline stage (pipeline_series.h).
+  std::optional<PipelineSeries> pipeline;
 };
 
 struct JobSeries {
@@ -57,10 +61,10 @@ class SeriesFamilies {
   RankSeries AddRank(const std::string& job_id, int32_t rank);
   // Removes the job's series and those of its ranks.
   void Remove(const JobSeries& job, const std::vector<const RankSeries*>& ranks);
-  // The steps of one batch that the rules accepted, in order: each sets the series; the rank's
-  // bus bandwidth is the mean of those steps that measured one.
-  void Apply(const std::string& job_id, const std::vector<const v1::StepTelemetry*>& steps,
-             JobSeries& job, RankSeries& rank);
+  // The steps of one batch of rank `rank_id` that the rules accepted, in order: each sets the
+  // series; the rank's bus bandwidth is the mean of those steps that measured one.
+  void Apply(const std::string& job_id, int32_t rank_id,
+             const std::vector<const v1::StepTelemetry*>& steps, JobSeries& job, RankSeries& rank);
 
  private:
   void ApplyStep(const std::string& job_id, const v1::StepTelemetry& step, JobSeries& job,
@@ -78,6 +82,7 @@ class SeriesFamilies {
   prometheus::Family<prometheus::Gauge>* bus_bandwidth_;
   prometheus::Family<prometheus::Histogram>* checkpoint_save_seconds_;
   prometheus::Family<prometheus::Gauge>* eval_metric_;
+  PipelineFamilies pipeline_;
 };
 
 // gradhub_telemetry_steps_total, gradhub_telemetry_dropped_total and gradhub_telemetry_streams.

@@ -66,7 +66,9 @@ TEST(MonitoringConfigTest, EveryPanelQueriesPrometheusThroughTheDatasourceVariab
   }
 }
 
-// Two ranks of a job reporting like trainers, with evaluations and checkpoints now and then.
+// Two ranks of a job reporting like trainers, with evaluations and checkpoints now and then,
+// and every field a trainer may send: the pipeline's too, each rank as one stage (as a job of
+// two stages would), so that the Pipeline row's panels are asked as well.
 class SyntheticJob {
  public:
   SyntheticJob(const std::string& address, const std::string& token, const std::string& job) {
@@ -110,6 +112,11 @@ class SyntheticJob {
         if (step % 20 == 0)
           (*s.mutable_eval_metrics())["accuracy"] = 0.5 + 0.001 * static_cast<double>(step);
         if (rank == 0 && step % 25 == 0) s.set_checkpoint_save_seconds(0.05);
+        s.set_pipeline_stage(rank);
+        s.set_p2p_bytes(2 << 20);
+        s.set_p2p_wait_seconds(0.002 - 0.001 * rank);
+        s.set_bubble_fraction(0.2 - 0.1 * rank);
+        s.set_peak_activation_bytes((2 - rank) << 20);
         reporters_[rank]->Report(s);
       }
       std::this_thread::sleep_for(milliseconds(10));

@@ -275,6 +275,31 @@ TEST_F(TelemetryRestTest, MalformedBodiesAre400NamingTheProblem) {
   EXPECT_THAT(answer.body, HasSubstr("\"code\":413"));
 }
 
+// A pipeline stage's fields in the proto3 JSON mapping become its stage's series; a negative
+// stage is refused by name.
+TEST_F(TelemetryRestTest, APipelineStagesStepsShowWithTheirStage) {
+  const std::string step =
+      "{\"step\":\"1\",\"loss\":0.5,\"pipelineStage\":1,\"p2pBytes\":\"65536\","
+      "\"p2pWaitSeconds\":0.25,\"bubbleFraction\":0.2,\"peakActivationBytes\":\"1048576\"}";
+  const std::string body =
+      "{\"job\":\"" + job_ + "\",\"attempt\":1,\"rank\":1,\"steps\":[" + step + "]}";
+  const Answer answer = Post(job_token_, body);
+  ASSERT_EQ(answer.status, 200) << answer.body;
+  const std::string text = metrics_->Scrape();
+  const std::string labels = ",rank=\"1\",stage=\"1\"";
+  EXPECT_EQ(SampleOf(text, JobSeries("gradhub_pipeline_p2p_bytes_total", job_, labels)), 65536);
+  EXPECT_EQ(SampleOf(text, JobSeries("gradhub_pipeline_p2p_wait_seconds_total", job_, labels)),
+            0.25);
+  EXPECT_EQ(SampleOf(text, JobSeries("gradhub_pipeline_bubble_fraction", job_, labels)), 0.2);
+  EXPECT_EQ(SampleOf(text, JobSeries("gradhub_pipeline_peak_activation_bytes", job_, labels)),
+            1048576);
+  std::string negative = body;
+  negative.replace(negative.find("\"pipelineStage\":1"), 17, "\"pipelineStage\":-1");
+  const Answer refused = Post(job_token_, negative);
+  EXPECT_EQ(refused.status, 400);
+  EXPECT_THAT(refused.body, HasSubstr("steps[0].pipeline_stage: must not be negative"));
+}
+
 // With a certificate the HTTP port serves HTTPS only (tokens cross it), /metrics included.
 TEST_F(TelemetryRestTest, WithACertificateTheHttpPortServesHttpsOnly) {
   testing::TempDir dir;

@@ -263,6 +263,85 @@ TEST_F(TrainingMetricsTest, TrainerDropsAreCountedOnceFromTheCumulativeCount) {
   EXPECT_EQ(Dropped(metrics.Scrape(), "trainer_queue_full"), 7);
 }
 
+// A pipeline stage's steps: the traffic, the wait, the bubble and the activation memory of
+// `stage`.
+v1::TelemetryBatch PipelineBatch(int rank, int stage, std::vector<int64_t> steps) {
+  v1::TelemetryBatch batch = Batch(kJob, 1, rank, steps);
+  for (v1::StepTelemetry& step : *batch.mutable_steps()) {
+    step.set_pipeline_stage(stage);
+    step.set_p2p_bytes(1000 * step.step());
+    step.set_p2p_wait_seconds(0.001);
+    step.set_bubble_fraction(0.1 * static_cast<double>(step.step()));
+    step.set_peak_activation_bytes(4096 * step.step());
+  }
+  return batch;
+}
+
+std::string PipelineLabels(int rank, int stage) {
+  return std::string("{job_id=\"") + kJob + "\",rank=\"" + std::to_string(rank) + "\",stage=\"" +
+         std::to_string(stage) + "\"}";
+}
+
+TEST_F(TrainingMetricsTest, PipelineStagesGetSeriesLabelledByStage) {
+  TrainingMetrics metrics(&directory_, options_);
+  // Stage 0 reports pipeline_stage 0 (the proto's zero): its traffic says it is a stage.
+  EXPECT_EQ(metrics.Record(PipelineBatch(0, 0, {1, 2, 3}), now_).accepted, 3);
+  EXPECT_EQ(metrics.Record(PipelineBatch(1, 1, {1}), now_).accepted, 1);
+  const std::string text = metrics.Scrape();
+  const std::string stage0 = PipelineLabels(0, 0);
+  EXPECT_EQ(Sample(text, "gradhub_pipeline_p2p_bytes_total" + stage0), 6000);
+  EXPECT_NEAR(Sample(text, "gradhub_pipeline_p2p_wait_seconds_total" + stage0), 0.003, 1e-12);
+  // The gauges: the batch's mean bubble and its largest peak.
+  EXPECT_NEAR(Sample(text, "gradhub_pipeline_bubble_fraction" + stage0), 0.2, 1e-12);
+  EXPECT_EQ(Sample(text, "gradhub_pipeline_peak_activation_bytes" + stage0), 3 * 4096);
+  EXPECT_EQ(Sample(text, "gradhub_pipeline_p2p_bytes_total" + PipelineLabels(1, 1)), 1000);
+  // A later batch adds to the counters and replaces the gauges.
+  metrics.Record(PipelineBatch(0, 0, {4}), now_);
+  const std::string later = metrics.Scrape();
+  EXPECT_EQ(Sample(later, "gradhub_pipeline_p2p_bytes_total" + stage0), 10000);
+  EXPECT_NEAR(Sample(later, "gradhub_pipeline_bubble_fraction" + stage0), 0.4, 1e-12);
+  EXPECT_EQ(Sample(later, "gradhub_pipeline_peak_activation_bytes" + stage0), 4 * 4096);
+}
+
+TEST_F(TrainingMetricsTest, DataParallelRanksHaveNoPipelineSeries) {
+  TrainingMetrics metrics(&directory_, options_);
+  metrics.Record(Batch(kJob, 1, 0, {1, 2}), now_);
+  EXPECT_THAT(metrics.Scrape(), Not(HasSubstr("gradhub_pipeline_p2p_bytes_total{")));
+  EXPECT_THAT(metrics.Scrape(), Not(HasSubstr("gradhub_pipeline_bubble_fraction{")));
+}
+
+// Unmeasured values (a bubble outside (0, 1], no peak, e.g. -1 while a profiler held the
+// allocator's hook) leave the gauges NaN rather than claiming 0.
+TEST_F(TrainingMetricsTest, UnmeasuredPipelineGaugesStayNaN) {
+  TrainingMetrics metrics(&directory_, options_);
+  v1::TelemetryBatch batch = PipelineBatch(1, 1, {1});
+  batch.mutable_steps(0)->set_bubble_fraction(std::nan(""));
+  batch.mutable_steps(0)->set_peak_activation_bytes(-1);
+  metrics.Record(batch, now_);
+  const std::string text = metrics.Scrape();
+  EXPECT_TRUE(std::isnan(Sample(text, "gradhub_pipeline_bubble_fraction" + PipelineLabels(1, 1))));
+  EXPECT_TRUE(
+      std::isnan(Sample(text, "gradhub_pipeline_peak_activation_bytes" + PipelineLabels(1, 1))));
+  EXPECT_EQ(Sample(text, "gradhub_pipeline_p2p_bytes_total" + PipelineLabels(1, 1)), 1000);
+}
+
+// A rank has one stage; one that reports another moves its series rather than adding some.
+TEST_F(TrainingMetricsTest, ARankReportingAnotherStageMovesItsSeries) {
+  TrainingMetrics metrics(&directory_, options_);
+  metrics.Record(PipelineBatch(1, 1, {1}), now_);
+  metrics.Record(PipelineBatch(1, 0, {2}), now_);
+  const std::string text = metrics.Scrape();
+  EXPECT_THAT(text, Not(HasSubstr("stage=\"1\"")));
+  EXPECT_EQ(Sample(text, "gradhub_pipeline_p2p_bytes_total" + PipelineLabels(1, 0)), 2000);
+}
+
+TEST_F(TrainingMetricsTest, PipelineSeriesGoWithTheirJob) {
+  TrainingMetrics metrics(&directory_, options_);
+  metrics.Record(PipelineBatch(0, 0, {1}), now_);
+  ASSERT_TRUE(metrics.Sweep(now_ + absl::Minutes(10)).ok());  // idle_job_ttl
+  EXPECT_THAT(metrics.Scrape(), Not(HasSubstr("stage=")));
+}
+
 TEST(JobIdOfTest, AcceptsOnlyJobsSlashUuid) {
   EXPECT_EQ(JobIdOf(std::string("jobs/") + kJob), kJob);
   EXPECT_EQ(JobIdOf("jobs/0F1E2D3C-4B5A-4978-8695-A4B3C2D1E0F9"), kJob);
