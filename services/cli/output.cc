@@ -414,8 +414,7 @@ std::optional<absl::Duration> TimeLeft(const v1::Job& job) {
   const v1::JobProgress& progress = job.progress();
   const v1::JobSpec spec = WithDefaults(job.spec());  // stored as submitted
   const int64_t total = TotalSteps(job);
-  const int64_t samples_per_step = int64_t{spec.batch_size_per_rank()} *
-                                   spec.distributed().world_size() * spec.grad_accumulation_steps();
+  const int64_t samples_per_step = GlobalBatchSize(spec);  // a pipeline's stages share samples
   if (IsTerminal(job.state()) || !progress.has_last_report_time() || total <= 0 ||
       samples_per_step <= 0 || !(progress.samples_per_second() > 0)) {
     return std::nullopt;

@@ -79,7 +79,8 @@ std::string ProgressLine(const v1::Job& job);
 // (TimeLeft; `ETA ?` while unknown, nothing once the job has ended), then the ProgressLine.
 std::string ProgressBar(const v1::Job& job, int width = 30);
 // The steps still to run at the last reported throughput: samples_per_second over the
-// spec's global batch (batch per rank x world size x accumulation). nullopt before the first
+// spec's global batch (job_spec.h GlobalBatchSize: batch per rank x data-parallel replicas x
+// accumulation; the replicas are the ranks without a pipeline). nullopt before the first
 // report, without a total or a throughput, and once the job has ended.
 std::optional<absl::Duration> TimeLeft(const v1::Job& job);
 // Whole seconds, two units at most: "45s", "2m05s", "1h02m", "3d04h".

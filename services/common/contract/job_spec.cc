@@ -5,10 +5,12 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <optional>
 #include <regex>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "gpu_worker/models/stages.h"
 #include "services/common/contract/defaults.h"
 #include "services/common/contract/proto_json.h"
 #include "services/common/contract/script_spec.h"
@@ -253,21 +255,24 @@ void CheckMlpFitsSyntheticData(const v1::JobSpec& spec, Checker& check) {
                     std::to_string(outputs) + (regression ? " (regression)" : " (one per class)"));
 }
 
-// Each rank trains on at most ceil(numSamples / worldSize) examples of a synthetic dataset:
-// fewer than one optimizer step's micro-batches is refused by the trainer, so here.
+// Each data-parallel replica (a rank, or a pipeline's stages together) trains on at most
+// ceil(numSamples / replicas) examples of a synthetic dataset: fewer than one optimizer step's
+// micro-batches is refused by the trainer, so here.
 void CheckBatchFitsSyntheticData(const v1::JobSpec& spec, Checker& check) {
   const int64_t samples = spec.dataset().synthetic().num_samples();
-  const int64_t ranks = std::max(1, spec.distributed().world_size());
+  const Parallelism parallelism = ParallelismOf(spec);
+  const int64_t replicas = parallelism.replicas;
+  const std::string replica = parallelism.pipelined() ? "pipeline replica" : "rank";
   const int64_t per_step =
       int64_t{spec.batch_size_per_rank()} * std::max(1, spec.grad_accumulation_steps());
   if (samples <= 0 || per_step <= 0) return;
-  const int64_t per_rank = (samples + ranks - 1) / ranks;
-  check.Require(per_step <= per_rank, "batchSizePerRank",
-                std::to_string(spec.batch_size_per_rank()) + " x " +
-                    std::to_string(std::max(1, spec.grad_accumulation_steps())) +
-                    " micro-batches exceed the at most " + std::to_string(per_rank) +
-                    " training examples of each rank (dataset.synthetic.numSamples " +
-                    std::to_string(samples) + " over " + std::to_string(ranks) + " ranks)");
+  const int64_t per_replica = (samples + replicas - 1) / replicas;
+  check.Require(
+      per_step <= per_replica, "batchSizePerRank",
+      absl::StrCat(spec.batch_size_per_rank(), " x ", std::max(1, spec.grad_accumulation_steps()),
+                   " micro-batches exceed the at most ", per_replica, " training examples of each ",
+                   replica, " (dataset.synthetic.numSamples ", samples, " over ", replicas, " ",
+                   replica, "s)"));
 }
 
 // The model and the dataset the trainer would refuse together, where the spec alone says so.
@@ -334,6 +339,11 @@ bool NeedsCuda(const v1::JobSpec& spec) { return !CudaOnlySettings(spec, "").emp
 
 bool TrainsOnCpu(const v1::JobSpec& spec) {
   return spec.distributed().backend() == v1::DistributedSpec::GLOO;
+}
+
+bool RunsOnGlooOnly(const v1::JobSpec& spec) {
+  return spec.parallelism().pipeline_stages() > 1 &&
+         spec.parallelism().schedule() == v1::ParallelismSpec::INTERLEAVED_ONE_F_ONE_B;
 }
 
 void CheckRankDevice(const v1::JobSpec& spec, RankDevice device, const RankDeviceRules& rules) {
@@ -441,6 +451,146 @@ void CheckSchedule(const v1::LrSchedule& schedule, Checker& check) {
   check.Require(schedule.warmup_steps() >= 0, "lrSchedule.warmupSteps", "must not be negative");
 }
 
+// parallelism.* of the built-in trainer (a script job may not set it: ValidateScriptSpec; a
+// pipeline's shape and combinations: CheckPipelineShape and CheckPipelineCombinations):
+//   1. pipelineStages, microBatches and chunksPerStage are not negative;
+//   2. pipelineStages 0 or 1 is no pipeline, so microBatches, schedule, balance and
+//      chunksPerStage are refused (they would be ignored).
+void CheckParallelismFields(const v1::JobSpec& spec, Checker& check) {
+  const v1::ParallelismSpec& p = spec.parallelism();
+  check.Require(p.pipeline_stages() >= 0, "parallelism.pipelineStages",
+                "must not be negative (0 or 1: no pipeline)");
+  check.Require(p.micro_batches() >= 0, "parallelism.microBatches",
+                "must not be negative (0: pipelineStages)");
+  check.Require(p.chunks_per_stage() >= 0, "parallelism.chunksPerStage",
+                "must not be negative (0: 2)");
+  if (p.pipeline_stages() > 1) return;
+  const std::string ignored =
+      absl::StrCat("is set but parallelism.pipelineStages is ", p.pipeline_stages(),
+                   " (no pipeline), so it would be ignored: leave it out, or set "
+                   "pipelineStages above 1");
+  check.Require(p.micro_batches() <= 0, "parallelism.microBatches", ignored);
+  check.Require(p.schedule() == v1::ParallelismSpec::ONE_F_ONE_B, "parallelism.schedule", ignored);
+  check.Require(p.balance() == v1::ParallelismSpec::PARAMETERS, "parallelism.balance", ignored);
+  check.Require(p.chunks_per_stage() <= 0, "parallelism.chunksPerStage", ignored);
+}
+
+// What a layer is in each zoo architecture (models/stages.h ZooLayerCount), for messages.
+const char* LayersOf(const v1::ModelSpec& model) {
+  switch (model.kind_case()) {
+    case v1::ModelSpec::kMlp:
+      return "one per Linear";
+    case v1::ModelSpec::kCnn:
+      return "one per conv unit, the hidden Linear and the output Linear";
+    case v1::ModelSpec::kResnet:
+      return "the stem, one per residual block, the head";
+    case v1::ModelSpec::kTransformer:
+      return "the embedding, one per block, the final norm with the head";
+    default:
+      return "";
+  }
+}
+
+// A stage holds at least one layer (with the interleaved schedule, each of its chunks does).
+// A zoo model's layers follow from the spec; a TorchScript model's (its top-level children)
+// are counted when a rank loads it, and the trainer refuses there.
+void CheckStagesFitTheModel(const v1::JobSpec& spec, const Parallelism& parallelism,
+                            Checker& check) {
+  const std::optional<int64_t> layers = models::ZooLayerCount(spec.model());
+  if (!layers || *layers < 1) return;  // no model, TorchScript, or a model refused already
+  const std::string what = absl::StrCat(" (", LayersOf(spec.model()), ")");
+  if (parallelism.stages > *layers) {
+    check.Require(false, "parallelism.pipelineStages",
+                  absl::StrCat(parallelism.stages, " exceeds the model's ", *layers, " layers",
+                               what, ": each stage holds at least one"));
+    return;
+  }
+  const int64_t needed = int64_t{parallelism.stages} * parallelism.chunks_per_stage;
+  check.Require(needed <= *layers, "parallelism.chunksPerStage",
+                absl::StrCat(parallelism.stages, " stages x ", parallelism.chunks_per_stage,
+                             " chunks need ", needed, " layers; the model has ", *layers, what));
+}
+
+// The shape of a pipeline of the built-in trainer (pipelineStages above 1):
+//   1. pipelineStages divides distributed.worldSize (world = stages x replicas);
+//   2. microBatches (0: pipelineStages) divides batchSizePerRank, a replica's batch;
+//   3. INTERLEAVED_ONE_F_ONE_B runs rounds of pipelineStages micro-batches, so microBatches
+//      must be a multiple of it, over at least 2 chunks per stage (1 is ONE_F_ONE_B), on Gloo
+//      only (RunsOnGlooOnly: backend NCCL refused); chunksPerStage with another schedule
+//      would be ignored and is refused;
+//   4. the model has a layer for every stage (every chunk), where the spec says (above).
+void CheckPipelineShape(const v1::JobSpec& spec, Checker& check) {
+  const v1::ParallelismSpec& p = spec.parallelism();
+  const Parallelism parallelism = ParallelismOf(spec);
+  const int32_t stages = parallelism.stages, world = std::max(1, spec.distributed().world_size());
+  check.Require(world % stages == 0, "parallelism.pipelineStages",
+                absl::StrCat(stages, " does not divide distributed.worldSize ", world,
+                             " (the world is pipelineStages x data-parallel replicas)"));
+  const int32_t batch = spec.batch_size_per_rank(), micro = parallelism.micro_batches;
+  if (batch > 0 && p.micro_batches() >= 0) {
+    check.Require(batch % micro == 0, "parallelism.microBatches",
+                  p.micro_batches() > 0
+                      ? absl::StrCat(micro, " does not divide batchSizePerRank ", batch,
+                                     " (a replica's batch is split into equal micro-batches)")
+                      : absl::StrCat("0 means pipelineStages (", stages,
+                                     "), which does not divide batchSizePerRank ", batch,
+                                     ": set microBatches to a divisor of it"));
+  }
+  if (p.schedule() == v1::ParallelismSpec::INTERLEAVED_ONE_F_ONE_B) {
+    check.Require(micro % stages == 0, "parallelism.microBatches",
+                  absl::StrCat(micro, " is not a multiple of pipelineStages ", stages,
+                               ": schedule INTERLEAVED_ONE_F_ONE_B runs rounds of "
+                               "pipelineStages micro-batches"));
+    check.Require(p.chunks_per_stage() != 1, "parallelism.chunksPerStage",
+                  "1 chunk per stage is schedule ONE_F_ONE_B: use that schedule, or at least 2 "
+                  "chunks (0: 2)");
+    check.Require(spec.distributed().backend() != v1::DistributedSpec::NCCL, "parallelism.schedule",
+                  "INTERLEAVED_ONE_F_ONE_B runs on Gloo only (its transfers go around the "
+                  "replica's ring, in an order NCCL's one stream cannot take): use ONE_F_ONE_B "
+                  "or GPIPE, or backend GLOO or AUTO (which places it on CPU nodes)");
+  } else {
+    check.Require(p.chunks_per_stage() == 0, "parallelism.chunksPerStage",
+                  absl::StrCat("is only for schedule INTERLEAVED_ONE_F_ONE_B; schedule ",
+                               v1::ParallelismSpec::Schedule_Name(p.schedule()),
+                               " runs one chunk per stage"));
+  }
+  if (p.chunks_per_stage() >= 0) CheckStagesFitTheModel(spec, parallelism, check);
+}
+
+// What the pipeline engine does not do, each refused naming the setting that asks for it.
+// Each stage's DistributedDataParallel averages its gradients over the stage's replicas, and
+// what only needs that works: commHook FP16 and BF16 (stateless bucket compression),
+// findUnusedParameters, bucketCapMb, encryptTraffic (point-to-point messages are sealed too),
+// BF16, gradAccumulationSteps (the pipeline runs that many batches before the optimizer
+// step), gradClipNorm (the trainer sums the squared norms over every stage). Refused, because
+// they need state or agreement across stages that is not built:
+//   shardOptimizerState  ZeRO shards over every rank, but each stage holds other parameters;
+//   localSgd             its parameter averages run over every rank, likewise;
+//   POWER_SGD            its error feedback and warm-start state are per model, not per stage;
+//   precision FP16       each stage's loss scaler sees only its stage's gradients, so stages
+//                        would skip different overflowed steps.
+void CheckPipelineCombinations(const v1::JobSpec& spec, Checker& check) {
+  const std::string with = absl::StrCat("cannot be combined with parallelism.pipelineStages ",
+                                        spec.parallelism().pipeline_stages());
+  const auto& distributed = spec.distributed();
+  check.Require(!distributed.shard_optimizer_state(), "distributed.shardOptimizerState",
+                with +
+                    " (ZeRO shards the optimizer state over every rank, but each stage holds "
+                    "other parameters): leave one out");
+  check.Require(!distributed.has_local_sgd(), "distributed.localSgd",
+                with +
+                    " (its parameter averages run over every rank, but each stage holds other "
+                    "parameters): leave one out");
+  check.Require(distributed.comm_hook() != v1::DistributedSpec::POWER_SGD, "distributed.commHook",
+                "POWER_SGD " + with +
+                    " (its error feedback and warm-start state belong to one whole model, not "
+                    "to each stage): use NONE, FP16 or BF16");
+  check.Require(spec.precision() != v1::JobSpec::FP16, "precision",
+                "FP16 " + with +
+                    " (each stage's loss scaler sees only its own gradients, so stages would "
+                    "skip different overflowed steps): use BF16 or FP32");
+}
+
 // The rules of the built-in trainer's fields.
 void CheckTrainerFields(const v1::JobSpec& spec, Checker& check) {
   CheckModel(spec.model(), check);
@@ -463,6 +613,11 @@ void CheckTrainerFields(const v1::JobSpec& spec, Checker& check) {
   CheckEfficiency(spec, check);
   CheckPrecision(spec, check);
   CheckModelFitsDataset(spec, check);
+  CheckParallelismFields(spec, check);
+  if (spec.parallelism().pipeline_stages() > 1) {
+    CheckPipelineShape(spec, check);
+    CheckPipelineCombinations(spec, check);
+  }
   check.Require(spec.checkpoint().every_steps() >= 0, "checkpoint.everySteps",
                 "must not be negative");
 }
@@ -491,6 +646,25 @@ void CheckJobSpec(const v1::JobSpec& spec, const SpecLimits& limits) {
   throw UserError("", message);
 }
 
+Parallelism ParallelismOf(const v1::JobSpec& spec) {
+  const v1::ParallelismSpec& p = spec.parallelism();
+  Parallelism parallelism;
+  parallelism.stages = std::max(1, p.pipeline_stages());
+  parallelism.replicas =
+      std::max(1, std::max(1, spec.distributed().world_size()) / parallelism.stages);
+  if (!parallelism.pipelined()) return parallelism;
+  parallelism.micro_batches = p.micro_batches() > 0 ? p.micro_batches() : parallelism.stages;
+  if (p.schedule() == v1::ParallelismSpec::INTERLEAVED_ONE_F_ONE_B) {
+    parallelism.chunks_per_stage = p.chunks_per_stage() > 0 ? p.chunks_per_stage() : 2;
+  }
+  return parallelism;
+}
+
+int64_t GlobalBatchSize(const v1::JobSpec& spec) {
+  return int64_t{spec.batch_size_per_rank()} * ParallelismOf(spec).replicas *
+         std::max(1, spec.grad_accumulation_steps());
+}
+
 v1::JobSpec WithDefaults(v1::JobSpec spec) {
   auto* distributed = spec.mutable_distributed();
   if (distributed->world_size() == 0) distributed->set_world_size(1);
@@ -505,6 +679,15 @@ v1::JobSpec WithDefaults(v1::JobSpec spec) {
     return spec;
   }
   if (distributed->bucket_cap_mb() == 0) distributed->set_bucket_cap_mb(25);
+  // pipelineStages 0 stays 0 (= 1): a spec without a pipeline keeps its bytes, which the
+  // checkpoints of jobs submitted before parallelism existed compare against.
+  if (const Parallelism parallelism = ParallelismOf(spec); parallelism.pipelined()) {
+    auto* p = spec.mutable_parallelism();
+    p->set_micro_batches(parallelism.micro_batches);
+    if (p->schedule() == v1::ParallelismSpec::INTERLEAVED_ONE_F_ONE_B) {
+      p->set_chunks_per_stage(parallelism.chunks_per_stage);
+    }
+  }
   if (distributed->comm_hook() == v1::DistributedSpec::POWER_SGD) {
     auto* powersgd = distributed->mutable_power_sgd();
     if (powersgd->matrix_approximation_rank() == 0) powersgd->set_matrix_approximation_rank(1);

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -27,7 +28,9 @@ struct SpecLimits {
 // Every problem with the spec, not only the first, so a user fixes them in one go (one per
 // field): first the values no spec can mean (ProtoValueIssues: enum numbers without a name,
 // NaN and infinities, NUL and invalid UTF-8, anywhere in the spec), then the rules of each
-// field. Length limits count characters (Unicode code points, text_rules.h).
+// field. Length limits count characters (Unicode code points, text_rules.h). parallelism.*:
+// CheckParallelismFields, CheckPipelineShape and CheckPipelineCombinations in job_spec.cc state
+// the rules in steps.
 std::vector<SpecIssue> ValidateJobSpec(const v1::JobSpec& spec, const SpecLimits& limits = {});
 
 // Throws UserError listing every issue ValidateJobSpec finds.
@@ -51,6 +54,10 @@ bool NeedsCuda(const v1::JobSpec& spec);
 // backend GLOO: the ranks train on the CPU whatever device their node has (Gloo reduces CPU
 // tensors), so the scheduler gives them CPU nodes, where no GPU sits idle.
 bool TrainsOnCpu(const v1::JobSpec& spec);
+// A pipeline of schedule INTERLEAVED_ONE_F_ONE_B: its transfers go around the replica's ring,
+// in an order NCCL's one stream cannot take, so it runs on Gloo only. ValidateJobSpec refuses
+// it with backend NCCL; with AUTO the scheduler gives it CPU nodes, where AUTO is Gloo.
+bool RunsOnGlooOnly(const v1::JobSpec& spec);
 
 struct RankDeviceRules {
   bool allow_fp16_on_cpu = false;  // tests only: the trainer's fp16_scaling_on_cpu_for_test
@@ -60,8 +67,31 @@ struct RankDeviceRules {
 // checks again, for a rank started by hand or by an older scheduler.
 void CheckRankDevice(const v1::JobSpec& spec, RankDevice device, const RankDeviceRules& rules = {});
 
+// ---------------------------------------------------------------------------------------------
+// Pipeline model parallelism (JobSpec.parallelism): the shape of a job's ranks as every
+// component reads it. world size = stages x replicas; rank = replica * stages + stage.
+
+struct Parallelism {
+  int32_t stages = 1;            // 1 = no pipeline (pipelineStages 0 or 1)
+  int32_t replicas = 1;          // data-parallel replicas: world size / stages
+  int32_t micro_batches = 1;     // a replica's batch is split into these (microBatches 0 = stages)
+  int32_t chunks_per_stage = 1;  // model chunks per rank: 2 by default with the interleaved
+                                 // schedule, else 1
+  bool pipelined() const { return stages > 1; }
+};
+// The parallelism of a spec, its defaults applied. For a spec ValidateJobSpec accepts; on one
+// it refuses (stages not dividing the world size), replicas is the world size / stages
+// rounded down, at least 1.
+Parallelism ParallelismOf(const v1::JobSpec& spec);
+
+// Samples per optimizer step (the global batch): batchSizePerRank x data-parallel replicas x
+// gradAccumulationSteps. Without a pipeline the replicas are the ranks; with one, a replica's
+// stages share their samples.
+int64_t GlobalBatchSize(const v1::JobSpec& spec);
+
 // The spec with the documented default written in wherever a field left it zero (world size
-// 1, bucket cap 25 MiB, keep_last 3, ...). The one place where those defaults live.
+// 1, bucket cap 25 MiB, keep_last 3, with a pipeline microBatches = pipelineStages and,
+// interleaved, chunksPerStage 2). The one place where those defaults live.
 v1::JobSpec WithDefaults(v1::JobSpec spec);
 
 }  // namespace gradhub

@@ -128,6 +128,10 @@ TEST(TimeLeftTest, StepsToGoAtTheReportedThroughput) {
   v1::Job accumulating = Running(400, 1280);
   accumulating.mutable_spec()->set_grad_accumulation_steps(4);
   EXPECT_EQ(TimeLeft(accumulating), absl::Seconds(240));
+  // A pipeline's 2 ranks are 2 stages of 1 replica: 64 samples a step, half the time.
+  v1::Job pipelined = Running(400, 1280);
+  pipelined.mutable_spec()->mutable_parallelism()->set_pipeline_stages(2);
+  EXPECT_EQ(TimeLeft(pipelined), absl::Seconds(30));
   // Without the trainer's total, the spec's max_steps.
   v1::Job no_total = Running(400, 1280);
   no_total.mutable_progress()->set_total_steps(0);

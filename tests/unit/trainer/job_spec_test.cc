@@ -1,9 +1,13 @@
 #include "services/common/contract/job_spec.h"
 
+#include <google/protobuf/descriptor.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <limits>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "services/common/contract/user_error.h"
 #include "tests/support/job_specs.h"
@@ -320,6 +324,238 @@ TEST(JobSpecTest, EncryptTrafficNeedsGlooOrAutoAndATrainerJob) {
   EXPECT_NE(IssueOf(issues, "distributed.encryptTraffic").message.find("its own transport"),
             std::string::npos);
   EXPECT_EQ(issues.size(), 1u);
+}
+
+// --- parallelism (pipeline stages x data-parallel replicas) ---
+
+// A valid pipelined job: an MLP of 4 layers (Linear), 2 stages x 2 replicas, a replica's batch
+// of 8 in 4 micro-batches. `extra` is YAML whose top-level fields replace the base's.
+v1::JobSpec PipelineSpec(const std::string& extra = "") {
+  v1::JobSpec spec = ParseJobSpec(R"(
+model: {mlp: {layers: [4, 8, 8, 8, 2]}}
+dataset: {synthetic: {numSamples: 1000, numFeatures: 4, numClasses: 2}}
+optimizer: {sgd: {lr: 0.1}}
+batchSizePerRank: 8
+maxSteps: 10
+distributed: {worldSize: 4}
+parallelism: {pipelineStages: 2, microBatches: 4}
+)");
+  if (!extra.empty()) {
+    const v1::JobSpec changes = ParseJobSpec(extra);
+    std::vector<const google::protobuf::FieldDescriptor*> fields;
+    changes.GetReflection()->ListFields(changes, &fields);
+    for (const auto* field : fields) spec.GetReflection()->ClearField(&spec, field);
+    spec.MergeFrom(changes);
+  }
+  return spec;
+}
+
+std::string Issues(const std::vector<SpecIssue>& issues) {
+  std::string text;
+  for (const SpecIssue& issue : issues) text += "\n  " + issue.field + ": " + issue.message;
+  return text;
+}
+
+bool Contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+TEST(JobSpecPipelineTest, WhatEachStagesDdpMakesCorrectIsAccepted) {
+  for (const char* extra : {
+           "",
+           "parallelism: {pipelineStages: 2, schedule: GPIPE, balance: MEASURED_TIME}",
+           "parallelism: {pipelineStages: 2, microBatches: 4, schedule: INTERLEAVED_ONE_F_ONE_B}",
+           "parallelism: {pipelineStages: 2, microBatches: 2, schedule: INTERLEAVED_ONE_F_ONE_B, "
+           "chunksPerStage: 2}",
+           "parallelism: {pipelineStages: 4}\ndistributed: {worldSize: 4}",
+           "distributed: {worldSize: 4, commHook: BF16, findUnusedParameters: true, "
+           "encryptTraffic: true}",
+           "distributed: {worldSize: 4, backend: NCCL, commHook: FP16}",
+           "precision: BF16\ngradAccumulationSteps: 3\ngradClipNorm: 1.0",
+       }) {
+    const auto issues = ValidateJobSpec(PipelineSpec(extra));
+    EXPECT_TRUE(issues.empty()) << extra << Issues(issues);
+  }
+}
+
+TEST(JobSpecPipelineTest, NegativeCountsAreRefusedByName) {
+  const auto issues = ValidateJobSpec(
+      PipelineSpec("parallelism: {pipelineStages: -1, microBatches: -2, chunksPerStage: -3}"));
+  for (const char* field :
+       {"parallelism.pipelineStages", "parallelism.microBatches", "parallelism.chunksPerStage"}) {
+    EXPECT_TRUE(Contains(IssueOf(issues, field).message, "must not be negative")) << field;
+  }
+}
+
+// A setting of the pipeline without a pipeline would do nothing: refused, never ignored.
+TEST(JobSpecPipelineTest, PipelineSettingsWithoutAPipelineAreRefusedNotIgnored) {
+  for (const char* stages : {"", "pipelineStages: 1, "}) {
+    const std::string prefix = std::string("parallelism: {") + stages;
+    for (const auto& [setting, field] : std::vector<std::pair<std::string, std::string>>{
+             {"microBatches: 4", "parallelism.microBatches"},
+             {"schedule: GPIPE", "parallelism.schedule"},
+             {"balance: MEASURED_TIME", "parallelism.balance"},
+             {"chunksPerStage: 2", "parallelism.chunksPerStage"}}) {
+      const std::string extra = prefix + setting + "}";
+      const auto issues = ValidateJobSpec(PipelineSpec(extra));
+      EXPECT_TRUE(Contains(IssueOf(issues, field).message, "would be ignored")) << extra;
+      EXPECT_EQ(issues.size(), 1u) << extra << Issues(issues);
+    }
+  }
+  EXPECT_TRUE(ValidateJobSpec(PipelineSpec("parallelism: {pipelineStages: 1}")).empty());
+}
+
+TEST(JobSpecPipelineTest, AScriptJobCannotBeSplitIntoStages) {
+  const std::string script =
+      "script: {code: \"sha256:" + std::string(64, 'a') + "\", entrypoint: train.py}\n";
+  const auto issues = ValidateJobSpec(
+      ParseJobSpec(script + "distributed: {worldSize: 2}\nparallelism: {pipelineStages: 2}\n"));
+  EXPECT_TRUE(Contains(IssueOf(issues, "parallelism").message, "built-in trainer"));
+  EXPECT_EQ(issues.size(), 1u) << Issues(issues);
+}
+
+// The message of the issue naming `field` in PipelineSpec(extra), or fails the test.
+std::string PipelineIssue(const std::string& extra, const std::string& field) {
+  const auto issues = ValidateJobSpec(PipelineSpec(extra));
+  const std::string message = IssueOf(issues, field).message;
+  if (message.empty()) ADD_FAILURE() << extra << Issues(issues);
+  return message;
+}
+
+TEST(JobSpecPipelineTest, TheStagesDivideTheWorldSize) {
+  EXPECT_TRUE(Contains(PipelineIssue("distributed: {worldSize: 3}", "parallelism.pipelineStages"),
+                       "does not divide distributed.worldSize 3"));
+  // worldSize 0 is 1 rank, which 2 stages do not fit.
+  EXPECT_TRUE(
+      Contains(PipelineIssue("distributed: {}", "parallelism.pipelineStages"), "worldSize 1"));
+  EXPECT_TRUE(ValidateJobSpec(PipelineSpec("distributed: {worldSize: 6}")).empty());
+}
+
+TEST(JobSpecPipelineTest, MicroBatchesDivideAReplicasBatch) {
+  EXPECT_TRUE(Contains(PipelineIssue("parallelism: {pipelineStages: 2, microBatches: 3}",
+                                     "parallelism.microBatches"),
+                       "3 does not divide batchSizePerRank 8"));
+  // 0 means one micro-batch per stage: 3 stages do not divide 8 samples.
+  EXPECT_TRUE(
+      Contains(PipelineIssue("parallelism: {pipelineStages: 3}\ndistributed: {worldSize: 3}",
+                             "parallelism.microBatches"),
+               "0 means pipelineStages (3)"));
+  EXPECT_TRUE(
+      ValidateJobSpec(PipelineSpec("parallelism: {pipelineStages: 2, microBatches: 8}")).empty());
+}
+
+TEST(JobSpecPipelineTest, InterleavedNeedsRoundsOfStagesMicroBatchesAndTwoChunks) {
+  EXPECT_TRUE(Contains(PipelineIssue("batchSizePerRank: 9\nparallelism: {pipelineStages: 2, "
+                                     "microBatches: 3, schedule: INTERLEAVED_ONE_F_ONE_B}",
+                                     "parallelism.microBatches"),
+                       "3 is not a multiple of pipelineStages 2"));
+  EXPECT_TRUE(Contains(PipelineIssue("parallelism: {pipelineStages: 2, schedule: "
+                                     "INTERLEAVED_ONE_F_ONE_B, chunksPerStage: 1}",
+                                     "parallelism.chunksPerStage"),
+                       "ONE_F_ONE_B"));
+}
+
+TEST(JobSpecPipelineTest, InterleavedRunsOnGlooOnly) {
+  const std::string interleaved =
+      "parallelism: {pipelineStages: 2, schedule: INTERLEAVED_ONE_F_ONE_B}\n";
+  EXPECT_TRUE(Contains(PipelineIssue(interleaved + "distributed: {worldSize: 4, backend: NCCL}",
+                                     "parallelism.schedule"),
+                       "Gloo only"));
+  for (const char* backend : {"AUTO", "GLOO"}) {
+    const v1::JobSpec spec =
+        PipelineSpec(interleaved + "distributed: {worldSize: 4, backend: " + backend + "}");
+    EXPECT_TRUE(ValidateJobSpec(spec).empty()) << backend;
+    EXPECT_TRUE(RunsOnGlooOnly(spec)) << backend;
+  }
+  EXPECT_FALSE(RunsOnGlooOnly(PipelineSpec()));
+}
+
+TEST(JobSpecPipelineTest, ChunksPerStageOnlyWithTheInterleavedSchedule) {
+  for (const std::string schedule : {"ONE_F_ONE_B", "GPIPE"}) {
+    EXPECT_TRUE(Contains(PipelineIssue("parallelism: {pipelineStages: 2, chunksPerStage: 2, "
+                                       "schedule: " +
+                                           schedule + "}",
+                                       "parallelism.chunksPerStage"),
+                         "schedule " + schedule + " runs one chunk"));
+  }
+}
+
+TEST(JobSpecPipelineTest, EveryStageAndChunkHoldsALayerOfAZooModel) {
+  EXPECT_TRUE(Contains(PipelineIssue("parallelism: {pipelineStages: 8, microBatches: 8}\n"
+                                     "distributed: {worldSize: 8}",
+                                     "parallelism.pipelineStages"),
+                       "8 exceeds the model's 4 layers (one per Linear)"));
+  EXPECT_TRUE(Contains(PipelineIssue("parallelism: {pipelineStages: 2, schedule: "
+                                     "INTERLEAVED_ONE_F_ONE_B, chunksPerStage: 3}",
+                                     "parallelism.chunksPerStage"),
+                       "2 stages x 3 chunks need 6 layers; the model has 4"));
+  // A transformer of 1 block has 3 layers: embedding, block, norm with head.
+  EXPECT_TRUE(Contains(
+      PipelineIssue("model: {transformer: {contextLength: 8, dModel: 8, layers: 1, heads: 2}}\n"
+                    "dataset: {text: {path: /data/t.txt}}\nparallelism: {pipelineStages: 4}",
+                    "parallelism.pipelineStages"),
+      "the model's 3 layers"));
+  // A TorchScript model's layers are counted when a rank loads it.
+  const auto scripted = ValidateJobSpec(PipelineSpec(
+      "model: {torchscript: {path: /models/m.pt}}\ndataset: {csv: {path: /data/d.csv}}\n"
+      "parallelism: {pipelineStages: 4}"));
+  EXPECT_TRUE(scripted.empty()) << Issues(scripted);
+}
+
+// Each refusal names the setting and parallelism.pipelineStages.
+TEST(JobSpecPipelineTest, WhatNeedsStateOrAgreementAcrossStagesIsRefusedNamingBoth) {
+  for (const auto& [extra, field] : std::vector<std::pair<std::string, std::string>>{
+           {"distributed: {worldSize: 4, shardOptimizerState: true}",
+            "distributed.shardOptimizerState"},
+           {"distributed: {worldSize: 4, localSgd: {period: 2}}", "distributed.localSgd"},
+           {"distributed: {worldSize: 4, commHook: POWER_SGD}", "distributed.commHook"},
+           {"precision: FP16\ndistributed: {worldSize: 4, backend: NCCL}", "precision"}}) {
+    const auto issues = ValidateJobSpec(PipelineSpec(extra));
+    EXPECT_TRUE(Contains(IssueOf(issues, field).message,
+                         "cannot be combined with parallelism.pipelineStages 2"))
+        << extra << Issues(issues);
+    EXPECT_EQ(issues.size(), 1u) << extra << Issues(issues);
+  }
+}
+
+TEST(JobSpecPipelineTest, AReplicasStagesShareItsSamples) {
+  const v1::JobSpec spec = PipelineSpec("gradAccumulationSteps: 3");
+  const Parallelism parallelism = ParallelismOf(spec);
+  EXPECT_EQ(parallelism.stages, 2);
+  EXPECT_EQ(parallelism.replicas, 2);
+  EXPECT_EQ(parallelism.micro_batches, 4);
+  EXPECT_EQ(parallelism.chunks_per_stage, 1);
+  EXPECT_EQ(GlobalBatchSize(spec), 8 * 2 * 3);
+  v1::JobSpec data_parallel = spec;
+  data_parallel.clear_parallelism();
+  EXPECT_FALSE(ParallelismOf(data_parallel).pipelined());
+  EXPECT_EQ(ParallelismOf(data_parallel).replicas, 4);
+  EXPECT_EQ(GlobalBatchSize(data_parallel), 8 * 4 * 3);
+  // A synthetic dataset is split over the replicas, not the ranks: 1 replica of 4 stages
+  // trains on all 100 samples, 4 ranks of data parallelism on 25 each.
+  const std::string small =
+      "dataset: {synthetic: {numSamples: 100, numFeatures: 4, "
+      "numClasses: 2}}\nbatchSizePerRank: 60\n";
+  EXPECT_TRUE(ValidateJobSpec(PipelineSpec(small + "parallelism: {pipelineStages: 4, "
+                                                   "microBatches: 4}"))
+                  .empty());
+  EXPECT_TRUE(Contains(
+      IssueOf(ValidateJobSpec(PipelineSpec(small + "parallelism: {}")), "batchSizePerRank").message,
+      "over 4 ranks"));
+}
+
+TEST(JobSpecPipelineTest, DefaultsFillTheMicroBatchesAndChunksOfAPipelineOnly) {
+  const v1::JobSpec interleaved = WithDefaults(
+      PipelineSpec("parallelism: {pipelineStages: 2, schedule: INTERLEAVED_ONE_F_ONE_B}"));
+  EXPECT_EQ(interleaved.parallelism().micro_batches(), 2);
+  EXPECT_EQ(interleaved.parallelism().chunks_per_stage(), 2);
+  EXPECT_EQ(WithDefaults(PipelineSpec("parallelism: {pipelineStages: 3}"))
+                .parallelism()
+                .chunks_per_stage(),
+            0);
+  // Without a pipeline the spec keeps its bytes (checkpoints compare them).
+  const v1::JobSpec plain = testing::MinimalJobSpec();
+  EXPECT_FALSE(WithDefaults(plain).has_parallelism());
 }
 
 }  // namespace

@@ -211,6 +211,24 @@ const Refusal kRefusals[] = {
      "precision: FP16\ndistributed: {backend: NCCL, localSgd: {period: 2}}"},
     {"distributed.commHook", KnownAt::kSubmission,
      "precision: FP16\ndistributed: {backend: NCCL, commHook: POWER_SGD}"},
+    // Pipeline parallelism (job_spec.cc CheckParallelismFields, CheckPipelineShape,
+    // CheckPipelineCombinations; one example per field, job_spec_test has one per rule).
+    // pipelineStages against the layers is known here for the zoo's models; a TorchScript
+    // model's layers (its top-level children) only once the trainer loads the file.
+    {"parallelism.pipelineStages", KnownAt::kSubmission,
+     "distributed: {worldSize: 3}\nparallelism: {pipelineStages: 2}"},
+    {"parallelism.microBatches", KnownAt::kSubmission,
+     "distributed: {worldSize: 2}\nparallelism: {pipelineStages: 2, microBatches: 3}"},
+    // The trainer's: INTERLEAVED_ONE_F_ONE_B on NCCL. Refused here with backend NCCL; with AUTO
+    // the scheduler places it on CPU nodes only (DeviceKindsFor), where AUTO is Gloo.
+    {"parallelism.schedule", KnownAt::kSubmission,
+     "distributed: {worldSize: 2, backend: NCCL}\n"
+     "parallelism: {pipelineStages: 2, schedule: INTERLEAVED_ONE_F_ONE_B}"},
+    {"parallelism.balance", KnownAt::kSubmission, "parallelism: {balance: MEASURED_TIME}"},
+    {"parallelism.chunksPerStage", KnownAt::kSubmission,
+     "distributed: {worldSize: 2}\nparallelism: {pipelineStages: 2, chunksPerStage: 2}"},
+    {"distributed.shardOptimizerState", KnownAt::kSubmission,
+     "distributed: {worldSize: 2, shardOptimizerState: true}\nparallelism: {pipelineStages: 2}"},
     // --- where the rank landed ---
     {"distributed.backend", KnownAt::kPlacement,
      "NCCL on a CPU node: DeviceKindsFor gives NCCL CUDA nodes only"},
