@@ -58,7 +58,8 @@ std::string NoNodeOfDeviceKind(const JobNeeds& job) {
   for (const auto kind : job.kinds) names.push_back(KindName(kind));
   return absl::StrCat(
       "backend ", v1::DistributedSpec::Backend_Name(job.spec.distributed().backend()),
-      job.spec.precision() == v1::JobSpec::FP16 ? " with precision FP16" : "", " runs on ",
+      job.spec.precision() == v1::JobSpec::FP16 ? " with precision FP16" : "",
+      RunsOnGlooOnly(job.spec) ? " with schedule INTERLEAVED_ONE_F_ONE_B" : "", " runs on ",
       absl::StrJoin(names, " or "), " nodes; no such node is registered");
 }
 
@@ -119,22 +120,51 @@ std::string PerNodeCap(const v1::JobSpec& spec) {
   return per_node > 0 ? absl::StrCat(" (at most ", per_node, " per node)") : "";
 }
 
-// PlaceGang's step 2 on the nodes of one device kind that are eligible.
+// How many ranks each node takes (PlaceGang's steps 2 and 3), in the nodes' order: first whole
+// replicas of `stages` ranks (step 3a), then the ranks of the replicas left over the slots left
+// (3b). `whole[i]` + `split[i]` ranks go to node i.
+struct RanksPerNode {
+  std::vector<size_t> whole, split;
+};
+RanksPerNode CountRanksPerNode(const std::vector<size_t>& usable, size_t world_size,
+                               size_t stages) {
+  RanksPerNode counts{std::vector<size_t>(usable.size()), std::vector<size_t>(usable.size())};
+  size_t left = world_size;
+  for (size_t i = 0; i < usable.size(); ++i) {
+    counts.whole[i] = std::min(usable[i] / stages * stages, left);
+    left -= counts.whole[i];
+  }
+  for (size_t i = 0; i < usable.size(); ++i) {
+    counts.split[i] = std::min(usable[i] - counts.whole[i], left);
+    left -= counts.split[i];
+  }
+  return counts;
+}
+
+// PlaceGang's steps 2 and 3 on the nodes of one device kind that are eligible.
 std::vector<RankPlacement> Pack(std::vector<const NodeRecord*> eligible, int32_t world_size,
-                                int32_t ranks_per_node) {
+                                int32_t ranks_per_node, int32_t stages) {
   std::stable_sort(eligible.begin(), eligible.end(), [](const auto* a, const auto* b) {
     return a->free_slots.size() > b->free_slots.size();
   });
   const size_t per_node = ranks_per_node > 0 ? static_cast<size_t>(ranks_per_node) : SIZE_MAX;
-  std::vector<RankPlacement> placed;
+  std::vector<size_t> usable;
   for (const NodeRecord* node : eligible) {
-    const size_t take = std::min(
-        {node->free_slots.size(), per_node, static_cast<size_t>(world_size) - placed.size()});
-    for (size_t i = 0; i < take; ++i) {
-      placed.push_back({static_cast<int32_t>(placed.size()), static_cast<int32_t>(i),
-                        node->free_slots[i], node->id, node->name});
-    }
+    usable.push_back(std::min(node->free_slots.size(), per_node));
   }
+  const RanksPerNode counts = CountRanksPerNode(usable, static_cast<size_t>(world_size),
+                                                static_cast<size_t>(std::max(1, stages)));
+  std::vector<RankPlacement> placed;
+  std::vector<int32_t> taken(eligible.size(), 0);  // the node's ranks so far: its local ranks
+  const auto take = [&](size_t i, size_t count) {
+    for (size_t k = 0; k < count; ++k, ++taken[i]) {
+      const NodeRecord* node = eligible[i];
+      placed.push_back({static_cast<int32_t>(placed.size()), taken[i], node->free_slots[taken[i]],
+                        node->id, node->name});
+    }
+  };
+  for (size_t i = 0; i < eligible.size(); ++i) take(i, counts.whole[i]);
+  for (size_t i = 0; i < eligible.size(); ++i) take(i, counts.split[i]);
   if (placed.size() != static_cast<size_t>(world_size)) placed.clear();
   return placed;
 }
@@ -153,11 +183,26 @@ std::string TooFewSlots(const v1::JobSpec& spec, const std::vector<const NodeRec
                       " free on the largest node");
 }
 
+// "nodes/a (ranks 0-1)" for each run of consecutive ranks on one node among ranks[first, end).
+std::vector<std::string> NodeRuns(const std::vector<RankPlacement>& ranks, size_t first,
+                                  size_t end) {
+  std::vector<std::string> runs;
+  for (size_t i = first + 1; i <= end; ++i) {
+    if (i < end && ranks[i].node == ranks[first].node) continue;
+    const int32_t low = ranks[first].rank, high = ranks[i - 1].rank;
+    runs.push_back(absl::StrCat("nodes/", ranks[first].node,
+                                low == high ? absl::StrCat(" (rank ", low, ")")
+                                            : absl::StrCat(" (ranks ", low, "-", high, ")")));
+    first = i;
+  }
+  return runs;
+}
+
 }  // namespace
 
 std::vector<v1::Node::DeviceKind> DeviceKindsFor(const v1::JobSpec& spec) {
   if (NeedsCuda(spec)) return {v1::Node::CUDA};
-  if (TrainsOnCpu(spec)) return {v1::Node::CPU};
+  if (TrainsOnCpu(spec) || RunsOnGlooOnly(spec)) return {v1::Node::CPU};
   return {v1::Node::CUDA, v1::Node::CPU};
 }
 
@@ -242,13 +287,14 @@ GangPlacement PlaceGang(const v1::JobSpec& spec, const std::vector<NodeRecord>& 
       if (node->kind == kind) of_kind.push_back(node);
     }
     placement.ranks = Pack(std::move(of_kind), spec.distributed().world_size(),
-                           spec.distributed().ranks_per_node());
+                           spec.distributed().ranks_per_node(), ParallelismOf(spec).stages);
     if (placement.placed()) {
       placement.kind = kind;
+      placement.pipeline_stages = ParallelismOf(spec).stages;
       return placement;
     }
   }
-  placement.why = TooFewSlots(spec, admitted.nodes);
+  placement.why = TooFewSlots(spec, admitted.nodes);  // step 4
   return placement;
 }
 
@@ -270,6 +316,11 @@ std::string PlacementShape(const v1::JobSpec& spec) {
   shape.clear_hang_timeout_seconds();
   shape.clear_priority();
   shape.clear_seed();
+  if (shape.has_parallelism()) {  // placement reads the stages only (PlaceGang step 3)
+    const int32_t stages = shape.parallelism().pipeline_stages();
+    shape.clear_parallelism();
+    if (stages != 0) shape.mutable_parallelism()->set_pipeline_stages(stages);
+  }
   std::string bytes;
   {
     google::protobuf::io::StringOutputStream out(&bytes);
@@ -438,20 +489,22 @@ bool FastPathMayPlace(const QueuePosition& job, const std::optional<QueuePositio
 }
 
 std::string PlacementMessage(int32_t attempt, const GangPlacement& placement) {
-  std::vector<std::string> where;  // "nodes/a (ranks 0-1)", in the order of their first rank
-  size_t first = 0;
-  for (size_t i = 1; i <= placement.ranks.size(); ++i) {
-    if (i < placement.ranks.size() && placement.ranks[i].node == placement.ranks[first].node) {
-      continue;
-    }
-    const int32_t low = placement.ranks[first].rank, high = placement.ranks[i - 1].rank;
-    where.push_back(absl::StrCat("nodes/", placement.ranks[first].node,
-                                 low == high ? absl::StrCat(" (rank ", low, ")")
-                                             : absl::StrCat(" (ranks ", low, "-", high, ")")));
-    first = i;
+  const std::string cuda = placement.kind == v1::Node::CUDA ? ", CUDA" : "";
+  const size_t stages = static_cast<size_t>(std::max(1, placement.pipeline_stages));
+  if (stages == 1) {
+    return absl::StrCat("attempt ", attempt, " placed on ",
+                        absl::StrJoin(NodeRuns(placement.ranks, 0, placement.ranks.size()), ", "),
+                        cuda);
   }
-  return absl::StrCat("attempt ", attempt, " placed on ", absl::StrJoin(where, ", "),
-                      placement.kind == v1::Node::CUDA ? ", CUDA" : "");
+  std::vector<std::string> replicas;
+  for (size_t first = 0; first < placement.ranks.size(); first += stages) {
+    const size_t end = std::min(first + stages, placement.ranks.size());
+    replicas.push_back(absl::StrCat("replica ", first / stages, " on ",
+                                    absl::StrJoin(NodeRuns(placement.ranks, first, end), " and ")));
+  }
+  return absl::StrCat(
+      "attempt ", attempt, " placed ", stages, " stages x ", replicas.size(),
+      replicas.size() == 1 ? " replica: " : " replicas: ", absl::StrJoin(replicas, ", "), cuda);
 }
 
 v1::JobEvent::FailureKind FailureKindOfExit(int exit_code, int signal) {

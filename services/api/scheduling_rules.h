@@ -63,6 +63,7 @@ struct RankPlacement {
 struct GangPlacement {
   std::vector<RankPlacement> ranks;  // every rank of the job, in rank order; empty = it waits
   v1::Node::DeviceKind kind = v1::Node::CPU;  // of every node it is on; decides backend AUTO
+  int32_t pipeline_stages = 1;                // of the job: a replica is this many ranks
   std::string why;                            // set when it waits
   bool placed() const { return !ranks.empty(); }
 };
@@ -70,7 +71,8 @@ struct GangPlacement {
 // The device kinds a job may run on, preferred first (one kind for the whole gang: NCCL and
 // Gloo do not mix), from contract/job_spec.h's statement of them: NCCL or FP16 need CUDA nodes
 // (NeedsCuda); GLOO runs on CPU nodes (TrainsOnCpu: a GPU slot would sit idle under it); AUTO
-// runs on either, and becomes NCCL on CUDA nodes and GLOO on CPU nodes.
+// runs on either, and becomes NCCL on CUDA nodes and GLOO on CPU nodes, except in an
+// interleaved pipeline, which runs on Gloo only (RunsOnGlooOnly): CPU nodes.
 std::vector<v1::Node::DeviceKind> DeviceKindsFor(const v1::JobSpec& spec);
 
 // A job as the node filters see it: its spec (defaults applied), its tenant (tenants/NAME:
@@ -141,17 +143,25 @@ Feasibility JudgeFeasibility(const JobNeeds& job, const std::vector<NodeRecord>&
 //   1. Eligible nodes: those every filter admits (AdmitNodes).
 //   2. Of one device kind at a time (DeviceKindsFor's order of preference), pack the ranks onto
 //      as few nodes as possible: the nodes with the most free slots first (rank 0 on the first),
-//      at most ranks_per_node on each, lowest free slots first.
-//   3. All ranks placed, or none: then `why` names what is missing, most specific first: the
+//      at most ranks_per_node on each, lowest free slots first, each node's ranks in rank order.
+//   3. A pipeline of S stages (parallelism.pipelineStages, job_spec.h ParallelismOf) places
+//      whole replicas (S consecutive ranks, rank = replica * S + stage) first, so that a
+//      stage's neighbours share its node and their activations never cross the network:
+//        a. in step 2's node order, each node takes as many whole replicas as its usable slots
+//           hold, replicas in rank order;
+//        b. only the replicas left then (when no placement of these slots keeps them all
+//           whole) are split, over the slots left, in the same node order.
+//      Without a pipeline (S = 1) a replica is a rank, and steps a and b are step 2.
+//   4. All ranks placed, or none: then `why` names what is missing, most specific first: the
 //      reason of the filter no node passed, else the count of usable slots.
 GangPlacement PlaceGang(const v1::JobSpec& spec, const std::vector<NodeRecord>& nodes,
                         std::string_view tenant = {});
 
 // The placement-relevant part of a spec as text (QueuedJob::shape): its deterministic wire
 // bytes, less the fields placement never reads (names, labels, the optimizer and schedule,
-// the loop's lengths, checkpoints, restarts, priority, seed). A list of what it drops rather
-// than of what it keeps, so that a rule reading one more field cannot be forgotten here: a
-// field left in only makes fewer jobs share a shape.
+// the loop's lengths, checkpoints, restarts, priority, seed, parallelism but its stages). A list of
+// what it drops rather than of what it keeps, so that a rule reading one more field cannot be
+// forgotten here: a field left in only makes fewer jobs share a shape.
 std::string PlacementShape(const v1::JobSpec& spec);
 
 // A job in the queue as one pass of the scheduler sees it.
@@ -284,7 +294,10 @@ bool FastPathMayPlace(const QueuePosition& job, const std::optional<QueuePositio
                       bool capacity_changed);
 
 // The event text of a placement: "attempt 3 placed on nodes/a (ranks 0-1), nodes/b (rank 2)",
-// with ", CUDA" when on GPU nodes.
+// with ", CUDA" when on GPU nodes. A pipeline's names its layout, replica by replica:
+// "attempt 3 placed 2 stages x 2 replicas: replica 0 on nodes/a (ranks 0-1), replica 1 on
+// nodes/a (rank 2) and nodes/b (rank 3)". Every node appears as "nodes/NAME (rank R)" or
+// "nodes/NAME (ranks R-S)", which `gradhub describe` reads back (cli/output.h PipelineLayout).
 std::string PlacementMessage(int32_t attempt, const GangPlacement& placement);
 
 // ---------------------------------------------------------------------------------------------

@@ -317,6 +317,14 @@ TEST(PlacementShape, DropsOnlyWhatPlacementNeverReads) {
   EXPECT_TRUE(differs([](v1::JobSpec& s) { s.set_memory_per_rank_mib(1024); }));
   EXPECT_TRUE(differs(
       [](v1::JobSpec& s) { s.mutable_distributed()->set_backend(v1::DistributedSpec::NCCL); }));
+  // Of the parallelism, placement reads the stages only.
+  v1::JobSpec pipelined = spec;
+  pipelined.mutable_parallelism()->set_pipeline_stages(2);
+  v1::JobSpec scheduled_otherwise = pipelined;
+  scheduled_otherwise.mutable_parallelism()->set_micro_batches(8);
+  scheduled_otherwise.mutable_parallelism()->set_schedule(v1::ParallelismSpec::GPIPE);
+  EXPECT_EQ(PlacementShape(scheduled_otherwise), PlacementShape(pipelined));
+  EXPECT_NE(PlacementShape(pipelined), shape);
 }
 
 // --- placement ---
@@ -443,6 +451,68 @@ TEST(PlaceGang, OnCudaNodesEachRankGetsItsOwnGpuAndNoMoreRanksThanGpus) {
   EXPECT_EQ(Where(placement), "g1:0,g1:1,g2:0");
   EXPECT_EQ(PlacementMessage(4, placement),
             "attempt 4 placed on nodes/g1 (ranks 0-1), nodes/g2 (rank 2), CUDA");
+}
+
+// --- placement of a pipeline (stages x replicas) ---
+
+v1::JobSpec PipelineSpec(int32_t stages, int32_t world_size, int32_t ranks_per_node = 0) {
+  v1::JobSpec spec = Spec(world_size, ranks_per_node);
+  spec.mutable_parallelism()->set_pipeline_stages(stages);
+  return spec;
+}
+
+TEST(PlaceGang, APipelinesReplicaGoesWholeOnANodeThatHoldsIt) {
+  // Packed rank after rank, replica 1 (ranks 2-3) would straddle a and b.
+  EXPECT_EQ(Where(PlaceGang(Spec(4), {Node(1, "a", 3), Node(2, "b", 3)})), "a:0,a:1,a:2,b:0");
+  const GangPlacement placement = PlaceGang(PipelineSpec(2, 4), {Node(1, "a", 3), Node(2, "b", 3)});
+  EXPECT_EQ(Where(placement), "a:0,a:1,b:0,b:1");
+  EXPECT_EQ(placement.pipeline_stages, 2);
+  EXPECT_EQ(placement.ranks[2].local_rank, 0);
+  // A node that holds several replicas takes them in rank order.
+  EXPECT_EQ(Where(PlaceGang(PipelineSpec(2, 6), {Node(1, "a", 5), Node(2, "b", 2)})),
+            "a:0,a:1,a:2,a:3,b:0,b:1");
+}
+
+TEST(PlaceGang, APipelineSplitsOnlyTheReplicasNoPlacementOfTheSlotsKeepsWhole) {
+  // 3 replicas of 2 stages on two nodes of 3 slots: one replica must straddle them, and only
+  // that one (the last) does.
+  const GangPlacement placement = PlaceGang(PipelineSpec(2, 6), {Node(1, "a", 3), Node(2, "b", 3)});
+  EXPECT_EQ(Where(placement), "a:0,a:1,b:0,b:1,a:2,b:2");
+  EXPECT_EQ(placement.ranks[4].local_rank, 2);
+  EXPECT_EQ(placement.ranks[5].local_rank, 2);
+  // Slots too few in all: nothing is placed, for the same reason as any job.
+  const GangPlacement too_big = PlaceGang(PipelineSpec(2, 8), {Node(1, "a", 3), Node(2, "b", 3)});
+  EXPECT_FALSE(too_big.placed());
+  EXPECT_THAT(too_big.why, HasSubstr("needs 8 slots"));
+}
+
+TEST(PlaceGang, RanksPerNodeCapsTheReplicasANodeTakes) {
+  EXPECT_EQ(Where(PlaceGang(PipelineSpec(2, 4, 3), {Node(1, "a", 4), Node(2, "b", 4)})),
+            "a:0,a:1,b:0,b:1");
+  EXPECT_EQ(Where(PlaceGang(PipelineSpec(2, 4, 1),
+                            {Node(1, "a", 4), Node(2, "b", 4), Node(3, "c", 4), Node(4, "d", 4)})),
+            "a:0,b:0,c:0,d:0");
+}
+
+TEST(PlaceGang, AnInterleavedPipelineOnAutoGoesToCpuNodesWhereAutoIsGloo) {
+  v1::JobSpec spec = PipelineSpec(2, 2);
+  spec.mutable_parallelism()->set_schedule(v1::ParallelismSpec::INTERLEAVED_ONE_F_ONE_B);
+  EXPECT_EQ(DeviceKindsFor(spec), std::vector<v1::Node::DeviceKind>{v1::Node::CPU});
+  EXPECT_EQ(PlaceGang(spec, {Node(1, "g", 2, v1::Node::CUDA)}).why,
+            "backend AUTO with schedule INTERLEAVED_ONE_F_ONE_B runs on CPU nodes; no such node "
+            "is registered");
+  EXPECT_EQ(Where(PlaceGang(spec, {Node(1, "g", 2, v1::Node::CUDA), Node(2, "c", 2)})), "c:0,c:1");
+  EXPECT_EQ(DeviceKindsFor(PipelineSpec(2, 2)).size(), 2u) << "1F1B runs on NCCL too";
+}
+
+TEST(PlacementMessage, APipelinesNamesItsStagesAndReplicasAndWhereEachReplicaIs) {
+  const GangPlacement placement = PlaceGang(PipelineSpec(2, 6), {Node(1, "a", 3), Node(2, "b", 3)});
+  EXPECT_EQ(PlacementMessage(2, placement),
+            "attempt 2 placed 2 stages x 3 replicas: replica 0 on nodes/a (ranks 0-1), replica 1 "
+            "on nodes/b (ranks 2-3), replica 2 on nodes/a (rank 4) and nodes/b (rank 5)");
+  const GangPlacement on_gpus = PlaceGang(PipelineSpec(4, 4), {Node(1, "g", 4, v1::Node::CUDA)});
+  EXPECT_EQ(PlacementMessage(1, on_gpus),
+            "attempt 1 placed 4 stages x 1 replica: replica 0 on nodes/g (ranks 0-3), CUDA");
 }
 
 // --- the queue ---
