@@ -17,6 +17,7 @@
 #include "services/cli/checkpoint_commands.h"
 #include "services/cli/cluster_commands.h"
 #include "services/cli/code_commands.h"
+#include "services/cli/job_layout.h"
 #include "services/common/contract/job_spec.h"
 #include "services/common/contract/job_states.h"
 #include "services/common/contract/user_error.h"
@@ -349,7 +350,8 @@ int Describe(Invocation& inv) {
     absl::StrAppend(&events_text, "  ", line, "\n");
   }
   inv.out() << JobSummary(job, CheckpointSummary(checkpoint)) << "spec:\n"
-            << ToYaml(job.spec(), 2) << "events:\n"
+            << ToYaml(job.spec(), 2) << PipelineLayout(job, Pointers<v1::JobEvent>(events.events()))
+            << "events:\n"
             << events_text;
   return kOk;
 }
