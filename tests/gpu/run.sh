@@ -12,27 +12,35 @@
 #      when GoogleTest is on the node, else reported as skipped). gpu_check: DDP training on
 #      cuda:0 in FP32, BF16 and FP16 autocast (one poisoned step skipped), one step timed
 #      against PyTorch eager.
-#   3. gradhub-trainer as the agent starts it on a GPU node (GRADHUB_DEVICE=cuda,
+#   3. nccl_pipeline_test, with two or more GPUs visible: a 2-stage pipeline over NCCL
+#      send/recv (rank r on cuda:r), a 4-layer MLP with GPipe and 1F1B, M = 4, 20 steps, equal
+#      to single-process training on cuda:0 within 1e-5 (FP32, TF32 off), and a send/recv ring
+#      of float32 and bfloat16 tensors between the two GPUs (built apart from step 1, so a
+#      failure is a row). With one GPU its row says it is skipped and why (two NCCL ranks
+#      cannot share one GPU).
+#   4. gradhub-trainer as the agent starts it on a GPU node (GRADHUB_DEVICE=cuda,
 #      GRADHUB_BACKEND=NCCL, CUDA_VISIBLE_DEVICES=0), world size 1 (two NCCL ranks cannot share
 #      one GPU): the same job on cuda:0 and on the CPU (Gloo) end within tolerance; BF16 on the
 #      GPU within tolerance of FP32; a checkpoint saved on the GPU at step 100 resumes on the
 #      GPU (close to the uninterrupted run) and on the CPU (map_location).
-#   4. The Python front end (issue 32): gradhub._C built in this node build for this PyTorch
+#   5. The Python front end (issue 32): gradhub._C built in this node build for this PyTorch
 #      (gradhub_python_module and its gradhub_python_extension; GRADHUB_PYTHON=$PYTHON, and
 #      pybind11 from that torch's own include/pybind11, the headers torch itself was built
 #      with, not a system copy), then gpu_worker/python/tests/cuda_equivalence_test.py:
 #      gradhub's DDP against torch's DDP on NCCL, world 1 on cuda:0 and world 2 when two GPUs
 #      are visible, parameters within 1e-6 after 100 steps. Built apart from step 1, so a
 #      failure is a row, not the end of the run.
-#   5. The script-job example (deploy/examples/script-job/code/train.py) as the agent starts a
+#   6. The script-job example (deploy/examples/script-job/code/train.py) as the agent starts a
 #      script rank on a CUDA node (script_launch.h: torchrun's variables, one GPU a rank through
-#      CUDA_VISIBLE_DEVICES, the gradhub package on PYTHONPATH: step 4's build; no cluster:
+#      CUDA_VISIBLE_DEVICES, the gradhub package on PYTHONPATH: step 5's build; no cluster:
 #      this machine has no PostgreSQL), on up to 2 GPUs with NCCL: every rank exits 0 (a job's
 #      SUCCEEDED), and a run stopped at step 150 resumes from the module's checkpoint to the
 #      same parameters; with --ddp gradhub (gradhub.DistributedDataParallel, its process group
 #      from MASTER_ADDR/MASTER_PORT) it trains on NCCL to the end.
-#   6. A table last. Exit 0 only if every check passed. Within 10 minutes on one H200 with a
-#      cold build (the trainer jobs take seconds each).
+#   7. A table last. Exit 0 only if every check passed. Within 10 minutes on one H200 with a
+#      cold build (the trainer jobs take seconds each). On two GPUs step 3 adds one test
+#      program's build and a run bounded by 300 s (a few NCCL initialisations and 20 steps of a
+#      small MLP: seconds); not yet timed on such a machine.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 build="${1:-build-gpu}"
@@ -40,6 +48,8 @@ python="${PYTHON:-python3}"
 command -v cmake >/dev/null || { echo "tests/gpu/run.sh: cmake is required" >&2; exit 2; }
 torch_prefix=$("$python" -c 'import torch; print(torch.utils.cmake_prefix_path)')
 "$python" -c 'import torch; assert torch.cuda.is_available(), "no CUDA in this PyTorch"'
+# GPUs this process may use (CUDA_VISIBLE_DEVICES counts): steps 3 and 6 use two when there.
+gpus=$("$python" -c 'import torch; print(torch.cuda.device_count())')
 # PyTorch wheels carry NCCL in the nvidia-nccl package; fall back to the CUDA toolkit's.
 nccl_root=$("$python" -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))' 2>/dev/null \
   || echo /usr/local/cuda)
@@ -99,7 +109,34 @@ row "step ms, MLP 784-1024-1024-10 b64" \
   "$(awk -v r="${theirs:-0}" -v g="${ours:-0}" 'BEGIN { printf "pytorch %.3f gradhub %.3f ratio %.2f", r, g, (r > 0 ? g / r : 0) }')" \
   "$([ -n "$ours" ] && echo PASS || echo FAIL)"
 
-# --- 3. the trainer as a GPU node runs it ---
+# --- 3. a 2-stage pipeline over NCCL send/recv, one GPU a rank ---
+pipeline_check="2-stage NCCL pipeline"
+if [ "$gpus" -lt 2 ]; then
+  row "$pipeline_check" "skipped: needs 2 GPUs, this machine has $gpus" SKIP
+elif ! cmake --build "$build" --target help | grep 'nccl_pipeline_test' >/dev/null; then
+  row "$pipeline_check" "not built: no GoogleTest on this node" SKIP
+elif ! cmake --build "$build" --target nccl_pipeline_test -j "$(nproc)" >"$build/pipeline.log" 2>&1; then
+  row "$pipeline_check" "build failed, see $build/pipeline.log" FAIL
+else
+  set +e
+  timeout 300 "$build/bin/nccl_pipeline_test" --gtest_color=no --gtest_filter='Nccl/*' \
+    >"$build/nccl_pipeline.out" 2>&1
+  pipeline_status=$?
+  set -e
+  grep -E '^pipeline nccl|^\[  (PASSED|SKIPPED|FAILED) ' "$build/nccl_pipeline.out" || true
+  # Every NCCL case must have run and passed: a skipped one (e.g. a libtorch without CUDA) fails.
+  ran=$(awk '/^\[==========\] [0-9]+ tests? from .* ran/ {print $2}' "$build/nccl_pipeline.out")
+  passed=$(grep -c '^\[       OK \] Nccl/' "$build/nccl_pipeline.out" || true)
+  differences=$(awk '/^pipeline nccl / {sub(":", "", $3); printf "%s%s %s", sep, $3, $9; sep = ", "}' \
+    "$build/nccl_pipeline.out")
+  if [ -z "$differences" ]; then  # no figures: why the cases were skipped, if they were
+    differences=$(grep -m1 -A1 ': Skipped$' "$build/nccl_pipeline.out" | sed -n '2s/^/skipped: /p' | cut -c1-36 || true)
+  fi
+  row "$pipeline_check" "${differences:-no figures} (1e-5); $passed/${ran:-0} passed, exit $pipeline_status" \
+    "$([ "$pipeline_status" -eq 0 ] && [ "${ran:-0}" -gt 0 ] && [ "$passed" -eq "$ran" ] && echo PASS || echo FAIL)"
+fi
+
+# --- 4. the trainer as a GPU node runs it ---
 work="$build/trainer-check"
 rm -rf "$work" && mkdir -p "$work"
 # Noisy enough (about 72% accuracy after 200 steps) that the comparisons below mean something.
@@ -196,7 +233,7 @@ else
     "not built: $(grep -o 'missing [^.]*' "$build.configure.log" | head -1 || echo 'node deps missing')" SKIP
 fi
 
-# --- 4. the Python front end: gradhub._C for this PyTorch, and DDP equivalence on NCCL ---
+# --- 5. the Python front end: gradhub._C for this PyTorch, and DDP equivalence on NCCL ---
 extension=no
 # The built package (the copy and its extension) once it built, else the sources' (no engine).
 python_path="$PWD/gpu_worker/python"
@@ -232,11 +269,10 @@ else
   row "DDP gradhub vs torch, NCCL" "not run: no gradhub._C" FAIL
 fi
 
-# --- 5. the script-job example, each rank as the agent starts it on a CUDA node ---
+# --- 6. the script-job example, each rank as the agent starts it on a CUDA node ---
 rm -rf "$build/script-check" && mkdir -p "$build/script-check"
 script_dir="$(cd "$build/script-check" && pwd)" src="$PWD"
-script_world=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
-script_world=$(( script_world >= 2 ? 2 : 1 ))
+script_world=$(( gpus >= 2 ? 2 : 1 ))
 # script_job NAME MAX_STEPS [CHECKPOINTS [ARGS...]]: every rank in $script_dir/NAME, the
 # module's checkpoints in $script_dir/CHECKPOINTS (default NAME), ARGS more of the script's
 # arguments; 0 if every rank exited 0.
@@ -280,7 +316,7 @@ else
   row "script example, --ddp gradhub, NCCL" "$(tail -1 "$script_dir/gradhub/rank0.log" | cut -c1-64)" FAIL
 fi
 
-# --- 6. the table ---
+# --- 7. the table ---
 echo
 printf '%-44s %-64s %s\n' check figures verdict
 for entry in "${rows[@]}"; do
