@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Pipeline model parallelism (issue 33): three tables from bench_pipeline (see its header for
+# the model and what one run measures). Ranks are processes on this host, one thread each.
+#   1. Bubble: balanced stages (each stage 2 identical Linear(1024, 1024) + ReLU layers,
+#      micro-batches of 32 rows, so a micro-batch's forward and backward take ~10 ms and a
+#      message well under 1 ms), S = 2 and 4 stages, M = 1..16 micro-batches, GPipe and 1F1B.
+#      measured: the share of the step each stage waited in receives, mean over the stages;
+#      ideal: (S - 1) / (M + S - 1); ratio: measured / ideal (the acceptance: within 10%).
+#   2. Memory, from the M = 8 runs of table 1: the most activation bytes stage 0 (which holds
+#      the most) and the last stage held at once, GPipe against 1F1B.
+#   3. Step time of 2 stages x 2 replicas (1F1B) against 4-way data parallelism
+#      (DistributedDataParallel over the same 4 ranks), same 4-layer model, same global batch.
+# Each configuration runs GRADHUB_BENCH_REPEATS times (default 3); each column is the median
+# of its repeats. With fewer cores than ranks (S = 4 or 4 ranks on a 2-core VM) ranks share
+# cores: compute slows whenever more stages than cores are busy at once, which is more often in
+# 1F1B's steady phase than in its warm-up and drain, so the measured bubble drifts from the
+# ideal there; the table says how many cores it had.
+# Usage: run.sh BUILD_DIR
+set -euo pipefail
+bench="$1/bin/bench_pipeline"
+steps=${GRADHUB_BENCH_STEPS:-20}
+repeats=${GRADHUB_BENCH_REPEATS:-3}
+micro_rows=${GRADHUB_BENCH_MICRO_ROWS:-32}
+# One BLAS thread per rank (Debian's OpenBLAS pool ignores at::set_num_threads; see ddp/run.sh).
+export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
+# Without it every rank of a data-parallel stage logs a c10 warning about the allocation
+# counter's profiler hook (pipeline/allocation_counter.h).
+export GLOG_minloglevel=${GLOG_minloglevel:-2}
+median() { tr ' ' '\n' | grep . | sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
+# The mean of a comma-separated list.
+mean_of() { echo "$1" | tr ',' '\n' | awk '{s += $1} END {printf "%.6f", s / NR}'; }
+cores=$(nproc)
+
+echo "bubble: balanced stages, $micro_rows rows per micro-batch, $cores cores"
+printf '%-6s %3s %3s %9s %9s %7s %9s %s\n' sched S M ideal measured ratio step_ms per_stage
+declare -A peaks
+for stages in 2 4; do
+  for schedule in gpipe 1f1b; do
+    for m in 1 2 4 8 16; do
+      measured="" times="" ideal="" per_stage=""
+      for _ in $(seq "$repeats"); do
+        read -r step ideal bubbles stage_peaks < <("$bench" "$schedule" "$stages" 1 "$m" \
+          $((2 * stages)) $((m * micro_rows)) "$steps")
+        measured+="$(mean_of "$bubbles") " times+="$step " per_stage=$bubbles
+        peaks[$schedule/$stages/$m]=$stage_peaks
+      done
+      awk -v sc="$schedule" -v s="$stages" -v m="$m" -v i="$ideal" -v b="$(echo $measured | median)" \
+        -v t="$(echo $times | median)" -v p="$per_stage" 'BEGIN {
+          printf "%-6s %3d %3d %9.4f %9.4f %7.3f %9.1f %s\n", sc, s, m, i, b, b / i, t * 1000, p }'
+    done
+  done
+done
+
+echo
+echo "activation memory at M = 8 (MiB held at once): 1F1B against GPipe"
+printf '%3s %14s %13s %13s %12s %9s\n' S gpipe_stage0 1f1b_stage0 gpipe_last 1f1b_last 1f1b/gpipe
+for stages in 2 4; do
+  gpipe=${peaks[gpipe/$stages/8]} onefoneb=${peaks[1f1b/$stages/8]}
+  awk -v s="$stages" -v g="$gpipe" -v o="$onefoneb" 'BEGIN {
+    n = split(g, gp, ","); split(o, op, ",")
+    printf "%3d %14.2f %13.2f %13.2f %12.2f %9.3f\n", s, gp[1] / 1048576, op[1] / 1048576,
+      gp[n] / 1048576, op[n] / 1048576, op[1] / gp[1] }'
+done
+
+echo
+batch=${GRADHUB_BENCH_BATCH:-256}
+echo "step time on 4 ranks, 4 x Linear(1024, 1024), global batch $batch, $cores cores"
+printf '%-26s %9s %12s\n' config step_ms vs_data_par
+reference=""
+for config in "1f1b 1 4 1" "1f1b 2 2 4" "1f1b 2 2 8" "1f1b 4 1 8"; do
+  set -- $config
+  times=""
+  for _ in $(seq "$repeats"); do
+    times+="$("$bench" "$1" "$2" "$3" "$4" 4 "$batch" "$steps" | awk '{print $1}') "
+  done
+  time=$(echo $times | median)
+  if [ "$2" = 1 ]; then name="D=4 data parallel"; reference=$time; else name="S=$2 x D=$3 1F1B M=$4"; fi
+  awk -v n="$name" -v t="$time" -v r="$reference" 'BEGIN { printf "%-26s %9.1f %12.2f\n", n, t * 1000, t / r }'
+done
