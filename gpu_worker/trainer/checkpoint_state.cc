@@ -20,6 +20,9 @@ constexpr char kStep[] = "step";
 constexpr char kSpec[] = "spec";
 // Added with sharded and per-rank state: "rank_state_<rank>", a SerializeRankState each.
 constexpr char kRankState[] = "rank_state_";
+// Added with pipeline stages: "stage_state_<stage>", a SerializeRankState of the stage's module
+// and optimizer each, in a checkpoint without "model" and "optimizer" (SerializePipelineState).
+constexpr char kStageState[] = "stage_state_";
 // A comm hook's state is saved under its name(): "powersgd" for PowerSGD, as before hooks
 // were open.
 // Added with precision FP16: ddp::LossScaler::State, an archive of three scalar tensors.
@@ -191,6 +194,48 @@ v1::JobSpec ResumeRelevantSpec(const v1::JobSpec& spec) {
   return relevant;
 }
 
+void RequireSameSpec(const std::string& saved_spec, const v1::JobSpec& spec) {
+  v1::JobSpec saved;
+  const v1::JobSpec now = ResumeRelevantSpec(spec);
+  if (!saved.ParseFromString(saved_spec) ||
+      !google::protobuf::util::MessageDifferencer::Equals(saved, now)) {
+    throw UserError("spec",
+                    "changed since the checkpoint was written, in fields that decide "
+                    "the result (" +
+                        ChangedFields(saved, now) +
+                        "); submit it as a new job, or change only harmless fields");
+  }
+}
+
+std::string SerializePipelineState(const std::vector<std::string>& stage_states, int64_t step,
+                                   const v1::JobSpec& spec) {
+  torch::serialize::OutputArchive archive;
+  archive.write(kStep, torch::tensor(step));
+  archive.write(kSpec, c10::IValue(ResumeRelevantSpec(spec).SerializeAsString()));
+  for (size_t stage = 0; stage < stage_states.size(); ++stage) {
+    archive.write(kStageState + std::to_string(stage), c10::IValue(stage_states[stage]));
+  }
+  return ArchiveBytes(archive);
+}
+
+PipelineState ReadPipelineState(const std::string& bytes, int stages) {
+  CheckCheckpointArchive(bytes);
+  torch::serialize::InputArchive archive;
+  std::istringstream in(bytes);
+  archive.load_from(in, c10::kCPU);  // no tensors but the step: stage states are strings
+  PipelineState state;
+  at::Tensor step;
+  archive.read(kStep, step);
+  state.step = step.item<int64_t>();
+  c10::IValue value;
+  if (archive.try_read(kSpec, value)) state.spec = value.toStringRef();
+  for (int stage = 0; stage < stages; ++stage) {
+    if (!archive.try_read(kStageState + std::to_string(stage), value)) break;
+    state.stage_states.push_back(value.toStringRef());
+  }
+  return state;
+}
+
 std::string SerializeRankState(const RankStateParts& parts) {
   torch::serialize::OutputArchive archive;
   if (parts.module) {
@@ -275,18 +320,7 @@ int64_t RestoreState(const std::string& bytes, torch::nn::Module& module,
   // all where there is no GPU.
   archive.load_from(in, device);
   c10::IValue saved_spec;
-  if (archive.try_read(kSpec, saved_spec)) {
-    v1::JobSpec saved;
-    const v1::JobSpec now = ResumeRelevantSpec(spec);
-    if (!saved.ParseFromString(saved_spec.toStringRef()) ||
-        !google::protobuf::util::MessageDifferencer::Equals(saved, now)) {
-      throw UserError("spec",
-                      "changed since the checkpoint was written, in fields that decide "
-                      "the result (" +
-                          ChangedFields(saved, now) +
-                          "); submit it as a new job, or change only harmless fields");
-    }
-  }
+  if (archive.try_read(kSpec, saved_spec)) RequireSameSpec(saved_spec.toStringRef(), spec);
   archive.read(kModel, model_archive);
   LoadModule(model_archive, module);
   if (update.optimizer) {

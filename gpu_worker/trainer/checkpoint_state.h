@@ -87,4 +87,23 @@ int64_t RestoreState(const std::string& bytes, torch::nn::Module& module,
                      int rank = 0, std::string* rank_state = nullptr,
                      const c10::Device& device = c10::kCPU);
 
+// Throws UserError ("spec") naming the changed fields when `saved_spec` (a checkpoint's, the
+// serialized ResumeRelevantSpec it was written under) differs from ResumeRelevantSpec(spec).
+void RequireSameSpec(const std::string& saved_spec, const v1::JobSpec& spec_with_defaults);
+
+// A pipeline's checkpoint (parallelism.pipelineStages > 1): every stage's state under one
+// step. `stage_states`: SerializeRankState of each stage's module and optimizer, in stage
+// order (each from the stage's replica 0; the replicas hold the same).
+std::string SerializePipelineState(const std::vector<std::string>& stage_states, int64_t step,
+                                   const v1::JobSpec& spec_with_defaults);
+struct PipelineState {
+  int64_t step = 0;
+  std::string spec;  // the serialized ResumeRelevantSpec it was written under
+  // Of stages 0.. as far as the checkpoint has them, at most `stages` (a data-parallel
+  // checkpoint has none: its spec differs in parallelism, which RequireSameSpec reports).
+  std::vector<std::string> stage_states;
+};
+// Throws UserError ("checkpoint") for bytes that are not an archive gradhub writes.
+PipelineState ReadPipelineState(const std::string& bytes, int stages);
+
 }  // namespace gradhub::trainer

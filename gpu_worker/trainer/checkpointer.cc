@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "gpu_worker/trainer/checkpoint_state.h"
+#include "gpu_worker/trainer/checkpoint_transfer.h"
+#include "services/common/contract/user_error.h"
 
 namespace gradhub::trainer {
 namespace {
@@ -17,52 +19,9 @@ double Seconds(std::chrono::nanoseconds duration) {
   return std::chrono::duration<double>(duration).count();
 }
 
-// Sends `bytes` from rank 0 to every rank (the others pass nullopt and get rank 0's value).
-// nullopt everywhere when rank 0 has none. Two broadcasts: the length, then the bytes, padded
-// to whole int64 elements because the process groups move typed tensors. They travel on
-// `device` (an NCCL group moves only tensors on its GPU) and are read back on the CPU.
-std::optional<std::string> BroadcastBytes(ddp::ProcessGroup& group,
-                                          std::optional<std::string> bytes,
-                                          const c10::Device& device) {
-  at::Tensor length =
-      torch::tensor({bytes ? static_cast<int64_t>(bytes->size()) : int64_t{-1}}).to(device);
-  group.Broadcast({length}, 0)->Wait();
-  const int64_t size = length.item<int64_t>();
-  if (size < 0) return std::nullopt;
-  at::Tensor payload = torch::zeros({(size + 7) / 8}, at::kLong);
-  if (group.rank() == 0) std::memcpy(payload.data_ptr(), bytes->data(), bytes->size());
-  payload = payload.to(device);
-  group.Broadcast({payload}, 0)->Wait();
-  payload = payload.cpu();
-  return std::string(static_cast<const char*>(payload.data_ptr()), static_cast<size_t>(size));
-}
-
-// Every rank's `bytes`, in rank order, on every rank: lengths first, then the bytes padded to
-// the longest (as int64 elements, which the process groups move), on `device` as above.
-std::vector<std::string> AllGatherBytes(ddp::ProcessGroup& group, const std::string& bytes,
-                                        const c10::Device& device) {
-  const auto on_device = at::TensorOptions().dtype(at::kLong).device(device);
-  std::vector<at::Tensor> lengths;
-  for (int r = 0; r < group.size(); ++r) lengths.push_back(torch::empty({1}, on_device));
-  group.AllGather(lengths, torch::tensor({static_cast<int64_t>(bytes.size())}).to(device))->Wait();
-  int64_t longest = 1;
-  for (at::Tensor& length : lengths) {
-    length = length.cpu();
-    longest = std::max(longest, length.item<int64_t>());
-  }
-  at::Tensor mine = torch::zeros({(longest + 7) / 8}, at::kLong);
-  std::memcpy(mine.data_ptr(), bytes.data(), bytes.size());
-  mine = mine.to(device);
-  std::vector<at::Tensor> all;
-  for (int r = 0; r < group.size(); ++r) all.push_back(torch::empty_like(mine));
-  group.AllGather(all, mine)->Wait();
-  for (at::Tensor& part : all) part = part.cpu();
-  std::vector<std::string> result;
-  for (int r = 0; r < group.size(); ++r) {
-    result.emplace_back(static_cast<const char*>(all[r].data_ptr()),
-                        static_cast<size_t>(lengths[r].item<int64_t>()));
-  }
-  return result;
+// The header a pipeline's rank 0 broadcasts at resume: the step, a newline, the spec.
+std::string PipelineHeader(const PipelineState& state) {
+  return std::to_string(state.step) + "\n" + state.spec;
 }
 
 }  // namespace
@@ -79,41 +38,106 @@ Checkpointer::Checkpointer(const TrainingPlan& plan, std::shared_ptr<CheckpointS
       rule_(rule) {}
 
 std::optional<Checkpointer::Resumed> Checkpointer::Load() {
-  if (plan_.per_rank_state) {  // step 1
+  if (plan_.collective_checkpoint()) {  // step 1
     at::Tensor saves = torch::tensor({int64_t{sink_ ? 1 : 0}}).to(device_);
     group_->Broadcast({saves}, 0)->Wait();
     rank0_saves_ = saves.item<int64_t>() != 0;
   }
-  std::optional<std::string> bytes;  // step 2
-  if (sink_) {
-    if (std::optional<Checkpoint> latest = sink_->LoadLatest()) bytes = std::move(latest->bytes);
-  }
-  bytes = BroadcastBytes(*group_, std::move(bytes), device_);
-  if (!bytes) return std::nullopt;
-  Resumed resumed;  // step 3
+  std::optional<Resumed> resumed = plan_.pipeline.enabled() ? LoadStages() : LoadReplicated();
+  if (resumed) resumed_from_step_ = last_step_ = resumed->step;
+  return resumed;
+}
+
+std::optional<std::string> Checkpointer::LatestBytes() {
+  if (!sink_) return std::nullopt;
+  std::optional<Checkpoint> latest = sink_->LoadLatest();
+  if (!latest) return std::nullopt;
+  return std::move(latest->bytes);
+}
+
+std::optional<Checkpointer::Resumed> Checkpointer::LoadReplicated() {
+  const std::optional<std::string> bytes = BroadcastBytes(*group_, LatestBytes(), device_);
+  if (!bytes) return std::nullopt;  // step 2
+  Resumed resumed;                  // step 3
   resumed.step = RestoreState(*bytes, module_, rule_.shared_state(), plan_.spec, plan_.rank,
                               &resumed.rank_state, device_);
-  resumed_from_step_ = last_step_ = resumed.step;
   return resumed;
+}
+
+std::optional<Checkpointer::Resumed> Checkpointer::LoadStages() {
+  const int stages = plan_.pipeline.stages;
+  std::optional<PipelineState> state;  // rank 0's
+  std::optional<std::string> header;
+  if (std::optional<std::string> bytes = LatestBytes()) {
+    state = ReadPipelineState(*bytes, stages);
+    header = PipelineHeader(*state);
+  }
+  header = BroadcastBytes(*group_, std::move(header), device_);
+  if (!header) return std::nullopt;
+  const size_t newline = header->find('\n');
+  const std::string saved_spec = header->substr(newline + 1);
+  if (!saved_spec.empty()) RequireSameSpec(saved_spec, plan_.spec);  // on every rank alike
+  std::string mine;
+  if (state) {
+    if (state->stage_states.size() != static_cast<size_t>(stages)) {
+      throw UserError("checkpoint",
+                      "holds the state of " + std::to_string(state->stage_states.size()) +
+                          " pipeline stages, not the job's " + std::to_string(stages));
+    }
+    for (int rank = 1; rank < plan_.world_size; ++rank) {
+      SendBytes(*group_, state->stage_states[static_cast<size_t>(rank % stages)], rank, device_);
+    }
+    mine = std::move(state->stage_states.front());
+  } else {
+    mine = ReceiveBytes(*group_, 0, device_);
+  }
+  RestoreRankState(mine, StageParts(), device_);
+  return Resumed{std::stoll(header->substr(0, newline)), ""};
+}
+
+RankStateParts Checkpointer::StageParts() {
+  RankStateParts parts;
+  parts.module = &module_;
+  parts.optimizer = rule_.shared_state().optimizer;
+  return parts;
 }
 
 std::optional<double> Checkpointer::Save(int64_t step, bool stopping) {
   if (last_step_ == step) return std::nullopt;
-  std::vector<std::string> rank_states;
+  if (plan_.collective_checkpoint() && (!rank0_saves_ || stopping)) return std::nullopt;
   const auto start = Clock::now();
-  if (plan_.per_rank_state) {  // step 1
-    if (!rank0_saves_ || stopping) return std::nullopt;
-    rank_states = AllGatherBytes(*group_, rule_.SaveRankState(), device_);
-    last_step_ = step;
-  }
-  if (!writer_) return std::nullopt;
-  std::string bytes = SerializeState(module_, rule_.shared_state(), step, plan_.spec, rank_states);
-  totals_.snapshot_seconds += Seconds(Clock::now() - start);
-  totals_.last_bytes = static_cast<int64_t>(bytes.size());
-  totals_.wait_seconds += writer_->Submit({step, std::move(bytes)});
+  std::optional<std::string> bytes = Snapshot(step);  // step 1
+  if (plan_.collective_checkpoint()) last_step_ = step;
+  if (!writer_ || !bytes) return std::nullopt;
+  totals_.snapshot_seconds += Seconds(Clock::now() - start);  // step 2
+  totals_.last_bytes = static_cast<int64_t>(bytes->size());
+  totals_.wait_seconds += writer_->Submit({step, std::move(*bytes)});
   last_step_ = step;
   ++totals_.saved;
   return Seconds(Clock::now() - start);
+}
+
+std::optional<std::string> Checkpointer::Snapshot(int64_t step) {
+  if (plan_.pipeline.enabled()) return GatherStages(step);
+  std::vector<std::string> rank_states;
+  if (plan_.per_rank_state) rank_states = AllGatherBytes(*group_, rule_.SaveRankState(), device_);
+  if (!writer_) return std::nullopt;
+  return SerializeState(module_, rule_.shared_state(), step, plan_.spec, rank_states);
+}
+
+std::optional<std::string> Checkpointer::GatherStages(int64_t step) {
+  const PipelinePlan& pipeline = plan_.pipeline;
+  if (pipeline.replica != 0) return std::nullopt;
+  std::string mine = SerializeRankState(StageParts());
+  if (plan_.rank != 0) {
+    SendBytes(*group_, mine, 0, device_);
+    return std::nullopt;
+  }
+  std::vector<std::string> stages{std::move(mine)};
+  for (int stage = 1; stage < pipeline.stages; ++stage) {
+    stages.push_back(ReceiveBytes(*group_, stage, device_));
+  }
+  return SerializePipelineState(stages, step, plan_.spec);
 }
 
 void Checkpointer::Flush(std::chrono::milliseconds timeout) {

@@ -1,18 +1,24 @@
 // A rank's side of checkpoints: resuming from the newest, and saving at the plan's cadence.
 // Rank 0 alone talks to the store (its CheckpointSink); the other ranks take part in the
-// collectives that move the state.
+// transfers that move the state.
 //
 // Resume, on every rank (Load, then the rank state once the gradient sync exists):
-//   1. With per-rank state, rank 0 tells every rank whether it saves at all (a broadcast):
-//      every rank must then take part in each save.
+//   1. When saving is a collective (per-rank state, pipeline stages), rank 0 tells every rank
+//      whether it saves at all (a broadcast): every rank must then take part in each save.
 //   2. Rank 0 reads the newest checkpoint (one download, one hash check) and broadcasts its
 //      bytes: every rank needs the optimizer state, and all then start from the same bytes
-//      even if they would have raced a commit.
-//   3. Every rank restores the model and the update rule's shared state from them, and keeps
-//      its own rank state for UpdateRule::RestoreRankState.
+//      even if they would have raced a commit. With pipeline stages it broadcasts only the
+//      step and the spec the checkpoint was written under (every rank refuses a changed spec
+//      alike), then sends each rank its own stage's state, point to point.
+//   3. Every rank restores the model and the update rule's shared state from them (a
+//      pipeline's rank: its stage's), and keeps its own rank state for
+//      UpdateRule::RestoreRankState.
 // Save, at the plan's steps:
 //   1. With per-rank state every rank serializes its own and rank 0 gathers them (a
-//      collective: every rank calls Save at the same steps).
+//      collective: every rank calls Save at the same steps). With pipeline stages, each
+//      stage's replica-0 rank (global rank = its stage) serializes its module and optimizer
+//      and sends them to rank 0, which takes them in stage order (SerializePipelineState):
+//      one checkpoint per step holds every stage.
 //   2. Rank 0 snapshots the state into host memory and hands it to the AsyncCheckpointWriter,
 //      which uploads on its own thread. The loop waits only for a previous upload still
 //      running; that wait and the snapshot are the stall a checkpoint costs.
@@ -30,6 +36,7 @@
 
 #include "gpu_worker/ddp/comm/process_group.h"
 #include "gpu_worker/trainer/async_checkpoint_writer.h"
+#include "gpu_worker/trainer/checkpoint_state.h"
 #include "gpu_worker/trainer/progress_reporter.h"
 #include "gpu_worker/trainer/sinks.h"
 #include "gpu_worker/trainer/training_plan.h"
@@ -56,7 +63,8 @@ class Checkpointer {
   // Save steps 1-2 for the state after `step` steps. Returns the seconds the training loop
   // spent on it when rank 0 handed a checkpoint to the writer; nullopt otherwise (another
   // rank, no store, or `step` saved already). `stopping`: a stop request, which only rank 0
-  // acts on: with per-rank state it then saves nothing (the others would not gather).
+  // acts on: when saving is a collective it then saves nothing (the others would not take
+  // part).
   std::optional<double> Save(int64_t step, bool stopping = false);
   // The last step saved (or resumed from); -1 before any.
   int64_t last_step() const { return last_step_; }
@@ -69,6 +77,14 @@ class Checkpointer {
   const CheckpointTotals& totals() const { return totals_; }
 
  private:
+  std::optional<std::string> LatestBytes();  // rank 0's sink's newest checkpoint
+  std::optional<Resumed> LoadReplicated();   // resume steps 2-3, every rank alike
+  std::optional<Resumed> LoadStages();       // with pipeline stages
+  RankStateParts StageParts();               // a pipeline rank's: its module and optimizer
+  // Save step 1: the bytes rank 0 writes (nullopt on the others).
+  std::optional<std::string> Snapshot(int64_t step);
+  std::optional<std::string> GatherStages(int64_t step);
+
   const TrainingPlan& plan_;
   const std::shared_ptr<CheckpointSink> sink_;
   const std::unique_ptr<AsyncCheckpointWriter> writer_;  // rank 0 with a store
@@ -76,7 +92,7 @@ class Checkpointer {
   const c10::Device device_;
   torch::nn::Module& module_;
   UpdateRule& rule_;
-  bool rank0_saves_ = false;  // known on every rank with per-rank state (resume step 1)
+  bool rank0_saves_ = false;  // known on every rank when saving is a collective (resume step 1)
   int64_t last_step_ = -1;
   int64_t resumed_from_step_ = -1;
   CheckpointTotals totals_;

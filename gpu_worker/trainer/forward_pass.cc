@@ -9,18 +9,10 @@
 namespace gradhub::trainer {
 namespace {
 
-// The validation sums of one rank: loss times items, correct predictions, items.
-struct EvalSums {
-  at::Tensor loss, correct;
-  double count = 0;
-};
-
 EvalSums SumBatches(models::Model& model, const data::Dataset& dataset,
                     const std::vector<int64_t>& mine, const TrainingPlan& plan,
                     const c10::Device& device) {
-  const auto sum_options = at::TensorOptions().dtype(at::kDouble).device(device);
-  EvalSums sums{torch::zeros({}, sum_options), torch::zeros({}, sum_options)};
-  const Task task = dataset.shape().task;
+  EvalSums sums(device);
   torch::NoGradGuard no_grad;
   data::BatchLoader loader(dataset, mine, plan.batches.per_rank, /*drop_last=*/false,
                            /*prefetch=*/2, /*start_batch=*/0, /*pin_memory=*/device.is_cuda());
@@ -29,14 +21,7 @@ EvalSums SumBatches(models::Model& model, const data::Dataset& dataset,
     x = ToDevice(x, device);
     y = ToDevice(y, device);
     PrecisionScope precision(plan.autocast, device.type());
-    at::Tensor output = model.Forward(x);
-    const double items = task == Task::kLanguageModel ? static_cast<double>(y.numel())
-                                                      : static_cast<double>(y.size(0));
-    sums.loss += Loss(task, output, y).to(at::kDouble) * items;
-    if (task == Task::kClassification) {
-      sums.correct += output.argmax(1).eq(y).sum().to(at::kDouble);
-    }
-    sums.count += items;
+    sums.Add(dataset.shape().task, model.Forward(x), y);
   }
   return sums;
 }
@@ -64,30 +49,51 @@ PrecisionScope::PrecisionScope(Autocast autocast, c10::DeviceType device) {
   if (autocast == Autocast::kFloat16) autocast_.emplace(device, at::kHalf);
 }
 
-EvalResult Evaluate(models::Model& model, const data::Dataset& dataset,
-                    const std::vector<int64_t>& validation, const TrainingPlan& plan,
-                    ddp::ProcessGroup& group, const c10::Device& device) {
-  std::vector<int64_t> mine;
-  for (size_t i = plan.rank; i < validation.size(); i += plan.world_size) {
-    mine.push_back(validation[i]);
-  }
-  model.module()->eval();
-  const EvalSums local = SumBatches(model, dataset, mine, plan, device);
-  model.module()->train();
-  at::Tensor sums =
-      torch::stack({local.loss, local.correct, torch::full({}, local.count, local.loss.options())});
+EvalSums::EvalSums(const c10::Device& device)
+    : loss_(torch::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device))),
+      correct_(torch::zeros_like(loss_)) {}
+
+void EvalSums::Add(Task task, const at::Tensor& output, const at::Tensor& target) {
+  const double items = task == Task::kLanguageModel ? static_cast<double>(target.numel())
+                                                    : static_cast<double>(target.size(0));
+  loss_ += Loss(task, output, target).to(at::kDouble) * items;
+  if (task == Task::kClassification) correct_ += output.argmax(1).eq(target).sum().to(at::kDouble);
+  count_ += items;
+}
+
+EvalResult EvalSums::Reduce(ddp::ProcessGroup& group, Task task) const {
+  at::Tensor sums = torch::stack({loss_, correct_, torch::full({}, count_, loss_.options())});
   group.AllReduce(sums, ddp::ReduceOp::kSum)->Wait();
   sums = sums.cpu();
   EvalResult result;
   const double total = sums[2].item<double>();
   result.loss = total > 0 ? sums[0].item<double>() / total : 0;
   result.metrics["loss"] = result.loss;
-  const Task task = dataset.shape().task;
   if (task == Task::kClassification && total > 0) {
     result.metrics["accuracy"] = sums[1].item<double>() / total;
   }
   if (task == Task::kLanguageModel) result.metrics["perplexity"] = std::exp(result.loss);
   return result;
+}
+
+std::vector<int64_t> EvaluationShare(const std::vector<int64_t>& validation, int shard,
+                                     int shards) {
+  std::vector<int64_t> mine;
+  for (size_t i = static_cast<size_t>(shard); i < validation.size();
+       i += static_cast<size_t>(shards)) {
+    mine.push_back(validation[i]);
+  }
+  return mine;
+}
+
+EvalResult Evaluate(models::Model& model, const data::Dataset& dataset,
+                    const std::vector<int64_t>& validation, const TrainingPlan& plan,
+                    ddp::ProcessGroup& group, const c10::Device& device) {
+  const std::vector<int64_t> mine = EvaluationShare(validation, plan.rank, plan.world_size);
+  model.module()->eval();
+  const EvalSums local = SumBatches(model, dataset, mine, plan, device);
+  model.module()->train();
+  return local.Reduce(group, dataset.shape().task);
 }
 
 }  // namespace gradhub::trainer

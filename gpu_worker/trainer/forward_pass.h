@@ -43,6 +43,25 @@ struct EvalResult {
   std::map<std::string, double> metrics;
 };
 
+// The validation sums of one rank: loss times items, correct predictions, items. They stay on
+// the device (float64) until reduced: one read of three numbers per evaluation.
+class EvalSums {
+ public:
+  explicit EvalSums(const c10::Device& device);
+  // A batch's model output and targets.
+  void Add(Task task, const at::Tensor& output, const at::Tensor& target);
+  // The sums over `group`'s ranks (a collective; a rank that saw no batch adds zeros), as the
+  // metrics: loss, accuracy for classes, perplexity for next tokens.
+  EvalResult Reduce(ddp::ProcessGroup& group, Task task) const;
+
+ private:
+  at::Tensor loss_, correct_;
+  double count_ = 0;
+};
+
+// The validation examples of shard `shard` of `shards`: every shards-th from the shard's.
+std::vector<int64_t> EvaluationShare(const std::vector<int64_t>& validation, int shard, int shards);
+
 // Each rank evaluates every world_size-th validation example in batches of the plan's
 // batchSizePerRank; sums are reduced over `group` so every rank reports the same numbers
 // (a collective). The sums stay on `device` (float64) until reduced: one read of three numbers

@@ -56,6 +56,7 @@ struct TrainerConfig {
   std::string data_roots = "*";
   int64_t max_input_bytes = int64_t{4} << 30;
   int64_t memory_limit_bytes = 0;
+  std::string dump_parameters;
 
   void Register(Flags& flags) {
     flags.String("spec", "GRADHUB_SPEC", &spec, "Job spec file (YAML or JSON, proto3 JSON names)")
@@ -105,7 +106,10 @@ struct TrainerConfig {
              "Largest dataset or model file read (after gzip decompression)")
         .Int("memory-limit-bytes", "GRADHUB_MEMORY_LIMIT_BYTES", &memory_limit_bytes,
              "The memory limit the agent put on this rank, for the out-of-memory message; "
-             "0 = none");
+             "0 = none")
+        .String("dump-parameters", "GRADHUB_DUMP_PARAMETERS", &dump_parameters,
+                "A directory each rank writes its final parameters to, as text "
+                "(rank-<rank>.txt), for comparing runs; empty = none");
   }
 };
 
@@ -248,6 +252,7 @@ trainer::TrainerOptions TrainerOptionsOf(const TrainerConfig& config, const v1::
   options.preempt_grace = absl::ToChronoMilliseconds(config.preempt_grace);
   options.progress = &std::cout;
   options.log = &std::cerr;
+  options.parameters_dump_dir = config.dump_parameters;
   return options;
 }
 

@@ -25,6 +25,11 @@ v1::StepTelemetry ToStepTelemetry(const StepReport& r) {
   step.set_buckets(r.buckets);
   step.set_checkpoint_save_seconds(r.checkpoint_save_seconds);
   for (const auto& [name, value] : r.eval_metrics) (*step.mutable_eval_metrics())[name] = value;
+  step.set_pipeline_stage(r.pipeline.stage);
+  step.set_p2p_bytes(r.pipeline.p2p_bytes);
+  step.set_p2p_wait_seconds(r.pipeline.p2p_wait_seconds);
+  step.set_bubble_fraction(r.pipeline.bubble_fraction);
+  step.set_peak_activation_bytes(r.pipeline.peak_activation_bytes);
   return step;
 }
 

@@ -64,8 +64,10 @@ void ProgressReporter::AddStep(const StepReport& step) {
 }
 
 StepReport ProgressReporter::IntervalAverages(int64_t step) {
-  // The loss of all ranks, not only rank 0's shard.
-  at::Tensor mean_loss = torch::tensor({interval_.loss / interval_.steps}, at::kDouble).to(device_);
+  // The loss of all ranks, not only rank 0's shard; with pipeline stages, of each replica's
+  // stage 0, which stands for its replica's ranks (PipelinePlan::loss_weight).
+  const double weighted = interval_.loss / interval_.steps * plan_.pipeline.loss_weight();
+  at::Tensor mean_loss = torch::tensor({weighted}, at::kDouble).to(device_);
   group_->AllReduce(mean_loss, ddp::ReduceOp::kAverage)->Wait();
   const double elapsed = Seconds(Clock::now() - interval_.start);
   StepReport r = interval_.sums;

@@ -9,6 +9,16 @@
 
 namespace gradhub::trainer {
 
+// A pipeline stage's share of a step (JobSpec.parallelism; telemetry.proto's fields of the
+// same names); zero without pipeline stages.
+struct PipelineStepFigures {
+  int stage = 0;
+  int64_t p2p_bytes = 0;        // sent to and received from the neighbouring stages
+  double p2p_wait_seconds = 0;  // blocked in receives, and waiting for sends to end
+  double bubble_fraction = 0;   // (step - forward - backward) / step, of the stage's steps
+  int64_t peak_activation_bytes = 0;
+};
+
 // One optimizer step of one rank (telemetry), or the average over a progress interval
 // (rank 0's progress lines, where loss and samples_per_second are the whole job's).
 struct StepReport {
@@ -28,6 +38,7 @@ struct StepReport {
   // The training time a checkpoint of this step cost (snapshot and wait); 0 when none.
   double checkpoint_save_seconds = 0;
   std::map<std::string, double> eval_metrics;  // set on evaluation steps
+  PipelineStepFigures pipeline;
 };
 
 // As nccl-tests define it: the algorithm bandwidth times 2 (n - 1) / n, comparable with the

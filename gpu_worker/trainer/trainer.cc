@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <iostream>
 #include <optional>
@@ -11,12 +12,13 @@
 #include "gpu_worker/data/batch_loader.h"
 #include "gpu_worker/data/dataset.h"
 #include "gpu_worker/data/sampler.h"
-#include "gpu_worker/ddp/distributed_data_parallel.h"
-#include "gpu_worker/models/model.h"
 #include "gpu_worker/trainer/checkpointer.h"
+#include "gpu_worker/trainer/data_parallel_pass.h"
 #include "gpu_worker/trainer/forward_pass.h"
 #include "gpu_worker/trainer/loss_reader.h"
+#include "gpu_worker/trainer/pipeline_training.h"
 #include "gpu_worker/trainer/progress_reporter.h"
+#include "gpu_worker/trainer/rank_model.h"
 #include "gpu_worker/trainer/training_plan.h"
 #include "gpu_worker/trainer/update_rule.h"
 #include "services/common/contract/user_error.h"
@@ -134,14 +136,15 @@ ReportOutputs ReportOutputsOf(const TrainerOptions& options) {
   return ReportOutputs{options.progress, options.log, options.telemetry};
 }
 
-// What a rank trains on: the examples, their split, and its shard of the training split.
+// What a rank trains on: the examples, their split, and its shard of the training split (its
+// replica's: a pipeline's stages share their samples).
 struct TrainingData {
   std::unique_ptr<data::Dataset> dataset;
   data::Split split;
   std::unique_ptr<data::DistributedSampler> sampler;
 };
 
-TrainingData LoadTrainingData(const v1::JobSpec& spec, const LaunchFacts& launch) {
+TrainingData LoadTrainingData(const v1::JobSpec& spec, const PipelinePlan& pipeline) {
   TrainingData data;
   const int64_t context =
       spec.model().has_transformer() ? spec.model().transformer().context_length() : 0;
@@ -150,14 +153,14 @@ TrainingData LoadTrainingData(const v1::JobSpec& spec, const LaunchFacts& launch
       data::SplitIndices(data.dataset->size(), spec.dataset().validation_fraction(), spec.seed());
   data.dataset->Normalize(data.split.train);
   data.sampler = std::make_unique<data::DistributedSampler>(
-      data.split.train, launch.world_size, launch.rank, spec.seed(), /*shuffle=*/true,
+      data.split.train, pipeline.replicas, pipeline.replica, spec.seed(), /*shuffle=*/true,
       spec.dataset().drop_last());
   return data;
 }
 
 // What a rank settles before it joins its group, in this order, so that each step's errors
 // come before the next step's work:
-//   1. the spec's rules that need no data (SpecAsLaunched: UserError);
+//   1. the spec's rules that need no data (SpecAsLaunched, PlanPipeline: UserError);
 //   2. its device (DeviceUnavailable);
 //   3. its threads, and the seed that data synthesis and weight initialization draw from;
 //   4. the data;
@@ -171,6 +174,7 @@ struct RankStart {
 RankStart StartRank(const v1::JobSpec& user_spec, const TrainerOptions& options) {
   LaunchFacts launch = LaunchOf(options);
   const v1::JobSpec spec = SpecAsLaunched(user_spec, launch);
+  const PipelinePlan pipeline = PlanPipeline(spec, launch);
   const PlacementPlan placement = PlaceRank(spec, launch);
   const c10::Device device = TrainingDevice(placement, options.local_rank);
   LogOf(options) << "gradhub-trainer: rank " << options.rank << " trains on " << device.str()
@@ -180,7 +184,7 @@ RankStart StartRank(const v1::JobSpec& user_spec, const TrainerOptions& options)
   at::set_num_threads(threads);
   LimitBlasThreads(threads);
   at::manual_seed(spec.seed());
-  TrainingData data = LoadTrainingData(spec, launch);
+  TrainingData data = LoadTrainingData(spec, pipeline);
   launch.train_examples = static_cast<int64_t>(data.split.train.size());
   TrainingPlan plan = PlanTraining(user_spec, launch);
   if (data.sampler->per_rank() != plan.batches.examples_per_rank) {
@@ -189,14 +193,14 @@ RankStart StartRank(const v1::JobSpec& user_spec, const TrainerOptions& options)
   return RankStart{std::move(plan), device, std::move(data)};
 }
 
-// The model on its training device, in training mode. Before the update rule is built: the
-// optimizer's state (momentum, moments) is then made on the device.
-std::unique_ptr<models::Model> BuildModelOn(const TrainingPlan& plan, const data::Dataset& data,
-                                            const c10::Device& device) {
-  std::unique_ptr<models::Model> model = models::BuildModel(plan.spec.model(), data.shape());
-  model->module()->to(device);
-  model->module()->train();
-  return model;
+// The inputs of the rank's first training micro-batch (what MEASURED_TIME balance measures).
+at::Tensor FirstMicroBatch(const TrainingPlan& plan, const TrainingData& data) {
+  std::vector<int64_t> indices = data.sampler->EpochIndices(0);
+  const int64_t rows = plan.batches.per_rank / std::max(1, plan.pipeline.micro_batches);
+  indices.resize(static_cast<size_t>(std::min<int64_t>(rows, indices.size())));
+  at::Tensor x, y;
+  data.dataset->Batch(indices, &x, &y);
+  return x;
 }
 
 // SIGTERM as TrainerOptions::stop_requested reports it, and since when.
@@ -220,10 +224,11 @@ class StopRequest {
 };
 
 // One rank's training run: the loop. The constructor sets up (StartRank, then the group, the
-// model, the update rule and the parts that report and checkpoint); Run() resumes, then steps
-// until the end:
-//   resume   Checkpointer::Load, then the gradient sync (DDP) over the restored model
-//   step     forward/backward over the micro-batches, then the update rule's step
+// model (a pipeline's rank: its stage's), the update rule and the parts that report and
+// checkpoint); Run() resumes, then steps until the end:
+//   resume   Checkpointer::Load, then the gradient pass over the restored model: data
+//            parallel (DDP over every rank) or pipelined (gradient_pass.h)
+//   step     the pass's forward/backward over the micro-batches, then the update rule's step
 //   report   a progress record at Cadence::LogsAt (loss averaged over ranks)
 //   evaluate at Cadence::EvaluatesAt, the last step's in Finish
 //   checkpoint  at Cadence::CheckpointsAt; uploads run on a background thread
@@ -246,15 +251,19 @@ class TrainingRun {
       : plan_(std::move(start.plan)),
         device_(start.device),
         data_(std::move(start.data)),
-        group_(ddp::CreateProcessGroup(ProcessGroupOptionsFor(plan_, options, device_))),
-        model_(BuildModelOn(plan_, *data_.dataset, device_)),
-        rule_(model_->module(), group_, plan_, LossScalerOptionsFor(plan_, options)),
+        group_options_(ProcessGroupOptionsFor(plan_, options, device_)),
+        group_(ddp::CreateProcessGroup(group_options_)),
+        model_(BuildRankModel(
+            plan_, *data_.dataset, *group_, [this] { return FirstMicroBatch(plan_, data_); },
+            device_, LogOf(options))),
+        rule_(model_.module, group_, plan_, LossScalerOptionsFor(plan_, options)),
         progress_(plan_, ReportOutputsOf(options), group_, device_),
-        checkpoints_(plan_, options.checkpoints, progress_.log(), group_, device_,
-                     *model_->module(), rule_),
+        checkpoints_(plan_, options.checkpoints, progress_.log(), group_, device_, *model_.module,
+                     rule_),
         losses_(plan_.rank),
-        stop_(options.stop_requested, options.preempt_grace) {
-    progress_.LogStart(model_->Describe(), static_cast<int64_t>(data_.split.train.size()),
+        stop_(options.stop_requested, options.preempt_grace),
+        parameters_dump_dir_(options.parameters_dump_dir) {
+    progress_.LogStart(model_.description, static_cast<int64_t>(data_.split.train.size()),
                        static_cast<int64_t>(data_.split.validation.size()));
   }
 
@@ -265,8 +274,12 @@ class TrainingRun {
       progress_.log() << "gradhub-trainer: rank " << plan_.rank << " resumed from step " << step_
                       << "\n";
     }
-    ddp_ = std::make_unique<ddp::DistributedDataParallel>(model_->module(), group_,
-                                                          rule_.GradientSyncOptions());
+    const PassContext context{plan_, *data_.dataset, device_, model_, rule_, group_};
+    if (plan_.pipeline.enabled()) {
+      pass_ = std::make_unique<PipelinePass>(context, group_options_);
+    } else {
+      pass_ = std::make_unique<DataParallelPass>(context);
+    }
     // After DDP's broadcast of rank 0's parameters: a local SGD replica gets its own back.
     if (resumed && plan_.per_rank_state) {
       rule_.RestoreRankState(resumed->rank_state, step_, device_);
@@ -292,24 +305,20 @@ class TrainingRun {
     }
   }
 
-  // One optimizer step: the micro-batches (all but the last without gradient sync), the
-  // loss read back where the cadence says, the update rule's step. Reports its timings.
+  // One optimizer step: the gradient pass's micro-batches, the loss read back where the
+  // cadence says, the update rule's step. Reports its timings.
   void RunStep(data::BatchLoader& loader) {
     const auto step_start = Clock::now();
     at::manual_seed(StepSeed(plan_.spec.seed(), plan_.rank, step_));
-    ddp_->ZeroGrad();
+    pass_->ZeroGrad();
     StepReport report;  // this step's, phases summed over micro-batches
-    const bool sync = rule_.SyncsGradients(step_);
-    losses_.Take(ForwardBackward(loader, sync, report));
+    losses_.Take(pass_->Run(loader, rule_.SyncsGradients(step_), report));
     if (plan_.cadence.ReadsLossAt(step_ + 1)) progress_.AddLoss(losses_.Read(step_));
     const auto optimizer_start = Clock::now();
     const StepOutcome outcome = rule_.Step(step_);
     if (outcome.skipped) progress_.ReportSkippedStep(step_ + 1, *rule_.loss_scale());
     // What the step sent: its gradients (none for a local step) plus a parameter average.
-    const ddp::ReductionStats& reduction = ddp_->last_reduction();
-    report.allreduce_bytes = (sync ? reduction.bytes : 0) + outcome.averaged_bytes;
-    report.allreduce_seconds = sync ? Seconds(reduction.allreduce) : 0;
-    report.buckets = reduction.buckets;
+    report.allreduce_bytes += outcome.averaged_bytes;
     const auto step_end = Clock::now();
     report.step = ++step_;
     report.optimizer_seconds = Seconds(step_end - optimizer_start);
@@ -317,34 +326,6 @@ class TrainingRun {
     report.learning_rate = outcome.learning_rate;
     report.loss = losses_.last();  // read at this step: ReadsLossAt is true with telemetry
     progress_.AddStep(report);
-  }
-
-  // The micro-batches of one step: forward, loss and backward of each, gradients synced at the
-  // last if `sync`. The backward is of the update rule's loss (FP16: scaled), while the loss
-  // returned is the true one: its NaN check fails the run only for a non-finite loss, not for
-  // the overflowed gradients of a skipped step. Returns the step's loss (float64, on the
-  // training device: for the LossReader) and adds the phases' timings to `phases`.
-  at::Tensor ForwardBackward(data::BatchLoader& loader, bool sync, StepReport& phases) {
-    const int64_t accumulation = plan_.batches.accumulation;
-    at::Tensor step_loss, x, y;
-    for (int64_t micro = 0; micro < accumulation; ++micro) {
-      if (!loader.Next(&x, &y)) throw std::logic_error("data loader ended before the epoch");
-      x = ToDevice(x, device_);
-      y = ToDevice(y, device_);
-      std::optional<ddp::DistributedDataParallel::NoSyncGuard> no_sync;
-      if (!sync || micro + 1 < accumulation) no_sync.emplace(ddp_.get());
-      at::Tensor loss = ddp_->Forward([&] {
-        PrecisionScope precision(plan_.autocast, device_.type());
-        return Loss(data_.dataset->shape().task, model_->Forward(x), y);
-      });
-      ddp_->Backward(rule_.LossForBackward(loss / accumulation));
-      const at::Tensor part = loss.detach().to(at::kDouble) / accumulation;
-      step_loss = micro == 0 ? part : step_loss + part;
-      phases.forward_seconds += Seconds(ddp_->last_timings().forward);
-      phases.backward_seconds += Seconds(ddp_->last_timings().backward);
-      phases.allreduce_wait_seconds += Seconds(ddp_->last_timings().allreduce_wait);
-    }
-    return step_loss;
   }
 
   // Reports, evaluates and checkpoints the step just done where the cadence says, sends its
@@ -366,8 +347,7 @@ class TrainingRun {
 
   EvalResult EvaluateAndReport() {
     if (data_.split.validation.empty()) return EvalResult{};
-    EvalResult eval =
-        Evaluate(*model_, *data_.dataset, data_.split.validation, plan_, *group_, device_);
+    EvalResult eval = pass_->Evaluate(data_.split.validation);
     progress_.ReportEval(step_, eval);
     return eval;
   }
@@ -405,8 +385,8 @@ class TrainingRun {
       return "checkpoint of step " + std::to_string(step_) + " committed";
     }
     return "checkpoint of step " + std::to_string(checkpoints_.last_step()) +
-           " is the latest: per-rank state (shardOptimizerState, localSgd, POWER_SGD) is "
-           "gathered only at checkpoint.everySteps and at the end";
+           " is the latest: per-rank state (shardOptimizerState, localSgd, POWER_SGD) and "
+           "pipeline stages' state are gathered only at checkpoint.everySteps and at the end";
   }
 
   TrainResult Finish(double loop_seconds) {
@@ -418,7 +398,10 @@ class TrainingRun {
     result.resumed_from_step = checkpoints_.resumed_from_step();
     result.final_loss = losses_.last();
     result.eval_metrics = eval.metrics;
-    result.parameters_sha256 = ParametersSha256(*model_->module());
+    result.parameters_sha256 = ParametersSha256(*model_.module);
+    if (!parameters_dump_dir_.empty()) {
+      DumpParameters(model_, parameters_dump_dir_ + "/rank-" + std::to_string(plan_.rank) + ".txt");
+    }
     const CheckpointTotals& saved = checkpoints_.totals();
     result.checkpoints_saved = saved.saved;
     result.checkpoint_snapshot_seconds = saved.snapshot_seconds;
@@ -439,14 +422,16 @@ class TrainingRun {
   const TrainingPlan plan_;
   const c10::Device device_;
   const TrainingData data_;
+  const ddp::ProcessGroupOptions group_options_;  // the world group's, for its subgroups
   const std::shared_ptr<ddp::ProcessGroup> group_;
-  const std::unique_ptr<models::Model> model_;
+  const RankModel model_;
   UpdateRule rule_;
-  std::unique_ptr<ddp::DistributedDataParallel> ddp_;  // the gradient sync, built at resume
+  std::unique_ptr<GradientPass> pass_;  // forward, backward and gradient sync, built at resume
   ProgressReporter progress_;
   Checkpointer checkpoints_;
   LossReader losses_;
   StopRequest stop_;
+  const std::string parameters_dump_dir_;
   int64_t step_ = 0;  // optimizer steps done
 };
 

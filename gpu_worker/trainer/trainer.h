@@ -58,6 +58,10 @@ struct TrainerOptions {
   // compute stays float32) but with a loss scaler of these options: the scaling, the skipped
   // steps and the scaler's checkpoint state are then tested where there is no GPU.
   std::optional<ddp::LossScalerOptions> fp16_scaling_on_cpu_for_test;
+  // Set, every rank writes its final parameters as text to <dir>/rank-<rank>.txt (rank_model.h
+  // DumpParameters): for comparing runs whose ranks hold different parts of the model
+  // (pipeline stages against one process) within a tolerance.
+  std::string parameters_dump_dir;
 };
 
 struct TrainResult {

@@ -45,6 +45,25 @@ UpdatePlan UpdateOf(const v1::JobSpec& spec) {
   return update;
 }
 
+int PipelineStagesOf(const v1::JobSpec& spec) {
+  return std::max(1, spec.parallelism().pipeline_stages());
+}
+
+// What the trainer does not run with a pipeline, as the spec's rules refuse it first
+// (CheckJobSpec); here again for a rank started by hand.
+void RefuseWhatPipelinesLack(const v1::JobSpec& spec) {
+  const Distributed& distributed = spec.distributed();
+  const char* lacking = nullptr;
+  if (spec.precision() == v1::JobSpec::FP16) lacking = "precision FP16";
+  if (distributed.shard_optimizer_state()) lacking = "distributed.shardOptimizerState";
+  if (distributed.has_local_sgd()) lacking = "distributed.localSgd";
+  if (distributed.comm_hook() == Distributed::POWER_SGD) lacking = "distributed.commHook POWER_SGD";
+  if (lacking == nullptr) return;
+  throw UserError("parallelism.pipelineStages",
+                  std::string("a pipeline cannot be combined with ") + lacking +
+                      " (its state per rank and the stages' agreement on it are not built)");
+}
+
 Autocast AutocastOf(const v1::JobSpec& spec, const PlacementPlan& placement) {
   if (spec.precision() == v1::JobSpec::BF16) return Autocast::kBfloat16;
   if (spec.precision() == v1::JobSpec::FP16 && placement.cuda) return Autocast::kFloat16;
@@ -70,7 +89,13 @@ PlacementPlan PlaceRank(const v1::JobSpec& spec, const LaunchFacts& launch) {
 }
 
 v1::JobSpec SpecAsLaunched(const v1::JobSpec& user_spec, const LaunchFacts& launch) {
-  CheckJobSpec(user_spec);
+  // An unset worldSize means the ranks launched (as torchrun's), and the rules that depend on
+  // the world (pipeline stages dividing it, a synthetic dataset's share) see that one.
+  v1::JobSpec checked = user_spec;
+  if (checked.distributed().world_size() == 0) {
+    checked.mutable_distributed()->set_world_size(launch.world_size);
+  }
+  CheckJobSpec(checked);
   const int32_t asked = user_spec.distributed().world_size();
   if (asked != 0 && asked != launch.world_size) {
     throw UserError("distributed.worldSize", std::to_string(asked) + " but the trainer runs " +
@@ -93,10 +118,12 @@ BatchPlan PlanBatches(const v1::JobSpec& spec, const LaunchFacts& launch) {
   batches.per_rank = spec.batch_size_per_rank();
   batches.accumulation = spec.grad_accumulation_steps();
   const bool drop_last = spec.dataset().drop_last();
-  const int64_t examples = launch.train_examples, world = launch.world_size;
-  batches.examples_per_rank = drop_last ? examples / world : (examples + world - 1) / world;
+  const int stages = PipelineStagesOf(spec);
+  const int64_t examples = launch.train_examples, shards = std::max(1, launch.world_size / stages);
+  batches.examples_per_rank = drop_last ? examples / shards : (examples + shards - 1) / shards;
   const int64_t per_rank = batches.examples_per_rank, batch = batches.per_rank;
-  const int64_t micro_per_epoch = drop_last ? per_rank / batch : (per_rank + batch - 1) / batch;
+  const bool whole_batches = drop_last || stages > 1;
+  const int64_t micro_per_epoch = whole_batches ? per_rank / batch : (per_rank + batch - 1) / batch;
   batches.steps_per_epoch = micro_per_epoch / batches.accumulation;
   if (batches.steps_per_epoch == 0) {
     throw UserError("batchSizePerRank",
@@ -113,6 +140,37 @@ BatchPlan PlanBatches(const v1::JobSpec& spec, const LaunchFacts& launch) {
   return batches;
 }
 
+PipelinePlan PlanPipeline(const v1::JobSpec& spec, const LaunchFacts& launch) {
+  const v1::ParallelismSpec& parallelism = spec.parallelism();
+  PipelinePlan pipeline;
+  pipeline.stages = PipelineStagesOf(spec);
+  if (launch.world_size % pipeline.stages != 0) {
+    throw UserError("parallelism.pipelineStages",
+                    std::to_string(pipeline.stages) + " stages do not divide the " +
+                        std::to_string(launch.world_size) + " ranks launched");
+  }
+  pipeline.replicas = launch.world_size / pipeline.stages;
+  pipeline.stage = launch.rank % pipeline.stages;
+  pipeline.replica = launch.rank / pipeline.stages;
+  if (!pipeline.enabled()) return pipeline;
+  RefuseWhatPipelinesLack(spec);
+  pipeline.schedule = parallelism.schedule();
+  pipeline.balance = parallelism.balance();
+  pipeline.micro_batches =
+      parallelism.micro_batches() > 0 ? parallelism.micro_batches() : pipeline.stages;
+  if (pipeline.schedule == v1::ParallelismSpec::INTERLEAVED_ONE_F_ONE_B) {
+    pipeline.chunks_per_stage =
+        parallelism.chunks_per_stage() > 0 ? parallelism.chunks_per_stage() : 2;
+    if (PlaceRank(spec, launch).backend == Distributed::NCCL) {
+      throw UserError("parallelism.schedule",
+                      "INTERLEAVED_ONE_F_ONE_B runs on Gloo only (its transfers go around the "
+                      "replica's ring, in an order NCCL's one stream cannot take); this rank's "
+                      "backend is NCCL: use ONE_F_ONE_B or GPIPE, or backend GLOO");
+    }
+  }
+  return pipeline;
+}
+
 TrainingPlan PlanTraining(const v1::JobSpec& user_spec, const LaunchFacts& launch) {
   TrainingPlan plan;
   plan.spec = SpecAsLaunched(user_spec, launch);
@@ -120,6 +178,7 @@ TrainingPlan PlanTraining(const v1::JobSpec& user_spec, const LaunchFacts& launc
   plan.rank = launch.rank;
   plan.world_size = launch.world_size;
   plan.placement = PlaceRank(spec, launch);
+  plan.pipeline = PlanPipeline(spec, launch);
   plan.batches = PlanBatches(spec, launch);
   plan.cadence = CadenceOf(spec, plan.placement, plan.batches, launch);
   plan.gradient_sync = GradientSyncOf(spec);

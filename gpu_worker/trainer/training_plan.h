@@ -106,6 +106,29 @@ struct UpdatePlan {
 
 enum class Autocast { kNone, kBfloat16, kFloat16 };
 
+// Pipeline model parallelism (JobSpec.parallelism; ddp/pipeline/layout.h): the world is
+// `stages` x `replicas` ranks, rank = replica * stages + stage. Every stage of a replica reads
+// the same samples (the first stage needs their inputs, the last their targets), so the data
+// is sharded by replica, not by rank; without a pipeline (one stage) each rank is a replica.
+struct PipelinePlan {
+  int stages = 1;    // 1 = no pipeline: data parallelism only
+  int replicas = 1;  // world size / stages: the data shards
+  int stage = 0;
+  int replica = 0;           // this rank's data shard
+  int micro_batches = 1;     // a replica's batch is split into these each step
+  int chunks_per_stage = 1;  // model pieces per rank; > 1 only interleaved
+  v1::ParallelismSpec::Schedule schedule = v1::ParallelismSpec::ONE_F_ONE_B;
+  v1::ParallelismSpec::Balance balance = v1::ParallelismSpec::PARAMETERS;
+
+  bool enabled() const { return stages > 1; }
+  bool first_stage() const { return stage == 0; }
+  bool last_stage() const { return stage == stages - 1; }
+  // What this rank's loss counts for when the loss is averaged over all ranks: a replica's
+  // loss is known on its stage 0 (the last stage sends it there), which so stands for all
+  // `stages` ranks of its replica; the other stages count nothing.
+  int loss_weight() const { return first_stage() ? stages : 0; }
+};
+
 struct TrainingPlan {
   v1::JobSpec spec;  // with defaults, worldSize as launched (what a checkpoint records)
   int rank = 0;
@@ -122,15 +145,20 @@ struct TrainingPlan {
   // optimizer, PowerSGD's error feedback): a checkpoint gathers it from every rank, which
   // makes saving a collective.
   bool per_rank_state = false;
+  PipelinePlan pipeline;
 
   bool leader() const { return rank == 0; }
-  // Examples of one optimizer step over all ranks.
-  int64_t global_batch() const { return batches.samples_per_step() * world_size; }
+  // Examples of one optimizer step over all ranks: a replica's stages share theirs.
+  int64_t global_batch() const { return batches.samples_per_step() * pipeline.replicas; }
+  // Saving a checkpoint needs every rank: per-rank state is gathered, and a pipeline's
+  // stages each send theirs to rank 0. Rank 0 alone then cannot save on a stop request.
+  bool collective_checkpoint() const { return per_rank_state || pipeline.enabled(); }
 };
 
 // The spec as this rank runs it, checked in this order (each throws UserError naming the
 // field):
-//   1. CheckJobSpec: the rules CreateJob applies.
+//   1. CheckJobSpec: the rules CreateJob applies, an unset worldSize taken as the world size
+//      launched.
 //   2. distributed.worldSize, when set, is the world size launched (unset: any, as torchrun).
 //   3. CheckRankDevice for the backend as placed (PlaceRank) on the node's device: NCCL and
 //      FP16 need a CUDA node, and FP16 a GPU the rank trains on.
@@ -141,9 +169,23 @@ v1::JobSpec SpecAsLaunched(const v1::JobSpec& user_spec, const LaunchFacts& laun
 // agent's choice (LaunchFacts::backend), else NCCL on a CUDA node and GLOO on a CPU node.
 PlacementPlan PlaceRank(const v1::JobSpec& spec, const LaunchFacts& launch);
 
-// Steps per epoch and in all. Throws UserError("batchSizePerRank") when a rank's shard holds
-// less than one optimizer step (batchSizePerRank x gradAccumulationSteps examples).
+// Steps per epoch and in all. The training examples are sharded over the replicas (PlanPipeline;
+// without a pipeline, the ranks). With a pipeline an epoch's last batch is dropped when it is
+// not whole, whatever dataset.dropLast says: its micro-batches must be equal. Throws
+// UserError("batchSizePerRank") when a shard holds less than one optimizer step
+// (batchSizePerRank x gradAccumulationSteps examples).
 BatchPlan PlanBatches(const v1::JobSpec& spec_with_defaults, const LaunchFacts& launch);
+
+// The rank's place in the pipeline, with the spec's defaults applied (microBatches 0 = the
+// stages; chunksPerStage 0 = 2 with the interleaved schedule, 1 otherwise). Throws UserError:
+//   parallelism.pipelineStages  the stages do not divide the world size launched, or the spec
+//                               combines a pipeline with what the trainer does not run with
+//                               one (precision FP16, distributed.shardOptimizerState,
+//                               localSgd, commHook POWER_SGD: their per-rank state and
+//                               agreement across stages are not built);
+//   parallelism.schedule        the interleaved schedule on NCCL (its transfers go around the
+//                               replica's ring, in an order NCCL's one stream cannot take).
+PipelinePlan PlanPipeline(const v1::JobSpec& spec_with_defaults, const LaunchFacts& launch);
 
 // Intra-op threads of the rank: those asked for, else the node's cores divided among its
 // local ranks (at least one). Set before the data is read, so before the plan exists.

@@ -30,6 +30,27 @@ void ClipGradNormOnDevice(const std::vector<at::Tensor>& parameters, double max_
   }
 }
 
+// A pipeline's gradients are split over its stages, so the norm that clipping compares with
+// max_norm is the whole model's, as clip_grad_norm_ takes it on one process: each rank's
+// squared norm, summed over the world group (a collective), divided by the replicas (each
+// holds the same averaged gradients of its stage). The gradients are then scaled as above, by
+// the same coefficient on every rank.
+void ClipGradNormAcrossStages(const std::vector<at::Tensor>& parameters, double max_norm,
+                              ddp::ProcessGroup& world, int replicas) {
+  torch::NoGradGuard no_grad;
+  const c10::Device device = parameters.empty() ? c10::Device(c10::kCPU) : parameters[0].device();
+  at::Tensor squared = torch::zeros({}, at::TensorOptions(at::kDouble).device(device));
+  for (const at::Tensor& p : parameters) {
+    if (p.grad().defined()) squared += p.grad().norm(2).to(at::kDouble).pow(2);
+  }
+  world.AllReduce(squared, ddp::ReduceOp::kSum)->Wait();
+  const at::Tensor norm = (squared / replicas).sqrt();
+  const at::Tensor coefficient = torch::clamp_max(max_norm / (norm + 1e-6), 1.0);
+  for (const at::Tensor& p : parameters) {
+    if (p.grad().defined()) p.grad().mul_(coefficient.to(p.grad().scalar_type()));
+  }
+}
+
 // The learning rate of step `step` (0-based). Parameters are float32: a larger step size
 // cannot be applied, only diverge.
 double CheckedLearningRate(const v1::JobSpec& spec, int64_t step) {
@@ -69,7 +90,10 @@ std::shared_ptr<ddp::CommHook> MakeCommHook(const GradientSyncPlan& sync) {
 UpdateRule::UpdateRule(std::shared_ptr<torch::nn::Module> module,
                        std::shared_ptr<ddp::ProcessGroup> group, const TrainingPlan& plan,
                        ddp::LossScalerOptions loss_scaler)
-    : plan_(plan), module_(std::move(module)), comm_hook_(MakeCommHook(plan.gradient_sync)) {
+    : plan_(plan),
+      module_(std::move(module)),
+      group_(group),
+      comm_hook_(MakeCommHook(plan.gradient_sync)) {
   const v1::OptimizerSpec& optimizer = plan_.spec.optimizer();
   if (plan_.update.shard_optimizer_state) {
     zero_ = std::make_unique<ddp::ZeroRedundancyOptimizer>(
@@ -133,7 +157,9 @@ StepOutcome UpdateRule::Step(int64_t step) {
 void UpdateRule::ClipGradients() {
   const double max_norm = plan_.update.grad_clip_norm;
   if (max_norm <= 0) return;
-  if (plan_.placement.cuda) {
+  if (plan_.pipeline.enabled()) {
+    ClipGradNormAcrossStages(module_->parameters(), max_norm, *group_, plan_.pipeline.replicas);
+  } else if (plan_.placement.cuda) {
     ClipGradNormOnDevice(module_->parameters(), max_norm);
   } else {
     torch::nn::utils::clip_grad_norm_(module_->parameters(), max_norm);

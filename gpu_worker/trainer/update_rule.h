@@ -51,7 +51,8 @@ struct StepOutcome {
 
 class UpdateRule {
  public:
-  // `module`'s parameters are the ones updated; `group` the ranks that share them.
+  // `module`'s parameters are the ones updated; `group` the ranks that share them, or with
+  // pipeline stages the world group (clipping takes the norm over every stage).
   // `loss_scaler`: precision FP16's scaler settings (GradScaler's defaults unless a test
   // asks otherwise); unused for other precisions.
   UpdateRule(std::shared_ptr<torch::nn::Module> module, std::shared_ptr<ddp::ProcessGroup> group,
@@ -70,7 +71,8 @@ class UpdateRule {
   // FP16: the loss times the scale (gradients of small magnitude would underflow float16).
   at::Tensor LossForBackward(const at::Tensor& loss) const;
   // After the backward (step 0-based): the learning rate of the step (TrainingFailure if it
-  // overflows float32); FP16: unscale, skip the step if a gradient overflowed; clip; step the
+  // overflows float32); FP16: unscale, skip the step if a gradient overflowed; clip (with
+  // pipeline stages to the norm over all stages: a collective of the world group); step the
   // optimizer (ZeRO: its shard, then every owner broadcasts); local SGD: average at a period's
   // end.
   StepOutcome Step(int64_t step);
@@ -94,6 +96,7 @@ class UpdateRule {
 
   const TrainingPlan plan_;
   std::shared_ptr<torch::nn::Module> module_;
+  const std::shared_ptr<ddp::ProcessGroup> group_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;  // null with ZeRO
   std::unique_ptr<ddp::ZeroRedundancyOptimizer> zero_;
   std::unique_ptr<ddp::PeriodicModelAverager> averager_;  // localSgd

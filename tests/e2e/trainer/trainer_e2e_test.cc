@@ -8,65 +8,21 @@
 #include <regex>
 #include <thread>
 
+#include "tests/e2e/trainer/trainer_runs.h"
 #include "tests/support/subprocess.h"
 
 namespace gradhub {
 namespace {
 
 using testing::BinaryPath;
+using testing::DoneField;
+using testing::RunJob;
 using testing::RunResult;
 using testing::Subprocess;
 using testing::TempDir;
+using testing::WriteFile;
 
 constexpr char kDigits[] = "/usr/lib/python3/dist-packages/sklearn/datasets/data/digits.csv.gz";
-
-std::string WriteFile(const std::string& path, const std::string& text) {
-  std::ofstream(path) << text;
-  return path;
-}
-
-// The value of `key` in the trainer's final {"event":"done",...} line.
-std::string DoneField(const std::string& out, const std::string& key) {
-  std::smatch match;
-  std::regex done(R"(\{"event":"done".*\})");
-  if (!std::regex_search(out, match, done)) return "";
-  std::string line = match.str();
-  std::regex field("\"" + key + "\":\"?([^,\"}]*)");
-  return std::regex_search(line, match, field) ? match[1].str() : "";
-}
-
-// Runs `world` trainer processes of one job and returns each rank's result.
-std::vector<RunResult> RunJob(const std::string& spec, int world, const std::string& scratch,
-                              const std::vector<std::string>& extra = {}) {
-  std::vector<std::unique_ptr<Subprocess>> ranks;
-  for (int rank = 0; rank < world; ++rank) {
-    std::vector<std::string> argv = {BinaryPath("gradhub-trainer"),
-                                     "--spec",
-                                     spec,
-                                     "--rank",
-                                     std::to_string(rank),
-                                     "--world-size",
-                                     std::to_string(world),
-                                     "--threads",
-                                     "1"};
-    if (world > 1) {
-      argv.push_back("--store");
-      argv.push_back("file:" + scratch + "/rdzv");
-    }
-    argv.insert(argv.end(), extra.begin(), extra.end());
-    ranks.push_back(std::make_unique<Subprocess>(argv));
-  }
-  std::vector<RunResult> results;
-  for (auto& rank : ranks) {
-    RunResult result;
-    result.exit_code = rank->Wait(std::chrono::minutes(5));
-    result.out = rank->out();
-    result.err = rank->err();
-    results.push_back(result);
-  }
-  std::filesystem::remove_all(scratch + "/rdzv");
-  return results;
-}
 
 std::string DigitsSpec(const std::string& dir,
                        const std::string& model = "mlp: {layers: [64, 128, 10]}",

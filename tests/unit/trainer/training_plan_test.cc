@@ -237,5 +237,137 @@ TEST(TrainingPlanTest, GradientSyncAndUpdateTakeTheDistributedSettings) {
   EXPECT_EQ(local.update.local_sgd->warmup_steps, 7);
 }
 
+// --- pipeline stages ---
+
+// Four Linear layers, so that up to 4 stages (or 2 stages x 2 chunks) have one each; batches of
+// 12 split into 2, 3, 4 or 6 micro-batches.
+v1::JobSpec PipelineSpec(const std::string& parallelism, const std::string& extra = "") {
+  return Spec("model: {mlp: {layers: [4, 8, 8, 8, 2]}}\nbatchSizePerRank: 12\nparallelism: {" +
+              parallelism + "}\n" + extra);
+}
+
+LaunchFacts RankOf(int rank, int world_size, RankDevice device = RankDevice::kCpu) {
+  LaunchFacts launch = Launch(world_size, device);
+  launch.rank = rank;
+  return launch;
+}
+
+TEST(TrainingPlanTest, RanksAreReplicaTimesStagesPlusStage) {
+  const v1::JobSpec spec = PipelineSpec("pipelineStages: 2");
+  const PipelinePlan last = PlanTraining(spec, RankOf(3, 4)).pipeline;
+  EXPECT_TRUE(last.enabled());
+  EXPECT_EQ(last.stages, 2);
+  EXPECT_EQ(last.replicas, 2);
+  EXPECT_EQ(last.stage, 1);
+  EXPECT_EQ(last.replica, 1);
+  EXPECT_TRUE(last.last_stage());
+  EXPECT_FALSE(last.first_stage());
+  const PipelinePlan first = PlanTraining(spec, RankOf(2, 4)).pipeline;
+  EXPECT_EQ(first.stage, 0);
+  EXPECT_EQ(first.replica, 1);
+}
+
+TEST(TrainingPlanTest, WithoutPipelineEachRankIsAReplica) {
+  const PipelinePlan plan = PlanTraining(Spec(), RankOf(2, 3)).pipeline;
+  EXPECT_FALSE(plan.enabled());
+  EXPECT_EQ(plan.replicas, 3);
+  EXPECT_EQ(plan.replica, 2);
+  EXPECT_EQ(plan.loss_weight(), 1);
+  EXPECT_FALSE(PlanTraining(Spec(), Launch(2)).collective_checkpoint());
+}
+
+TEST(TrainingPlanTest, PipelineDefaultsAreWrittenIn) {
+  const PipelinePlan plain = PlanTraining(PipelineSpec("pipelineStages: 3"), RankOf(0, 3)).pipeline;
+  EXPECT_EQ(plain.micro_batches, 3);  // 0 = the stages
+  EXPECT_EQ(plain.chunks_per_stage, 1);
+  EXPECT_EQ(plain.schedule, v1::ParallelismSpec::ONE_F_ONE_B);
+  EXPECT_EQ(plain.balance, v1::ParallelismSpec::PARAMETERS);
+  const PipelinePlan interleaved =
+      PlanTraining(PipelineSpec("pipelineStages: 2, schedule: INTERLEAVED_ONE_F_ONE_B"),
+                   RankOf(0, 2))
+          .pipeline;
+  EXPECT_EQ(interleaved.chunks_per_stage, 2);  // 0 = 2
+  const PipelinePlan set = PlanTraining(PipelineSpec("pipelineStages: 2, microBatches: 6, "
+                                                     "schedule: GPIPE, balance: MEASURED_TIME"),
+                                        RankOf(1, 2))
+                               .pipeline;
+  EXPECT_EQ(set.micro_batches, 6);
+  EXPECT_EQ(set.schedule, v1::ParallelismSpec::GPIPE);
+  EXPECT_EQ(set.balance, v1::ParallelismSpec::MEASURED_TIME);
+}
+
+// A replica's stages read the same samples: the data is split into replicas' shards, and the
+// global batch counts replicas, not ranks.
+TEST(TrainingPlanTest, TheDataIsShardedByReplica) {
+  const TrainingPlan plan = PlanTraining(PipelineSpec("pipelineStages: 2"), RankOf(1, 4));
+  EXPECT_EQ(plan.batches.examples_per_rank, 500);  // 1000 over 2 replicas
+  EXPECT_EQ(plan.batches.steps_per_epoch, 41);     // 500 / 12, the partial batch dropped
+  EXPECT_EQ(plan.global_batch(), 24);
+  EXPECT_EQ(PlanTraining(PipelineSpec("pipelineStages: 4"), RankOf(0, 4)).global_batch(), 12);
+}
+
+// Micro-batches must be equal, so a pipeline drops an epoch's partial last batch even without
+// dataset.dropLast; without a pipeline it is trained.
+TEST(TrainingPlanTest, APipelineDropsThePartialLastBatch) {
+  EXPECT_EQ(PlanTraining(Spec("batchSizePerRank: 12\n"), Launch()).batches.steps_per_epoch, 84);
+  EXPECT_EQ(PlanTraining(PipelineSpec("pipelineStages: 2"), RankOf(0, 2)).batches.steps_per_epoch,
+            83);
+}
+
+TEST(TrainingPlanTest, StagesMustDivideTheRanksLaunched) {
+  // worldSize unset: the rules see the 3 ranks launched.
+  const std::string refusal = Refusal(PipelineSpec("pipelineStages: 2"), RankOf(0, 3));
+  EXPECT_TRUE(Contains(refusal, "parallelism.pipelineStages")) << refusal;
+  EXPECT_TRUE(Contains(refusal, "divide")) << refusal;
+  EXPECT_EQ(Refusal(PipelineSpec("pipelineStages: 2"), RankOf(0, 4)), "(planned)");
+  // PlanPipeline alone, as the trainer applies it after the spec's rules.
+  try {
+    PlanPipeline(WithDefaults(PipelineSpec("pipelineStages: 2")), RankOf(0, 3));
+    ADD_FAILURE() << "planned 2 stages over 3 ranks";
+  } catch (const UserError& error) {
+    EXPECT_EQ(error.field(), "parallelism.pipelineStages");
+    EXPECT_TRUE(Contains(error.what(), "2 stages do not divide the 3 ranks launched"))
+        << error.what();
+  }
+}
+
+TEST(TrainingPlanTest, TheInterleavedScheduleIsRefusedOnNccl) {
+  const v1::JobSpec spec = PipelineSpec("pipelineStages: 2, schedule: INTERLEAVED_ONE_F_ONE_B");
+  const std::string refusal = Refusal(spec, RankOf(0, 2, RankDevice::kCuda));
+  EXPECT_TRUE(Contains(refusal, "parallelism.schedule | ")) << refusal;
+  EXPECT_TRUE(Contains(refusal, "Gloo only")) << refusal;
+  EXPECT_EQ(Refusal(PipelineSpec("pipelineStages: 2"), RankOf(0, 2, RankDevice::kCuda)),
+            "(planned)");
+}
+
+// Modes with state of each rank's own, or that need the stages to agree, are not built for
+// pipelines: refused (the spec's rules refuse them first; the trainer again for a rank started
+// by hand).
+TEST(TrainingPlanTest, WhatPipelinesLackIsRefused) {
+  for (const char* mode :
+       {"distributed: {shardOptimizerState: true}\n", "distributed: {localSgd: {period: 4}}\n",
+        "distributed: {commHook: POWER_SGD}\n", "precision: FP16\n"}) {
+    const std::string refusal =
+        Refusal(PipelineSpec("pipelineStages: 2", mode), RankOf(0, 2, RankDevice::kCuda));
+    EXPECT_NE(refusal, "(planned)") << mode;
+    EXPECT_TRUE(Contains(refusal, "pipeline")) << mode << refusal;
+  }
+  EXPECT_EQ(Refusal(PipelineSpec("pipelineStages: 2",
+                                 "gradClipNorm: 1\nprecision: BF16\n"
+                                 "distributed: {commHook: FP16}\n"),
+                    RankOf(0, 2)),
+            "(planned)");
+}
+
+// A replica's loss is known on its stage 0, which stands for all its ranks when the loss is
+// averaged over the world; saving needs every stage.
+TEST(TrainingPlanTest, StageZeroCarriesItsReplicasLossAndSavingIsACollective) {
+  const v1::JobSpec spec = PipelineSpec("pipelineStages: 4");
+  EXPECT_EQ(PlanTraining(spec, RankOf(0, 8)).pipeline.loss_weight(), 4);
+  EXPECT_EQ(PlanTraining(spec, RankOf(4, 8)).pipeline.loss_weight(), 4);
+  EXPECT_EQ(PlanTraining(spec, RankOf(3, 8)).pipeline.loss_weight(), 0);
+  EXPECT_TRUE(PlanTraining(spec, RankOf(3, 8)).collective_checkpoint());
+}
+
 }  // namespace
 }  // namespace gradhub::trainer
