@@ -9,15 +9,26 @@
 // M micro-batches. S = 1 is the data-parallel reference: the whole model in one
 // DistributedDataParallel over D ranks, no PipelineStage, BATCH / D samples per rank.
 //
+// With GRADHUB_BENCH_SLEEP_MS=T each layer also sleeps T ms in its forward and 2T ms in its
+// backward (SleepFunction): stages balanced by construction whose "compute" needs no core, so
+// the bubble of the schedule and the engine is measured even with more ranks than cores
+// (pair it with a small W, whose GEMMs then cost little).
+//
 // Prints one line, measured over the timed steps (the first STEPS / 5 are warm-up):
 //   <median step seconds of rank 0> <ideal bubble> <bubble of each stage, comma-separated>
 //   <peak activation bytes of each stage, comma-separated>
 // where a stage's bubble is the mean of its ranks' StageStepReport::bubble_fraction (the share
-// of the step it waited in receives) and its peak the most any of its ranks reported. With
-// S = 1 the last three are "-".
+// of the step it did not spend computing its forwards and backwards: waiting for its
+// neighbours, and the messages and the engine's own work) and its peak the most any of its
+// ranks reported. With S = 1 the last three are "-". GRADHUB_BENCH_VERBOSE=1 also prints every
+// rank's report of every step on stderr (where the time went).
 //
 // Usage: bench_pipeline SCHEDULE STAGES REPLICAS MICRO_BATCHES LAYERS BATCH STEPS
 //        SCHEDULE: gpipe | 1f1b | interleaved
+//        bench_pipeline pingpong ROUNDS
+// pingpong: two ranks pass 8 floats back and forth with ProcessGroup::Send and Recv (what the
+// stages' messages go through); prints the median and the mean round trip in seconds over
+// ROUNDS rounds after as many warm-up rounds, as pytorch_pingpong.py does for PyTorch's gloo.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -32,6 +43,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gpu_worker/ddp/comm/process_group.h"
@@ -56,6 +68,8 @@ struct BenchShape {
   int64_t batch = 1;
   int steps = 1;
   int64_t width = 1024;
+  double sleep_ms = 0;  // per layer's forward; twice that in its backward
+  bool pingpong = false;
 
   int world() const { return stages * replicas; }
   int chunks() const { return schedule == PipelineSchedule::kInterleavedOneFOneB ? 2 : 1; }
@@ -86,6 +100,7 @@ BenchShape ParseShape(char** argv) {
   shape.batch = std::stoll(argv[6]);
   shape.steps = std::stoi(argv[7]);
   if (const char* width = std::getenv("GRADHUB_BENCH_WIDTH")) shape.width = std::stoll(width);
+  if (const char* sleep = std::getenv("GRADHUB_BENCH_SLEEP_MS")) shape.sleep_ms = std::stod(sleep);
   if (shape.layers % (shape.stages * shape.chunks()) != 0) {
     throw std::invalid_argument("LAYERS: must be a multiple of STAGES (x 2 when interleaved)");
   }
@@ -96,11 +111,45 @@ BenchShape ParseShape(char** argv) {
   return shape;
 }
 
-torch::nn::Sequential MakeLayers(int count, int64_t width) {
+// Compute that takes a set time and no core: sleeps `ms` in forward and twice that in backward
+// (a backward costs about two forwards).
+struct SleepFunction : torch::autograd::Function<SleepFunction> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                               double ms) {
+    ctx->saved_data["ms"] = ms;
+    std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(ms));
+    return x.clone();
+  }
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
+                                               torch::autograd::tensor_list grads) {
+    const double ms = ctx->saved_data["ms"].toDouble();
+    std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(2 * ms));
+    return {grads[0], torch::Tensor()};
+  }
+};
+
+struct SleepImpl : torch::nn::Module {
+  explicit SleepImpl(double ms) : ms(ms) {}
+  torch::Tensor forward(const torch::Tensor& x) { return SleepFunction::apply(x, ms); }
+  double ms;
+};
+TORCH_MODULE(Sleep);
+
+// Two ranks (pingpong mode), `rounds` timed.
+BenchShape PingPongShape(int rounds) {
+  BenchShape shape;
+  shape.pingpong = true;
+  shape.replicas = 2;
+  shape.steps = rounds;
+  return shape;
+}
+
+torch::nn::Sequential MakeLayers(int count, const BenchShape& shape) {
   torch::nn::Sequential layers;
   for (int i = 0; i < count; ++i) {
-    layers->push_back(torch::nn::Linear(width, width));
+    layers->push_back(torch::nn::Linear(shape.width, shape.width));
     layers->push_back(torch::nn::ReLU());
+    if (shape.sleep_ms > 0) layers->push_back(Sleep(shape.sleep_ms));
   }
   return layers;
 }
@@ -152,7 +201,7 @@ torch::Tensor CrossEntropy(const torch::Tensor& output, const torch::Tensor& tar
 RankResult RunDataParallelRank(const BenchShape& shape, int rank, const std::string& store_dir) {
   auto group = gradhub::ddp::CreateProcessGroup(GroupOptions(rank, shape.world(), store_dir));
   torch::manual_seed(0);
-  torch::nn::Sequential model = MakeLayers(shape.layers, shape.width);
+  torch::nn::Sequential model = MakeLayers(shape.layers, shape);
   DistributedDataParallel ddp(model.ptr(), group);
   torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.01));
   const torch::Tensor x = torch::randn({shape.batch_per_replica(), shape.width});
@@ -207,13 +256,24 @@ StageModel MakeStageModel(const BenchShape& shape, const gradhub::ddp::ProcessGr
   torch::manual_seed(layout.StageOf(options.rank));
   StageModel model;
   for (int c = 0; c < shape.chunks(); ++c) {
-    model.chunks.push_back(MakeLayers(shape.layers / shape.stages / shape.chunks(), shape.width));
+    model.chunks.push_back(MakeLayers(shape.layers / shape.stages / shape.chunks(), shape));
     if (replicas) {
       model.ddps.push_back(
           std::make_unique<DistributedDataParallel>(model.chunks.back().ptr(), replicas));
     }
   }
   return model;
+}
+
+// GRADHUB_BENCH_VERBOSE: every step's report of every rank, on stderr (where the time goes).
+void PrintReport(int rank, int step, const gradhub::ddp::pipeline::StageStepReport& report) {
+  std::fprintf(stderr,
+               "rank %d step %d: step %.2f ms, forward %.2f, backward %.2f, receive wait %.2f, "
+               "send %.2f, allreduce wait %.2f, bubble %.3f\n",
+               rank, step, report.step_seconds * 1e3, report.forward_seconds * 1e3,
+               report.backward_seconds * 1e3, report.receive_wait_seconds * 1e3,
+               report.send_seconds * 1e3, report.allreduce_wait_seconds * 1e3,
+               report.bubble_fraction);
 }
 
 RankResult RunPipelineRank(const BenchShape& shape, int rank, const std::string& store_dir) {
@@ -237,8 +297,32 @@ RankResult RunPipelineRank(const BenchShape& shape, int rank, const std::string&
     const gradhub::ddp::pipeline::StageStepReport report = stage.Step({x, y});
     sgd.step();
     samples.Add(SecondsSince(start), report.bubble_fraction, report.peak_activation_bytes);
+    if (std::getenv("GRADHUB_BENCH_VERBOSE") != nullptr) PrintReport(rank, step, report);
   }
   return samples.Timed();
+}
+
+// Rank 0 sends, rank 1 answers; rank 0's round trips as a result (median; mean as "bubble").
+RankResult RunPingPongRank(int rank, int rounds, const std::string& store_dir) {
+  auto group = gradhub::ddp::CreateProcessGroup(GroupOptions(rank, 2, store_dir));
+  at::Tensor message = at::zeros({8});
+  std::vector<double> times;
+  for (int round = 0; round < 2 * rounds; ++round) {
+    const Clock::time_point start = Clock::now();
+    if (rank == 0) {
+      group->Send(message, 1, 0)->Wait();
+      group->Recv(message, 1, 1)->Wait();
+    } else {
+      group->Recv(message, 0, 0)->Wait();
+      group->Send(message, 0, 1)->Wait();
+    }
+    if (round >= rounds) times.push_back(SecondsSince(start));
+  }
+  RankResult result;
+  for (double t : times) result.mean_bubble += t / static_cast<double>(times.size());
+  std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
+  result.median_step_seconds = times[times.size() / 2];
+  return result;
 }
 
 void WriteResult(const std::string& path, const RankResult& result) {
@@ -262,8 +346,10 @@ bool RunRanks(const BenchShape& shape, const std::string& dir) {
     const pid_t pid = fork();
     if (pid == 0) {
       at::set_num_threads(1);
-      const RankResult result = shape.stages == 1 ? RunDataParallelRank(shape, rank, dir + "/store")
-                                                  : RunPipelineRank(shape, rank, dir + "/store");
+      const std::string store = dir + "/store";
+      const RankResult result = shape.pingpong      ? RunPingPongRank(rank, shape.steps, store)
+                                : shape.stages == 1 ? RunDataParallelRank(shape, rank, store)
+                                                    : RunPipelineRank(shape, rank, store);
       WriteResult(dir + "/result-" + std::to_string(rank), result);
       _exit(0);
     }
@@ -292,6 +378,10 @@ std::string PerStage(const BenchShape& shape, const PipelineLayout& layout,
 }
 
 void PrintSummary(const BenchShape& shape, const std::vector<RankResult>& results) {
+  if (shape.pingpong) {
+    std::printf("%.6f %.6f\n", results[0].median_step_seconds, results[0].mean_bubble);
+    return;
+  }
   if (shape.stages == 1) {
     std::printf("%.6f - - -\n", results[0].median_step_seconds);
     return;
@@ -318,15 +408,16 @@ void PrintSummary(const BenchShape& shape, const std::vector<RankResult>& result
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 8) {
+  const bool pingpong = argc == 3 && std::string(argv[1]) == "pingpong";
+  if (argc != 8 && !pingpong) {
     std::fprintf(stderr,
                  "usage: bench_pipeline gpipe|1f1b|interleaved STAGES REPLICAS MICRO_BATCHES "
-                 "LAYERS BATCH STEPS\n");
+                 "LAYERS BATCH STEPS\n       bench_pipeline pingpong ROUNDS\n");
     return 2;
   }
   BenchShape shape;
   try {
-    shape = ParseShape(argv);
+    shape = pingpong ? PingPongShape(std::stoi(argv[2])) : ParseShape(argv);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_pipeline: %s\n", e.what());
     return 2;

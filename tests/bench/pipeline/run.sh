@@ -1,11 +1,24 @@
 #!/usr/bin/env bash
 # Pipeline model parallelism (issue 33): three tables from bench_pipeline (see its header for
 # the model and what one run measures). Ranks are processes on this host, one thread each.
-#   1. Bubble: balanced stages (each stage 2 identical Linear(1024, 1024) + ReLU layers,
-#      micro-batches of 32 rows, so a micro-batch's forward and backward take ~10 ms and a
-#      message well under 1 ms), S = 2 and 4 stages, M = 1..16 micro-batches, GPipe and 1F1B.
-#      measured: the share of the step each stage waited in receives, mean over the stages;
-#      ideal: (S - 1) / (M + S - 1); ratio: measured / ideal (the acceptance: within 10%).
+#   1. Bubble: balanced stages, S = 2 and 4 stages, M = 1..16 micro-batches, GPipe and 1F1B;
+#      ideal: (S - 1) / (M + S - 1); measured: the share of the step each stage did not spend
+#      in its forwards and backwards (StageStepReport::bubble_fraction), mean over the stages;
+#      ratio: measured / ideal (the acceptance: within 10%).
+#      Two kinds of balanced stages: gemm, each stage 2 identical Linear(1024, 1024) + ReLU
+#      layers on micro-batches of 32 rows (a micro-batch's forward and backward take ~10 ms on
+#      one core, a message well under 1 ms); sleep, each stage 2 Linear(256, 256) layers that
+#      each also sleep 2.5 ms in forward and 5 ms in backward (GRADHUB_BENCH_SLEEP_MS), the
+#      same ~15 ms a micro-batch without needing a core, so that S = 4 on 2 cores measures the
+#      schedule and the engine rather than the sharing of cores.
+#      The ideal takes messages as free. They are not: each micro-batch's activation and
+#      gradient cross between stages on the step's critical path, so every message's latency
+#      (and its wake-up of a waiting rank) adds to the bubble, more so as M grows. empty_ms is
+#      the step time of the same pipeline with no compute (Linear(8, 8), no sleep): what the
+#      messages and the engine alone cost a step. The line above the table gives what one
+#      message costs at the time: the round trip of 8 floats through gradhub's
+#      ProcessGroup::Send/Recv (bench_pipeline pingpong) and through PyTorch's gloo
+#      (pytorch_pingpong.py), median and mean of 500.
 #   2. Memory, from the M = 8 runs of table 1: the most activation bytes stage 0 (which holds
 #      the most) and the last stage held at once, GPipe against 1F1B.
 #   3. Step time of 2 stages x 2 replicas (1F1B) against 4-way data parallelism
@@ -32,21 +45,35 @@ mean_of() { echo "$1" | tr ',' '\n' | awk '{s += $1} END {printf "%.6f", s / NR}
 cores=$(nproc)
 
 echo "bubble: balanced stages, $micro_rows rows per micro-batch, $cores cores"
-printf '%-6s %3s %3s %9s %9s %7s %9s %s\n' sched S M ideal measured ratio step_ms per_stage
+read -r ours_median ours_mean < <("$bench" pingpong 500)
+read -r torch_median torch_mean < <(/usr/bin/python3 "$(dirname "$0")/pytorch_pingpong.py" 8 500)
+awk -v m="$ours_median" -v a="$ours_mean" -v tm="$torch_median" -v ta="$torch_mean" 'BEGIN {
+  printf "p2p round trip of 8 floats (median/mean ms): gradhub Send/Recv %.3f/%.3f, PyTorch gloo %.3f/%.3f\n",
+    m * 1000, a * 1000, tm * 1000, ta * 1000 }'
+printf '%-6s %3s %3s %7s %7s %6s %8s %7s %6s %8s %8s\n' sched S M ideal gemm ratio gemm_ms \
+  sleep ratio sleep_ms empty_ms
 declare -A peaks
 for stages in 2 4; do
   for schedule in gpipe 1f1b; do
     for m in 1 2 4 8 16; do
-      measured="" times="" ideal="" per_stage=""
+      gemm="" gemm_times="" sleep="" sleep_times="" empty_times="" ideal=""
       for _ in $(seq "$repeats"); do
         read -r step ideal bubbles stage_peaks < <("$bench" "$schedule" "$stages" 1 "$m" \
           $((2 * stages)) $((m * micro_rows)) "$steps")
-        measured+="$(mean_of "$bubbles") " times+="$step " per_stage=$bubbles
+        gemm+="$(mean_of "$bubbles") " gemm_times+="$step "
         peaks[$schedule/$stages/$m]=$stage_peaks
+        read -r step ideal bubbles _ < <(GRADHUB_BENCH_WIDTH=256 GRADHUB_BENCH_SLEEP_MS=2.5 \
+          "$bench" "$schedule" "$stages" 1 "$m" $((2 * stages)) $((m * micro_rows)) "$steps")
+        sleep+="$(mean_of "$bubbles") " sleep_times+="$step "
+        empty_times+="$(GRADHUB_BENCH_WIDTH=8 "$bench" "$schedule" "$stages" 1 "$m" \
+          $((2 * stages)) $((m * 4)) "$steps" | awk '{print $1}') "
       done
-      awk -v sc="$schedule" -v s="$stages" -v m="$m" -v i="$ideal" -v b="$(echo $measured | median)" \
-        -v t="$(echo $times | median)" -v p="$per_stage" 'BEGIN {
-          printf "%-6s %3d %3d %9.4f %9.4f %7.3f %9.1f %s\n", sc, s, m, i, b, b / i, t * 1000, p }'
+      awk -v sc="$schedule" -v s="$stages" -v m="$m" -v i="$ideal" \
+        -v g="$(echo $gemm | median)" -v gt="$(echo $gemm_times | median)" \
+        -v z="$(echo $sleep | median)" -v zt="$(echo $sleep_times | median)" \
+        -v e="$(echo $empty_times | median)" 'BEGIN {
+          printf "%-6s %3d %3d %7.4f %7.4f %6.3f %8.1f %7.4f %6.3f %8.1f %8.1f\n",
+            sc, s, m, i, g, g / i, gt * 1000, z, z / i, zt * 1000, e * 1000 }'
     done
   done
 done
