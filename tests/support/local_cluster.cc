@@ -1,8 +1,6 @@
 #include "tests/support/local_cluster.h"
 
-#include <netinet/in.h>
 #include <pwd.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -10,7 +8,6 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
-#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -21,6 +18,7 @@
 
 #include "gradhub/v1/code.grpc.pb.h"
 #include "services/common/code_archive/code_archive.h"
+#include "tests/support/ports.h"
 #include "tests/support/postgres_server.h"
 
 namespace gradhub::testing {
@@ -28,29 +26,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using std::chrono::seconds;
-
-// A loopback port that is free now and lies below the kernel's ephemeral range. A service
-// restarted on its old port (KillApi, then StartApi) must find it free again; a port from the
-// kernel (port 0) lies in the range that every client connection and Gloo listener of the
-// tests running beside this one draw their ports from, and one of them could hold it by then.
-int PortBelowEphemeralRange() {
-  int ephemeral_low = 32768;  // Linux's default
-  std::ifstream("/proc/sys/net/ipv4/ip_local_port_range") >> ephemeral_low;
-  std::uniform_int_distribution<int> draw(std::max(1024, ephemeral_low - 12000), ephemeral_low - 1);
-  static std::mt19937 random{std::random_device{}()};
-  for (int attempt = 0; attempt < 100; ++attempt) {
-    const int port = draw(random);
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in address{};
-    address.sin_family = AF_INET;
-    address.sin_port = htons(port);
-    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    const bool free = bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0;
-    close(fd);
-    if (free) return port;
-  }
-  return 0;  // the kernel's choice, then
-}
 
 std::string Tail(const std::string& text, size_t bytes) {
   return text.substr(text.size() > bytes ? text.size() - bytes : 0);

@@ -1,13 +1,13 @@
 #include "tests/support/postgres_server.h"
 
+#include "tests/support/ports.h"
+
 #include <fcntl.h>
 #include <grp.h>
 #include <libpq-fe.h>
-#include <netinet/in.h>
 #include <pwd.h>
 #include <signal.h>
 #include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -90,24 +90,6 @@ std::optional<int> WaitFor(pid_t pid, Clock::time_point deadline) {
     if (Clock::now() >= deadline) return std::nullopt;
     std::this_thread::sleep_for(kPollInterval);
   }
-}
-
-// The kernel's pick of a free port. Only a probe, not a reservation: someone may take the port
-// before postgres binds it, which Launch() detects and the constructor retries.
-int PickFreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) throw ErrnoError("socket");
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-                  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
-  const int saved = errno;
-  close(fd);
-  errno = saved;
-  if (!ok) throw ErrnoError("bind 127.0.0.1:0");
-  return ntohs(addr.sin_port);
 }
 
 bool HasPostgres(const std::string& dir) { return access((dir + "/postgres").c_str(), X_OK) == 0; }
@@ -273,7 +255,7 @@ PostgresServer::PostgresServer() : owner_pid_(getpid()) {
                      "--locale=C"});
     fs::remove(password_file);
     for (int attempt = 1;; ++attempt) {
-      port_ = PickFreePort();
+      port_ = FreeLoopbackPort();
       if (Launch()) break;
       if (attempt == kPortAttempts)
         throw Error("every port we picked was taken; log:\n" + Tail(log_path_));

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/support/ports.h"
 #include "tests/support/subprocess.h"
 
 namespace gradhub::testing {
@@ -76,8 +77,5 @@ class PrometheusServer {
   int port_ = 0;
   std::unique_ptr<Subprocess> process_;
 };
-
-// A TCP port on 127.0.0.1 that was free a moment ago.
-int FreeLoopbackPort();
 
 }  // namespace gradhub::testing
