@@ -94,6 +94,13 @@ class GuardedServer final : public httplib::Server {
     };
     set_payload_max_length(options.max_body_bytes);
     set_expect_100_continue_handler(AnswerRefusal);
+    // SO_REUSEADDR instead of httplib's SO_REUSEPORT: a restarted server binds its port again
+    // while its killed predecessor's connections sit in TIME_WAIT, and no other process can
+    // bind the same port beside it and take a share of its connections.
+    set_socket_options([](socket_t sock) {
+      const int yes = 1;
+      ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+    });
   }
 
   // TLS asked for and not loaded: StartHttpServer refuses to serve, with tls_status().

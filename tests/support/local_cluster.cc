@@ -1,6 +1,8 @@
 #include "tests/support/local_cluster.h"
 
+#include <netinet/in.h>
 #include <pwd.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -8,6 +10,7 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -25,6 +28,29 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using std::chrono::seconds;
+
+// A loopback port that is free now and lies below the kernel's ephemeral range. A service
+// restarted on its old port (KillApi, then StartApi) must find it free again; a port from the
+// kernel (port 0) lies in the range that every client connection and Gloo listener of the
+// tests running beside this one draw their ports from, and one of them could hold it by then.
+int PortBelowEphemeralRange() {
+  int ephemeral_low = 32768;  // Linux's default
+  std::ifstream("/proc/sys/net/ipv4/ip_local_port_range") >> ephemeral_low;
+  std::uniform_int_distribution<int> draw(std::max(1024, ephemeral_low - 12000), ephemeral_low - 1);
+  static std::mt19937 random{std::random_device{}()};
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    const int port = draw(random);
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_port = htons(port);
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    const bool free = bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0;
+    close(fd);
+    if (free) return port;
+  }
+  return 0;  // the kernel's choice, then
+}
 
 std::string Tail(const std::string& text, size_t bytes) {
   return text.substr(text.size() > bytes ? text.size() - bytes : 0);
@@ -101,6 +127,10 @@ LocalCluster::~LocalCluster() {
 bool LocalCluster::Start() {
   chmod(dir().c_str(), 0711);  // the ranks' user enters its directories below
   url_ = PostgresServer::Shared().CreateDatabase();
+  for (int* port : {&api_grpc_port_, &api_http_port_, &checkpoint_grpc_port_,
+                    &checkpoint_http_port_, &metrics_grpc_port_, &metrics_http_port_}) {
+    if (*port == 0) *port = PortBelowEphemeralRange();
+  }
   if (!StartApi()) return false;
   auto tenant = Run({BinaryPath("gradhub-api"), "--database-url", url_, "create-tenant", "team"});
   auto node = Run({BinaryPath("gradhub-api"), "--database-url", url_, "create-node-token"});

@@ -251,14 +251,18 @@ TEST_F(ScriptJobsE2eTest, AScriptReadsNeitherTheNodeTokenNorTheAgentNorAnotherJo
   if (geteuid() != 0) GTEST_SKIP() << "per-job users need a root agent";
   const std::string victim_code = Upload({{"victim.py", testing::kVictimScript}});
   const std::string victim = cluster_->Submit(Script(victim_code, "victim.py", {}, 1)).name();
-  ASSERT_EQ(
-      cluster_
-          ->AwaitJob(
-              victim,
-              [](const v1::Job& job) { return job.progress().step() >= 1 || testing::Ended(job); },
-              kJobLimit)
-          .state(),
-      v1::Job::RUNNING);
+  ASSERT_EQ(cluster_
+                ->AwaitJob(
+                    victim,
+                    // Its progress can reach the api before the agent's report that moves the job
+                    // to RUNNING: wait for both.
+                    [](const v1::Job& job) {
+                      return (job.state() == v1::Job::RUNNING && job.progress().step() >= 1) ||
+                             testing::Ended(job);
+                    },
+                    kJobLimit)
+                .state(),
+            v1::Job::RUNNING);
   const std::string node = cluster_->RanksOf("a").empty() ? "b" : "a";
   const std::string secret = cluster_->dir() + "/agent-" + node + "/jobs/" +
                              victim.substr(std::strlen("jobs/")) + "/attempt-1/rank-0/secret.txt";
