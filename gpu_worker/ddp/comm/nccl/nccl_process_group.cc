@@ -419,6 +419,9 @@ std::shared_ptr<Work> NcclProcessGroup::Recv(at::Tensor tensor, int src, uint32_
   return Transfer(/*sending=*/false, std::move(tensor), src, tag);
 }
 
+// Issue order is the only matching there is (no tags, no sizes), so the caller keeps both
+// sides of a pair in one order; how the pipeline does, and why it cannot deadlock, is in the
+// header ("How the pipeline orders its transfers").
 std::shared_ptr<Work> NcclProcessGroup::Transfer(bool sending, at::Tensor tensor, int peer,
                                                  uint32_t tag) {
   const c10::Device device(c10::kCUDA, static_cast<c10::DeviceIndex>(device_));

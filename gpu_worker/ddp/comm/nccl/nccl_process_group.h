@@ -56,8 +56,51 @@ namespace gradhub::ddp {
 //  - Every op of a rank, collectives and transfers alike, runs in issue order on one
 //    stream, and an ncclSend may not complete before its peer's ncclRecv has started. So a
 //    rank must post its transfers in an order its peers match: a ring of Sends each posted
-//    before its Recv can deadlock (until the timeout). A pipeline orders them as Megatron-LM
-//    does: even stages send, then receive; odd stages receive, then send.
+//    before its Recv can deadlock (until the timeout).
+//
+// How the pipeline (ddp/pipeline) orders its transfers on this group. Not by even and odd
+// stage, as Megatron-LM pairs its blocking sends and receives, but by one rule per pair of
+// neighbours: both issue the transfers between them in the same order.
+//  1. Activations: stage s sends them in its schedule's forward order, the order stage s + 1
+//     receives them in (each as a shape header, then the values).
+//  2. Gradients coming back: stage s posts each receive at the place in its own list where
+//     stage s + 1 sends it, that is, just before sending the activation of the micro-batch
+//     that follows it in s + 1's list (GradientReceivesAhead in pipeline/schedule.h, posted
+//     by PipelineStage's forward); a gradient s + 1 sends after its last forward is received
+//     when s's backward of it runs, which is in the same order.
+//  3. The step's loss, from the last stage to stage 0 (the one message between ranks that are
+//     not neighbours): sent after the last stage's transfers of the step completed (it waits
+//     for its sends), received after stage 0's.
+// Why that cannot deadlock: a rank that is stuck has a first unfinished op on its stream,
+// and with only the world group's ops there that op is a transfer with a neighbour. Two
+// neighbours go through the transfers between them in their common order, and a transfer
+// completes once both ends reach it (a small send may end sooner, into the peer's buffer,
+// which only helps); so when both first unfinished ops are with each other they are the
+// same transfer, seen from its two ends, and it completes. Otherwise follow each rank's
+// first op to the neighbour it waits for: in a chain of stages that walk has to turn back
+// at stage 0 or the last stage, so some pair waits on each other, and that pair makes
+// progress. The loss message closes
+// no cycle, as both ends post it with nothing earlier left unfinished. Evaluation (forwards
+// only, in batch order) and checkpoint transfers (rank 0 and one rank at a time, each waited
+// for) run between steps. pipeline_schedule_test simulates this on one stream per rank for
+// GPipe and 1F1B, S 1..8, M 1..16; nccl_pipeline_test runs it on two GPUs (S = 2, D = 1).
+// The interleaved schedule sends around the replica's ring, derives no such order, and is
+// refused on NCCL (PlanPipeline, the spec's rules).
+//
+// Open risk, never run on a GPU: S stages x D > 1 replicas on NCCL. Each stage's replicas
+// average their gradients through a DistributedDataParallel on the stage's subgroup, a
+// second NcclProcessGroup (its own communicator and stream) beside this world group. Its
+// bucket allreduces start during the stage's last backward of the step, while that
+// backward's gradient send to the previous stage, and the neighbours' transfers, may still
+// be in flight on the world group's stream; with a model that has buffers (BatchNorm, a
+// TorchScript model's), so does the buffers' broadcast before every micro-batch's forward.
+// The order argument above covers one communicator only; NCCL documents concurrent
+// operations on several communicators of one device as able to deadlock (their kernels wait
+// for peers and need not all be resident at once) unless every rank issues them in one
+// order. Were it to hang, the timeout (step 4) would abort the communicator and the rank
+// would exit as for a dead peer; a restart could meet the same. nccl_pipeline_test covers
+// D = 1 only; S x D ran on Gloo alone (pipeline_e2e_test), whose transfers and collectives
+// do not share a stream.
 //
 // Thread-safety: collectives may be issued from any thread (serialised, in issue order).
 // Destruction waits for outstanding collectives (each bounded by options.timeout), then
