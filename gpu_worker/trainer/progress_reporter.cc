@@ -35,6 +35,18 @@ void ProgressReporter::LogStart(const std::string& model, int64_t train_examples
   log_ << "gradhub-trainer: " << model << "; " << train_examples << " train / "
        << validation_examples << " validation examples; " << plan_.batches.total_steps
        << " steps of " << plan_.global_batch() << " samples\n";
+  const int64_t dropped = plan_.batches.pipeline_dropped_per_epoch;
+  if (dropped == 0) return;
+  // Said because the spec asked for the opposite (dataset.dropLast false).
+  const int replicas = plan_.pipeline.replicas;
+  log_ << "gradhub-trainer: each epoch drops the last " << dropped << " examples";
+  if (replicas > 1) {
+    log_ << " of each of the " << replicas << " replicas' shards (" << dropped * replicas
+         << " in all)";
+  }
+  log_ << ", although dataset.dropLast is false: a pipeline's micro-batches must be equal, so "
+          "it trains whole batches of "
+       << plan_.batches.per_rank << " only\n";
 }
 
 void ProgressReporter::StartLoop() { interval_ = Interval(); }

@@ -59,7 +59,8 @@ class ProgressReporter {
                    std::shared_ptr<ddp::ProcessGroup> group, const c10::Device& device);
 
   std::ostream& log() { return log_; }
-  // Rank 0: the model and the run's size, once set up.
+  // Rank 0: the model and the run's size, once set up; and the examples a pipeline drops
+  // each epoch although dataset.dropLast is false (BatchPlan::pipeline_dropped_per_epoch).
   void LogStart(const std::string& model, int64_t train_examples, int64_t validation_examples);
 
   void StartLoop();  // step 1

@@ -52,6 +52,11 @@ struct BatchPlan {
   // cut, with dataset.dropLast) to equal shards, as data::DistributedSampler::per_rank.
   int64_t examples_per_rank = 0;
   int64_t steps_per_epoch = 0;
+  // The examples of this rank's shard that each epoch drops only because a pipeline trains
+  // whole batches (its micro-batches must be equal) although dataset.dropLast is false: the
+  // shard's last, partial batch. 0 without a pipeline, with dropLast (asked for), or when the
+  // shard divides into batches. Every replica's shard is the same size, so each drops as many.
+  int64_t pipeline_dropped_per_epoch = 0;
   int64_t total_steps = 0;  // maxSteps, capped by maxEpochs
   int64_t samples_per_step() const { return per_rank * accumulation; }  // of one rank
 };
@@ -171,7 +176,8 @@ PlacementPlan PlaceRank(const v1::JobSpec& spec, const LaunchFacts& launch);
 
 // Steps per epoch and in all. The training examples are sharded over the replicas (PlanPipeline;
 // without a pipeline, the ranks). With a pipeline an epoch's last batch is dropped when it is
-// not whole, whatever dataset.dropLast says: its micro-batches must be equal. Throws
+// not whole, whatever dataset.dropLast says: its micro-batches must be equal (counted in
+// BatchPlan::pipeline_dropped_per_epoch, which the trainer's start line reports). Throws
 // UserError("batchSizePerRank") when a shard holds less than one optimizer step
 // (batchSizePerRank x gradAccumulationSteps examples).
 BatchPlan PlanBatches(const v1::JobSpec& spec_with_defaults, const LaunchFacts& launch);

@@ -314,6 +314,23 @@ TEST(TrainingPlanTest, APipelineDropsThePartialLastBatch) {
             83);
 }
 
+// What the start line reports: the examples of each shard that only the pipeline drops.
+TEST(TrainingPlanTest, APipelineCountsTheExamplesItDropsAlthoughDropLastIsFalse) {
+  const auto dropped = [](const v1::JobSpec& spec, const LaunchFacts& launch) {
+    return PlanTraining(spec, launch).batches.pipeline_dropped_per_epoch;
+  };
+  EXPECT_EQ(dropped(PipelineSpec("pipelineStages: 2"), RankOf(0, 2)), 4);  // 1000 - 83 x 12
+  EXPECT_EQ(dropped(PipelineSpec("pipelineStages: 2"), RankOf(3, 4)), 8);  // 500 - 41 x 12
+  // Asked for, or nothing to drop: not counted.
+  EXPECT_EQ(dropped(PipelineSpec("pipelineStages: 2", "dataset: {dropLast: true}\n"), RankOf(0, 2)),
+            0);
+  v1::JobSpec dividing = PipelineSpec("pipelineStages: 2");
+  dividing.set_batch_size_per_rank(10);  // 100 batches of 10
+  EXPECT_EQ(dropped(dividing, RankOf(0, 2)), 0);
+  // Without a pipeline the partial batch is trained.
+  EXPECT_EQ(dropped(Spec("batchSizePerRank: 12\n"), Launch()), 0);
+}
+
 TEST(TrainingPlanTest, StagesMustDivideTheRanksLaunched) {
   // worldSize unset: the rules see the 3 ranks launched.
   const std::string refusal = Refusal(PipelineSpec("pipelineStages: 2"), RankOf(0, 3));
