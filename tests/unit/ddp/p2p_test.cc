@@ -16,6 +16,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -176,6 +177,7 @@ TEST_P(GlooPointToPointTest, SizeMismatchFailsTheRecvNamingBothSizesAndKeepsTheP
                                         "mismatch: rank 0 sent " +
                                         sizes));
       }
+      EXPECT_TRUE(into.eq(0).all().item<bool>()) << "the refused tensor was written";
     };
     refused(at::zeros({512}),
             "1024 float32 elements (4096 bytes), this rank expects 512 float32 "
@@ -287,10 +289,11 @@ INSTANTIATE_TEST_SUITE_P(Gloo, GlooPointToPointTest,
 // The parts.
 
 TEST(PointToPointSlotTest, NeverAGlooCollectiveSlotAndDistinctPerPartTagAndIndex) {
+  constexpr int32_t kFloat = static_cast<int32_t>(at::kFloat);
   for (uint32_t tag : {0u, 1u, 0xffffffffu}) {
     for (uint64_t index : {uint64_t{0}, uint64_t{1}, uint64_t{0xffffff}}) {
-      const uint64_t header = PointToPointSlot(false, tag, index);
-      const uint64_t payload = PointToPointSlot(true, tag, index);
+      const uint64_t header = PointToPointSlot(tag, index);
+      const uint64_t payload = PointToPointPayloadSlot(tag, index, 4096, 1024, kFloat);
       EXPECT_EQ(header >> 56, 0x80u);
       EXPECT_EQ(payload >> 56, 0x81u);
       EXPECT_EQ((header >> 24) & 0xffffffffu, tag);
@@ -299,12 +302,35 @@ TEST(PointToPointSlotTest, NeverAGlooCollectiveSlotAndDistinctPerPartTagAndIndex
       for (uint8_t prefix : {0x01, 0x04, 0x07, 0x08, 0x47}) {
         const uint64_t collective = gloo::Slot::build(prefix, tag);
         EXPECT_NE(header >> 56, collective >> 56);
+        EXPECT_NE(payload >> 56, collective >> 56);
       }
     }
   }
-  EXPECT_NE(PointToPointSlot(false, 1, 0), PointToPointSlot(false, 2, 0));
-  EXPECT_NE(PointToPointSlot(false, 1, 0), PointToPointSlot(false, 1, 1));
-  EXPECT_EQ(PointToPointSlot(false, 1, 0), PointToPointSlot(false, 1, uint64_t{1} << 24));  // wraps
+  EXPECT_NE(PointToPointSlot(1, 0), PointToPointSlot(2, 0));
+  EXPECT_NE(PointToPointSlot(1, 0), PointToPointSlot(1, 1));
+  EXPECT_EQ(PointToPointSlot(1, 0), PointToPointSlot(1, uint64_t{1} << 24));  // wraps
+}
+
+TEST(PointToPointSlotTest, APayloadsSlotTellsApartItsTagIndexAndEveryPartOfItsSize) {
+  constexpr int32_t kFloat = static_cast<int32_t>(at::kFloat);
+  constexpr int32_t kDouble = static_cast<int32_t>(at::kDouble);
+  const uint64_t slot = PointToPointPayloadSlot(3, 7, 4096, 1024, kFloat);
+  EXPECT_EQ(slot, PointToPointPayloadSlot(3, 7, 4096, 1024, kFloat));  // both ends agree
+  EXPECT_NE(slot, PointToPointPayloadSlot(4, 7, 4096, 1024, kFloat));
+  EXPECT_NE(slot, PointToPointPayloadSlot(3, 8, 4096, 1024, kFloat));
+  EXPECT_NE(slot, PointToPointPayloadSlot(3, 7, 2048, 512, kFloat));
+  EXPECT_NE(slot, PointToPointPayloadSlot(3, 7, 4096, 512, kDouble));  // same bytes
+  EXPECT_NE(slot, PointToPointPayloadSlot(3, 7, 4096, 1024, kDouble));
+  // k's bits above the header slot's 24 count too: a receive left posted by a size mismatch
+  // is not met again 2^24 transfers later.
+  EXPECT_NE(slot, PointToPointPayloadSlot(3, 7 + (uint64_t{1} << 24), 4096, 1024, kFloat));
+  // One size: one to one in (tag, k), as the header's slot is.
+  std::set<uint64_t> seen;
+  for (uint32_t tag = 0; tag < 64; ++tag) {
+    for (uint64_t index = 0; index < 256; ++index) {
+      EXPECT_TRUE(seen.insert(PointToPointPayloadSlot(tag, index, 32, 8, kFloat)).second);
+    }
+  }
 }
 
 TEST(TaskThreadsTest, TasksThatWaitForLaterTasksAllRun) {

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <exception>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -25,40 +26,60 @@ namespace gradhub::ddp {
 // Send and Recv of a GlooProcessGroup (ProcessGroup's point to point) over gloo's unbound
 // buffers on the group's channel contexts.
 //
+// gloo's tcp transport (pair.cc) writes an unbound buffer's send only once the receiver's
+// matching recv has told the sender it is posted (a "recv ready" notice per slot), and
+// writes it at once, on the thread that posts the send, when that notice came first. A
+// receive must be posted with at least the bytes that are sent: more bytes than posted fail a
+// check on gloo's event-loop thread, which ends the process. So the receiver posts both its
+// receives up front, and the payload's slot carries its size, so that a payload can only land
+// in a receive of exactly its size: no message waits for an answer to another one.
+//
 // Matching. A transfer from rank S to rank R with tag t is the k-th of (S, R, t): each side
 // counts its own Sends to, and Recvs from, each peer per tag, in issue order. Its two
-// messages, a header and a payload, travel on channel t % channels (both ends pick the same)
-// on the gloo slots PointToPointSlot(part, t, k):
-//   bits 63..56  0x80 for the header, 0x81 for the payload: the high bit marks p2p. gloo's
-//                collectives build their slots with prefixes 0x01 to 0x08 (gloo/types.h),
-//                the sealed collectives with 0x47, and context->nextSlot() hands out small
-//                numbers, so no collective's message can land in a p2p slot or the reverse;
-//   bits 55..24  the tag;
-//   bits 23..0   k mod 2^24. With k in the slot, the k-th message lands in the k-th receive
-//                whatever order the threads of step 1 post them in. It wraps, which is safe
-//                while fewer than 2^24 transfers of one pair and tag are in flight at once.
+// messages, a header and a payload, travel on channel t % channels (both ends pick the same):
+//   header  PointToPointSlot(t, k): bits 63..56 0x80, bits 55..24 the tag, bits 23..0 k mod
+//           2^24. The high bit marks p2p: gloo's collectives build their slots with prefixes
+//           0x01 to 0x08 (gloo/types.h), the sealed collectives with 0x47, and
+//           context->nextSlot() hands out small numbers, so no collective's message can land
+//           in a p2p slot or the reverse. With k in the slot, the k-th message lands in the
+//           k-th receive whatever order either side posts them in. It wraps, which is safe
+//           while fewer than 2^24 transfers of one pair and tag are in flight at once.
+//   payload PointToPointPayloadSlot(t, k, size): bits 63..56 0x81, bits 55..0 the header
+//           slot's low 56 bits XOR a 56-bit hash of the size {bytes, elements, dtype} and k's
+//           bits above 24. For one size the map from (t, k) is one to one, as the header's;
+//           transfers of different sizes share a slot with odds of 2^-56.
 //
 // One transfer (its deadline: issue time + the group's timeout):
 //  1. Issue, on the caller's thread: the operands are checked (std::invalid_argument naming
-//     the op and operand; nothing counted), k is taken, the Work is made, and the transfer is
-//     handed to a thread of its own (TaskThreads). Send and Recv return at once; any number of
-//     transfers with any peers and tags may be in flight, posted in any order on the two
-//     sides, and none waits for another.
-//  2. Sender: posts the header {bytes, elements, dtype}, then the payload (the tensor's
-//     bytes; no payload for an empty tensor), each sealed first when the group encrypts, and
-//     waits for both sends. gloo sends a payload once the receiver has posted its receive,
-//     straight from the tensor (sealed: from a sealed copy); the Work completes when gloo has
-//     written it, so the tensor may be reused.
-//  3. Receiver: receives the header. When the element counts and dtypes agree it receives the
-//     payload into the tensor (sealed: into a buffer, then opens it into the tensor). Else it
-//     receives the payload into scratch, so that the pair stays in step and the group usable,
-//     and fails the Work with CommError "...: size mismatch: rank S sent 1024 float32 elements
-//     (4096 bytes), this rank expects 512 float32 elements (2048 bytes)". The shape is not
-//     sent: a [2, 3] tensor is received into a [3, 2] one.
+//     the op and operand; nothing counted), k is taken and the Work made (failed at once when
+//     the group is broken). Then the messages are posted to gloo, which does not block:
+//       sender: the header {bytes, elements, dtype} and the payload (the tensor's bytes; none
+//       for an empty tensor) on the slot of the tensor's own size, each sealed first when
+//       the group encrypts (a sealed payload over 64 KiB is sealed and posted in step 2);
+//       receiver: a receive for the header, and one for the payload on the slot of the
+//       size it expects, straight into the tensor (sealed: into a buffer).
+//     Then the transfer is handed to a thread of its own (TaskThreads), which waits for it
+//     and completes the Work. Send and Recv return at once; any number of transfers with any
+//     peers and tags may be in flight, posted in any order on the two sides, and none waits
+//     for another.
+//  2. Sender's thread: seals and posts a payload that step 1 left to it, then waits for both
+//     sends. gloo writes the payload straight from the
+//     tensor (sealed: from a sealed copy) once the receive is posted; the Work completes when
+//     gloo has written it, so the tensor may be reused.
+//  3. Receiver's thread: waits for the header (sealed: opens it). When its size is the
+//     expected one it waits for the payload (sealed: opens it into the tensor). Else the
+//     payload was sent to another slot: it receives it from there into scratch, so that
+//     nothing stays queued on the connection and the group stays usable, and fails the Work
+//     with CommError "...: size mismatch: rank S sent 1024 float32 elements (4096 bytes),
+//     this rank expects 512 float32 elements (2048 bytes)". The tensor is not written. The
+//     receive posted for the expected size stays posted in gloo (a few bytes of its
+//     bookkeeping) with its buffer gone. The shape is not sent: a [2, 3] tensor is received
+//     into a [3, 2] one.
 //  4. Any other failure -- gloo's timeout at the deadline, a closed connection (a dead peer),
-//     a sealed message that fails authentication -- fails the Work with CommError
-//     "<description>: <reason>" and breaks the group (GroupHealth), as a failed collective
-//     does; on a timeout gloo itself closes every connection of that channel.
+//     a sealed message that fails authentication, gloo refusing a post -- fails the Work
+//     with CommError "<description>: <reason>" and breaks the group (GroupHealth), as a
+//     failed collective does; on a timeout gloo itself closes every connection of that
+//     channel.
 //
 // Beside the collectives: transfers never enter the channels' queues, so a transfer does not
 // wait behind a collective of the same group, nor a collective behind a transfer; they share
@@ -90,7 +111,9 @@ class GlooPointToPoint {
 
   std::shared_ptr<Work> Issue(bool sending, at::Tensor tensor, int peer, uint32_t tag);
   // Steps 2 to 4 on the transfer's own thread.
-  void Run(const Transfer& transfer);
+  void Finish(Transfer& transfer);
+  // Step 3's size mismatch fails the Work alone; anything else also breaks the group.
+  void Fail(const Transfer& transfer, std::exception_ptr error);
   // Null unless the group encrypts: the cipher of the transfer's direction.
   std::unique_ptr<DirectionCipher> CipherFor(const Transfer& transfer) const;
 
@@ -102,7 +125,9 @@ class GlooPointToPoint {
   TaskThreads threads_;
 };
 
-// The header's or the payload's slot (see GlooPointToPoint). Pure.
-uint64_t PointToPointSlot(bool payload, uint32_t tag, uint64_t index);
+// The slots of a transfer's header and payload (see GlooPointToPoint). Pure.
+uint64_t PointToPointSlot(uint32_t tag, uint64_t index);
+uint64_t PointToPointPayloadSlot(uint32_t tag, uint64_t index, uint64_t bytes, int64_t elements,
+                                 int32_t dtype);
 
 }  // namespace gradhub::ddp
