@@ -18,6 +18,8 @@ constexpr char kModel[] = "model";
 constexpr char kOptimizer[] = "optimizer";
 constexpr char kStep[] = "step";
 constexpr char kSpec[] = "spec";
+// A pipeline's layer costs, float64, one per layer (SerializePipelineState).
+constexpr char kLayerCosts[] = "layer_costs";
 // Added with sharded and per-rank state: "rank_state_<rank>", a SerializeRankState each.
 constexpr char kRankState[] = "rank_state_";
 // Added with pipeline stages: "stage_state_<stage>", a SerializeRankState of the stage's module
@@ -208,10 +210,12 @@ void RequireSameSpec(const std::string& saved_spec, const v1::JobSpec& spec) {
 }
 
 std::string SerializePipelineState(const std::vector<std::string>& stage_states, int64_t step,
-                                   const v1::JobSpec& spec) {
+                                   const v1::JobSpec& spec,
+                                   const std::vector<double>& layer_costs) {
   torch::serialize::OutputArchive archive;
   archive.write(kStep, torch::tensor(step));
   archive.write(kSpec, c10::IValue(ResumeRelevantSpec(spec).SerializeAsString()));
+  archive.write(kLayerCosts, torch::tensor(layer_costs, at::kDouble));
   for (size_t stage = 0; stage < stage_states.size(); ++stage) {
     archive.write(kStageState + std::to_string(stage), c10::IValue(stage_states[stage]));
   }
@@ -229,6 +233,11 @@ PipelineState ReadPipelineState(const std::string& bytes, int stages) {
   state.step = step.item<int64_t>();
   c10::IValue value;
   if (archive.try_read(kSpec, value)) state.spec = value.toStringRef();
+  at::Tensor costs;
+  if (archive.try_read(kLayerCosts, costs)) {
+    costs = costs.to(at::kDouble).contiguous();
+    state.layer_costs.assign(costs.data_ptr<double>(), costs.data_ptr<double>() + costs.numel());
+  }
   for (int stage = 0; stage < stages; ++stage) {
     if (!archive.try_read(kStageState + std::to_string(stage), value)) break;
     state.stage_states.push_back(value.toStringRef());

@@ -93,12 +93,16 @@ void RequireSameSpec(const std::string& saved_spec, const v1::JobSpec& spec_with
 
 // A pipeline's checkpoint (parallelism.pipelineStages > 1): every stage's state under one
 // step. `stage_states`: SerializeRankState of each stage's module and optimizer, in stage
-// order (each from the stage's replica 0; the replicas hold the same).
+// order (each from the stage's replica 0; the replicas hold the same). `layer_costs`: what the
+// split balanced (rank_model.h step 2), so that a resume splits alike even when the costs were
+// measured times, which a new measurement would not reproduce.
 std::string SerializePipelineState(const std::vector<std::string>& stage_states, int64_t step,
-                                   const v1::JobSpec& spec_with_defaults);
+                                   const v1::JobSpec& spec_with_defaults,
+                                   const std::vector<double>& layer_costs);
 struct PipelineState {
   int64_t step = 0;
-  std::string spec;  // the serialized ResumeRelevantSpec it was written under
+  std::string spec;                 // the serialized ResumeRelevantSpec it was written under
+  std::vector<double> layer_costs;  // empty in a checkpoint written before they were recorded
   // Of stages 0.. as far as the checkpoint has them, at most `stages` (a data-parallel
   // checkpoint has none: its spec differs in parallelism, which RequireSameSpec reports).
   std::vector<std::string> stage_states;

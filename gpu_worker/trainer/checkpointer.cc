@@ -26,15 +26,44 @@ std::string PipelineHeader(const PipelineState& state) {
 
 }  // namespace
 
+const std::optional<std::string>& LatestCheckpoint::Peek() {
+  if (!fetched_ && sink_) {
+    std::optional<Checkpoint> latest = sink_->LoadLatest();
+    if (latest) bytes_ = std::move(latest->bytes);
+  }
+  fetched_ = true;
+  return bytes_;
+}
+
+std::optional<std::string> LatestCheckpoint::Take() {
+  Peek();
+  std::optional<std::string> bytes = std::move(bytes_);
+  bytes_.reset();
+  return bytes;
+}
+
+std::vector<double> RecordedLayerCosts(const TrainingPlan& plan, LatestCheckpoint& latest) {
+  if (!plan.pipeline.enabled() || plan.pipeline.balance != v1::ParallelismSpec::MEASURED_TIME ||
+      !plan.leader()) {
+    return {};
+  }
+  const std::optional<std::string>& bytes = latest.Peek();
+  if (!bytes) return {};
+  return ReadPipelineState(*bytes, plan.pipeline.stages).layer_costs;
+}
+
 Checkpointer::Checkpointer(const TrainingPlan& plan, std::shared_ptr<CheckpointSink> sink,
-                           std::ostream& log, std::shared_ptr<ddp::ProcessGroup> group,
-                           const c10::Device& device, torch::nn::Module& module, UpdateRule& rule)
+                           LatestCheckpoint& latest, std::ostream& log,
+                           std::shared_ptr<ddp::ProcessGroup> group, const c10::Device& device,
+                           const RankModel& model, UpdateRule& rule)
     : plan_(plan),
       sink_(plan.leader() ? std::move(sink) : nullptr),
+      latest_(latest),
       writer_(sink_ ? std::make_unique<AsyncCheckpointWriter>(sink_, &log) : nullptr),
       group_(std::move(group)),
       device_(device),
-      module_(module),
+      module_(*model.module),
+      layer_costs_(model.layer_costs),
       rule_(rule) {}
 
 std::optional<Checkpointer::Resumed> Checkpointer::Load() {
@@ -48,15 +77,9 @@ std::optional<Checkpointer::Resumed> Checkpointer::Load() {
   return resumed;
 }
 
-std::optional<std::string> Checkpointer::LatestBytes() {
-  if (!sink_) return std::nullopt;
-  std::optional<Checkpoint> latest = sink_->LoadLatest();
-  if (!latest) return std::nullopt;
-  return std::move(latest->bytes);
-}
-
 std::optional<Checkpointer::Resumed> Checkpointer::LoadReplicated() {
-  const std::optional<std::string> bytes = BroadcastBytes(*group_, LatestBytes(), device_);
+  const std::optional<std::string> bytes =
+      BroadcastBytes(*group_, sink_ ? latest_.Take() : std::nullopt, device_);
   if (!bytes) return std::nullopt;  // step 2
   Resumed resumed;                  // step 3
   resumed.step = RestoreState(*bytes, module_, rule_.shared_state(), plan_.spec, plan_.rank,
@@ -68,7 +91,7 @@ std::optional<Checkpointer::Resumed> Checkpointer::LoadStages() {
   const int stages = plan_.pipeline.stages;
   std::optional<PipelineState> state;  // rank 0's
   std::optional<std::string> header;
-  if (std::optional<std::string> bytes = LatestBytes()) {
+  if (std::optional<std::string> bytes = sink_ ? latest_.Take() : std::nullopt) {
     state = ReadPipelineState(*bytes, stages);
     header = PipelineHeader(*state);
   }
@@ -137,7 +160,7 @@ std::optional<std::string> Checkpointer::GatherStages(int64_t step) {
   for (int stage = 1; stage < pipeline.stages; ++stage) {
     stages.push_back(ReceiveBytes(*group_, stage, device_));
   }
-  return SerializePipelineState(stages, step, plan_.spec);
+  return SerializePipelineState(stages, step, plan_.spec, layer_costs_);
 }
 
 void Checkpointer::Flush(std::chrono::milliseconds timeout) {

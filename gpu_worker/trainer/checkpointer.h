@@ -5,7 +5,8 @@
 // Resume, on every rank (Load, then the rank state once the gradient sync exists):
 //   1. When saving is a collective (per-rank state, pipeline stages), rank 0 tells every rank
 //      whether it saves at all (a broadcast): every rank must then take part in each save.
-//   2. Rank 0 reads the newest checkpoint (one download, one hash check) and broadcasts its
+//   2. Rank 0 reads the newest checkpoint (one download, one hash check, through its
+//      LatestCheckpoint, which may have fetched it already) and broadcasts its
 //      bytes: every rank needs the optimizer state, and all then start from the same bytes
 //      even if they would have raced a commit. With pipeline stages it broadcasts only the
 //      step and the spec the checkpoint was written under (every rank refuses a changed spec
@@ -38,19 +39,46 @@
 #include "gpu_worker/trainer/async_checkpoint_writer.h"
 #include "gpu_worker/trainer/checkpoint_state.h"
 #include "gpu_worker/trainer/progress_reporter.h"
+#include "gpu_worker/trainer/rank_model.h"
 #include "gpu_worker/trainer/sinks.h"
 #include "gpu_worker/trainer/training_plan.h"
 #include "gpu_worker/trainer/update_rule.h"
 
 namespace gradhub::trainer {
 
+// Rank 0's newest checkpoint, downloaded at most once. A pipeline split by measured times
+// reads the costs its split balanced (PipelineState::layer_costs) before the model is built,
+// so that a restart splits as the checkpoint's run did (a new measurement could move a layer
+// to another stage, and the stages' states would not fit); the Checkpointer then resumes from
+// the same bytes.
+class LatestCheckpoint {
+ public:
+  // `sink`: rank 0's store, or null (other ranks, or no store): then there is none.
+  explicit LatestCheckpoint(std::shared_ptr<CheckpointSink> sink) : sink_(std::move(sink)) {}
+  // The bytes, downloaded on the first call; nullopt when there is no checkpoint.
+  const std::optional<std::string>& Peek();
+  // The bytes, handed over: later calls return nullopt.
+  std::optional<std::string> Take();
+
+ private:
+  const std::shared_ptr<CheckpointSink> sink_;
+  bool fetched_ = false;
+  std::optional<std::string> bytes_;
+};
+
+// The layer costs a pipeline's newest checkpoint recorded, on rank 0 when the plan splits by
+// measured time (else, and on the other ranks, empty: BuildRankModel measures).
+std::vector<double> RecordedLayerCosts(const TrainingPlan& plan, LatestCheckpoint& latest);
+
 class Checkpointer {
  public:
-  // `sink`: rank 0's store, or null (other ranks, or no store). `module` and `rule`: what a
+  // `sink`: rank 0's store, or null (other ranks, or no store); `latest`: what resume reads
+  // (rank 0's, over the same sink), which must outlive this. `model` and `rule`: what a
   // checkpoint holds, with the plan's spec.
-  Checkpointer(const TrainingPlan& plan, std::shared_ptr<CheckpointSink> sink, std::ostream& log,
+  Checkpointer(const TrainingPlan& plan, std::shared_ptr<CheckpointSink> sink,
+               LatestCheckpoint& latest, std::ostream& log,
                std::shared_ptr<ddp::ProcessGroup> group, const c10::Device& device,
-               torch::nn::Module& module, UpdateRule& rule);
+               const RankModel& model, UpdateRule& rule);
 
   struct Resumed {
     int64_t step = 0;
@@ -77,20 +105,21 @@ class Checkpointer {
   const CheckpointTotals& totals() const { return totals_; }
 
  private:
-  std::optional<std::string> LatestBytes();  // rank 0's sink's newest checkpoint
-  std::optional<Resumed> LoadReplicated();   // resume steps 2-3, every rank alike
-  std::optional<Resumed> LoadStages();       // with pipeline stages
-  RankStateParts StageParts();               // a pipeline rank's: its module and optimizer
+  std::optional<Resumed> LoadReplicated();  // resume steps 2-3, every rank alike
+  std::optional<Resumed> LoadStages();      // with pipeline stages
+  RankStateParts StageParts();              // a pipeline rank's: its module and optimizer
   // Save step 1: the bytes rank 0 writes (nullopt on the others).
   std::optional<std::string> Snapshot(int64_t step);
   std::optional<std::string> GatherStages(int64_t step);
 
   const TrainingPlan& plan_;
   const std::shared_ptr<CheckpointSink> sink_;
+  LatestCheckpoint& latest_;
   const std::unique_ptr<AsyncCheckpointWriter> writer_;  // rank 0 with a store
   const std::shared_ptr<ddp::ProcessGroup> group_;
   const c10::Device device_;
   torch::nn::Module& module_;
+  const std::vector<double> layer_costs_;  // a pipeline's split (RankModel::layer_costs)
   UpdateRule& rule_;
   bool rank0_saves_ = false;  // known on every rank when saving is a collective (resume step 1)
   int64_t last_step_ = -1;

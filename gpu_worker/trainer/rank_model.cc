@@ -17,14 +17,18 @@ namespace {
 // Step 2: each layer's cost, the same vector on every rank.
 std::vector<double> LayerCosts(const TrainingPlan& plan, const data::Dataset& data,
                                ddp::ProcessGroup& world, const std::function<at::Tensor()>& sample,
-                               const c10::Device& device) {
+                               const std::vector<double>& recorded_costs, const c10::Device& device,
+                               std::ostream& log) {
   const v1::ModelSpec& model = plan.spec.model();
   if (plan.pipeline.balance != v1::ParallelismSpec::MEASURED_TIME) {
     return models::LayerParameterCounts(model, data.shape());
   }
   const int64_t layers = models::LayerCount(model, data.shape());
   at::Tensor seconds = torch::zeros({layers}, at::kDouble);
-  if (world.rank() == 0) {
+  if (world.rank() == 0 && static_cast<int64_t>(recorded_costs.size()) == layers) {
+    log << "gradhub-trainer: rank 0 splits by the layer times its checkpoint recorded\n";
+    seconds = torch::tensor(recorded_costs, at::kDouble);
+  } else if (world.rank() == 0) {
     const std::vector<double> measured =
         models::MeasureLayerSeconds(model, data.shape(), sample().to(device), plan.spec.seed());
     seconds = torch::tensor(measured, at::kDouble);
@@ -106,7 +110,8 @@ RankModel BuildStage(const TrainingPlan& plan, const data::Dataset& data,
 
 RankModel BuildRankModel(const TrainingPlan& plan, const data::Dataset& data,
                          ddp::ProcessGroup& world, const std::function<at::Tensor()>& sample,
-                         const c10::Device& device, std::ostream& log) {
+                         const std::vector<double>& recorded_costs, const c10::Device& device,
+                         std::ostream& log) {
   if (!plan.pipeline.enabled()) {
     RankModel model;
     model.pieces.push_back(models::BuildModel(plan.spec.model(), data.shape()));
@@ -115,8 +120,9 @@ RankModel BuildRankModel(const TrainingPlan& plan, const data::Dataset& data,
     model.description = model.pieces.back()->Describe();
     return model;
   }
-  const std::vector<double> costs = LayerCosts(plan, data, world, sample, device);
+  std::vector<double> costs = LayerCosts(plan, data, world, sample, recorded_costs, device, log);
   RankModel model = BuildStage(plan, data, VirtualStageRanges(costs, plan.pipeline), device);
+  model.layer_costs = std::move(costs);
   log << "gradhub-trainer: rank " << plan.rank << " " << model.description << "\n";
   return model;
 }

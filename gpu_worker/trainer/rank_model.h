@@ -9,7 +9,9 @@
 //   2. The costs it balances: balance PARAMETERS, each layer's parameter count, the same on
 //      every rank; MEASURED_TIME, each layer's forward and backward seconds, measured on
 //      global rank 0 on the first micro-batch of its training data and broadcast through the
-//      world group (a collective), so that every rank partitions the same numbers.
+//      world group (a collective), so that every rank partitions the same numbers. A resumed
+//      run's rank 0 broadcasts the times its checkpoint recorded instead of measuring again:
+//      the same split, so the stages' saved states fit.
 //   3. The rank builds its chunks' layers only, each initialized from (seed, layer) as the
 //      whole model's are, and logs its split ("stage 1/2: layers 2-3 of 4, 1.2 M
 //      parameters").
@@ -42,17 +44,20 @@ struct RankModel {
   // What the optimizer updates and checkpoints save: the whole model's module, or a module
   // holding the chunks' ("chunk0", "chunk1", ...).
   std::shared_ptr<torch::nn::Module> module;
-  std::string description;  // for the start line: the model, and the stage's layers
+  std::string description;          // for the start line: the model, and the stage's layers
+  std::vector<double> layer_costs;  // a pipeline's: what its split balanced (step 2)
 };
 
 // The rank's model on `device`, in training mode (steps above). `world`: every rank of the
 // job; `sample`: the inputs of this rank's first training micro-batch, called on global rank 0
-// with balance MEASURED_TIME only. Throws UserError("parallelism.pipelineStages") when the model
-// has fewer layers than its stages x chunks (known here for a TorchScript model, whose layers are
-// its file's).
+// with balance MEASURED_TIME only, unless `recorded_costs` (rank 0's, from the checkpoint it
+// resumes from: RecordedLayerCosts) has a time per layer. Throws
+// UserError("parallelism.pipelineStages") when the model has fewer layers than its stages x chunks
+// (known here for a TorchScript model, whose layers are its file's).
 RankModel BuildRankModel(const TrainingPlan& plan, const data::Dataset& data,
                          ddp::ProcessGroup& world, const std::function<at::Tensor()>& sample,
-                         const c10::Device& device, std::ostream& log);
+                         const std::vector<double>& recorded_costs, const c10::Device& device,
+                         std::ostream& log);
 
 // Writes the pieces' parameters as text to `path`: one line each, its name (the whole model's
 // name for it, "layers.3.fc.weight", whatever the split), its element count, then its values

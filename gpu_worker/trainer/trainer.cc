@@ -253,13 +253,14 @@ class TrainingRun {
         data_(std::move(start.data)),
         group_options_(ProcessGroupOptionsFor(plan_, options, device_)),
         group_(ddp::CreateProcessGroup(group_options_)),
+        latest_checkpoint_(plan_.leader() ? options.checkpoints : nullptr),
         model_(BuildRankModel(
             plan_, *data_.dataset, *group_, [this] { return FirstMicroBatch(plan_, data_); },
-            device_, LogOf(options))),
+            RecordedLayerCosts(plan_, latest_checkpoint_), device_, LogOf(options))),
         rule_(model_.module, group_, plan_, LossScalerOptionsFor(plan_, options)),
         progress_(plan_, ReportOutputsOf(options), group_, device_),
-        checkpoints_(plan_, options.checkpoints, progress_.log(), group_, device_, *model_.module,
-                     rule_),
+        checkpoints_(plan_, options.checkpoints, latest_checkpoint_, progress_.log(), group_,
+                     device_, model_, rule_),
         losses_(plan_.rank),
         stop_(options.stop_requested, options.preempt_grace),
         parameters_dump_dir_(options.parameters_dump_dir) {
@@ -424,6 +425,7 @@ class TrainingRun {
   const TrainingData data_;
   const ddp::ProcessGroupOptions group_options_;  // the world group's, for its subgroups
   const std::shared_ptr<ddp::ProcessGroup> group_;
+  LatestCheckpoint latest_checkpoint_;  // rank 0's, read before the model when its split needs it
   const RankModel model_;
   UpdateRule rule_;
   std::unique_ptr<GradientPass> pass_;  // forward, backward and gradient sync, built at resume

@@ -200,6 +200,11 @@ class PipelineE2eTest : public ::testing::Test {
     }
   }
 
+  // A pipelined run of `shape` killed (SIGKILL, every rank) after a checkpoint resumes from
+  // it, every stage from its own part, and ends bit for bit where the uninterrupted run ends.
+  // Returns the resumed run's results and, in `killed_err`, what the killed run's ranks logged.
+  std::vector<RunResult> KillAndResume(const Shape& shape, std::vector<std::string>* killed_err);
+
   TempDir dir_;
   std::string corpus_;
   std::map<std::string, Parameters> references_;
@@ -251,43 +256,75 @@ TEST_F(PipelineE2eTest, TransformerStagesTimesReplicasEqualOneProcessOnTheGlobal
   for (const Shape& shape : shapes) ExpectEqualsOneProcess(shape);
 }
 
-// A pipelined run killed (SIGKILL, every rank) after a checkpoint resumes from it, every
-// stage from its own part, and ends bit for bit where the uninterrupted run ends.
-TEST_F(PipelineE2eTest, KilledPipelineResumesBitForBit) {
-  const Shape shape{kMlp, 2, 2, "ONE_F_ONE_B"};
+std::vector<RunResult> PipelineE2eTest::KillAndResume(const Shape& shape,
+                                                      std::vector<std::string>* killed_err) {
+  const int world = shape.stages * shape.replicas;
+  const std::string name = "resume-" + std::to_string(++runs_);
+  const std::string dir = dir_.path() + "/" + name;
   const std::string spec =
-      PipelineSpec("resume.yaml", shape, "maxSteps: 400\ncheckpoint: {everySteps: 100}\n");
-  const auto uninterrupted = Run(spec, 4, dir_.path() + "/uninterrupted");
-  ASSERT_FALSE(HasFailure());
-
-  const std::string checkpoints = dir_.path() + "/ckpt";
+      PipelineSpec(name + ".yaml", shape, "maxSteps: 400\ncheckpoint: {everySteps: 100}\n");
+  const auto uninterrupted = Run(spec, world, dir + "-uninterrupted");
+  if (HasFailure()) return {};
+  const std::string checkpoints = dir + "-ckpt";
   const std::vector<std::string> extra = {"--checkpoint-dir", checkpoints};
   {
-    auto ranks = StartJob(spec, 4, dir_.path(), extra);
+    auto ranks = StartJob(spec, world, dir_.path(), extra);
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(2);
     while (!std::filesystem::exists(checkpoints + "/ckpt-200.gh") &&
            std::chrono::steady_clock::now() < deadline) {
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
-    ASSERT_TRUE(ranks[0]->running()) << "finished before it could be killed: test is void";
+    EXPECT_TRUE(ranks[0]->running()) << "finished before it could be killed: test is void";
     for (auto& rank : ranks) rank->Kill(SIGKILL);
     for (auto& rank : ranks) rank->Wait();
+    for (auto& rank : ranks) killed_err->push_back(rank->err());
     std::filesystem::remove_all(dir_.path() + "/rdzv");
   }
-  const auto resumed = Run(spec, 4, dir_.path() + "/resumed", extra);
-  ASSERT_FALSE(HasFailure());
+  const auto resumed = Run(spec, world, dir + "-resumed", extra);
+  if (HasFailure()) return {};
   std::smatch match;
-  ASSERT_TRUE(std::regex_search(resumed[0].err, match, std::regex("resumed from step ([0-9]+)")))
+  EXPECT_TRUE(std::regex_search(resumed[0].err, match, std::regex("resumed from step ([0-9]+)")))
       << resumed[0].err;
+  if (HasFailure()) return {};
   EXPECT_GE(std::stoll(match[1]), 200);
   EXPECT_LT(std::stoll(match[1]), 400);
-  for (int rank = 0; rank < 4; ++rank) {
+  for (int rank = 0; rank < world; ++rank) {
     EXPECT_NE(resumed[rank].err.find("resumed from step " + match[1].str()), std::string::npos)
         << "rank " << rank << " gets its stage's state from rank 0\n"
         << resumed[rank].err;
     EXPECT_EQ(DoneField(resumed[rank].out, "parametersSha256"),
               DoneField(uninterrupted[rank].out, "parametersSha256"))
         << "rank " << rank;
+  }
+  return resumed;
+}
+
+TEST_F(PipelineE2eTest, KilledPipelineResumesBitForBit) {
+  std::vector<std::string> killed_err;
+  KillAndResume(Shape{kMlp, 2, 2, "ONE_F_ONE_B"}, &killed_err);
+}
+
+// "stage 1/2: layers 0-1 of 3, ..." as a rank logged it.
+std::string StageLine(const std::string& err) {
+  std::smatch match;
+  if (!std::regex_search(err, match, std::regex("stage [0-9]+/[0-9]+: layers [^\n]*"))) return "";
+  return match[0].str();
+}
+
+// Split by measured times, a restart does not measure again (its times would differ, a layer
+// could move to another stage, and the stages' saved states would not fit): rank 0 splits by
+// the times its checkpoint recorded, and every rank gets the killed run's layers back.
+TEST_F(PipelineE2eTest, AMeasuredTimeSplitResumesWithTheSplitItsCheckpointRecorded) {
+  std::vector<std::string> killed_err;
+  const auto resumed =
+      KillAndResume(Shape{kMlp, 2, 1, "ONE_F_ONE_B", ", balance: MEASURED_TIME"}, &killed_err);
+  ASSERT_EQ(resumed.size(), 2u);
+  EXPECT_NE(resumed[0].err.find("splits by the layer times its checkpoint recorded"),
+            std::string::npos)
+      << resumed[0].err;
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_FALSE(StageLine(killed_err[rank]).empty()) << killed_err[rank];
+    EXPECT_EQ(StageLine(resumed[rank].err), StageLine(killed_err[rank])) << "rank " << rank;
   }
 }
 
