@@ -28,6 +28,8 @@
 # cores: compute slows whenever more stages than cores are busy at once, which is more often in
 # 1F1B's steady phase than in its warm-up and drain, so the measured bubble drifts from the
 # ideal there; the table says how many cores it had.
+# bubble.sh runs table 1 alone, short (sleep-balanced stages, 1F1B), for checking a change to the
+# messages or the engine.
 # Usage: run.sh BUILD_DIR
 set -euo pipefail
 bench="$1/bin/bench_pipeline"
