@@ -5,8 +5,10 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 #include <regex>
 #include <thread>
@@ -26,16 +28,25 @@ using Clock = std::chrono::steady_clock;
 constexpr int64_t kSteps = 3000;
 constexpr int64_t kCheckpointEvery = 200;
 
-// World 2 on one node; checkpoints of ~2.5 MB every 200 steps, so an upload is in flight for
-// a noticeable time. `hidden` sizes the model (and so the checkpoint and the step time).
+// The reference run's final loss must stay above this: the parameters still move at the end.
+constexpr double kLossFloor = 0.01;
+
+// World 2 on one node; checkpoints (parameters and momentum) of ~1.3 MB every 200 steps, so an
+// upload is in flight for a noticeable time. `hidden` sizes the model (and so the checkpoint and
+// the step time: ~2 ms a step at 384 and ~8 ms at 1024, measured with the trainers alone).
+// Noisy data, many samples, a small lr: the loss stays near 0.3 to the end (8000 steps are ~4
+// epochs, too few to memorize the noise), so the parameters still move ~9% of their norm in
+// the last 200 steps. With noise 0.5, 4096 samples and lr 0.05 the loss was 1e-7 by step 40,
+// before the first kill: the parameters moved 1e-5 of their norm in 200 steps and 80% of them
+// not by one bit, so a resume that lost state there could still end bit for bit.
 v1::JobSpec Spec(int hidden = 384, int64_t steps = kSteps) {
   const std::string h = std::to_string(hidden);
   return ParseJobSpec(
       "model: {mlp: {layers: [32, " + h + ", " + h +
       ", 4]}}\n"
-      "dataset: {synthetic: {numSamples: 4096, numFeatures: 32, numClasses: 4, noise: 0.5},"
+      "dataset: {synthetic: {numSamples: 65536, numFeatures: 32, numClasses: 4, noise: 5},"
       " validationFraction: 0.1}\n"
-      "optimizer: {sgd: {lr: 0.05, momentum: 0.9}}\n"
+      "optimizer: {sgd: {lr: 0.01, momentum: 0.9}}\n"
       "batchSizePerRank: 16\n"
       "maxSteps: " +
       std::to_string(steps) +
@@ -62,6 +73,16 @@ std::string FinalParameters(LocalCluster& cluster, const std::string& name) {
   return "";
 }
 
+// The loss in rank 0's "done" line of the job's last attempt (-1 if there is none).
+double FinalLoss(LocalCluster& cluster, const std::string& name) {
+  static const std::regex kDone("\"event\":\"done\".*\"loss\":([0-9.e+-]+)");
+  for (const std::string& line : cluster.Logs(name, 0, 0)) {
+    std::smatch match;
+    if (std::regex_search(line, match, kDone)) return std::stod(match[1].str());
+  }
+  return -1;
+}
+
 class CheckpointE2eTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -71,7 +92,8 @@ class CheckpointE2eTest : public ::testing::Test {
     ASSERT_TRUE(cluster_->Start());
   }
 
-  // The uninterrupted run's parameters, computed once per spec for the whole binary.
+  // The uninterrupted run's parameters, computed once per spec for the whole binary. Its
+  // final loss shows the parameters still moved at the end, so the comparison has teeth.
   std::string Reference(const v1::JobSpec& spec) {
     static std::map<std::string, std::string> known;
     const std::string key = spec.SerializeAsString();
@@ -79,7 +101,11 @@ class CheckpointE2eTest : public ::testing::Test {
     const v1::Job job = cluster_->AwaitJob(cluster_->Submit(spec).name(), testing::Ended);
     EXPECT_EQ(job.state(), v1::Job::SUCCEEDED) << job.state_reason();
     EXPECT_EQ(job.attempt(), 1);
-    return known[key] = FinalParameters(*cluster_, job.name());
+    known[key] = FinalParameters(*cluster_, job.name());
+    const double loss = FinalLoss(*cluster_, job.name());
+    std::printf("reference final loss %g\n", loss);
+    EXPECT_GT(loss, kLossFloor) << "the loss vanished, so would the gradients: see Spec()";
+    return known[key];
   }
 
   // Waits until the job runs attempt `attempt` at a step past `step`; returns the job.
@@ -205,7 +231,7 @@ TEST_F(CheckpointE2eTest, DrainHandsOverAtTheStepRankZeroStopped) {
 // partial checkpoint is ever listed, the upload resumes or restarts, and the job still ends
 // with the reference parameters.
 TEST_F(CheckpointE2eTest, CheckpointServiceKilledMidUploadLosesNothing) {
-  const v1::JobSpec spec = Spec(/*hidden=*/1024);  // ~17 MB checkpoints
+  const v1::JobSpec spec = Spec(/*hidden=*/1024);  // ~8.7 MB checkpoints
   const std::string reference = Reference(spec);
   const std::string name = cluster_->Submit(spec).name();
   // Kill as soon as an upload is seen in flight.
