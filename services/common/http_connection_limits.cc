@@ -17,6 +17,9 @@ ConnectionTable::Admission& ConnectionTable::Admission::operator=(Admission&& ot
 
 void ConnectionTable::Admission::MarkWaiting() {
   std::lock_guard<std::mutex> lock(table_->mu_);
+  // A connection waits from its admission: its thread may start long after (a busy pool), and
+  // "longest waiting" must not favour the connections whose threads ran late.
+  if (entry_->waiting) return;
   entry_->waiting = true;
   entry_->since = absl::Now();
 }

@@ -6,8 +6,9 @@
 //      server has max_connections open, the connection that has waited longest for a request
 //      (idle between requests, or still sending its headers: a slow client) is shut down to make
 //      room; when none is waiting (every one is in a handler, a body or a stream), refused.
-//   2. The thread serving a connection marks it Waiting whenever it starts to wait for a request
-//      and Busy once the request's headers are in. Only waiting connections are ever shut down,
+//   2. A connection is waiting from its admission (its thread may start later). The thread
+//      serving it marks it Busy once a request's headers are in, and Waiting again when it waits
+//      for the next request. Only waiting connections are ever shut down,
 //      so a request being answered is never cut, and a probe's connection is admitted as long as
 //      slow clients hold the rest.
 //   3. Destroying the Admission, before the fd is closed, removes it: the table never shuts
