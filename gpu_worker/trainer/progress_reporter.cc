@@ -35,18 +35,33 @@ void ProgressReporter::LogStart(const std::string& model, int64_t train_examples
   log_ << "gradhub-trainer: " << model << "; " << train_examples << " train / "
        << validation_examples << " validation examples; " << plan_.batches.total_steps
        << " steps of " << plan_.global_batch() << " samples\n";
-  const int64_t dropped = plan_.batches.pipeline_dropped_per_epoch;
-  if (dropped == 0) return;
-  // Said because the spec asked for the opposite (dataset.dropLast false).
+  LogDroppedExamples();
+}
+
+// Said because the spec did not ask for it (dataset.dropLast is false, or it asked only for
+// the partial batch).
+void ProgressReporter::LogDroppedExamples() {
+  const BatchPlan& batches = plan_.batches;
   const int replicas = plan_.pipeline.replicas;
-  log_ << "gradhub-trainer: each epoch drops the last " << dropped << " examples";
-  if (replicas > 1) {
-    log_ << " of each of the " << replicas << " replicas' shards (" << dropped * replicas
-         << " in all)";
+  const auto drops = [&](int64_t dropped) {
+    log_ << "gradhub-trainer: each epoch drops the last " << dropped << " examples";
+    if (replicas > 1) {
+      log_ << " of each of the " << replicas << " replicas' shards (" << dropped * replicas
+           << " in all)";
+    }
+  };
+  if (batches.pipeline_dropped_per_epoch > 0) {
+    drops(batches.pipeline_dropped_per_epoch);
+    log_ << ", although dataset.dropLast is false: a pipeline's micro-batches must be equal, so "
+            "it trains whole batches of "
+         << batches.per_rank << " only\n";
   }
-  log_ << ", although dataset.dropLast is false: a pipeline's micro-batches must be equal, so "
-          "it trains whole batches of "
-       << plan_.batches.per_rank << " only\n";
+  if (batches.accumulation_dropped_per_epoch > 0) {
+    drops(batches.accumulation_dropped_per_epoch);
+    log_ << ": gradAccumulationSteps " << batches.accumulation
+         << " does not divide the epoch's micro-batches, and an optimizer step takes whole "
+            "groups of them only\n";
+  }
 }
 
 void ProgressReporter::StartLoop() { interval_ = Interval(); }

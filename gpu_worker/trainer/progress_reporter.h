@@ -80,6 +80,9 @@ class ProgressReporter {
  private:
   using Clock = std::chrono::steady_clock;
 
+  // The start line's report of examples an epoch drops that the spec did not ask to drop.
+  void LogDroppedExamples();
+
   // Per-interval sums behind a progress record.
   struct Interval {
     StepReport sums;

@@ -126,6 +126,9 @@ BatchPlan PlanBatches(const v1::JobSpec& spec, const LaunchFacts& launch) {
   const int64_t micro_per_epoch = whole_batches ? per_rank / batch : (per_rank + batch - 1) / batch;
   batches.steps_per_epoch = micro_per_epoch / batches.accumulation;
   if (whole_batches && !drop_last) batches.pipeline_dropped_per_epoch = per_rank % batch;
+  const int64_t trainable = whole_batches ? per_rank - per_rank % batch : per_rank;
+  batches.accumulation_dropped_per_epoch =
+      trainable - std::min(trainable, batches.steps_per_epoch * batches.accumulation * batch);
   if (batches.steps_per_epoch == 0) {
     throw UserError("batchSizePerRank",
                     std::to_string(batch) + " x " + std::to_string(batches.accumulation) +

@@ -57,6 +57,10 @@ struct BatchPlan {
   // shard's last, partial batch. 0 without a pipeline, with dropLast (asked for), or when the
   // shard divides into batches. Every replica's shard is the same size, so each drops as many.
   int64_t pipeline_dropped_per_epoch = 0;
+  // The examples of this rank's shard that each epoch drops because gradAccumulationSteps does
+  // not divide the epoch's micro-batches: those past its last whole optimizer step (with them,
+  // without dropLast and a pipeline, the partial batch). Reported on the start line as well.
+  int64_t accumulation_dropped_per_epoch = 0;
   int64_t total_steps = 0;  // maxSteps, capped by maxEpochs
   int64_t samples_per_step() const { return per_rank * accumulation; }  // of one rank
 };
@@ -177,7 +181,9 @@ PlacementPlan PlaceRank(const v1::JobSpec& spec, const LaunchFacts& launch);
 // Steps per epoch and in all. The training examples are sharded over the replicas (PlanPipeline;
 // without a pipeline, the ranks). With a pipeline an epoch's last batch is dropped when it is
 // not whole, whatever dataset.dropLast says: its micro-batches must be equal (counted in
-// BatchPlan::pipeline_dropped_per_epoch, which the trainer's start line reports). Throws
+// BatchPlan::pipeline_dropped_per_epoch, which the trainer's start line reports), and so are
+// the micro-batches past an epoch's last whole optimizer step (accumulation_dropped_per_epoch,
+// reported too). Throws
 // UserError("batchSizePerRank") when a shard holds less than one optimizer step
 // (batchSizePerRank x gradAccumulationSteps examples).
 BatchPlan PlanBatches(const v1::JobSpec& spec_with_defaults, const LaunchFacts& launch);

@@ -331,6 +331,30 @@ TEST(TrainingPlanTest, APipelineCountsTheExamplesItDropsAlthoughDropLastIsFalse)
   EXPECT_EQ(dropped(Spec("batchSizePerRank: 12\n"), Launch()), 0);
 }
 
+// What the start line reports: the examples past an epoch's last whole optimizer step, when
+// gradAccumulationSteps does not divide the epoch's micro-batches.
+TEST(TrainingPlanTest, AccumulationCountsTheMicroBatchesPastTheLastWholeStep) {
+  const auto dropped = [](const v1::JobSpec& spec, const LaunchFacts& launch) {
+    return PlanTraining(spec, launch).batches.accumulation_dropped_per_epoch;
+  };
+  // 1000 examples in 84 batches of 12 (the last of 4): 16 steps of 5 take 960; the partial
+  // batch and three whole ones are dropped.
+  EXPECT_EQ(dropped(Spec("batchSizePerRank: 12\ngradAccumulationSteps: 5\n"), Launch()), 40);
+  // With dropLast the partial batch was asked for: 83 whole batches, 16 x 5 of them trained.
+  EXPECT_EQ(dropped(Spec("batchSizePerRank: 12\ngradAccumulationSteps: 5\n"
+                         "dataset: {dropLast: true}\n"),
+                    Launch()),
+            36);
+  // A pipeline counts its partial batch apart (pipeline_dropped_per_epoch).
+  v1::JobSpec pipelined = PipelineSpec("pipelineStages: 2");
+  pipelined.set_grad_accumulation_steps(5);
+  EXPECT_EQ(dropped(pipelined, RankOf(0, 2)), 36);
+  EXPECT_EQ(PlanTraining(pipelined, RankOf(0, 2)).batches.pipeline_dropped_per_epoch, 4);
+  // Accumulation that divides the batches (84 = 4 x 21), or none: nothing.
+  EXPECT_EQ(dropped(Spec("batchSizePerRank: 12\ngradAccumulationSteps: 4\n"), Launch()), 0);
+  EXPECT_EQ(dropped(Spec("batchSizePerRank: 12\n"), Launch()), 0);
+}
+
 TEST(TrainingPlanTest, StagesMustDivideTheRanksLaunched) {
   // worldSize unset: the rules see the 3 ranks launched.
   const std::string refusal = Refusal(PipelineSpec("pipelineStages: 2"), RankOf(0, 3));
