@@ -15,6 +15,7 @@
 
 #include "services/common/contract/job_spec.h"
 #include "services/common/sha256.h"
+#include "tests/e2e/checkpoint/checkpoint_checks.h"
 #include "tests/support/local_cluster.h"
 
 namespace gradhub {
@@ -22,6 +23,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using std::chrono::seconds;
+using testing::FinalLoss;
 using testing::LocalCluster;
 using Clock = std::chrono::steady_clock;
 
@@ -73,16 +75,6 @@ std::string FinalParameters(LocalCluster& cluster, const std::string& name) {
   return "";
 }
 
-// The loss in rank 0's "done" line of the job's last attempt (-1 if there is none).
-double FinalLoss(LocalCluster& cluster, const std::string& name) {
-  static const std::regex kDone("\"event\":\"done\".*\"loss\":([0-9.e+-]+)");
-  for (const std::string& line : cluster.Logs(name, 0, 0)) {
-    std::smatch match;
-    if (std::regex_search(line, match, kDone)) return std::stod(match[1].str());
-  }
-  return -1;
-}
-
 class CheckpointE2eTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -117,14 +109,7 @@ class CheckpointE2eTest : public ::testing::Test {
   }
 
   std::vector<v1::Checkpoint> Checkpoints(const std::string& job) {
-    v1::ListCheckpointsRequest request;
-    request.set_parent(job);
-    v1::ListCheckpointsResponse response;
-    auto context = cluster_->TenantContext();
-    const grpc::Status status =
-        cluster_->checkpoints().ListCheckpoints(context.get(), request, &response);
-    EXPECT_TRUE(status.ok()) << status.error_message();
-    return {response.checkpoints().begin(), response.checkpoints().end()};
+    return testing::ListedCheckpoints(*cluster_, job);
   }
 
   // The whole blob of checkpoint `name` as the service streams it ("" on an error).

@@ -17,12 +17,14 @@
 #include <thread>
 
 #include "services/common/contract/job_spec.h"
+#include "tests/e2e/checkpoint/checkpoint_checks.h"
 #include "tests/support/local_cluster.h"
 
 namespace gradhub {
 namespace {
 
 using std::chrono::seconds;
+using testing::FinalLoss;
 using testing::LocalCluster;
 using Clock = std::chrono::steady_clock;
 
@@ -78,16 +80,6 @@ std::vector<std::string> FinalParameters(LocalCluster& cluster, const std::strin
     }
   }
   return found;
-}
-
-// The loss in rank 0's "done" line of the job's last attempt (-1 if there is none).
-double FinalLoss(LocalCluster& cluster, const std::string& name) {
-  static const std::regex kDone("\"event\":\"done\".*\"loss\":([0-9.e+-]+)");
-  for (const std::string& line : cluster.Logs(name, 0, 0)) {
-    std::smatch match;
-    if (std::regex_search(line, match, kDone)) return std::stod(match[1].str());
-  }
-  return -1;
 }
 
 // A process's environment as the agent set it at exec ({} for a zombie or a process gone).
@@ -156,15 +148,8 @@ class PipelineRestartE2eTest : public ::testing::Test {
 
   // The step of the newest committed checkpoint of `job`, 0 if none.
   int64_t NewestCommitted(const std::string& job) {
-    v1::ListCheckpointsRequest request;
-    request.set_parent(job);
-    v1::ListCheckpointsResponse response;
-    auto context = cluster_->TenantContext();
-    const grpc::Status status =
-        cluster_->checkpoints().ListCheckpoints(context.get(), request, &response);
-    EXPECT_TRUE(status.ok()) << status.error_message();
     int64_t newest = 0;
-    for (const auto& c : response.checkpoints()) {
+    for (const auto& c : testing::ListedCheckpoints(*cluster_, job)) {
       if (c.state() == v1::Checkpoint::COMMITTED) newest = std::max(newest, c.step());
     }
     return newest;

@@ -1,0 +1,40 @@
+// What the checkpoint e2e tests read back from a LocalCluster: the job's checkpoints as the
+// service lists them, and the loss rank 0 reported at the end.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "tests/support/local_cluster.h"
+
+namespace gradhub::testing {
+
+// Every checkpoint of `job` (`jobs/{id}`), as ListCheckpoints answers the job's tenant.
+inline std::vector<v1::Checkpoint> ListedCheckpoints(LocalCluster& cluster,
+                                                     const std::string& job) {
+  v1::ListCheckpointsRequest request;
+  request.set_parent(job);
+  v1::ListCheckpointsResponse response;
+  auto context = cluster.TenantContext();
+  const grpc::Status status =
+      cluster.checkpoints().ListCheckpoints(context.get(), request, &response);
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  return {response.checkpoints().begin(), response.checkpoints().end()};
+}
+
+// The loss in rank 0's "done" line of the job's last attempt (-1 if there is none). The tests
+// check it stays above a floor: a run whose loss reached 0 no longer moves its parameters, and
+// a bit-for-bit comparison of its end says nothing about how it resumed.
+inline double FinalLoss(LocalCluster& cluster, const std::string& name) {
+  static const std::regex kDone("\"event\":\"done\".*\"loss\":([0-9.e+-]+)");
+  for (const std::string& line : cluster.Logs(name, 0, 0)) {
+    std::smatch match;
+    if (std::regex_search(line, match, kDone)) return std::stod(match[1].str());
+  }
+  return -1;
+}
+
+}  // namespace gradhub::testing
