@@ -164,7 +164,19 @@ void RequireOptimizerLayout(torch::optim::Optimizer& optimizer) {
 // Loads `archive` into `module` and checks it kept its layout.
 void LoadModule(torch::serialize::InputArchive& archive, torch::nn::Module& module) {
   const std::vector<Layout> before = ModuleLayout(module);
-  module.load(archive);
+  try {
+    module.load(archive);
+  } catch (const c10::Error& error) {
+    // The spec matched (RequireSameSpec), so the model is the same; its names are not: the
+    // checkpoint was written by a gradhub whose zoo models named their parameters otherwise.
+    // A user error, so that the job fails once, saying why, instead of restarting in vain.
+    throw UserError("checkpoint",
+                    "its parameters are not named as this model's (" +
+                        std::string(error.what_without_backtrace()) +
+                        "): it was written by an older gradhub, before the zoo's models became "
+                        "lists of layers (linear0.weight is now layers.0.linear.weight, issue "
+                        "33), and cannot be resumed; submit the job again to start afresh");
+  }
   RequireModuleLayout(before, module);
 }
 

@@ -207,6 +207,28 @@ TEST(CheckpointArchiveTest, ATensorOfAnotherShapeThanTheModelsIsRefusedAfterTheL
   }
 }
 
+// A checkpoint whose parameters are named otherwise (one written before the zoo's models
+// became lists of layers) fails as the user's, saying why, not as a torch error that would
+// restart the job in vain.
+TEST(CheckpointArchiveTest, ACheckpointOfOtherParameterNamesIsRefusedAsTheUsers) {
+  Trained saved("sgd");
+  struct Renamed : torch::nn::Module {
+    Renamed() {
+      register_module("linear0", torch::nn::Linear(4, 3));
+      register_module("norm0", torch::nn::BatchNorm1d(3));
+    }
+  };
+  const auto renamed = std::make_shared<Renamed>();
+  const std::string checkpoint = SerializeState(*renamed, {}, 7, Spec(), {});
+  try {
+    RestoreState(checkpoint, *saved.model, {}, Spec());
+    FAIL() << "expected UserError";
+  } catch (const UserError& error) {
+    EXPECT_EQ(error.field(), "checkpoint");
+    EXPECT_THAT(error.what(), HasSubstr("written by an older gradhub"));
+  }
+}
+
 TEST(CheckpointArchiveTest, APickleThatWouldMakeTorchAllocateGigabytesIsRefused) {
   const std::string checkpoint = Trained("sgd").Checkpoint();
   // A string's length of 1.6 GB in a pickle of a few KB (the fuzz target's out-of-memory).
