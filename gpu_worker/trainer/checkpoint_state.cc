@@ -234,6 +234,26 @@ std::string SerializePipelineState(const std::vector<std::string>& stage_states,
   return ArchiveBytes(archive);
 }
 
+namespace {
+
+// The kLayerCosts record of a pipeline's checkpoint; empty when it has none.
+std::vector<double> LayerCostsOf(torch::serialize::InputArchive& archive) {
+  at::Tensor costs;
+  if (!archive.try_read(kLayerCosts, costs)) return {};
+  costs = costs.to(at::kDouble).contiguous();
+  return std::vector<double>(costs.data_ptr<double>(), costs.data_ptr<double>() + costs.numel());
+}
+
+}  // namespace
+
+std::vector<double> ReadPipelineLayerCosts(const std::string& bytes) {
+  CheckCheckpointArchive(bytes);
+  torch::serialize::InputArchive archive;
+  std::istringstream in(bytes);
+  archive.load_from(in, c10::kCPU);
+  return LayerCostsOf(archive);
+}
+
 PipelineState ReadPipelineState(const std::string& bytes, int stages) {
   CheckCheckpointArchive(bytes);
   torch::serialize::InputArchive archive;
@@ -245,11 +265,7 @@ PipelineState ReadPipelineState(const std::string& bytes, int stages) {
   state.step = step.item<int64_t>();
   c10::IValue value;
   if (archive.try_read(kSpec, value)) state.spec = value.toStringRef();
-  at::Tensor costs;
-  if (archive.try_read(kLayerCosts, costs)) {
-    costs = costs.to(at::kDouble).contiguous();
-    state.layer_costs.assign(costs.data_ptr<double>(), costs.data_ptr<double>() + costs.numel());
-  }
+  state.layer_costs = LayerCostsOf(archive);
   for (int stage = 0; stage < stages; ++stage) {
     if (!archive.try_read(kStageState + std::to_string(stage), value)) break;
     state.stage_states.push_back(value.toStringRef());

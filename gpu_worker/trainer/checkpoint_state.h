@@ -109,5 +109,9 @@ struct PipelineState {
 };
 // Throws UserError ("checkpoint") for bytes that are not an archive gradhub writes.
 PipelineState ReadPipelineState(const std::string& bytes, int stages);
+// Only the layer costs of a pipeline's checkpoint (PipelineState::layer_costs), without copying
+// its stages' states: what a resumed rank 0 needs before its model is built. Throws as
+// ReadPipelineState.
+std::vector<double> ReadPipelineLayerCosts(const std::string& bytes);
 
 }  // namespace gradhub::trainer

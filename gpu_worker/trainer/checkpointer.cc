@@ -49,7 +49,7 @@ std::vector<double> RecordedLayerCosts(const TrainingPlan& plan, LatestCheckpoin
   }
   const std::optional<std::string>& bytes = latest.Peek();
   if (!bytes) return {};
-  return ReadPipelineState(*bytes, plan.pipeline.stages).layer_costs;
+  return ReadPipelineLayerCosts(*bytes);
 }
 
 Checkpointer::Checkpointer(const TrainingPlan& plan, std::shared_ptr<CheckpointSink> sink,

@@ -229,6 +229,19 @@ TEST(CheckpointArchiveTest, ACheckpointOfOtherParameterNamesIsRefusedAsTheUsers)
   }
 }
 
+// A pipeline's checkpoint keeps the layer costs its split balanced, readable without its
+// stages' states; a checkpoint without them reads as none.
+TEST(CheckpointArchiveTest, APipelineCheckpointKeepsTheLayerCostsOfItsSplit) {
+  const std::string checkpoint =
+      SerializePipelineState({"stage 0", "stage 1"}, 5, Spec(), {0.25, 1.5, 3.0});
+  EXPECT_EQ(ReadPipelineLayerCosts(checkpoint), (std::vector<double>{0.25, 1.5, 3.0}));
+  const PipelineState state = ReadPipelineState(checkpoint, 2);
+  EXPECT_EQ(state.step, 5);
+  EXPECT_EQ(state.layer_costs, (std::vector<double>{0.25, 1.5, 3.0}));
+  EXPECT_EQ(state.stage_states, (std::vector<std::string>{"stage 0", "stage 1"}));
+  EXPECT_TRUE(ReadPipelineLayerCosts(Trained("sgd").Checkpoint()).empty());
+}
+
 TEST(CheckpointArchiveTest, APickleThatWouldMakeTorchAllocateGigabytesIsRefused) {
   const std::string checkpoint = Trained("sgd").Checkpoint();
   // A string's length of 1.6 GB in a pickle of a few KB (the fuzz target's out-of-memory).
