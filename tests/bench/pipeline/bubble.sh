@@ -9,15 +9,9 @@
 # each side's medians, so that both see the same load.
 # Usage: bubble.sh BUILD_DIR
 set -euo pipefail
-bench="$1/bin/bench_pipeline"
-steps=${GRADHUB_BENCH_STEPS:-20}
-repeats=${GRADHUB_BENCH_REPEATS:-3}
+source "$(dirname "$0")/common.sh"
 pingpongs=${GRADHUB_BENCH_PINGPONGS:-3}
 schedules=${GRADHUB_BENCH_SCHEDULES:-1f1b}
-export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
-export GLOG_minloglevel=${GLOG_minloglevel:-2}
-median() { tr ' ' '\n' | grep . | sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
-mean_of() { echo "$1" | tr ',' '\n' | awk '{s += $1} END {printf "%.6f", s / NR}'; }
 
 ours="" torch=""
 for _ in $(seq "$pingpongs"); do

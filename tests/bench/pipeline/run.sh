@@ -32,18 +32,8 @@
 # messages or the engine.
 # Usage: run.sh BUILD_DIR
 set -euo pipefail
-bench="$1/bin/bench_pipeline"
-steps=${GRADHUB_BENCH_STEPS:-20}
-repeats=${GRADHUB_BENCH_REPEATS:-3}
+source "$(dirname "$0")/common.sh"
 micro_rows=${GRADHUB_BENCH_MICRO_ROWS:-32}
-# One BLAS thread per rank (Debian's OpenBLAS pool ignores at::set_num_threads; see ddp/run.sh).
-export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
-# Without it every rank of a data-parallel stage logs a c10 warning about the allocation
-# counter's profiler hook (pipeline/allocation_counter.h).
-export GLOG_minloglevel=${GLOG_minloglevel:-2}
-median() { tr ' ' '\n' | grep . | sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
-# The mean of a comma-separated list.
-mean_of() { echo "$1" | tr ',' '\n' | awk '{s += $1} END {printf "%.6f", s / NR}'; }
 cores=$(nproc)
 
 echo "bubble: balanced stages, $micro_rows rows per micro-batch, $cores cores"
