@@ -6,10 +6,10 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <optional>
 #include <stdexcept>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -40,6 +40,65 @@ class CallFailed : public std::runtime_error {
   grpc::StatusCode code;
 };
 
+// Where a download's bytes go as they arrive: with a cache, a file beside the blob's cached
+// name, renamed to it once the bytes are whole and checked, and mapped (a checkpoint too large
+// for the rank's memory twice must not be read into it); without one, memory. A file that
+// cannot be written falls back to memory (the cache is an optimisation).
+class DownloadSpool {
+ public:
+  // `path`: the blob's cached name, or "" for memory. `size`: the bytes expected.
+  DownloadSpool(std::string path, size_t size, std::ostream& log)
+      : path_(std::move(path)), temp_(path_.empty() ? "" : path_ + ".download") {
+    if (!temp_.empty()) {
+      std::error_code error;
+      fs::create_directories(fs::path(temp_).parent_path(), error);
+      absl::StatusOr<OpenedForWrite> opened = OpenForWrite(temp_, O_CREAT | O_TRUNC, 0600, true);
+      if (opened.ok()) {
+        file_ = *opened;
+      } else {
+        log << "gradhub-trainer: checkpoint cache: " << opened.status().message()
+            << "; downloading into memory\n";
+      }
+    }
+    if (file_.fd < 0) memory_.reserve(size);
+  }
+  ~DownloadSpool() {
+    if (file_.fd >= 0) close(file_.fd);
+    std::error_code error;
+    if (!temp_.empty()) fs::remove(temp_, error);  // a download that did not finish
+  }
+  DownloadSpool(const DownloadSpool&) = delete;
+  DownloadSpool& operator=(const DownloadSpool&) = delete;
+
+  void Append(std::string_view data) {
+    if (file_.fd < 0) {
+      memory_.append(data);
+    } else if (absl::Status written = gradhub::Append(file_, data, held_, temp_); !written.ok()) {
+      throw std::runtime_error("checkpoint cache: " + std::string(written.message()));
+    }
+    held_ += static_cast<int64_t>(data.size());
+  }
+  size_t size() const { return static_cast<size_t>(held_); }
+
+  // The bytes, once checked: the file becomes the cached blob.
+  trainer::CheckpointBytes Finish() {
+    if (file_.fd < 0) return trainer::CheckpointBytes(std::move(memory_));
+    close(file_.fd);
+    file_.fd = -1;
+    std::error_code error;
+    fs::rename(temp_, path_, error);
+    if (error)
+      throw std::runtime_error("checkpoint cache: rename " + temp_ + ": " + error.message());
+    return trainer::CheckpointBytes::MapFile(path_);
+  }
+
+ private:
+  const std::string path_, temp_;
+  OpenedForWrite file_;
+  std::string memory_;
+  int64_t held_ = 0;
+};
+
 class GrpcCheckpointSink final : public trainer::CheckpointSink {
  public:
   GrpcCheckpointSink(GrpcCheckpointSinkOptions options,
@@ -53,11 +112,11 @@ class GrpcCheckpointSink final : public trainer::CheckpointSink {
   }
 
   void Save(const trainer::Checkpoint& checkpoint) override {
-    const std::string sha256 = Sha256Hex(checkpoint.bytes);
+    const std::string sha256 = Sha256Hex(checkpoint.bytes.view());
     const auto deadline = Clock::now() + options_.deadline;
     Retrying("save step " + std::to_string(checkpoint.step), deadline,
              [&](int try_number) { SaveOnce(checkpoint, sha256, try_number); });
-    Cache(sha256, checkpoint.bytes);
+    Cache(sha256, checkpoint.bytes.view());
   }
 
   std::optional<trainer::Checkpoint> LoadLatest() override {
@@ -120,7 +179,7 @@ class GrpcCheckpointSink final : public trainer::CheckpointSink {
     if (status.error_code() == grpc::StatusCode::ALREADY_EXISTS) return;
     if (!status.ok()) throw CallFailed("StartUpload", status);
     const int64_t held = try_number == 0 ? 0 : HeldBytes(started.upload_id());
-    SendFrom(started.upload_id(), checkpoint.bytes, held,
+    SendFrom(started.upload_id(), checkpoint.bytes.view(), held,
              std::max<int64_t>(started.chunk_size_bytes(), 64 << 10));
     v1::CommitCheckpointRequest commit;
     commit.set_upload_id(started.upload_id());
@@ -138,7 +197,7 @@ class GrpcCheckpointSink final : public trainer::CheckpointSink {
     return probe.received_bytes;
   }
 
-  void SendFrom(const std::string& upload_id, const std::string& bytes, int64_t offset,
+  void SendFrom(const std::string& upload_id, std::string_view bytes, int64_t offset,
                 int64_t chunk) {
     auto context = Context();
     const ChunkUploadResult sent =
@@ -160,49 +219,47 @@ class GrpcCheckpointSink final : public trainer::CheckpointSink {
     grpc::Status status = stub_->GetLatestCheckpoint(Context().get(), request, &latest);
     if (status.error_code() == grpc::StatusCode::NOT_FOUND) return std::nullopt;
     if (!status.ok()) throw CallFailed("GetLatestCheckpoint", status);
-    if (std::optional<std::string> cached = FromCache(latest.sha256())) {
+    if (std::optional<trainer::CheckpointBytes> cached = FromCache(latest.sha256())) {
       log_ << "gradhub-trainer: checkpoint " << latest.name() << " read from the local cache\n";
       return trainer::Checkpoint{latest.step(), *std::move(cached)};
     }
-    std::string bytes = Download(latest);
-    Cache(latest.sha256(), bytes);
-    return trainer::Checkpoint{latest.step(), std::move(bytes)};
+    return trainer::Checkpoint{latest.step(), Download(latest)};
   }
 
   // Resumes a broken stream at the bytes already received; the whole blob's hash is computed
   // on a thread of its own while the chunks arrive, and checked at the end (the server checks
-  // the crc32c it recorded, and says DATA_LOSS first if the blob differs from it).
-  std::string Download(const v1::Checkpoint& checkpoint) {
+  // the crc32c it recorded, and says DATA_LOSS first if the blob differs from it). With a cache
+  // the bytes go to its file as they arrive (DownloadSpool), which is then the cached copy.
+  trainer::CheckpointBytes Download(const v1::Checkpoint& checkpoint) {
     const size_t size = static_cast<size_t>(checkpoint.size_bytes());
-    std::string bytes;
-    bytes.reserve(size);
+    DownloadSpool spool(CachePath(checkpoint.sha256()), size, log_);
     BackgroundSha256 sha;
     for (int broken = 0;; ++broken) {
       v1::DownloadCheckpointRequest request;
       request.set_name(checkpoint.name());
-      request.set_offset(static_cast<int64_t>(bytes.size()));
+      request.set_offset(static_cast<int64_t>(spool.size()));
       request.set_verify_sha256(verify_sha256_);
       auto context = Context();
       auto stream = stub_->DownloadCheckpoint(context.get(), request);
       v1::DownloadCheckpointResponse chunk;
       while (stream->Read(&chunk)) {
-        if (chunk.offset() != static_cast<int64_t>(bytes.size())) {
+        if (chunk.offset() != static_cast<int64_t>(spool.size())) {
           throw std::runtime_error("checkpoint store sent offset " +
                                    std::to_string(chunk.offset()) + ", expected " +
-                                   std::to_string(bytes.size()));
+                                   std::to_string(spool.size()));
         }
-        if (chunk.data().size() > size - bytes.size()) {
+        if (chunk.data().size() > size - spool.size()) {
           throw std::runtime_error("checkpoint store sent more than the " + std::to_string(size) +
                                    " bytes of " + checkpoint.name());
         }
         std::string data = std::move(*chunk.mutable_data());
-        bytes += data;
+        spool.Append(data);
         sha.Update(std::move(data));
       }
       grpc::Status status = stream->Finish();
       if (status.ok()) break;
       if (!IsRetryable(status) || broken >= 3) throw CallFailed("DownloadCheckpoint", status);
-      log_ << "gradhub-trainer: download of " << checkpoint.name() << " broke at " << bytes.size()
+      log_ << "gradhub-trainer: download of " << checkpoint.name() << " broke at " << spool.size()
            << " bytes: " << status.error_message() << "; resuming\n";
     }
     if (sha.Hex() != checkpoint.sha256()) {
@@ -213,25 +270,37 @@ class GrpcCheckpointSink final : public trainer::CheckpointSink {
                        grpc::Status(grpc::StatusCode::DATA_LOSS,
                                     checkpoint.name() + " does not match its sha256"));
     }
+    trainer::CheckpointBytes bytes = spool.Finish();
+    PruneCache();
     return bytes;
   }
 
-  std::optional<std::string> FromCache(const std::string& sha256) const {
-    if (options_.cache_dir.empty() || sha256.empty()) return std::nullopt;
-    std::ifstream in(fs::path(options_.cache_dir) / (sha256 + ".ckpt"), std::ios::binary);
-    if (!in) return std::nullopt;
-    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    if (Sha256Hex(bytes) != sha256) return std::nullopt;
-    return bytes;
+  // The cached blob of `sha256`; "" without a cache (or a hash).
+  std::string CachePath(const std::string& sha256) const {
+    if (options_.cache_dir.empty() || sha256.empty()) return "";
+    return (fs::path(options_.cache_dir) / (sha256 + ".ckpt")).string();
+  }
+
+  // Mapped, not read: a pipeline's checkpoint need not fit in the rank's memory (sinks.h).
+  std::optional<trainer::CheckpointBytes> FromCache(const std::string& sha256) const {
+    const std::string path = CachePath(sha256);
+    if (path.empty() || !fs::exists(path)) return std::nullopt;
+    try {
+      trainer::CheckpointBytes bytes = trainer::CheckpointBytes::MapFile(path);
+      if (Sha256Hex(bytes.view()) == sha256) return bytes;
+    } catch (const std::runtime_error& error) {
+      log_ << "gradhub-trainer: checkpoint cache: " << error.what() << "\n";
+    }
+    return std::nullopt;
   }
 
   // Best effort: the store is the source of truth, the cache only saves a download.
-  void Cache(const std::string& sha256, const std::string& bytes) const {
-    if (options_.cache_dir.empty()) return;
+  void Cache(const std::string& sha256, std::string_view bytes) const {
+    const std::string path = CachePath(sha256);
+    if (path.empty()) return;
     std::error_code error;
     fs::create_directories(options_.cache_dir, error);
-    const fs::path path = fs::path(options_.cache_dir) / (sha256 + ".ckpt");
-    const fs::path temp = path.string() + ".tmp";
+    const fs::path temp = path + ".tmp";
     // Around the page cache (direct_write.h): a buffered copy of every checkpoint took CPU from
     // the training loop (stall per 160 MiB checkpoint 0.39 s with it, 0.25 s without; same
     // machine, tests/bench/checkpoint/training_stall.sh) and evicted the node's page cache.
@@ -245,6 +314,13 @@ class GrpcCheckpointSink final : public trainer::CheckpointSink {
       return;
     }
     fs::rename(temp, path, error);
+    PruneCache();
+  }
+
+  // Keeps the newest kCachedBlobs.
+  void PruneCache() const {
+    if (options_.cache_dir.empty()) return;
+    std::error_code error;
     std::vector<fs::directory_entry> cached;
     for (const auto& entry : fs::directory_iterator(options_.cache_dir, error)) {
       if (entry.path().extension() == ".ckpt") cached.push_back(entry);

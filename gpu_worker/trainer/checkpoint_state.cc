@@ -3,11 +3,10 @@
 #include <google/protobuf/util/message_differencer.h>
 #include <torch/torch.h>
 
-#include <sstream>
-
 #include "gpu_worker/common/data_shape.h"
 #include "gpu_worker/ddp/comm_hook.h"
 #include "gpu_worker/trainer/checkpoint_archive.h"
+#include "gpu_worker/trainer/pipeline_checkpoint_format.h"
 #include "services/common/contract/user_error.h"
 
 namespace gradhub::trainer {
@@ -221,22 +220,9 @@ void RequireSameSpec(const std::string& saved_spec, const v1::JobSpec& spec) {
   }
 }
 
-std::string SerializePipelineState(const std::vector<std::string>& stage_states, int64_t step,
-                                   const v1::JobSpec& spec,
-                                   const std::vector<double>& layer_costs) {
-  torch::serialize::OutputArchive archive;
-  archive.write(kStep, torch::tensor(step));
-  archive.write(kSpec, c10::IValue(ResumeRelevantSpec(spec).SerializeAsString()));
-  archive.write(kLayerCosts, torch::tensor(layer_costs, at::kDouble));
-  for (size_t stage = 0; stage < stage_states.size(); ++stage) {
-    archive.write(kStageState + std::to_string(stage), c10::IValue(stage_states[stage]));
-  }
-  return ArchiveBytes(archive);
-}
-
 namespace {
 
-// The kLayerCosts record of a pipeline's checkpoint; empty when it has none.
+// The kLayerCosts record of an archived pipeline checkpoint; empty when it has none.
 std::vector<double> LayerCostsOf(torch::serialize::InputArchive& archive) {
   at::Tensor costs;
   if (!archive.try_read(kLayerCosts, costs)) return {};
@@ -244,21 +230,19 @@ std::vector<double> LayerCostsOf(torch::serialize::InputArchive& archive) {
   return std::vector<double>(costs.data_ptr<double>(), costs.data_ptr<double>() + costs.numel());
 }
 
-}  // namespace
-
-std::vector<double> ReadPipelineLayerCosts(const std::string& bytes) {
+// Checks `bytes` (checkpoint_archive.h), then loads them in place: no copy of them is made
+// (an istringstream would hold one).
+void LoadArchive(std::string_view bytes, torch::serialize::InputArchive& archive,
+                 const c10::Device& device = c10::kCPU) {
   CheckCheckpointArchive(bytes);
-  torch::serialize::InputArchive archive;
-  std::istringstream in(bytes);
-  archive.load_from(in, c10::kCPU);
-  return LayerCostsOf(archive);
+  archive.load_from(bytes.data(), bytes.size(), device);
 }
 
-PipelineState ReadPipelineState(const std::string& bytes, int stages) {
-  CheckCheckpointArchive(bytes);
+// A pipeline checkpoint written before pipeline_checkpoint_format.h: a torch archive of the
+// step, the spec, the layer costs and every stage's state as a string.
+PipelineState ReadArchivedPipelineState(std::string_view bytes) {
   torch::serialize::InputArchive archive;
-  std::istringstream in(bytes);
-  archive.load_from(in, c10::kCPU);  // no tensors but the step: stage states are strings
+  LoadArchive(bytes, archive);  // no tensors but the step and the costs: stage states are strings
   PipelineState state;
   at::Tensor step;
   archive.read(kStep, step);
@@ -266,14 +250,31 @@ PipelineState ReadPipelineState(const std::string& bytes, int stages) {
   c10::IValue value;
   if (archive.try_read(kSpec, value)) state.spec = value.toStringRef();
   state.layer_costs = LayerCostsOf(archive);
-  for (int stage = 0; stage < stages; ++stage) {
-    if (!archive.try_read(kStageState + std::to_string(stage), value)) break;
-    state.stage_states.push_back(value.toStringRef());
+  for (int stage = 0; archive.try_read(kStageState + std::to_string(stage), value); ++stage) {
+    state.stage_states.emplace_back(value.toStringRef());
   }
   return state;
 }
 
-std::string SerializeRankState(const RankStateParts& parts) {
+}  // namespace
+
+std::vector<double> ReadPipelineLayerCosts(const CheckpointBytes& bytes) {
+  if (IsPipelineCheckpoint(bytes.view())) return ReadPipelineCheckpoint(bytes).layer_costs;
+  torch::serialize::InputArchive archive;
+  LoadArchive(bytes.view(), archive);
+  return LayerCostsOf(archive);
+}
+
+PipelineState ReadPipelineState(const CheckpointBytes& bytes) {
+  if (!IsPipelineCheckpoint(bytes.view())) return ReadArchivedPipelineState(bytes.view());
+  PipelineCheckpoint read = ReadPipelineCheckpoint(bytes);
+  return PipelineState{read.step, std::move(read.spec), std::move(read.layer_costs),
+                       std::move(read.stage_states)};
+}
+
+namespace {
+
+torch::serialize::OutputArchive RankStateArchive(const RankStateParts& parts) {
   torch::serialize::OutputArchive archive;
   if (parts.module) {
     torch::serialize::OutputArchive part;
@@ -290,15 +291,29 @@ std::string SerializeRankState(const RankStateParts& parts) {
     parts.comm_hook->Save(part);
     archive.write(parts.comm_hook->name(), part);
   }
+  return archive;
+}
+
+}  // namespace
+
+std::string SerializeRankState(const RankStateParts& parts) {
+  torch::serialize::OutputArchive archive = RankStateArchive(parts);
   return ArchiveBytes(archive);
 }
 
-void RestoreRankState(const std::string& bytes, const RankStateParts& parts,
+void WriteRankState(const RankStateParts& parts, ScratchFile& file) {
+  // torch writes each tensor's bytes straight from its storage (a GPU's through one host copy
+  // at a time), so the rank holds no copy of its state.
+  RankStateArchive(parts).save_to([&file](const void* data, size_t size) {
+    file.Append(std::string_view(static_cast<const char*>(data), size));
+    return size;
+  });
+}
+
+void RestoreRankState(std::string_view bytes, const RankStateParts& parts,
                       const c10::Device& device) {
-  CheckCheckpointArchive(bytes);
   torch::serialize::InputArchive archive;
-  std::istringstream in(bytes);
-  archive.load_from(in, device);
+  LoadArchive(bytes, archive, device);
   if (parts.module) {
     torch::serialize::InputArchive part;
     archive.read(kModel, part);
@@ -349,13 +364,11 @@ std::string SerializeState(torch::nn::Module& module, const SharedUpdateState& u
 int64_t RestoreState(const std::string& bytes, torch::nn::Module& module,
                      const SharedUpdateState& update, const v1::JobSpec& spec, int rank,
                      std::string* rank_state, const c10::Device& device) {
-  CheckCheckpointArchive(bytes);
   torch::serialize::InputArchive archive, model_archive, optimizer_archive;
-  std::istringstream in(bytes);
   // Read straight onto the module's device: a tensor read onto another device would replace
   // the parameter's data (set_data) rather than fill it, and a CUDA tensor cannot be read at
   // all where there is no GPU.
-  archive.load_from(in, device);
+  LoadArchive(bytes, archive, device);
   c10::IValue saved_spec;
   if (archive.try_read(kSpec, saved_spec)) RequireSameSpec(saved_spec.toStringRef(), spec);
   archive.read(kModel, model_archive);

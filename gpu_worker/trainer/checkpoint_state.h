@@ -8,9 +8,11 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "gpu_worker/ddp/mixed_precision.h"
+#include "gpu_worker/trainer/checkpoint_bytes.h"
 #include "gradhub/v1/jobs.pb.h"
 
 namespace torch {
@@ -40,10 +42,13 @@ struct RankStateParts {
   bool empty() const { return !module && !optimizer && !comm_hook; }
 };
 std::string SerializeRankState(const RankStateParts& parts);
+// The same bytes, appended to `file` as torch writes them: a stage's state, which must not be
+// copied into memory (checkpoint_bytes.h).
+void WriteRankState(const RankStateParts& parts, ScratchFile& file);
 // Tensors are read onto `device` (map_location), whatever device they were saved from. Like
 // RestoreState, throws UserError ("checkpoint") for bytes that are not an archive gradhub
 // writes (checkpoint_archive.h), before torch reads them.
-void RestoreRankState(const std::string& bytes, const RankStateParts& parts,
+void RestoreRankState(std::string_view bytes, const RankStateParts& parts,
                       const c10::Device& device = c10::kCPU);
 
 // The spec with every field cleared that cannot change the parameters a run ends with, so two
@@ -92,26 +97,21 @@ int64_t RestoreState(const std::string& bytes, torch::nn::Module& module,
 void RequireSameSpec(const std::string& saved_spec, const v1::JobSpec& spec_with_defaults);
 
 // A pipeline's checkpoint (parallelism.pipelineStages > 1): every stage's state under one
-// step. `stage_states`: SerializeRankState of each stage's module and optimizer, in stage
-// order (each from the stage's replica 0; the replicas hold the same). `layer_costs`: what the
-// split balanced (rank_model.h step 2), so that a resume splits alike even when the costs were
-// measured times, which a new measurement would not reproduce.
-std::string SerializePipelineState(const std::vector<std::string>& stage_states, int64_t step,
-                                   const v1::JobSpec& spec_with_defaults,
-                                   const std::vector<double>& layer_costs);
+// step, as pipeline_checkpoint_format.h lays it out (the Checkpointer writes it stage by
+// stage), or as a torch archive when written before that layout.
 struct PipelineState {
   int64_t step = 0;
   std::string spec;                 // the serialized ResumeRelevantSpec it was written under
   std::vector<double> layer_costs;  // empty in a checkpoint written before they were recorded
-  // Of stages 0.. as far as the checkpoint has them, at most `stages` (a data-parallel
-  // checkpoint has none: its spec differs in parallelism, which RequireSameSpec reports).
-  std::vector<std::string> stage_states;
+  // Of every stage the checkpoint has, in stage order (a data-parallel checkpoint has none:
+  // its spec differs in parallelism, which RequireSameSpec reports). Slices of the bytes read,
+  // sharing their storage.
+  std::vector<CheckpointBytes> stage_states;
 };
-// Throws UserError ("checkpoint") for bytes that are not an archive gradhub writes.
-PipelineState ReadPipelineState(const std::string& bytes, int stages);
-// Only the layer costs of a pipeline's checkpoint (PipelineState::layer_costs), without copying
-// its stages' states: what a resumed rank 0 needs before its model is built. Throws as
-// ReadPipelineState.
-std::vector<double> ReadPipelineLayerCosts(const std::string& bytes);
+// Throws UserError ("checkpoint") for bytes that are neither layout.
+PipelineState ReadPipelineState(const CheckpointBytes& bytes);
+// Only the layer costs of a pipeline's checkpoint (PipelineState::layer_costs): what a resumed
+// rank 0 needs before its model is built. Throws as ReadPipelineState.
+std::vector<double> ReadPipelineLayerCosts(const CheckpointBytes& bytes);
 
 }  // namespace gradhub::trainer

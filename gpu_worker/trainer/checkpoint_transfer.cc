@@ -17,7 +17,7 @@ using ddp::pipeline::MessageTag;
 const uint32_t kLengthTag = MessageTag(MessageKind::kLoss, /*boundary=*/1, /*micro_batch=*/0);
 const uint32_t kBytesTag = MessageTag(MessageKind::kLoss, /*boundary=*/2, /*micro_batch=*/0);
 
-at::Tensor Padded(const std::string& bytes, int64_t size) {
+at::Tensor Padded(std::string_view bytes, int64_t size) {
   at::Tensor padded = torch::zeros({(size + 7) / 8}, at::kLong);
   std::memcpy(padded.data_ptr(), bytes.data(), bytes.size());
   return padded;
@@ -30,7 +30,7 @@ std::string BytesOf(const at::Tensor& cpu, int64_t size) {
 }  // namespace
 
 std::optional<std::string> BroadcastBytes(ddp::ProcessGroup& group,
-                                          std::optional<std::string> bytes,
+                                          std::optional<std::string_view> bytes,
                                           const c10::Device& device) {
   at::Tensor length =
       torch::tensor({bytes ? static_cast<int64_t>(bytes->size()) : int64_t{-1}}).to(device);
@@ -65,23 +65,63 @@ std::vector<std::string> AllGatherBytes(ddp::ProcessGroup& group, const std::str
   return result;
 }
 
-void SendBytes(ddp::ProcessGroup& group, const std::string& bytes, int to,
+namespace {
+
+// Int64 elements that hold `bytes`.
+int64_t Elements(int64_t bytes) { return (bytes + 7) / 8; }
+
+// Step 2's chunks: `visit(offset, size)` for each, in order.
+template <typename Visit>
+void ForEachChunk(int64_t length, Visit&& visit) {
+  for (int64_t offset = 0; offset < length; offset += kTransferChunkBytes) {
+    visit(offset, std::min(kTransferChunkBytes, length - offset));
+  }
+}
+
+at::Tensor Staging(int64_t length, const c10::Device& device) {
+  return torch::zeros({Elements(std::min(kTransferChunkBytes, length))},
+                      at::TensorOptions().dtype(at::kLong).device(device));
+}
+
+}  // namespace
+
+void SendBytes(ddp::ProcessGroup& group, std::string_view bytes, int to,
                const c10::Device& device) {
-  const int64_t size = static_cast<int64_t>(bytes.size());
-  const at::Tensor length = torch::tensor({size}).to(device);
-  const at::Tensor payload = Padded(bytes, size).to(device);
-  group.Send(length, to, kLengthTag)->Wait();
-  group.Send(payload, to, kBytesTag)->Wait();
+  const int64_t length = static_cast<int64_t>(bytes.size());
+  group.Send(torch::tensor({length}).to(device), to, kLengthTag)->Wait();  // step 1
+  at::Tensor staging = Staging(length, device);                            // step 2
+  at::Tensor host = device.is_cpu() ? staging : torch::zeros_like(staging, at::kCPU);
+  ForEachChunk(length, [&](int64_t offset, int64_t size) {
+    std::memcpy(host.data_ptr(), bytes.data() + offset, static_cast<size_t>(size));
+    at::Tensor chunk = staging.narrow(0, 0, Elements(size));
+    if (!device.is_cpu()) chunk.copy_(host.narrow(0, 0, Elements(size)));
+    group.Send(chunk, to, kBytesTag)->Wait();
+  });
+}
+
+int64_t ReceiveLength(ddp::ProcessGroup& group, int from, const c10::Device& device) {
+  at::Tensor length = torch::empty({1}, at::TensorOptions().dtype(at::kLong).device(device));
+  group.Recv(length, from, kLengthTag)->Wait();
+  return length.cpu().item<int64_t>();
+}
+
+void ReceivePayload(ddp::ProcessGroup& group, int from, int64_t length, const c10::Device& device,
+                    const std::function<void(std::string_view)>& consume) {
+  at::Tensor staging = Staging(length, device);
+  ForEachChunk(length, [&](int64_t offset, int64_t size) {
+    at::Tensor chunk = staging.narrow(0, 0, Elements(size));
+    group.Recv(chunk, from, kBytesTag)->Wait();
+    const at::Tensor host = chunk.cpu();
+    consume(std::string_view(static_cast<const char*>(host.data_ptr()), static_cast<size_t>(size)));
+  });
 }
 
 std::string ReceiveBytes(ddp::ProcessGroup& group, int from, const c10::Device& device) {
-  at::Tensor length = torch::empty({1}, at::TensorOptions().dtype(at::kLong).device(device));
-  group.Recv(length, from, kLengthTag)->Wait();
-  const int64_t size = length.cpu().item<int64_t>();
-  at::Tensor payload =
-      torch::empty({(size + 7) / 8}, at::TensorOptions().dtype(at::kLong).device(device));
-  group.Recv(payload, from, kBytesTag)->Wait();
-  return BytesOf(payload.cpu(), size);
+  const int64_t length = ReceiveLength(group, from, device);
+  std::string bytes;
+  bytes.reserve(static_cast<size_t>(length));
+  ReceivePayload(group, from, length, device, [&bytes](std::string_view chunk) { bytes += chunk; });
+  return bytes;
 }
 
 }  // namespace gradhub::trainer

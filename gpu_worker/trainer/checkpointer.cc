@@ -8,6 +8,7 @@
 
 #include "gpu_worker/trainer/checkpoint_state.h"
 #include "gpu_worker/trainer/checkpoint_transfer.h"
+#include "gpu_worker/trainer/pipeline_checkpoint_format.h"
 #include "services/common/contract/user_error.h"
 
 namespace gradhub::trainer {
@@ -19,6 +20,13 @@ double Seconds(std::chrono::nanoseconds duration) {
   return std::chrono::duration<double>(duration).count();
 }
 
+// The bytes to broadcast, or nullopt.
+template <typename Bytes>
+std::optional<std::string_view> ViewOf(const std::optional<Bytes>& bytes) {
+  if (!bytes) return std::nullopt;
+  return std::string_view(*bytes);
+}
+
 // The header a pipeline's rank 0 broadcasts at resume: the step, a newline, the spec.
 std::string PipelineHeader(const PipelineState& state) {
   return std::to_string(state.step) + "\n" + state.spec;
@@ -26,7 +34,7 @@ std::string PipelineHeader(const PipelineState& state) {
 
 }  // namespace
 
-const std::optional<std::string>& LatestCheckpoint::Peek() {
+const std::optional<CheckpointBytes>& LatestCheckpoint::Peek() {
   if (!fetched_ && sink_) {
     std::optional<Checkpoint> latest = sink_->LoadLatest();
     if (latest) bytes_ = std::move(latest->bytes);
@@ -35,9 +43,9 @@ const std::optional<std::string>& LatestCheckpoint::Peek() {
   return bytes_;
 }
 
-std::optional<std::string> LatestCheckpoint::Take() {
+std::optional<CheckpointBytes> LatestCheckpoint::Take() {
   Peek();
-  std::optional<std::string> bytes = std::move(bytes_);
+  std::optional<CheckpointBytes> bytes = std::move(bytes_);
   bytes_.reset();
   return bytes;
 }
@@ -47,7 +55,7 @@ std::vector<double> RecordedLayerCosts(const TrainingPlan& plan, LatestCheckpoin
       !plan.leader()) {
     return {};
   }
-  const std::optional<std::string>& bytes = latest.Peek();
+  const std::optional<CheckpointBytes>& bytes = latest.Peek();
   if (!bytes) return {};
   return ReadPipelineLayerCosts(*bytes);
 }
@@ -55,7 +63,7 @@ std::vector<double> RecordedLayerCosts(const TrainingPlan& plan, LatestCheckpoin
 Checkpointer::Checkpointer(const TrainingPlan& plan, std::shared_ptr<CheckpointSink> sink,
                            LatestCheckpoint& latest, std::ostream& log,
                            std::shared_ptr<ddp::ProcessGroup> group, const c10::Device& device,
-                           const RankModel& model, UpdateRule& rule)
+                           const RankModel& model, UpdateRule& rule, std::string scratch_dir)
     : plan_(plan),
       sink_(plan.leader() ? std::move(sink) : nullptr),
       latest_(latest),
@@ -64,7 +72,8 @@ Checkpointer::Checkpointer(const TrainingPlan& plan, std::shared_ptr<CheckpointS
       device_(device),
       module_(*model.module),
       layer_costs_(model.layer_costs),
-      rule_(rule) {}
+      rule_(rule),
+      scratch_dir_(std::move(scratch_dir)) {}
 
 std::optional<Checkpointer::Resumed> Checkpointer::Load() {
   if (plan_.collective_checkpoint()) {  // step 1
@@ -78,8 +87,8 @@ std::optional<Checkpointer::Resumed> Checkpointer::Load() {
 }
 
 std::optional<Checkpointer::Resumed> Checkpointer::LoadReplicated() {
-  const std::optional<std::string> bytes =
-      BroadcastBytes(*group_, sink_ ? latest_.Take() : std::nullopt, device_);
+  const std::optional<CheckpointBytes> latest = sink_ ? latest_.Take() : std::nullopt;
+  const std::optional<std::string> bytes = BroadcastBytes(*group_, ViewOf(latest), device_);
   if (!bytes) return std::nullopt;  // step 2
   Resumed resumed;                  // step 3
   resumed.step = RestoreState(*bytes, module_, rule_.shared_state(), plan_.spec, plan_.rank,
@@ -91,16 +100,16 @@ std::optional<Checkpointer::Resumed> Checkpointer::LoadStages() {
   const int stages = plan_.pipeline.stages;
   std::optional<PipelineState> state;  // rank 0's
   std::optional<std::string> header;
-  if (std::optional<std::string> bytes = sink_ ? latest_.Take() : std::nullopt) {
-    state = ReadPipelineState(*bytes, stages);
+  if (std::optional<CheckpointBytes> bytes = sink_ ? latest_.Take() : std::nullopt) {
+    state = ReadPipelineState(*bytes);
     header = PipelineHeader(*state);
   }
-  header = BroadcastBytes(*group_, std::move(header), device_);
+  header = BroadcastBytes(*group_, ViewOf(header), device_);
   if (!header) return std::nullopt;
   const size_t newline = header->find('\n');
   const std::string saved_spec = header->substr(newline + 1);
   if (!saved_spec.empty()) RequireSameSpec(saved_spec, plan_.spec);  // on every rank alike
-  std::string mine;
+  CheckpointBytes mine;
   if (state) {
     if (state->stage_states.size() != static_cast<size_t>(stages)) {
       throw UserError("checkpoint",
@@ -108,13 +117,14 @@ std::optional<Checkpointer::Resumed> Checkpointer::LoadStages() {
                           " pipeline stages, not the job's " + std::to_string(stages));
     }
     for (int rank = 1; rank < plan_.world_size; ++rank) {
-      SendBytes(*group_, state->stage_states[static_cast<size_t>(rank % stages)], rank, device_);
+      SendBytes(*group_, state->stage_states[static_cast<size_t>(rank % stages)].view(), rank,
+                device_);
     }
     mine = std::move(state->stage_states.front());
   } else {
-    mine = ReceiveBytes(*group_, 0, device_);
+    mine = ReceiveStageState();
   }
-  RestoreRankState(mine, StageParts(), device_);
+  RestoreRankState(mine.view(), StageParts(), device_);
   return Resumed{std::stoll(header->substr(0, newline)), ""};
 }
 
@@ -129,7 +139,7 @@ std::optional<double> Checkpointer::Save(int64_t step, bool stopping) {
   if (last_step_ == step) return std::nullopt;
   if (plan_.collective_checkpoint() && (!rank0_saves_ || stopping)) return std::nullopt;
   const auto start = Clock::now();
-  std::optional<std::string> bytes = Snapshot(step);  // step 1
+  std::optional<CheckpointBytes> bytes = Snapshot(step);  // step 1
   if (plan_.collective_checkpoint()) last_step_ = step;
   if (!writer_ || !bytes) return std::nullopt;
   totals_.snapshot_seconds += Seconds(Clock::now() - start);  // step 2
@@ -140,7 +150,7 @@ std::optional<double> Checkpointer::Save(int64_t step, bool stopping) {
   return Seconds(Clock::now() - start);
 }
 
-std::optional<std::string> Checkpointer::Snapshot(int64_t step) {
+std::optional<CheckpointBytes> Checkpointer::Snapshot(int64_t step) {
   if (plan_.pipeline.enabled()) return GatherStages(step);
   std::vector<std::string> rank_states;
   if (plan_.per_rank_state) rank_states = AllGatherBytes(*group_, rule_.SaveRankState(), device_);
@@ -148,19 +158,47 @@ std::optional<std::string> Checkpointer::Snapshot(int64_t step) {
   return SerializeState(module_, rule_.shared_state(), step, plan_.spec, rank_states);
 }
 
-std::optional<std::string> Checkpointer::GatherStages(int64_t step) {
+CheckpointBytes Checkpointer::WriteStageState() {
+  ScratchFile file(scratch_dir_);
+  WriteRankState(StageParts(), file);
+  return file.Map();
+}
+
+CheckpointBytes Checkpointer::ReceiveStageState() {
+  ScratchFile file(scratch_dir_);
+  ReceivePayload(*group_, 0, ReceiveLength(*group_, 0, device_), device_,
+                 [&file](std::string_view chunk) { file.Append(chunk); });
+  return file.Map();
+}
+
+// Save step 1 with pipeline stages, on the stages' replica-0 ranks:
+//   a. each writes its stage's state to a scratch file (WriteStageState);
+//   b. a stage other than 0 streams it to rank 0 (SendBytes);
+//   c. rank 0 takes every stage's length first, writes the index, then its own stage's state
+//      and each other stage's as its chunks arrive into one scratch file: the checkpoint,
+//      mapped, which the writer uploads.
+std::optional<CheckpointBytes> Checkpointer::GatherStages(int64_t step) {
   const PipelinePlan& pipeline = plan_.pipeline;
   if (pipeline.replica != 0) return std::nullopt;
-  std::string mine = SerializeRankState(StageParts());
+  CheckpointBytes mine = WriteStageState();  // a
   if (plan_.rank != 0) {
-    SendBytes(*group_, mine, 0, device_);
+    SendBytes(*group_, mine.view(), 0, device_);  // b
     return std::nullopt;
   }
-  std::vector<std::string> stages{std::move(mine)};
+  std::vector<int64_t> sizes{static_cast<int64_t>(mine.size())};  // c
   for (int stage = 1; stage < pipeline.stages; ++stage) {
-    stages.push_back(ReceiveBytes(*group_, stage, device_));
+    sizes.push_back(ReceiveLength(*group_, stage, device_));
   }
-  return SerializePipelineState(stages, step, plan_.spec, layer_costs_);
+  ScratchFile checkpoint(scratch_dir_);
+  checkpoint.Append(PipelineCheckpointIndex(
+      step, ResumeRelevantSpec(plan_.spec).SerializeAsString(), layer_costs_, sizes));
+  checkpoint.Append(mine.view());
+  mine = CheckpointBytes();
+  for (int stage = 1; stage < pipeline.stages; ++stage) {
+    ReceivePayload(*group_, stage, sizes[static_cast<size_t>(stage)], device_,
+                   [&checkpoint](std::string_view chunk) { checkpoint.Append(chunk); });
+  }
+  return checkpoint.Map();
 }
 
 void Checkpointer::Flush(std::chrono::milliseconds timeout) {

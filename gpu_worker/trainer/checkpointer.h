@@ -10,19 +10,22 @@
 //      bytes: every rank needs the optimizer state, and all then start from the same bytes
 //      even if they would have raced a commit. With pipeline stages it broadcasts only the
 //      step and the spec the checkpoint was written under (every rank refuses a changed spec
-//      alike), then sends each rank its own stage's state, point to point.
+//      alike), then streams each rank its own stage's state, point to point, from the mapped
+//      checkpoint into a scratch file the rank maps (checkpoint_bytes.h: no rank holds a copy
+//      of a stage's state in memory, only the state it restores).
 //   3. Every rank restores the model and the update rule's shared state from them (a
 //      pipeline's rank: its stage's), and keeps its own rank state for
 //      UpdateRule::RestoreRankState.
 // Save, at the plan's steps:
 //   1. With per-rank state every rank serializes its own and rank 0 gathers them (a
 //      collective: every rank calls Save at the same steps). With pipeline stages, each
-//      stage's replica-0 rank (global rank = its stage) serializes its module and optimizer
-//      and sends them to rank 0, which takes them in stage order (SerializePipelineState):
-//      one checkpoint per step holds every stage.
-//   2. Rank 0 snapshots the state into host memory and hands it to the AsyncCheckpointWriter,
-//      which uploads on its own thread. The loop waits only for a previous upload still
-//      running; that wait and the snapshot are the stall a checkpoint costs.
+//      stage's replica-0 rank (global rank = its stage) writes its module and optimizer to a
+//      scratch file and streams it to rank 0, which writes one checkpoint file of every stage
+//      (pipeline_checkpoint_format.h) as the chunks arrive: GatherStages.
+//   2. Rank 0 snapshots the state into host memory (a pipeline's: into that file, mapped) and
+//      hands it to the AsyncCheckpointWriter, which uploads on its own thread. The loop waits only
+//      for a previous upload still running; that wait and the snapshot are the stall a checkpoint
+//      costs.
 // Not thread-safe: the training thread drives it.
 #pragma once
 
@@ -56,14 +59,14 @@ class LatestCheckpoint {
   // `sink`: rank 0's store, or null (other ranks, or no store): then there is none.
   explicit LatestCheckpoint(std::shared_ptr<CheckpointSink> sink) : sink_(std::move(sink)) {}
   // The bytes, downloaded on the first call; nullopt when there is no checkpoint.
-  const std::optional<std::string>& Peek();
+  const std::optional<CheckpointBytes>& Peek();
   // The bytes, handed over: later calls return nullopt.
-  std::optional<std::string> Take();
+  std::optional<CheckpointBytes> Take();
 
  private:
   const std::shared_ptr<CheckpointSink> sink_;
   bool fetched_ = false;
-  std::optional<std::string> bytes_;
+  std::optional<CheckpointBytes> bytes_;
 };
 
 // The layer costs a pipeline's newest checkpoint recorded, on rank 0 when the plan splits by
@@ -74,11 +77,12 @@ class Checkpointer {
  public:
   // `sink`: rank 0's store, or null (other ranks, or no store); `latest`: what resume reads
   // (rank 0's, over the same sink), which must outlive this. `model` and `rule`: what a
-  // checkpoint holds, with the plan's spec.
+  // checkpoint holds, with the plan's spec. `scratch_dir`: where a pipeline's stage states
+  // are written on their way (TrainerOptions::scratch_dir).
   Checkpointer(const TrainingPlan& plan, std::shared_ptr<CheckpointSink> sink,
                LatestCheckpoint& latest, std::ostream& log,
                std::shared_ptr<ddp::ProcessGroup> group, const c10::Device& device,
-               const RankModel& model, UpdateRule& rule);
+               const RankModel& model, UpdateRule& rule, std::string scratch_dir = "");
 
   struct Resumed {
     int64_t step = 0;
@@ -108,9 +112,11 @@ class Checkpointer {
   std::optional<Resumed> LoadReplicated();  // resume steps 2-3, every rank alike
   std::optional<Resumed> LoadStages();      // with pipeline stages
   RankStateParts StageParts();              // a pipeline rank's: its module and optimizer
+  CheckpointBytes WriteStageState();        // StageParts in a mapped scratch file
+  CheckpointBytes ReceiveStageState();      // a stage's state streamed from rank 0, likewise
   // Save step 1: the bytes rank 0 writes (nullopt on the others).
-  std::optional<std::string> Snapshot(int64_t step);
-  std::optional<std::string> GatherStages(int64_t step);
+  std::optional<CheckpointBytes> Snapshot(int64_t step);
+  std::optional<CheckpointBytes> GatherStages(int64_t step);
 
   const TrainingPlan& plan_;
   const std::shared_ptr<CheckpointSink> sink_;
@@ -121,6 +127,7 @@ class Checkpointer {
   torch::nn::Module& module_;
   const std::vector<double> layer_costs_;  // a pipeline's split (RankModel::layer_costs)
   UpdateRule& rule_;
+  const std::string scratch_dir_;
   bool rank0_saves_ = false;  // known on every rank when saving is a collective (resume step 1)
   int64_t last_step_ = -1;
   int64_t resumed_from_step_ = -1;

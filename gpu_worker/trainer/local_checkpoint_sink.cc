@@ -7,7 +7,6 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <regex>
 #include <sstream>
@@ -51,14 +50,15 @@ LocalCheckpointSink::LocalCheckpointSink(std::string directory, int keep_last)
 void LocalCheckpointSink::Save(const Checkpoint& checkpoint) {
   std::ostringstream footer;
   footer << '\n'
-         << kFooterMagic << ' ' << checkpoint.bytes.size() << ' ' << Sha256Hex(checkpoint.bytes)
-         << '\n';
+         << kFooterMagic << ' ' << checkpoint.bytes.size() << ' '
+         << Sha256Hex(checkpoint.bytes.view()) << '\n';
+  const std::string footer_text = footer.str();
   const std::string final_path =
       (fs::path(directory_) / ("ckpt-" + std::to_string(checkpoint.step) + ".gh")).string();
   const std::string temp_path = final_path + ".tmp";
   int fd = ::open(temp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) Fail("cannot create", temp_path);
-  for (const std::string& part : {checkpoint.bytes, footer.str()}) {
+  for (std::string_view part : {checkpoint.bytes.view(), std::string_view(footer_text)}) {
     size_t written = 0;
     while (written < part.size()) {
       ssize_t n = ::write(fd, part.data() + written, part.size() - written);
@@ -83,20 +83,24 @@ void LocalCheckpointSink::Save(const Checkpoint& checkpoint) {
 std::optional<Checkpoint> LocalCheckpointSink::LoadLatest() {
   auto all = ListCheckpoints(directory_);
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
-    std::ifstream in(it->second, std::ios::binary);
-    std::string content((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    const size_t footer_start = content.rfind(std::string("\n") + kFooterMagic + " ");
     std::string reason = "no footer (torn write?)";
-    if (footer_start != std::string::npos) {
-      std::istringstream footer(content.substr(footer_start + 1));
+    CheckpointBytes content;  // mapped: a checkpoint need not fit in memory (sinks.h)
+    try {
+      content = CheckpointBytes::MapFile(it->second.string());
+    } catch (const std::runtime_error& error) {
+      reason = error.what();
+    }
+    const size_t footer_start = content.view().rfind(std::string("\n") + kFooterMagic + " ");
+    if (footer_start != std::string_view::npos) {
+      std::istringstream footer(std::string(content.view().substr(footer_start + 1)));
       std::string magic, sha;
       size_t size = 0;
       footer >> magic >> size >> sha;
-      std::string payload = content.substr(0, footer_start);
+      CheckpointBytes payload = content.Slice(0, footer_start);
       if (size != payload.size()) {
         reason =
             "length " + std::to_string(payload.size()) + " but footer says " + std::to_string(size);
-      } else if (Sha256Hex(payload) != sha) {
+      } else if (Sha256Hex(payload.view()) != sha) {
         reason = "SHA-256 mismatch";
       } else {
         return Checkpoint{it->first, std::move(payload)};

@@ -57,6 +57,7 @@ struct TrainerConfig {
   int64_t max_input_bytes = int64_t{4} << 30;
   int64_t memory_limit_bytes = 0;
   std::string dump_parameters;
+  std::string scratch_dir;
 
   void Register(Flags& flags) {
     flags.String("spec", "GRADHUB_SPEC", &spec, "Job spec file (YAML or JSON, proto3 JSON names)")
@@ -107,6 +108,10 @@ struct TrainerConfig {
         .Int("memory-limit-bytes", "GRADHUB_MEMORY_LIMIT_BYTES", &memory_limit_bytes,
              "The memory limit the agent put on this rank, for the out-of-memory message; "
              "0 = none")
+        .String("scratch-dir", "GRADHUB_SCRATCH_DIR", &scratch_dir,
+                "Where a pipeline's ranks write stage states on their way to and from a "
+                "checkpoint (unnamed files: page cache, not the rank's memory); empty = the "
+                "current directory, which the agent makes the rank's own")
         .String("dump-parameters", "GRADHUB_DUMP_PARAMETERS", &dump_parameters,
                 "A directory each rank writes its final parameters to, as text "
                 "(rank-<rank>.txt), for comparing runs; empty = none");
@@ -253,6 +258,7 @@ trainer::TrainerOptions TrainerOptionsOf(const TrainerConfig& config, const v1::
   options.progress = &std::cout;
   options.log = &std::cerr;
   options.parameters_dump_dir = config.dump_parameters;
+  options.scratch_dir = config.scratch_dir;
   return options;
 }
 

@@ -7,6 +7,8 @@
 #include <optional>
 #include <string>
 
+#include "gpu_worker/trainer/checkpoint_bytes.h"
+
 namespace gradhub::trainer {
 
 // A pipeline stage's share of a step (JobSpec.parallelism; telemetry.proto's fields of the
@@ -58,10 +60,12 @@ class TelemetrySink {
 
 struct Checkpoint {
   int64_t step = 0;
-  std::string bytes;
+  // In memory, or a mapped file (a pipeline's, or one a sink downloaded to its cache).
+  CheckpointBytes bytes;
 };
 
-// Where checkpoints go. Save must be atomic: a reader sees a whole checkpoint or none.
+// Where checkpoints go. Save must be atomic: a reader sees a whole checkpoint or none. Both
+// directions may stream through files, for checkpoints that do not fit a rank's memory twice.
 class CheckpointSink {
  public:
   virtual ~CheckpointSink() = default;

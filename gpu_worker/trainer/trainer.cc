@@ -260,7 +260,7 @@ class TrainingRun {
         rule_(model_.module, group_, plan_, LossScalerOptionsFor(plan_, options)),
         progress_(plan_, ReportOutputsOf(options), group_, device_),
         checkpoints_(plan_, options.checkpoints, latest_checkpoint_, progress_.log(), group_,
-                     device_, model_, rule_),
+                     device_, model_, rule_, options.scratch_dir),
         losses_(plan_.rank),
         stop_(options.stop_requested, options.preempt_grace),
         parameters_dump_dir_(options.parameters_dump_dir) {

@@ -62,6 +62,10 @@ struct TrainerOptions {
   // DumpParameters): for comparing runs whose ranks hold different parts of the model
   // (pipeline stages against one process) within a tolerance.
   std::string parameters_dump_dir;
+  // Where a pipeline's ranks write their stages' states while they move them to and from a
+  // checkpoint (files without names, checkpoint_bytes.h: page cache rather than the rank's
+  // memory); "" = the current directory (the agent starts a rank in its own directory).
+  std::string scratch_dir;
 };
 
 struct TrainResult {

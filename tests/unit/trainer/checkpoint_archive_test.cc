@@ -16,7 +16,9 @@
 
 #include "gpu_worker/ddp/mixed_precision.h"
 #include "gpu_worker/trainer/checkpoint_archive.h"
+#include "gpu_worker/trainer/checkpoint_bytes.h"
 #include "gpu_worker/trainer/checkpoint_state.h"
+#include "gpu_worker/trainer/pipeline_checkpoint_format.h"
 #include "services/common/contract/job_spec.h"
 #include "services/common/contract/user_error.h"
 
@@ -233,13 +235,53 @@ TEST(CheckpointArchiveTest, ACheckpointOfOtherParameterNamesIsRefusedAsTheUsers)
 // stages' states; a checkpoint without them reads as none.
 TEST(CheckpointArchiveTest, APipelineCheckpointKeepsTheLayerCostsOfItsSplit) {
   const std::string checkpoint =
-      SerializePipelineState({"stage 0", "stage 1"}, 5, Spec(), {0.25, 1.5, 3.0});
+      PipelineCheckpointIndex(5, "spec", {0.25, 1.5, 3.0}, {7, 7}) + "stage 0" + "stage 1";
   EXPECT_EQ(ReadPipelineLayerCosts(checkpoint), (std::vector<double>{0.25, 1.5, 3.0}));
-  const PipelineState state = ReadPipelineState(checkpoint, 2);
+  const PipelineState state = ReadPipelineState(checkpoint);
   EXPECT_EQ(state.step, 5);
+  EXPECT_EQ(state.spec, "spec");
   EXPECT_EQ(state.layer_costs, (std::vector<double>{0.25, 1.5, 3.0}));
-  EXPECT_EQ(state.stage_states, (std::vector<std::string>{"stage 0", "stage 1"}));
+  ASSERT_EQ(state.stage_states.size(), 2u);
+  EXPECT_EQ(state.stage_states[0], "stage 0");
+  EXPECT_EQ(state.stage_states[1], "stage 1");
   EXPECT_TRUE(ReadPipelineLayerCosts(Trained("sgd").Checkpoint()).empty());
+}
+
+// A pipeline's checkpoint from before pipeline_checkpoint_format.h (a torch archive holding
+// each stage's state as a string, as stop 42 wrote them) still resumes.
+TEST(CheckpointArchiveTest, APipelineCheckpointOfTheArchiveLayoutStillReads) {
+  torch::serialize::OutputArchive archive;
+  archive.write("step", torch::tensor(int64_t{5}));
+  archive.write("spec", c10::IValue(std::string("spec")));
+  archive.write("layer_costs", torch::tensor(std::vector<double>{0.25, 1.5}, at::kDouble));
+  archive.write("stage_state_0", c10::IValue(std::string("stage 0")));
+  archive.write("stage_state_1", c10::IValue(std::string("stage 1")));
+  std::ostringstream out;
+  archive.save_to(out);
+  const std::string checkpoint = out.str();
+  EXPECT_EQ(ReadPipelineLayerCosts(checkpoint), (std::vector<double>{0.25, 1.5}));
+  const PipelineState state = ReadPipelineState(checkpoint);
+  EXPECT_EQ(state.step, 5);
+  EXPECT_EQ(state.spec, "spec");
+  ASSERT_EQ(state.stage_states.size(), 2u);
+  EXPECT_EQ(state.stage_states[0], "stage 0");
+  EXPECT_EQ(state.stage_states[1], "stage 1");
+}
+
+// A stage's state written to a scratch file (as a pipeline's ranks write theirs) is the same
+// archive as in memory, and restores from its mapping.
+TEST(CheckpointArchiveTest, AStageStateWrittenToAScratchFileRestoresFromItsMapping) {
+  Trained saved("adam");
+  ScratchFile file(::testing::TempDir());
+  WriteRankState(saved.parts(), file);
+  const CheckpointBytes mapped = file.Map();
+  EXPECT_TRUE(mapped.mapped());
+  EXPECT_EQ(mapped.view(), SerializeRankState(saved.parts()));
+  Trained resumed("adam");
+  RestoreRankState(mapped.view(), resumed.parts());
+  for (size_t i = 0; i < saved.model->parameters().size(); ++i) {
+    EXPECT_TRUE(saved.model->parameters()[i].equal(resumed.model->parameters()[i]));
+  }
 }
 
 TEST(CheckpointArchiveTest, APickleThatWouldMakeTorchAllocateGigabytesIsRefused) {
