@@ -5,6 +5,8 @@
 // An input is either
 //   - an archive as stored (it starts "PK", a zip): bytes as they come, so the zip reader's
 //     checks are fuzzed; or
+//   - a pipeline's checkpoint (it starts with pipeline_checkpoint_format.h's magic): its index
+//     is read, and each stage's state restored as a pipeline's rank restores its own; or
 //   - the records of one: repeated [name length: 1 byte][name][size: 4 bytes, little endian]
 //     [content], which this target zips with torch's own writer (a size past the end takes
 //     the rest). The zip is then valid (sizes, CRCs), so mutations reach what reads the
@@ -32,6 +34,7 @@
 
 #include "gpu_worker/trainer/checkpoint_archive.h"
 #include "gpu_worker/trainer/checkpoint_state.h"
+#include "gpu_worker/trainer/pipeline_checkpoint_format.h"
 #include "services/common/contract/job_spec.h"
 #include "services/common/contract/user_error.h"
 
@@ -166,6 +169,22 @@ void Restore(const std::string& bytes) {
   Require(Layouts(state) == before);  // check 2
 }
 
+// A pipeline's checkpoint: every stage's state into the one model, as each stage's rank does
+// with its own (checkpointer.cc LoadStages).
+void RestorePipeline(std::string_view bytes) {
+  RankState state;
+  const std::vector<Layout> before = Layouts(state);
+  try {
+    const trainer::PipelineState pipeline = trainer::ReadPipelineState(std::string(bytes));
+    for (const trainer::CheckpointBytes& stage : pipeline.stage_states) {
+      trainer::RestoreRankState(stage.view(), state.parts());
+    }
+  } catch (const std::exception&) {
+    return;  // check 1
+  }
+  Require(Layouts(state) == before);  // check 2
+}
+
 // The records of `archive` in this target's record format.
 std::string Records(const std::string& archive) {
   std::istringstream in(archive);
@@ -195,6 +214,9 @@ int WriteSeeds(const fs::path& dir) {
   const std::string rank_state = trainer::SerializeRankState(state.parts());
   v1::JobSpec other = Spec();
   other.set_seed(other.seed() + 1);
+  const std::string pipeline = trainer::PipelineCheckpointIndex(
+                                   7, "", {1.0, 2.0}, {static_cast<int64_t>(rank_state.size())}) +
+                               rank_state;
   const std::vector<std::pair<std::string, std::string>> seeds = {
       {"plain", trainer::SerializeState(*state.model, state.shared(), 7, Spec())},
       {"rank_states",
@@ -206,6 +228,7 @@ int WriteSeeds(const fs::path& dir) {
     WriteFile(dir / (name + ".zip"), archive);
     WriteFile(dir / (name + ".records"), Records(archive));
   }
+  WriteFile(dir / "pipeline.ghpipe", pipeline);
   return 0;
 }
 
@@ -229,6 +252,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view input(reinterpret_cast<const char*>(data), size);
   if (input.substr(0, 2) == "PK") {
     Restore(std::string(input));
+  } else if (trainer::IsPipelineCheckpoint(input)) {
+    RestorePipeline(input);
   } else if (const std::string zip = ZipRecords(input); !zip.empty()) {
     Restore(zip);
   }

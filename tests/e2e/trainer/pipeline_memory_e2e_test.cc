@@ -20,12 +20,15 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <optional>
@@ -292,6 +295,71 @@ TEST_F(PipelineMemoryE2eTest, TwoStagesFitTheSameSlotsAndTrainToTheEnd) {
                 HasSubstr(rank == 0 ? "stage 1/2: layers 0-1 of 4" : "stage 2/2: layers 2-3 of 4"))
         << "rank " << rank;
   }
+}
+
+// The newest committed checkpoint's step of `job` in the store; 0 if none.
+int64_t NewestCommitted(testing::LocalCluster& cluster, const std::string& job) {
+  int64_t newest = 0;
+  for (const v1::Checkpoint& checkpoint : testing::ListedCheckpoints(cluster, job)) {
+    if (checkpoint.state() == v1::Checkpoint::COMMITTED) {
+      newest = std::max(newest, checkpoint.step());
+    }
+  }
+  return newest;
+}
+
+// A restart in the same slots, which reads a checkpoint as large as the saves write:
+//   1. the two-stage job runs past its first committed checkpoint;
+//   2. rank 1 is SIGKILLed, and the agent's checkpoint cache of the job emptied, so that
+//      attempt 2 downloads the checkpoint from gradhub-checkpoint;
+//   3. attempt 2's rank 0 streams rank 1 its stage's state, both resume from the committed
+//      step and train to the end: nothing of it exceeds the slot (the cgroup would kill it).
+TEST_F(PipelineMemoryE2eTest, TwoStagesResumeFromTheStoreInTheSameSlots) {
+  if (!StartCluster(std::to_string(kLimit))) return;
+  v1::JobSpec spec = TwoStages("two-stages-resumed");
+  spec.set_max_steps(2 * kSteps);
+  spec.mutable_checkpoint()->set_every_steps(4);
+  spec.mutable_max_restarts()->set_job(1);
+  PeakSampler sampler(*cluster_, "a");
+  const std::string name = cluster_->Submit(spec).name();
+  int64_t committed = 0;  // step 1
+  const v1::Job running = cluster_->AwaitJob(name, [&](const v1::Job& job) {
+    if (testing::Ended(job) || job.attempt() != 1) return true;
+    committed = NewestCommitted(*cluster_, name);
+    return committed > 0 && job.progress().step() > committed;
+  });
+  ASSERT_EQ(running.state(), v1::Job::RUNNING) << cluster_->Describe(name);
+  ASSERT_GT(committed, 0);
+  pid_t victim = 0;  // step 2
+  for (pid_t pid : cluster_->TrainersOf("a")) {
+    if (RankOf(pid) == 1) victim = pid;
+  }
+  ASSERT_GT(victim, 0) << "rank 1's process not found";
+  ASSERT_EQ(kill(victim, SIGKILL), 0);
+  std::error_code ignored;
+  std::filesystem::remove_all(std::filesystem::path(cluster_->dir()) / "agent-a" / "checkpoints" /
+                                  name.substr(sizeof("jobs/") - 1),
+                              ignored);
+  const v1::Job job = cluster_->AwaitJob(name, testing::Ended, std::chrono::seconds(240));
+  const std::map<int, RankMemory> peaks = sampler.Stop();
+  std::cerr << "resumed: " << v1::Job::State_Name(job.state()) << " at step "
+            << job.progress().step() << " in attempt " << job.attempt() << ";" << Peaks(peaks)
+            << "\n";
+  EXPECT_EQ(job.state(), v1::Job::SUCCEEDED) << cluster_->Describe(name);  // step 3
+  EXPECT_EQ(job.attempt(), 2) << cluster_->Describe(name);
+  EXPECT_EQ(job.progress().step(), 2 * kSteps);
+  std::vector<int64_t> resumed;  // by rank: the step attempt 2 says it resumed from
+  for (int rank : {0, 1}) {
+    std::string log;
+    for (const std::string& line : cluster_->Logs(name, 2, rank)) log += line + "\n";
+    std::smatch match;
+    resumed.push_back(std::regex_search(log, match, std::regex("resumed from step ([0-9]+)"))
+                          ? std::stoll(match[1].str())
+                          : -1);
+    EXPECT_THAT(log, ::testing::Not(HasSubstr("read from the local cache"))) << "rank " << rank;
+  }
+  EXPECT_GE(resumed[0], committed) << "attempt 2 did not resume from the store";
+  EXPECT_EQ(resumed[1], resumed[0]);
 }
 
 // A measurement, not a check (GRADHUB_PIPELINE_MEMORY_MEASURE=1 runs it): what every rank of
