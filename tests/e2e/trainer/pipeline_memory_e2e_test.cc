@@ -324,7 +324,8 @@ TEST_F(PipelineMemoryE2eTest, TwoStagesResumeFromTheStoreInTheSameSlots) {
   const std::string name = cluster_->Submit(spec).name();
   int64_t committed = 0;  // step 1
   const v1::Job running = cluster_->AwaitJob(name, [&](const v1::Job& job) {
-    if (testing::Ended(job) || job.attempt() != 1) return true;
+    if (testing::Ended(job) || job.attempt() > 1) return true;
+    if (job.state() != v1::Job::RUNNING) return false;  // not placed yet
     committed = NewestCommitted(*cluster_, name);
     return committed > 0 && job.progress().step() > committed;
   });
