@@ -10,45 +10,13 @@
 namespace gradhub::trainer {
 namespace {
 
-using ddp::pipeline::kMaxActivationDims;
-using ddp::pipeline::MessageKind;
-using ddp::pipeline::MessageTag;
+using ddp::pipeline::Crossing;
+using ddp::pipeline::ReceiveActivationValues;
+using ddp::pipeline::SendActivationValues;
 using ddp::pipeline::StageTraffic;
 
+// Every batch's messages carry this micro-batch in their tags, apart from training's.
 constexpr int kEvaluationMicroBatch = ddp::pipeline::kMaxMicroBatches - 1;
-constexpr int64_t kHeaderSize = 2 + kMaxActivationDims;  // dims, dtype, sizes
-
-// The output of virtual stage `boundary` to the next one: its header, then its values.
-void SendOutput(StageTraffic& traffic, const at::Tensor& output, int to, int boundary) {
-  if (output.dim() > kMaxActivationDims) {
-    throw std::invalid_argument("an activation has " + std::to_string(output.dim()) +
-                                " dimensions; a pipeline passes at most " +
-                                std::to_string(kMaxActivationDims));
-  }
-  std::vector<int64_t> header(kHeaderSize, 0);
-  header[0] = output.dim();
-  header[1] = static_cast<int64_t>(output.scalar_type());
-  for (int64_t d = 0; d < output.dim(); ++d) header[2 + d] = output.size(d);
-  traffic.Send(torch::tensor(header, at::kLong).to(traffic.device()), to,
-               MessageTag(MessageKind::kActivationShape, boundary, kEvaluationMicroBatch));
-  traffic.Send(output.contiguous(), to,
-               MessageTag(MessageKind::kActivation, boundary, kEvaluationMicroBatch));
-}
-
-at::Tensor ReceiveInput(StageTraffic& traffic, int from, int boundary) {
-  const auto longs = at::TensorOptions().dtype(at::kLong).device(traffic.device());
-  const at::Tensor header = torch::empty({kHeaderSize}, longs);
-  traffic.Receive(header, from,
-                  MessageTag(MessageKind::kActivationShape, boundary, kEvaluationMicroBatch));
-  const at::Tensor values = header.cpu();
-  const int64_t* h = values.data_ptr<int64_t>();
-  const std::vector<int64_t> sizes(h + 2, h + 2 + h[0]);
-  const auto dtype = static_cast<c10::ScalarType>(h[1]);
-  at::Tensor input = torch::empty(sizes, at::TensorOptions().dtype(dtype).device(traffic.device()));
-  traffic.Receive(input, from,
-                  MessageTag(MessageKind::kActivation, boundary, kEvaluationMicroBatch));
-  return input;
-}
 
 // One rank's walk through the validation batches (steps 1-2).
 class EvaluationWalk {
@@ -56,7 +24,7 @@ class EvaluationWalk {
   EvaluationWalk(const PassContext& context, const ddp::pipeline::PipelineLayout& layout)
       : context_(context),
         layout_(layout),
-        traffic_(context.world, context.device),
+        traffic_(std::make_shared<StageTraffic>(context.world, context.device)),
         sums_(context.device) {}
 
   EvalSums Run(const std::vector<int64_t>& mine) {
@@ -74,7 +42,7 @@ class EvaluationWalk {
       if (loader && !loader->Next(&x, &y)) throw std::logic_error("validation loader ended early");
       ForwardBatch(OnDevice(x), OnDevice(y));
     }
-    traffic_.WaitForSends();
+    traffic_->WaitForSends();
     return sums_;
   }
 
@@ -91,21 +59,24 @@ class EvaluationWalk {
     for (int c = 0; c < pipeline.chunks_per_stage; ++c) {
       const int at = c * pipeline.stages + pipeline.stage;
       const at::Tensor input =
-          at == 0 ? x : ReceiveInput(traffic_, layout_.PreviousRank(rank), at - 1);
+          at == 0 ? x
+                  : ReceiveActivationValues(Crossing{traffic_, layout_.PreviousRank(rank), at - 1,
+                                                     kEvaluationMicroBatch});
       PrecisionScope precision(context_.plan.autocast, context_.device.type());
       const at::Tensor output = context_.model.pieces[static_cast<size_t>(c)]->Forward(input);
       if (at == last) {
         sums_.Add(context_.dataset.shape().task, output, y);
       } else {
-        SendOutput(traffic_, output, layout_.NextRank(rank), at);
+        SendActivationValues(output,
+                             Crossing{traffic_, layout_.NextRank(rank), at, kEvaluationMicroBatch});
       }
-      traffic_.ReleaseCompletedSends();
+      traffic_->ReleaseCompletedSends();
     }
   }
 
   const PassContext& context_;
   const ddp::pipeline::PipelineLayout& layout_;
-  StageTraffic traffic_;
+  const std::shared_ptr<StageTraffic> traffic_;
   EvalSums sums_;
 };
 

@@ -138,6 +138,11 @@ class ProcessGroup {
   // Receives into `tensor` (shape and dtype must match the sender's; a size mismatch is a
   // CommError naming both sizes) from rank `src`. Completes when the bytes have arrived.
   virtual std::shared_ptr<Work> Recv(at::Tensor tensor, int src, uint32_t tag) = 0;
+  // Whether two ranks may post the Sends and Recvs between them in different orders (Gloo),
+  // rather than in one order (NCCL: a rank's transfers run in issue order on one stream, so a
+  // receive posted early blocks the transfers issued after it). False unless a backend says
+  // so: a caller that posts receives early asks first.
+  virtual bool TransfersInAnyOrder() const { return false; }
 
  protected:
   ProcessGroup(int rank, int size, std::string name)

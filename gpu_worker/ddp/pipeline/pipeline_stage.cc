@@ -121,7 +121,7 @@ class PipelineStage::StepRun {
  private:
   struct InFlight {
     at::Tensor terminal;
-    int64_t bytes = 0;  // what its forward left allocated
+    int64_t bytes = 0;  // what its forward left allocated, its input's buffer included
   };
   // What in-flight micro-batches hold, and the most they held.
   struct Held {
@@ -167,8 +167,25 @@ class PipelineStage::StepRun {
       slot.terminal =
           SendActivation(output, CrossingTo(stage_.layout_.NextRank(rank), at, action.micro_batch));
     }
-    slot.bytes = memory_.net_bytes() - allocated_before;
+    slot.bytes += memory_.net_bytes() - allocated_before;
     held_.Add(slot.bytes);
+    if (stage_.group_->TransfersInAnyOrder() && at > 0 &&
+        action.micro_batch + 1 < stage_.options_.micro_batches) {
+      PostNextInput(action, at);
+    }
+  }
+
+  // Posts the receive of the next micro-batch's input across the same boundary (the next
+  // forward of this chunk), so that it lands while this stage computes. Its buffer counts as
+  // held by that micro-batch. Only where transfers may come in any order: on one stream
+  // (NCCL) it would block this stage's gradient sends to the previous stage, which that stage
+  // waits for before it sends the activation (pipeline_schedule_test simulates it).
+  void PostNextInput(const StageAction& action, int at) {
+    const int64_t before = memory_.net_bytes();
+    PostActivationReceive(CrossingTo(stage_.layout_.PreviousRank(stage_.group_->rank()), at - 1,
+                                     action.micro_batch + 1));
+    Slot({Kind::kForward, action.micro_batch + 1, action.chunk}).bytes =
+        memory_.net_bytes() - before;
   }
 
   // Posts the gradient receives due before `micro_batch`'s activation is sent. Their buffers
@@ -227,6 +244,7 @@ class PipelineStage::StepRun {
       terminal.backward();
     }
     held_.Release(slot.bytes);
+    slot.bytes = 0;
   }
 
   // The last stage sends the step's loss to stage 0 of its replica (see the header, step 3).

@@ -19,7 +19,10 @@
 //       terminal is then the scaled loss, or loss_for_backward of it). Before sending, it
 //       posts the gradient receives GradientReceivesAhead lists for this micro-batch, so that
 //       neighbours issue their transfers in the same order (what NCCL's one stream needs;
-//       Gloo takes any order).
+//       Gloo takes any order). Last, where the group takes transfers in any order (Gloo), it
+//       posts the receive of the next micro-batch's input across the same boundary
+//       (PostActivationReceive), so that the activation lands while this stage computes
+//       rather than once its next forward asked for it (tests/bench/pipeline/bubble.sh).
 //     - backward of (micro-batch, chunk): terminal.backward(), which receives the output's
 //       gradient from the next stage and sends the input's to the previous one. The chunk's
 //       last backward of the step, with sync_gradients, arms its DistributedDataParallel just

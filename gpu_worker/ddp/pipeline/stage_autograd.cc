@@ -14,24 +14,72 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using torch::autograd::variable_list;
 
-// The shape header: {dtype, dims, size 0, ..., size 7}, int64.
-constexpr int64_t kHeaderLength = 2 + kMaxActivationDims;
+// The activation header (see Activations in the header): {dtype, dims, size 0, ..., size 7,
+// where, 0}, int64. 96 bytes, so that the values after it are aligned for every dtype. A
+// kActivation message is an int64 tensor (a dtype every backend sends) of the header and the
+// values' bytes, rounded up to whole int64s.
+constexpr int64_t kHeaderLength = 4 + kMaxActivationDims;
+constexpr int64_t kHeaderBytes = kHeaderLength * static_cast<int64_t>(sizeof(int64_t));
+constexpr int64_t kWhere = 2 + kMaxActivationDims;
+// Where an activation's values are: in its kActivation message, or in a kResizedActivation
+// message after it.
+constexpr int64_t kInline = 1;
+constexpr int64_t kFollows = 2;
 
 struct ActivationShape {
   at::ScalarType dtype = at::kFloat;
   std::vector<int64_t> sizes;
+  bool inline_values = false;
 };
 
-at::Tensor MakeHeader(const at::Tensor& activation) {
+// The bytes of the values a link expects next: those of its last activation (none before one).
+int64_t ExpectedBytes(const ActivationLink& link) {
+  if (!link.crossed) return 0;
+  int64_t elements = 1;
+  for (int64_t size : link.sizes) elements *= size;
+  return elements * static_cast<int64_t>(c10::elementSize(link.dtype));
+}
+
+at::Tensor EmptyMessage(int64_t value_bytes, c10::Device device) {
+  const int64_t word = sizeof(int64_t);
+  return at::empty({kHeaderLength + (value_bytes + word - 1) / word},
+                   at::TensorOptions().dtype(at::kLong).device(device));
+}
+
+bool Expected(const ActivationLink& link, at::ScalarType dtype, at::IntArrayRef sizes) {
+  return link.crossed && link.dtype == dtype && link.sizes == sizes;
+}
+
+void Remember(ActivationLink& link, at::ScalarType dtype, std::vector<int64_t> sizes) {
+  link.crossed = true;
+  link.dtype = dtype;
+  link.sizes = std::move(sizes);
+}
+
+// A kActivation message for `activation`: the header, then its values when `inline_values`,
+// else `expected_bytes` zeros (the size the receiver posted).
+at::Tensor MakeMessage(const at::Tensor& activation, bool inline_values, int64_t expected_bytes) {
   std::vector<int64_t> header(kHeaderLength, 0);
   header[0] = static_cast<int64_t>(activation.scalar_type());
   header[1] = activation.dim();
   for (int64_t d = 0; d < activation.dim(); ++d) header[2 + d] = activation.size(d);
-  return at::tensor(header, at::kLong).to(activation.device());
+  header[kWhere] = inline_values ? kInline : kFollows;
+  at::Tensor message = EmptyMessage(expected_bytes, activation.device());
+  message.narrow(0, 0, kHeaderLength).copy_(at::tensor(header, at::kLong));
+  at::Tensor values = message.narrow(0, kHeaderLength, message.numel() - kHeaderLength);
+  if (!inline_values) {
+    values.zero_();
+  } else if (expected_bytes > 0) {
+    if (expected_bytes % sizeof(int64_t) != 0) values[-1].zero_();  // the padding
+    values.view(at::kByte)
+        .narrow(0, 0, expected_bytes)
+        .copy_(activation.reshape({-1}).view(at::kByte));
+  }
+  return message;
 }
 
-ActivationShape ReadHeader(const at::Tensor& received, const Crossing& from) {
-  const at::Tensor header = received.cpu();
+ActivationShape ReadHeader(const at::Tensor& message, const Crossing& from) {
+  const at::Tensor header = message.narrow(0, 0, kHeaderLength).cpu();
   const int64_t* values = header.data_ptr<int64_t>();
   const auto malformed = [&](const std::string& what) {
     return CommError("pipeline: the activation header of micro-batch " +
@@ -44,7 +92,10 @@ ActivationShape ReadHeader(const at::Tensor& received, const Crossing& from) {
   if (values[1] < 0 || values[1] > kMaxActivationDims) {
     throw malformed(std::to_string(values[1]) + " dimensions");
   }
-  ActivationShape shape{static_cast<at::ScalarType>(values[0]), {}};
+  if (values[kWhere] != kInline && values[kWhere] != kFollows) {
+    throw malformed("where " + std::to_string(values[kWhere]));
+  }
+  ActivationShape shape{static_cast<at::ScalarType>(values[0]), {}, values[kWhere] == kInline};
   for (int64_t d = 0; d < values[1]; ++d) {
     if (values[2 + d] < 0) throw malformed("size " + std::to_string(values[2 + d]));
     shape.sizes.push_back(values[2 + d]);
@@ -193,19 +244,85 @@ int64_t StageTraffic::sends_in_flight() const {
   return static_cast<int64_t>(pending_.size());
 }
 
-at::Tensor ReceiveActivation(const Crossing& from) {
+ActivationLink& StageTraffic::Link(bool sending, int peer, int boundary) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return links_[{sending, peer, boundary}];
+}
+
+void PostActivationReceive(const Crossing& from) {
   StageTraffic& traffic = *from.traffic;
-  const auto on_device = at::TensorOptions().device(traffic.device());
-  at::Tensor header = at::empty({kHeaderLength}, on_device.dtype(at::kLong));
-  traffic.Receive(header, from.peer,
-                  MessageTag(MessageKind::kActivationShape, from.boundary, from.micro_batch));
-  const ActivationShape shape = ReadHeader(header, from);
-  at::Tensor received = at::empty(shape.sizes, on_device.dtype(shape.dtype));
-  traffic.Receive(received, from.peer,
-                  MessageTag(MessageKind::kActivation, from.boundary, from.micro_batch));
-  if (!at::isFloatingType(shape.dtype)) {
+  ActivationLink& link = traffic.Link(/*sending=*/false, from.peer, from.boundary);
+  if (link.posted) {
+    throw std::logic_error("pipeline: the activation of micro-batch " +
+                           std::to_string(link.posted_micro_batch) + " across boundary " +
+                           std::to_string(from.boundary) + " is posted already");
+  }
+  link.message = EmptyMessage(ExpectedBytes(link), traffic.device());
+  link.posted =
+      traffic.PostReceive(link.message, from.peer,
+                          MessageTag(MessageKind::kActivation, from.boundary, from.micro_batch));
+  link.posted_micro_batch = from.micro_batch;
+}
+
+at::Tensor ReceiveActivationValues(const Crossing& from) {
+  StageTraffic& traffic = *from.traffic;
+  ActivationLink& link = traffic.Link(/*sending=*/false, from.peer, from.boundary);
+  if (!link.posted) PostActivationReceive(from);
+  if (link.posted_micro_batch != from.micro_batch) {
+    throw std::logic_error("pipeline: micro-batch " + std::to_string(from.micro_batch) +
+                           " received across boundary " + std::to_string(from.boundary) +
+                           " while micro-batch " + std::to_string(link.posted_micro_batch) +
+                           "'s receive is posted");
+  }
+  const std::shared_ptr<Work> work = std::move(link.posted);
+  const at::Tensor message = std::move(link.message);
+  link.posted_micro_batch = -1;
+  traffic.WaitForReceive(*work, message);
+  ActivationShape shape = ReadHeader(message, from);
+  const auto options = at::TensorOptions().dtype(shape.dtype).device(traffic.device());
+  at::Tensor values;
+  if (!shape.inline_values) {
+    values = at::empty(shape.sizes, options);
+    traffic.Receive(values, from.peer,
+                    MessageTag(MessageKind::kResizedActivation, from.boundary, from.micro_batch));
+  } else if (Expected(link, shape.dtype, shape.sizes)) {
+    // The values in place: the message's storage stays alive as long as they do.
+    values = at::from_blob(
+        static_cast<uint8_t*>(message.data_ptr()) + kHeaderBytes, shape.sizes, [message](void*) {},
+        options);
+  } else {
+    throw CommError("pipeline: rank " + std::to_string(from.peer) + " sent micro-batch " +
+                    std::to_string(from.micro_batch) +
+                    "'s values inline, but not in the shape this rank expected");
+  }
+  Remember(link, shape.dtype, std::move(shape.sizes));
+  return values;
+}
+
+void SendActivationValues(const at::Tensor& activation, const Crossing& to) {
+  if (activation.dim() > kMaxActivationDims) {
+    throw std::invalid_argument("pipeline: the stage's output has " +
+                                std::to_string(activation.dim()) + " dimensions; at most " +
+                                std::to_string(kMaxActivationDims) + " can be sent");
+  }
+  StageTraffic& traffic = *to.traffic;
+  ActivationLink& link = traffic.Link(/*sending=*/true, to.peer, to.boundary);
+  const at::Tensor payload = activation.contiguous();
+  const bool inline_values = Expected(link, payload.scalar_type(), payload.sizes());
+  traffic.Send(MakeMessage(payload, inline_values, ExpectedBytes(link)), to.peer,
+               MessageTag(MessageKind::kActivation, to.boundary, to.micro_batch));
+  if (!inline_values) {
+    traffic.Send(payload, to.peer,
+                 MessageTag(MessageKind::kResizedActivation, to.boundary, to.micro_batch));
+  }
+  Remember(link, payload.scalar_type(), payload.sizes().vec());
+}
+
+at::Tensor ReceiveActivation(const Crossing& from) {
+  const at::Tensor received = ReceiveActivationValues(from);
+  if (!at::isFloatingType(received.scalar_type())) {
     throw CommError(std::string("pipeline: rank ") + std::to_string(from.peer) + " sent a " +
-                    c10::toString(shape.dtype) +
+                    c10::toString(received.scalar_type()) +
                     " activation; only floating point activations carry gradients");
   }
   // The history goes on an alias: the group's transfer may still hold `received` for a
@@ -224,17 +341,7 @@ at::Tensor SendActivation(const at::Tensor& output, const Crossing& to_next) {
         "pipeline: the stage's output does not require grad, so its backward could never run "
         "and the previous stages would wait for its gradient");
   }
-  if (output.dim() > kMaxActivationDims) {
-    throw std::invalid_argument("pipeline: the stage's output has " + std::to_string(output.dim()) +
-                                " dimensions; at most " + std::to_string(kMaxActivationDims) +
-                                " can be sent");
-  }
-  StageTraffic& traffic = *to_next.traffic;
-  at::Tensor payload = output.detach().contiguous();
-  traffic.Send(MakeHeader(payload), to_next.peer,
-               MessageTag(MessageKind::kActivationShape, to_next.boundary, to_next.micro_batch));
-  traffic.Send(payload, to_next.peer,
-               MessageTag(MessageKind::kActivation, to_next.boundary, to_next.micro_batch));
+  SendActivationValues(output.detach(), to_next);
   auto node = std::shared_ptr<ReceiveGradientBackward>(new ReceiveGradientBackward(to_next, output),
                                                        torch::autograd::deleteNode);
   node->set_next_edges(torch::autograd::collect_next_edges(output));

@@ -10,9 +10,9 @@
 //     B receives dL/dy from s  <------------   ... A sends dL/dx to s-1
 //     and backward goes on in s-1's graph
 //
-// - ReceiveActivation receives stage s's input (a shape header, then the values) and returns
-//   it as a tensor whose grad_fn (A) SENDS the gradient of that input back to the previous
-//   stage when stage s's backward reaches it.
+// - ReceiveActivation receives stage s's input (one message in the steady state, see
+//   Activations below) and returns it as a tensor whose grad_fn (A) SENDS the gradient of that
+//   input back to the previous stage when stage s's backward reaches it.
 // - SendActivation sends stage s's output to the next stage and returns a scalar "terminal"
 //   whose grad_fn (B) RECEIVES the gradient of the output from the next stage and passes it
 //   on into stage s's graph.
@@ -36,6 +36,30 @@
 // torch::autograd::Node subclasses (as PyTorch's two are) rather than
 // torch::autograd::Function: they hold their C++ state (the traffic, the peer, the tag)
 // directly, where a Function's context holds only IValues.
+//
+// Activations. The receiver must post a receive of exactly the size that arrives (Gloo ends
+// the process on a larger message; point_to_point.h refuses any other size), yet only the
+// sender knows an activation's shape. Both sides of a boundary therefore remember the shape
+// of the last activation that crossed it (StageTraffic's ActivationLink, one per peer and
+// boundary and direction), and expect the next one to have the same shape, as every
+// micro-batch of a step does in practice. Per activation:
+//  1. The receiver posts a kActivation receive of the header (96 bytes) plus the expected
+//     values (none before the first activation). It may post it ahead, before its forward
+//     needs it (PostActivationReceive), so that the message lands while it computes.
+//  2. The sender sends one kActivation message of exactly that size: the header {dtype, dims,
+//     sizes, where} and, when the activation has the expected shape, its values
+//     (where = inline). Otherwise (the first activation, the last batch of an evaluation)
+//     the header says where = follows, the values part is zeros, and the values go next as a
+//     kResizedActivation message of the activation's own size.
+//  3. The receiver reads the header: inline values are the activation (no copy); otherwise it
+//     receives the kResizedActivation message into a tensor of the header's shape.
+//  4. Both remember the activation's shape for the next one.
+// The expected shape is a function of the boundary's history, the same on both sides, because
+// a boundary's activations are sent and received in the same order (forward order, which
+// neighbours share in every schedule); so every message's size is agreed by protocol. The
+// steady state costs one message and one copy of the values into it on the sender (the header
+// and values must go as one message); the two messages of a shape change cost what every
+// activation cost before (a header, then the values once the header was read).
 //
 // Tags. Every message between two ranks is told apart by its tag, so messages can never be
 // mismatched (a micro-batch's gradient taken for another's):
@@ -61,8 +85,10 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <tuple>
 #include <vector>
 
 #include "gpu_worker/ddp/comm/process_group.h"
@@ -71,16 +97,27 @@ namespace gradhub::ddp::pipeline {
 
 // What a message between two stages carries: the low two bits of its tag.
 enum class MessageKind : uint32_t {
-  kActivationShape = 0,  // dtype and shape of the activation that follows
-  kActivation = 1,       // a stage's output, to the next stage
-  kGradient = 2,         // the gradient of that output, back to its sender
-  kLoss = 3,             // the step's loss, from the last stage to stage 0 (boundary 0, mb 0)
+  kResizedActivation = 0,  // an activation's values when its shape was not the expected one
+  kActivation = 1,         // a stage's output to the next stage: header, and values (above)
+  kGradient = 2,           // the gradient of that output, back to its sender
+  kLoss = 3,               // the step's loss, from the last stage to stage 0 (boundary 0, mb 0)
 };
 
 inline constexpr int kMaxBoundaries = 1 << 12;
 inline constexpr int kMaxMicroBatches = 1 << 18;
-// An activation has at most this many dimensions (its shape header is fixed-size).
+// An activation has at most this many dimensions (its header is fixed-size).
 inline constexpr int kMaxActivationDims = 8;
+
+// One side of one boundary with one peer (see Activations above): the shape of the last
+// activation that crossed it, and on the receiving side the receive posted ahead, if any.
+struct ActivationLink {
+  bool crossed = false;  // an activation crossed already; dtype and sizes are its
+  at::ScalarType dtype = at::kFloat;
+  std::vector<int64_t> sizes;
+  int posted_micro_batch = -1;  // the posted receive's micro-batch; -1: none posted
+  std::shared_ptr<Work> posted;
+  at::Tensor message;  // where the posted receive lands
+};
 
 // The tag above. Throws std::invalid_argument naming boundary or micro_batch when it is out
 // of range.
@@ -123,6 +160,10 @@ class StageTraffic {
   int64_t sends_in_flight() const;
   c10::Device device() const { return device_; }
 
+  // The link of one boundary with `peer`, as sender or receiver (made on first use). For the
+  // activation functions below: only the stage's training thread may use it.
+  ActivationLink& Link(bool sending, int peer, int boundary);
+
  private:
   struct PendingSend {
     std::shared_ptr<Work> work;
@@ -134,6 +175,7 @@ class StageTraffic {
   mutable std::mutex mu_;
   std::vector<PendingSend> pending_;
   Totals totals_;
+  std::map<std::tuple<bool, int, int>, ActivationLink> links_;  // by (sending, peer, boundary)
 };
 
 // Where one micro-batch crosses one boundary: the neighbour on the other side and the tag's
@@ -148,8 +190,22 @@ struct Crossing {
 // Receives this stage's input from `from_previous.peer` (blocks) and returns it on the
 // traffic's device. It requires grad: when backward reaches it, its gradient is sent back
 // (asynchronously; zeros if the stage did not use its input). Throws CommError for a
-// malformed shape header.
+// malformed header or an activation that is not floating point.
 at::Tensor ReceiveActivation(const Crossing& from_previous);
+
+// Posts the receive of the activation ReceiveActivation (or ReceiveActivationValues) will take
+// across `from_previous`, ahead of it, so that it can land before the forward needs it. At
+// most one per boundary and peer at a time, posted after the boundary's previous activation
+// was received (its shape is the expected one); throws std::logic_error otherwise. Its buffer
+// (the header and the expected values) is allocated now.
+void PostActivationReceive(const Crossing& from_previous);
+
+// The activation protocol without autograd (evaluation): sends `activation` across `to_next`,
+// and receives one across `from_previous` (the posted receive, if one was posted for it).
+// SendActivationValues throws std::invalid_argument for more than kMaxActivationDims
+// dimensions; ReceiveActivationValues CommError for a malformed header.
+void SendActivationValues(const at::Tensor& activation, const Crossing& to_next);
+at::Tensor ReceiveActivationValues(const Crossing& from_previous);
 
 // Sends `output` (floating point, requiring grad) to `to_next.peer` and returns the stage's
 // terminal: a scalar whose backward() receives the gradient of `output` from the next stage

@@ -316,21 +316,31 @@ struct HostProgram {
 
 // What stage s's host does in a step: receive each activation and wait for it, post the
 // gradient receives ahead where GradientReceivesAhead says (when `ahead`), send each
-// activation, wait for each gradient at its backward and send the input's back; at the end
-// wait for every send, then the loss goes from the last stage to stage 0.
-HostProgram StageProgram(PipelineSchedule schedule, int S, int s, int M, bool ahead) {
+// activation, then (when `inputs_ahead`, as the runner does on Gloo) post the next
+// micro-batch's activation receive; wait for each gradient at its backward and send the
+// input's back; at the end wait for every send, then the loss goes from the last stage to
+// stage 0.
+HostProgram StageProgram(PipelineSchedule schedule, int S, int s, int M, bool ahead,
+                         bool inputs_ahead) {
   using T = Transfer;
   HostProgram host;
   const auto early =
       ahead ? GradientReceivesAhead(schedule, S, s, M) : std::vector<std::vector<int>>(M);
-  std::vector<int> gradient(M, -1);
+  std::vector<int> gradient(M, -1), activation(M, -1);
   for (const StageAction& a : StageActions(schedule, S, s, M)) {
     const int mb = a.micro_batch;
     if (a.kind == Kind::kForward) {
-      if (s > 0) host.Wait(host.Issue({false, s - 1, T::kActivation, mb}));
-      if (s == S - 1) continue;
-      for (int i : early[mb]) gradient[i] = host.Issue({false, s + 1, T::kGradient, i});
-      host.Issue({true, s + 1, T::kActivation, mb});
+      if (s > 0) {
+        if (activation[mb] < 0) activation[mb] = host.Issue({false, s - 1, T::kActivation, mb});
+        host.Wait(activation[mb]);
+      }
+      if (s < S - 1) {
+        for (int i : early[mb]) gradient[i] = host.Issue({false, s + 1, T::kGradient, i});
+        host.Issue({true, s + 1, T::kActivation, mb});
+      }
+      if (inputs_ahead && s > 0 && mb + 1 < M) {
+        activation[mb + 1] = host.Issue({false, s - 1, T::kActivation, mb + 1});
+      }
     } else {
       if (s < S - 1) {
         if (gradient[mb] < 0) gradient[mb] = host.Issue({false, s + 1, T::kGradient, mb});
@@ -350,9 +360,12 @@ HostProgram StageProgram(PipelineSchedule schedule, int S, int s, int M, bool ah
 // Runs every stage's host with one stream per rank: transfers run in issue order, and one
 // completes only together with its peer's matching transfer, both at the head of their streams
 // (the strictest reading of NCCL: no message is buffered). True if every host finished.
-bool CompletesOnOneStream(PipelineSchedule schedule, int S, int M, bool ahead) {
+bool CompletesOnOneStream(PipelineSchedule schedule, int S, int M, bool ahead,
+                          bool inputs_ahead = false) {
   std::vector<HostProgram> hosts;
-  for (int s = 0; s < S; ++s) hosts.push_back(StageProgram(schedule, S, s, M, ahead));
+  for (int s = 0; s < S; ++s) {
+    hosts.push_back(StageProgram(schedule, S, s, M, ahead, inputs_ahead));
+  }
   std::vector<size_t> pc(S, 0), head(S, 0);  // head: first transfer not completed
   std::vector<size_t> issued(S, 0);
   const auto matches = [&](int r) {
@@ -414,6 +427,12 @@ TEST(PipelineScheduleTest, OneStreamPerRankDeadlocksOneFOneBWithoutReceivingAhea
   EXPECT_FALSE(CompletesOnOneStream(PipelineSchedule::kOneFOneB, 2, 4, false));
   // GPipe needs nothing ahead: every stage's transfers come in the same order.
   EXPECT_TRUE(CompletesOnOneStream(PipelineSchedule::kGPipe, 4, 4, false));
+}
+
+TEST(PipelineScheduleTest, OneStreamPerRankDeadlocksOneFOneBWithInputsPostedAhead) {
+  // Why the runner posts the next input's receive early only where transfers may come in any
+  // order: stage 1 posts a1 before it sends g0 back; stage 0 posts g0 before it sends a1.
+  EXPECT_FALSE(CompletesOnOneStream(PipelineSchedule::kOneFOneB, 2, 4, true, true));
 }
 
 TEST(PipelineLayoutTest, AReplicasStagesAreConsecutiveRanks) {

@@ -301,6 +301,44 @@ TEST_F(PipelineTest, BackwardOnTheLastStageDrivesThePreviousStage) {
   });
 }
 
+TEST_F(PipelineTest, ActivationsCrossWhateverTheirShapeAndWhereverTheReceiveWasPosted) {
+  // Each change of shape or dtype takes the header-then-values path, each repeat the one
+  // message of the expected shape (stage_autograd.h, Activations); receives posted ahead or
+  // not, and odd byte counts (float16 [3]: 6 bytes in a whole int64), land alike.
+  const std::vector<at::Tensor> sent = {torch::arange(6, torch::kFloat).reshape({2, 3}),
+                                        torch::arange(6, torch::kFloat) + 1,
+                                        torch::arange(6, torch::kFloat).reshape({2, 3}) + 2,
+                                        torch::ones({2, 3}, torch::kFloat),
+                                        torch::arange(12, torch::kFloat).reshape({4, 3}),
+                                        torch::zeros({4, 3}, torch::kDouble),
+                                        torch::arange(3, torch::kHalf),
+                                        torch::arange(3, torch::kHalf) * 2,
+                                        torch::zeros({0, 3}),
+                                        torch::tensor(5.0)};
+  auto store = std::make_shared<InMemoryStore>();
+  testing::spawnThreads(2, [&](int rank) {
+    auto group = CreateProcessGroup(GroupOptions(store, rank, 2));
+    auto traffic = std::make_shared<StageTraffic>(group, c10::Device(c10::kCPU));
+    for (int mb = 0; mb < static_cast<int>(sent.size()); ++mb) {
+      if (rank == 0) {
+        SendActivationValues(sent[mb], Crossing{traffic, 1, 2, mb});
+        continue;
+      }
+      const Crossing from{traffic, 0, 2, mb};
+      if (mb % 3 == 1) PostActivationReceive(from);
+      const at::Tensor got = ReceiveActivationValues(from);
+      EXPECT_EQ(got.sizes(), sent[mb].sizes()) << "micro-batch " << mb;
+      EXPECT_EQ(got.scalar_type(), sent[mb].scalar_type()) << "micro-batch " << mb;
+      EXPECT_TRUE(torch::equal(got, sent[mb])) << "micro-batch " << mb;
+      if (mb % 3 == 1 && mb + 1 < static_cast<int>(sent.size())) {
+        PostActivationReceive(Crossing{traffic, 0, 2, mb + 1});
+        EXPECT_THROW(PostActivationReceive(Crossing{traffic, 0, 2, mb + 1}), std::logic_error);
+      }
+    }
+    traffic->WaitForSends();
+  });
+}
+
 TEST_F(PipelineTest, AnOutputThatNeedsNoGradientIsRefused) {
   auto store = std::make_shared<InMemoryStore>();
   auto group = CreateProcessGroup(GroupOptions(store, 0, 1));
@@ -315,8 +353,8 @@ TEST_F(PipelineTest, AnOutputThatNeedsNoGradientIsRefused) {
 
 TEST_F(PipelineTest, TagsTellEveryMessageApart) {
   std::set<uint32_t> tags;
-  for (auto kind : {MessageKind::kActivationShape, MessageKind::kActivation, MessageKind::kGradient,
-                    MessageKind::kLoss}) {
+  for (auto kind : {MessageKind::kResizedActivation, MessageKind::kActivation,
+                    MessageKind::kGradient, MessageKind::kLoss}) {
     for (int boundary : {0, 1, kMaxBoundaries - 1}) {
       for (int mb : {0, 1, kMaxMicroBatches - 1}) tags.insert(MessageTag(kind, boundary, mb));
     }
@@ -475,8 +513,9 @@ TEST_F(PipelineTest, AMiddleStageKilledFailsItsPeersWithCommError) {
 // --- what a step reports ---
 
 TEST_F(PipelineTest, StepReportsItsTrafficExactly) {
-  // Stage 0 sends each micro-batch's activation ([2, 16] float32, 128 bytes) after its shape
-  // header (80 bytes) and receives its gradient; stage 1 also sends the loss (8 bytes).
+  // Stage 0 sends each micro-batch's activation ([2, 16] float32, 128 bytes) after its header
+  // (96 bytes) in one message, the shape being the expected one in the second step, and
+  // receives its gradient; stage 1 also sends the loss (8 bytes).
   Scenario scenario{PipelineSchedule::kGPipe, 2, 1};
   scenario.steps = 2;
   torch::manual_seed(7);
@@ -485,10 +524,10 @@ TEST_F(PipelineTest, StepReportsItsTrafficExactly) {
   TrainAll(ranks);
   const StageStepReport& first = ranks[0]->reports[1];
   const StageStepReport& last = ranks[1]->reports[1];
-  EXPECT_EQ(first.bytes_sent, 4 * (80 + 128));
+  EXPECT_EQ(first.bytes_sent, 4 * (96 + 128));
   EXPECT_EQ(first.bytes_received, 4 * 128 + 8);
   EXPECT_EQ(last.bytes_sent, 4 * 128 + 8);
-  EXPECT_EQ(last.bytes_received, 4 * (80 + 128));
+  EXPECT_EQ(last.bytes_received, 4 * (96 + 128));
   for (const auto* report : {&first, &last}) {
     EXPECT_GT(report->forward_seconds, 0);
     EXPECT_GT(report->backward_seconds, 0);

@@ -93,6 +93,7 @@ class GlooProcessGroup final : public ProcessGroup {
   // A failed transfer breaks the group as in step 7, but for a size mismatch.
   std::shared_ptr<Work> Send(at::Tensor tensor, int dst, uint32_t tag) override;
   std::shared_ptr<Work> Recv(at::Tensor tensor, int src, uint32_t tag) override;
+  bool TransfersInAnyOrder() const override { return true; }
 
   // The address peers connect to (after the fallback of step 1), for logs.
   const std::string& listen_hostname() const { return hostname_; }
