@@ -111,17 +111,30 @@ ScratchFile::~ScratchFile() {
 }
 
 void ScratchFile::Append(std::string_view bytes) {
-  if (mapped_) throw std::logic_error("ScratchFile::Append after Map");
+  WriteAt(size_, bytes);
+  size_ += static_cast<int64_t>(bytes.size());
+  while (size_ - written_back_ >= 2 * kWritebackBytes) WriteBack(size_);
+}
+
+void ScratchFile::Overwrite(int64_t offset, std::string_view bytes) {
+  if (offset < 0 || static_cast<int64_t>(bytes.size()) > size_ - offset) {
+    throw std::out_of_range("scratch file bytes [" + std::to_string(offset) + ", +" +
+                            std::to_string(bytes.size()) + ") of " + std::to_string(size_));
+  }
+  WriteAt(offset, bytes);
+}
+
+void ScratchFile::WriteAt(int64_t offset, std::string_view bytes) {
+  if (mapped_) throw std::logic_error("ScratchFile: writing after Map");
   while (!bytes.empty()) {
-    const ssize_t n = write(fd_, bytes.data(), bytes.size());
+    const ssize_t n = pwrite(fd_, bytes.data(), bytes.size(), offset);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) {
       throw std::runtime_error("cannot write a scratch file in " + Shown(directory_) + " at " +
-                               std::to_string(size_) + " bytes: " + ErrorText());
+                               std::to_string(offset) + " bytes: " + ErrorText());
     }
     bytes.remove_prefix(static_cast<size_t>(n));
-    size_ += n;
-    while (size_ - written_back_ >= 2 * kWritebackBytes) WriteBack(size_);
+    offset += n;
   }
 }
 

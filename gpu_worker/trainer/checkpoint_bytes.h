@@ -78,12 +78,16 @@ class ScratchFile {
 
   // Throws std::runtime_error (a full disk names the directory), or std::logic_error after Map.
   void Append(std::string_view bytes);
+  // Replaces bytes [offset, offset + size) already appended (a header whose fields were known
+  // only later). Throws as Append, and std::out_of_range past the end.
+  void Overwrite(int64_t offset, std::string_view bytes);
   int64_t size() const { return size_; }
   // Everything appended, mapped read-only; the file lives as long as the result. Appending
   // ends here. Throws std::runtime_error.
   CheckpointBytes Map();
 
  private:
+  void WriteAt(int64_t offset, std::string_view bytes);
   void WriteBack(int64_t end);
 
   std::string directory_;

@@ -99,29 +99,19 @@ void SendBytes(ddp::ProcessGroup& group, std::string_view bytes, int to,
   });
 }
 
-int64_t ReceiveLength(ddp::ProcessGroup& group, int from, const c10::Device& device) {
-  at::Tensor length = torch::empty({1}, at::TensorOptions().dtype(at::kLong).device(device));
-  group.Recv(length, from, kLengthTag)->Wait();
-  return length.cpu().item<int64_t>();
-}
-
-void ReceivePayload(ddp::ProcessGroup& group, int from, int64_t length, const c10::Device& device,
-                    const std::function<void(std::string_view)>& consume) {
-  at::Tensor staging = Staging(length, device);
-  ForEachChunk(length, [&](int64_t offset, int64_t size) {
+int64_t ReceiveBytes(ddp::ProcessGroup& group, int from, const c10::Device& device,
+                     const std::function<void(std::string_view)>& consume) {
+  at::Tensor received = torch::empty({1}, at::TensorOptions().dtype(at::kLong).device(device));
+  group.Recv(received, from, kLengthTag)->Wait();  // step 1
+  const int64_t length = received.cpu().item<int64_t>();
+  at::Tensor staging = Staging(length, device);  // step 2
+  ForEachChunk(length, [&](int64_t /*offset*/, int64_t size) {
     at::Tensor chunk = staging.narrow(0, 0, Elements(size));
     group.Recv(chunk, from, kBytesTag)->Wait();
     const at::Tensor host = chunk.cpu();
     consume(std::string_view(static_cast<const char*>(host.data_ptr()), static_cast<size_t>(size)));
   });
-}
-
-std::string ReceiveBytes(ddp::ProcessGroup& group, int from, const c10::Device& device) {
-  const int64_t length = ReceiveLength(group, from, device);
-  std::string bytes;
-  bytes.reserve(static_cast<size_t>(length));
-  ReceivePayload(group, from, length, device, [&bytes](std::string_view chunk) { bytes += chunk; });
-  return bytes;
+  return length;
 }
 
 }  // namespace gradhub::trainer

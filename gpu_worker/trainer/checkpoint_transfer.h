@@ -28,11 +28,10 @@ std::optional<std::string> BroadcastBytes(ddp::ProcessGroup& group,
 std::vector<std::string> AllGatherBytes(ddp::ProcessGroup& group, const std::string& bytes,
                                         const c10::Device& device);
 
-// Point to point, between two ranks only: SendBytes on `from`'s side, ReceiveBytes (or
-// ReceiveLength, then ReceivePayload) naming `from` on the other, each returning once its part
-// of the transfer completed. Between one pair, transfers match in the order they were made.
-// A transfer streams, for bytes as large as a pipeline stage's state, of which neither side
-// may hold a second copy in memory (checkpoint_bytes.h):
+// Point to point, between two ranks only: SendBytes on `from`'s side, ReceiveBytes naming
+// `from` on the other, each returning once its part of the transfer completed. Between one pair,
+// transfers match in the order they were made. A transfer streams, for bytes as large as a pipeline
+// stage's state, of which neither side may hold a second copy in memory (checkpoint_bytes.h):
 //   1. the sender sends the length, one int64;
 //   2. then the bytes in chunks of kTransferChunkBytes (the last one shorter), each padded to
 //      whole int64s, through one staging tensor on `device`. Both sides derive every chunk's
@@ -42,13 +41,9 @@ std::vector<std::string> AllGatherBytes(ddp::ProcessGroup& group, const std::str
 // (stage_autograd.h), and they run between steps, so they never meet a step's messages.
 inline constexpr int64_t kTransferChunkBytes = int64_t{4} << 20;
 void SendBytes(ddp::ProcessGroup& group, std::string_view bytes, int to, const c10::Device& device);
-// Step 1 on the receiving side.
-int64_t ReceiveLength(ddp::ProcessGroup& group, int from, const c10::Device& device);
-// Step 2: `length` bytes, handed to `consume` chunk by chunk, in order (each view is valid
-// during its call only).
-void ReceivePayload(ddp::ProcessGroup& group, int from, int64_t length, const c10::Device& device,
-                    const std::function<void(std::string_view)>& consume);
-// Steps 1 and 2, into memory.
-std::string ReceiveBytes(ddp::ProcessGroup& group, int from, const c10::Device& device);
+// Hands the bytes to `consume` chunk by chunk, in order (each view is valid during its call
+// only), and returns their length.
+int64_t ReceiveBytes(ddp::ProcessGroup& group, int from, const c10::Device& device,
+                     const std::function<void(std::string_view)>& consume);
 
 }  // namespace gradhub::trainer

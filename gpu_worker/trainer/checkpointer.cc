@@ -27,6 +27,11 @@ std::optional<std::string_view> ViewOf(const std::optional<Bytes>& bytes) {
   return std::string_view(*bytes);
 }
 
+// What ReceiveBytes hands over, appended to `file`.
+std::function<void(std::string_view)> AppendingTo(ScratchFile& file) {
+  return [&file](std::string_view chunk) { file.Append(chunk); };
+}
+
 // The header a pipeline's rank 0 broadcasts at resume: the step, a newline, the spec.
 std::string PipelineHeader(const PipelineState& state) {
   return std::to_string(state.step) + "\n" + state.spec;
@@ -166,38 +171,37 @@ CheckpointBytes Checkpointer::WriteStageState() {
 
 CheckpointBytes Checkpointer::ReceiveStageState() {
   ScratchFile file(scratch_dir_);
-  ReceivePayload(*group_, 0, ReceiveLength(*group_, 0, device_), device_,
-                 [&file](std::string_view chunk) { file.Append(chunk); });
+  ReceiveBytes(*group_, 0, device_, AppendingTo(file));
   return file.Map();
 }
 
 // Save step 1 with pipeline stages, on the stages' replica-0 ranks:
-//   a. each writes its stage's state to a scratch file (WriteStageState);
-//   b. a stage other than 0 streams it to rank 0 (SendBytes);
-//   c. rank 0 takes every stage's length first, writes the index, then its own stage's state
-//      and each other stage's as its chunks arrive into one scratch file: the checkpoint,
-//      mapped, which the writer uploads.
+//   a. a stage other than 0 writes its stage's state to a scratch file (WriteStageState) and
+//      streams it to rank 0 (SendBytes);
+//   b. rank 0 writes the checkpoint into one scratch file: the index, with the stages' sizes
+//      left 0, then its own stage's state, written there directly, then each other stage's as
+//      its chunks arrive;
+//   c. rank 0 writes the index again, now with the sizes (the same length: they are fixed-size
+//      fields), and maps the file for the writer to upload.
 std::optional<CheckpointBytes> Checkpointer::GatherStages(int64_t step) {
   const PipelinePlan& pipeline = plan_.pipeline;
   if (pipeline.replica != 0) return std::nullopt;
-  CheckpointBytes mine = WriteStageState();  // a
   if (plan_.rank != 0) {
-    SendBytes(*group_, mine.view(), 0, device_);  // b
+    SendBytes(*group_, WriteStageState().view(), 0, device_);  // a
     return std::nullopt;
   }
-  std::vector<int64_t> sizes{static_cast<int64_t>(mine.size())};  // c
-  for (int stage = 1; stage < pipeline.stages; ++stage) {
-    sizes.push_back(ReceiveLength(*group_, stage, device_));
-  }
+  const std::string spec = ResumeRelevantSpec(plan_.spec).SerializeAsString();  // b
+  std::vector<int64_t> sizes(static_cast<size_t>(pipeline.stages), 0);
   ScratchFile checkpoint(scratch_dir_);
-  checkpoint.Append(PipelineCheckpointIndex(
-      step, ResumeRelevantSpec(plan_.spec).SerializeAsString(), layer_costs_, sizes));
-  checkpoint.Append(mine.view());
-  mine = CheckpointBytes();
+  checkpoint.Append(PipelineCheckpointIndex(step, spec, layer_costs_, sizes));
+  const int64_t start = checkpoint.size();
+  WriteRankState(StageParts(), checkpoint);
+  sizes[0] = checkpoint.size() - start;
   for (int stage = 1; stage < pipeline.stages; ++stage) {
-    ReceivePayload(*group_, stage, sizes[static_cast<size_t>(stage)], device_,
-                   [&checkpoint](std::string_view chunk) { checkpoint.Append(chunk); });
+    sizes[static_cast<size_t>(stage)] =
+        ReceiveBytes(*group_, stage, device_, AppendingTo(checkpoint));
   }
+  checkpoint.Overwrite(0, PipelineCheckpointIndex(step, spec, layer_costs_, sizes));  // c
   return checkpoint.Map();
 }
 

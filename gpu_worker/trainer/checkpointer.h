@@ -19,9 +19,10 @@
 // Save, at the plan's steps:
 //   1. With per-rank state every rank serializes its own and rank 0 gathers them (a
 //      collective: every rank calls Save at the same steps). With pipeline stages, each
-//      stage's replica-0 rank (global rank = its stage) writes its module and optimizer to a
-//      scratch file and streams it to rank 0, which writes one checkpoint file of every stage
-//      (pipeline_checkpoint_format.h) as the chunks arrive: GatherStages.
+//      stage's replica-0 rank (global rank = its stage) other than rank 0 writes its module
+//      and optimizer to a scratch file and streams it to rank 0, which writes one checkpoint
+//      file of every stage (pipeline_checkpoint_format.h), its own stage straight into it and
+//      the others' as their chunks arrive: GatherStages.
 //   2. Rank 0 snapshots the state into host memory (a pipeline's: into that file, mapped) and
 //      hands it to the AsyncCheckpointWriter, which uploads on its own thread. The loop waits only
 //      for a previous upload still running; that wait and the snapshot are the stall a checkpoint

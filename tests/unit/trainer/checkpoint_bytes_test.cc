@@ -65,6 +65,17 @@ TEST(CheckpointBytesTest, AMappingOutlivesItsScratchFile) {
   EXPECT_EQ(slice, "tat");
 }
 
+// A header whose fields are known only once what follows it was written.
+TEST(CheckpointBytesTest, OverwritingReplacesBytesAlreadyAppendedAndNothingPastTheEnd) {
+  ScratchFile file(EmptyDirectory("overwrite"));
+  file.Append("size=?;payload");
+  file.Overwrite(5, "7");
+  EXPECT_THROW(file.Overwrite(12, "abc"), std::out_of_range);
+  EXPECT_THROW(file.Overwrite(-1, "a"), std::out_of_range);
+  EXPECT_EQ(file.Map(), "size=7;payload");
+  EXPECT_THROW(file.Overwrite(0, "s"), std::logic_error);
+}
+
 TEST(CheckpointBytesTest, AnEmptyScratchFileMapsToNoBytes) {
   ScratchFile file(EmptyDirectory("empty"));
   EXPECT_TRUE(file.Map().empty());
