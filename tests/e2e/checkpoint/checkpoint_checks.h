@@ -1,9 +1,11 @@
 // What the checkpoint e2e tests read back from a LocalCluster: the job's checkpoints as the
-// service lists them, and the loss rank 0 reported at the end.
+// service lists them (and the newest committed one), and the loss rank 0 reported at the end.
 #pragma once
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <optional>
 #include <regex>
 #include <string>
 #include <vector>
@@ -23,6 +25,25 @@ inline std::vector<v1::Checkpoint> ListedCheckpoints(LocalCluster& cluster,
       cluster.checkpoints().ListCheckpoints(context.get(), request, &response);
   EXPECT_TRUE(status.ok()) << status.error_message();
   return {response.checkpoints().begin(), response.checkpoints().end()};
+}
+
+// The committed checkpoint of `job` with the highest step, if there is one.
+inline std::optional<v1::Checkpoint> NewestCommitted(LocalCluster& cluster,
+                                                     const std::string& job) {
+  std::optional<v1::Checkpoint> newest;
+  for (const v1::Checkpoint& checkpoint : ListedCheckpoints(cluster, job)) {
+    if (checkpoint.state() == v1::Checkpoint::COMMITTED &&
+        (!newest || checkpoint.step() > newest->step())) {
+      newest = checkpoint;
+    }
+  }
+  return newest;
+}
+
+// Its step, 0 when there is none.
+inline int64_t NewestCommittedStep(LocalCluster& cluster, const std::string& job) {
+  const std::optional<v1::Checkpoint> newest = NewestCommitted(cluster, job);
+  return newest ? newest->step() : 0;
 }
 
 // The loss in rank 0's "done" line of the job's last attempt (-1 if there is none). The tests

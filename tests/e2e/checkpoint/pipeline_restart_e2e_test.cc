@@ -146,15 +146,6 @@ class PipelineRestartE2eTest : public ::testing::Test {
     ASSERT_TRUE(cluster_->Start());
   }
 
-  // The step of the newest committed checkpoint of `job`, 0 if none.
-  int64_t NewestCommitted(const std::string& job) {
-    int64_t newest = 0;
-    for (const auto& c : testing::ListedCheckpoints(*cluster_, job)) {
-      if (c.state() == v1::Checkpoint::COMMITTED) newest = std::max(newest, c.step());
-    }
-    return newest;
-  }
-
   // Waits until attempt 1 runs and the store holds a committed checkpoint of it; returns
   // the newest committed step (0 if the job ended or the wait timed out first).
   int64_t AwaitFirstCheckpoint(const std::string& name) {
@@ -163,7 +154,7 @@ class PipelineRestartE2eTest : public ::testing::Test {
       if (testing::Ended(j) || j.attempt() != 1 || j.state() != v1::Job::RUNNING) {
         return testing::Ended(j);
       }
-      newest = NewestCommitted(name);
+      newest = testing::NewestCommittedStep(*cluster_, name);
       return newest > 0;
     });
     return newest;

@@ -277,13 +277,7 @@ TEST_F(PipelineMemoryE2eTest, TwoStagesFitTheSameSlotsAndTrainToTheEnd) {
   EXPECT_EQ(job.attempt(), 1) << "no rank was stopped and restarted";
   // The store holds the last step's checkpoint, with every stage's parameters and both Adam
   // moments in it.
-  std::optional<v1::Checkpoint> newest;
-  for (const v1::Checkpoint& checkpoint : testing::ListedCheckpoints(*cluster_, job.name())) {
-    if (checkpoint.state() == v1::Checkpoint::COMMITTED &&
-        (!newest || checkpoint.step() > newest->step())) {
-      newest = checkpoint;
-    }
-  }
+  const std::optional<v1::Checkpoint> newest = testing::NewestCommitted(*cluster_, job.name());
   ASSERT_TRUE(newest.has_value()) << "no committed checkpoint";
   EXPECT_EQ(newest->step(), kSteps);
   EXPECT_GE(newest->size_bytes(), 3 * ParameterBytes(0, kLayers.size() - 1));
@@ -295,17 +289,6 @@ TEST_F(PipelineMemoryE2eTest, TwoStagesFitTheSameSlotsAndTrainToTheEnd) {
                 HasSubstr(rank == 0 ? "stage 1/2: layers 0-1 of 4" : "stage 2/2: layers 2-3 of 4"))
         << "rank " << rank;
   }
-}
-
-// The newest committed checkpoint's step of `job` in the store; 0 if none.
-int64_t NewestCommitted(testing::LocalCluster& cluster, const std::string& job) {
-  int64_t newest = 0;
-  for (const v1::Checkpoint& checkpoint : testing::ListedCheckpoints(cluster, job)) {
-    if (checkpoint.state() == v1::Checkpoint::COMMITTED) {
-      newest = std::max(newest, checkpoint.step());
-    }
-  }
-  return newest;
 }
 
 // A restart in the same slots, which reads a checkpoint as large as the saves write:
@@ -326,7 +309,7 @@ TEST_F(PipelineMemoryE2eTest, TwoStagesResumeFromTheStoreInTheSameSlots) {
   const v1::Job running = cluster_->AwaitJob(name, [&](const v1::Job& job) {
     if (testing::Ended(job) || job.attempt() > 1) return true;
     if (job.state() != v1::Job::RUNNING) return false;  // not placed yet
-    committed = NewestCommitted(*cluster_, name);
+    committed = testing::NewestCommittedStep(*cluster_, name);
     return committed > 0 && job.progress().step() > committed;
   });
   ASSERT_EQ(running.state(), v1::Job::RUNNING) << cluster_->Describe(name);
