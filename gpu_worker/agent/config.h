@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -29,7 +30,8 @@ struct AgentConfig {
   // For tests only: see this many GPUs that are not there (FakeGpus, node_devices.h).
   int64_t fake_gpus = 0;
   std::string labels;  // k=v,k=v
-  std::string address = "127.0.0.1";
+  // "" = the source address of the route to --server (node_address.h); main resolves it.
+  std::string address;
   std::string work_dir = "/var/lib/gradhub/agent";
   std::string checkpoint_root;  // empty = <work-dir>/checkpoints
   std::string checkpoint_server;
@@ -65,6 +67,9 @@ struct AgentConfig {
   NodeIsolation isolation;
   // Not a flag: the GPUs main found (DiscoverNodeDevices) before resolving slots.
   NodeDevices devices;
+  // Not a flag: what every rank's environment gets for its collectives' network (the listen
+  // address, GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME: RankNetworkEnvironment, node_address.h).
+  std::map<std::string, std::string> rank_network_env;
 
   void Register(Flags& flags) {
     flags.String("server", "GRADHUB_SERVER", &server, "host:port of the gradhub-api gRPC port")
@@ -88,7 +93,9 @@ struct AgentConfig {
         .String("labels", "GRADHUB_NODE_LABELS", &labels,
                 "Node labels matched by JobSpec.nodeSelector, as k=v,k=v")
         .String("address", "GRADHUB_NODE_ADDRESS", &address,
-                "Host or IP at which other nodes' trainers reach this node's trainers")
+                "Address at which other nodes' ranks reach this node's ranks (their Gloo, NCCL "
+                "and MASTER_ADDR); empty = the source address of this machine's route to "
+                "--server. A loopback address is refused unless --server is on this machine")
         .String("work-dir", "GRADHUB_WORK_DIR", &work_dir,
                 "Per-rank working directories (jobs/<id>/attempt-<n>/rank-<r>/) and pid files")
         .String("checkpoint-root", "GRADHUB_CHECKPOINT_ROOT", &checkpoint_root,

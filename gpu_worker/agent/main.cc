@@ -5,14 +5,18 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <climits>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <map>
 #include <optional>
 #include <thread>
 
 #include "gpu_worker/agent/agent.h"
 #include "gpu_worker/agent/config.h"
+#include "gpu_worker/agent/node_address.h"
 #include "gpu_worker/agent/node_description.h"
 #include "services/common/abseil_mode.h"
 #include "services/common/grpc_credentials.h"
@@ -134,6 +138,43 @@ std::optional<int> IsolateRanks(AgentConfig& config) {
   return std::nullopt;
 }
 
+// The address this node advertises and its ranks' network variables (node_address.h). Waits
+// for a route to --server, which a container may get only after it started.
+std::optional<int> ResolveAddress(AgentConfig& config) {
+  const std::string api_host = gradhub::agent::TargetHost(config.server);
+  const bool api_is_local = gradhub::agent::ResolvesToLoopback(api_host);
+  std::string route_source;
+  for (int tries = 0; config.address.empty() && route_source.empty(); ++tries) {
+    absl::StatusOr<std::string> source = gradhub::agent::RouteSourceAddress(api_host);
+    if (source.ok()) {
+      route_source = *source;
+    } else {
+      if (tries == 0) {
+        std::cerr << "gradhub-agent: " << source.status().message()
+                  << "; waiting for a route to --server to pick this node's address\n";
+      }
+      std::this_thread::sleep_for(std::chrono::seconds(1));
+    }
+  }
+  absl::StatusOr<std::string> address =
+      gradhub::agent::ChooseAdvertisedAddress(config.address, api_is_local, route_source);
+  if (!address.ok()) {
+    std::cerr << "gradhub-agent: " << address.status().message() << "\n";
+    return 2;
+  }
+  config.address = *address;
+  const std::string interface = gradhub::agent::InterfaceOf(config.address);
+  std::map<std::string, std::string> operator_env;
+  for (const char* name : {"GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"}) {
+    if (const char* value = std::getenv(name); value != nullptr) operator_env[name] = value;
+  }
+  config.rank_network_env =
+      gradhub::agent::RankNetworkEnvironment(config.address, interface, operator_env);
+  std::cerr << "gradhub-agent: advertising address " << config.address << " (interface "
+            << (interface.empty() ? "unknown" : interface) << ")\n";
+  return std::nullopt;
+}
+
 // What would make every rank or every call fail, said at start rather than per rank.
 void WarnAboutSettings(const AgentConfig& config) {
   if (access(config.trainer.c_str(), X_OK) != 0) {
@@ -177,7 +218,7 @@ int main(int argc, char** argv) {
   gradhub::TurnOffMutexDeadlockDetection();
   AgentConfig config;
   if (std::optional<int> exit = ParseFlags(argc, argv, config)) return *exit;
-  for (auto prepare : {DescribeDevices, ResolveDirectories, IsolateRanks}) {
+  for (auto prepare : {DescribeDevices, ResolveDirectories, ResolveAddress, IsolateRanks}) {
     if (std::optional<int> exit = prepare(config)) return *exit;
   }
   WarnAboutSettings(config);

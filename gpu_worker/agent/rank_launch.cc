@@ -11,6 +11,7 @@
 #include <fstream>
 #include <system_error>
 
+#include "gpu_worker/agent/node_address.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -98,13 +99,16 @@ absl::StatusOr<RankLaunch> PlanRankLaunch(const AgentConfig& config,
   env["GRADHUB_JOB_ID"] = launch.job_id;
   env["GRADHUB_ATTEMPT"] = absl::StrCat(assignment.attempt());
   env["GRADHUB_STORE"] =
-      assignment.store_address().empty() ? "" : "grpc://" + assignment.store_address();
+      assignment.store_address().empty()
+          ? ""
+          : "grpc://" + StoreAddressForRanks(assignment.store_address(), config.server);
   env["GRADHUB_TOKEN"] = prepared.token;  // the job's, never the node's
   env["GRADHUB_TLS_CA"] = config.tls_ca_file;
   env["GRADHUB_CHECKPOINT_DIR"] = launch.checkpoint_dir;
   env["GRADHUB_CHECKPOINT_SERVER"] = config.checkpoint_server;
   env["GRADHUB_METRICS_SERVER"] = config.metrics_server;
   env["GRADHUB_NODE_NAME"] = config.name;
+  for (const auto& [key, value] : config.rank_network_env) env[key] = value;
   SetDeviceEnvironment(config.devices, assignment, &env);
   env["GRADHUB_DATA_ROOTS"] = JoinRootList(RankDataRoots(config.isolation, assignment.tenant()));
   env["GRADHUB_MAX_INPUT_BYTES"] = absl::StrCat(config.isolation.max_input_bytes);

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <map>
 
+#include "gpu_worker/agent/node_address.h"
 #include "absl/strings/str_cat.h"
 #include "services/common/code_archive/code_archive.h"
 #include "services/common/contract/script_spec.h"
@@ -83,6 +84,7 @@ absl::StatusOr<RankLaunch> PlanScriptLaunch(const AgentConfig& config,
   launch.argv.insert(launch.argv.end(), script.args().begin(), script.args().end());
   auto& env = launch.env;
   SetTorchrunEnvironment(assignment, launch.job_id, &env);
+  for (const auto& [key, value] : config.rank_network_env) env[key] = value;
   SetDeviceEnvironment(config.devices, assignment, &env);
   env["GRADHUB_JOB_ID"] = launch.job_id;
   env["GRADHUB_ATTEMPT"] = absl::StrCat(assignment.attempt());
@@ -92,7 +94,9 @@ absl::StatusOr<RankLaunch> PlanScriptLaunch(const AgentConfig& config,
   // gradhub.distributed.init()'s rendezvous, with the job token (scoped by the api to this
   // attempt's keys); empty without a store address, as a trainer rank's.
   env["GRADHUB_STORE"] =
-      assignment.store_address().empty() ? "" : "grpc://" + assignment.store_address();
+      assignment.store_address().empty()
+          ? ""
+          : "grpc://" + StoreAddressForRanks(assignment.store_address(), config.server);
   env["GRADHUB_CHECKPOINT_URL"] = config.checkpoint_url;
   env["GRADHUB_METRICS_URL"] = config.metrics_url;
   env["GRADHUB_TLS_CA"] = config.tls_ca_file;

@@ -3,6 +3,7 @@
 #include <signal.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <exception>
 #include <iostream>
@@ -17,6 +18,7 @@
 #include "gpu_worker/store_client/grpc_store.h"
 #include "gpu_worker/trainer/local_checkpoint_sink.h"
 #include "gpu_worker/trainer/metrics_telemetry_sink.h"
+#include "gpu_worker/trainer/peer_reachability.h"
 #include "gpu_worker/trainer/trainer.h"
 #include "services/common/abseil_mode.h"
 #include "services/common/contract/data_paths.h"
@@ -24,12 +26,16 @@
 #include "services/common/contract/input_file.h"
 #include "services/common/contract/job_spec.h"
 #include "services/common/contract/trainer_exit_codes.h"
+#include "services/common/contract/unreachable_nodes.h"
 #include "services/common/contract/user_error.h"
 #include "services/common/flags.h"
 
 namespace {
 
 using namespace gradhub;
+
+// How long a rank whose collective failed probes its peers' nodes (peer_reachability.h).
+constexpr std::chrono::milliseconds kPeerProbeTimeout{3000};
 
 struct TrainerConfig {
   std::string spec;
@@ -58,6 +64,7 @@ struct TrainerConfig {
   int64_t memory_limit_bytes = 0;
   std::string dump_parameters;
   std::string scratch_dir;
+  std::string listen_address;
 
   void Register(Flags& flags) {
     flags.String("spec", "GRADHUB_SPEC", &spec, "Job spec file (YAML or JSON, proto3 JSON names)")
@@ -98,6 +105,10 @@ struct TrainerConfig {
         .String("backend", "GRADHUB_BACKEND", &backend,
                 "NCCL or GLOO: what the spec's backend AUTO becomes (set by the agent from the "
                 "node's kind); empty = NCCL on cuda, GLOO on cpu")
+        .String("listen-address", "GRADHUB_LISTEN_ADDRESS", &listen_address,
+                "Address Gloo listens on for this rank's peers (set by the agent: its node's "
+                "advertised address); empty = the interface GLOO_SOCKET_IFNAME names, else the "
+                "hostname")
         .Duration("collective-timeout", "GRADHUB_COLLECTIVE_TIMEOUT", &collective_timeout,
                   "A collective that does not complete in this time fails the rank")
         .String("data-roots", "GRADHUB_DATA_ROOTS", &data_roots,
@@ -251,6 +262,7 @@ trainer::TrainerOptions TrainerOptionsOf(const TrainerConfig& config, const v1::
   SetPlacement(config, &options);
   LogPlacement(config, who);
   options.collective_timeout = absl::ToChronoMilliseconds(config.collective_timeout);
+  options.listen_address = config.listen_address;
   options.checkpoints = OpenCheckpoints(config, spec);
   options.telemetry = OpenTelemetry(config);
   options.stop_requested = &g_stop_requested;
@@ -262,12 +274,34 @@ trainer::TrainerOptions TrainerOptionsOf(const TrainerConfig& config, const v1::
   return options;
 }
 
+// Set once the rank's store is open: what a lost peer's node is checked with (ExitCodeOf).
+std::unique_ptr<trainer::PeerReachability> g_reachability;
+
 void RunTrainer(const TrainerConfig& config, const std::string& who) {
   if (config.spec.empty()) throw UserError("--spec", "is required");
   CheckRank(config);
   SetInputPolicy(InputPolicyOf(config));
   const v1::JobSpec spec = LoadJobSpec(config.spec);
-  trainer::Train(spec, TrainerOptionsOf(config, spec, who));
+  trainer::TrainerOptions options = TrainerOptionsOf(config, spec, who);
+  if (options.world_size > 1) {
+    try {
+      g_reachability = trainer::PeerReachability::Publish(
+          options.store, options.rank, config.node.empty() ? "" : "nodes/" + config.node,
+          config.listen_address);
+    } catch (const std::exception& error) {  // the rendezvous will say what is wrong
+      std::cerr << who << "cannot publish its probe address: " << error.what() << "\n";
+    }
+  }
+  trainer::Train(spec, options);
+}
+
+// "; nodes/a cannot reach nodes/b" when the probe finds nodes this rank cannot reach, else "".
+std::string UnreachablePeers(const TrainerConfig& config) {
+  if (!g_reachability) return "";
+  const std::vector<std::string> unreachable =
+      g_reachability->UnreachableNodes(static_cast<int>(config.world_size), kPeerProbeTimeout);
+  if (unreachable.empty()) return "";
+  return "; " + UnreachableNodesStatement(g_reachability->node(), unreachable);
 }
 
 // The exit code of a run that threw `thrown` (contract/trainer_exit_codes.h), after saying why
@@ -289,7 +323,7 @@ int ExitCodeOf(std::exception_ptr thrown, const TrainerConfig& config, const std
       std::cerr << who << "preempted: peers left after the stop request\n";
       return trainer::kExitPreempted;
     }
-    std::cerr << who << "lost its peers: " << error.what() << "\n";
+    std::cerr << who << "lost its peers: " << error.what() << UnreachablePeers(config) << "\n";
     return trainer::kExitInfrastructure;
   } catch (const trainer::DeviceUnavailable& error) {
     std::cerr << who << "no GPU: " << error.what() << "\n";

@@ -119,8 +119,10 @@ ddp::ProcessGroupOptions ProcessGroupOptionsFor(const TrainingPlan& plan,
     }
     group.backend = ddp::Backend::kNccl;
     group.nccl = ddp::NcclOptions{device.index()};
-  } else if (encrypt) {
-    group.gloo.emplace().encrypt_traffic = true;
+  } else {
+    ddp::GlooOptions& gloo = group.gloo.emplace();
+    gloo.encrypt_traffic = encrypt;
+    gloo.hostname = options.listen_address;
   }
   return group;
 }

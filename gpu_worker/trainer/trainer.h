@@ -45,6 +45,10 @@ struct TrainerOptions {
   // tensors).
   v1::DistributedSpec::Backend backend = v1::DistributedSpec::AUTO;
   std::chrono::milliseconds collective_timeout = defaults::kCollectiveTimeout;
+  // The address Gloo listens on and its peers connect to (the node's advertised address, set
+  // by the agent); "" = GlooOptions' fallbacks (GLOO_SOCKET_IFNAME, the hostname). NCCL reads
+  // NCCL_SOCKET_IFNAME itself.
+  std::string listen_address;
   // Set (by a SIGTERM handler) when the trainer should stop. Rank 0 then finishes its step,
   // saves, waits up to preempt_grace for the commit and throws Preempted. Other ranks keep
   // training until rank 0 has gone (their next collective fails) or preempt_grace has passed.

@@ -11,11 +11,21 @@ namespace gradhub::api {
 
 absl::Status ForgetRanksOnNode(db::Transaction& tx, int64_t node_id, const std::string& node,
                                const std::string& why) {
+  // Fencing: a forgotten rank may still run (its node cut off from the api, not dead), but the
+  // api has given up on it, so it can no longer act for its job. Its job token is revoked in
+  // the same transaction: the checkpoint store, the rendezvous store and the metrics service
+  // refuse it from now on, whatever its attempt's state.
   GRADHUB_ASSIGN_OR_RETURN(
       db::Result gone,
-      tx.Exec(absl::StrCat("UPDATE rank_assignments SET state = 'STOPPED', message = $2,"
-                           " update_time = now() WHERE node_id = $1 AND state IN ",
-                           kLiveRankStatesSql, " RETURNING job_id::text AS job_id, attempt, rank"),
+      tx.Exec(absl::StrCat("WITH gone AS (UPDATE rank_assignments SET state = 'STOPPED',"
+                           " message = $2, update_time = now() WHERE node_id = $1 AND state IN ",
+                           kLiveRankStatesSql,
+                           " RETURNING job_id, attempt, rank),"
+                           " revoked AS (UPDATE api_tokens k SET revoke_time = now() FROM gone"
+                           "   WHERE k.kind = 'JOB' AND k.revoke_time IS NULL"
+                           "   AND k.job_id = gone.job_id AND k.attempt = gone.attempt"
+                           "   AND k.rank = gone.rank)"
+                           " SELECT job_id::text AS job_id, attempt, rank FROM gone"),
               {node_id, why}));
   // Each attempt that lost ranks here, with its lowest such rank (named in the event).
   std::map<std::pair<std::string, int32_t>, int32_t> first_rank;

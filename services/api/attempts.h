@@ -20,9 +20,10 @@ namespace gradhub::api {
 // another state.
 absl::Status FailAttempt(db::Transaction& tx, const v1::Job& job, const AttemptFailure& failure);
 
-// Marks every live rank on the node gone (STOPPED: the slot is free) and fails the current
-// attempts they belonged to as INFRASTRUCTURE (NODE_LOST) with `why`: what happens to the
-// ranks of an agent that restarted and of a node that stopped heartbeating.
+// Marks every live rank on the node gone (STOPPED: the slot is free), revokes their job tokens
+// (a rank cut off from the api may still run; nothing it sends is accepted any more), and fails
+// the current attempts they belonged to as INFRASTRUCTURE (NODE_LOST) with `why`: what happens
+// to the ranks of an agent that restarted and of a node that stopped heartbeating.
 absl::Status ForgetRanksOnNode(db::Transaction& tx, int64_t node_id, const std::string& node,
                                const std::string& why);
 

@@ -21,6 +21,7 @@ struct ApiConfig {
   int64_t max_request_bytes = 4 << 20;
   std::string store_address;
   absl::Duration heartbeat_interval = absl::FromChrono(defaults::kHeartbeatInterval);
+  absl::Duration node_outage_grace = absl::FromChrono(defaults::kApiOutageGrace);
   absl::Duration backfill_window = absl::Seconds(60);
   absl::Duration scheduler_interval = absl::Milliseconds(200);
   StreamLimits rest_streams{};
@@ -48,6 +49,10 @@ struct ApiConfig {
         absl::StrCat("How often agents heartbeat; a node silent for ", defaults::kLeaseHeartbeats,
                      " intervals is lost, once the api has been up for 10 (agents "
                      "reconnect after an api restart)"));
+    flags.Duration("node-outage-grace", "GRADHUB_NODE_OUTAGE_GRACE", &node_outage_grace,
+                   "How long a silent node stays in its jobs while their ranks on other nodes "
+                   "still run (a partition from the api, not a death); match the agents' "
+                   "--api-outage-grace");
     flags.Duration("backfill-window", "GRADHUB_BACKFILL_WINDOW", &backfill_window,
                    "How long a job that does not fit may be passed over by smaller ones");
     flags.Duration("scheduler-interval", "GRADHUB_SCHEDULER_INTERVAL", &scheduler_interval,

@@ -93,6 +93,7 @@ gradhub::api::SchedulerOptions SchedulerOptionsFor(const gradhub::api::ApiConfig
   return {.interval = config.scheduler_interval,
           .node_lease = config.heartbeat_interval * gradhub::defaults::kLeaseHeartbeats,
           .startup_grace = config.heartbeat_interval * 10,
+          .node_outage_grace = config.node_outage_grace,
           .backfill_window = config.backfill_window,
           .peer_failure_grace = std::max(absl::Seconds(3), config.heartbeat_interval * 2),
           .on_running =

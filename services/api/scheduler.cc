@@ -19,6 +19,7 @@
 #include "services/api/scheduling_rules.h"
 #include "services/common/contract/job_spec.h"
 #include "services/common/contract/job_states.h"
+#include "services/common/contract/unreachable_nodes.h"
 #include "services/common/job_records.h"
 #include "services/common/status_macros.h"
 
@@ -325,24 +326,45 @@ absl::Status Scheduler::DeclareLostNodes(db::Transaction& tx) {
   // ranks running (up to its --api-outage-grace) and reconnects within a few seconds; until
   // startup_grace has passed, silence proves nothing.
   const bool may_lose = MayDeclareNodesLost(absl::Now() - start_time_, options_.startup_grace);
+  // Every node silent past the lease, locked against its heartbeat until this commits, with
+  // what SilentNodeIsLost needs: whether a rank of one of its attempts starts or runs on a
+  // node that is heartbeating.
   GRADHUB_ASSIGN_OR_RETURN(
-      db::Result lost,
+      db::Result silent,
       // A node that has heartbeated to this api since it started needs no grace: its silence
       // is its own. (Compares the api's clock with the database's: they must agree to well
       // under a lease, as NTP keeps them.)
-      tx.Exec("UPDATE nodes SET state = 'LOST', session_id = NULL WHERE state <> 'LOST'"
-              " AND last_heartbeat_time < now() - $1 * interval '1 second'"
-              " AND ($2 OR last_heartbeat_time > to_timestamp($3))"
-              " RETURNING id, name,"
-              " extract(epoch FROM now() - last_heartbeat_time)::float8 AS silent_s",
+      tx.Exec(absl::StrCat(
+                  "SELECT n.id, n.name,"
+                  " extract(epoch FROM now() - n.last_heartbeat_time)::float8 AS silent_s,"
+                  " EXISTS (SELECT 1 FROM rank_assignments mine JOIN rank_assignments peer"
+                  "   ON peer.job_id = mine.job_id AND peer.attempt = mine.attempt"
+                  "   AND peer.node_id <> mine.node_id AND peer.state IN ('STARTING', 'RUNNING')"
+                  "   JOIN nodes pn ON pn.id = peer.node_id"
+                  "   AND pn.last_heartbeat_time > now() - $1 * interval '1 second'"
+                  "   WHERE mine.node_id = n.id AND mine.state IN ",
+                  kLiveRankStatesSql,
+                  ") AS live_peers"
+                  " FROM nodes n WHERE n.state <> 'LOST'"
+                  " AND n.last_heartbeat_time < now() - $1 * interval '1 second'"
+                  " AND ($2 OR n.last_heartbeat_time > to_timestamp($3))"
+                  " ORDER BY n.id FOR UPDATE OF n"),
               {Seconds(options_.node_lease), may_lose,
                absl::ToDoubleSeconds(start_time_ - absl::UnixEpoch())}));
-  for (const db::Row& row : lost) {
+  for (const db::Row& row : silent) {
+    const double silent_s = row.Get<double>("silent_s");
+    if (!SilentNodeIsLost(absl::Seconds(silent_s), options_.node_outage_grace,
+                          row.Get<bool>("live_peers"))) {
+      continue;
+    }
+    const int64_t id = row.Get<int64_t>("id");
+    GRADHUB_RETURN_IF_ERROR(
+        tx.Exec("UPDATE nodes SET state = 'LOST', session_id = NULL WHERE id = $1", {id})
+            .status());
     MarkAssignmentsChanged();  // the attempts' ranks on other nodes are to stop
     const std::string name = row.Get<std::string>("name");
     GRADHUB_RETURN_IF_ERROR(
-        ForgetRanksOnNode(tx, row.Get<int64_t>("id"), name,
-                          NodeLostReason(name, row.Get<double>("silent_s"), options_.node_lease)));
+        ForgetRanksOnNode(tx, id, name, NodeLostReason(name, silent_s, options_.node_lease)));
   }
   return absl::OkStatus();
 }
@@ -560,6 +582,24 @@ absl::Status Scheduler::PlaceNewJobs(const std::vector<std::string>& names) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// The pairs of nodes that could not reach each other in the job's last attempt, as its
+// failure quotes its rank (contract/unreachable_nodes.h); none before a first attempt.
+absl::StatusOr<std::vector<NodePair>> UnreachablePairsOfAttempt(db::Transaction& tx,
+                                                                const v1::Job& job) {
+  if (job.attempt() < 1) return std::vector<NodePair>{};
+  GRADHUB_ASSIGN_OR_RETURN(
+      db::Result rows,
+      tx.Exec("SELECT coalesce(failure_message, '') AS failure FROM job_attempts"
+              " WHERE job_id = $1::uuid AND attempt = $2",
+              {JobId(job.name()), job.attempt()}));
+  if (rows.empty()) return std::vector<NodePair>{};
+  return UnreachablePairs(rows.row(0).Get<std::string>("failure"));
+}
+
+}  // namespace
+
 absl::StatusOr<bool> Scheduler::PlaceJob(QueuedJob queued, QueuePass& pass) {
   return pool_->Transact([&](db::Transaction& tx) -> absl::StatusOr<bool> {
     GRADHUB_RETURN_IF_ERROR(TakeSchedulerLock(tx));
@@ -571,6 +611,7 @@ absl::StatusOr<bool> Scheduler::PlaceJob(QueuedJob queued, QueuePass& pass) {
     queued.spec = &spec;
     queued.attempt = job.attempt();
     queued.tenant = job.tenant();
+    GRADHUB_ASSIGN_OR_RETURN(queued.unreachable_pairs, UnreachablePairsOfAttempt(tx, job));
     const GangPlacement placement = pass.Confirm(queued, nodes);
     if (!placement.placed()) {
       GRADHUB_RETURN_IF_ERROR(SetPendingReason(tx, job, placement.why));

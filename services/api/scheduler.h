@@ -32,7 +32,9 @@
 //   4. A node still silent once startup_grace is over, or silent for a lease while the api is
 //      up, is LOST (step 1 of the pass): its attempts fail as INFRASTRUCTURE naming the
 //      silence; its agent, when it comes back, gets FAILED_PRECONDITION, stops its ranks and
-//      registers again.
+//      registers again. Except while its attempts' ranks on heartbeating nodes still run: a
+//      partition between the node and the api alone then costs nothing up to
+//      node_outage_grace (SilentNodeIsLost, scheduling_rules.h).
 //   5. An outage longer than the agents' grace: each agent has stopped its ranks on its own
 //      and reports them STOPPED "... no successful heartbeat for ..." when it reconnects; the
 //      attempt fails (INFRASTRUCTURE) with that reason and the job restarts per its budget.
@@ -116,6 +118,9 @@ struct SchedulerOptions {
   // usually get through 1-2 s after the api is back, but one of ~10 runs of the e2e test saw
   // an agent's gRPC channel take over 6 s to reconnect on a loaded machine.
   absl::Duration startup_grace = absl::Seconds(3);
+  // A silent node whose attempts' ranks on other nodes still run is LOST only after this long
+  // (SilentNodeIsLost): the agents' --api-outage-grace, after which they stop their ranks.
+  absl::Duration node_outage_grace = absl::FromChrono(defaults::kApiOutageGrace);
   absl::Duration backfill_window = absl::Seconds(60);
   // A rank that exits because it lost its peers is usually not the culprit: the rank that
   // died is. Its report may come a heartbeat later from another node, so the verdict waits

@@ -331,6 +331,28 @@ std::string PlacementShape(const v1::JobSpec& spec) {
   return bytes;
 }
 
+GangPlacement PlaceGangAvoiding(const v1::JobSpec& spec, const std::vector<NodeRecord>& nodes,
+                                std::string_view tenant, const std::vector<NodePair>& avoid) {
+  const size_t pairs = std::min<size_t>(avoid.size(), 4);
+  for (size_t way = 0; pairs > 0 && way < (size_t{1} << pairs); ++way) {  // step 2
+    std::set<std::string> left_out;
+    for (size_t i = 0; i < pairs; ++i) {
+      const NodePair& pair = avoid[i];
+      left_out.insert((way >> i) & 1 ? pair.first : pair.second);
+    }
+    std::vector<NodeRecord> others;
+    for (const NodeRecord& node : nodes) {
+      if (left_out.count("nodes/" + node.name) == 0) others.push_back(node);
+    }
+    GangPlacement placement = PlaceGang(spec, others, tenant);
+    if (placement.placed()) {
+      placement.avoided.assign(avoid.begin(), avoid.begin() + static_cast<ptrdiff_t>(pairs));
+      return placement;
+    }
+  }
+  return PlaceGang(spec, nodes, tenant);  // steps 1 and 3
+}
+
 std::optional<std::string> QueuePass::Closed(const QueuedJob& job) const {
   if (!blocked_by_) return std::nullopt;
   const std::string window = absl::FormatDuration(backfill_window_);
@@ -361,7 +383,7 @@ GangPlacement QueuePass::Decide(const QueuedJob& job, const Feasibility& feasibi
   if (*unfit) {  // step 4
     placement.why = **unfit;
   } else {
-    placement = PlaceGang(*job.spec, nodes, job.tenant);
+    placement = PlaceGangAvoiding(*job.spec, nodes, job.tenant, job.unreachable_pairs);
   }
   if (placement.placed()) return placement;
   *unfit = placement.why;
@@ -491,10 +513,15 @@ bool FastPathMayPlace(const QueuePosition& job, const std::optional<QueuePositio
 std::string PlacementMessage(int32_t attempt, const GangPlacement& placement) {
   const std::string cuda = placement.kind == v1::Node::CUDA ? ", CUDA" : "";
   const size_t stages = static_cast<size_t>(std::max(1, placement.pipeline_stages));
+  std::string avoided;
+  for (const auto& [from, to] : placement.avoided) {
+    absl::StrAppend(&avoided, avoided.empty() ? "; kept " : ", ", from, " and ", to, " apart");
+  }
+  if (!avoided.empty()) absl::StrAppend(&avoided, " (they could not reach each other)");
   if (stages == 1) {
     return absl::StrCat("attempt ", attempt, " placed on ",
                         absl::StrJoin(NodeRuns(placement.ranks, 0, placement.ranks.size()), ", "),
-                        cuda);
+                        cuda, avoided);
   }
   std::vector<std::string> replicas;
   for (size_t first = 0; first < placement.ranks.size(); first += stages) {
@@ -504,7 +531,8 @@ std::string PlacementMessage(int32_t attempt, const GangPlacement& placement) {
   }
   return absl::StrCat(
       "attempt ", attempt, " placed ", stages, " stages x ", replicas.size(),
-      replicas.size() == 1 ? " replica: " : " replicas: ", absl::StrJoin(replicas, ", "), cuda);
+      replicas.size() == 1 ? " replica: " : " replicas: ", absl::StrJoin(replicas, ", "), cuda,
+      avoided);
 }
 
 v1::JobEvent::FailureKind FailureKindOfExit(int exit_code, int signal) {
@@ -683,6 +711,12 @@ DrainPlan PlanDrains(const std::vector<DrainingRank>& ranks) {
 
 bool MayDeclareNodesLost(absl::Duration api_uptime, absl::Duration startup_grace) {
   return api_uptime >= startup_grace;
+}
+
+bool SilentNodeIsLost(absl::Duration silent, absl::Duration outage_grace,
+                      bool has_live_peers_elsewhere) {
+  if (silent >= outage_grace) return true;  // 1
+  return !has_live_peers_elsewhere;         // 2, 3
 }
 
 std::string NodeLostReason(const std::string& node, double silent_seconds, absl::Duration lease) {

@@ -65,6 +65,8 @@ struct GangPlacement {
   v1::Node::DeviceKind kind = v1::Node::CPU;  // of every node it is on; decides backend AUTO
   int32_t pipeline_stages = 1;                // of the job: a replica is this many ranks
   std::string why;                            // set when it waits
+  // Pairs of nodes kept apart (PlaceGangAvoiding), named in the placement's event.
+  std::vector<std::pair<std::string, std::string>> avoided;
   bool placed() const { return !ranks.empty(); }
 };
 
@@ -157,6 +159,23 @@ Feasibility JudgeFeasibility(const JobNeeds& job, const std::vector<NodeRecord>&
 GangPlacement PlaceGang(const v1::JobSpec& spec, const std::vector<NodeRecord>& nodes,
                         std::string_view tenant = {});
 
+// Two nodes (nodes/NAME each) whose ranks could not reach each other in a job's last attempt
+// (contract/unreachable_nodes.h, read from that attempt's failure).
+using NodePair = std::pair<std::string, std::string>;
+
+// PlaceGang, kept off broken links while other capacity exists: the job's next attempt uses
+// both nodes of a pair in `avoid` only when no placement without that fits.
+//   1. No pairs: PlaceGang.
+//   2. For each way of leaving out one node of every pair (the second of each first, then the
+//      first; the first 4 pairs only: 16 ways), PlaceGang on the other nodes; the first that
+//      places wins, and its `avoided` lists the pairs.
+//   3. Otherwise PlaceGang on every node: a link that failed once may work again, and waiting
+//      for capacity that is not there would hold the job for nothing.
+// Places exactly when PlaceGang would (the same `why` when not), so a pass's verdicts per
+// spec shape hold for jobs with pairs as well.
+GangPlacement PlaceGangAvoiding(const v1::JobSpec& spec, const std::vector<NodeRecord>& nodes,
+                                std::string_view tenant, const std::vector<NodePair>& avoid);
+
 // The placement-relevant part of a spec as text (QueuedJob::shape): its deterministic wire
 // bytes, less the fields placement never reads (names, labels, the optimizer and schedule,
 // the loop's lengths, checkpoints, restarts, priority, seed, parallelism but its stages). A list of
@@ -175,6 +194,8 @@ struct QueuedJob {
   std::string_view shape;
   bool stopping = false;  // RESTARTING with ranks of its last attempt still live
   absl::Duration waited;  // since it entered the queue (submitted, or restarting)
+  // Nodes whose ranks could not reach each other in its last attempt (PlaceGangAvoiding).
+  std::vector<std::pair<std::string, std::string>> unreachable_pairs;
 };
 
 // One pass over the queue, in FairShareOrder. For each job:
@@ -185,7 +206,8 @@ struct QueuedJob {
 //   3. once a job that does not fit has waited backfill_window, no job behind it is placed
 //      (backfill is over): the slots that free up accumulate for it. Those behind it are told
 //      they wait for slots, and the job's name only when it is their own tenant's;
-//   4. otherwise the job is placed if its gang fits (PlaceGang); a job that does not fit waits
+//   4. otherwise the job is placed if its gang fits (PlaceGangAvoiding, kept off the links its
+//      last attempt could not use while it can be); a job that does not fit waits
 //      with PlaceGang's reason and, past its window, closes the queue behind it (step 3) if the
 //      ready nodes could hold it once their running jobs end (Feasibility::fits_when_idle).
 // Next decides against the pass's snapshot of the nodes and takes the slots of what it
@@ -425,6 +447,21 @@ DrainPlan PlanDrains(const std::vector<DrainingRank>& ranks);
 // Protocol step 2 (scheduler.h) as a rule: whether the sweep may declare nodes LOST, `api_uptime`
 // after the scheduler started.
 bool MayDeclareNodesLost(absl::Duration api_uptime, absl::Duration startup_grace);
+
+// Protocol step 4 (scheduler.h) as a rule: whether a node silent for longer than the lease is
+// LOST now. A silent node is cut off from the api, or dead; the api cannot tell which, but the
+// node's peers can:
+//  1. Silent for the outage grace (the agents' --api-outage-grace): LOST. Its agent has
+//     stopped its ranks on its own by now.
+//  2. Otherwise, while it runs a rank of an attempt that also has a rank starting or running on
+//     a node that is heartbeating: not yet. Those ranks are in collectives with its ranks; were
+//     they dead, the peers would fail within the collective timeout and that failure, reported
+//     by a live agent, ends the attempt. A partition between a node and the api alone does not
+//     end a job that still trains. (Nothing new is placed on a silent node meanwhile: it is not
+//     heartbeating.)
+//  3. Otherwise LOST at once: nothing vouches for it.
+bool SilentNodeIsLost(absl::Duration silent, absl::Duration outage_grace,
+                      bool has_live_peers_elsewhere);
 
 // The reason a lost node's attempts fail with: "nodes/a lost: no heartbeat for 7 s (lease 3s)".
 std::string NodeLostReason(const std::string& node, double silent_seconds, absl::Duration lease);

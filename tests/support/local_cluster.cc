@@ -125,19 +125,25 @@ bool LocalCluster::Start() {
   return true;
 }
 
+std::string LocalCluster::ServiceHost() const {
+  return options_.network != nullptr ? options_.network->hub_address() : "127.0.0.1";
+}
+
 // The first start takes free ports; a restart keeps them, as a real restart would.
 bool LocalCluster::StartApi() {
   api_ = std::make_unique<Subprocess>(std::vector<std::string>{
       BinaryPath("gradhub-api"), "--database-url", url_, "--grpc-address",
-      "127.0.0.1:" + std::to_string(api_grpc_port_), "--http-host", "127.0.0.1", "--http-port",
+      ServiceHost() + ":" + std::to_string(api_grpc_port_), "--http-host", ServiceHost(),
+      "--http-port",
       std::to_string(api_http_port_), "--heartbeat-interval", options_.heartbeat_interval,
       "--scheduler-interval", "100ms", "--shutdown-grace", "2s", "--admin-token", kAdminToken,
+      "--node-outage-grace", options_.agent_api_outage_grace,
       "serve"});
   const std::string port = AwaitOutput(*api_, "serving gRPC on port ([0-9]+)");
   const std::string http_port = AwaitOutput(*api_, "serving REST on port ([0-9]+)");
   if (port.empty() || http_port.empty()) return false;
   api_grpc_port_ = std::stoi(port);
-  api_address_ = "127.0.0.1:" + port;
+  api_address_ = ServiceHost() + ":" + port;
   api_http_port_ = std::stoi(http_port);
   return true;
 }
@@ -158,7 +164,7 @@ bool LocalCluster::StartCheckpointService() {
   if (grpc_port.empty() || http_port.empty()) return false;
   checkpoint_grpc_port_ = std::stoi(grpc_port);
   checkpoint_http_port_ = std::stoi(http_port);
-  checkpoint_address_ = "127.0.0.1:" + grpc_port;
+  checkpoint_address_ = ServiceHost() + ":" + grpc_port;
   if (!checkpoints_) {
     checkpoints_ = v1::CheckpointService::NewStub(
         grpc::CreateChannel(checkpoint_address_, grpc::InsecureChannelCredentials()));
@@ -221,7 +227,8 @@ bool LocalCluster::StartAgent(const std::string& name) {
       options_.checkpoint_service ? work + "/checkpoints" : dir() + "/checkpoints"};
   if (options_.checkpoint_service) {
     argv.insert(argv.end(), {"--checkpoint-server", checkpoint_address_, "--checkpoint-url",
-                             "http://127.0.0.1:" + std::to_string(checkpoint_http_port_)});
+                             "http://" + ServiceHost() + ":" +
+                                 std::to_string(checkpoint_http_port_)});
   }
   // Agents of one test (and tests run at once) share this machine: a MASTER_PORT range each,
   // picked at random below the ephemeral ports (32768-), checked by the agent when rank 0 starts.
@@ -246,10 +253,16 @@ bool LocalCluster::StartAgent(const std::string& name) {
   }
   if (options_.metrics_service) {
     argv.insert(argv.end(),
-                {"--metrics-server", "127.0.0.1:" + std::to_string(metrics_grpc_port_),
-                 "--metrics-url", "http://127.0.0.1:" + std::to_string(metrics_http_port_)});
+                {"--metrics-server", ServiceHost() + ":" + std::to_string(metrics_grpc_port_),
+                 "--metrics-url",
+                 "http://" + ServiceHost() + ":" + std::to_string(metrics_http_port_)});
   }
-  agents_[name] = std::make_unique<Subprocess>(argv);
+  if (options_.network != nullptr) {
+    argv = options_.network->Command(name, std::move(argv),
+                                     {.hostname_resolves_to_loopback =
+                                          options_.hostnames_resolve_to_loopback});
+  }
+  agents_[name] = std::make_unique<Subprocess>(argv, options_.agent_environment);
   return !AwaitOutput(*agents_[name], "registered as nodes/" + name).empty();
 }
 

@@ -15,6 +15,7 @@
 #include "gradhub/v1/checkpoint.grpc.pb.h"
 #include "gradhub/v1/jobs.grpc.pb.h"
 #include "gradhub/v1/nodes.grpc.pb.h"
+#include "tests/support/network_hosts.h"
 #include "tests/support/subprocess.h"
 
 namespace gradhub::testing {
@@ -34,7 +35,9 @@ struct LocalClusterOptions {
   std::string agent_stop_grace = "2s";
   // gradhub-api --heartbeat-interval (the lease is 3 of them).
   std::string heartbeat_interval = "1s";
-  // How long agents keep their ranks running while gradhub-api is unreachable.
+  // How long agents keep their ranks running while gradhub-api is unreachable, and how long
+  // the api keeps a silent node's ranks in jobs whose other ranks still run (its
+  // --node-outage-grace).
   std::string agent_api_outage_grace = "60s";
   // Node isolation (gpu_worker/agent/isolation.h). Each agent's --data-root; the cluster's
   // dir() is made enterable (0711) so that ranks, which a root agent runs as gradhub-rank (or
@@ -45,6 +48,15 @@ struct LocalClusterOptions {
   std::string memory_isolation;
   // Each agent's --tenant-data-root, "TENANT=DIR".
   std::vector<std::string> tenant_data_roots;
+  // Added to every agent's environment (its ranks inherit GRADHUB_COLLECTIVE_TIMEOUT, say).
+  std::map<std::string, std::string> agent_environment;
+  // Many hosts (tests/support/network_hosts.h; it must outlive the cluster): the services
+  // listen on its hub's address, and each agent runs on the host of its name, where it finds
+  // its own address (the route to the api), so its ranks talk to other hosts' over the bridge.
+  NetworkHosts* network = nullptr;
+  // On those hosts, the agents' (and their ranks') hostname resolves to 127.0.1.1, as on a
+  // stock Debian machine.
+  bool hostnames_resolve_to_loopback = false;
 };
 
 class LocalCluster {
@@ -123,6 +135,9 @@ class LocalCluster {
   std::string AgentStderr(const std::string& name) const;
 
  private:
+  // Where the services listen and are reached: 127.0.0.1, or the network's hub.
+  std::string ServiceHost() const;
+
   LocalClusterOptions options_;
   TempDir dir_;
   std::string url_, api_address_, token_, node_token_;

@@ -47,8 +47,8 @@ struct GlooOptions {
   // allreduce ~0.7 ms slower on loopback (each collective then lands on a cold connection and
   // threads) and DDP steps no faster (tests/bench/allreduce, tests/bench/ddp).
   int channels = 1;
-  // Address this rank listens on for its peers; "" = the machine's hostname, or 127.0.0.1
-  // when it does not resolve.
+  // Address this rank listens on for its peers; "" = the interface GLOO_SOCKET_IFNAME names,
+  // else the machine's hostname, or 127.0.0.1 when it does not resolve to an address here.
   std::string hostname;
   // Allreduce through a shared-memory segment instead of TCP when every rank of the group is
   // on one host (and in one container) and every rank sets this; broadcast, allgather and

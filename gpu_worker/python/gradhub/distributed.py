@@ -169,6 +169,9 @@ def init(backend="auto", *, init_method=None, rank=None, world_size=None,
     if chosen == Backend.GLOO:
         options["shared_memory"] = bool(shared_memory)
         options["encrypt_traffic"] = bool(encrypt_traffic)
+        # The node's advertised address, set by gradhub's agent; "" elsewhere (then
+        # GLOO_SOCKET_IFNAME's interface, else the hostname).
+        options["hostname"] = env.get("GRADHUB_LISTEN_ADDRESS", "")
         if device is not None:
             raise ValueError("device: is NCCL's setting, but the backend is gloo")
     else:

@@ -121,7 +121,10 @@ bool IsReservedScriptVariable(const std::string& name) {
                                                   "HOME",
                                                   "PYTHONUNBUFFERED",
                                                   "USER",
-                                                  "LOGNAME"};
+                                                  "LOGNAME",
+                                                  // the node's interfaces, set by its agent
+                                                  "GLOO_SOCKET_IFNAME",
+                                                  "NCCL_SOCKET_IFNAME"};
   return kReserved.count(name) != 0 || name.rfind("GRADHUB_", 0) == 0 ||
          name.rfind("TORCHELASTIC_", 0) == 0;
 }

@@ -22,7 +22,7 @@ TEST(AgentBinaryTest, HelpListsEveryFlagWithItsVariable) {
   EXPECT_EQ(result.exit_code, 0) << result.err;
   for (const char* text :
        {"--server", "GRADHUB_SERVER", "localhost:7070", "--token", "GRADHUB_NODE_TOKEN", "--name",
-        "GRADHUB_NODE_NAME", "--slots", "GRADHUB_SLOTS", "--labels", "--address", "127.0.0.1",
+        "GRADHUB_NODE_NAME", "--slots", "GRADHUB_SLOTS", "--labels", "--address", "route to",
         "--work-dir", "--checkpoint-root", "--trainer", "gradhub-trainer", "--stop-grace", "10s"}) {
     EXPECT_NE(result.out.find(text), std::string::npos) << text << " missing in\n" << result.out;
   }

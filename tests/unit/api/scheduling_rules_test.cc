@@ -336,6 +336,46 @@ TEST(PlaceGang, PacksOntoTheNodesWithTheMostFreeSlotsFirst) {
   EXPECT_EQ(placement.ranks[1].local_rank, 1);
 }
 
+// PlaceGangAvoiding, step 2: another node takes the place of one end of the broken link.
+TEST(PlaceGangAvoiding, KeepsAPairThatCouldNotReachEachOtherApart) {
+  const std::vector<NodeRecord> nodes = {Node(1, "a", 2), Node(2, "b", 2), Node(3, "c", 2)};
+  EXPECT_EQ(Where(PlaceGang(Spec(4, 2), nodes)), "a:0,a:1,b:0,b:1");
+  const GangPlacement placement =
+      PlaceGangAvoiding(Spec(4, 2), nodes, "", {{"nodes/a", "nodes/b"}});
+  EXPECT_EQ(Where(placement), "a:0,a:1,c:0,c:1");
+  EXPECT_EQ(placement.avoided, (std::vector<NodePair>{{"nodes/a", "nodes/b"}}));
+  EXPECT_THAT(PlacementMessage(2, placement),
+              HasSubstr("; kept nodes/a and nodes/b apart (they could not reach each other)"));
+}
+
+// Step 2: every pair at once, one end of each left out.
+TEST(PlaceGangAvoiding, KeepsEveryPairApartWhenItCan) {
+  const std::vector<NodeRecord> nodes = {Node(1, "a", 2), Node(2, "b", 2), Node(3, "c", 2),
+                                         Node(4, "d", 2)};
+  const GangPlacement placement = PlaceGangAvoiding(
+      Spec(4, 2), nodes, "", {{"nodes/a", "nodes/b"}, {"nodes/a", "nodes/c"}});
+  EXPECT_EQ(Where(placement), "a:0,a:1,d:0,d:1");
+  EXPECT_EQ(placement.avoided.size(), 2u);
+}
+
+// Step 3: no other capacity, so the pair is used again rather than waiting for nothing.
+TEST(PlaceGangAvoiding, UsesThePairWhenNothingElseFits) {
+  const std::vector<NodeRecord> nodes = {Node(1, "a", 2), Node(2, "b", 2)};
+  const GangPlacement placement =
+      PlaceGangAvoiding(Spec(4, 2), nodes, "", {{"nodes/a", "nodes/b"}});
+  EXPECT_EQ(Where(placement), "a:0,a:1,b:0,b:1");
+  EXPECT_TRUE(placement.avoided.empty());
+  // And waits exactly as PlaceGang would.
+  EXPECT_EQ(PlaceGangAvoiding(Spec(6, 2), nodes, "", {{"nodes/a", "nodes/b"}}).why,
+            PlaceGang(Spec(6, 2), nodes).why);
+}
+
+// Step 1: no pairs is PlaceGang.
+TEST(PlaceGangAvoiding, WithoutPairsItIsPlaceGang) {
+  const std::vector<NodeRecord> nodes = {Node(1, "a", 1), Node(2, "b", 2)};
+  EXPECT_EQ(Where(PlaceGangAvoiding(Spec(3), nodes, "", {})), Where(PlaceGang(Spec(3), nodes)));
+}
+
 TEST(PlaceGang, RanksPerNodeCapsEachNode) {
   EXPECT_EQ(Where(PlaceGang(Spec(2, 1), {Node(1, "a", 4), Node(2, "b", 4)})), "a:0,b:0");
 }
@@ -984,6 +1024,23 @@ TEST(NodeLease, TheSweepWaitsForTheStartupGrace) {
   EXPECT_TRUE(MayDeclareNodesLost(absl::Seconds(6), absl::Seconds(6)));
   EXPECT_EQ(NodeLostReason("a", 7.6, absl::Seconds(3)),
             "nodes/a lost: no heartbeat for 7 s (lease 3s)");
+}
+
+// SilentNodeIsLost, rule 1.
+TEST(NodeLease, ANodeSilentForTheOutageGraceIsLostWhateverItsPeers) {
+  EXPECT_TRUE(SilentNodeIsLost(absl::Seconds(60), absl::Seconds(60), true));
+  EXPECT_TRUE(SilentNodeIsLost(absl::Seconds(61), absl::Seconds(60), false));
+}
+
+// Rule 2: a partition from the api alone does not end a job that still trains.
+TEST(NodeLease, ANodeWhosePeersStillRunIsGivenTheOutageGrace) {
+  EXPECT_FALSE(SilentNodeIsLost(absl::Seconds(4), absl::Seconds(60), true));
+  EXPECT_FALSE(SilentNodeIsLost(absl::Seconds(59), absl::Seconds(60), true));
+}
+
+// Rule 3.
+TEST(NodeLease, ANodeNobodyVouchesForIsLostAtTheLease) {
+  EXPECT_TRUE(SilentNodeIsLost(absl::Seconds(4), absl::Seconds(60), false));
 }
 
 TEST(RankFailureMessage, KeepsTheCauseApartFromTheLastLogLine) {

@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <utility>
@@ -29,11 +30,9 @@ namespace {
 
 using detail::StrCat;
 
-// Step 1 of the protocol: an explicit hostname is used as given (gloo reports what is wrong
-// with it); the machine's hostname only when some address it resolves to can be bound here,
-// which is what gloo's tcp::CreateDevice will try; otherwise loopback.
-std::string ResolveListenHostname(const std::string& requested) {
-  if (!requested.empty()) return requested;
+// The machine's hostname when some address it resolves to can be bound here, which is what
+// gloo's tcp::CreateDevice will try; otherwise loopback.
+std::string BindableHostname() {
   char name[256] = {};
   if (gethostname(name, sizeof(name) - 1) != 0 || name[0] == '\0') return "127.0.0.1";
   addrinfo hints{};
@@ -50,6 +49,21 @@ std::string ResolveListenHostname(const std::string& requested) {
   }
   freeaddrinfo(result);
   return bindable ? std::string(name) : std::string("127.0.0.1");
+}
+
+// Step 1 of the protocol: an explicit hostname is used as given (gloo reports what is wrong
+// with it), then GLOO_SOCKET_IFNAME's interface, then BindableHostname.
+gloo::transport::tcp::attr ListenAttributes(const std::string& requested) {
+  gloo::transport::tcp::attr attr;
+  const char* interface = std::getenv("GLOO_SOCKET_IFNAME");
+  if (!requested.empty()) {
+    attr.hostname = requested;
+  } else if (interface != nullptr && interface[0] != '\0') {
+    attr.iface = interface;
+  } else {
+    attr.hostname = BindableHostname();
+  }
+  return attr;
 }
 
 void GlooBroadcast(const std::shared_ptr<gloo::Context>& context, uint32_t tag,
@@ -116,7 +130,10 @@ GlooProcessGroup::GlooProcessGroup(const ProcessGroupOptions& options)
       who_(StrCat("process group '", options.name, "' rank ", options.rank, "/", options.size)) {
   ValidateProcessGroupOptions(options);
   const GlooOptions gloo = options.gloo.value_or(GlooOptions{});
-  hostname_ = ResolveListenHostname(gloo.hostname);
+  const gloo::transport::tcp::attr listen = ListenAttributes(gloo.hostname);
+  listen_hostname_ = listen.hostname;
+  listen_interface_ = listen.iface;
+  hostname_ = listen.iface.empty() ? listen.hostname : "interface " + listen.iface;
   ConnectChannels(options, gloo);
   // Sealing before shared memory: rank 0's last write of the sealing agreement (the verdict)
   // is read by every other rank before it writes its shared-memory key, which rank 0 waits
@@ -141,7 +158,8 @@ void GlooProcessGroup::ConnectChannels(const ProcessGroupOptions& options,
     const std::string prefix = StrCat(name(), "/channel-", i, "/");
     try {
       gloo::transport::tcp::attr attr;
-      attr.hostname = hostname_;
+      attr.hostname = listen_hostname_;
+      attr.iface = listen_interface_;
       // A device per channel: each has its own event-loop thread, so the channels' transfers
       // do not queue behind one another in one loop.
       GRADHUB_GLOO_CHECK(channel->device = gloo::transport::tcp::CreateDevice(attr));

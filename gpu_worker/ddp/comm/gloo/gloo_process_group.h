@@ -31,10 +31,11 @@ namespace gradhub::ddp {
 // ProcessGroup on gloo's TCP transport, for CPU tensors (c10d's ProcessGroupGloo).
 //
 // Protocol:
-//  1. Construction resolves the address to listen on: GlooOptions::hostname, or when it is
-//     empty the machine's hostname if it resolves to an address this machine can bind, else
-//     127.0.0.1 (enough for ranks on one machine; multi-node jobs must pass a routable
-//     hostname or address).
+//  1. Construction resolves the address to listen on: GlooOptions::hostname; when it is
+//     empty, the interface GLOO_SOCKET_IFNAME names (as torch's ProcessGroupGloo reads it;
+//     its first address); else the machine's hostname if it resolves to an address this
+//     machine can bind, else 127.0.0.1 (enough for ranks on one machine; multi-node jobs pass
+//     a routable address: the agent sets it, gpu_worker/agent/node_address.h).
 //  2. For each channel i in [0, GlooOptions::channels) it creates a TCP device (its own event
 //     loop thread) and a gloo::rendezvous::Context, connected full mesh through the store
 //     under `options.name + "/channel-<i>/"`. A peer that does not arrive within
@@ -95,7 +96,8 @@ class GlooProcessGroup final : public ProcessGroup {
   std::shared_ptr<Work> Recv(at::Tensor tensor, int src, uint32_t tag) override;
   bool TransfersInAnyOrder() const override { return true; }
 
-  // The address peers connect to (after the fallback of step 1), for logs.
+  // What the group listens on (after the fallbacks of step 1: "interface eth1" when it came
+  // from GLOO_SOCKET_IFNAME), for logs.
   const std::string& listen_hostname() const { return hostname_; }
   int channels() const { return static_cast<int>(channels_.size()); }
   // Whether allreduces go through shared memory (step 4); the same on every rank.
@@ -147,7 +149,9 @@ class GlooProcessGroup final : public ProcessGroup {
   const std::chrono::milliseconds timeout_;
   // "process group 'x' rank r/n": starts construction errors.
   const std::string who_;
-  std::string hostname_;
+  // Step 1's outcome, for every channel's device: one of the two is set.
+  std::string listen_hostname_, listen_interface_;
+  std::string hostname_;  // what the group listens on, as said in errors ("interface eth1")
   std::vector<std::unique_ptr<Channel>> channels_;
 
   std::mutex issue_mu_;  // sequence numbers and queue order

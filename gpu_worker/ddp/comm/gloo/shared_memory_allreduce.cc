@@ -138,8 +138,11 @@ std::string HostIdentity() {
   const std::string boot_id = ReadFirstLine("/proc/sys/kernel/random/boot_id");
   const std::string pid_ns = ReadLink("/proc/self/ns/pid");
   const std::string mnt_ns = ReadLink("/proc/self/ns/mnt");
-  if (boot_id.empty() || pid_ns.empty() || mnt_ns.empty()) return "";
-  return StrCat(hostname, " ", boot_id, " ", pid_ns, " ", mnt_ns);
+  // Ranks in different network namespaces are on different hosts as far as the job is
+  // concerned (containers, or the test harness's hosts): their allreduce crosses the network.
+  const std::string net_ns = ReadLink("/proc/self/ns/net");
+  if (boot_id.empty() || pid_ns.empty() || mnt_ns.empty() || net_ns.empty()) return "";
+  return StrCat(hostname, " ", boot_id, " ", pid_ns, " ", mnt_ns, " ", net_ns);
 }
 
 std::string RandomHex64() {

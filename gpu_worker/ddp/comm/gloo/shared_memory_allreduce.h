@@ -78,8 +78,8 @@ class SharedMemoryAllReduce {
 // ends with the same decision.
 //
 // Protocol (keys under `prefix`, e.g. "default/shm/"):
-//  1. Every rank sets "host/<r>" to its host identity (hostname, boot id, pid and mount
-//     namespaces), or "" when options.shared_memory is false on it, and reads every rank's.
+//  1. Every rank sets "host/<r>" to its host identity (hostname, boot id, pid, mount and
+//     network namespaces), or "" when options.shared_memory is false on it, and reads every rank's.
 //     Unless all are equal and non-empty (and size >= 2), the group uses TCP; that is a choice
 //     or a multi-host group, not a failure, and is not logged.
 //  2. Rank 0 creates each segment: a file "gradhub-<random 64-bit hex>" in `directory`
