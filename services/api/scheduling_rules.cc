@@ -681,8 +681,12 @@ DrainPlan PlanDrains(const std::vector<DrainingRank>& ranks) {
   return plan;
 }
 
-bool MayDeclareNodesLost(absl::Duration api_uptime, absl::Duration startup_grace) {
-  return api_uptime >= startup_grace;
+absl::Time HeartbeatsRecordableSince(absl::Time api_start, absl::Time database_last_unreachable) {
+  return std::max(api_start, database_last_unreachable);
+}
+
+bool MayDeclareNodesLost(absl::Time now, absl::Time recordable_since, absl::Duration grace) {
+  return now - recordable_since >= grace;
 }
 
 std::string NodeLostReason(const std::string& node, double silent_seconds, absl::Duration lease) {

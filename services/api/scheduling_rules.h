@@ -422,9 +422,15 @@ struct DrainPlan {
 // left becomes CORDONED. `ranks` in node, then rank order.
 DrainPlan PlanDrains(const std::vector<DrainingRank>& ranks);
 
-// Protocol step 2 (scheduler.h) as a rule: whether the sweep may declare nodes LOST, `api_uptime`
-// after the scheduler started.
-bool MayDeclareNodesLost(absl::Duration api_uptime, absl::Duration startup_grace);
+// Protocol steps 2 and 6 (scheduler.h) as rules. A node's last heartbeat may be old through
+// no fault of its own while no heartbeat could be recorded: before this api started, and while
+// its database was out of reach (db::Pool::last_unreachable; InfinitePast() if never). Silence
+// counts from the later of the two.
+absl::Time HeartbeatsRecordableSince(absl::Time api_start, absl::Time database_last_unreachable);
+// Whether the sweep may declare nodes LOST at `now`: only `grace` (at least a lease) after
+// heartbeats became recordable, time for every agent to get one through. A node that has
+// heartbeated since then needs no grace: its silence is its own (the sweep's SQL).
+bool MayDeclareNodesLost(absl::Time now, absl::Time recordable_since, absl::Duration grace);
 
 // The reason a lost node's attempts fail with: "nodes/a lost: no heartbeat for 7 s (lease 3s)".
 std::string NodeLostReason(const std::string& node, double silent_seconds, absl::Duration lease);
