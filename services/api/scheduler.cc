@@ -449,9 +449,10 @@ absl::StatusOr<std::optional<double>> Scheduler::ReconcileAttempt(const std::str
       GRADHUB_RETURN_IF_ERROR(EndAttemptWithItsJob(tx, job, attempt));
       return std::nullopt;
     }
-    GRADHUB_ASSIGN_OR_RETURN(const std::optional<AttemptSnapshot> snapshot,
-                             ReadAttemptSnapshot(tx, job));
+    GRADHUB_ASSIGN_OR_RETURN(std::optional<AttemptSnapshot> snapshot, ReadAttemptSnapshot(tx, job));
     if (!snapshot) return std::nullopt;
+    snapshot->seconds_since_recordable =
+        Seconds(absl::Now() - HeartbeatsRecordableSince(start_time_, pool_->last_unreachable()));
     // A script's exit may be its peer's loss: wait a node lease more, so a lost node is found.
     const AttemptVerdict verdict = JudgeAttempt(
         *snapshot, options_.peer_failure_grace +

@@ -39,7 +39,8 @@
 //   6. The same holds when the api stays up but its database is out of reach: heartbeats fail
 //      (UNAVAILABLE, which agents retry as in step 1) and no state changes. The sweep counts a
 //      node's silence only from the end of the outage (db::Pool::last_unreachable) and gives it
-//      startup_grace from there, as in step 2, so running jobs are not restarted for it.
+//      startup_grace from there, as in step 2; the hang watchdog counts no silence from before
+//      it either (JudgeAttempt step 4). Running jobs are not restarted for the outage.
 //
 // Every step is its own transaction under one PostgreSQL advisory lock, so any number of api
 // replicas may run a scheduler and only one acts at a time; a pass interrupted by a crash is

@@ -615,7 +615,8 @@ AttemptVerdict JudgeAttempt(const AttemptSnapshot& attempt, absl::Duration peer_
   if (attempt.script && !attempt.seconds_since_step) return verdict;
   const double idle = std::min(attempt.seconds_since_start,
                                attempt.seconds_since_step.value_or(attempt.seconds_since_start));
-  if (idle > attempt.hang_timeout_seconds) {  // step 4
+  const double heard_for = attempt.seconds_since_recordable.value_or(idle);
+  if (std::min(idle, heard_for) > attempt.hang_timeout_seconds) {  // step 4
     AttemptFailure failure;
     failure.event = v1::JobEvent::HANG_DETECTED;
     failure.kind = v1::JobEvent::JOB;

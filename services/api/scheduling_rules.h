@@ -322,6 +322,9 @@ struct AttemptSnapshot {
   double seconds_since_start = 0;  // since the attempt was created or, once RUNNING, started
   std::optional<double> seconds_since_step;  // since the newest step of any rank
   bool script = false;                       // a script job (JobSpec.script): its exits differ
+  // Since the ranks' reports could be recorded (HeartbeatsRecordableSince: the api's start, the
+  // end of a database outage); unset = always. Steps not heard before then are not a hang.
+  std::optional<double> seconds_since_recordable;
 };
 
 // How an attempt ended badly, whatever noticed it (a rank's exit, the hang watchdog, a lost or
@@ -380,8 +383,9 @@ struct AttemptVerdict {
 //   3. No failure: every rank started (STARTING, RUNNING or SUCCEEDED) makes a SCHEDULED job
 //      RUNNING; every rank SUCCEEDED makes it SUCCEEDED.
 //   4. The hang watchdog: no step from any rank, and no start, for hang_timeout_seconds fails
-//      the attempt (HANG_DETECTED, a JOB failure). A script job is watched only once one of
-//      its ranks has reported a step.
+//      the attempt (HANG_DETECTED, a JOB failure), counting only time when steps could have
+//      been recorded (seconds_since_recordable). A script job is watched only once one of its
+//      ranks has reported a step.
 AttemptVerdict JudgeAttempt(const AttemptSnapshot& attempt, absl::Duration peer_failure_grace);
 
 // What the job becomes after a failed attempt: the failure's kind spends a budget of

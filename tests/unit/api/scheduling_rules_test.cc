@@ -842,6 +842,21 @@ TEST(JudgeAttempt, TheHangWatchdogFailsAnAttemptWithoutAStepForTheTimeout) {
   EXPECT_EQ(verdict.failure->message, "no training step for 31 s (hang_timeout_seconds 30)");
 }
 
+// Issue 34: steps the api could not record (its database out of reach, or no api running) are
+// not a hang; the watchdog counts only what it could have heard, and says how long it was.
+TEST(JudgeAttempt, TheHangWatchdogCountsNoSilenceFromBeforeReportsCouldBeRecorded) {
+  AttemptSnapshot attempt = Attempt({Rank(0, "RUNNING"), Rank(1, "RUNNING")});
+  attempt.hang_timeout_seconds = 30;
+  attempt.seconds_since_start = 500;
+  attempt.seconds_since_step = 45;
+  attempt.seconds_since_recordable = 10;  // the database came back 10 s ago
+  EXPECT_FALSE(JudgeAttempt(attempt, kGrace).failure);
+  attempt.seconds_since_recordable = 31;
+  const AttemptVerdict verdict = JudgeAttempt(attempt, kGrace);
+  ASSERT_TRUE(verdict.failure);
+  EXPECT_EQ(verdict.failure->message, "no training step for 45 s (hang_timeout_seconds 30)");
+}
+
 TEST(JudgeAttempt, TheHangWatchdogCountsFromTheStartBeforeAnyStep) {
   AttemptSnapshot attempt = Attempt({Rank(0, "STARTING")}, v1::Job::SCHEDULED);
   attempt.ranks.push_back(Rank(1, "ASSIGNED"));
