@@ -346,7 +346,16 @@ absl::StatusOr<v1::Job> JobManager::Transition(const std::string& name, State to
 }
 
 absl::Status JobManager::CheckReady() {
-  auto applied = pool_->Exec("SELECT count(*)::bigint AS n FROM schema_migrations");
+  // Within kReadinessBudget whatever the database does: at once while the pool knows it to be
+  // unreachable (pool.h), else one query given the budget in all. A database that has just gone
+  // silent is known to be only when a connection times out (silence_timeout), later than a
+  // probe waits for its answer.
+  auto applied =
+      pool_->ExecWithin(kReadinessBudget, "SELECT count(*)::bigint AS n FROM schema_migrations");
+  if (applied.status().code() == absl::StatusCode::kDeadlineExceeded) {
+    return absl::UnavailableError(absl::StrCat("the database did not answer within ",
+                                               absl::FormatDuration(kReadinessBudget)));
+  }
   if (!applied.ok()) return absl::UnavailableError(applied.status().message());
   if (applied->row(0).Get<int64_t>("n") == 0) {
     return absl::UnavailableError("no migrations applied");

@@ -73,7 +73,9 @@ class JobManager {
   absl::StatusOr<v1::Job> Transition(const std::string& name, v1::Job::State to,
                                      const EventDetails& details = {});
 
-  // OK when the database answers and the schema has been migrated; for /readyz.
+  // OK when the database answers and the schema has been migrated; for /readyz. UNAVAILABLE
+  // otherwise, always within kReadinessBudget: a probe's own timeout is usually a second.
+  static constexpr absl::Duration kReadinessBudget = absl::Milliseconds(800);
   absl::Status CheckReady();
 
   // Oldest first (id order), paged by id; filter terms: type, attempt.

@@ -38,6 +38,36 @@ double Seconds(absl::Duration d) { return absl::ToDoubleSeconds(d); }
 // The idle time after a pass, as a multiple of the time the pass took (see Start).
 constexpr int kPassSpacing = 9;
 
+// The loop's failed passes on stderr: one line when passes start failing, then one every
+// kEvery while they go on, and one when they succeed again. A pass a tenth of a second would
+// otherwise write ten lines a second for as long as the database is unreachable.
+class PassLog {
+ public:
+  static constexpr absl::Duration kEvery = absl::Seconds(10);
+
+  void Report(const absl::Status& status) {
+    if (status.ok()) {
+      if (failed_ > 0) {
+        std::cerr << "gradhub-api: scheduler passes succeed again, after " << failed_
+                  << " failed\n";
+      }
+      failed_ = 0;
+      return;
+    }
+    const absl::Time now = absl::Now();
+    if (++failed_ == 1 || now - last_line_ >= kEvery) {
+      std::cerr << "gradhub-api: scheduler pass failed";
+      if (failed_ > 1) std::cerr << " (" << failed_ << " in a row)";
+      std::cerr << ": " << status << "\n";
+      last_line_ = now;
+    }
+  }
+
+ private:
+  int64_t failed_ = 0;
+  absl::Time last_line_ = absl::InfinitePast();
+};
+
 absl::StatusOr<std::vector<NodeRecord>> ReadNodes(db::Transaction& tx, absl::Duration lease) {
   GRADHUB_ASSIGN_OR_RETURN(
       db::Result rows,
@@ -321,19 +351,21 @@ void Scheduler::AssignmentsChanged() {
 }
 
 absl::Status Scheduler::DeclareLostNodes(db::Transaction& tx) {
-  // Protocol step 2 (scheduler.h): right after this api started, a node's last heartbeat may
-  // be older than the lease only because no api was there to take it. Its agent keeps its
-  // ranks running (up to its --api-outage-grace) and reconnects within a few seconds; until
-  // startup_grace has passed, silence proves nothing.
-  const bool may_lose = MayDeclareNodesLost(absl::Now() - start_time_, options_.startup_grace);
+  // Protocol steps 2 and 6 (scheduler.h): right after this api started, or its database came
+  // back, a node's last heartbeat may be older than the lease only because nothing could take
+  // it. Its agent keeps its ranks running (up to its --api-outage-grace) and gets through within
+  // a few seconds; until startup_grace has passed, silence proves nothing.
+  const absl::Time recordable_since =
+      HeartbeatsRecordableSince(start_time_, pool_->last_unreachable());
+  const bool may_lose = MayDeclareNodesLost(absl::Now(), recordable_since, options_.startup_grace);
   // Every node silent past the lease, locked against its heartbeat until this commits, with
   // what SilentNodeIsLost needs: whether a rank of one of its attempts starts or runs on a
   // node that is heartbeating.
   GRADHUB_ASSIGN_OR_RETURN(
       db::Result silent,
-      // A node that has heartbeated to this api since it started needs no grace: its silence
-      // is its own. (Compares the api's clock with the database's: they must agree to well
-      // under a lease, as NTP keeps them.)
+      // A node that has heartbeated since then needs no grace: its silence is its own.
+      // (Compares the api's clock with the database's: they must agree to well under a lease,
+      // as NTP keeps them.)
       tx.Exec(absl::StrCat(
                   "SELECT n.id, n.name,"
                   " extract(epoch FROM now() - n.last_heartbeat_time)::float8 AS silent_s,"
@@ -350,7 +382,7 @@ absl::Status Scheduler::DeclareLostNodes(db::Transaction& tx) {
                   " AND ($2 OR n.last_heartbeat_time > to_timestamp($3))"
                   " ORDER BY n.id FOR UPDATE OF n"),
               {Seconds(options_.node_lease), may_lose,
-               absl::ToDoubleSeconds(start_time_ - absl::UnixEpoch())}));
+               absl::ToDoubleSeconds(recordable_since - absl::UnixEpoch())}));
   for (const db::Row& row : silent) {
     const double silent_s = row.Get<double>("silent_s");
     if (!SilentNodeIsLost(absl::Seconds(silent_s), options_.node_outage_grace,
@@ -439,9 +471,10 @@ absl::StatusOr<std::optional<double>> Scheduler::ReconcileAttempt(const std::str
       GRADHUB_RETURN_IF_ERROR(EndAttemptWithItsJob(tx, job, attempt));
       return std::nullopt;
     }
-    GRADHUB_ASSIGN_OR_RETURN(const std::optional<AttemptSnapshot> snapshot,
-                             ReadAttemptSnapshot(tx, job));
+    GRADHUB_ASSIGN_OR_RETURN(std::optional<AttemptSnapshot> snapshot, ReadAttemptSnapshot(tx, job));
     if (!snapshot) return std::nullopt;
+    snapshot->seconds_since_recordable =
+        Seconds(absl::Now() - HeartbeatsRecordableSince(start_time_, pool_->last_unreachable()));
     // A script's exit may be its peer's loss: wait a node lease more, so a lost node is found.
     const AttemptVerdict verdict = JudgeAttempt(
         *snapshot, options_.peer_failure_grace +
@@ -685,6 +718,7 @@ absl::Status Scheduler::SetPendingReasons(
 void Scheduler::Start() {
   start_time_ = absl::Now();
   loop_ = std::thread([this] {
+    PassLog log;
     std::unique_lock<std::mutex> lock(mu_);
     while (!stopping_) {
       // What the pass will see needs no fast path, and its verdicts are fresh.
@@ -693,10 +727,14 @@ void Scheduler::Start() {
       new_jobs_.clear();
       lock.unlock();
       const auto started = std::chrono::steady_clock::now();
-      if (absl::Status status = RunOnce(); !status.ok()) {
-        std::cerr << "gradhub-api: scheduler pass failed: " << status << "\n";
-      }
-      const auto took = std::chrono::steady_clock::now() - started;
+      const absl::Time pass_start = absl::Now();
+      log.Report(RunOnce());
+      // A pass that met an unreachable database spent its time waiting for an answer, not
+      // loading the database: spaced by it, the first pass after the outage would come up to
+      // nine silence timeouts late.
+      const auto took = pool_->last_unreachable() >= pass_start
+                            ? std::chrono::steady_clock::duration::zero()
+                            : std::chrono::steady_clock::now() - started;
       lock.lock();
       // A pass reads the whole queue. However long it grows, passes take at most a tenth of
       // the time (and of a database connection): the next waits nine times as long as this

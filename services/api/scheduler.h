@@ -38,6 +38,11 @@
 //   5. An outage longer than the agents' grace: each agent has stopped its ranks on its own
 //      and reports them STOPPED "... no successful heartbeat for ..." when it reconnects; the
 //      attempt fails (INFRASTRUCTURE) with that reason and the job restarts per its budget.
+//   6. The same holds when the api stays up but its database is out of reach: heartbeats fail
+//      (UNAVAILABLE, which agents retry as in step 1) and no state changes. The sweep counts a
+//      node's silence only from the end of the outage (db::Pool::last_unreachable) and gives it
+//      startup_grace from there, as in step 2; the hang watchdog counts no silence from before
+//      it either (JudgeAttempt step 4). Running jobs are not restarted for the outage.
 //
 // Every step is its own transaction under one PostgreSQL advisory lock, so any number of api
 // replicas may run a scheduler and only one acts at a time; a pass interrupted by a crash is
@@ -113,10 +118,11 @@ struct SchedulerOptions {
   // A node without a heartbeat for this long is LOST (kLeaseHeartbeats heartbeat intervals).
   absl::Duration node_lease =
       absl::FromChrono(defaults::kHeartbeatInterval) * defaults::kLeaseHeartbeats;
-  // After the scheduler is constructed (the api starts), no node is declared LOST for this
-  // long (protocol step 2). At least node_lease; main gives 10 heartbeat intervals: agents
-  // usually get through 1-2 s after the api is back, but one of ~10 runs of the e2e test saw
-  // an agent's gRPC channel take over 6 s to reconnect on a loaded machine.
+  // After the scheduler is constructed (the api starts), and after a database outage ends, no
+  // node is declared LOST for this long (protocol steps 2 and 6). At least node_lease; main gives
+  // 10 heartbeat intervals: agents usually get through 1-2 s after the api is back, but one of ~10
+  // runs of the e2e test saw an agent's gRPC channel take over 6 s to reconnect on a loaded
+  // machine.
   absl::Duration startup_grace = absl::Seconds(3);
   // A silent node whose attempts' ranks on other nodes still run is LOST only after this long
   // (SilentNodeIsLost): the agents' --api-outage-grace, after which they stop their ranks.

@@ -643,7 +643,8 @@ AttemptVerdict JudgeAttempt(const AttemptSnapshot& attempt, absl::Duration peer_
   if (attempt.script && !attempt.seconds_since_step) return verdict;
   const double idle = std::min(attempt.seconds_since_start,
                                attempt.seconds_since_step.value_or(attempt.seconds_since_start));
-  if (idle > attempt.hang_timeout_seconds) {  // step 4
+  const double heard_for = attempt.seconds_since_recordable.value_or(idle);
+  if (std::min(idle, heard_for) > attempt.hang_timeout_seconds) {  // step 4
     AttemptFailure failure;
     failure.event = v1::JobEvent::HANG_DETECTED;
     failure.kind = v1::JobEvent::JOB;
@@ -709,8 +710,12 @@ DrainPlan PlanDrains(const std::vector<DrainingRank>& ranks) {
   return plan;
 }
 
-bool MayDeclareNodesLost(absl::Duration api_uptime, absl::Duration startup_grace) {
-  return api_uptime >= startup_grace;
+absl::Time HeartbeatsRecordableSince(absl::Time api_start, absl::Time database_last_unreachable) {
+  return std::max(api_start, database_last_unreachable);
+}
+
+bool MayDeclareNodesLost(absl::Time now, absl::Time recordable_since, absl::Duration grace) {
+  return now - recordable_since >= grace;
 }
 
 bool SilentNodeIsLost(absl::Duration silent, absl::Duration outage_grace,

@@ -344,6 +344,9 @@ struct AttemptSnapshot {
   double seconds_since_start = 0;  // since the attempt was created or, once RUNNING, started
   std::optional<double> seconds_since_step;  // since the newest step of any rank
   bool script = false;                       // a script job (JobSpec.script): its exits differ
+  // Since the ranks' reports could be recorded (HeartbeatsRecordableSince: the api's start, the
+  // end of a database outage); unset = always. Steps not heard before then are not a hang.
+  std::optional<double> seconds_since_recordable;
 };
 
 // How an attempt ended badly, whatever noticed it (a rank's exit, the hang watchdog, a lost or
@@ -402,8 +405,9 @@ struct AttemptVerdict {
 //   3. No failure: every rank started (STARTING, RUNNING or SUCCEEDED) makes a SCHEDULED job
 //      RUNNING; every rank SUCCEEDED makes it SUCCEEDED.
 //   4. The hang watchdog: no step from any rank, and no start, for hang_timeout_seconds fails
-//      the attempt (HANG_DETECTED, a JOB failure). A script job is watched only once one of
-//      its ranks has reported a step.
+//      the attempt (HANG_DETECTED, a JOB failure), counting only time when steps could have
+//      been recorded (seconds_since_recordable). A script job is watched only once one of its
+//      ranks has reported a step.
 AttemptVerdict JudgeAttempt(const AttemptSnapshot& attempt, absl::Duration peer_failure_grace);
 
 // What the job becomes after a failed attempt: the failure's kind spends a budget of
@@ -444,9 +448,15 @@ struct DrainPlan {
 // left becomes CORDONED. `ranks` in node, then rank order.
 DrainPlan PlanDrains(const std::vector<DrainingRank>& ranks);
 
-// Protocol step 2 (scheduler.h) as a rule: whether the sweep may declare nodes LOST, `api_uptime`
-// after the scheduler started.
-bool MayDeclareNodesLost(absl::Duration api_uptime, absl::Duration startup_grace);
+// Protocol steps 2 and 6 (scheduler.h) as rules. A node's last heartbeat may be old through
+// no fault of its own while no heartbeat could be recorded: before this api started, and while
+// its database was out of reach (db::Pool::last_unreachable; InfinitePast() if never). Silence
+// counts from the later of the two.
+absl::Time HeartbeatsRecordableSince(absl::Time api_start, absl::Time database_last_unreachable);
+// Whether the sweep may declare nodes LOST at `now`: only `grace` (at least a lease) after
+// heartbeats became recordable, time for every agent to get one through. A node that has
+// heartbeated since then needs no grace: its silence is its own (the sweep's SQL).
+bool MayDeclareNodesLost(absl::Time now, absl::Time recordable_since, absl::Duration grace);
 
 // Protocol step 4 (scheduler.h) as a rule: whether a node silent for longer than the lease is
 // LOST now. A silent node is cut off from the api, or dead; the api cannot tell which, but the

@@ -1,5 +1,11 @@
 #include "services/common/db/connection.h"
 
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <optional>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -7,17 +13,109 @@
 #include "services/common/status_macros.h"
 
 namespace gradhub::db {
+namespace {
 
-absl::StatusOr<std::unique_ptr<Connection>> Connection::Open(const ConnectionOptions& options) {
-  std::string timeout =
-      std::to_string(std::max<int64_t>(1, absl::ToInt64Seconds(options.connect_timeout)));
-  std::string server_options =
-      absl::StrCat("-c statement_timeout=", absl::ToInt64Milliseconds(options.statement_timeout));
+enum class Ready { kYes, kDeadline, kNetworkError };
+
+// poll(2) on `fd` for `events` until `deadline`. kNetworkError: the kernel has given up on the
+// connection because the peer or the path is gone (its pending error, read and cleared here, is
+// a timeout or an unreachable host), not because the server closed or reset it.
+Ready WaitReady(int fd, short events, absl::Time deadline) {
+  while (true) {
+    const absl::Duration left = deadline - absl::Now();
+    const int ms =
+        deadline == absl::InfiniteFuture()
+            ? -1
+            : static_cast<int>(std::max<int64_t>(
+                  0, absl::ToInt64Milliseconds(absl::Ceil(left, absl::Milliseconds(1)))));
+    pollfd entry{fd, events, 0};
+    const int ready = ::poll(&entry, 1, ms);
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready == 0) return Ready::kDeadline;
+    if (ready > 0 && (entry.revents & (POLLERR | POLLHUP)) != 0) {
+      int error = 0;
+      socklen_t length = sizeof(error);
+      if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &length) == 0 &&
+          (error == ETIMEDOUT || error == EHOSTUNREACH || error == ENETUNREACH ||
+           error == EHOSTDOWN)) {
+        return Ready::kNetworkError;
+      }
+    }
+    return Ready::kYes;  // ready, or an error libpq will read and report itself
+  }
+}
+
+// The TCP settings of both ends (ConnectionOptions::silence_timeout): keepalives once a second
+// of idleness, and the connection dropped once anything sent, a keepalive included, has gone
+// unanswered for the timeout. The server's are session settings, sent as startup options.
+struct Keepalive {
+  std::string idle = "1", interval = "1", count, user_timeout_ms;
+};
+
+Keepalive KeepaliveFor(absl::Duration silence_timeout) {
+  Keepalive keepalive;
+  keepalive.count = std::to_string(std::max<int64_t>(1, absl::ToInt64Seconds(silence_timeout)));
+  keepalive.user_timeout_ms =
+      std::to_string(std::max<int64_t>(1, absl::ToInt64Milliseconds(silence_timeout)));
+  return keepalive;
+}
+
+std::string ServerOptions(const ConnectionOptions& options, const Keepalive& keepalive) {
+  return absl::StrCat("-c statement_timeout=", absl::ToInt64Milliseconds(options.statement_timeout),
+                      " -c tcp_keepalives_idle=", keepalive.idle,
+                      " -c tcp_keepalives_interval=", keepalive.interval,
+                      " -c tcp_keepalives_count=", keepalive.count,
+                      " -c tcp_user_timeout=", keepalive.user_timeout_ms);
+}
+
+// The connect protocol of PQconnectStartParams: poll in the direction libpq asks for until it
+// is done, failed, or `until` passes. Returns whether `until` passed first.
+bool ConnectTimedOut(PGconn* conn, absl::Time until) {
+  PostgresPollingStatusType step = PGRES_POLLING_WRITING;
+  while (PQstatus(conn) != CONNECTION_BAD && step != PGRES_POLLING_OK &&
+         step != PGRES_POLLING_FAILED) {
+    const short events = step == PGRES_POLLING_READING ? POLLIN : POLLOUT;
+    // A kernel error is libpq's to read in PQconnectPoll (a refusal says more than "timeout").
+    if (WaitReady(PQsocket(conn), events, until) == Ready::kDeadline) return true;
+    step = PQconnectPoll(conn);
+  }
+  return false;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Connection>> Connection::Open(const ConnectionOptions& options,
+                                                             absl::Time deadline) {
+  const Keepalive keepalive = KeepaliveFor(options.silence_timeout);
+  const std::string server_options = ServerOptions(options, keepalive);
   // expand_dbname lets `dbname` carry a whole URL; the later keywords override its settings.
-  const char* keywords[] = {"dbname", "connect_timeout", "application_name", "options", nullptr};
-  const char* values[] = {options.url.c_str(), timeout.c_str(), options.application_name.c_str(),
-                          server_options.c_str(), nullptr};
-  PGconn* conn = PQconnectdbParams(keywords, values, /*expand_dbname=*/1);
+  // libpq's own connect_timeout applies only to blocking connects; ours is `until` below.
+  const char* keywords[] = {"dbname",           "application_name", "options",
+                            "keepalives",       "keepalives_idle",  "keepalives_interval",
+                            "keepalives_count", "tcp_user_timeout", nullptr};
+  const char* values[] = {options.url.c_str(),
+                          options.application_name.c_str(),
+                          server_options.c_str(),
+                          "1",
+                          keepalive.idle.c_str(),
+                          keepalive.interval.c_str(),
+                          keepalive.count.c_str(),
+                          keepalive.user_timeout_ms.c_str(),
+                          nullptr};
+  const absl::Time started = absl::Now();
+  const absl::Time timeout_at = started + options.connect_timeout;
+  const absl::Time until = std::min(deadline, timeout_at);
+  PGconn* conn = PQconnectStartParams(keywords, values, /*expand_dbname=*/1);
+  if (conn != nullptr && ConnectTimedOut(conn, until)) {
+    const std::string where =
+        absl::StrCat(PQhost(conn) ? PQhost(conn) : "?", ":", PQport(conn) ? PQport(conn) : "?");
+    PQfinish(conn);
+    if (until < timeout_at) return CallerDeadlineStatus("connect");
+    return SilenceStatus(absl::StrCat("the database did not answer a connect within ",
+                                      absl::FormatDuration(options.connect_timeout)),
+                         absl::StrCat("connect to ", where, ": no answer within ",
+                                      absl::FormatDuration(options.connect_timeout)));
+  }
   if (conn == nullptr || PQstatus(conn) != CONNECTION_OK) {
     absl::Status status = StatusFromConnection(conn, "connect");
     PQfinish(conn);
@@ -27,26 +125,75 @@ absl::StatusOr<std::unique_ptr<Connection>> Connection::Open(const ConnectionOpt
   // are never actionable for a service.
   PQsetNoticeProcessor(
       conn, [](void*, const char*) {}, nullptr);
-  return std::unique_ptr<Connection>(new Connection(conn));
+  // Sends go to libpq's buffer and out as the socket takes them (Await), never blocking.
+  PQsetnonblocking(conn, 1);
+  return std::unique_ptr<Connection>(new Connection(conn, options.silence_timeout));
 }
 
 Connection::~Connection() { PQfinish(conn_); }
 
-absl::StatusOr<std::string> Connection::Prepared(const std::string& sql, int params) {
+absl::Status Connection::WaitFor(short events, std::string_view sql, absl::Time deadline) {
+  switch (WaitReady(PQsocket(conn_), events, deadline)) {
+    case Ready::kYes:
+      return absl::OkStatus();
+    case Ready::kDeadline:
+      abandoned_ = true;  // its answer may still come, into a connection nobody reads
+      return CallerDeadlineStatus(sql.substr(0, 80));
+    case Ready::kNetworkError:
+      break;
+  }
+  abandoned_ = true;
+  silent_ = true;
+  return SilenceStatus(
+      absl::StrCat("the database stopped answering (nothing for ",
+                   absl::FormatDuration(silence_timeout_), ")"),
+      absl::StrCat("no answer for ", absl::FormatDuration(silence_timeout_),
+                   " (the kernel dropped the connection) in: ", std::string(sql.substr(0, 80))));
+}
+
+absl::StatusOr<Result> Connection::Await(int sent, std::string_view sql, absl::Time deadline) {
+  if (sent == 0) return StatusFromResult(nullptr, conn_, sql);
+  // 1. Flush what libpq buffered; read meanwhile if the server talks (libpq's protocol).
+  for (int flushed = PQflush(conn_); flushed != 0; flushed = PQflush(conn_)) {
+    if (flushed < 0) return StatusFromResult(nullptr, conn_, sql);
+    GRADHUB_RETURN_IF_ERROR(WaitFor(POLLIN | POLLOUT, sql, deadline));
+    if (PQconsumeInput(conn_) == 0) return StatusFromResult(nullptr, conn_, sql);
+  }
+  // 2. Every result, reading whenever libpq needs more; the last one is the answer (a failed
+  //    statement ends a script, so its error is the last).
+  std::optional<Result> last;
+  while (true) {
+    while (PQisBusy(conn_)) {
+      GRADHUB_RETURN_IF_ERROR(WaitFor(POLLIN, sql, deadline));
+      if (PQconsumeInput(conn_) == 0) return StatusFromResult(nullptr, conn_, sql);
+    }
+    PGresult* next = PQgetResult(conn_);
+    if (next == nullptr) break;
+    last.emplace(next);
+  }
+  if (!last) return StatusFromResult(nullptr, conn_, sql);
+  return std::move(*last);
+}
+
+absl::StatusOr<std::string> Connection::Prepared(const std::string& sql, int params,
+                                                 absl::Time deadline) {
   if (params == 0) return std::string();
   if (auto found = prepared_.find(sql); found != prepared_.end()) return found->second;
   if (prepared_.size() >= kMaxPreparedStatements) return std::string();
   std::string name = absl::StrCat("gradhub_", prepared_.size() + 1);
   // Parameter types are inferred from the SQL, exactly as PQexecParams does with no types.
-  Result prepared(PQprepare(conn_, name.c_str(), sql.c_str(), params, /*paramTypes=*/nullptr));
-  if (!prepared.raw() || PQresultStatus(prepared.raw()) != PGRES_COMMAND_OK) {
+  GRADHUB_ASSIGN_OR_RETURN(Result prepared, Await(PQsendPrepare(conn_, name.c_str(), sql.c_str(),
+                                                                params, /*paramTypes=*/nullptr),
+                                                  sql, deadline));
+  if (PQresultStatus(prepared.raw()) != PGRES_COMMAND_OK) {
     return StatusFromResult(prepared.raw(), conn_, sql);
   }
   prepared_.emplace(sql, name);
   return name;
 }
 
-absl::StatusOr<Result> Connection::Exec(std::string_view sql, absl::Span<const Param> params) {
+absl::StatusOr<Result> Connection::Exec(std::string_view sql, absl::Span<const Param> params,
+                                        absl::Time deadline) {
   std::vector<const char*> values;
   values.reserve(params.size());
   for (const Param& param : params) {
@@ -54,17 +201,17 @@ absl::StatusOr<Result> Connection::Exec(std::string_view sql, absl::Span<const P
     values.push_back(param.c_str());
   }
   const std::string statement(sql);
-  GRADHUB_ASSIGN_OR_RETURN(const std::string name,
-                           Prepared(statement, static_cast<int>(values.size())));
-  Result result(name.empty()
-                    ? PQexecParams(conn_, statement.c_str(), static_cast<int>(values.size()),
-                                   /*paramTypes=*/nullptr, values.data(),
-                                   /*paramLengths=*/nullptr, /*paramFormats=*/nullptr,
-                                   /*resultFormat=text*/ 0)
-                    : PQexecPrepared(conn_, name.c_str(), static_cast<int>(values.size()),
-                                     values.data(), /*paramLengths=*/nullptr,
-                                     /*paramFormats=*/nullptr, /*resultFormat=text*/ 0));
-  ExecStatusType status = result.raw() ? PQresultStatus(result.raw()) : PGRES_FATAL_ERROR;
+  const int count = static_cast<int>(values.size());
+  GRADHUB_ASSIGN_OR_RETURN(const std::string name, Prepared(statement, count, deadline));
+  const int sent = name.empty()
+                       ? PQsendQueryParams(conn_, statement.c_str(), count, /*paramTypes=*/nullptr,
+                                           values.data(), /*paramLengths=*/nullptr,
+                                           /*paramFormats=*/nullptr, /*resultFormat=text*/ 0)
+                       : PQsendQueryPrepared(conn_, name.c_str(), count, values.data(),
+                                             /*paramLengths=*/nullptr, /*paramFormats=*/nullptr,
+                                             /*resultFormat=text*/ 0);
+  GRADHUB_ASSIGN_OR_RETURN(Result result, Await(sent, sql, deadline));
+  ExecStatusType status = PQresultStatus(result.raw());
   if (status != PGRES_COMMAND_OK && status != PGRES_TUPLES_OK) {
     return StatusFromResult(result.raw(), conn_, sql);
   }
@@ -73,15 +220,16 @@ absl::StatusOr<Result> Connection::Exec(std::string_view sql, absl::Span<const P
 
 absl::Status Connection::ExecScript(std::string_view sql) {
   std::string script(sql);
-  Result result(PQexec(conn_, script.c_str()));
-  ExecStatusType status = result.raw() ? PQresultStatus(result.raw()) : PGRES_FATAL_ERROR;
+  GRADHUB_ASSIGN_OR_RETURN(Result result,
+                           Await(PQsendQuery(conn_, script.c_str()), sql, absl::InfiniteFuture()));
+  ExecStatusType status = PQresultStatus(result.raw());
   if (status != PGRES_COMMAND_OK && status != PGRES_TUPLES_OK) {
     return StatusFromResult(result.raw(), conn_, sql);
   }
   return absl::OkStatus();
 }
 
-bool Connection::healthy() const { return PQstatus(conn_) == CONNECTION_OK; }
+bool Connection::healthy() const { return !abandoned_ && PQstatus(conn_) == CONNECTION_OK; }
 
 bool Connection::in_transaction() const {
   PGTransactionStatusType status = PQtransactionStatus(conn_);

@@ -14,6 +14,7 @@ namespace {
 // absl::string_view: Debian builds Abseil with its own string_view, not std::string_view.
 constexpr absl::string_view kSqlStatePayload = "type.gradhub.dev/sqlstate";
 constexpr absl::string_view kDetailsPayload = "type.gradhub.dev/db-details";
+constexpr absl::string_view kSilencePayload = "type.gradhub.dev/db-silence";
 constexpr size_t kStatementPreview = 80;
 
 // What a condition means to a caller and a client; `message` null = PostgreSQL's own primary
@@ -122,6 +123,28 @@ bool IsRetryableConflict(const absl::Status& status) {
 bool IsConnectionLost(const absl::Status& status) {
   std::string state = SqlStateOf(status);
   return state.rfind("08", 0) == 0 || state == "57P01" || state == "57P02" || state == "57P03";
+}
+
+bool IsSilence(const absl::Status& status) {
+  return status.GetPayload(kSilencePayload).has_value();
+}
+
+absl::Status SilenceStatus(std::string_view client_message, const std::string& details) {
+  absl::Status status(absl::StatusCode::kUnavailable,
+                      absl::StrCat(std::string(client_message), " (SQLSTATE ",
+                                   std::string(sqlstate::kConnectionFailure), ")"));
+  status.SetPayload(kSqlStatePayload, absl::Cord(std::string(sqlstate::kConnectionFailure)));
+  status.SetPayload(kDetailsPayload, absl::Cord(details));
+  status.SetPayload(kSilencePayload, absl::Cord("1"));
+  return status;
+}
+
+absl::Status CallerDeadlineStatus(std::string_view context) {
+  absl::Status status(absl::StatusCode::kDeadlineExceeded,
+                      "the database did not answer within the call's deadline");
+  status.SetPayload(kDetailsPayload, absl::Cord(absl::StrCat("given up at the caller's deadline: ",
+                                                             std::string(context))));
+  return status;
 }
 
 absl::Status StatusFromConnection(const PGconn* conn, std::string_view context) {

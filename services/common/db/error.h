@@ -49,6 +49,21 @@ bool IsRetryableConflict(const absl::Status& status);
 // The connection is gone (server restart, network): reconnecting may help.
 bool IsConnectionLost(const absl::Status& status);
 
+// The database stayed silent: a connect or an answer did not come within its timeout (the
+// kernel gave up on an open connection whose data or keepalives went unanswered, or a connect
+// timed out), or the pool already knows it to be unreachable (pool.h). Also IsConnectionLost.
+// Trying again at once would only wait as long again.
+bool IsSilence(const absl::Status& status);
+
+// UNAVAILABLE for silence (IsSilence), with `client_message` for the client (no host, no
+// driver text) and `details` (DetailsOf). Not logged here: the pool logs an outage once, when it
+// begins, rather than once per call that meets it.
+absl::Status SilenceStatus(std::string_view client_message, const std::string& details);
+
+// DEADLINE_EXCEEDED for a statement or connect given up by its caller's deadline (a health
+// check's budget): the database may be slow rather than gone, so it is not silence.
+absl::Status CallerDeadlineStatus(std::string_view context);
+
 // Status for a failed result. `statement` goes into the details, shortened, to say which
 // query failed.
 absl::Status StatusFromResult(const PGresult* result, const PGconn* conn,

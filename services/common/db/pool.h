@@ -5,6 +5,8 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
+#include <thread>
 #include <type_traits>
 
 #include "absl/functional/function_ref.h"
@@ -19,6 +21,10 @@ struct PoolOptions {
   // Upper bound on open connections; Acquire waits for a free one beyond it.
   int max_connections = 8;
   absl::Duration acquire_timeout = absl::Seconds(10);
+  // While the database is unreachable, the pool tries one connect this often, each given at
+  // most this long (and connection.connect_timeout): a connect that started while packets
+  // were still dropped would otherwise wait out TCP's SYN backoff after they flow again.
+  absl::Duration reconnect_interval = absl::Seconds(1);
 };
 
 enum class Isolation { kReadCommitted, kRepeatableRead, kSerializable };
@@ -46,11 +52,26 @@ class Transaction {
 
 // A bounded pool of connections to one database. Thread-safe.
 //
+// Reachability. A database whose packets are dropped answers nothing, and every call that
+// tries it learns that only after a timeout (connection.h). So that the server answers its own
+// callers at once instead of hanging them all, the pool remembers:
+//   1. A call that meets silence (a connect timed out, or the kernel dropped an open
+//      connection as unanswered: Connection::silent) marks the database unreachable: the idle
+//      connections are closed (they share its fate), waiters in Acquire wake, one line is logged.
+//   2. While it is unreachable, Acquire fails at once with UNAVAILABLE saying for how long
+//      (error.h IsSilence), and nothing retries it.
+//   3. A thread of the pool tries one connect every reconnect_interval; the first that
+//      succeeds goes to the idle list and ends the outage (logged with its length).
+//   4. A refused connect or a reset connection marks nothing: the server's host answered, so
+//      trying again costs nothing, and a restarting server is back within a retry or two.
+// Every failure to reach the database, of either kind, is recorded (last_unreachable).
+//
 // Retries: Transact runs the body again from BEGIN after a serialization failure, a deadlock,
-// or a connection lost before COMMIT was sent (the server rolled the transaction back). A
-// connection lost during COMMIT leaves the outcome unknown: that is returned as UNAVAILABLE and
-// not retried, so a body runs to a commit at most once. Callers that must survive it make the
-// write idempotent (e.g. CreateJob's unique request_id).
+// or a connection lost before COMMIT was sent (the server rolled the transaction back), but not
+// after silence (step 2: it would only wait as long again). A connection lost or silent during
+// COMMIT leaves the outcome unknown: that is returned as UNAVAILABLE and not retried, so a body
+// runs to a commit at most once, and nothing unknown is reported as done. Callers that must survive
+// it make the write idempotent (e.g. CreateJob's unique request_id).
 class Pool {
  public:
   explicit Pool(PoolOptions options);
@@ -76,6 +97,8 @@ class Pool {
     std::unique_ptr<Connection> connection_;
   };
 
+  // Waits up to acquire_timeout for a free connection (RESOURCE_EXHAUSTED after it); UNAVAILABLE
+  // at once while the database is unreachable.
   absl::StatusOr<Lease> Acquire();
 
   // Runs `body(Transaction&)` between BEGIN and COMMIT; a non-OK status from the body rolls
@@ -88,10 +111,32 @@ class Pool {
   // and lost connections: only for statements that are safe to run twice (reads, upserts).
   absl::StatusOr<Result> Exec(std::string_view sql, absl::Span<const Param> params = {});
 
+  // One statement, once, given `budget` in all (a free connection, a connect and the answer):
+  // for health checks, which must answer in time whatever the database does. DEADLINE_EXCEEDED
+  // when it did not answer in time; UNAVAILABLE at once while it is unreachable.
+  absl::StatusOr<Result> ExecWithin(absl::Duration budget, std::string_view sql,
+                                    absl::Span<const Param> params = {});
+
   // Open connections, leased and idle, for tests and metrics.
   int size() const;
 
+  // When a call last failed to reach the database (a connect failed, a connection was lost,
+  // or a call was failed at once during an outage); absl::InfinitePast() if never. The
+  // scheduler's node lease counts only time after it (scheduling_rules.h).
+  absl::Time last_unreachable() const;
+  // Whether the pool fails calls at once now (Reachability step 2).
+  bool unreachable() const;
+
  private:
+  // Acquire, waiting for a free connection until `wait_until`; a connect it opens ends at
+  // `connect_deadline` as the caller's deadline.
+  absl::StatusOr<Lease> AcquireUntil(absl::Time wait_until, absl::Time connect_deadline);
+  // What a call gets while the database is unreachable. `mu_` held.
+  absl::Status UnreachableStatus();
+  // Reachability step 1; `details` says what was silent, for the log. Takes `mu_`.
+  void NoteSilence(const std::string& details);
+  // Reachability step 3, on reconnector_.
+  void Reconnect();
   // Runs `attempt` until it succeeds, fails for good, or max_attempts is reached; `attempt`
   // sets *commit_sent once the outcome of a failure may be a committed transaction.
   absl::Status WithRetries(int max_attempts,
@@ -105,9 +150,17 @@ class Pool {
 
   const PoolOptions options_;
   mutable std::mutex mu_;
-  std::condition_variable released_;
+  std::condition_variable released_;  // also: the database became unreachable
   std::deque<std::unique_ptr<Connection>> idle_;
   int open_ = 0;  // idle + leased + being opened
+  absl::Time last_unreachable_ = absl::InfinitePast();
+  // Reachability: set from step 1 to step 3; since when, and whether reconnector_ runs.
+  bool unreachable_ = false;
+  absl::Time unreachable_since_;
+  bool reconnecting_ = false;
+  bool stopping_ = false;         // the destructor ends reconnector_
+  std::condition_variable stop_;  // wakes reconnector_ for it
+  std::thread reconnector_;
 };
 
 template <typename Body>

@@ -1,5 +1,7 @@
 #include <atomic>
+#include <chrono>
 #include <cmath>
+#include <iostream>
 #include <string>
 #include <thread>
 #include <utility>
@@ -8,7 +10,9 @@
 #include "absl/strings/str_cat.h"
 #include "services/common/db/connection.h"
 #include "services/common/db/error.h"
+#include "services/common/status_macros.h"
 #include "tests/integration/db/db_test_util.h"
+#include "tests/support/packet_filter.h"
 
 namespace gradhub::db {
 namespace {
@@ -233,6 +237,147 @@ TEST_F(PoolTest, SerializationFailuresAreRetried) {
   for (const auto& status : failures) EXPECT_TRUE(status.ok()) << status;
   EXPECT_EQ(pool->Exec("SELECT n FROM counter")->row(0).Get<int32_t>("n"), kThreads * kIncrements);
   EXPECT_GT(bodies_run.load(), kThreads * kIncrements) << "no conflict happened: test is weak";
+}
+
+// A database whose packets are dropped (issue 34): no reset ever comes, only silence. These
+// cases drop the binary's own server's port, so they need it (not an external one) and nftables.
+class SilentDatabaseTest : public DatabaseTest {
+ protected:
+  using Clock = std::chrono::steady_clock;
+
+  void SetUp() override {
+    std::string why;
+    if (testing::PostgresServer::Shared().external()) GTEST_SKIP() << "needs our own PostgreSQL";
+    if (!testing::PacketFilter::Available(&why)) GTEST_SKIP() << why;
+    DatabaseTest::SetUp();
+  }
+
+  // Shorter timeouts than a server's defaults, for a quick test; the mechanisms are the same.
+  std::unique_ptr<Pool> QuickPool() {
+    PoolOptions options;
+    options.connection.url = url_;
+    options.connection.connect_timeout = absl::Seconds(1);
+    options.connection.silence_timeout = absl::Seconds(1);
+    options.reconnect_interval = absl::Milliseconds(200);
+    options.max_connections = 2;
+    return std::make_unique<Pool>(options);
+  }
+
+  void Drop() { filter_.DropTcpPort(testing::PostgresServer::Shared().port()); }
+  void Lift() { filter_.LiftAll(); }
+  static double SecondsSince(Clock::time_point start) {
+    return std::chrono::duration<double>(Clock::now() - start).count();
+  }
+
+  testing::PacketFilter filter_;
+};
+
+// Silence is found within the silence timeout, then every call fails at once, naming the
+// outage, until the database answers again; the pool then recovers by itself.
+TEST_F(SilentDatabaseTest, FailsAtOnceWhileUnreachableAndRecoversByItself) {
+  auto pool = QuickPool();
+  ASSERT_TRUE(pool->Exec("CREATE TABLE kept (x int)").ok());  // an idle connection
+  const absl::Time before = absl::Now();
+  Drop();
+  auto start = Clock::now();
+  auto first = pool->Exec("SELECT 1");
+  const double first_took = SecondsSince(start);
+  EXPECT_EQ(first.status().code(), absl::StatusCode::kUnavailable) << first.status();
+  EXPECT_TRUE(IsSilence(first.status())) << first.status();
+  EXPECT_LT(first_took, 2.5) << "silence_timeout is 1s";
+  EXPECT_TRUE(pool->unreachable());
+  EXPECT_GE(pool->last_unreachable(), before);
+
+  start = Clock::now();
+  auto again = pool->Exec("SELECT 1");
+  absl::Status transaction = pool->Transact(
+      [](Transaction& tx) { return tx.Exec("INSERT INTO kept VALUES (1)").status(); });
+  auto within = pool->ExecWithin(absl::Seconds(5), "SELECT 1");
+  EXPECT_LT(SecondsSince(start), 0.1) << "not at once";
+  for (const absl::Status& status : {again.status(), transaction, within.status()}) {
+    EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+    EXPECT_NE(status.message().find("the database is unreachable"), std::string::npos) << status;
+  }
+
+  Lift();
+  start = Clock::now();
+  while (pool->unreachable() && SecondsSince(start) < 5) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  std::cout << "[ measured ] first call failed after " << first_took << " s; reachable again "
+            << SecondsSince(start) << " s after the drop was lifted" << std::endl;
+  EXPECT_FALSE(pool->unreachable());
+  auto after = pool->Exec("SELECT count(*)::bigint AS n FROM kept");
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->row(0).Get<int64_t>("n"), 0) << "the refused transaction wrote nothing";
+}
+
+// A health check's budget ends a statement that has no answer yet: DEADLINE_EXCEEDED, the
+// connection abandoned (its answer may still come), and the database not declared unreachable
+// for it: a slow database is not a silent one.
+TEST_F(SilentDatabaseTest, ExecWithinAnswersByItsDeadline) {
+  auto pool = QuickPool();
+  ASSERT_TRUE(pool->Exec("SELECT 1").ok());
+  ASSERT_EQ(pool->size(), 1);
+  Drop();
+  const auto start = Clock::now();
+  auto checked = pool->ExecWithin(absl::Milliseconds(300), "SELECT 1");
+  const double took = SecondsSince(start);
+  EXPECT_EQ(checked.status().code(), absl::StatusCode::kDeadlineExceeded) << checked.status();
+  EXPECT_GE(took, 0.29);
+  EXPECT_LT(took, 0.6);
+  EXPECT_FALSE(pool->unreachable());
+  EXPECT_EQ(pool->size(), 0) << "the abandoned connection went back to the pool";
+  Lift();
+  EXPECT_TRUE(pool->ExecWithin(absl::Seconds(2), "SELECT 1").ok());
+}
+
+// A COMMIT sent into silence has an unknown outcome: UNAVAILABLE saying so, never OK. (Here
+// it never arrived, so nothing was committed; the caller cannot know that.)
+TEST_F(SilentDatabaseTest, ACommitWithoutAnAnswerIsAnErrorNeverASuccess) {
+  auto pool = QuickPool();
+  ASSERT_TRUE(pool->Exec("CREATE TABLE kept (x int)").ok());
+  absl::Status status = pool->Transact([&](Transaction& tx) -> absl::Status {
+    GRADHUB_RETURN_IF_ERROR(tx.Exec("INSERT INTO kept VALUES (1)").status());
+    Drop();  // after the last statement, before COMMIT
+    return absl::OkStatus();
+  });
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+  EXPECT_NE(status.message().find("may or may not have committed"), std::string::npos) << status;
+  Lift();
+  const auto start = Clock::now();
+  absl::StatusOr<Result> rows;
+  do {
+    rows = pool->Exec("SELECT count(*)::bigint AS n FROM kept");
+  } while (!rows.ok() && SecondsSince(start) < 5);
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  EXPECT_EQ(rows->row(0).Get<int64_t>("n"), 0);
+}
+
+// The server's end: a session cut off inside a transaction holds its locks (the scheduler's
+// advisory lock, rows FOR UPDATE) until the server finds the client gone. Its keepalives,
+// set per session, find that within the silence timeout, not TCP's two hours.
+TEST_F(SilentDatabaseTest, TheServerEndsACutOffSessionAndReleasesItsLocks) {
+  auto pool = QuickPool();
+  {
+    auto holder = pool->Acquire();
+    ASSERT_TRUE(holder.ok()) << holder.status();
+    ASSERT_TRUE((*holder)->Exec("BEGIN").ok());
+    ASSERT_TRUE((*holder)->Exec("SELECT pg_advisory_xact_lock(34)").ok());
+    Drop();
+    // This end gives up on the connection (its reset is dropped too); the server is left with
+    // a session inside a transaction that nothing will ever finish.
+    EXPECT_TRUE(IsSilence((*holder)->Exec("SELECT 1").status()));
+    std::this_thread::sleep_for(std::chrono::seconds(2));
+    Lift();
+  }  // released silent: closed without a word to the server, whose session is gone already
+  auto other = Connect();
+  ASSERT_NE(other, nullptr);
+  ASSERT_TRUE(other->Exec("SET statement_timeout = 5000").ok());
+  const auto start = Clock::now();
+  auto locked = other->Exec("SELECT pg_advisory_lock(34)");
+  EXPECT_TRUE(locked.ok()) << locked.status();
+  EXPECT_LT(SecondsSince(start), 1.0);
 }
 
 }  // namespace

@@ -882,6 +882,21 @@ TEST(JudgeAttempt, TheHangWatchdogFailsAnAttemptWithoutAStepForTheTimeout) {
   EXPECT_EQ(verdict.failure->message, "no training step for 31 s (hang_timeout_seconds 30)");
 }
 
+// Issue 34: steps the api could not record (its database out of reach, or no api running) are
+// not a hang; the watchdog counts only what it could have heard, and says how long it was.
+TEST(JudgeAttempt, TheHangWatchdogCountsNoSilenceFromBeforeReportsCouldBeRecorded) {
+  AttemptSnapshot attempt = Attempt({Rank(0, "RUNNING"), Rank(1, "RUNNING")});
+  attempt.hang_timeout_seconds = 30;
+  attempt.seconds_since_start = 500;
+  attempt.seconds_since_step = 45;
+  attempt.seconds_since_recordable = 10;  // the database came back 10 s ago
+  EXPECT_FALSE(JudgeAttempt(attempt, kGrace).failure);
+  attempt.seconds_since_recordable = 31;
+  const AttemptVerdict verdict = JudgeAttempt(attempt, kGrace);
+  ASSERT_TRUE(verdict.failure);
+  EXPECT_EQ(verdict.failure->message, "no training step for 45 s (hang_timeout_seconds 30)");
+}
+
 TEST(JudgeAttempt, TheHangWatchdogCountsFromTheStartBeforeAnyStep) {
   AttemptSnapshot attempt = Attempt({Rank(0, "STARTING")}, v1::Job::SCHEDULED);
   attempt.ranks.push_back(Rank(1, "ASSIGNED"));
@@ -1020,10 +1035,28 @@ TEST(PlanDrains, ADrainingNodeWithNoLiveRankLeftIsCordoned) {
 }
 
 TEST(NodeLease, TheSweepWaitsForTheStartupGrace) {
-  EXPECT_FALSE(MayDeclareNodesLost(absl::Seconds(1), absl::Seconds(6)));
-  EXPECT_TRUE(MayDeclareNodesLost(absl::Seconds(6), absl::Seconds(6)));
+  const absl::Time start = absl::FromUnixSeconds(1000);
+  const absl::Time since = HeartbeatsRecordableSince(start, absl::InfinitePast());
+  EXPECT_EQ(since, start) << "a database never out of reach changes nothing";
+  EXPECT_FALSE(MayDeclareNodesLost(start + absl::Seconds(1), since, absl::Seconds(6)));
+  EXPECT_TRUE(MayDeclareNodesLost(start + absl::Seconds(6), since, absl::Seconds(6)));
   EXPECT_EQ(NodeLostReason("a", 7.6, absl::Seconds(3)),
             "nodes/a lost: no heartbeat for 7 s (lease 3s)");
+}
+
+// Issue 34: heartbeats that could not be recorded while the database was out of reach are not
+// the nodes' silence. Long after the api started, the grace counts again from the outage's end.
+TEST(NodeLease, TheSweepWaitsForTheGraceAgainAfterADatabaseOutage) {
+  const absl::Time start = absl::FromUnixSeconds(1000);
+  const absl::Time outage_end = start + absl::Minutes(10);
+  const absl::Time since = HeartbeatsRecordableSince(start, outage_end);
+  EXPECT_EQ(since, outage_end);
+  EXPECT_TRUE(MayDeclareNodesLost(outage_end - absl::Seconds(1), start, absl::Seconds(6)))
+      << "before the outage, the api had been up long enough";
+  EXPECT_FALSE(MayDeclareNodesLost(outage_end + absl::Seconds(5), since, absl::Seconds(6)));
+  EXPECT_TRUE(MayDeclareNodesLost(outage_end + absl::Seconds(6), since, absl::Seconds(6)));
+  // A failure the pool met before the scheduler started counts for nothing more.
+  EXPECT_EQ(HeartbeatsRecordableSince(start, start - absl::Seconds(30)), start);
 }
 
 // SilentNodeIsLost, rule 1.

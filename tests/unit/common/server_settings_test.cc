@@ -23,6 +23,7 @@ TEST(ServerSettingsTest, HelpListsEverySharedFlagWithItsVariableAndTheServersDef
   for (const char* line :
        {"--database-url  [$GRADHUB_DATABASE_URL]",
         "--database-connect-timeout  [$GRADHUB_DATABASE_CONNECT_TIMEOUT]",
+        "--database-silence-timeout  [$GRADHUB_DATABASE_SILENCE_TIMEOUT]",
         "--database-connections  [$GRADHUB_TEST_CONNECTIONS]",
         "--admin-token  [$GRADHUB_ADMIN_TOKEN]", "--shutdown-grace  [$GRADHUB_SHUTDOWN_GRACE]",
         "--tls-cert  [$GRADHUB_TLS_CERT]", "--tls-key  [$GRADHUB_TLS_KEY]", "(default 4)",
