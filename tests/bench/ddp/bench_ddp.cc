@@ -1,6 +1,8 @@
 // Step time of gradhub's DDP on MLPs at world size 1 and 2, ranks as processes on one host,
 // one thread each; allreduces through shared memory (the default on one host), or over
-// loopback TCP with GRADHUB_BENCH_SHARED_MEMORY=0.
+// loopback TCP with GRADHUB_BENCH_SHARED_MEMORY=0. With GRADHUB_BENCH_NETNS and
+// GRADHUB_BENCH_ADDRESSES (tests/bench/bench_hosts.h) each rank runs in a network namespace of
+// its own "host" and talks TCP over its address, shared memory off (tests/bench/network).
 // Prints one line per run: <model> <world_size> <median step seconds> <bytes per step>, the
 // bytes being what rank 0 handed to collectives per step (gradient allreduces, ZeRO's
 // parameter broadcasts, local SGD's parameter averages), averaged over the timed steps.
@@ -29,6 +31,7 @@
 #include "gpu_worker/ddp/powersgd.h"
 #include "gpu_worker/ddp/store/file_store.h"
 #include "gpu_worker/ddp/zero_redundancy_optimizer.h"
+#include "tests/bench/bench_hosts.h"
 #include "tests/unit/ddp/test_mlp.h"
 
 namespace {
@@ -55,7 +58,10 @@ struct RankResult {
 };
 
 RankResult RunRank(int rank, int world, const std::vector<int64_t>& widths, int64_t batch,
-                   int steps, const std::string& store_dir, const std::string& mode) {
+                   int steps, const std::string& store_dir, const std::string& mode,
+                   const std::optional<gradhub::bench::BenchHosts>& hosts) {
+  // Before anything starts a thread: the rank's threads and sockets must all be on its host.
+  const std::string address = hosts ? gradhub::bench::JoinBenchHost(*hosts, rank) : "";
   at::set_num_threads(1);
   gradhub::ddp::ProcessGroupOptions options;
   options.rank = rank;
@@ -66,6 +72,12 @@ RankResult RunRank(int rank, int world, const std::vector<int64_t>& widths, int6
     gloo.channels = std::atoi(channels);
   if (const char* shm = std::getenv("GRADHUB_BENCH_SHARED_MEMORY")) {
     gloo.shared_memory = std::string(shm) != "0";
+  }
+  if (hosts) {
+    gloo.hostname = address;
+    // Ranks on different hosts cannot share a segment; off even for the ranks that share a
+    // namespace, so every rank takes the same path whatever the engine decides about hosts.
+    gloo.shared_memory = false;
   }
   torch::manual_seed(0);
   auto model = std::make_shared<Mlp>(widths);
@@ -149,6 +161,8 @@ int main(int argc, char** argv) {
   const int64_t batch = std::stoll(argv[2]);
   const int world = std::stoi(argv[3]);
   const int steps = std::stoi(argv[4]);
+  const std::optional<gradhub::bench::BenchHosts> hosts =
+      gradhub::bench::BenchHostsFromEnvironment(world);
   char pattern[] = "/tmp/gradhub-bench-ddp-XXXXXX";
   const std::string store_dir = mkdtemp(pattern);
 
@@ -156,12 +170,12 @@ int main(int argc, char** argv) {
   for (int rank = 1; rank < world; ++rank) {
     pid_t pid = fork();
     if (pid == 0) {
-      RunRank(rank, world, widths, batch, steps, store_dir, mode);
+      RunRank(rank, world, widths, batch, steps, store_dir, mode, hosts);
       _exit(0);
     }
     children.push_back(pid);
   }
-  const RankResult result = RunRank(0, world, widths, batch, steps, store_dir, mode);
+  const RankResult result = RunRank(0, world, widths, batch, steps, store_dir, mode, hosts);
   int failures = 0;
   for (pid_t child : children) {
     int status = 0;
