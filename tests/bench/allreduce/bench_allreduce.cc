@@ -6,6 +6,9 @@
 // stages): p2p and p2p-sealed, where each of two ranks sends MIB to the other and receives
 // MIB from it at the same time (Send and Recv in flight together, as a stage's activation
 // and gradient are), plain and sealed; a time is one such exchange.
+// Ranks listen on 127.0.0.1; with GRADHUB_BENCH_NETNS and GRADHUB_BENCH_ADDRESSES
+// (tests/bench/bench_hosts.h) each rank runs in a network namespace of its own "host" and
+// listens on its address instead (tests/bench/network), where shm cannot work.
 // Prints one line: <impl> <MiB> <world> <median seconds per allreduce or exchange>.
 // Usage: bench_allreduce gloo|tcp|shm|sealed|p2p|p2p-sealed MIB WORLD ITERS (p2p: WORLD 2)
 #include <sys/wait.h>
@@ -26,12 +29,14 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "gpu_worker/ddp/comm/gloo/gloo_process_group.h"
 #include "gpu_worker/ddp/comm/process_group.h"
 #include "gpu_worker/ddp/store/file_store.h"
+#include "tests/bench/bench_hosts.h"
 
 namespace {
 
@@ -49,10 +54,11 @@ double MedianSeconds(int iterations, const std::function<void()>& allreduce) {
   return times[times.size() / 2];
 }
 
-double RawGloo(int rank, int world, int64_t numel, int iterations, const std::string& dir) {
+double RawGloo(int rank, int world, int64_t numel, int iterations, const std::string& dir,
+               const std::string& address) {
   gloo::rendezvous::FileStore store(dir);
   gloo::transport::tcp::attr attr;
-  attr.hostname = "127.0.0.1";
+  attr.hostname = address;
   auto device = gloo::transport::tcp::CreateDevice(attr);
   auto context = std::make_shared<gloo::rendezvous::Context>(rank, world);
   context->connectFullMesh(store, device);
@@ -67,12 +73,13 @@ double RawGloo(int rank, int world, int64_t numel, int iterations, const std::st
 }
 
 std::shared_ptr<gradhub::ddp::ProcessGroup> Join(int rank, int world, const std::string& dir,
-                                                 bool shared_memory, bool encrypt) {
+                                                 const std::string& address, bool shared_memory,
+                                                 bool encrypt) {
   gradhub::ddp::ProcessGroupOptions options;
   options.backend = gradhub::ddp::Backend::kGloo;
   options.rank = rank;
   options.size = world;
-  options.gloo.emplace().hostname = "127.0.0.1";
+  options.gloo.emplace().hostname = address;
   options.store = std::make_shared<gradhub::ddp::FileStore>(dir);
   options.gloo->shared_memory = shared_memory;
   options.gloo->encrypt_traffic = encrypt;
@@ -86,15 +93,15 @@ std::shared_ptr<gradhub::ddp::ProcessGroup> Join(int rank, int world, const std:
 }
 
 double Gradhub(int rank, int world, int64_t numel, int iterations, const std::string& dir,
-               bool shared_memory, bool encrypt) {
-  auto group = Join(rank, world, dir, shared_memory, encrypt);
+               const std::string& address, bool shared_memory, bool encrypt) {
+  auto group = Join(rank, world, dir, address, shared_memory, encrypt);
   at::Tensor tensor = at::ones({numel});
   return MedianSeconds(iterations, [&] { group->AllReduce(tensor)->Wait(); });
 }
 
 double GradhubExchange(int rank, int64_t numel, int iterations, const std::string& dir,
-                       bool encrypt) {
-  auto group = Join(rank, 2, dir, /*shared_memory=*/false, encrypt);
+                       const std::string& address, bool encrypt) {
+  auto group = Join(rank, 2, dir, address, /*shared_memory=*/false, encrypt);
   at::Tensor outgoing = at::ones({numel}), incoming = at::empty({numel});
   return MedianSeconds(iterations, [&] {
     auto send = group->Send(outgoing, 1 - rank, 0);
@@ -119,14 +126,25 @@ int main(int argc, char** argv) {
   }
   const int64_t numel = std::stoll(argv[2]) * (1 << 20) / sizeof(float);
   const int iterations = std::stoi(argv[4]);
+  const std::optional<gradhub::bench::BenchHosts> hosts =
+      gradhub::bench::BenchHostsFromEnvironment(world);
+  if (hosts && impl == "shm") {
+    std::fprintf(stderr,
+                 "bench_allreduce: shm needs every rank on one host (GRADHUB_BENCH_NETNS)\n");
+    return 2;
+  }
   char pattern[] = "/tmp/gradhub-bench-allreduce-XXXXXX";
   const std::string dir = mkdtemp(pattern);
   auto run = [&](int rank) {
+    // Before anything starts a thread: the rank's threads and sockets must all be on its host.
+    const std::string address = hosts ? gradhub::bench::JoinBenchHost(*hosts, rank) : "127.0.0.1";
     at::set_num_threads(1);
-    if (exchange) return GradhubExchange(rank, numel, iterations, dir, impl == "p2p-sealed");
-    return impl == "gloo"
-               ? RawGloo(rank, world, numel, iterations, dir)
-               : Gradhub(rank, world, numel, iterations, dir, impl == "shm", impl == "sealed");
+    if (exchange) {
+      return GradhubExchange(rank, numel, iterations, dir, address, impl == "p2p-sealed");
+    }
+    return impl == "gloo" ? RawGloo(rank, world, numel, iterations, dir, address)
+                          : Gradhub(rank, world, numel, iterations, dir, address, impl == "shm",
+                                    impl == "sealed");
   };
   // Children are forked before any thread exists in this process.
   std::vector<pid_t> children;

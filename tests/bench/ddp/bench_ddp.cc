@@ -1,13 +1,17 @@
 // Step time of gradhub's DDP on MLPs at world size 1 and 2, ranks as processes on one host,
 // one thread each; allreduces through shared memory (the default on one host), or over
-// loopback TCP with GRADHUB_BENCH_SHARED_MEMORY=0.
-// Prints one line per run: <model> <world_size> <median step seconds> <bytes per step>, the
-// bytes being what rank 0 handed to collectives per step (gradient allreduces, ZeRO's
-// parameter broadcasts, local SGD's parameter averages), averaged over the timed steps.
+// loopback TCP with GRADHUB_BENCH_SHARED_MEMORY=0. With GRADHUB_BENCH_NETNS and
+// GRADHUB_BENCH_ADDRESSES (tests/bench/bench_hosts.h) each rank runs in a network namespace of
+// its own "host" and talks TCP over its address, shared memory off (tests/bench/network).
+// Prints one line per run: <model> <world_size> <median step seconds> <bytes per step>
+// <mean step seconds>, the bytes being what rank 0 handed to collectives per step (gradient
+// allreduces, ZeRO's parameter broadcasts, local SGD's parameter averages), averaged over the
+// timed steps; the mean counts local SGD's averaging steps, which the median leaves out.
 // Usage: bench_ddp MODEL BATCH WORLD STEPS [MODE]   (MODEL like 784-1024-1024-10)
-// MODE: plain (default), bf16 (forward and loss under CPU autocast), zero (ZeRO-1, SGD
-// momentum sharded), localsgd8 (local steps, parameters averaged every 8), powersgd4
-// (PowerSGD rank 4, compressing from step 2 so the timed steps are compressed).
+// MODE: plain (default), bf16 (forward and loss under CPU autocast), bf16comm (the BF16 comm
+// hook: gradients averaged in bfloat16, half the bytes), zero (ZeRO-1, SGD momentum sharded),
+// localsgd8 (local steps, parameters averaged every 8), powersgd4 (PowerSGD rank 4,
+// compressing from step 2 so the timed steps are compressed).
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -23,12 +27,14 @@
 #include <string>
 #include <vector>
 
+#include "gpu_worker/ddp/comm_hook.h"
 #include "gpu_worker/ddp/distributed_data_parallel.h"
 #include "gpu_worker/ddp/mixed_precision.h"
 #include "gpu_worker/ddp/model_averager.h"
 #include "gpu_worker/ddp/powersgd.h"
 #include "gpu_worker/ddp/store/file_store.h"
 #include "gpu_worker/ddp/zero_redundancy_optimizer.h"
+#include "tests/bench/bench_hosts.h"
 #include "tests/unit/ddp/test_mlp.h"
 
 namespace {
@@ -51,11 +57,15 @@ std::vector<int64_t> ParseWidths(const std::string& text) {
 
 struct RankResult {
   double median_seconds = 0;
+  double mean_seconds = 0;
   double bytes_per_step = 0;
 };
 
 RankResult RunRank(int rank, int world, const std::vector<int64_t>& widths, int64_t batch,
-                   int steps, const std::string& store_dir, const std::string& mode) {
+                   int steps, const std::string& store_dir, const std::string& mode,
+                   const std::optional<gradhub::bench::BenchHosts>& hosts) {
+  // Before anything starts a thread: the rank's threads and sockets must all be on its host.
+  const std::string address = hosts ? gradhub::bench::JoinBenchHost(*hosts, rank) : "";
   at::set_num_threads(1);
   gradhub::ddp::ProcessGroupOptions options;
   options.rank = rank;
@@ -67,6 +77,12 @@ RankResult RunRank(int rank, int world, const std::vector<int64_t>& widths, int6
   if (const char* shm = std::getenv("GRADHUB_BENCH_SHARED_MEMORY")) {
     gloo.shared_memory = std::string(shm) != "0";
   }
+  if (hosts) {
+    gloo.hostname = address;
+    // Ranks on different hosts cannot share a segment; off even for the ranks that share a
+    // namespace, so every rank takes the same path whatever the engine decides about hosts.
+    gloo.shared_memory = false;
+  }
   torch::manual_seed(0);
   auto model = std::make_shared<Mlp>(widths);
   auto group = gradhub::ddp::CreateProcessGroup(options);
@@ -76,6 +92,8 @@ RankResult RunRank(int rank, int world, const std::vector<int64_t>& widths, int6
     powersgd.matrix_approximation_rank = 4;
     powersgd.start_iter = 2;
     ddp_options.reducer.comm_hook = std::make_shared<gradhub::ddp::PowerSgdHook>(powersgd);
+  } else if (mode == "bf16comm") {
+    ddp_options.reducer.comm_hook = std::make_shared<gradhub::ddp::CastCompressHook>(at::kBFloat16);
   }
   DistributedDataParallel ddp(model, group, ddp_options);
   auto sgd = [](std::vector<at::Tensor> parameters) -> std::unique_ptr<torch::optim::Optimizer> {
@@ -132,6 +150,7 @@ RankResult RunRank(int rank, int world, const std::vector<int64_t>& widths, int6
   times.erase(times.begin(), times.begin() + steps / 5);  // warm-up
   RankResult result;
   result.bytes_per_step = static_cast<double>(timed_bytes) / times.size();
+  for (double seconds : times) result.mean_seconds += seconds / times.size();
   std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
   result.median_seconds = times[times.size() / 2];
   return result;
@@ -149,6 +168,8 @@ int main(int argc, char** argv) {
   const int64_t batch = std::stoll(argv[2]);
   const int world = std::stoi(argv[3]);
   const int steps = std::stoi(argv[4]);
+  const std::optional<gradhub::bench::BenchHosts> hosts =
+      gradhub::bench::BenchHostsFromEnvironment(world);
   char pattern[] = "/tmp/gradhub-bench-ddp-XXXXXX";
   const std::string store_dir = mkdtemp(pattern);
 
@@ -156,12 +177,12 @@ int main(int argc, char** argv) {
   for (int rank = 1; rank < world; ++rank) {
     pid_t pid = fork();
     if (pid == 0) {
-      RunRank(rank, world, widths, batch, steps, store_dir, mode);
+      RunRank(rank, world, widths, batch, steps, store_dir, mode, hosts);
       _exit(0);
     }
     children.push_back(pid);
   }
-  const RankResult result = RunRank(0, world, widths, batch, steps, store_dir, mode);
+  const RankResult result = RunRank(0, world, widths, batch, steps, store_dir, mode, hosts);
   int failures = 0;
   for (pid_t child : children) {
     int status = 0;
@@ -169,6 +190,7 @@ int main(int argc, char** argv) {
     failures += !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
   }
   std::filesystem::remove_all(store_dir);
-  std::printf("%s %d %.6f %.0f\n", argv[1], world, result.median_seconds, result.bytes_per_step);
+  std::printf("%s %d %.6f %.0f %.6f\n", argv[1], world, result.median_seconds,
+              result.bytes_per_step, result.mean_seconds);
   return failures == 0 ? 0 : 1;
 }
