@@ -85,8 +85,7 @@ absl::StatusOr<std::string> RouteSourceAddress(const std::string& host) {
   hints.ai_socktype = SOCK_DGRAM;
   Resolved resolved;
   if (const int error = getaddrinfo(host.c_str(), "7", &hints, &resolved.list); error != 0) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot resolve ", host, ": ", gai_strerror(error)));
+    return absl::UnavailableError(absl::StrCat("cannot resolve ", host, ": ", gai_strerror(error)));
   }
   std::string last_error = "no address";
   for (addrinfo* ai = resolved.list; ai != nullptr; ai = ai->ai_next) {
@@ -132,8 +131,7 @@ std::string InterfaceOf(const std::string& address) {
   return name;
 }
 
-std::string StoreAddressForRanks(const std::string& store_address,
-                                 const std::string& api_target) {
+std::string StoreAddressForRanks(const std::string& store_address, const std::string& api_target) {
   const std::string store_host = TargetHost(store_address);
   const std::string api_host = TargetHost(api_target);
   if (store_address.empty() || !IsLoopbackAddress(store_host) || api_host.empty() ||

@@ -11,11 +11,11 @@
 #include <fstream>
 #include <system_error>
 
-#include "gpu_worker/agent/node_address.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "gpu_worker/agent/node_address.h"
 #include "services/common/contract/data_paths.h"
 
 namespace gradhub::agent {

@@ -10,8 +10,8 @@
 #include <filesystem>
 #include <map>
 
-#include "gpu_worker/agent/node_address.h"
 #include "absl/strings/str_cat.h"
+#include "gpu_worker/agent/node_address.h"
 #include "services/common/code_archive/code_archive.h"
 #include "services/common/contract/script_spec.h"
 

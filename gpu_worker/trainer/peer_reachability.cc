@@ -88,7 +88,8 @@ void AwaitConnects(std::vector<Attempt>& attempts, Clock::time_point deadline) {
     for (const Attempt& a : attempts) {
       if (a.fd >= 0) pending.push_back({a.fd, POLLOUT, 0});
     }
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
     if (pending.empty() || left.count() <= 0) break;
     if (poll(pending.data(), pending.size(), static_cast<int>(left.count())) <= 0) continue;
     for (Attempt& a : attempts) {
@@ -132,9 +133,9 @@ std::vector<std::string> PeerReachability::UnreachableNodes(
     if (peer == rank_) continue;
     std::string value;
     try {
-      const auto left = std::max(std::chrono::milliseconds(1),
-                                 std::chrono::duration_cast<std::chrono::milliseconds>(
-                                     deadline - Clock::now()));
+      const auto left =
+          std::max(std::chrono::milliseconds(1),
+                   std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
       value = store_->Get(Key(peer), std::min(left, std::chrono::milliseconds(1000)));
     } catch (const std::exception&) {
       continue;  // never published, or the store is gone too: nothing to say about it

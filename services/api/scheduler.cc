@@ -391,8 +391,7 @@ absl::Status Scheduler::DeclareLostNodes(db::Transaction& tx) {
     }
     const int64_t id = row.Get<int64_t>("id");
     GRADHUB_RETURN_IF_ERROR(
-        tx.Exec("UPDATE nodes SET state = 'LOST', session_id = NULL WHERE id = $1", {id})
-            .status());
+        tx.Exec("UPDATE nodes SET state = 'LOST', session_id = NULL WHERE id = $1", {id}).status());
     MarkAssignmentsChanged();  // the attempts' ranks on other nodes are to stop
     const std::string name = row.Get<std::string>("name");
     GRADHUB_RETURN_IF_ERROR(
@@ -623,10 +622,9 @@ absl::StatusOr<std::vector<NodePair>> UnreachablePairsOfAttempt(db::Transaction&
                                                                 const v1::Job& job) {
   if (job.attempt() < 1) return std::vector<NodePair>{};
   GRADHUB_ASSIGN_OR_RETURN(
-      db::Result rows,
-      tx.Exec("SELECT coalesce(failure_message, '') AS failure FROM job_attempts"
-              " WHERE job_id = $1::uuid AND attempt = $2",
-              {JobId(job.name()), job.attempt()}));
+      db::Result rows, tx.Exec("SELECT coalesce(failure_message, '') AS failure FROM job_attempts"
+                               " WHERE job_id = $1::uuid AND attempt = $2",
+                               {JobId(job.name()), job.attempt()}));
   if (rows.empty()) return std::vector<NodePair>{};
   return UnreachablePairs(rows.row(0).Get<std::string>("failure"));
 }

@@ -529,10 +529,9 @@ std::string PlacementMessage(int32_t attempt, const GangPlacement& placement) {
     replicas.push_back(absl::StrCat("replica ", first / stages, " on ",
                                     absl::StrJoin(NodeRuns(placement.ranks, first, end), " and ")));
   }
-  return absl::StrCat(
-      "attempt ", attempt, " placed ", stages, " stages x ", replicas.size(),
-      replicas.size() == 1 ? " replica: " : " replicas: ", absl::StrJoin(replicas, ", "), cuda,
-      avoided);
+  return absl::StrCat("attempt ", attempt, " placed ", stages, " stages x ", replicas.size(),
+                      replicas.size() == 1 ? " replica: " : " replicas: ",
+                      absl::StrJoin(replicas, ", "), cuda, avoided);
 }
 
 v1::JobEvent::FailureKind FailureKindOfExit(int exit_code, int signal) {

@@ -131,14 +131,27 @@ std::string LocalCluster::ServiceHost() const {
 
 // The first start takes free ports; a restart keeps them, as a real restart would.
 bool LocalCluster::StartApi() {
-  api_ = std::make_unique<Subprocess>(std::vector<std::string>{
-      BinaryPath("gradhub-api"), "--database-url", url_, "--grpc-address",
-      ServiceHost() + ":" + std::to_string(api_grpc_port_), "--http-host", ServiceHost(),
-      "--http-port",
-      std::to_string(api_http_port_), "--heartbeat-interval", options_.heartbeat_interval,
-      "--scheduler-interval", "100ms", "--shutdown-grace", "2s", "--admin-token", kAdminToken,
-      "--node-outage-grace", options_.agent_api_outage_grace,
-      "serve"});
+  api_ = std::make_unique<Subprocess>(
+      std::vector<std::string>{BinaryPath("gradhub-api"),
+                               "--database-url",
+                               url_,
+                               "--grpc-address",
+                               ServiceHost() + ":" + std::to_string(api_grpc_port_),
+                               "--http-host",
+                               ServiceHost(),
+                               "--http-port",
+                               std::to_string(api_http_port_),
+                               "--heartbeat-interval",
+                               options_.heartbeat_interval,
+                               "--scheduler-interval",
+                               "100ms",
+                               "--shutdown-grace",
+                               "2s",
+                               "--admin-token",
+                               kAdminToken,
+                               "--node-outage-grace",
+                               options_.agent_api_outage_grace,
+                               "serve"});
   const std::string port = AwaitOutput(*api_, "serving gRPC on port ([0-9]+)");
   const std::string http_port = AwaitOutput(*api_, "serving REST on port ([0-9]+)");
   if (port.empty() || http_port.empty()) return false;
@@ -226,9 +239,9 @@ bool LocalCluster::StartAgent(const std::string& name) {
       "--checkpoint-root",
       options_.checkpoint_service ? work + "/checkpoints" : dir() + "/checkpoints"};
   if (options_.checkpoint_service) {
-    argv.insert(argv.end(), {"--checkpoint-server", checkpoint_address_, "--checkpoint-url",
-                             "http://" + ServiceHost() + ":" +
-                                 std::to_string(checkpoint_http_port_)});
+    argv.insert(argv.end(),
+                {"--checkpoint-server", checkpoint_address_, "--checkpoint-url",
+                 "http://" + ServiceHost() + ":" + std::to_string(checkpoint_http_port_)});
   }
   // Agents of one test (and tests run at once) share this machine: a MASTER_PORT range each,
   // picked at random below the ephemeral ports (32768-), checked by the agent when rank 0 starts.
@@ -252,15 +265,15 @@ bool LocalCluster::StartAgent(const std::string& name) {
     argv.insert(argv.end(), {"--memory-isolation", options_.memory_isolation});
   }
   if (options_.metrics_service) {
-    argv.insert(argv.end(),
-                {"--metrics-server", ServiceHost() + ":" + std::to_string(metrics_grpc_port_),
-                 "--metrics-url",
-                 "http://" + ServiceHost() + ":" + std::to_string(metrics_http_port_)});
+    argv.insert(
+        argv.end(),
+        {"--metrics-server", ServiceHost() + ":" + std::to_string(metrics_grpc_port_),
+         "--metrics-url", "http://" + ServiceHost() + ":" + std::to_string(metrics_http_port_)});
   }
   if (options_.network != nullptr) {
-    argv = options_.network->Command(name, std::move(argv),
-                                     {.hostname_resolves_to_loopback =
-                                          options_.hostnames_resolve_to_loopback});
+    argv = options_.network->Command(
+        name, std::move(argv),
+        {.hostname_resolves_to_loopback = options_.hostnames_resolve_to_loopback});
   }
   agents_[name] = std::make_unique<Subprocess>(argv, options_.agent_environment);
   return !AwaitOutput(*agents_[name], "registered as nodes/" + name).empty();

@@ -214,10 +214,9 @@ void NetworkHosts::CapBandwidth(const std::string& name, int64_t bits_per_second
     // The bucket holds 10 ms at the rate (at least 64 KiB), well above rate / HZ, so tbf does
     // not throttle below the rate; 50 ms of queue before it drops.
     const int64_t burst = std::max<int64_t>(bits_per_second / 8 / 100, 64 * 1024);
-    command.insert(command.end(),
-                   {"qdisc", "replace", "dev", link, "root", "tbf", "rate",
-                    std::to_string(bits_per_second) + "bit", "burst", std::to_string(burst),
-                    "latency", "50ms"});
+    command.insert(command.end(), {"qdisc", "replace", "dev", link, "root", "tbf", "rate",
+                                   std::to_string(bits_per_second) + "bit", "burst",
+                                   std::to_string(burst), "latency", "50ms"});
     Must(command);
   }
 }

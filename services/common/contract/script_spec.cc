@@ -105,26 +105,12 @@ void CheckEnv(const v1::ScriptSpec& script, std::vector<SpecIssue>* issues) {
 }  // namespace
 
 bool IsReservedScriptVariable(const std::string& name) {
-  static const std::set<std::string> kReserved = {"RANK",
-                                                  "WORLD_SIZE",
-                                                  "LOCAL_RANK",
-                                                  "LOCAL_WORLD_SIZE",
-                                                  "GROUP_RANK",
-                                                  "ROLE_RANK",
-                                                  "ROLE_NAME",
-                                                  "ROLE_WORLD_SIZE",
-                                                  "GROUP_WORLD_SIZE",
-                                                  "MASTER_ADDR",
-                                                  "MASTER_PORT",
-                                                  "PYTHONPATH",
-                                                  "CUDA_VISIBLE_DEVICES",
-                                                  "HOME",
-                                                  "PYTHONUNBUFFERED",
-                                                  "USER",
-                                                  "LOGNAME",
-                                                  // the node's interfaces, set by its agent
-                                                  "GLOO_SOCKET_IFNAME",
-                                                  "NCCL_SOCKET_IFNAME"};
+  static const std::set<std::string> kReserved = {
+      "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
+      "ROLE_NAME", "ROLE_WORLD_SIZE", "GROUP_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+      "PYTHONPATH", "CUDA_VISIBLE_DEVICES", "HOME", "PYTHONUNBUFFERED", "USER", "LOGNAME",
+      // the node's interfaces, set by its agent
+      "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"};
   return kReserved.count(name) != 0 || name.rfind("GRADHUB_", 0) == 0 ||
          name.rfind("TORCHELASTIC_", 0) == 0;
 }

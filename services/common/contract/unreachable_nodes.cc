@@ -10,8 +10,8 @@ constexpr std::string_view kNodePrefix = "nodes/";
 
 // A node name's characters (the api's resource names: letters, digits, '-', '_', '.').
 bool IsNameChar(char c) {
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-         c == '-' || c == '_' || c == '.';
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
+         c == '_' || c == '.';
 }
 
 // "nodes/NAME" starting at `at`, or "" when there is none; `end` is set past it.
@@ -28,8 +28,7 @@ std::string NodeAt(std::string_view text, size_t at, size_t* end) {
 
 }  // namespace
 
-std::string UnreachableNodesStatement(const std::string& from,
-                                      const std::vector<std::string>& to) {
+std::string UnreachableNodesStatement(const std::string& from, const std::vector<std::string>& to) {
   std::string statement = from + std::string(kVerb);
   for (size_t i = 0; i < to.size(); ++i) statement += (i == 0 ? "" : ", ") + to[i];
   return statement;
@@ -50,8 +49,8 @@ std::vector<std::pair<std::string, std::string>> UnreachablePairs(std::string_vi
     // The objects: "nodes/X", then ", nodes/Y" as long as they come.
     size_t at = verb + kVerb.size();
     for (std::string to = NodeAt(text, at, &end); !to.empty(); to = NodeAt(text, at, &end)) {
-      if (to != from && std::find(pairs.begin(), pairs.end(), std::make_pair(from, to)) ==
-                            pairs.end()) {
+      if (to != from &&
+          std::find(pairs.begin(), pairs.end(), std::make_pair(from, to)) == pairs.end()) {
         pairs.emplace_back(from, to);
       }
       if (text.substr(end, 2) != ", ") break;

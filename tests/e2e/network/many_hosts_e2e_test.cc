@@ -24,9 +24,9 @@ namespace {
 
 using std::chrono::seconds;
 using testing::Ended;
+using ::testing::HasSubstr;
 using testing::LocalCluster;
 using testing::NetworkHosts;
-using ::testing::HasSubstr;
 using Clock = std::chrono::steady_clock;
 
 double SecondsSince(Clock::time_point start) {
@@ -189,9 +189,8 @@ TEST_F(ManyHostsE2eTest, APartitionBetweenTwoHostsFailsTheAttemptAndTheNextAvoid
 
   hosts_->Partition(pair[0], pair[1]);
   const auto cut_at = Clock::now();
-  const v1::Job failed = cluster_->AwaitJob(name, [](const v1::Job& j) {
-    return Ended(j) || j.attempt() == 2;
-  });
+  const v1::Job failed =
+      cluster_->AwaitJob(name, [](const v1::Job& j) { return Ended(j) || j.attempt() == 2; });
   std::cout << "[ measured ] attempt 1 failed " << SecondsSince(cut_at)
             << " s into the partition (collective timeout 5 s, probe up to 3 s)" << std::endl;
   ASSERT_EQ(failed.attempt(), 2) << cluster_->Describe(name);
@@ -207,11 +206,10 @@ TEST_F(ManyHostsE2eTest, APartitionBetweenTwoHostsFailsTheAttemptAndTheNextAvoid
   }
   EXPECT_TRUE(named) << cluster_->Describe(name);
   const std::string described = cluster_->Describe(name);
-  EXPECT_TRUE(
-      described.find("kept nodes/" + pair[0] + " and nodes/" + pair[1] + " apart") !=
-          std::string::npos ||
-      described.find("kept nodes/" + pair[1] + " and nodes/" + pair[0] + " apart") !=
-          std::string::npos)
+  EXPECT_TRUE(described.find("kept nodes/" + pair[0] + " and nodes/" + pair[1] + " apart") !=
+                  std::string::npos ||
+              described.find("kept nodes/" + pair[1] + " and nodes/" + pair[0] + " apart") !=
+                  std::string::npos)
       << described;
 
   const v1::Job job = cluster_->AwaitJob(name, Ended, seconds(180));

@@ -352,8 +352,8 @@ TEST(PlaceGangAvoiding, KeepsAPairThatCouldNotReachEachOtherApart) {
 TEST(PlaceGangAvoiding, KeepsEveryPairApartWhenItCan) {
   const std::vector<NodeRecord> nodes = {Node(1, "a", 2), Node(2, "b", 2), Node(3, "c", 2),
                                          Node(4, "d", 2)};
-  const GangPlacement placement = PlaceGangAvoiding(
-      Spec(4, 2), nodes, "", {{"nodes/a", "nodes/b"}, {"nodes/a", "nodes/c"}});
+  const GangPlacement placement =
+      PlaceGangAvoiding(Spec(4, 2), nodes, "", {{"nodes/a", "nodes/b"}, {"nodes/a", "nodes/c"}});
   EXPECT_EQ(Where(placement), "a:0,a:1,d:0,d:1");
   EXPECT_EQ(placement.avoided.size(), 2u);
 }

@@ -25,7 +25,7 @@ TEST(UnreachableNodesTest, NothingStatedIsNoPairs) {
   EXPECT_TRUE(UnreachablePairs("").empty());
   EXPECT_TRUE(UnreachablePairs("rank 0 exited with code 12").empty());
   EXPECT_TRUE(UnreachablePairs("nodes/a cannot reach the store").empty());
-  EXPECT_TRUE(UnreachablePairs("a cannot reach nodes/b").empty());   // no subject node
+  EXPECT_TRUE(UnreachablePairs("a cannot reach nodes/b").empty());  // no subject node
   EXPECT_TRUE(UnreachablePairs("nodes/ cannot reach nodes/b").empty());
   EXPECT_TRUE(UnreachablePairs("nodes/a cannot reach nodes/a").empty());  // never itself
 }
