@@ -105,12 +105,6 @@ struct TrainerConfig {
         .String("backend", "GRADHUB_BACKEND", &backend,
                 "NCCL or GLOO: what the spec's backend AUTO becomes (set by the agent from the "
                 "node's kind); empty = NCCL on cuda, GLOO on cpu")
-        .String("listen-address", "GRADHUB_LISTEN_ADDRESS", &listen_address,
-                "Address Gloo listens on for this rank's peers (set by the agent: its node's "
-                "advertised address); empty = the interface GLOO_SOCKET_IFNAME names, else the "
-                "hostname")
-        .Duration("collective-timeout", "GRADHUB_COLLECTIVE_TIMEOUT", &collective_timeout,
-                  "A collective that does not complete in this time fails the rank")
         .String("data-roots", "GRADHUB_DATA_ROOTS", &data_roots,
                 "':'-separated directories the spec's files must lie under (set by the agent; "
                 "':' alone = none allowed); * = any path, for a trainer run by hand")
@@ -126,6 +120,19 @@ struct TrainerConfig {
         .String("dump-parameters", "GRADHUB_DUMP_PARAMETERS", &dump_parameters,
                 "A directory each rank writes its final parameters to, as text "
                 "(rank-<rank>.txt), for comparing runs; empty = none");
+    RegisterPeerFlags(flags);
+  }
+
+ private:
+  // How the rank meets its peers on other nodes.
+  void RegisterPeerFlags(Flags& flags) {
+    flags
+        .String("listen-address", "GRADHUB_LISTEN_ADDRESS", &listen_address,
+                "Address Gloo listens on for this rank's peers (set by the agent: its node's "
+                "advertised address); empty = the interface GLOO_SOCKET_IFNAME names, else the "
+                "hostname")
+        .Duration("collective-timeout", "GRADHUB_COLLECTIVE_TIMEOUT", &collective_timeout,
+                  "A collective that does not complete in this time fails the rank");
   }
 };
 
