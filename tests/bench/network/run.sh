@@ -46,6 +46,10 @@
 # gradhub/limit >= 0.8 (judged on the largest size: the smaller ones add a fixed cost per
 # collective).
 #
+# About 12 minutes on a 2-core VM. The uncapped and 1 Gbit/s columns are bound by the CPU (4
+# ranks on 2 cores: PowerSGD's and the BF16 hook's own compute cost more than the traffic they
+# save when the link is fast) and swing with other load on a shared machine, by 2x and more
+# under other sessions' builds; the 100 Mbit/s ones are bound by the link and steady.
 # Needs root (namespaces, veth, tc) and skips saying why without it.
 # Usage: tests/bench/network/run.sh BUILD_DIR
 # Environment: GRADHUB_BENCH_CAPS ("uncapped 1gbit 100mbit"), GRADHUB_BENCH_MODES ("plain
