@@ -4,7 +4,9 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
+#include <cstring>
 #include <optional>
 #include <vector>
 
@@ -85,6 +87,29 @@ bool ConnectTimedOut(PGconn* conn, absl::Time until) {
   return false;
 }
 
+// libpq's multi-line messages as one line of the log.
+std::string OneLine(const char* text) {
+  std::string line = text == nullptr ? "" : text;
+  while (!line.empty() && std::isspace(static_cast<unsigned char>(line.back()))) line.pop_back();
+  for (char& c : line) {
+    if (c == '\n' || c == '\t') c = ' ';
+  }
+  return line;
+}
+
+// Whether libpq's connect failed because the kernel gave up on an unanswered one (its SYNs
+// outlived TCP_USER_TIMEOUT, which is shorter than connect_timeout) or the host is unreachable,
+// rather than being refused. libpq has read the socket's error itself, so this reads its
+// message, which quotes strerror(3) of this process (the same locale).
+bool ConnectFailedSilently(PGconn* conn) {
+  if (conn == nullptr) return false;
+  const std::string message = PQerrorMessage(conn);
+  for (int error : {ETIMEDOUT, EHOSTUNREACH, ENETUNREACH}) {
+    if (message.find(std::strerror(error)) != std::string::npos) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Connection>> Connection::Open(const ConnectionOptions& options,
@@ -120,7 +145,11 @@ absl::StatusOr<std::unique_ptr<Connection>> Connection::Open(const ConnectionOpt
                                       absl::FormatDuration(options.connect_timeout)));
   }
   if (conn == nullptr || PQstatus(conn) != CONNECTION_OK) {
-    absl::Status status = StatusFromConnection(conn, "connect");
+    absl::Status status =
+        ConnectFailedSilently(conn)
+            ? SilenceStatus("the database did not answer a connect",
+                            absl::StrCat("connect: ", OneLine(PQerrorMessage(conn))))
+            : StatusFromConnection(conn, "connect");
     PQfinish(conn);
     return status;
   }
