@@ -4,7 +4,9 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
+#include <cstring>
 #include <optional>
 #include <vector>
 
@@ -17,10 +19,12 @@ namespace {
 
 enum class Ready { kYes, kDeadline, kNetworkError };
 
-// poll(2) on `fd` for `events` until `deadline`. kNetworkError: the kernel has given up on the
-// connection because the peer or the path is gone (its pending error, read and cleared here, is
-// a timeout or an unreachable host), not because the server closed or reset it.
-Ready WaitReady(int fd, short events, absl::Time deadline) {
+// poll(2) on `fd` for `events` until `deadline`. With `read_error`, kNetworkError: the kernel
+// has given up on the connection because the peer or the path is gone (its pending error, read
+// and cleared here, is a timeout or an unreachable host), not because the server closed or
+// reset it. Never during a connect: libpq reads the socket's error itself to see whether the
+// connect succeeded, and a transient one cleared here would read as success.
+Ready WaitReady(int fd, short events, absl::Time deadline, bool read_error) {
   while (true) {
     const absl::Duration left = deadline - absl::Now();
     const int ms =
@@ -32,7 +36,7 @@ Ready WaitReady(int fd, short events, absl::Time deadline) {
     const int ready = ::poll(&entry, 1, ms);
     if (ready < 0 && errno == EINTR) continue;
     if (ready == 0) return Ready::kDeadline;
-    if (ready > 0 && (entry.revents & (POLLERR | POLLHUP)) != 0) {
+    if (ready > 0 && read_error && (entry.revents & (POLLERR | POLLHUP)) != 0) {
       int error = 0;
       socklen_t length = sizeof(error);
       if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &length) == 0 &&
@@ -75,9 +79,33 @@ bool ConnectTimedOut(PGconn* conn, absl::Time until) {
   while (PQstatus(conn) != CONNECTION_BAD && step != PGRES_POLLING_OK &&
          step != PGRES_POLLING_FAILED) {
     const short events = step == PGRES_POLLING_READING ? POLLIN : POLLOUT;
-    // A kernel error is libpq's to read in PQconnectPoll (a refusal says more than "timeout").
-    if (WaitReady(PQsocket(conn), events, until) == Ready::kDeadline) return true;
+    if (WaitReady(PQsocket(conn), events, until, /*read_error=*/false) == Ready::kDeadline) {
+      return true;
+    }
     step = PQconnectPoll(conn);
+  }
+  return false;
+}
+
+// libpq's multi-line messages as one line of the log.
+std::string OneLine(const char* text) {
+  std::string line = text == nullptr ? "" : text;
+  while (!line.empty() && std::isspace(static_cast<unsigned char>(line.back()))) line.pop_back();
+  for (char& c : line) {
+    if (c == '\n' || c == '\t') c = ' ';
+  }
+  return line;
+}
+
+// Whether libpq's connect failed because the kernel gave up on an unanswered one (its SYNs
+// outlived TCP_USER_TIMEOUT, which is shorter than connect_timeout) or the host is unreachable,
+// rather than being refused. libpq has read the socket's error itself, so this reads its
+// message, which quotes strerror(3) of this process (the same locale).
+bool ConnectFailedSilently(PGconn* conn) {
+  if (conn == nullptr) return false;
+  const std::string message = PQerrorMessage(conn);
+  for (int error : {ETIMEDOUT, EHOSTUNREACH, ENETUNREACH}) {
+    if (message.find(std::strerror(error)) != std::string::npos) return true;
   }
   return false;
 }
@@ -117,7 +145,11 @@ absl::StatusOr<std::unique_ptr<Connection>> Connection::Open(const ConnectionOpt
                                       absl::FormatDuration(options.connect_timeout)));
   }
   if (conn == nullptr || PQstatus(conn) != CONNECTION_OK) {
-    absl::Status status = StatusFromConnection(conn, "connect");
+    absl::Status status =
+        ConnectFailedSilently(conn)
+            ? SilenceStatus("the database did not answer a connect",
+                            absl::StrCat("connect: ", OneLine(PQerrorMessage(conn))))
+            : StatusFromConnection(conn, "connect");
     PQfinish(conn);
     return status;
   }
@@ -133,7 +165,7 @@ absl::StatusOr<std::unique_ptr<Connection>> Connection::Open(const ConnectionOpt
 Connection::~Connection() { PQfinish(conn_); }
 
 absl::Status Connection::WaitFor(short events, std::string_view sql, absl::Time deadline) {
-  switch (WaitReady(PQsocket(conn_), events, deadline)) {
+  switch (WaitReady(PQsocket(conn_), events, deadline, /*read_error=*/true)) {
     case Ready::kYes:
       return absl::OkStatus();
     case Ready::kDeadline:

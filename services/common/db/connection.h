@@ -24,7 +24,8 @@ struct ConnectionOptions {
   // forever; zero disables it.
   absl::Duration statement_timeout = absl::Seconds(30);
   // How long either end of an open connection may go unanswered before the kernel drops it:
-  // data not acknowledged, keepalives (one a second when idle) not answered. A database whose
+  // data not acknowledged, keepalives (one a second when idle) not answered; also a connect
+  // whose SYNs go unanswered, when that is shorter than connect_timeout. A database whose
   // packets are dropped never resets a connection, and without this a statement would wait
   // for TCP's own limit (15 minutes), the server's backend (holding its transaction's locks,
   // the scheduler's included) for its keepalive time (2 hours). A slow statement on a live

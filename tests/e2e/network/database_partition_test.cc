@@ -10,8 +10,10 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <sys/stat.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <iostream>
 #include <string>
@@ -45,6 +47,12 @@ class DatabasePartitionTest : public ::testing::Test {
     if (!testing::PacketFilter::Available(&why)) GTEST_SKIP() << why;
     cluster_ = std::make_unique<testing::LocalCluster>();
     ASSERT_TRUE(cluster_->Start());
+    // Without a checkpoint service the agents share the cluster's checkpoints/ directory, and a
+    // root agent runs each job's ranks as a uid of the job's own (isolation.h), which the agent
+    // prepares only the checkpoint service's cache for: let rank 0 make its job's directory.
+    const std::string checkpoints = cluster_->dir() + "/checkpoints";
+    ASSERT_TRUE(mkdir(checkpoints.c_str(), 0777) == 0 || errno == EEXIST);
+    ASSERT_EQ(chmod(checkpoints.c_str(), 01777), 0);
   }
 
   // GET /readyz: its HTTP status (0 = no answer) and how long the answer took.

@@ -253,10 +253,10 @@ class SilentDatabaseTest : public DatabaseTest {
   }
 
   // Shorter timeouts than a server's defaults, for a quick test; the mechanisms are the same.
-  std::unique_ptr<Pool> QuickPool() {
+  std::unique_ptr<Pool> QuickPool(absl::Duration connect_timeout = absl::Seconds(1)) {
     PoolOptions options;
     options.connection.url = url_;
-    options.connection.connect_timeout = absl::Seconds(1);
+    options.connection.connect_timeout = connect_timeout;
     options.connection.silence_timeout = absl::Seconds(1);
     options.reconnect_interval = absl::Milliseconds(200);
     options.max_connections = 2;
@@ -310,6 +310,27 @@ TEST_F(SilentDatabaseTest, FailsAtOnceWhileUnreachableAndRecoversByItself) {
   auto after = pool->Exec("SELECT count(*)::bigint AS n FROM kept");
   ASSERT_TRUE(after.ok()) << after.status();
   EXPECT_EQ(after->row(0).Get<int64_t>("n"), 0) << "the refused transaction wrote nothing";
+}
+
+// The same when the outage begins with no connection open: the first connect goes unanswered,
+// and the pool knows at once, rather than every call spending its retries on connects. The
+// kernel gives up on the SYNs at the silence timeout, before connect_timeout.
+TEST_F(SilentDatabaseTest, AConnectIntoSilenceMarksTheDatabaseUnreachable) {
+  auto pool = QuickPool(/*connect_timeout=*/absl::Seconds(5));
+  Drop();
+  const auto start = Clock::now();
+  auto first = pool->Exec("SELECT 1");
+  const double took = SecondsSince(start);
+  EXPECT_EQ(first.status().code(), absl::StatusCode::kUnavailable) << first.status();
+  EXPECT_TRUE(IsSilence(first.status())) << first.status();
+  EXPECT_LT(took, 2.0) << "silence_timeout is 1s";
+  EXPECT_TRUE(pool->unreachable());
+  Lift();
+  const auto lifted = Clock::now();
+  while (pool->unreachable() && SecondsSince(lifted) < 5) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_TRUE(pool->Exec("SELECT 1").ok());
 }
 
 // A health check's budget ends a statement that has no answer yet: DEADLINE_EXCEEDED, the
