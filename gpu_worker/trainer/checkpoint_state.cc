@@ -102,10 +102,25 @@ std::string Describe(const std::vector<int64_t>& sizes, caffe2::TypeMeta dtype,
   return ShapeString(sizes) + " " + std::string(dtype.name()) + " on " + device.str();
 }
 
+// Whether every element `t` can address lies in its storage. An archive spells each tensor's
+// offset and strides itself, so one could point a parameter past its data (found by
+// checkpoint_state_fuzz): reads and the optimizer's writes would then leave the buffer.
+bool InsideItsStorage(const at::Tensor& t) {
+  if (t.numel() == 0) return true;
+  if (t.storage_offset() < 0) return false;
+  int64_t last = t.storage_offset();
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    if (t.stride(d) < 0) return false;
+    last += (t.size(d) - 1) * t.stride(d);
+  }
+  return static_cast<uint64_t>(last + 1) * t.itemsize() <= t.storage().nbytes();
+}
+
 void RequireLayout(const Layout& want, const at::Tensor& got) {
   if (got.defined() && got.sizes() == want.sizes && got.dtype() == want.dtype &&
       got.device() == want.device) {
-    return;
+    if (InsideItsStorage(got)) return;
+    throw UserError("checkpoint", want.name + "'s offset and strides reach past its data");
   }
   throw UserError("checkpoint",
                   want.name + " is " +
