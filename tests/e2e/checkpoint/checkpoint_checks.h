@@ -4,10 +4,12 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <regex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tests/support/local_cluster.h"
@@ -44,6 +46,21 @@ inline std::optional<v1::Checkpoint> NewestCommitted(LocalCluster& cluster,
 inline int64_t NewestCommittedStep(LocalCluster& cluster, const std::string& job) {
   const std::optional<v1::Checkpoint> newest = NewestCommitted(cluster, job);
   return newest ? newest->step() : 0;
+}
+
+// The parametersSha256 of rank 0's "done" line in the job's last attempt ("" when none came in
+// 15 s: agents ship the logs after the exit).
+inline std::string FinalParameters(LocalCluster& cluster, const std::string& name) {
+  static const std::regex kDone("\"parametersSha256\":\"([0-9a-f]{64})\"");
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(15);
+  while (std::chrono::steady_clock::now() < deadline) {
+    for (const std::string& line : cluster.Logs(name, 0, 0)) {
+      std::smatch match;
+      if (std::regex_search(line, match, kDone)) return match[1].str();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  return "";
 }
 
 // The loss in rank 0's "done" line of the job's last attempt (-1 if there is none). The tests

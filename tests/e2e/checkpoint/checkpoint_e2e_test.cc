@@ -24,6 +24,7 @@ namespace {
 namespace fs = std::filesystem;
 using std::chrono::seconds;
 using testing::FinalLoss;
+using testing::FinalParameters;
 using testing::LocalCluster;
 using Clock = std::chrono::steady_clock;
 
@@ -59,20 +60,6 @@ v1::JobSpec Spec(int hidden = 384, int64_t steps = kSteps) {
       ", keepLast: 2}\n"
       "distributed: {worldSize: 2, ranksPerNode: 2}\n"
       "maxRestarts: {infrastructure: 5, job: 2}\n");
-}
-
-// The parametersSha256 of rank 0's "done" line in the job's last attempt.
-std::string FinalParameters(LocalCluster& cluster, const std::string& name) {
-  static const std::regex kDone("\"parametersSha256\":\"([0-9a-f]{64})\"");
-  const auto deadline = Clock::now() + seconds(15);  // agents ship logs after the exit
-  while (Clock::now() < deadline) {
-    for (const std::string& line : cluster.Logs(name, 0, 0)) {
-      std::smatch match;
-      if (std::regex_search(line, match, kDone)) return match[1].str();
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  }
-  return "";
 }
 
 class CheckpointE2eTest : public ::testing::Test {

@@ -66,7 +66,7 @@ double SecondsSince(Clock::time_point start) {
 
 // Each rank's parametersSha256 (its stage's parameters) from the "done" lines of the job's
 // last attempt; "" for a rank that has none.
-std::vector<std::string> FinalParameters(LocalCluster& cluster, const std::string& name) {
+std::vector<std::string> FinalStageParameters(LocalCluster& cluster, const std::string& name) {
   static const std::regex kDone("\"parametersSha256\":\"([0-9a-f]{64})\"");
   std::vector<std::string> found(kStages);
   const auto deadline = Clock::now() + seconds(15);  // agents ship logs after the exit
@@ -194,7 +194,7 @@ class PipelineRestartE2eTest : public ::testing::Test {
     EXPECT_EQ(job.attempt(), 1);
     std::printf("uninterrupted run: %.1f s for %lld steps\n", SecondsSince(start),
                 static_cast<long long>(kSteps));
-    std::vector<std::string> parameters = FinalParameters(*cluster_, job.name());
+    std::vector<std::string> parameters = FinalStageParameters(*cluster_, job.name());
     EXPECT_GT(FinalLoss(*cluster_, job.name()), 0.01) << "still training at the end: see Spec()";
     return parameters;
   }
@@ -300,7 +300,7 @@ TEST_F(PipelineRestartE2eTest, KilledMiddleStageRestartsAndResumesExactlyFromThe
 
   ExpectTheKilledRankBlamed(name);
   ExpectResumedFromTheStore(name, kill_at);
-  const std::vector<std::string> parameters = FinalParameters(*cluster_, name);
+  const std::vector<std::string> parameters = FinalStageParameters(*cluster_, name);
   for (int rank = 0; rank < kStages; ++rank) {
     EXPECT_EQ(parameters[rank], reference[rank]) << "stage " << rank + 1;
   }

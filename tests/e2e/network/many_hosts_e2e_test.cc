@@ -24,6 +24,7 @@ namespace {
 
 using std::chrono::seconds;
 using testing::Ended;
+using testing::FinalParameters;
 using ::testing::HasSubstr;
 using testing::LocalCluster;
 using testing::NetworkHosts;
@@ -53,20 +54,6 @@ v1::JobSpec Spec(int world, int64_t steps) {
       ", ranksPerNode: 2}\n"
       "maxRestarts: {infrastructure: 3, job: 0}\n"
       "hangTimeoutSeconds: 60\n");
-}
-
-// The parametersSha256 of rank 0's "done" line in the job's last attempt.
-std::string FinalParameters(LocalCluster& cluster, const std::string& name) {
-  static const std::regex kDone("\"parametersSha256\":\"([0-9a-f]{64})\"");
-  const auto deadline = Clock::now() + seconds(15);  // agents ship logs after the exit
-  while (Clock::now() < deadline) {
-    for (const std::string& line : cluster.Logs(name, 0, 0)) {
-      std::smatch match;
-      if (std::regex_search(line, match, kDone)) return match[1].str();
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  }
-  return "";
 }
 
 class ManyHostsE2eTest : public ::testing::Test {
@@ -117,6 +104,17 @@ class ManyHostsE2eTest : public ::testing::Test {
       return Ended(j) || (j.attempt() == attempt && j.state() == v1::Job::RUNNING &&
                           j.progress().step() > step);
     });
+  }
+
+  // Submits `spec` and waits until it trains past step 200; the job's name and the agents whose
+  // trainers run it (none, with a test failure, when it never got there).
+  std::pair<std::string, std::vector<std::string>> SubmitAndAwaitTraining(const v1::JobSpec& spec) {
+    const std::string name = cluster_->Submit(spec).name();
+    if (AwaitRunningPast(name, 1, 200).state() != v1::Job::RUNNING) {
+      ADD_FAILURE() << cluster_->Describe(name);
+      return {name, {}};
+    }
+    return {name, NodesRunning()};
   }
 
   // The agents whose trainers run `name` now.
@@ -182,9 +180,7 @@ TEST_F(ManyHostsE2eTest, APartitionBetweenTwoHostsFailsTheAttemptAndTheNextAvoid
   Start("8s", {{"GRADHUB_COLLECTIVE_TIMEOUT", "5s"}});
   const v1::JobSpec spec = Spec(4, 4000);
   const std::string reference = Reference(spec);
-  const std::string name = cluster_->Submit(spec).name();
-  ASSERT_EQ(AwaitRunningPast(name, 1, 200).state(), v1::Job::RUNNING) << cluster_->Describe(name);
-  const std::vector<std::string> pair = NodesRunning();
+  const auto [name, pair] = SubmitAndAwaitTraining(spec);
   ASSERT_EQ(pair.size(), 2u);
 
   hosts_->Partition(pair[0], pair[1]);
@@ -226,9 +222,7 @@ TEST_F(ManyHostsE2eTest, AnAgentCutOffFromTheApiWithinTheGraceKeepsItsAttempt) {
   Start();
   const v1::JobSpec spec = Spec(4, 4000);
   const std::string reference = Reference(spec);
-  const std::string name = cluster_->Submit(spec).name();
-  ASSERT_EQ(AwaitRunningPast(name, 1, 200).state(), v1::Job::RUNNING) << cluster_->Describe(name);
-  const std::vector<std::string> running = NodesRunning();
+  const auto [name, running] = SubmitAndAwaitTraining(spec);
   ASSERT_EQ(running.size(), 2u);
   const std::string cut = running[1];
 
@@ -256,9 +250,7 @@ TEST_F(ManyHostsE2eTest, AnAgentCutOffPastTheGraceStopsItsRanksAndTheJobMovesOn)
   Start();
   const v1::JobSpec spec = Spec(4, 4000);
   const std::string reference = Reference(spec);
-  const std::string name = cluster_->Submit(spec).name();
-  ASSERT_EQ(AwaitRunningPast(name, 1, 200).state(), v1::Job::RUNNING) << cluster_->Describe(name);
-  const std::vector<std::string> running = NodesRunning();
+  const auto [name, running] = SubmitAndAwaitTraining(spec);
   ASSERT_EQ(running.size(), 2u);
   const std::string cut = running[1];
 
@@ -300,9 +292,7 @@ TEST_F(ManyHostsE2eTest, AStragglerOfAnAttemptTheApiGaveUpOnChangesNothing) {
   Start(/*outage_grace=*/"30s");
   const v1::JobSpec spec = Spec(2, 6000);
   const std::string reference = Reference(spec);
-  const std::string name = cluster_->Submit(spec).name();
-  ASSERT_EQ(AwaitRunningPast(name, 1, 200).state(), v1::Job::RUNNING) << cluster_->Describe(name);
-  const std::vector<std::string> running = NodesRunning();
+  const auto [name, running] = SubmitAndAwaitTraining(spec);
   ASSERT_EQ(running.size(), 1u);
   const std::string cut = running[0];
 
