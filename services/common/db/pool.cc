@@ -95,8 +95,8 @@ absl::Status Pool::UnreachableStatus() {
   const std::string silent_for =
       absl::FormatDuration(absl::Trunc(now - unreachable_since_, absl::Milliseconds(100)));
   return SilenceStatus(
-      absl::StrCat("the database is unreachable (no answer for ", silent_for,
-                   "); the server keeps trying to reconnect"),
+      absl::StrCat("the database has been unreachable for at least ", silent_for,
+                   "; the server keeps trying to reconnect"),
       absl::StrCat("failed at once: the database has been unreachable for ", silent_for));
 }
 

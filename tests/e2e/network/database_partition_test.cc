@@ -165,7 +165,12 @@ TEST_F(DatabasePartitionTest, TheApiSaysSoAtOnceRecoversByItselfAndRestartsNothi
 
   // 4. The job was not restarted for the outage: the same ranks, one attempt, no node lost,
   //    also past the grace the sweep gives the nodes after an outage (10 heartbeats).
-  const v1::Job moving = cluster_->Get(name);
+  const int64_t before = running.progress().step();
+  const v1::Job moving = cluster_->AwaitJob(
+      name, [&](const v1::Job& j) { return Ended(j) || j.progress().step() > before; },
+      seconds(30));
+  std::cout << "[ measured ] step " << before << " before the cut, " << moving.progress().step()
+            << " reported " << SecondsSince(lifted) << " s after the link returned" << std::endl;
   EXPECT_EQ(moving.attempt(), 1) << cluster_->Describe(name);
   if (!Ended(moving)) {
     EXPECT_EQ(AllTrainers(), trainers) << "the ranks were restarted";
