@@ -10,7 +10,10 @@
 # Usage: deploy/local/cluster.sh [BUILD_DIR] [-- COMMAND...]
 # With a COMMAND, runs it against the cluster instead of the digits job (GRADHUB_SERVER,
 # GRADHUB_CHECKPOINT_SERVER, GRADHUB_TOKEN and GRADHUB_BIN are set for it); the benchmarks
-# use that.
+# use that. So that a command can restart gradhub-checkpoint as it was (same ports, data and
+# database: tests/bench/checkpoint/measure_outage.sh), it also gets GRADHUB_CHECKPOINT_PID,
+# GRADHUB_CHECKPOINT_HTTP_PORT and GRADHUB_CHECKPOINT_DATA_DIR (GRADHUB_DATABASE_URL is
+# exported); a process it starts is its own to stop.
 set -euo pipefail
 build_dir="$(realpath "${1:-build}")"
 shift || true
@@ -65,6 +68,7 @@ pids+=($!)
 "$bin/gradhub-checkpoint" --grpc-port 0 --http-port 0 --data-dir "$work/checkpoint-store" \
   > "$work/checkpoint.out" 2> "$work/checkpoint.err" &
 pids+=($!)
+checkpoint_pid=$!
 "$bin/gradhub-metrics" --grpc-port 0 --http-port 0 > "$work/metrics.out" 2> "$work/metrics.err" &
 pids+=($!)
 # Waits for a service's "serving gRPC on port N" and "serving REST|HTTP on port N" lines.
@@ -97,7 +101,12 @@ for _ in $(seq 100); do
   grep -qs "registered" "$work/node-a.out" && grep -qs "registered" "$work/node-b.out" && break
   sleep 0.1
 done
-if [ $# -gt 0 ]; then GRADHUB_BIN="$bin" "$@"; exit $?; fi
+if [ $# -gt 0 ]; then
+  GRADHUB_BIN="$bin" GRADHUB_CHECKPOINT_PID="$checkpoint_pid" \
+    GRADHUB_CHECKPOINT_HTTP_PORT="$checkpoint_http" \
+    GRADHUB_CHECKPOINT_DATA_DIR="$work/checkpoint-store" "$@"
+  exit $?
+fi
 
 cat > "$work/job.yaml" <<YAML
 displayName: digits-mlp

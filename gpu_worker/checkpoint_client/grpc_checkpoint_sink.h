@@ -9,13 +9,15 @@
 //      stream the rest in the chunk size the server announced, each chunk with its CRC-32C. A
 //      broken stream, or a chunk the server found changed on the way (DATA_LOSS from
 //      UploadChunks), goes back to step 1 after a backoff: the same request id finds the same
-//      upload, so only the missing tail is sent again.
+//      upload, so only the missing tail is sent again (logged: "resuming the upload at byte
+//      N"), after a restart of the store too.
 //   3. CommitCheckpoint with the hash. DATA_LOSS (the server's bytes differ) starts over at
 //      step 1 under a new request id; NOT_FOUND (the upload expired) likewise.
 //   Retryable failures (IsRetryable in services/common/grpc_retry.h: the server unreachable,
-//   busy or restarting, the token refused) back off (kGrpcBackoff, with jitter) until
-//   `deadline`. Anything else (FAILED_PRECONDITION: this attempt is no longer the job's current
-//   one; PERMISSION_DENIED) throws at once.
+//   busy or restarting, the token refused) back off (100 ms doubling to 1 s, with jitter; the
+//   channel's reconnect backoff likewise: see kStoreBackoff in the .cc) until `deadline`. Anything
+//   else (FAILED_PRECONDITION: this attempt is no longer the job's current one; PERMISSION_DENIED)
+//   throws at once.
 //
 // LoadLatest:
 //   1. GetLatestCheckpoint; NOT_FOUND means start from step 0.

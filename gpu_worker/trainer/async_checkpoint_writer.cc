@@ -4,8 +4,6 @@
 
 namespace gradhub::trainer {
 
-using Clock = std::chrono::steady_clock;
-
 AsyncCheckpointWriter::AsyncCheckpointWriter(std::shared_ptr<CheckpointSink> sink,
                                              std::ostream* log)
     : sink_(std::move(sink)), log_(log ? *log : std::cerr), thread_([this] { Run(); }) {}
@@ -20,11 +18,19 @@ AsyncCheckpointWriter::~AsyncCheckpointWriter() {
   thread_.join();
 }
 
+std::optional<InFlightSave> AsyncCheckpointWriter::in_flight() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!busy_) return std::nullopt;
+  return InFlightSave{last_submitted_step_,
+                      std::chrono::duration<double>(Clock::now() - submitted_at_).count()};
+}
+
 double AsyncCheckpointWriter::Submit(Checkpoint checkpoint) {
   const auto start = Clock::now();
   std::unique_lock<std::mutex> lock(mutex_);
   changed_.wait(lock, [&] { return !busy_; });
-  const double waited = std::chrono::duration<double>(Clock::now() - start).count();
+  submitted_at_ = Clock::now();
+  const double waited = std::chrono::duration<double>(submitted_at_ - start).count();
   last_submitted_step_ = checkpoint.step;
   pending_ = std::move(checkpoint);
   busy_ = true;

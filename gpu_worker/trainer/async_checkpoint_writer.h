@@ -1,12 +1,20 @@
 // Saves checkpoints on a background thread, so the training loop never waits on the network
-// or the disk, only (rarely) on the save before.
+// or the disk: not on a save that cannot go out (the store unreachable, a slow link), and not
+// on the save before, except for the checkpoints that must not be lost.
 //
 // Protocol:
-//   1. Submit(checkpoint) waits while the previous save is still running (at most one is in
-//      flight: a second would only queue behind it and double the memory), then hands the
-//      bytes to the thread and returns.
-//   2. The thread calls the sink's Save, which retries on its own, and records the outcome.
-//   3. Flush(timeout) waits for the save in flight, for a final checkpoint or a preemption.
+//   1. A checkpoint comes due. While the previous save is still in flight (in_flight() says
+//      which step and for how long), SkipCheckpoint decides: a periodic checkpoint is skipped,
+//      and the caller says so (rank 0's log and the job's CHECKPOINT_SKIPPED event); the next
+//      one that comes due once the save has ended goes out as usual. At most one save is in
+//      flight and none waits behind it: a queued copy would double the memory and could only
+//      go out after the one ahead, which is what the next periodic checkpoint does anyway.
+//   2. Submit(checkpoint) hands the bytes to the thread and returns. For a checkpoint that
+//      must not be lost (the final one, a preemption's) it first waits for the save in flight.
+//   3. The thread calls the sink's Save, which retries on its own (through an outage of the
+//      store: the upload resumes at the store's offset once it is back), and records the
+//      outcome.
+//   4. Flush(timeout) waits for the save in flight, for a final checkpoint or a preemption.
 // A failed save does not stop training (the previous checkpoint is still there); it is logged,
 // and Flush reports it so the last save of a run is never lost silently.
 #pragma once
@@ -31,6 +39,23 @@ struct SaveOutcome {
   std::string error;   // empty on success
 };
 
+// The save a writer is running, as a skipped checkpoint reports it.
+struct InFlightSave {
+  int64_t step = -1;
+  double seconds = 0;  // since it was handed to the writer
+};
+
+// What a checkpoint that comes due while a save is in flight may do (step 1).
+enum class SaveUrgency {
+  kSkippable,  // a periodic checkpoint: skipped, training goes on
+  kMustSave,   // the final checkpoint, a preemption's: waits for the save in flight
+};
+
+// Step 1's rule, without state: whether the checkpoint is skipped.
+inline bool SkipCheckpoint(SaveUrgency urgency, const std::optional<InFlightSave>& in_flight) {
+  return urgency == SaveUrgency::kSkippable && in_flight.has_value();
+}
+
 // Thread-compatible: called from the training thread only.
 class AsyncCheckpointWriter {
  public:
@@ -38,9 +63,12 @@ class AsyncCheckpointWriter {
   // Waits for the save in flight (a checkpoint is not thrown away), then stops the thread.
   ~AsyncCheckpointWriter();
 
-  // Step 1. Returns the seconds spent waiting for the previous save.
+  // Step 1: the save in flight; nullopt when the writer is idle.
+  std::optional<InFlightSave> in_flight() const;
+  // Step 2. Returns the seconds spent waiting for the previous save (0 unless one was in
+  // flight: call it for a skippable checkpoint only after SkipCheckpoint said no).
   double Submit(Checkpoint checkpoint);
-  // Step 3. The outcome of the last save once it has ended; nullopt if it is still running
+  // Step 4. The outcome of the last save once it has ended; nullopt if it is still running
   // after `timeout`.
   std::optional<SaveOutcome> Flush(std::chrono::milliseconds timeout);
   // The newest step submitted (saved or in flight); -1 before any.
@@ -49,6 +77,8 @@ class AsyncCheckpointWriter {
   SaveOutcome last_outcome() const;
 
  private:
+  using Clock = std::chrono::steady_clock;
+
   void Run();
 
   std::shared_ptr<CheckpointSink> sink_;
@@ -60,6 +90,7 @@ class AsyncCheckpointWriter {
   bool stopping_ = false;
   SaveOutcome last_;
   int64_t last_submitted_step_ = -1;
+  Clock::time_point submitted_at_;  // of last_submitted_step_
   std::thread thread_;
 };
 

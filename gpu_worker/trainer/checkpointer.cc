@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cstring>
 #include <stdexcept>
 #include <vector>
@@ -140,26 +141,42 @@ RankStateParts Checkpointer::StageParts() {
   return parts;
 }
 
-std::optional<double> Checkpointer::Save(int64_t step, bool stopping) {
-  if (last_step_ == step) return std::nullopt;
-  if (plan_.collective_checkpoint() && (!rank0_saves_ || stopping)) return std::nullopt;
+SaveReport Checkpointer::Save(int64_t step, SaveReason reason) {
+  if (last_step_ == step) return {};
+  const bool collective = plan_.collective_checkpoint();
+  if (collective && (!rank0_saves_ || reason == SaveReason::kStop)) return {};
   const auto start = Clock::now();
-  std::optional<CheckpointBytes> bytes = Snapshot(step);  // step 1
-  if (plan_.collective_checkpoint()) last_step_ = step;
-  if (!writer_ || !bytes) return std::nullopt;
+  // The skip rule, on rank 0, before anything is serialized.
+  const std::optional<InFlightSave> in_flight = writer_ ? writer_->in_flight() : std::nullopt;
+  const SaveUrgency urgency =
+      reason == SaveReason::kPeriodic ? SaveUrgency::kSkippable : SaveUrgency::kMustSave;
+  const bool skip = SkipCheckpoint(urgency, in_flight);
+  std::optional<CheckpointBytes> bytes;
+  if (!skip || collective) bytes = Snapshot(step, /*keep=*/!skip);  // step 1
+  if (collective) last_step_ = step;
+  if (skip) {  // without a collective last_step_ stays: a stop at this step still saves it
+    ++totals_.skipped;
+    return SaveReport{std::nullopt, in_flight};
+  }
+  if (!writer_ || !bytes) return {};
   totals_.snapshot_seconds += Seconds(Clock::now() - start);  // step 2
   totals_.last_bytes = static_cast<int64_t>(bytes->size());
   totals_.wait_seconds += writer_->Submit({step, std::move(*bytes)});
   last_step_ = step;
   ++totals_.saved;
-  return Seconds(Clock::now() - start);
+  return SaveReport{Seconds(Clock::now() - start), std::nullopt};
 }
 
-std::optional<CheckpointBytes> Checkpointer::Snapshot(int64_t step) {
+int64_t Checkpointer::last_saved_step() const {
+  const int64_t submitted = writer_ ? writer_->last_submitted_step() : -1;
+  return std::max(submitted, resumed_from_step_);
+}
+
+std::optional<CheckpointBytes> Checkpointer::Snapshot(int64_t step, bool keep) {
   if (plan_.pipeline.enabled()) return GatherStages(step);
   std::vector<std::string> rank_states;
   if (plan_.per_rank_state) rank_states = AllGatherBytes(*group_, rule_.SaveRankState(), device_);
-  if (!writer_) return std::nullopt;
+  if (!writer_ || !keep) return std::nullopt;
   return SerializeState(module_, rule_.shared_state(), step, plan_.spec, rank_states);
 }
 

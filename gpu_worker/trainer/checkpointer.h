@@ -24,9 +24,12 @@
 //      file of every stage (pipeline_checkpoint_format.h), its own stage straight into it and
 //      the others' as their chunks arrive: GatherStages.
 //   2. Rank 0 snapshots the state into host memory (a pipeline's: into that file, mapped) and
-//      hands it to the AsyncCheckpointWriter, which uploads on its own thread. The loop waits only
-//      for a previous upload still running; that wait and the snapshot are the stall a checkpoint
-//      costs.
+//      hands it to the AsyncCheckpointWriter, which uploads on its own thread. A periodic
+//      checkpoint that comes due while the previous upload is still running is skipped
+//      (async_checkpoint_writer.h, step 1), decided before step 1 so that rank 0 serializes
+//      nothing for it; when saving is a collective the other ranks, who do not know, still
+//      take part and rank 0 drops what they send. The final checkpoint and a preemption's wait
+//      for the upload in flight; that wait and the snapshot are the stall a checkpoint costs.
 // Not thread-safe: the training thread drives it.
 #pragma once
 
@@ -74,6 +77,22 @@ class LatestCheckpoint {
 // measured time (else, and on the other ranks, empty: BuildRankModel measures).
 std::vector<double> RecordedLayerCosts(const TrainingPlan& plan, LatestCheckpoint& latest);
 
+// Why a checkpoint is saved, which decides what it does while an upload is in flight.
+enum class SaveReason {
+  kPeriodic,  // checkpoint.everySteps: skipped while the previous upload is in flight
+  kFinal,     // the last step: waits for it
+  kStop,      // a stop request: waits for it. When saving is a collective rank 0 then saves
+              // nothing (the other ranks would not take part).
+};
+
+// What Save did on this rank.
+struct SaveReport {
+  // Rank 0 handed the checkpoint to the writer: the seconds the training loop spent on it.
+  std::optional<double> seconds;
+  // Rank 0 skipped it: the upload it found in flight.
+  std::optional<InFlightSave> skipped;
+};
+
 class Checkpointer {
  public:
   // `sink`: rank 0's store, or null (other ranks, or no store); `latest`: what resume reads
@@ -93,14 +112,11 @@ class Checkpointer {
   std::optional<Resumed> Load();
   int64_t resumed_from_step() const { return resumed_from_step_; }  // -1: from scratch
 
-  // Save steps 1-2 for the state after `step` steps. Returns the seconds the training loop
-  // spent on it when rank 0 handed a checkpoint to the writer; nullopt otherwise (another
-  // rank, no store, or `step` saved already). `stopping`: a stop request, which only rank 0
-  // acts on: when saving is a collective it then saves nothing (the others would not take
-  // part).
-  std::optional<double> Save(int64_t step, bool stopping = false);
-  // The last step saved (or resumed from); -1 before any.
-  int64_t last_step() const { return last_step_; }
+  // Save steps 1-2 for the state after `step` steps; an empty report on another rank, without
+  // a store, or when `step` was saved (or skipped) already.
+  SaveReport Save(int64_t step, SaveReason reason);
+  // Rank 0: the newest step handed to the writer, or resumed from; -1 before any.
+  int64_t last_saved_step() const;
 
   // Waits for the save in flight; a save that failed or did not end in time throws
   // std::runtime_error, so the attempt ends as an infrastructure failure and restarts from
@@ -115,8 +131,11 @@ class Checkpointer {
   RankStateParts StageParts();              // a pipeline rank's: its module and optimizer
   CheckpointBytes WriteStageState();        // StageParts in a mapped scratch file
   CheckpointBytes ReceiveStageState();      // a stage's state streamed from rank 0, likewise
-  // Save step 1: the bytes rank 0 writes (nullopt on the others).
-  std::optional<CheckpointBytes> Snapshot(int64_t step);
+  // Save step 1: the bytes rank 0 writes (nullopt on the others). With `keep` false (a
+  // skipped checkpoint whose save is a collective) rank 0 takes part and serializes nothing of
+  // its own, except with pipeline stages: it writes the file as the stages arrive, then drops
+  // it.
+  std::optional<CheckpointBytes> Snapshot(int64_t step, bool keep);
   std::optional<CheckpointBytes> GatherStages(int64_t step);
 
   const TrainingPlan& plan_;
@@ -130,6 +149,8 @@ class Checkpointer {
   UpdateRule& rule_;
   const std::string scratch_dir_;
   bool rank0_saves_ = false;  // known on every rank when saving is a collective (resume step 1)
+  // The last step saved, skipped or resumed from: on every rank alike when saving is a
+  // collective (so that all take part in the same saves), else rank 0's.
   int64_t last_step_ = -1;
   int64_t resumed_from_step_ = -1;
   CheckpointTotals totals_;

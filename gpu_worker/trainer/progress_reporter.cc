@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <cstdio>
 #include <iostream>
 
 namespace gradhub::trainer {
@@ -145,6 +146,22 @@ void ProgressReporter::ReportSkippedStep(int64_t step, const LossScaleStatus& lo
        << loss_scale.skipped_steps << " steps skipped\n";
 }
 
+void ProgressReporter::ReportCheckpointSkipped(int64_t step, const InFlightSave& in_flight) {
+  if (!plan_.leader()) return;
+  char seconds[32];
+  std::snprintf(seconds, sizeof(seconds), "%.1f", in_flight.seconds);
+  log_ << "gradhub-trainer: checkpoint at step " << step << " skipped: the upload of step "
+       << in_flight.step << " has been going out for " << seconds << " s\n";
+  if (progress_ == nullptr) return;
+  ProgressRecord record;
+  record.event = ProgressEvent::kCheckpointSkipped;
+  record.step = step;
+  record.total_steps = plan_.batches.total_steps;
+  record.checkpoint_in_flight_step = in_flight.step;
+  record.checkpoint_in_flight_seconds = in_flight.seconds;
+  *progress_ << FormatProgressRecord(record) << std::endl;
+}
+
 void ProgressReporter::SendStepTelemetry() {
   if (telemetry_) telemetry_->Report(step_record_);
 }
@@ -195,6 +212,7 @@ void ProgressReporter::ReportDone(const TrainResult& result, const DoneFacts& fa
     record.checkpoint_bytes = checkpoints->last_bytes;
     record.checkpoint_snapshot_seconds = checkpoints->snapshot_seconds;
     record.checkpoint_wait_seconds = checkpoints->wait_seconds;
+    if (checkpoints->skipped > 0) record.checkpoints_skipped = checkpoints->skipped;
   }
   record.parameters_sha256 = result.parameters_sha256;
   *progress_ << FormatProgressRecord(record) << std::endl;

@@ -5,7 +5,8 @@
 //   2. Per step: AddStep(report) with the step's timings and traffic; AddLoss(sum) whenever
 //      the loss reader reads losses back (they may come a few steps late on a GPU).
 //   3. At Cadence::LogsAt: ReportInterval, a collective (the loss averaged over the ranks);
-//      then ReportEval and ReportCheckpointSave when the step has them.
+//      then ReportEval and ReportCheckpointSave (or ReportCheckpointSkipped) when the step has
+//      them.
 //   4. SendStepTelemetry() at the end of the step's iteration, with what 3 added.
 //   5. ReportDone() once, on every rank.
 // Not thread-safe: the training thread drives it.
@@ -20,6 +21,7 @@
 #include <optional>
 
 #include "gpu_worker/ddp/comm/process_group.h"
+#include "gpu_worker/trainer/async_checkpoint_writer.h"
 #include "gpu_worker/trainer/forward_pass.h"
 #include "gpu_worker/trainer/sinks.h"
 #include "gpu_worker/trainer/trainer.h"
@@ -39,6 +41,7 @@ struct ReportOutputs {
 // A run's checkpoints, for the done record (rank 0 with a checkpoint store).
 struct CheckpointTotals {
   int64_t saved = 0;
+  int64_t skipped = 0;     // periodic ones, while an upload was in flight
   int64_t last_bytes = 0;  // of the last snapshot
   // The training time they cost: the snapshot (the state serialized into host memory) and
   // the wait for a previous upload still running.
@@ -72,6 +75,9 @@ class ProgressReporter {
   void ReportInterval(int64_t step, const std::optional<LossScaleStatus>& loss_scale);
   void ReportEval(int64_t step, const EvalResult& eval);
   void ReportCheckpointSave(double seconds) { step_record_.checkpoint_save_seconds = seconds; }
+  // Rank 0 skipped the checkpoint of `step`: the upload of `in_flight` was still going out. A
+  // log line and a checkpoint_skipped record (the job's CHECKPOINT_SKIPPED event).
+  void ReportCheckpointSkipped(int64_t step, const InFlightSave& in_flight);
   // FP16: step `step` (counted from 1) was skipped because a gradient overflowed.
   void ReportSkippedStep(int64_t step, const LossScaleStatus& loss_scale);
   void SendStepTelemetry();                                            // step 4

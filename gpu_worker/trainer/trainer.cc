@@ -233,7 +233,9 @@ class StopRequest {
 //   step     the pass's forward/backward over the micro-batches, then the update rule's step
 //   report   a progress record at Cadence::LogsAt (loss averaged over ranks)
 //   evaluate at Cadence::EvaluatesAt, the last step's in Finish
-//   checkpoint  at Cadence::CheckpointsAt; uploads run on a background thread
+//   checkpoint  at Cadence::CheckpointsAt; uploads run on a background thread, and a checkpoint
+//            that comes due while the previous upload is still going out is skipped (the
+//            last step's and a stop's wait for it)
 //   preempt  on a stop request rank 0 saves the last finished step and leaves
 class TrainingRun {
  public:
@@ -337,7 +339,7 @@ class TrainingRun {
     const Cadence& cadence = plan_.cadence;
     if (cadence.LogsAt(step_)) progress_.ReportInterval(step_, rule_.loss_scale());
     if (cadence.EvaluatesAt(step_)) EvaluateAndReport();
-    if (cadence.CheckpointsAt(step_)) SaveCheckpoint();
+    if (cadence.CheckpointsAt(step_)) SaveCheckpoint(SaveReason::kPeriodic);
     progress_.SendStepTelemetry();
     StopIfRequested();
   }
@@ -345,7 +347,7 @@ class TrainingRun {
   // The last step reports and checkpoints; Finish evaluates and sends its telemetry.
   void AfterLastStep() {
     progress_.ReportInterval(step_, rule_.loss_scale());
-    SaveCheckpoint();
+    SaveCheckpoint(SaveReason::kFinal);
   }
 
   EvalResult EvaluateAndReport() {
@@ -355,10 +357,10 @@ class TrainingRun {
     return eval;
   }
 
-  void SaveCheckpoint() {
-    if (std::optional<double> seconds = checkpoints_.Save(step_)) {
-      progress_.ReportCheckpointSave(*seconds);
-    }
+  void SaveCheckpoint(SaveReason reason) {
+    const SaveReport report = checkpoints_.Save(step_, reason);
+    if (report.seconds) progress_.ReportCheckpointSave(*report.seconds);
+    if (report.skipped) progress_.ReportCheckpointSkipped(step_, *report.skipped);
   }
 
   // Rank 0 finishes its step, saves, waits up to the grace for the commit and throws
@@ -372,7 +374,7 @@ class TrainingRun {
     }
     // A GPU may hold unread losses: never save a model that went NaN.
     progress_.AddLoss(losses_.Read(step_ - 1));
-    checkpoints_.Save(step_, /*stopping=*/true);
+    checkpoints_.Save(step_, SaveReason::kStop);
     throw Preempted("stopped after step " + std::to_string(step_) + "; " + CommitForStop());
   }
 
@@ -384,10 +386,10 @@ class TrainingRun {
     } catch (const std::runtime_error& error) {  // e.g. refused: the job was cancelled
       return std::string("no checkpoint: ") + error.what();
     }
-    if (checkpoints_.last_step() == step_) {
+    if (checkpoints_.last_saved_step() == step_) {
       return "checkpoint of step " + std::to_string(step_) + " committed";
     }
-    return "checkpoint of step " + std::to_string(checkpoints_.last_step()) +
+    return "checkpoint of step " + std::to_string(checkpoints_.last_saved_step()) +
            " is the latest: per-rank state (shardOptimizerState, localSgd, POWER_SGD) and "
            "pipeline stages' state are gathered only at checkpoint.everySteps and at the end";
   }
@@ -407,6 +409,7 @@ class TrainingRun {
     }
     const CheckpointTotals& saved = checkpoints_.totals();
     result.checkpoints_saved = saved.saved;
+    result.checkpoints_skipped = saved.skipped;
     result.checkpoint_snapshot_seconds = saved.snapshot_seconds;
     result.checkpoint_wait_seconds = saved.wait_seconds;
     DoneFacts facts;

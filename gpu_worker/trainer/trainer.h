@@ -78,6 +78,8 @@ struct TrainResult {
   // Rank 0: checkpoints taken, and the training time they cost: the snapshot (the state
   // serialized into host memory) and the wait for a previous upload still running.
   int64_t checkpoints_saved = 0;
+  // Periodic ones skipped because the previous upload was still going out.
+  int64_t checkpoints_skipped = 0;
   double checkpoint_snapshot_seconds = 0;
   double checkpoint_wait_seconds = 0;
   double final_loss = 0;

@@ -102,7 +102,10 @@ v1::JobMetricPoint PointFromRow(const db::Row& row) {
 
 std::optional<MetricLine> ParseMetricLine(const std::string& line) {
   const std::optional<ProgressRecord> record = ParseProgressRecord(line);
-  if (!record || record->event == ProgressEvent::kDone) return std::nullopt;
+  if (!record ||
+      (record->event != ProgressEvent::kProgress && record->event != ProgressEvent::kEval)) {
+    return std::nullopt;
+  }
   MetricLine out;
   out.step = record->step;
   out.progress = record->event == ProgressEvent::kProgress;

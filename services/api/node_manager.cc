@@ -14,6 +14,7 @@
 #include "services/api/attempts.h"
 #include "services/api/job_metrics.h"
 #include "services/api/scheduling_rules.h"
+#include "services/api/trainer_events.h"
 #include "services/common/contract/data_paths.h"
 #include "services/common/contract/job_states.h"
 #include "services/common/job_records.h"
@@ -508,15 +509,19 @@ absl::StatusOr<int64_t> NodeManager::StoreLogs(const v1::ReportLogsRequest& requ
   if (request.lines_size() == 0) return last_seq;
   nlohmann::json lines = nlohmann::json::array();
   const std::string stream = request.stream() == v1::LogEntry::STDERR ? "STDERR" : "STDOUT";
-  // Rank 0's progress and evaluation lines are also the job's history (job_metrics.h).
+  // Rank 0's progress and evaluation lines are also the job's history (job_metrics.h), and
+  // its skipped checkpoints the job's events (trainer_events.h).
   const bool history = request.rank() == 0 && stream == "STDOUT";
   std::vector<MetricLine> points;
+  std::vector<SkippedCheckpoint> skipped;
   for (std::string line : request.lines()) {
     // PostgreSQL text cannot hold NUL.
     line.erase(std::remove(line.begin(), line.end(), '\0'), line.end());
     if (history) {
       if (std::optional<MetricLine> point = ParseMetricLine(line)) {
         points.push_back(*std::move(point));
+      } else if (std::optional<SkippedCheckpoint> skip = ParseSkippedCheckpoint(line)) {
+        skipped.push_back(*skip);
       }
     }
     lines.push_back(std::move(line));
@@ -536,6 +541,7 @@ absl::StatusOr<int64_t> NodeManager::StoreLogs(const v1::ReportLogsRequest& requ
     // Rank 0 reports the job's progress; only its current attempt's lines count.
     GRADHUB_RETURN_IF_ERROR(RecordJobProgress(tx, job_id, request.attempt(), points));
     GRADHUB_RETURN_IF_ERROR(RecordMetricPoints(tx, job_id, request.attempt(), points));
+    GRADHUB_RETURN_IF_ERROR(RecordSkippedCheckpoints(tx, job_id, request.attempt(), skipped));
     return last_seq;
   });
 }

@@ -55,7 +55,11 @@ const Field kFieldsAfterEval[] = {
     {"checkpointBytes", &ProgressRecord::checkpoint_bytes},
     {"checkpointSnapshotSeconds", &ProgressRecord::checkpoint_snapshot_seconds},
     {"checkpointWaitSeconds", &ProgressRecord::checkpoint_wait_seconds},
+    // Added with skipped checkpoints; unset in the records of runs that skip none.
+    {"checkpointsSkipped", &ProgressRecord::checkpoints_skipped},
     {"parametersSha256", &ProgressRecord::parameters_sha256},
+    {"checkpointInFlightStep", &ProgressRecord::checkpoint_in_flight_step},
+    {"checkpointInFlightSeconds", &ProgressRecord::checkpoint_in_flight_seconds},
 };
 
 // --- writing ---
@@ -128,8 +132,8 @@ const Field* FindField(const std::string& key) {
 
 std::optional<ProgressEvent> EventNamed(const Value& value) {
   if (value.kind_case() != Value::kStringValue) return std::nullopt;
-  for (ProgressEvent event :
-       {ProgressEvent::kProgress, ProgressEvent::kEval, ProgressEvent::kDone}) {
+  for (ProgressEvent event : {ProgressEvent::kProgress, ProgressEvent::kEval,
+                              ProgressEvent::kCheckpointSkipped, ProgressEvent::kDone}) {
     if (value.string_value() == ProgressEventName(event)) return event;
   }
   return std::nullopt;
@@ -157,6 +161,8 @@ const char* ProgressEventName(ProgressEvent event) {
       return "progress";
     case ProgressEvent::kEval:
       return "eval";
+    case ProgressEvent::kCheckpointSkipped:
+      return "checkpoint_skipped";
     case ProgressEvent::kDone:
       return "done";
   }

@@ -5,9 +5,10 @@
 //
 // The line format, which users and tests grep for, so it does not change:
 //   {"event":"progress","step":10,"totalSteps":100,"epoch":0,"loss":0.25,...}
-//   - "event" is the first key: "progress" (every log interval), "eval" (an evaluation) or
-//     "done" (once per rank at the end). A parser needs only a prefix test to skip the many
-//     lines that are not records.
+//   - "event" is the first key: "progress" (every log interval), "eval" (an evaluation),
+//     "checkpoint_skipped" (rank 0 skipped a periodic checkpoint: the previous upload was still
+//     going out; the api makes it a CHECKPOINT_SKIPPED job event) or "done" (once per rank at
+//     the end). A parser needs only a prefix test to skip the many lines that are not records.
 //   - Then "rank" (done only) and "step"; the other keys, when set, in a fixed order
 //     (kFieldsBeforeEval, the "eval.<name>" metrics by name, kFieldsAfterEval in the .cc).
 //   - Numbers print with 9 significant digits; NaN and infinities print as null, which reads
@@ -25,9 +26,9 @@
 
 namespace gradhub {
 
-enum class ProgressEvent { kProgress, kEval, kDone };
+enum class ProgressEvent { kProgress, kEval, kCheckpointSkipped, kDone };
 
-// "progress", "eval", "done".
+// "progress", "eval", "checkpoint_skipped", "done".
 const char* ProgressEventName(ProgressEvent event);
 
 // One line. Unset fields are not printed; a parsed record has unset what its line did not
@@ -66,7 +67,13 @@ struct ProgressRecord {
   std::optional<int64_t> checkpoint_bytes;
   std::optional<double> checkpoint_snapshot_seconds;
   std::optional<double> checkpoint_wait_seconds;
+  // done, when the run skipped any: periodic checkpoints skipped while an upload was in flight.
+  std::optional<int64_t> checkpoints_skipped;
   std::optional<std::string> parameters_sha256;  // done
+  // checkpoint_skipped: the upload that was in flight, its step and how long it had been going
+  // out (`step` is the step whose checkpoint was skipped).
+  std::optional<int64_t> checkpoint_in_flight_step;
+  std::optional<double> checkpoint_in_flight_seconds;
 };
 
 // The record as one line, without the newline.
@@ -74,7 +81,7 @@ std::string FormatProgressRecord(const ProgressRecord& record);
 
 // The record `line` holds; nullopt for any other line: one that does not start with
 // `{"event":"` (cheap, so call it on every line), is not a JSON object, names an event other
-// than the three, or has no "step" that is an integer >= 0. Leading blanks are not skipped:
+// than the four, or has no "step" that is an integer >= 0. Leading blanks are not skipped:
 // the trainer prints none.
 std::optional<ProgressRecord> ParseProgressRecord(std::string_view line);
 

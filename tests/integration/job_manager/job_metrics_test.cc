@@ -1,7 +1,9 @@
 // A job's training history against a real PostgreSQL: rank 0's progress and evaluation lines
 // shipped through NodeManager::StoreLogs as an agent ships them, their bound per job, and
-// JobManager::GetJobMetrics (downsampling, validation, tenants). The pure parts of
-// job_metrics.h (line parsing, the downsampling choice) are tested here too, without a server.
+// JobManager::GetJobMetrics (downsampling, validation, tenants); and the job events rank 0's
+// lines report (trainer_events.h: skipped checkpoints). The pure parts of job_metrics.h and
+// trainer_events.h (line parsing, the downsampling choice) are tested here too, without a
+// server.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -14,6 +16,7 @@
 #include "services/api/job_manager.h"
 #include "services/api/job_metrics.h"
 #include "services/api/node_manager.h"
+#include "services/api/trainer_events.h"
 #include "tests/integration/db/db_test_util.h"
 #include "tests/support/job_specs.h"
 
@@ -34,6 +37,13 @@ std::string Progress(int64_t step, double loss, double lr = 0.1, double samples_
 std::string Eval(int64_t step, double accuracy, double loss = 0.5) {
   return absl::StrCat(R"({"event":"eval","step":)", step, R"(,"totalSteps":0,"eval.accuracy":)",
                       accuracy, R"(,"eval.loss":)", loss, "}");
+}
+
+// Rank 0's record of a checkpoint it skipped (progress_reporter.cc, ReportCheckpointSkipped).
+std::string Skipped(int64_t step, int64_t in_flight_step, double seconds) {
+  return absl::StrCat(R"({"event":"checkpoint_skipped","step":)", step,
+                      R"(,"totalSteps":100,"checkpointInFlightStep":)", in_flight_step,
+                      R"(,"checkpointInFlightSeconds":)", seconds, "}");
 }
 
 std::vector<int64_t> Steps(const v1::JobMetrics& metrics) {
@@ -105,6 +115,17 @@ class JobMetricsTest : public db::DatabaseTest {
     auto metrics = jobs_->GetJobMetrics(tenant < 0 ? tenant_a_ : tenant, request);
     EXPECT_TRUE(metrics.ok()) << metrics.status();
     return metrics.ok() ? *metrics : v1::JobMetrics();
+  }
+
+  // The job's events of `type`, oldest first, as its tenant lists them.
+  std::vector<v1::JobEvent> EventsOf(const std::string& name, v1::JobEvent::Type type) {
+    v1::ListJobEventsRequest request;
+    request.set_parent(name);
+    request.set_filter("type=" + v1::JobEvent::Type_Name(type));
+    auto listed = jobs_->ListJobEvents(tenant_a_, request);
+    EXPECT_TRUE(listed.ok()) << listed.status();
+    if (!listed.ok()) return {};
+    return {listed->events().begin(), listed->events().end()};
   }
 
   int64_t Count(const std::string& sql, const std::string& name) {
@@ -234,6 +255,56 @@ TEST_F(JobMetricsTest, ReshippedLinesAreAbsorbed) {
     EXPECT_EQ(again.points(i).eval_metrics_size(), once.points(i).eval_metrics_size());
     EXPECT_EQ(again.points(i).time().seconds(), once.points(i).time().seconds());
   }
+}
+
+TEST(TrainerEventsTest, ParsesSkippedCheckpointRecordsOnly) {
+  const std::optional<SkippedCheckpoint> skipped = ParseSkippedCheckpoint(Skipped(60, 40, 2.34));
+  ASSERT_TRUE(skipped.has_value());
+  EXPECT_EQ(skipped->step, 60);
+  EXPECT_EQ(skipped->in_flight_step, 40);
+  EXPECT_EQ(skipped->in_flight_seconds, 2.34);
+  EXPECT_EQ(SkippedCheckpointMessage(*skipped),
+            "checkpoint at step 60 skipped: the upload of step 40 has been going out for 2.3 s");
+  for (const std::string& line :
+       {Progress(60, 1.0), Eval(60, 0.5),
+        std::string(R"({"event":"checkpoint_skipped","step":60})"),
+        std::string("gradhub-trainer: checkpoint at step 60 skipped"), std::string("not json")}) {
+    EXPECT_FALSE(ParseSkippedCheckpoint(line).has_value()) << line;
+  }
+  EXPECT_FALSE(ParseMetricLine(Skipped(60, 40, 2.25)).has_value()) << "not a metric point";
+}
+
+// Rank 0's checkpoint_skipped records become CHECKPOINT_SKIPPED events of the attempt: one per
+// skipped step however often a batch is shipped, none from another rank or a superseded
+// attempt, and no metric point.
+TEST_F(JobMetricsTest, SkippedCheckpointsBecomeOneEventEach) {
+  const std::string name = NewJob();
+  const std::vector<std::string> batch = {Progress(50, 2.0), Skipped(60, 40, 2.5),
+                                          Skipped(80, 40, 4.5), Progress(80, 1.0)};
+  Ship(name, 1, 1, batch);
+  Ship(name, 1, 1, batch);  // unacked, shipped again
+  Ship(name, 1, 5, batch);  // and again under later seqs
+  Ship(name, 1, 1, {Skipped(100, 90, 1.0)}, /*rank=*/1);
+  Ship(name, 1, 1, {Skipped(100, 90, 1.0)}, /*rank=*/0, v1::LogEntry::STDERR);
+  const std::vector<v1::JobEvent> events = EventsOf(name, v1::JobEvent::CHECKPOINT_SKIPPED);
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_EQ(events[0].checkpoint_step(), 60);
+  EXPECT_EQ(events[0].attempt(), 1);
+  EXPECT_EQ(events[0].rank(), 0);
+  EXPECT_EQ(events[0].message(),
+            "checkpoint at step 60 skipped: the upload of step 40 has been going out for 2.5 s");
+  EXPECT_EQ(events[1].checkpoint_step(), 80);
+  EXPECT_EQ(Steps(Metrics(name)), (std::vector<int64_t>{50, 80}));
+
+  // The same step skipped again by the next attempt is its own event; the old attempt's lines,
+  // shipped late, add none.
+  StartAttempt(name, 2);
+  Ship(name, 2, 1, {Skipped(60, 40, 1.5)});
+  Ship(name, 1, 20, {Skipped(120, 100, 3.0)});
+  const std::vector<v1::JobEvent> after = EventsOf(name, v1::JobEvent::CHECKPOINT_SKIPPED);
+  ASSERT_EQ(after.size(), 3u);
+  EXPECT_EQ(after[2].attempt(), 2);
+  EXPECT_EQ(after[2].checkpoint_step(), 60);
 }
 
 TEST_F(JobMetricsTest, NewerAttemptReplacesTheStepsItTrainsAgain) {

@@ -65,6 +65,25 @@ TEST(ProgressRecordTest, FormatsEvalAndDoneAsBefore) {
             R"("parametersSha256":"ab12"})");
 }
 
+// Rank 0's record of a periodic checkpoint it skipped (the api's CHECKPOINT_SKIPPED event).
+TEST(ProgressRecordTest, FormatsAndParsesASkippedCheckpoint) {
+  ProgressRecord r;
+  r.event = ProgressEvent::kCheckpointSkipped;
+  r.step = 60;
+  r.total_steps = 100;
+  r.checkpoint_in_flight_step = 40;
+  r.checkpoint_in_flight_seconds = 2.5;
+  const std::string line = FormatProgressRecord(r);
+  EXPECT_EQ(line, R"({"event":"checkpoint_skipped","step":60,"totalSteps":100,)"
+                  R"("checkpointInFlightStep":40,"checkpointInFlightSeconds":2.5})");
+  const std::optional<ProgressRecord> parsed = ParseProgressRecord(line);
+  ASSERT_TRUE(parsed.has_value());
+  EXPECT_EQ(parsed->event, ProgressEvent::kCheckpointSkipped);
+  EXPECT_EQ(parsed->step, 60);
+  EXPECT_EQ(parsed->checkpoint_in_flight_step, 40);
+  EXPECT_EQ(parsed->checkpoint_in_flight_seconds, 2.5);
+}
+
 TEST(ProgressRecordTest, RoundTripsEveryField) {
   ProgressRecord r;
   r.event = ProgressEvent::kDone;
@@ -92,7 +111,10 @@ TEST(ProgressRecordTest, RoundTripsEveryField) {
   r.checkpoint_bytes = 5;
   r.checkpoint_snapshot_seconds = 0.75;
   r.checkpoint_wait_seconds = 0.125;
+  r.checkpoints_skipped = 2;
   r.parameters_sha256 = "0123abcd";
+  r.checkpoint_in_flight_step = 40;
+  r.checkpoint_in_flight_seconds = 3.25;
   const std::string line = FormatProgressRecord(r);
   const std::optional<ProgressRecord> parsed = ParseProgressRecord(line);
   ASSERT_TRUE(parsed.has_value()) << line;
@@ -121,7 +143,10 @@ TEST(ProgressRecordTest, RoundTripsEveryField) {
   EXPECT_EQ(parsed->checkpoint_bytes, 5);
   EXPECT_EQ(parsed->checkpoint_snapshot_seconds, 0.75);
   EXPECT_EQ(parsed->checkpoint_wait_seconds, 0.125);
+  EXPECT_EQ(parsed->checkpoints_skipped, 2);
   EXPECT_EQ(parsed->parameters_sha256, "0123abcd");
+  EXPECT_EQ(parsed->checkpoint_in_flight_step, 40);
+  EXPECT_EQ(parsed->checkpoint_in_flight_seconds, 3.25);
   // Formatting what was parsed gives the same line again.
   EXPECT_EQ(FormatProgressRecord(*parsed), line);
 }
@@ -210,6 +235,7 @@ TEST(ProgressRecordTest, RefusesLinesThatAreNotRecords) {
 TEST(ProgressRecordTest, EventNames) {
   EXPECT_STREQ(ProgressEventName(ProgressEvent::kProgress), "progress");
   EXPECT_STREQ(ProgressEventName(ProgressEvent::kEval), "eval");
+  EXPECT_STREQ(ProgressEventName(ProgressEvent::kCheckpointSkipped), "checkpoint_skipped");
   EXPECT_STREQ(ProgressEventName(ProgressEvent::kDone), "done");
 }
 
