@@ -9,9 +9,6 @@
 // resumed at the byte the store held, and within seconds), nothing partial is ever listed as
 // committed or served as the latest, and the job SUCCEEDS in its first attempt with the
 // parameters of an uninterrupted run, bit for bit.
-//
-// The packet filter here is a minimal one of this file's own (PortCut, below): the shared
-// tests/support/packet_filter.h had no implementation on this branch yet.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>
@@ -28,6 +25,7 @@
 #include "services/common/sha256.h"
 #include "tests/e2e/checkpoint/checkpoint_checks.h"
 #include "tests/support/local_cluster.h"
+#include "tests/support/packet_filter.h"
 
 namespace gradhub {
 namespace {
@@ -45,60 +43,6 @@ constexpr seconds kOutage(3);
 // The store seals uploads in chunks of 1 MiB after a 4 KiB header (sealed_format.h): an upload
 // file larger than this holds at least one, which a restarted store resumes after.
 constexpr int64_t kSealedChunk = (1 << 20) + 4096 + 16;
-
-// TCP to and from one port dropped in this process's network namespace, on the input hook
-// only: on loopback every packet passes it once, so both ends see silence, never a reset. One
-// nftables table of its own, deleted when the cut is lifted (or the object destroyed).
-class PortCut {
- public:
-  static bool Available(std::string* why) {
-    if (geteuid() != 0) {
-      *why = "needs root to add nftables rules";
-      return false;
-    }
-    if (Nft({"list", "tables"}).exit_code != 0) {
-      *why = "the nft program (Debian's nftables) or nf_tables in the kernel is missing";
-      return false;
-    }
-    return true;
-  }
-
-  explicit PortCut(int port)
-      : table_("gradhub_outage_" + std::to_string(getpid()) + "_" + std::to_string(port)) {
-    const std::string p = std::to_string(port);
-    for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
-             {"add", "table", "inet", table_},
-             {"add", "chain", "inet", table_, "input",
-              "{ type filter hook input priority 0; policy accept; }"},
-             {"add", "rule", "inet", table_, "input", "tcp", "dport", p, "drop"},
-             {"add", "rule", "inet", table_, "input", "tcp", "sport", p, "drop"}}) {
-      const testing::RunResult run = Nft(args);
-      EXPECT_EQ(run.exit_code, 0) << "nft " << args[0] << ": " << run.err;
-    }
-  }
-  ~PortCut() { Lift(); }
-  PortCut(const PortCut&) = delete;
-  PortCut& operator=(const PortCut&) = delete;
-
-  void Lift() {
-    if (table_.empty()) return;
-    const testing::RunResult run = Nft({"delete", "table", "inet", table_});
-    EXPECT_EQ(run.exit_code, 0) << run.err;
-    table_.clear();
-  }
-
- private:
-  static testing::RunResult Nft(std::vector<std::string> args) {
-    std::string nft = "nft";
-    for (const char* path : {"/usr/sbin/nft", "/sbin/nft", "/usr/bin/nft"}) {
-      if (access(path, X_OK) == 0) nft = path;
-    }
-    args.insert(args.begin(), nft);
-    return testing::Run(args, {}, seconds(10));
-  }
-
-  std::string table_;
-};
 
 // World 1; 32-768-768-4 with momentum: checkpoints of ~4.9 MB (several sealed chunks, so an
 // upload can be frozen in the middle), steps of a few ms, so that many checkpoints come due in
@@ -159,26 +103,13 @@ class CheckpointOutageE2eTest : public ::testing::Test {
     const v1::Job job = cluster_->AwaitJob(reference_job_, testing::Ended, seconds(300));
     EXPECT_EQ(job.state(), v1::Job::SUCCEEDED) << job.state_reason();
     EXPECT_EQ(job.attempt(), 1);
-    known = FinalParameters(job.name());
+    known = FinalParameters(*cluster_, job.name());
     EXPECT_EQ(known.size(), 64u) << "no parametersSha256 in the reference run's done line";
     return known;
   }
   static std::string& reference_parameters() {
     static std::string known;
     return known;
-  }
-
-  std::string FinalParameters(const std::string& name) {
-    static const std::regex kDone("\"parametersSha256\":\"([0-9a-f]{64})\"");
-    const auto deadline = Clock::now() + seconds(15);  // agents ship logs after the exit
-    while (Clock::now() < deadline) {
-      for (const std::string& line : cluster_->Logs(name, 0, 0)) {
-        std::smatch match;
-        if (std::regex_search(line, match, kDone)) return match[1].str();
-      }
-      std::this_thread::sleep_for(milliseconds(200));
-    }
-    return "";
   }
 
   // Freezes the store (SIGSTOP) in the middle of an upload of the job past its first
@@ -313,7 +244,7 @@ class CheckpointOutageE2eTest : public ::testing::Test {
     const v1::Job done = cluster_->AwaitJob(name, testing::Ended, seconds(300));
     ASSERT_EQ(done.state(), v1::Job::SUCCEEDED) << done.state_reason() << cluster_->Describe(name);
     EXPECT_EQ(done.attempt(), 1) << "an outage of the store must not fail the attempt";
-    EXPECT_EQ(FinalParameters(name), reference);
+    EXPECT_EQ(FinalParameters(*cluster_, name), reference);
     for (const v1::Checkpoint& c : testing::ListedCheckpoints(*cluster_, name)) {
       EXPECT_NE(c.state(), v1::Checkpoint::UPLOADING) << c.name() << " left half-written";
     }
@@ -354,12 +285,14 @@ class CheckpointOutageE2eTest : public ::testing::Test {
 // stopped once packets pass again, and the upload commits.
 TEST_F(CheckpointOutageE2eTest, CutOffByAPacketFilterTrainingGoesOnAndTheUploadCompletes) {
   std::string why;
-  if (!PortCut::Available(&why)) GTEST_SKIP() << why;
+  if (!testing::PacketFilter::Available(&why)) GTEST_SKIP() << why;
   StartReference();
   const std::string name = cluster_->Submit(Spec()).name();
   const int64_t in_flight = FreezeStoreMidUpload(name, /*bytes=*/-1);
   ASSERT_GT(in_flight, 0) << "never saw an upload in flight";
-  auto cut = std::make_unique<PortCut>(checkpoint_port());
+  // Both directions silent, as a partition drops them: the connection sees no reset.
+  auto cut = std::make_unique<testing::PacketFilter>();
+  cut->DropTcpPort(checkpoint_port());
   kill(cluster_->checkpoint_process()->pid(), SIGCONT);  // up, but unreachable
   const int64_t step_at_cut = Step(name);
   const std::optional<Skip> skip = AwaitSkipBehind(name, in_flight, kOutage);
