@@ -1,6 +1,7 @@
 #include "services/api/api_metrics.h"
 
 #include <prometheus/counter.h>
+#include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 #include <prometheus/text_serializer.h>
@@ -123,7 +124,19 @@ ApiMetrics::ApiMetrics(db::Pool* pool)
                .Help("Time from a job entering the queue (submitted, or restarting) to all ranks "
                      "of its attempt running; observed by the replica whose scheduler saw it.")
                .Register(*registry_)
-               .Add({}, kSchedulingBuckets)) {}
+               .Add({}, kSchedulingBuckets)),
+      leading_(&prometheus::BuildGauge()
+                    .Name("gradhub_api_leader")
+                    .Help("1 while this replica leads the control plane (runs the scheduler), "
+                          "else 0.")
+                    .Register(*registry_)
+                    .Add({})),
+      terms_(&prometheus::BuildCounter()
+                  .Name("gradhub_api_leader_terms_total")
+                  .Help("Leader terms this replica began (takeovers, and new terms after a "
+                        "pause or a database outage).")
+                  .Register(*registry_)
+                  .Add({})) {}
 
 ApiMetrics::~ApiMetrics() = default;
 
@@ -137,6 +150,11 @@ void ApiMetrics::RecordRequest(std::string_view transport, std::string_view meth
       .Increment();
   latency_->Add({{"transport", transport_label}, {"method", method_label}}, kLatencyBuckets)
       .Observe(absl::ToDoubleSeconds(latency));
+}
+
+void ApiMetrics::SetLeading(bool leading) {
+  leading_->Set(leading ? 1 : 0);
+  if (leading) terms_->Increment();
 }
 
 void ApiMetrics::ObserveSchedulingLatency(absl::Duration latency) {

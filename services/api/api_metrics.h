@@ -27,6 +27,7 @@ class Registry;
 template <typename T>
 class Family;
 class Counter;
+class Gauge;
 class Histogram;
 }  // namespace prometheus
 
@@ -50,6 +51,10 @@ class ApiMetrics {
   // (submitted, or restarting): gradhub_scheduling_latency_seconds.
   void ObserveSchedulingLatency(absl::Duration latency);
 
+  // Whether this replica leads the control plane now, and in which term (leader_lease.h):
+  // gradhub_api_leader (1 or 0) and gradhub_api_leader_terms_total (terms this replica began).
+  void SetLeading(bool leading);
+
   // The text exposition format, version 0.0.4.
   std::string Scrape() const;
 
@@ -63,6 +68,8 @@ class ApiMetrics {
   prometheus::Family<prometheus::Counter>* requests_;
   prometheus::Family<prometheus::Histogram>* latency_;
   prometheus::Histogram* scheduling_latency_;
+  prometheus::Gauge* leading_;
+  prometheus::Counter* terms_;
 };
 
 }  // namespace gradhub::api

@@ -24,6 +24,9 @@ struct ApiConfig {
   absl::Duration node_outage_grace = absl::FromChrono(defaults::kApiOutageGrace);
   absl::Duration backfill_window = absl::Seconds(60);
   absl::Duration scheduler_interval = absl::Milliseconds(200);
+  // The leader's term without a renewal (leader_lease.h): the longest wait for a new leader
+  // after the leader dies, and the shortest pause that deposes one.
+  absl::Duration leader_lease = absl::Seconds(2);
   StreamLimits rest_streams{};
   // NodeService's agent calls must come with a node's client certificate (node_identity.h).
   bool require_node_certificates = false;
@@ -57,6 +60,9 @@ struct ApiConfig {
                    "How long a job that does not fit may be passed over by smaller ones");
     flags.Duration("scheduler-interval", "GRADHUB_SCHEDULER_INTERVAL", &scheduler_interval,
                    "Time between scheduler passes (one also follows every rank exit)");
+    flags.Duration("leader-lease", "GRADHUB_LEADER_LEASE", &leader_lease,
+                   "How long the leading replica's term lasts without a renewal: replicas take "
+                   "over this long after the leader dies (renewed every quarter of it)");
     rest_streams.Register(flags);
     flags.Bool("tls-require-client-cert", "GRADHUB_TLS_REQUIRE_CLIENT_CERT",
                &require_node_certificates,

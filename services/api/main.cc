@@ -19,6 +19,7 @@
 #include "services/api/grpc_metrics.h"
 #include "services/api/job_manager.h"
 #include "services/api/job_service.h"
+#include "services/api/leader_lease.h"
 #include "services/api/node_manager.h"
 #include "services/api/node_service.h"
 #include "services/api/rendezvous_store.h"
@@ -89,7 +90,8 @@ int CreateToken(const gradhub::api::ApiConfig& config, const std::string& tenant
 
 gradhub::api::SchedulerOptions SchedulerOptionsFor(const gradhub::api::ApiConfig& config,
                                                    gradhub::api::ApiMetrics* metrics,
-                                                   gradhub::api::AssignmentNotifier* notifier) {
+                                                   gradhub::api::AssignmentNotifier* notifier,
+                                                   gradhub::api::LeaderLease* leader) {
   return {.interval = config.scheduler_interval,
           .node_lease = config.heartbeat_interval * gradhub::defaults::kLeaseHeartbeats,
           .startup_grace = config.heartbeat_interval * 10,
@@ -98,6 +100,7 @@ gradhub::api::SchedulerOptions SchedulerOptionsFor(const gradhub::api::ApiConfig
           .peer_failure_grace = std::max(absl::Seconds(3), config.heartbeat_interval * 2),
           .on_running =
               [metrics](absl::Duration latency) { metrics->ObserveSchedulingLatency(latency); },
+          .leader = leader,
           .on_assignments_changed = [notifier] { notifier->Notify(); }};
 }
 
@@ -123,7 +126,14 @@ struct ApiServices {
                         return gradhub::api::AuthorizeStoreCall(auth, authorization);
                       }),
         metrics(&pool),
-        scheduler(&pool, SchedulerOptionsFor(config, &metrics, &notifier)),
+        // A replica that becomes the leader runs a pass at once.
+        leader(&pool, {.lease = config.leader_lease,
+                       .on_change =
+                           [this](bool leading) {
+                             metrics.SetLeading(leading);
+                             if (leading) scheduler.Nudge();
+                           }}),
+        scheduler(&pool, SchedulerOptionsFor(config, &metrics, &notifier, &leader)),
         nodes(&pool, NodeManagerOptionsFor(config)),
         node_service(&nodes, &auth, [this] { scheduler.Nudge(); }, &notifier,
                      {.require_client_certificate = config.require_node_certificates}),
@@ -148,6 +158,7 @@ struct ApiServices {
   gradhub::api::StoreService store_service;
   gradhub::api::ApiMetrics metrics;
   gradhub::api::AssignmentNotifier notifier;
+  gradhub::api::LeaderLease leader;
   gradhub::api::Scheduler scheduler;
   gradhub::api::NodeManager nodes;
   gradhub::api::NodeService node_service;
@@ -192,18 +203,21 @@ void StartBackground(const gradhub::api::ApiConfig& config, int grpc_port, ApiSe
                                        ? "127.0.0.1:" + std::to_string(grpc_port)
                                        : config.store_address);
   services.scheduler.Start();
+  services.leader.Start();
 }
 
 // REST serves the same managers as gRPC; a drain nudges the scheduler as NodeService's does.
 gradhub::api::RestBackends RestBackendsOf(ApiServices& services) {
-  return gradhub::api::RestBackends{.jobs = &services.jobs,
-                                    .nodes = &services.nodes,
-                                    .tenants = &services.tenants,
-                                    .auth = &services.auth,
-                                    .metrics = &services.metrics,
-                                    .on_nodes_changed = [&services] { services.scheduler.Nudge(); },
-                                    .audit_events = &services.audit_reader,
-                                    .auditor = &services.auditor};
+  return gradhub::api::RestBackends{
+      .jobs = &services.jobs,
+      .nodes = &services.nodes,
+      .tenants = &services.tenants,
+      .auth = &services.auth,
+      .metrics = &services.metrics,
+      .on_nodes_changed = [&services] { services.scheduler.Nudge(); },
+      .audit_events = &services.audit_reader,
+      .auditor = &services.auditor,
+      .leadership = [&services] { return services.leader.Describe(); }};
 }
 
 gradhub::api::RestGatewayOptions RestOptionsFor(const gradhub::api::ApiConfig& config) {
@@ -224,6 +238,7 @@ void WaitForShutdown(const gradhub::ShutdownSignals& signals, const gradhub::api
   const int received = signals.Wait();
   std::cerr << "gradhub-api: signal " << received << ", shutting down\n";
   services.scheduler.Stop();
+  services.leader.Stop();        // releases the term: another replica takes over at its next tick
   services.notifier.Shutdown();  // ends the agents' WatchAssignments streams
   services.store_service.Shutdown();
   server.Shutdown(config.server.shutdown_grace);

@@ -242,7 +242,10 @@ void RestGateway::RouteProbes() {
   server_->Get("/readyz", [this](const httplib::Request&, httplib::Response& response) {
     const absl::Status ready = backends_.jobs->CheckReady();
     if (!ready.ok()) return SendError(response, ready);
-    response.set_content("ok\n", "text/plain");
+    // Every replica that reaches the database serves, leading or not; the leader is named for
+    // operators.
+    const std::string leadership = backends_.leadership ? backends_.leadership() : "";
+    response.set_content(leadership.empty() ? "ok\n" : "ok\n" + leadership + "\n", "text/plain");
   });
   server_->Get("/metrics", [this](const httplib::Request&, httplib::Response& response) {
     response.set_content(backends_.metrics->Scrape(), "text/plain; version=0.0.4");

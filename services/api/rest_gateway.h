@@ -51,6 +51,8 @@ struct RestBackends {
   // audited calls (services/common/audit/http_audit.h; nullptr: none).
   const AuditReader* audit_events = nullptr;
   audit::CallAuditor* auditor = nullptr;
+  // A line for /readyz saying which replica leads (leader_lease.h); empty = none.
+  std::function<std::string()> leadership;
 };
 
 // Thread-safety: Start and Stop are called by the thread that owns the gateway (Stop also from

@@ -29,10 +29,6 @@ namespace {
 // pg_advisory_xact_lock key of the scheduler: "gradhub" "sched" in ASCII, arbitrary but fixed.
 constexpr int64_t kSchedulerLock = 0x6772616468756273;
 
-absl::Status TakeSchedulerLock(db::Transaction& tx) {
-  return tx.Exec("SELECT pg_advisory_xact_lock($1)", {kSchedulerLock}).status();
-}
-
 double Seconds(absl::Duration d) { return absl::ToDoubleSeconds(d); }
 
 // The idle time after a pass, as a multiple of the time the pass took (see Start).
@@ -326,8 +322,33 @@ absl::StatusOr<std::optional<double>> ApplyVerdict(db::Transaction& tx, v1::Job 
 
 }  // namespace
 
+absl::Status Scheduler::LockAsLeader(db::Transaction& tx) {
+  if (options_.leader != nullptr) {
+    GRADHUB_RETURN_IF_ERROR(options_.leader->Fence(tx, term_.number));
+  }
+  return tx.Exec("SELECT pg_advisory_xact_lock($1)", {kSchedulerLock}).status();
+}
+
+bool Scheduler::TakeTerm() {
+  if (options_.leader == nullptr) {
+    term_ = LeaderTerm{.number = 0, .began = start_time_};
+    return true;
+  }
+  const std::optional<LeaderTerm> term = options_.leader->Current();
+  if (!term) return false;
+  // Another term may follow another leader's passes: what this replica remembers of the
+  // queue (verdict_) is of its old term, which the fast path does not trust.
+  term_ = *term;
+  return true;
+}
+
+absl::Time Scheduler::RecordableSince() const {
+  return HeartbeatsRecordableSince(term_.began, pool_->last_unreachable());
+}
+
 absl::Status Scheduler::RunOnce() {
   std::lock_guard<std::mutex> one_pass_at_a_time(pass_mu_);
+  if (!TakeTerm()) return absl::OkStatus();  // another replica leads (leader_lease.h)
   GRADHUB_RETURN_IF_ERROR(SweepNodes());
   GRADHUB_RETURN_IF_ERROR(ReconcileAttempts());
   GRADHUB_RETURN_IF_ERROR(FinishCancellations());
@@ -336,7 +357,7 @@ absl::Status Scheduler::RunOnce() {
 
 absl::Status Scheduler::SweepNodes() {
   absl::Status status = pool_->Transact([&](db::Transaction& tx) -> absl::Status {
-    GRADHUB_RETURN_IF_ERROR(TakeSchedulerLock(tx));
+    GRADHUB_RETURN_IF_ERROR(LockAsLeader(tx));
     GRADHUB_RETURN_IF_ERROR(DeclareLostNodes(tx));
     return ApplyDrains(tx);
   });
@@ -355,8 +376,7 @@ absl::Status Scheduler::DeclareLostNodes(db::Transaction& tx) {
   // back, a node's last heartbeat may be older than the lease only because nothing could take
   // it. Its agent keeps its ranks running (up to its --api-outage-grace) and gets through within
   // a few seconds; until startup_grace has passed, silence proves nothing.
-  const absl::Time recordable_since =
-      HeartbeatsRecordableSince(start_time_, pool_->last_unreachable());
+  const absl::Time recordable_since = RecordableSince();
   const bool may_lose = MayDeclareNodesLost(absl::Now(), recordable_since, options_.startup_grace);
   // Every node silent past the lease, locked against its heartbeat until this commits, with
   // what SilentNodeIsLost needs: whether a rank of one of its attempts starts or runs on a
@@ -456,7 +476,7 @@ absl::Status Scheduler::ReconcileAttempts() {
 absl::StatusOr<std::optional<double>> Scheduler::ReconcileAttempt(const std::string& name,
                                                                   int32_t attempt) {
   return pool_->Transact([&](db::Transaction& tx) -> absl::StatusOr<std::optional<double>> {
-    GRADHUB_RETURN_IF_ERROR(TakeSchedulerLock(tx));
+    GRADHUB_RETURN_IF_ERROR(LockAsLeader(tx));
     GRADHUB_ASSIGN_OR_RETURN(v1::Job job, ReadJob(tx, name, -1, true));
     // A job that ended (cancelled) or moved on takes its attempt with it.
     if (job.attempt() != attempt || IsTerminal(job.state()) || job.state() == v1::Job::CANCELLING) {
@@ -472,8 +492,7 @@ absl::StatusOr<std::optional<double>> Scheduler::ReconcileAttempt(const std::str
     }
     GRADHUB_ASSIGN_OR_RETURN(std::optional<AttemptSnapshot> snapshot, ReadAttemptSnapshot(tx, job));
     if (!snapshot) return std::nullopt;
-    snapshot->seconds_since_recordable =
-        Seconds(absl::Now() - HeartbeatsRecordableSince(start_time_, pool_->last_unreachable()));
+    snapshot->seconds_since_recordable = Seconds(absl::Now() - RecordableSince());
     // A script's exit may be its peer's loss: wait a node lease more, so a lost node is found.
     const AttemptVerdict verdict = JudgeAttempt(
         *snapshot, options_.peer_failure_grace +
@@ -496,7 +515,7 @@ absl::Status Scheduler::FinishCancellations() {
   for (const db::Row& row : done) {
     const std::string name = row.Get<std::string>("name");
     absl::Status status = pool_->Transact([&](db::Transaction& tx) -> absl::Status {
-      GRADHUB_RETURN_IF_ERROR(TakeSchedulerLock(tx));
+      GRADHUB_RETURN_IF_ERROR(LockAsLeader(tx));
       GRADHUB_ASSIGN_OR_RETURN(v1::Job job, ReadJob(tx, name, -1, true));
       if (job.state() != v1::Job::CANCELLING) return absl::OkStatus();
       GRADHUB_ASSIGN_OR_RETURN(
@@ -541,7 +560,7 @@ absl::Status Scheduler::PlaceJobs() {
   // new job. They are only advice to the user, so the snapshot is good enough for them; a
   // placement is still decided under the lock.
   std::map<std::string, std::vector<std::string>> new_reasons;  // why -> job ids
-  blocking_.reset();
+  verdict_.blocking.reset();
   while (const std::optional<size_t> i = order.Next()) {
     if (stopping_) break;  // SIGTERM: the next api picks the queue up where this one left it
     const db::Row entry = queue.jobs.row(static_cast<int>(*i));
@@ -566,6 +585,7 @@ absl::Status Scheduler::PlaceJobs() {
     PlaceAndTell(std::move(job), pass, &order);
   }
   NoteBlockingJob(queue.jobs, pass);
+  verdict_.term = stopping_ ? -1 : term_.number;
   return SetPendingReasons(new_reasons);
 }
 
@@ -581,15 +601,17 @@ void Scheduler::PlaceAndTell(QueuedJob job, QueuePass& pass, FairShareOrder* ord
 }
 
 void Scheduler::NoteBlockingJob(const db::Result& queue, const QueuePass& pass) {
-  blocking_.reset();
+  verdict_.blocking.reset();
   if (!pass.blocked_by()) return;
   for (const db::Row& entry : queue) {
-    if (entry.Get<std::string>("name") == *pass.blocked_by()) blocking_ = PositionOf(entry);
+    if (entry.Get<std::string>("name") == *pass.blocked_by()) verdict_.blocking = PositionOf(entry);
   }
 }
 
 absl::Status Scheduler::PlaceNewJobs(const std::vector<std::string>& names) {
   std::lock_guard<std::mutex> one_pass_at_a_time(pass_mu_);
+  // Not leading, or no full pass yet in this term: the next pass places them.
+  if (!TakeTerm() || verdict_.term != term_.number) return absl::OkStatus();
   std::vector<std::string> ids;
   for (const std::string& name : names) ids.push_back(JobId(name));
   GRADHUB_ASSIGN_OR_RETURN(
@@ -604,7 +626,7 @@ absl::Status Scheduler::PlaceNewJobs(const std::vector<std::string>& names) {
     const db::Row row = rows.row(i);
     const QueuePosition position = PositionOf(row);
     // Capacity was unchanged when the jobs were handed over (WaitPlacingNewJobs).
-    if (!FastPathMayPlace(position, blocking_, false)) continue;  // the next pass says why
+    if (!FastPathMayPlace(position, verdict_.blocking, false)) continue;  // the next pass says why
     QueuedJob job;
     job.name = position.name;
     job.attempt = row.Get<int32_t>("current_attempt");
@@ -633,7 +655,7 @@ absl::StatusOr<std::vector<NodePair>> UnreachablePairsOfAttempt(db::Transaction&
 
 absl::StatusOr<bool> Scheduler::PlaceJob(QueuedJob queued, QueuePass& pass) {
   return pool_->Transact([&](db::Transaction& tx) -> absl::StatusOr<bool> {
-    GRADHUB_RETURN_IF_ERROR(TakeSchedulerLock(tx));
+    GRADHUB_RETURN_IF_ERROR(LockAsLeader(tx));
     GRADHUB_ASSIGN_OR_RETURN(v1::Job job, ReadJob(tx, queued.name, -1, true));
     if (job.state() != v1::Job::PENDING && job.state() != v1::Job::RESTARTING) return false;
     GRADHUB_ASSIGN_OR_RETURN(const std::vector<NodeRecord> nodes,
@@ -701,6 +723,7 @@ absl::Status Scheduler::SetPendingReasons(
     const std::map<std::string, std::vector<std::string>>& reasons) {
   if (reasons.empty()) return absl::OkStatus();
   return pool_->Transact([&](db::Transaction& tx) -> absl::Status {
+    GRADHUB_RETURN_IF_ERROR(LockAsLeader(tx));
     for (const auto& [why, ids] : reasons) {
       // A job placed or cancelled since the snapshot keeps the state_reason it has now.
       GRADHUB_RETURN_IF_ERROR(
@@ -751,7 +774,7 @@ void Scheduler::Start() {
 
 // The fast path's rule: a job created since the last pass may be placed before the next one
 // when that pass's verdict on every job ahead of it still holds. Nothing ahead of it closed
-// the queue (blocking_), and no capacity was freed since (capacity_changed_: any Nudge), so
+// the queue (verdict_.blocking), and no capacity was freed since (capacity_changed_: any Nudge), so
 // every job ahead that did not fit then still does not fit now, and the pass would have placed
 // the new job the same way, as backfill within the window.
 void Scheduler::WaitPlacingNewJobs(std::unique_lock<std::mutex>& lock,

@@ -44,9 +44,13 @@
 //      startup_grace from there, as in step 2; the hang watchdog counts no silence from before
 //      it either (JudgeAttempt step 4). Running jobs are not restarted for the outage.
 //
-// Every step is its own transaction under one PostgreSQL advisory lock, so any number of api
-// replicas may run a scheduler and only one acts at a time; a pass interrupted by a crash is
-// simply redone by the next one.
+// Leadership: every api replica runs a Scheduler, but only the leader's passes run
+// (leader_lease.h). Every step is its own transaction, fenced by the leader's term and under
+// one PostgreSQL advisory lock: a deposed leader's step fails its fence instead of writing,
+// and a pass interrupted by a crash or a takeover is simply redone by the next leader. A new
+// term counts silence (protocol steps 2 and 6) only from its own start, as a starting api
+// does: before it, the previous leader or this replica before a pause may have recorded
+// nothing.
 //
 // Backfill: a job behind a blocked one may be placed around it only while the blocked job
 // has waited less than backfill_window; after that nothing behind it starts, so the free
@@ -77,6 +81,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "gradhub/v1/jobs.pb.h"
+#include "services/api/leader_lease.h"
 #include "services/api/scheduling_rules.h"
 #include "services/common/contract/defaults.h"
 #include "services/common/db/pool.h"
@@ -135,6 +140,9 @@ struct SchedulerOptions {
   // Called once a pass has committed a job's move to RUNNING, with the time since the job
   // entered the queue (submitted, or restarting): its scheduling latency. Empty = not reported.
   std::function<void(absl::Duration)> on_running;
+  // The replica's lease: passes run only while it holds a term, and each transaction is
+  // fenced by it. nullptr: this scheduler is the only one and always acts (tests).
+  LeaderLease* leader = nullptr;
   // Called right after a transaction that changed some node's desired set committed (a
   // placement; ranks told to stop by a failure, a cancellation, a drain or a lost node): the
   // agents' WatchAssignments streams (AssignmentNotifier). Empty = agents learn on heartbeats.
@@ -194,6 +202,15 @@ class Scheduler {
   // Sets each job's state_reason (reason -> job ids) where the job still waits.
   absl::Status SetPendingReasons(const std::map<std::string, std::vector<std::string>>& reasons);
 
+  // Under pass_mu_: the term this pass or fast path acts in (term_), or false when this
+  // replica does not lead now.
+  bool TakeTerm();
+  // First in every transaction of a pass: the leader's fence, then the advisory lock.
+  absl::Status LockAsLeader(db::Transaction& tx);
+  // Since when silence counts (HeartbeatsRecordableSince): the term's start, the end of the
+  // last database outage.
+  absl::Time RecordableSince() const;
+
   // Set inside a transaction that changes a desired set; AssignmentsChanged() reports it once
   // the transaction has committed (an agent that heard earlier would read the old set).
   void MarkAssignmentsChanged() { assignments_changed_ = true; }
@@ -202,8 +219,8 @@ class Scheduler {
   db::Pool* pool_;
   const SchedulerOptions options_;
   std::atomic<bool> assignments_changed_{false};
-  // startup_grace counts from here: construction, then Start() (once the api serves). Set
-  // before the loop's thread exists; read only by passes.
+  // Without a leader lease, startup_grace counts from here: construction, then Start() (once
+  // the api serves). Set before the loop's thread exists; read only by passes.
   absl::Time start_time_ = absl::Now();
   std::mutex mu_;
   std::condition_variable wake_;
@@ -217,9 +234,15 @@ class Scheduler {
   std::thread loop_;
   std::mutex pass_mu_;  // one pass at a time (the loop's, a test's); guards what follows
   QueuedSpecs queued_specs_;
-  // The job that closed the queue in the last pass (past its backfill window, unplaced), by
-  // its place in the queue: the fast path places no new job behind it.
-  std::optional<QueuePosition> blocking_;
+  LeaderTerm term_;  // the term of the pass in progress, or of the last one
+  // What the last full pass of the queue found, for the fast path, which trusts it only in
+  // the same term (another leader may have acted in between).
+  struct QueueVerdict {
+    int64_t term = -1;  // -1: no full pass yet
+    // The job that closed the queue (past its backfill window, unplaced), by its place in the
+    // queue: the fast path places no new job behind it.
+    std::optional<QueuePosition> blocking;
+  } verdict_;
 };
 
 }  // namespace gradhub::api

@@ -166,6 +166,8 @@ void LocalCluster::KillApi(int signal) {
   api_->Wait();
 }
 
+void LocalCluster::SignalApi(int signal) { api_->Kill(signal); }
+
 // As the api: free ports first, the same ones on a restart.
 bool LocalCluster::StartCheckpointService() {
   checkpoint_ = std::make_unique<Subprocess>(std::vector<std::string>{

@@ -72,6 +72,9 @@ class LocalCluster {
   // ports (as a restarted deployment would be), against the same database.
   bool StartApi();
   void KillApi(int signal);
+  // Sends `signal` to gradhub-api without waiting for it to exit: SIGSTOP and SIGCONT pause
+  // and continue it, as a frozen VM or a long stall would.
+  void SignalApi(int signal);
   bool StartAgent(const std::string& name);
   void KillAgent(const std::string& name, int signal);
   bool StartCheckpointService();

@@ -174,6 +174,41 @@ TEST_F(ControlPlaneFaultsE2eTest, AnApiRestartDoesNotRestartARunningJob) {
       << described.out;
 }
 
+// Issue 35: gradhub-api paused for 20 s (SIGSTOP, as a frozen VM) and continued. While it was
+// stopped no heartbeat could be recorded; on waking, its leader term is over by its own clock,
+// so it judges nothing before a new term begins, and the new term gives the nodes the startup
+// grace: no node is lost, the ranks keep training, the job stays in its first attempt.
+TEST_F(ControlPlaneFaultsE2eTest, AnApiPausedFor20SecondsLosesNoNodeAndRestartsNothing) {
+  Start({});
+  const std::string name =
+      Submit(/*max_steps=*/200000, /*checkpoint_every=*/100000, /*log_every=*/100);
+  ASSERT_EQ(AwaitRunningAt(name, 30).state(), v1::Job::RUNNING) << cluster_->Describe(name);
+  const std::vector<pid_t> trainers = AllTrainers();
+  ASSERT_EQ(trainers.size(), 4u);
+
+  cluster_->SignalApi(SIGSTOP);
+  std::this_thread::sleep_for(seconds(20));
+  const int64_t back_unix_ms = absl::ToUnixMillis(absl::Now());
+  cluster_->SignalApi(SIGCONT);
+  const auto back = Clock::now();
+  AwaitHeartbeatsSince(back_unix_ms, back, 20);
+  std::this_thread::sleep_for(seconds(12));  // past a new term's startup grace (10 s)
+
+  const v1::Job job = cluster_->Get(name);
+  ASSERT_FALSE(Ended(job)) << job.state_reason() << cluster_->Describe(name);
+  EXPECT_EQ(job.attempt(), 1) << cluster_->Describe(name);
+  EXPECT_EQ(AllTrainers(), trainers) << "the ranks were restarted";
+  EXPECT_EQ(cluster_->NodeState("a"), v1::Node::READY);
+  EXPECT_EQ(cluster_->NodeState("b"), v1::Node::READY);
+  EXPECT_EQ(CountEvents(name, v1::JobEvent::NODE_LOST), 0) << cluster_->Describe(name);
+  const int64_t step = job.progress().step();
+  const v1::Job moving = cluster_->AwaitJob(
+      name, [&](const v1::Job& j) { return Ended(j) || j.progress().step() > step; }, seconds(30));
+  EXPECT_GT(moving.progress().step(), step) << "no progress after the pause";
+  EXPECT_EQ(moving.attempt(), 1);
+  cluster_->Cancel(name);
+}
+
 // Issue 21: new work reaches the agents through their WatchAssignments streams, not their
 // heartbeats. With a 20 s heartbeat interval a job whose ranks start within 3 s of CreateJob
 // can only have been pushed (by heartbeats alone, 3 s or less would happen 15% of the time).

@@ -594,6 +594,62 @@ TEST_F(SchedulerTest, ANodeSilentSinceItSpokeToThisApiGetsNoStartupGrace) {
   EXPECT_EQ(nodes_->GetNode("nodes/a")->state(), v1::Node::LOST);
 }
 
+// Leadership (leader_lease.h): a replica that does not lead runs no pass; once it leads, it
+// does.
+TEST_F(SchedulerTest, OnlyTheLeadingReplicasPassesAct) {
+  Register("a", 2);
+  const v1::Job job = Submit(2);
+  LeaderLease other(pool_.get(), {.holder = "other", .lease = absl::Seconds(30)});
+  LeaderLease mine(pool_.get(), {.holder = "mine", .lease = absl::Seconds(30)});
+  ASSERT_TRUE(other.Tick().ok());
+  ASSERT_TRUE(mine.Tick().ok());
+  SchedulerOptions options;
+  options.leader = &mine;
+  Scheduler standby(pool_.get(), options);
+  ASSERT_TRUE(standby.RunOnce().ok());
+  EXPECT_EQ(Get(job).state(), v1::Job::PENDING) << "a standby placed a job";
+  other.Stop();  // releases the term
+  ASSERT_TRUE(mine.Tick().ok());
+  ASSERT_TRUE(mine.Current().has_value());
+  ASSERT_TRUE(standby.RunOnce().ok());
+  EXPECT_EQ(Get(job).state(), v1::Job::SCHEDULED);
+}
+
+// A new term, like a starting api, counts a node's silence only from its own start: the
+// previous leader, or this replica before a pause, recorded nothing meanwhile.
+TEST_F(SchedulerTest, ANewTermGivesSilentNodesTheStartupGrace) {
+  Agent a = Register("a", 2);
+  v1::Job job = Submit(2);
+  Pass();
+  auto on_a = Beat(a, {});
+  Beat(a, All(on_a, v1::RankStatus::RUNNING));
+  Pass();
+  ASSERT_EQ(Get(job).state(), v1::Job::RUNNING);
+  SchedulerOptions options;
+  options.startup_grace = absl::Milliseconds(300);
+  LeaderLease lease(pool_.get(), {.holder = "leader", .lease = absl::Milliseconds(600)});
+  options.leader = &lease;
+  Scheduler leader(pool_.get(), options);
+  ASSERT_TRUE(lease.Tick().ok());  // term 1
+  absl::SleepFor(absl::Milliseconds(400));
+  ASSERT_TRUE(lease.Tick().ok());           // renewed: term 1, its grace over
+  absl::SleepFor(absl::Milliseconds(800));  // paused: no heartbeat recorded, no renewal
+  ASSERT_TRUE(
+      pool_->Exec("UPDATE nodes SET last_heartbeat_time = now() - interval '1 minute'").ok());
+  ASSERT_TRUE(leader.RunOnce().ok());  // woke: its term is over, it does nothing
+  EXPECT_EQ(nodes_->GetNode("nodes/a")->state(), v1::Node::READY);
+  ASSERT_TRUE(lease.Tick().ok());  // term 2 begins now
+  ASSERT_EQ(lease.Current()->number, 2);
+  ASSERT_TRUE(leader.RunOnce().ok());
+  EXPECT_EQ(nodes_->GetNode("nodes/a")->state(), v1::Node::READY);
+  EXPECT_EQ(Get(job).state(), v1::Job::RUNNING);
+  // Still silent once term 2's grace is over: lost, as it would be in any term.
+  absl::SleepFor(absl::Milliseconds(400));
+  ASSERT_TRUE(lease.Tick().ok());
+  ASSERT_TRUE(leader.RunOnce().ok());
+  EXPECT_EQ(nodes_->GetNode("nodes/a")->state(), v1::Node::LOST);
+}
+
 TEST_F(SchedulerTest, CancelIsCancellingUntilEveryRankIsReportedGone) {
   Agent a = Register("a", 2);
   v1::Job job = Submit(2);
