@@ -165,14 +165,14 @@ absl::StatusOr<std::unique_ptr<Connection>> Listener::ConnectAndListen() {
 absl::Status Listener::Receive(Connection& connection) {
   PGconn* conn = connection.raw();
   while (!stopping_) {
+    // A failed connection has no socket (-1), which poll(2) ignores: nothing would end it.
+    if (PQstatus(conn) == CONNECTION_BAD) return StatusFromConnection(conn, "listen");
     if (!Readable(PQsocket(conn), options_.stop_check)) continue;
     // Reads whatever came; 0 when the connection failed (closed, reset, or dropped by the
     // kernel as silent). A notification read with the failure is still delivered.
     const bool read = PQconsumeInput(conn) != 0;
     Deliver(conn);
-    if (!read || PQstatus(conn) == CONNECTION_BAD) {
-      return StatusFromConnection(conn, "listen");
-    }
+    if (!read) return StatusFromConnection(conn, "listen");
   }
   return absl::OkStatus();
 }

@@ -13,7 +13,7 @@
 #include <thread>
 
 #include "gradhub/v1/jobs.grpc.pb.h"
-#include "services/common/contract/job_spec.h"
+#include "tests/support/job_specs.h"
 #include "tests/support/local_cluster.h"
 
 namespace gradhub {
@@ -24,19 +24,6 @@ using testing::Ended;
 
 double SecondsSince(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-// World size 4 on both nodes (two ranks each), long enough to be cancelled while it runs.
-v1::JobSpec LongJob() {
-  return ParseJobSpec(
-      "model: {mlp: {layers: [32, 64, 4]}}\n"
-      "dataset: {synthetic: {numSamples: 4096, numFeatures: 32, numClasses: 4, noise: 0.5},"
-      " validationFraction: 0.1}\n"
-      "optimizer: {sgd: {lr: 0.05, momentum: 0.9}}\n"
-      "batchSizePerRank: 16\n"
-      "maxSteps: 10000000\n"
-      "distributed: {worldSize: 4, ranksPerNode: 2}\n"
-      "maxRestarts: {infrastructure: 0, job: 0}\n");
 }
 
 TEST(ControlPlaneReplicasE2eTest, WorkSubmittedToOneReplicaReachesAgentsOnAnother) {
@@ -50,7 +37,8 @@ TEST(ControlPlaneReplicasE2eTest, WorkSubmittedToOneReplicaReachesAgentsOnAnothe
 
   const auto submitted = Clock::now();
   v1::CreateJobRequest create;
-  *create.mutable_spec() = LongJob();
+  // Long enough to be cancelled while it runs.
+  *create.mutable_spec() = testing::SyntheticTrainingSpec(/*max_steps=*/10000000);
   v1::Job job;
   const grpc::Status created = replica1->CreateJob(cluster.TenantContext().get(), create, &job);
   ASSERT_TRUE(created.ok()) << created.error_message();

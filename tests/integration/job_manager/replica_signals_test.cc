@@ -44,11 +44,16 @@ class ReplicaSignalsTest : public ::testing::Test {
  protected:
   void SetUp() override { url_ = testing::PostgresServer::Shared().CreateDatabase(); }
 
-  // A replica: its pool and its signals, reporting into `heard`.
-  std::unique_ptr<ReplicaSignals> Replica(const std::string& name, Heard& heard) {
+  db::Pool& NewPool() {
     db::PoolOptions pool;
     pool.connection.url = url_;
     pools_.push_back(std::make_unique<db::Pool>(pool));
+    return *pools_.back();
+  }
+
+  // A replica: its pool and its signals, reporting into `heard`.
+  std::unique_ptr<ReplicaSignals> Replica(const std::string& name, Heard& heard) {
+    db::Pool& pool = NewPool();
     ReplicaSignalsOptions options;
     options.connection.url = url_;
     options.connection.application_name = name;
@@ -57,7 +62,7 @@ class ReplicaSignalsTest : public ::testing::Test {
     options.on_job_created = [&heard](const std::string& job) {
       heard.Note([&] { heard.jobs.push_back(job); });
     };
-    auto signals = std::make_unique<ReplicaSignals>(pools_.back().get(), std::move(options));
+    auto signals = std::make_unique<ReplicaSignals>(&pool, std::move(options));
     EXPECT_TRUE(signals->Start().ok());
     EXPECT_TRUE(signals->WaitUntilListening(absl::Now() + absl::Seconds(10)));
     return signals;
@@ -86,9 +91,7 @@ TEST_F(ReplicaSignalsTest, WhatOneReplicaPublishesReachesTheOther) {
 TEST_F(ReplicaSignalsTest, AJobCreatedThatIsNotAJobNameBecomesANudge) {
   Heard heard;
   auto replica = Replica("replica", heard);
-  db::PoolOptions options;
-  options.connection.url = url_;
-  db::Pool pool(options);
+  db::Pool& pool = NewPool();
   ASSERT_TRUE(db::Notify(pool, ReplicaChannels::kJobsCreated, "jobs/x'); DROP TABLE jobs").ok());
   EXPECT_TRUE(heard.WaitFor([&] { return heard.nudges >= 1; }));
   EXPECT_TRUE(heard.jobs.empty());
@@ -97,9 +100,7 @@ TEST_F(ReplicaSignalsTest, AJobCreatedThatIsNotAJobNameBecomesANudge) {
 TEST_F(ReplicaSignalsTest, AReconnectedListenerReadsEverythingAgain) {
   Heard heard;
   auto replica = Replica("replica_killed", heard);
-  db::PoolOptions options;
-  options.connection.url = url_;
-  db::Pool pool(options);
+  db::Pool& pool = NewPool();
   auto killed = pool.Exec(
       "SELECT count(pg_terminate_backend(pid))::bigint AS n FROM pg_stat_activity"
       " WHERE application_name = 'replica_killed'");
