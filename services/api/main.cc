@@ -23,6 +23,7 @@
 #include "services/api/node_manager.h"
 #include "services/api/node_service.h"
 #include "services/api/rendezvous_store.h"
+#include "services/api/replica_signals.h"
 #include "services/api/rest_gateway.h"
 #include "services/api/scheduler.h"
 #include "services/api/store_scope.h"
@@ -88,9 +89,12 @@ int CreateToken(const gradhub::api::ApiConfig& config, const std::string& tenant
   return 0;
 }
 
+// A changed desired set wakes this replica's WatchAssignments streams at once and the other
+// replicas' through `signals` (sent after the scheduler's commit: replica_signals.h).
 gradhub::api::SchedulerOptions SchedulerOptionsFor(const gradhub::api::ApiConfig& config,
                                                    gradhub::api::ApiMetrics* metrics,
                                                    gradhub::api::AssignmentNotifier* notifier,
+                                                   gradhub::api::ReplicaSignals* signals,
                                                    gradhub::api::LeaderLease* leader) {
   return {.interval = config.scheduler_interval,
           .node_lease = config.heartbeat_interval * gradhub::defaults::kLeaseHeartbeats,
@@ -101,7 +105,11 @@ gradhub::api::SchedulerOptions SchedulerOptionsFor(const gradhub::api::ApiConfig
           .on_running =
               [metrics](absl::Duration latency) { metrics->ObserveSchedulingLatency(latency); },
           .leader = leader,
-          .on_assignments_changed = [notifier] { notifier->Notify(); }};
+          .on_assignments_changed =
+              [notifier, signals] {
+                notifier->Notify();
+                signals->PublishAssignmentsChanged();
+              }};
 }
 
 gradhub::api::NodeManagerOptions NodeManagerOptionsFor(const gradhub::api::ApiConfig& config) {
@@ -133,9 +141,10 @@ struct ApiServices {
                              metrics.SetLeading(leading);
                              if (leading) scheduler.Nudge();
                            }}),
-        scheduler(&pool, SchedulerOptionsFor(config, &metrics, &notifier, &leader)),
+        scheduler(&pool, SchedulerOptionsFor(config, &metrics, &notifier, &signals, &leader)),
+        signals(&pool, ReplicaSignalsOptionsFor(config)),
         nodes(&pool, NodeManagerOptionsFor(config)),
-        node_service(&nodes, &auth, [this] { scheduler.Nudge(); }, &notifier,
+        node_service(&nodes, &auth, [this] { NudgeAll(); }, &notifier,
                      {.require_client_certificate = config.require_node_certificates}),
         tenants(&auth),
         admin_service(&auth, &tenants),
@@ -143,11 +152,33 @@ struct ApiServices {
         auditor(&auth, &audit_log, {.registry = &metrics.registry(), .server_name = "gradhub-api"}),
         audit_reader(&auth, &audit_log),
         audit_service(&audit_reader) {
-    jobs.set_on_created([this](const std::string& name) { scheduler.JobCreated(name); });
-    jobs.set_on_cancelled([this] {
-      scheduler.Nudge();
-      notifier.Notify();
+    // Every replica's scheduler and streams hear of changes made here: locally at once, the
+    // others through `signals`, published after the change committed (replica_signals.h).
+    jobs.set_on_created([this](const std::string& name) {
+      scheduler.JobCreated(name);
+      signals.PublishJobCreated(name);
     });
+    jobs.set_on_cancelled([this] {
+      NudgeAll();
+      notifier.Notify();
+      signals.PublishAssignmentsChanged();
+    });
+  }
+  // The scheduler's loop publishes through `signals`, destroyed before it.
+  ~ApiServices() { scheduler.Stop(); }
+
+  // The scheduler of this replica and, through `signals`, every other's.
+  void NudgeAll() {
+    scheduler.Nudge();
+    signals.PublishNudge();
+  }
+
+  gradhub::api::ReplicaSignalsOptions ReplicaSignalsOptionsFor(
+      const gradhub::api::ApiConfig& config) {
+    return {.connection = config.server.database.Connection("gradhub-api signals"),
+            .on_assignments_changed = [this] { notifier.Notify(); },
+            .on_job_created = [this](const std::string& name) { scheduler.JobCreated(name); },
+            .on_nudge = [this] { scheduler.Nudge(); }};
   }
 
   gradhub::db::Pool pool;
@@ -160,6 +191,7 @@ struct ApiServices {
   gradhub::api::AssignmentNotifier notifier;
   gradhub::api::LeaderLease leader;
   gradhub::api::Scheduler scheduler;
+  gradhub::api::ReplicaSignals signals;  // after scheduler: its listener calls into it
   gradhub::api::NodeManager nodes;
   gradhub::api::NodeService node_service;
   gradhub::api::TenantManager tenants;
@@ -202,6 +234,9 @@ void StartBackground(const gradhub::api::ApiConfig& config, int grpc_port, ApiSe
   services.nodes.set_store_address(config.store_address.empty()
                                        ? "127.0.0.1:" + std::to_string(grpc_port)
                                        : config.store_address);
+  if (absl::Status started = services.signals.Start(); !started.ok()) {
+    std::cerr << "gradhub-api: replica signals: " << started << "\n";  // fixed options: a bug
+  }
   services.scheduler.Start();
   services.leader.Start();
 }
@@ -214,7 +249,7 @@ gradhub::api::RestBackends RestBackendsOf(ApiServices& services) {
       .tenants = &services.tenants,
       .auth = &services.auth,
       .metrics = &services.metrics,
-      .on_nodes_changed = [&services] { services.scheduler.Nudge(); },
+      .on_nodes_changed = [&services] { services.NudgeAll(); },
       .audit_events = &services.audit_reader,
       .auditor = &services.auditor,
       .leadership = [&services] { return services.leader.Describe(); }};
@@ -237,6 +272,7 @@ void WaitForShutdown(const gradhub::ShutdownSignals& signals, const gradhub::api
                      gradhub::api::RestGateway& rest) {
   const int received = signals.Wait();
   std::cerr << "gradhub-api: signal " << received << ", shutting down\n";
+  services.signals.Stop();  // no more calls into the scheduler from other replicas' signals
   services.scheduler.Stop();
   services.leader.Stop();        // releases the term: another replica takes over at its next tick
   services.notifier.Shutdown();  // ends the agents' WatchAssignments streams

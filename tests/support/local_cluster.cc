@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -97,6 +98,11 @@ LocalCluster::~LocalCluster() {
               << Tail(checkpoint_->out(), 2000) << Tail(checkpoint_->err(), 3000) << "\n";
   }
   if (api_) std::cerr << "--- api stderr (tail):\n" << Tail(api_->err(), 3000) << "\n";
+  for (size_t i = 0; i < api_replicas_.size(); ++i) {
+    if (api_replicas_[i] == nullptr) continue;
+    std::cerr << "--- api replica " << i + 1 << " stderr (tail):\n"
+              << Tail(api_replicas_[i]->err(), 3000) << "\n";
+  }
 }
 
 bool LocalCluster::Start() {
@@ -107,6 +113,9 @@ bool LocalCluster::Start() {
     if (*port == 0) *port = PortBelowEphemeralRange();
   }
   if (!StartApi()) return false;
+  for (int replica = 1; replica < options_.api_replicas; ++replica) {
+    if (!StartApiReplica(replica)) return false;
+  }
   auto tenant = Run({BinaryPath("gradhub-api"), "--database-url", url_, "create-tenant", "team"});
   auto node = Run({BinaryPath("gradhub-api"), "--database-url", url_, "create-node-token"});
   EXPECT_EQ(tenant.exit_code, 0) << tenant.err;
@@ -129,18 +138,17 @@ std::string LocalCluster::ServiceHost() const {
   return options_.network != nullptr ? options_.network->hub_address() : "127.0.0.1";
 }
 
-// The first start takes free ports; a restart keeps them, as a real restart would.
-bool LocalCluster::StartApi() {
-  api_ = std::make_unique<Subprocess>(
+std::unique_ptr<Subprocess> LocalCluster::LaunchApi(int* grpc_port, int* http_port) {
+  auto api = std::make_unique<Subprocess>(
       std::vector<std::string>{BinaryPath("gradhub-api"),
                                "--database-url",
                                url_,
                                "--grpc-address",
-                               ServiceHost() + ":" + std::to_string(api_grpc_port_),
+                               ServiceHost() + ":" + std::to_string(*grpc_port),
                                "--http-host",
                                ServiceHost(),
                                "--http-port",
-                               std::to_string(api_http_port_),
+                               std::to_string(*http_port),
                                "--heartbeat-interval",
                                options_.heartbeat_interval,
                                "--scheduler-interval",
@@ -152,13 +160,35 @@ bool LocalCluster::StartApi() {
                                "--node-outage-grace",
                                options_.agent_api_outage_grace,
                                "serve"});
-  const std::string port = AwaitOutput(*api_, "serving gRPC on port ([0-9]+)");
-  const std::string http_port = AwaitOutput(*api_, "serving REST on port ([0-9]+)");
-  if (port.empty() || http_port.empty()) return false;
-  api_grpc_port_ = std::stoi(port);
-  api_address_ = ServiceHost() + ":" + port;
-  api_http_port_ = std::stoi(http_port);
+  const std::string port = AwaitOutput(*api, "serving gRPC on port ([0-9]+)");
+  const std::string http = AwaitOutput(*api, "serving REST on port ([0-9]+)");
+  if (port.empty() || http.empty()) return nullptr;
+  *grpc_port = std::stoi(port);
+  *http_port = std::stoi(http);
+  return api;
+}
+
+// The first start takes free ports; a restart keeps them, as a real restart would.
+bool LocalCluster::StartApi() {
+  api_ = LaunchApi(&api_grpc_port_, &api_http_port_);
+  if (api_ == nullptr) return false;
+  api_address_ = ServiceHost() + ":" + std::to_string(api_grpc_port_);
   return true;
+}
+
+bool LocalCluster::StartApiReplica(int replica) {
+  int grpc_port = PortBelowEphemeralRange(), http_port = PortBelowEphemeralRange();
+  std::unique_ptr<Subprocess> api = LaunchApi(&grpc_port, &http_port);
+  if (api == nullptr) return false;
+  api_replicas_.resize(std::max<size_t>(api_replicas_.size(), replica));
+  api_replica_addresses_.resize(api_replicas_.size());
+  api_replicas_[replica - 1] = std::move(api);
+  api_replica_addresses_[replica - 1] = ServiceHost() + ":" + std::to_string(grpc_port);
+  return true;
+}
+
+const std::string& LocalCluster::api_address(int replica) const {
+  return replica == 0 ? api_address_ : api_replica_addresses_.at(replica - 1);
 }
 
 void LocalCluster::KillApi(int signal) {

@@ -33,6 +33,10 @@ struct LocalClusterOptions {
   // Start gradhub-metrics and hand it to the agents.
   bool metrics_service = false;
   std::string agent_stop_grace = "2s";
+  // gradhub-api processes on the one database (issue 35), each on ports of its own. Replica 0
+  // is the one api_address(), jobs(), the agents and the CLI use; the others are reached
+  // through api_address(i).
+  int api_replicas = 1;
   // gradhub-api --heartbeat-interval (the lease is 3 of them).
   std::string heartbeat_interval = "1s";
   // How long agents keep their ranks running while gradhub-api is unreachable, and how long
@@ -75,6 +79,8 @@ class LocalCluster {
   // Sends `signal` to gradhub-api without waiting for it to exit: SIGSTOP and SIGCONT pause
   // and continue it, as a frozen VM or a long stall would.
   void SignalApi(int signal);
+  // Replicas 1.. (LocalClusterOptions::api_replicas), started by Start() after replica 0.
+  bool StartApiReplica(int replica);
   bool StartAgent(const std::string& name);
   void KillAgent(const std::string& name, int signal);
   bool StartCheckpointService();
@@ -123,6 +129,8 @@ class LocalCluster {
 
   const std::string& database_url() const { return url_; }
   const std::string& api_address() const { return api_address_; }
+  // Replica `replica`'s gRPC address (0 = api_address()).
+  const std::string& api_address(int replica) const;
   int api_http_port() const { return api_http_port_; }
   int metrics_http_port() const { return metrics_http_port_; }
   const std::string& checkpoint_address() const { return checkpoint_address_; }
@@ -140,6 +148,9 @@ class LocalCluster {
  private:
   // Where the services listen and are reached: 127.0.0.1, or the network's hub.
   std::string ServiceHost() const;
+  // Starts one gradhub-api on these ports (0 = free ones, which are written back) and waits
+  // until it serves; nullptr (and a test failure) when it does not.
+  std::unique_ptr<Subprocess> LaunchApi(int* grpc_port, int* http_port);
 
   LocalClusterOptions options_;
   TempDir dir_;
@@ -149,6 +160,9 @@ class LocalCluster {
   int checkpoint_grpc_port_ = 0, checkpoint_http_port_ = 0;
   int metrics_grpc_port_ = 0, metrics_http_port_ = 0;
   std::unique_ptr<Subprocess> api_, checkpoint_, metrics_;
+  // Replicas 1.. : their processes and gRPC addresses, by index - 1.
+  std::vector<std::unique_ptr<Subprocess>> api_replicas_;
+  std::vector<std::string> api_replica_addresses_;
   std::map<std::string, std::unique_ptr<Subprocess>> agents_;
   int uploads_ = 0;
   std::unique_ptr<v1::JobService::Stub> jobs_;
