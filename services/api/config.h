@@ -26,7 +26,7 @@ struct ApiConfig {
   absl::Duration scheduler_interval = absl::Milliseconds(200);
   // The leader's term without a renewal (leader_lease.h): the longest wait for a new leader
   // after the leader dies, and the shortest pause that deposes one.
-  absl::Duration leader_lease = absl::Seconds(2);
+  absl::Duration leader_lease = absl::Milliseconds(1500);
   StreamLimits rest_streams{};
   // NodeService's agent calls must come with a node's client certificate (node_identity.h).
   bool require_node_certificates = false;

@@ -52,9 +52,11 @@ void LeaderLease::Start() {
         std::cerr << "gradhub-api: leader lease: " << status << "\n";
         last_error_line = absl::Now();
       }
+      // The leader renews every quarter lease (three may fail before its local expiry); the
+      // others look every tenth, so that a takeover follows the expiry closely.
+      const absl::Duration next = Current() ? options_.lease / 4 : options_.lease / 10;
       lock.lock();
-      wake_.wait_for(lock, absl::ToChronoNanoseconds(options_.lease / 4),
-                     [&] { return stopping_; });
+      wake_.wait_for(lock, absl::ToChronoNanoseconds(next), [&] { return stopping_; });
     }
   });
 }

@@ -4,7 +4,7 @@
 // of PostgreSQL (migrations/0016_leader_lease.sql), so the leader needs nothing the replicas
 // do not already share.
 //
-// The protocol, every replica running Tick every lease/4:
+// The protocol, the leader running Tick every lease/4 and the other replicas every lease/10:
 //   1. Takeover. A replica that does not lead locks the row (SELECT ... FOR UPDATE, waiting at
 //      most lease/4) and, if the term in it has expired by the database's clock, starts the
 //      next one: holder = itself, term + 1, expires_at = the database's now + lease.
@@ -35,7 +35,7 @@
 //   - The database unreachable: renewals fail, the leader steps down at its local expiry
 //     (step 3) and nobody leads until the database is back; then one replica takes over.
 //   - The leader killed: its term expires a lease after its last renewal; the first replica
-//     to tick after that takes over, between lease*3/4 and lease*5/4 after the kill.
+//     to tick after that takes over, between lease*3/4 and lease*11/10 after the kill.
 //   - Clocks: expiries are compared only with the database's clock (clock_timestamp()), and
 //     local expiry only with the replica's own steady clock: no two clocks are compared.
 //
@@ -63,7 +63,7 @@ struct LeaderLeaseOptions {
   std::string holder;
   // How long a term lasts without a renewal: the longest time without a leader after the
   // leader dies (plus a tick), and the shortest pause that deposes one.
-  absl::Duration lease = absl::Seconds(2);
+  absl::Duration lease = absl::Milliseconds(1500);
   // Called from the ticking thread with false when a term of this replica ends, and with true
   // when one begins (a pause that ended a term: false, then true for the next).
   std::function<void(bool leading)> on_change;
@@ -99,7 +99,7 @@ class LeaderLease {
   LeaderLease(const LeaderLease&) = delete;
   LeaderLease& operator=(const LeaderLease&) = delete;
 
-  // Ticks every lease/4 on a thread of its own until Stop.
+  // Ticks on a thread of its own until Stop: every lease/4 while leading, lease/10 otherwise.
   void Start();
   // Ends the thread and releases a held term (protocol step 6). Idempotent.
   void Stop();

@@ -118,6 +118,16 @@ gradhub::api::NodeManagerOptions NodeManagerOptionsFor(const gradhub::api::ApiCo
   return options;
 }
 
+// A connection for the leader lease's ticks (one at a time), whose statements end within a
+// lease: a renewal that takes longer has failed anyway (leader_lease.h step 3).
+gradhub::db::PoolOptions LeaderPoolOptions(const gradhub::api::ApiConfig& config) {
+  gradhub::db::PoolOptions options = config.server.database.Pool("gradhub-api leader");
+  options.max_connections = 1;
+  options.connection.statement_timeout = config.leader_lease;
+  options.acquire_timeout = config.leader_lease;
+  return options;
+}
+
 // The api's managers and the gRPC services over them, built in dependency order (members are
 // initialized in declaration order and destroyed in reverse, so that no service outlives what
 // it points to). Nothing runs yet: StartGrpc and StartBackground start them.
@@ -134,13 +144,14 @@ struct ApiServices {
                         return gradhub::api::AuthorizeStoreCall(auth, authorization);
                       }),
         metrics(&pool),
+        leader_pool(LeaderPoolOptions(config)),
         // A replica that becomes the leader runs a pass at once.
-        leader(&pool, {.lease = config.leader_lease,
-                       .on_change =
-                           [this](bool leading) {
-                             metrics.SetLeading(leading);
-                             if (leading) scheduler.Nudge();
-                           }}),
+        leader(&leader_pool, {.lease = config.leader_lease,
+                              .on_change =
+                                  [this](bool leading) {
+                                    metrics.SetLeading(leading);
+                                    if (leading) scheduler.Nudge();
+                                  }}),
         scheduler(&pool, SchedulerOptionsFor(config, &metrics, &notifier, &signals, &leader)),
         signals(&pool, ReplicaSignalsOptionsFor(config)),
         nodes(&pool, NodeManagerOptionsFor(config)),
@@ -189,6 +200,8 @@ struct ApiServices {
   gradhub::api::StoreService store_service;
   gradhub::api::ApiMetrics metrics;
   gradhub::api::AssignmentNotifier notifier;
+  // The lease's own connections: its renewals never wait behind requests for the pool.
+  gradhub::db::Pool leader_pool;
   gradhub::api::LeaderLease leader;
   gradhub::api::Scheduler scheduler;
   gradhub::api::ReplicaSignals signals;  // after scheduler: its listener calls into it

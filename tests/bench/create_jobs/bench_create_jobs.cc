@@ -28,6 +28,10 @@
 // order. Percentiles say how slow the tail is; the trace says when: a tail made of stalls that
 // recur at a fixed period points at a timer somewhere, as the 100 ms every 1.1 s of gRPC's
 // callback threads did (services/common/async_grpc_service.h).
+//
+// --acked FILE writes the name of every job whose CreateJob was answered OK (all of them, the
+// warmup's too), one per line: tests/bench/control_plane/failover.sh checks that each is in the
+// database after the replicas it was created through were killed.
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
@@ -72,6 +76,7 @@ struct Options {
   int64_t rate = 0;  // requests/s; 0 = closed loop
   std::string label;
   std::string trace;  // file for the per-call trace; "" = none
+  std::string acked;  // file for the names of the jobs created OK; "" = none
   // KEY=VALUE: every job asks for a node label no node has, and stays PENDING (the scheduling
   // bench's backlog); "" = the minimal spec as is.
   std::string node_selector;
@@ -89,6 +94,7 @@ struct ClientStats {
   std::vector<Traced> trace;      // every counted call, when tracing
   std::map<int, int64_t> errors;  // grpc::StatusCode (or kBadResponse) -> count
   std::map<int, std::string> first_message;
+  std::vector<std::string> acked;  // names of the jobs created OK, when --acked is given
   int64_t requests = 0;
   // Successful calls that completed inside the measured window: the served rate. In the open
   // loop it falls below --rate when the server cannot keep up, while the due slots still all
@@ -147,8 +153,8 @@ class Client {
   }
 
   // One CreateJob with a request_id never used before. Returns the status code (kBadResponse
-  // for an OK without a job) and fills *message for failures.
-  int Call(std::string* message) {
+  // for an OK without a job) and fills *message for failures; with --acked, records the name.
+  int Call(std::string* message, ClientStats* stats) {
     grpc::ClientContext context;
     context.AddMetadata("authorization", "Bearer " + options_.token);
     context.set_deadline(std::chrono::system_clock::now() + kCallDeadline);
@@ -163,6 +169,7 @@ class Client {
       *message = "CreateJob returned OK and a Job without a name";
       return kBadResponse;
     }
+    if (!options_.acked.empty()) stats->acked.push_back(job.name());
     return 0;
   }
 
@@ -194,7 +201,7 @@ void RunClosed(Client* client, Clock::time_point measure, Clock::time_point end,
   while (true) {
     const Clock::time_point sent = Clock::now();
     if (sent >= end) break;
-    const int code = client->Call(&message);
+    const int code = client->Call(&message, stats);
     const Clock::time_point done = Clock::now();
     if (done >= measure && done <= end) Record(stats, code, message, sent, done - sent, true);
   }
@@ -217,7 +224,7 @@ void RunOpen(Client* client, int index, const Options& options, Clock::time_poin
       continue;
     }
     std::this_thread::sleep_until(due);  // returns at once when this client is late
-    const int code = client->Call(&message);
+    const int code = client->Call(&message, stats);
     const Clock::time_point done = Clock::now();
     if (due >= measure) Record(stats, code, message, due, done - due, done <= end);
   }
@@ -235,6 +242,15 @@ bool WriteTrace(const std::string& path, const std::vector<ClientStats>& stats,
   for (const ClientStats::Traced& call : calls) {
     std::fprintf(file, "%.3f %.3f %d\n", Ms(call.start - measure).count(), Ms(call.latency).count(),
                  call.code);
+  }
+  return std::fclose(file) == 0;
+}
+
+bool WriteAcked(const std::string& path, const std::vector<ClientStats>& stats) {
+  FILE* file = std::fopen(path.c_str(), "w");
+  if (file == nullptr) return false;
+  for (const ClientStats& s : stats) {
+    for (const std::string& name : s.acked) std::fprintf(file, "%s\n", name.c_str());
   }
   return std::fclose(file) == 0;
 }
@@ -267,6 +283,8 @@ int main(int argc, char** argv) {
       .String("trace", "", &options.trace,
               "write every counted call to this file: ms from the window's start, latency ms, "
               "status code")
+      .String("acked", "", &options.acked,
+              "write the name of every job created OK (warmup included) to this file")
       .String("node-selector", "", &options.node_selector,
               "KEY=VALUE added to every job's nodeSelector (a label no node has keeps the jobs "
               "PENDING)");
@@ -345,6 +363,10 @@ int main(int argc, char** argv) {
   std::sort(total.latency_ns.begin(), total.latency_ns.end());
   if (!options.trace.empty() && !WriteTrace(options.trace, stats, measure)) {
     std::cerr << "bench_create_jobs: cannot write " << options.trace << "\n";
+    return 1;
+  }
+  if (!options.acked.empty() && !WriteAcked(options.acked, stats)) {
+    std::cerr << "bench_create_jobs: cannot write " << options.acked << "\n";
     return 1;
   }
   int64_t errors = 0;

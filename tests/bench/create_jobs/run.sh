@@ -104,8 +104,8 @@ ceiling="$(sed -n 's/^tps = \([0-9.]*\) .*/\1/p' "$work/pgbench.out")"
 ceiling_ms="$(sed -n 's/^latency average = \([0-9.]*\) ms/\1/p' "$work/pgbench.out")"
 "${psql[@]}" -c 'DROP TABLE insert_ceiling'
 
-bench=("$bin/bench_create_jobs" --server "$server" --token "$token" --clients "$clients"
-       --seconds "$seconds" --warmup "$warmup")
+bench=("$bin/bench_create_jobs" --server "$server" --clients "$clients" --seconds "$seconds"
+       --warmup "$warmup")
 # 2. Closed loop, then 3. the fixed rate.
 [ "$statements" = 1 ] && "${psql[@]}" -c 'CREATE EXTENSION pg_stat_statements' -c 'SELECT pg_stat_statements_reset()' >/dev/null
 "${psql[@]}" -c "SELECT pg_stat_reset_shared('wal')" >/dev/null
@@ -116,7 +116,7 @@ cpu_ticks() { for pid in "$@"; do awk '{print $14 + $15}' "/proc/$pid/stat" 2>/d
 postgres_pids() { local pm; pm="$(head -1 "$work/pg/postmaster.pid")"; echo "$pm" $(pgrep -P "$pm"); }
 api_ticks0="$(cpu_ticks "$api_pid")" pg_ticks0="$(cpu_ticks $(postgres_pids))" start_ns="$(date +%s%N)"
 TIMEFORMAT='%U %S'
-{ time "${bench[@]}" --rate 0 > "$work/closed.out"; } 2> "$work/closed.time"
+{ time "${bench[@]}" --token "$token" --rate 0 > "$work/closed.out"; } 2> "$work/closed.time"
 api_ticks="$(( $(cpu_ticks "$api_pid") - api_ticks0 ))" pg_ticks="$(( $(cpu_ticks $(postgres_pids)) - pg_ticks0 ))"
 closed_wall="$(awk -v a="$start_ns" -v b="$(date +%s%N)" 'BEGIN {print (b - a) / 1e9}')"
 client_cpu="$(awk '{print $1 + $2}' "$work/closed.time")"
@@ -127,7 +127,9 @@ if [ "$statements" = 1 ]; then
     FROM pg_stat_statements ORDER BY total_exec_time DESC LIMIT 12" > "$work/statements.out"
 fi
 "${psql[@]}" -c 'SET client_min_messages = warning' -c 'TRUNCATE jobs CASCADE'
-"${bench[@]}" --rate "$rate" ${GRADHUB_BENCH_TRACE:+--trace "$GRADHUB_BENCH_TRACE"} > "$work/open.out"
+# The CASCADE empties api_tokens too (job tokens reference jobs): a new tenant's token.
+token="$("$bin/gradhub-api" create-tenant bench-open-loop)"
+"${bench[@]}" --token "$token" --rate "$rate" ${GRADHUB_BENCH_TRACE:+--trace "$GRADHUB_BENCH_TRACE"} > "$work/open.out"
 if ! kill -0 "$api_pid" 2>/dev/null; then echo "gradhub-api exited during the run:" >&2; tail "$work/api.err" >&2; exit 1; fi
 # 4. The ceiling's INSERT on phase 3's timetable. pgbench logs each transaction's time and its
 # lag behind schedule, so this latency, like bench_create_jobs', counts from the scheduled start.
