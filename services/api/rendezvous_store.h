@@ -56,9 +56,11 @@
 //
 // Cost (measured by rendezvous_store_test's RendezvousCost, 2-core machine, local PostgreSQL):
 // with the PostgreSQL backend every Set, Add, Check, DeletePrefix and the first look of a
-// Get/Wait is one round trip to the database (about 0.1-0.3 ms locally) where the in-memory
-// backend takes microseconds; a waiter completed by a Set on the same replica costs nothing
-// more, one completed by another replica's Set waits for KeysChanged or at most poll_interval.
+// Get/Wait is one round trip to the database: a Set took 75 us against 0.2 us in memory. A
+// world-8 rendezvous (8 ranks x (Set + Wait on all 8 keys), ranks as threads) took 3.4-5.2 ms
+// against 2.5-3.8 ms in memory, most of both being the threads. A waiter completed by a Set on
+// the same replica costs nothing more; one completed by another replica's Set waits for
+// KeysChanged() or at most poll_interval.
 // These calls run on StoreService's queue thread, so one replica's store calls queue behind
 // each other's round trips.
 //
