@@ -8,6 +8,7 @@
 
 #include <cstdio>
 #include <iostream>
+#include <memory>
 #include <thread>
 
 #include "services/api/admin_service.h"
@@ -22,6 +23,7 @@
 #include "services/api/leader_lease.h"
 #include "services/api/node_manager.h"
 #include "services/api/node_service.h"
+#include "services/api/postgres_rendezvous_backend.h"
 #include "services/api/rendezvous_store.h"
 #include "services/api/replica_signals.h"
 #include "services/api/rest_gateway.h"
@@ -137,6 +139,10 @@ struct ApiServices {
         auth(&pool, config.server.admin_token),
         jobs(&pool, gradhub::SpecLimits{.max_world_size = static_cast<int>(config.max_world_size)}),
         job_service(&jobs, &auth),
+        // The rendezvous store's keys in PostgreSQL, shared with every other replica (issue
+        // #35): a rendezvous survives the death of the replica that took its keys.
+        store(gradhub::api::RendezvousStoreOptions{},
+              std::make_unique<gradhub::api::PostgresRendezvousBackend>(&pool)),
         // A database lookup per call of a script rank (its job token is never cached), on
         // one of the store's authorization threads, not its queue thread (store_service.h).
         store_service(&store,

@@ -2,11 +2,10 @@
 
 #include <algorithm>
 #include <cctype>
+#include <map>
 #include <unordered_set>
 
-#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
 // Timeouts: one timer thread over a deadline-ordered set, rather than a grpc::Alarm per waiter.
@@ -20,19 +19,11 @@
 namespace gradhub::api {
 namespace {
 
-// Keys in error messages: escaped (they are bytes) and cut, so an error stays readable.
-std::string Quote(const std::string& key) {
-  constexpr size_t kMaxShown = 160;
-  std::string shown = absl::CHexEscape(key.substr(0, kMaxShown));
-  if (key.size() > kMaxShown) absl::StrAppend(&shown, "...");
-  return absl::StrCat("\"", shown, "\"");
-}
-
 std::string QuoteList(const std::vector<std::string>& keys) {
   constexpr size_t kMaxListed = 16;
   std::string out;
   for (size_t i = 0; i < keys.size() && i < kMaxListed; ++i) {
-    absl::StrAppend(&out, i == 0 ? "" : ", ", Quote(keys[i]));
+    absl::StrAppend(&out, i == 0 ? "" : ", ", QuoteKey(keys[i]));
   }
   if (keys.size() > kMaxListed) {
     absl::StrAppend(&out, " and ", keys.size() - kMaxListed, " more");
@@ -54,7 +45,7 @@ absl::Status ValidateAttemptScope(const std::string& key, const std::string& fie
                                   bool allow_bare_prefix) {
   auto outside = [&]() {
     return absl::InvalidArgumentError(
-        absl::StrCat(field, ": ", Quote(key),
+        absl::StrCat(field, ": ", QuoteKey(key),
                      " is not inside an attempt's prefix jobs/{job_id}/attempts/{attempt}/"));
   };
   static const std::string kJobs = "jobs/";
@@ -70,13 +61,17 @@ absl::Status ValidateAttemptScope(const std::string& key, const std::string& fie
   }
   if (!allow_bare_prefix && attempt_end + 1 == key.size()) {
     return absl::InvalidArgumentError(
-        absl::StrCat(field, ": ", Quote(key), " must go on after the attempt's prefix"));
+        absl::StrCat(field, ": ", QuoteKey(key), " must go on after the attempt's prefix"));
   }
   return absl::OkStatus();
 }
 
-RendezvousStore::RendezvousStore(RendezvousStoreOptions options)
-    : options_(std::move(options)), timer_([this] { TimerLoop(); }) {}
+RendezvousStore::RendezvousStore(RendezvousStoreOptions options,
+                                 std::unique_ptr<RendezvousBackend> backend)
+    : options_(std::move(options)),
+      backend_(backend != nullptr ? std::move(backend)
+                                  : std::make_unique<InMemoryRendezvousBackend>()),
+      timer_([this] { TimerLoop(); }) {}
 
 RendezvousStore::~RendezvousStore() {
   Shutdown();
@@ -117,6 +112,18 @@ absl::Status RendezvousStore::ValidateKeys(const std::vector<std::string>& keys)
   return absl::OkStatus();
 }
 
+absl::Status RendezvousStore::ValidatePrefix(const std::string& prefix) const {
+  if (prefix.empty()) return absl::InvalidArgumentError("prefix: must not be empty");
+  if (prefix.size() > options_.max_key_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "prefix: ", prefix.size(), " bytes, longer than the limit of ", options_.max_key_bytes));
+  }
+  if (options_.require_attempt_scope) {
+    return ValidateAttemptScope(prefix, "prefix", /*allow_bare_prefix=*/true);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status RendezvousStore::Set(const std::string& key, std::string value) {
   absl::Status status = ValidateKey(key, "key");
   if (!status.ok()) return status;
@@ -124,11 +131,12 @@ absl::Status RendezvousStore::Set(const std::string& key, std::string value) {
     return absl::InvalidArgumentError(absl::StrCat(
         "value: ", value.size(), " bytes, larger than the limit of ", options_.max_value_bytes));
   }
+  status = backend_->Set(key, value);
+  if (!status.ok()) return status;
   std::vector<Completion> completions;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    const bool inserted = data_.insert_or_assign(key, std::move(value)).second;
-    if (inserted) OnKeyPresentLocked(key, &completions);
+    MarkPresentLocked(key, value, &completions);
   }
   Deliver(std::move(completions));
   return absl::OkStatus();
@@ -137,26 +145,12 @@ absl::Status RendezvousStore::Set(const std::string& key, std::string value) {
 absl::StatusOr<int64_t> RendezvousStore::Add(const std::string& key, int64_t delta) {
   absl::Status status = ValidateKey(key, "key");
   if (!status.ok()) return status;
+  absl::StatusOr<int64_t> result = backend_->Add(key, delta);
+  if (!result.ok()) return result;
   std::vector<Completion> completions;
-  int64_t result = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = data_.find(key);
-    int64_t current = 0;
-    if (it != data_.end() && !absl::SimpleAtoi(it->second, &current)) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "key ", Quote(key), " holds ", Quote(it->second), ", not a decimal int64 counter"));
-    }
-    if (__builtin_add_overflow(current, delta, &result)) {
-      return absl::OutOfRangeError(
-          absl::StrCat("key ", Quote(key), ": ", current, " + ", delta, " overflows int64"));
-    }
-    if (it != data_.end()) {
-      it->second = absl::StrCat(result);
-    } else {
-      data_.emplace(key, absl::StrCat(result));
-      OnKeyPresentLocked(key, &completions);
-    }
+    MarkPresentLocked(key, absl::StrCat(*result), &completions);
   }
   Deliver(std::move(completions));
   return result;
@@ -165,28 +159,20 @@ absl::StatusOr<int64_t> RendezvousStore::Add(const std::string& key, int64_t del
 absl::StatusOr<bool> RendezvousStore::Check(const std::vector<std::string>& keys) const {
   absl::Status status = ValidateKeys(keys);
   if (!status.ok()) return status;
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::StatusOr<std::map<std::string, std::string>> present =
+      backend_->Read(keys, /*with_values=*/false);
+  if (!present.ok()) return present.status();
   return std::all_of(keys.begin(), keys.end(),
-                     [this](const std::string& key) { return data_.count(key) != 0; });
+                     [&](const std::string& key) { return present->count(key) != 0; });
 }
 
 absl::StatusOr<int64_t> RendezvousStore::DeletePrefix(const std::string& prefix) {
-  if (prefix.empty()) return absl::InvalidArgumentError("prefix: must not be empty");
-  if (prefix.size() > options_.max_key_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "prefix: ", prefix.size(), " bytes, longer than the limit of ", options_.max_key_bytes));
-  }
-  if (options_.require_attempt_scope) {
-    absl::Status status = ValidateAttemptScope(prefix, "prefix", /*allow_bare_prefix=*/true);
-    if (!status.ok()) return status;
-  }
+  absl::Status status = ValidatePrefix(prefix);
+  if (!status.ok()) return status;
+  absl::StatusOr<int64_t> deleted = backend_->DeletePrefix(prefix);
+  if (!deleted.ok()) return deleted;
   std::lock_guard<std::mutex> lock(mu_);
-  int64_t deleted = 0;
-  auto it = data_.lower_bound(prefix);
-  while (it != data_.end() && absl::StartsWith(it->first, prefix)) {
-    it = data_.erase(it);
-    ++deleted;
-  }
+  MarkDeletedLocked(prefix);
   return deleted;
 }
 
@@ -223,58 +209,86 @@ RendezvousStore::WaiterId RendezvousStore::Wait(std::vector<std::string> keys,
 }
 
 RendezvousStore::WaiterId RendezvousStore::Register(Waiter waiter) {
-  absl::StatusOr<std::string> immediate;
+  absl::Status refused;
+  const bool want_value = waiter.want_value;
+  const std::vector<std::string> keys = waiter.keys;
+  const WaiterId id = RecordWaiter(waiter, &refused);
+  if (id == kNoWaiter) {
+    Deliver(waiter, std::move(refused));
+    return kNoWaiter;
+  }
+  absl::StatusOr<std::map<std::string, std::string>> present = backend_->Read(keys, want_value);
+  std::vector<Completion> completions;
+  bool pending = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    const std::vector<std::string> missing = MissingKeysLocked(waiter);
-    if (shut_down_) {
-      immediate = absl::UnavailableError("the rendezvous store is shutting down");
-    } else if (missing.empty()) {
-      immediate = waiter.want_value ? data_.at(waiter.keys[0]) : std::string();
-    } else if (waiters_.size() >= options_.max_pending_waiters) {
-      immediate = absl::ResourceExhaustedError(absl::StrCat("too many blocked Get/Wait calls (",
-                                                            waiters_.size(), "); limit ",
-                                                            options_.max_pending_waiters));
+    if (present.ok()) {
+      last_read_error_.clear();
+      for (const auto& [key, value] : *present) MarkPresentLocked(key, value, &completions);
     } else {
-      const WaiterId id = next_id_++;
-      waiter.missing = missing.size();
-      waiter.deadline = Clock::now() + absl::ToChronoNanoseconds(waiter.timeout);
-      for (const std::string& key : missing) by_key_[key].insert(id);
-      const bool earliest = deadlines_.empty() || waiter.deadline < deadlines_.begin()->first;
-      deadlines_.emplace(waiter.deadline, id);
-      waiters_.emplace(id, std::move(waiter));
-      if (earliest) timer_cv_.notify_one();
-      return id;
+      last_read_error_ = std::string(present.status().message());  // The poll tries again.
     }
+    pending = waiters_.count(id) != 0;
   }
-  Deliver(waiter, std::move(immediate));
-  return kNoWaiter;
+  Deliver(std::move(completions));
+  return pending ? id : kNoWaiter;
 }
 
-void RendezvousStore::OnKeyPresentLocked(const std::string& key, std::vector<Completion>* out) {
+RendezvousStore::WaiterId RendezvousStore::RecordWaiter(Waiter& waiter, absl::Status* refused) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (shut_down_) {
+    *refused = absl::UnavailableError("the rendezvous store is shutting down");
+    return kNoWaiter;
+  }
+  if (waiters_.size() >= options_.max_pending_waiters) {
+    *refused = absl::ResourceExhaustedError(absl::StrCat("too many blocked Get/Wait calls (",
+                                                         waiters_.size(), "); limit ",
+                                                         options_.max_pending_waiters));
+    return kNoWaiter;
+  }
+  const WaiterId id = next_id_++;
+  const Clock::time_point now = Clock::now();
+  // The first waiter: its own read (step 2) is as good as a poll.
+  if (by_key_.empty()) next_poll_ = now + absl::ToChronoNanoseconds(options_.poll_interval);
+  waiter.missing.insert(waiter.keys.begin(), waiter.keys.end());
+  waiter.deadline = now + absl::ToChronoNanoseconds(waiter.timeout);
+  for (const std::string& key : waiter.keys) by_key_[key].insert(id);
+  const bool earliest = deadlines_.empty() || waiter.deadline < deadlines_.begin()->first;
+  deadlines_.emplace(waiter.deadline, id);
+  waiters_.emplace(id, std::move(waiter));
+  if (earliest) timer_cv_.notify_one();
+  return id;
+}
+
+void RendezvousStore::MarkPresentLocked(const std::string& key, const std::string& value,
+                                        std::vector<Completion>* out) {
   auto node = by_key_.extract(key);
   if (node.empty()) return;
   for (WaiterId id : node.mapped()) {
     Waiter& waiter = waiters_.at(id);
-    if (--waiter.missing > 0) continue;
-    // Every key it was indexed under has appeared; one that was present at registration may
-    // have been deleted since, so look again before completing.
-    const std::vector<std::string> missing = MissingKeysLocked(waiter);
-    if (!missing.empty()) {
-      waiter.missing = missing.size();
-      for (const std::string& k : missing) by_key_[k].insert(id);
-      continue;
-    }
+    waiter.missing.erase(key);
+    if (waiter.want_value && waiter.keys[0] == key) waiter.value = value;
+    if (!waiter.missing.empty()) continue;
     Completion completion{RemoveLocked(id), std::string()};
-    if (completion.waiter.want_value) completion.result = data_.at(completion.waiter.keys[0]);
+    if (completion.waiter.want_value) completion.result = std::move(completion.waiter.value);
     out->push_back(std::move(completion));
+  }
+}
+
+void RendezvousStore::MarkDeletedLocked(const std::string& prefix) {
+  for (auto& [id, waiter] : waiters_) {
+    for (const std::string& key : waiter.keys) {
+      if (absl::StartsWith(key, prefix) && waiter.missing.insert(key).second) {
+        by_key_[key].insert(id);
+      }
+    }
   }
 }
 
 RendezvousStore::Waiter RendezvousStore::RemoveLocked(WaiterId id) {
   auto node = waiters_.extract(id);
   Waiter& waiter = node.mapped();
-  for (const std::string& key : waiter.keys) {
+  for (const std::string& key : waiter.missing) {
     auto it = by_key_.find(key);
     if (it == by_key_.end()) continue;
     it->second.erase(id);
@@ -282,14 +296,6 @@ RendezvousStore::Waiter RendezvousStore::RemoveLocked(WaiterId id) {
   }
   deadlines_.erase({waiter.deadline, id});
   return std::move(waiter);
-}
-
-std::vector<std::string> RendezvousStore::MissingKeysLocked(const Waiter& waiter) const {
-  std::vector<std::string> missing;
-  for (const std::string& key : waiter.keys) {
-    if (data_.count(key) == 0) missing.push_back(key);
-  }
-  return missing;
 }
 
 void RendezvousStore::CancelWait(WaiterId id) {
@@ -301,6 +307,20 @@ void RendezvousStore::CancelWait(WaiterId id) {
         {RemoveLocked(id), absl::CancelledError("the blocked call was cancelled")});
   }
   Deliver(std::move(completions));
+}
+
+void RendezvousStore::KeysChanged() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (by_key_.empty()) return;
+  poll_now_ = true;
+  timer_cv_.notify_one();
+}
+
+void RendezvousStore::KeyChanged(const std::string& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (by_key_.count(key) == 0) return;
+  poll_now_ = true;
+  timer_cv_.notify_one();
 }
 
 void RendezvousStore::Shutdown() {
@@ -322,8 +342,8 @@ size_t RendezvousStore::pending_waiters() const {
 }
 
 size_t RendezvousStore::size() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return data_.size();
+  absl::StatusOr<int64_t> size = backend_->Size();
+  return size.ok() ? static_cast<size_t>(*size) : 0;
 }
 
 void RendezvousStore::Deliver(std::vector<Completion> completions) {
@@ -343,33 +363,71 @@ void RendezvousStore::Deliver(Waiter& waiter, absl::StatusOr<std::string> result
 void RendezvousStore::TimerLoop() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!stop_timer_) {
-    if (deadlines_.empty()) {
-      timer_cv_.wait(lock);
-      continue;
-    }
     const Clock::time_point now = Clock::now();
-    // A copy: wait_until reads its argument again after waking, when the queue's first entry
-    // may already be gone.
-    const Clock::time_point earliest = deadlines_.begin()->first;
-    if (now < earliest) {
-      timer_cv_.wait_until(lock, earliest);
+    const bool polling = backend_->shared() && !by_key_.empty();
+    if (polling && (poll_now_ || now >= next_poll_)) {
+      PollLocked(lock);
       continue;
     }
-    std::vector<Completion> expired;
-    while (!deadlines_.empty() && deadlines_.begin()->first <= now) {
-      const WaiterId id = deadlines_.begin()->second;
-      Waiter waiter = RemoveLocked(id);
-      const std::vector<std::string> missing = MissingKeysLocked(waiter);
-      absl::Status status = absl::DeadlineExceededError(
-          absl::StrCat(waiter.want_value ? "Get" : "Wait", " timed out after ",
-                       absl::FormatDuration(waiter.timeout), "; missing ",
-                       missing.size() == 1 ? "key " : "keys ", QuoteList(missing)));
-      expired.push_back({std::move(waiter), std::move(status)});
+    poll_now_ = false;
+    if (!deadlines_.empty() && deadlines_.begin()->first <= now) {
+      ExpireLocked(now, lock);
+      continue;
     }
-    lock.unlock();
-    Deliver(std::move(expired));
-    lock.lock();
+    // Copies: wait_until reads its argument again after waking, when the queue's first entry
+    // may already be gone.
+    Clock::time_point wake =
+        deadlines_.empty() ? Clock::time_point::max() : deadlines_.begin()->first;
+    if (polling) wake = std::min(wake, next_poll_);
+    if (wake == Clock::time_point::max()) {
+      timer_cv_.wait(lock);
+    } else {
+      timer_cv_.wait_until(lock, wake);
+    }
   }
+}
+
+void RendezvousStore::PollLocked(std::unique_lock<std::mutex>& lock) {
+  poll_now_ = false;
+  std::vector<std::string> keys;
+  keys.reserve(by_key_.size());
+  for (const auto& entry : by_key_) keys.push_back(entry.first);
+  lock.unlock();
+  absl::StatusOr<std::map<std::string, std::string>> present =
+      backend_->Read(keys, /*with_values=*/true);
+  lock.lock();
+  next_poll_ = Clock::now() + absl::ToChronoNanoseconds(options_.poll_interval);
+  if (!present.ok()) {
+    last_read_error_ = std::string(present.status().message());
+    return;
+  }
+  last_read_error_.clear();
+  std::vector<Completion> completions;
+  for (const auto& [key, value] : *present) MarkPresentLocked(key, value, &completions);
+  lock.unlock();
+  Deliver(std::move(completions));
+  lock.lock();
+}
+
+void RendezvousStore::ExpireLocked(Clock::time_point now, std::unique_lock<std::mutex>& lock) {
+  std::vector<Completion> expired;
+  while (!deadlines_.empty() && deadlines_.begin()->first <= now) {
+    Waiter waiter = RemoveLocked(deadlines_.begin()->second);
+    std::vector<std::string> missing;
+    for (const std::string& key : waiter.keys) {
+      if (waiter.missing.count(key) != 0) missing.push_back(key);
+    }
+    std::string message = absl::StrCat(waiter.want_value ? "Get" : "Wait", " timed out after ",
+                                       absl::FormatDuration(waiter.timeout), "; missing ",
+                                       missing.size() == 1 ? "key " : "keys ", QuoteList(missing));
+    if (!last_read_error_.empty()) {
+      absl::StrAppend(&message, " (the last read of the store failed: ", last_read_error_, ")");
+    }
+    expired.push_back({std::move(waiter), absl::DeadlineExceededError(message)});
+  }
+  lock.unlock();
+  Deliver(std::move(expired));
+  lock.lock();
 }
 
 }  // namespace gradhub::api
