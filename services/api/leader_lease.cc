@@ -80,8 +80,21 @@ absl::Status LeaderLease::Tick() {
     if (term_ && sent < expiry_) held = term_;
   }
   // A term past its local expiry is over even if the database would still renew it (step 2).
-  if (held) return Renew(held->number, sent);
-  return TakeOver(sent);
+  const absl::Status status = held ? Renew(held->number, sent) : TakeOver(sent);
+  if (!status.ok()) StepDownIfExpired();
+  return status;
+}
+
+void LeaderLease::StepDownIfExpired() {
+  std::optional<LeaderTerm> held;
+  Clock::time_point expiry;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    held = term_;
+    expiry = expiry_;
+  }
+  // Current() has said so since `expiry`; this records it (the line, on_change).
+  if (held && Clock::now() >= expiry) SetHeld(std::nullopt, expiry, std::nullopt);
 }
 
 absl::Status LeaderLease::Renew(int64_t term, Clock::time_point sent) {
@@ -200,9 +213,11 @@ std::string LeaderLease::Describe() const {
 void LeaderLease::SetHeld(std::optional<LeaderTerm> term, Clock::time_point expiry,
                           std::optional<LeaderView> view) {
   std::optional<LeaderTerm> before;
+  Clock::time_point before_expiry;
   {
     std::lock_guard<std::mutex> lock(mu_);
     before = term_;
+    before_expiry = expiry_;
     term_ = term;
     expiry_ = expiry;
     if (view) view_ = *view;
@@ -210,7 +225,11 @@ void LeaderLease::SetHeld(std::optional<LeaderTerm> term, Clock::time_point expi
   const bool same = before && term && before->number == term->number;
   if (same || (!before && !term)) return;  // a renewal, or still not leading
   if (before) {
-    std::cerr << "gradhub-api: no longer leading (term " << before->number << ")\n";
+    // Current() said so from the local expiry on; the line may come a tick later.
+    const double since = std::chrono::duration<double>(Clock::now() - before_expiry).count();
+    std::cerr << "gradhub-api: no longer leading (term " << before->number << ")";
+    if (since > 0) std::cerr << absl::StrFormat("; stopped acting %.3f s ago", since);
+    std::cerr << "\n";
     if (options_.on_change) options_.on_change(false);
   }
   if (term) {

@@ -127,6 +127,9 @@ class LeaderLease {
   absl::Status Renew(int64_t term, Clock::time_point sent);
   absl::Status TakeOver(Clock::time_point sent);
   void Release();
+  // After a failed tick: a term past its local expiry is recorded as over (step 3), although
+  // nothing could be read.
+  void StepDownIfExpired();
   // Records the outcome of a tick (`view` nullopt: who leads is unknown, kept as it was);
   // reports a change of leadership (a line on stderr, on_change).
   void SetHeld(std::optional<LeaderTerm> term, Clock::time_point expiry,

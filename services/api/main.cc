@@ -126,6 +126,13 @@ gradhub::db::PoolOptions LeaderPoolOptions(const gradhub::api::ApiConfig& config
   gradhub::db::PoolOptions options = config.server.database.Pool("gradhub-api leader");
   options.max_connections = 1;
   options.connection.statement_timeout = config.leader_lease;
+  // A renewal unanswered for a quarter lease has failed: the pool then fails the next ticks
+  // at once (pool.h) instead of each waiting out the silence, and the leader steps down on
+  // time.
+  options.connection.silence_timeout =
+      std::min(options.connection.silence_timeout, config.leader_lease / 4);
+  options.connection.connect_timeout =
+      std::min(options.connection.connect_timeout, config.leader_lease / 4);
   options.acquire_timeout = config.leader_lease;
   return options;
 }

@@ -345,8 +345,11 @@ bool PostgresServer::Launch() {
   std::vector<std::string> command = {
       bin_dir_ + "/postgres", "-D", dir_ + "/data", "-p", std::to_string(port_), "-k", dir_};
   // A throwaway server: durability buys nothing here, and fsync would dominate the test time.
-  for (const char* setting : {"listen_addresses=127.0.0.1", "fsync=off", "synchronous_commit=off",
-                              "full_page_writes=off", "max_connections=200"})
+  // Also on 127.0.0.2, so that a test can cut one client off (a packet filter on that address,
+  // tests/support/packet_filter.h) and not the others.
+  for (const char* setting :
+       {"listen_addresses=127.0.0.1,127.0.0.2", "fsync=off", "synchronous_commit=off",
+        "full_page_writes=off", "max_connections=200"})
     command.insert(command.end(), {"-c", setting});
   std::error_code ec;
   const auto log_start = static_cast<std::streamoff>(fs::file_size(log_path_, ec));
