@@ -142,9 +142,13 @@ std::string StoreEntryForRanks(const std::string& store_address, const std::stri
 }  // namespace
 
 std::string StoreAddressForRanks(const std::string& store_address, const std::string& api_target) {
-  // A gRPC target with a scheme may hold commas of its own ("ipv4:a:1,b:2"): as given.
-  if (store_address.find(',') == std::string::npos || absl::StrContains(store_address, ":/") ||
-      absl::StartsWith(store_address, "ipv")) {
+  // A gRPC target with a scheme ("ipv4:a:1,b:2", "dns:///s:1") is the operator's choice: as
+  // given when it lists several addresses, as before when one.
+  const bool has_scheme = absl::StrContains(store_address, ":/") ||
+                          absl::StartsWith(store_address, "ipv4:") ||
+                          absl::StartsWith(store_address, "ipv6:");
+  if (has_scheme && absl::StrContains(store_address, ',')) return store_address;
+  if (store_address.find(',') == std::string::npos) {
     return StoreEntryForRanks(store_address, TargetHost(api_target));
   }
   std::vector<std::string> api_hosts;
