@@ -49,14 +49,6 @@ LogShipperOptions ShipperOptions(const AgentConfig& config) {
 
 }  // namespace
 
-grpc::ChannelArguments AgentChannelArguments() {
-  grpc::ChannelArguments args;
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 200);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
-  return args;
-}
-
 Agent::Agent(AgentConfig config, v1::NodeService::StubInterface* stub)
     : config_(std::move(config)),
       stub_(stub),

@@ -51,10 +51,6 @@
 
 namespace gradhub::agent {
 
-// Channel arguments for the agent's connection: reconnect quickly after the server comes back
-// (gRPC's default reconnect backoff grows to two minutes, longer than a lease).
-grpc::ChannelArguments AgentChannelArguments();
-
 class Agent {
  public:
   // `config` must be complete: absolute work_dir, trainer set (main does that). `stub` is not

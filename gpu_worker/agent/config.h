@@ -8,6 +8,7 @@
 #include "absl/time/time.h"
 #include "gpu_worker/agent/isolation.h"
 #include "gpu_worker/agent/node_devices.h"
+#include "services/common/api_targets.h"
 #include "services/common/contract/defaults.h"
 #include "services/common/flags.h"
 
@@ -70,9 +71,15 @@ struct AgentConfig {
   // Not a flag: what every rank's environment gets for its collectives' network (the listen
   // address, GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME: RankNetworkEnvironment, node_address.h).
   std::map<std::string, std::string> rank_network_env;
+  // Not a flag: --server as a channel target (services/common/api_targets.h); main resolves it.
+  ApiTarget api_target;
 
   void Register(Flags& flags) {
-    flags.String("server", "GRADHUB_SERVER", &server, "host:port of the gradhub-api gRPC port")
+    flags
+        .String("server", "GRADHUB_SERVER", &server,
+                "host:port of the gradhub-api gRPC port, or every replica's, comma-separated "
+                "(host1:7070,host2:7070); a stream or call on a replica that is gone moves to "
+                "the next")
         .String("token", "GRADHUB_NODE_TOKEN", &token,
                 "Node token (gradhub-api create-node-token), sent as a bearer token")
         .String("tls-ca", "GRADHUB_TLS_CA", &tls_ca_file,

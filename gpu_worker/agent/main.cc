@@ -19,6 +19,7 @@
 #include "gpu_worker/agent/node_address.h"
 #include "gpu_worker/agent/node_description.h"
 #include "services/common/abseil_mode.h"
+#include "services/common/api_targets.h"
 #include "services/common/grpc_credentials.h"
 #include "services/common/shutdown_signals.h"
 
@@ -138,6 +139,24 @@ std::optional<int> IsolateRanks(AgentConfig& config) {
   return std::nullopt;
 }
 
+// --server as a channel target (api_targets.h). Waits for its names to resolve, which in a
+// container they may only after it started; a list that does not parse ends the agent.
+std::optional<int> ResolveServer(AgentConfig& config) {
+  for (int tries = 0;; ++tries) {
+    absl::StatusOr<gradhub::ApiTarget> target = gradhub::ParseApiTarget("--server", config.server);
+    if (target.ok()) {
+      config.api_target = *std::move(target);
+      return std::nullopt;
+    }
+    if (target.status().code() != absl::StatusCode::kUnavailable) {
+      std::cerr << "gradhub-agent: " << target.status().message() << "\n";
+      return 2;
+    }
+    if (tries == 0) std::cerr << "gradhub-agent: " << target.status().message() << "; waiting\n";
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
+}
+
 // The address this node advertises and its ranks' network variables (node_address.h). Waits
 // for a route to --server, which a container may get only after it started.
 std::optional<int> ResolveAddress(AgentConfig& config) {
@@ -197,8 +216,9 @@ int RunUntilSignal(const AgentConfig& config, const gradhub::ShutdownSignals& si
     std::cerr << "gradhub-agent: " << credentials.status().message() << "\n";
     return 2;
   }
-  auto channel = grpc::CreateCustomChannel(config.server, *credentials,
-                                           gradhub::agent::AgentChannelArguments());
+  // Heartbeats, WatchAssignments and log shipping share this channel: when its replica is
+  // gone, each call or stream fails and is made again on the next one (api_targets.h).
+  auto channel = gradhub::CreateApiChannel(config.api_target, *credentials);
   auto stub = gradhub::v1::NodeService::NewStub(channel);
   gradhub::agent::Agent agent(config, stub.get());
   std::thread signal_thread([&] {
@@ -218,7 +238,8 @@ int main(int argc, char** argv) {
   gradhub::TurnOffMutexDeadlockDetection();
   AgentConfig config;
   if (std::optional<int> exit = ParseFlags(argc, argv, config)) return *exit;
-  for (auto prepare : {DescribeDevices, ResolveDirectories, ResolveAddress, IsolateRanks}) {
+  for (auto prepare :
+       {DescribeDevices, ResolveDirectories, ResolveServer, ResolveAddress, IsolateRanks}) {
     if (std::optional<int> exit = prepare(config)) return *exit;
   }
   WarnAboutSettings(config);

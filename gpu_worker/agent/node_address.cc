@@ -12,6 +12,9 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "services/common/api_targets.h"
 
 namespace gradhub::agent {
 namespace {
@@ -44,19 +47,7 @@ bool IsLoopbackAddress(const std::string& address) {
   return false;
 }
 
-std::string TargetHost(const std::string& target) {
-  std::string rest = target;
-  if (absl::StartsWith(rest, "unix:") || absl::StartsWith(rest, "unix-abstract:")) return "";
-  for (const char* scheme : {"dns:///", "ipv4:", "ipv6:", "dns:"}) {
-    if (absl::StartsWith(rest, scheme)) rest = rest.substr(std::strlen(scheme));
-  }
-  if (absl::StartsWith(rest, "[")) {
-    const size_t close = rest.find(']');
-    return close == std::string::npos ? rest.substr(1) : rest.substr(1, close - 1);
-  }
-  const size_t colon = rest.rfind(':');
-  return colon == std::string::npos ? rest : rest.substr(0, colon);
-}
+std::string TargetHost(const std::string& target) { return FirstApiHost(target); }
 
 absl::StatusOr<std::string> ChooseAdvertisedAddress(const std::string& flag, bool api_is_local,
                                                     const std::string& route_source) {
@@ -131,9 +122,11 @@ std::string InterfaceOf(const std::string& address) {
   return name;
 }
 
-std::string StoreAddressForRanks(const std::string& store_address, const std::string& api_target) {
+namespace {
+
+// One entry of StoreAddressForRanks.
+std::string StoreEntryForRanks(const std::string& store_address, const std::string& api_host) {
   const std::string store_host = TargetHost(store_address);
-  const std::string api_host = TargetHost(api_target);
   if (store_address.empty() || !IsLoopbackAddress(store_host) || api_host.empty() ||
       IsLoopbackAddress(api_host) || api_host == "localhost") {
     return store_address;
@@ -144,6 +137,32 @@ std::string StoreAddressForRanks(const std::string& store_address, const std::st
       colon != std::string::npos && (bracket == std::string::npos || colon > bracket);
   const std::string port = has_port ? store_address.substr(colon) : "";
   return (api_host.find(':') != std::string::npos ? "[" + api_host + "]" : api_host) + port;
+}
+
+}  // namespace
+
+std::string StoreAddressForRanks(const std::string& store_address, const std::string& api_target) {
+  // A gRPC target with a scheme ("ipv4:a:1,b:2", "dns:///s:1") is the operator's choice: as
+  // given when it lists several addresses, as before when one.
+  const bool has_scheme = absl::StrContains(store_address, ":/") ||
+                          absl::StartsWith(store_address, "ipv4:") ||
+                          absl::StartsWith(store_address, "ipv6:");
+  if (has_scheme && absl::StrContains(store_address, ',')) return store_address;
+  if (store_address.find(',') == std::string::npos) {
+    return StoreEntryForRanks(store_address, TargetHost(api_target));
+  }
+  std::vector<std::string> api_hosts;
+  for (absl::string_view entry : absl::StrSplit(api_target, ',')) {
+    api_hosts.push_back(TargetHost(std::string(entry)));
+  }
+  std::vector<std::string> entries;
+  for (absl::string_view entry : absl::StrSplit(store_address, ',')) {
+    // Entry i is replica i's: on the host of --server's entry i (or its first).
+    const std::string& api_host =
+        entries.size() < api_hosts.size() ? api_hosts[entries.size()] : api_hosts.front();
+    entries.push_back(StoreEntryForRanks(std::string(entry), api_host));
+  }
+  return absl::StrJoin(entries, ",");
 }
 
 std::map<std::string, std::string> RankNetworkEnvironment(

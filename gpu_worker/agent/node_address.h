@@ -50,6 +50,9 @@ std::string InterfaceOf(const std::string& address);
 // --store-address): as given, except a loopback host while the api is reached at another
 // host (`api_target`, the agent's --server), which becomes that host: an api that did not set
 // --store-address says 127.0.0.1, right on one machine only.
+// A list (every replica's store, services/common/api_targets.h) is taken entry by entry: entry
+// i's loopback host becomes the host of `api_target`'s entry i, or of its first when it has
+// fewer.
 std::string StoreAddressForRanks(const std::string& store_address, const std::string& api_target);
 
 // Rule 3 as a pure function: the variables the agent adds to a rank's environment, given the

@@ -25,9 +25,11 @@ struct GrpcStoreOptions {
   std::chrono::milliseconds rpc_timeout = std::chrono::seconds(30);
 };
 
-// `address` is host:port of StoreService. Thread-safe, like every Store. Errors:
-// StoreTimeoutError when the server says the keys did not come in time, StoreError for
-// everything else (unreachable, refused, malformed; here already an unreadable tls_ca_file).
+// `address` is host:port of StoreService, or every replica's, comma-separated
+// (services/common/api_targets.h); Set, Get, Wait and Check are made again on the next replica
+// when theirs dies mid-call, Add and DeletePrefix are not (grpc_store.cc). Thread-safe, like every
+// Store. Errors: StoreTimeoutError when the server says the keys did not come in time, StoreError
+// for everything else (unreachable, refused, malformed; here already an unreadable tls_ca_file).
 std::shared_ptr<ddp::Store> MakeGrpcStore(const std::string& address,
                                           const GrpcStoreOptions& options = {});
 

@@ -3,14 +3,26 @@
 #include <utility>
 
 #include "services/checkpoint/checkpoint_limits.h"
+#include "services/common/api_targets.h"
 
 namespace gradhub::cli {
+namespace {
+
+// --server as api_targets.h makes it (one address, a DNS name, or every replica's).
+std::shared_ptr<grpc::Channel> ApiChannel(const ClientOptions& options) {
+  absl::StatusOr<ApiTarget> target = ParseApiTarget("--server", options.server);
+  // Invocation refused a --server that does not parse; what is left fails the calls as an
+  // unreachable server.
+  return CreateApiChannel(
+      target.ok() ? *target : ApiTarget{.target = options.server},
+      options.credentials != nullptr ? options.credentials : grpc::InsecureChannelCredentials());
+}
+
+}  // namespace
 
 Client::Client(ClientOptions options)
     : options_(std::move(options)),
-      channel_(grpc::CreateChannel(options_.server, options_.credentials != nullptr
-                                                        ? options_.credentials
-                                                        : grpc::InsecureChannelCredentials())),
+      channel_(ApiChannel(options_)),
       jobs_(v1::JobService::NewStub(channel_)),
       nodes_(v1::NodeService::NewStub(channel_)),
       admin_(v1::AdminService::NewStub(channel_)),

@@ -18,7 +18,7 @@
 namespace gradhub::cli {
 
 struct ClientOptions {
-  // host:port of gradhub-api's gRPC listener.
+  // host:port of gradhub-api's gRPC listener, or several replicas' (api_targets.h).
   std::string server = "localhost:7070";
   // host:port of gradhub-checkpoint's gRPC listener.
   std::string checkpoint_server = "localhost:7071";

@@ -5,12 +5,15 @@
 
 #include "absl/strings/str_cat.h"
 #include "services/cli/client_config.h"
+#include "services/common/api_targets.h"
 #include "services/common/grpc_credentials.h"
 
 namespace gradhub::cli {
 
 void GlobalOptions::Register(Flags& flags) {
-  flags.String("server", "GRADHUB_SERVER", &server, "gradhub-api gRPC address, HOST:PORT")
+  flags
+      .String("server", "GRADHUB_SERVER", &server,
+              "gradhub-api gRPC address, HOST:PORT, or every replica's: HOST:PORT,HOST:PORT")
       .String("checkpoint-server", "GRADHUB_CHECKPOINT_SERVER", &checkpoint_server,
               "gradhub-checkpoint gRPC address, HOST:PORT (for `checkpoints`, `code` and "
               "submit --code)")
@@ -142,7 +145,8 @@ absl::Status Invocation::ApplyGlobals() {
     return absl::InvalidArgumentError(absl::StrCat("--tls-ca: ", credentials.status().message()));
   }
   credentials_ = *std::move(credentials);
-  return absl::OkStatus();
+  // Refused here, naming the flag, rather than as an unreachable server at the first call.
+  return ParseApiTarget("--server", globals_.server).status();
 }
 
 bool Invocation::Refuse(const absl::Status& usage) {

@@ -18,6 +18,9 @@ void ApplyLimits(const GrpcLimits& limits, grpc::ServerBuilder& builder) {
                              static_cast<int>(limits.max_streams_per_connection));
   builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
                              static_cast<int>(absl::ToInt64Milliseconds(limits.handshake_timeout)));
+  // Clients fail over between replicas by keepalive pings every 2 s during calls
+  // (api_targets.h); gRPC's default would answer pings more often than every 5 min with GOAWAY.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
   if (limits.max_threads > 0) {
     grpc::ResourceQuota quota("gradhub-grpc-threads");
     quota.SetMaxThreads(static_cast<int>(limits.max_threads));

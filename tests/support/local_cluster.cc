@@ -112,6 +112,9 @@ bool LocalCluster::Start() {
                     &checkpoint_http_port_, &metrics_grpc_port_, &metrics_http_port_}) {
     if (*port == 0) *port = PortBelowEphemeralRange();
   }
+  for (int replica = 1; replica < options_.api_replicas; ++replica) {
+    replica_grpc_ports_.push_back(PortBelowEphemeralRange());
+  }
   if (!StartApi()) return false;
   for (int replica = 1; replica < options_.api_replicas; ++replica) {
     if (!StartApiReplica(replica)) return false;
@@ -139,27 +142,30 @@ std::string LocalCluster::ServiceHost() const {
 }
 
 std::unique_ptr<Subprocess> LocalCluster::LaunchApi(int* grpc_port, int* http_port) {
-  auto api = std::make_unique<Subprocess>(
-      std::vector<std::string>{BinaryPath("gradhub-api"),
-                               "--database-url",
-                               url_,
-                               "--grpc-address",
-                               ServiceHost() + ":" + std::to_string(*grpc_port),
-                               "--http-host",
-                               ServiceHost(),
-                               "--http-port",
-                               std::to_string(*http_port),
-                               "--heartbeat-interval",
-                               options_.heartbeat_interval,
-                               "--scheduler-interval",
-                               "100ms",
-                               "--shutdown-grace",
-                               "2s",
-                               "--admin-token",
-                               kAdminToken,
-                               "--node-outage-grace",
-                               options_.agent_api_outage_grace,
-                               "serve"});
+  std::vector<std::string> argv = {BinaryPath("gradhub-api"),
+                                   "--database-url",
+                                   url_,
+                                   "--grpc-address",
+                                   ServiceHost() + ":" + std::to_string(*grpc_port),
+                                   "--http-host",
+                                   ServiceHost(),
+                                   "--http-port",
+                                   std::to_string(*http_port),
+                                   "--heartbeat-interval",
+                                   options_.heartbeat_interval,
+                                   "--scheduler-interval",
+                                   "100ms",
+                                   "--shutdown-grace",
+                                   "2s",
+                                   "--admin-token",
+                                   kAdminToken,
+                                   "--node-outage-grace",
+                                   options_.agent_api_outage_grace};
+  // Trainers reach the rendezvous store on whichever replica is up.
+  if (options_.clients_use_every_replica)
+    argv.insert(argv.end(), {"--store-address", api_addresses()});
+  argv.push_back("serve");
+  auto api = std::make_unique<Subprocess>(std::move(argv));
   const std::string port = AwaitOutput(*api, "serving gRPC on port ([0-9]+)");
   const std::string http = AwaitOutput(*api, "serving REST on port ([0-9]+)");
   if (port.empty() || http.empty()) return nullptr;
@@ -177,7 +183,10 @@ bool LocalCluster::StartApi() {
 }
 
 bool LocalCluster::StartApiReplica(int replica) {
-  int grpc_port = PortBelowEphemeralRange(), http_port = PortBelowEphemeralRange();
+  int grpc_port = replica <= static_cast<int>(replica_grpc_ports_.size())
+                      ? replica_grpc_ports_[replica - 1]
+                      : PortBelowEphemeralRange();
+  int http_port = PortBelowEphemeralRange();
   std::unique_ptr<Subprocess> api = LaunchApi(&grpc_port, &http_port);
   if (api == nullptr) return false;
   api_replicas_.resize(std::max<size_t>(api_replicas_.size(), replica));
@@ -197,6 +206,17 @@ void LocalCluster::KillApi(int signal) {
 }
 
 void LocalCluster::SignalApi(int signal) { api_->Kill(signal); }
+
+void LocalCluster::SignalApiReplica(int replica, int signal) {
+  (replica == 0 ? api_ : api_replicas_.at(replica - 1))->Kill(signal);
+}
+
+// From the ports (known before any replica started), so that replica 0's flags can name them.
+std::string LocalCluster::api_addresses() const {
+  std::string list = ServiceHost() + ":" + std::to_string(api_grpc_port_);
+  for (int port : replica_grpc_ports_) list += "," + ServiceHost() + ":" + std::to_string(port);
+  return list;
+}
 
 // As the api: free ports first, the same ones on a restart.
 bool LocalCluster::StartCheckpointService() {
@@ -253,7 +273,7 @@ bool LocalCluster::StartAgent(const std::string& name) {
   std::vector<std::string> argv = {
       BinaryPath("gradhub-agent"),
       "--server",
-      api_address_,
+      options_.clients_use_every_replica ? api_addresses() : api_address_,
       "--token",
       node_token_,
       "--name",

@@ -37,6 +37,9 @@ struct LocalClusterOptions {
   // is the one api_address(), jobs(), the agents and the CLI use; the others are reached
   // through api_address(i).
   int api_replicas = 1;
+  // The agents and the CLI get every replica's address (api_addresses()) rather than replica
+  // 0's, and every replica's --store-address is that list (services/common/api_targets.h).
+  bool clients_use_every_replica = false;
   // gradhub-api --heartbeat-interval (the lease is 3 of them).
   std::string heartbeat_interval = "1s";
   // How long agents keep their ranks running while gradhub-api is unreachable, and how long
@@ -81,6 +84,8 @@ class LocalCluster {
   void SignalApi(int signal);
   // Replicas 1.. (LocalClusterOptions::api_replicas), started by Start() after replica 0.
   bool StartApiReplica(int replica);
+  // SignalApi for replica `replica` (0 = the one KillApi and SignalApi reach).
+  void SignalApiReplica(int replica, int signal);
   bool StartAgent(const std::string& name);
   void KillAgent(const std::string& name, int signal);
   bool StartCheckpointService();
@@ -131,6 +136,8 @@ class LocalCluster {
   const std::string& api_address() const { return api_address_; }
   // Replica `replica`'s gRPC address (0 = api_address()).
   const std::string& api_address(int replica) const;
+  // Every replica's address, comma-separated, as --server takes it.
+  std::string api_addresses() const;
   int api_http_port() const { return api_http_port_; }
   int metrics_http_port() const { return metrics_http_port_; }
   const std::string& checkpoint_address() const { return checkpoint_address_; }
@@ -163,6 +170,8 @@ class LocalCluster {
   // Replicas 1.. : their processes and gRPC addresses, by index - 1.
   std::vector<std::unique_ptr<Subprocess>> api_replicas_;
   std::vector<std::string> api_replica_addresses_;
+  // gRPC ports of replicas 1.., picked before replica 0 starts (its --store-address names them).
+  std::vector<int> replica_grpc_ports_;
   std::map<std::string, std::unique_ptr<Subprocess>> agents_;
   int uploads_ = 0;
   std::unique_ptr<v1::JobService::Stub> jobs_;

@@ -75,6 +75,22 @@ TEST(NodeAddressTest, ALoopbackStoreAddressBecomesTheApisHostWhenTheApiIsRemote)
   EXPECT_EQ(StoreAddressForRanks("", "10.0.0.1:7070"), "");
 }
 
+// Every replica's store (services/common/api_targets.h): entry by entry.
+TEST(NodeAddressTest, AStoreListBecomesTheApiHostsEntryByEntry) {
+  EXPECT_EQ(StoreAddressForRanks("127.0.0.1:7070,127.0.0.1:7080", "10.0.0.1:7070,10.0.0.2:7080"),
+            "10.0.0.1:7070,10.0.0.2:7080");
+  // Fewer api entries: the first one's host.
+  EXPECT_EQ(StoreAddressForRanks("127.0.0.1:7070,[::1]:7080", "api.example:7070"),
+            "api.example:7070,api.example:7080");
+  EXPECT_EQ(StoreAddressForRanks("s1:7070,127.0.0.1:7080", "10.0.0.1:7070,10.0.0.2:7080"),
+            "s1:7070,10.0.0.2:7080");
+  EXPECT_EQ(StoreAddressForRanks("127.0.0.1:7070,127.0.0.1:7080", "127.0.0.1:7070,127.0.0.1:7080"),
+            "127.0.0.1:7070,127.0.0.1:7080");
+  EXPECT_EQ(StoreAddressForRanks("ipv4:127.0.0.1:1,127.0.0.1:2", "10.0.0.1:7070"),
+            "ipv4:127.0.0.1:1,127.0.0.1:2");
+  EXPECT_EQ(TargetHost("10.0.0.1:7070,10.0.0.2:7070"), "10.0.0.1");
+}
+
 // Rule 3: the address's interface for Gloo and NCCL.
 TEST(NodeAddressTest, Rule3RanksListenOnTheAddressAndItsInterface) {
   const auto env = RankNetworkEnvironment("10.0.0.9", "eth1", {});

@@ -1,0 +1,85 @@
+// The gRPC channel of every client of gradhub-api (the CLI, agents, trainers' store), given one
+// address or several replicas' (issue 35), so that a dead replica is left at once.
+//
+// A flag's value becomes a channel target:
+//  1. A gRPC target with a scheme ("dns:", "ipv4:", "ipv6:", "unix:", "unix-abstract:"): as
+//     given (the operator chose).
+//  2. One "host:port": "dns:///host:port". gRPC's DNS resolver returns every address of the
+//     name, and pick_first tries them in order: a Kubernetes headless Service or a compose
+//     service name with several replicas fails over this way, and follows their addresses as
+//     they change.
+//  3. "host1:port1,host2:port2,...": each host resolved here, once, to every address it has,
+//     into one "ipv4:a:p,b:p" (or "ipv6:") list for pick_first. Addresses that change later are
+//     not followed: give one DNS name (2.) for that. With both families present, the IPv4
+//     addresses are used when every entry has one, else the IPv6 ones, else IPv4 addresses
+//     mapped into IPv6.
+//
+// TLS: the server's certificate is checked against the host as given, so in 3. against the
+// first entry's host (GRPC_SSL_TARGET_NAME_OVERRIDE_ARG): every replica's certificate must name
+// it. `gradhub cluster up`'s CA issues one certificate for localhost and 127.0.0.1, which every
+// replica of one machine shares.
+//
+// Failover (FailoverChannelArguments):
+//  - A replica killed (SIGKILL, crash, host reboot with a live network) resets its connections:
+//    calls in flight fail UNAVAILABLE at once, the next call connects to the next address
+//    (refused connections are skipped at once).
+//  - A replica frozen (SIGSTOP, a hung VM) or cut off says nothing: keepalive pings every 2 s,
+//    answered within 1 s, close the connection after at most ~3 s; a reconnect that reaches the
+//    frozen replica's kernel (it still accepts TCP) is abandoned after the 1 s connect timeout,
+//    then the next address is tried. Calls in flight meanwhile end at their deadlines. So a
+//    frozen replica costs ~3-4 s, a killed one ~0 s plus the caller's retry wait.
+//  - Reconnect backoff is 200 ms growing to 1 s, so a replica that comes back is used again
+//    soon, and pick_first stays where it is connected (no flapping back).
+//
+// Failure cases of parsing: an empty entry ("a:1,,b:2"), an entry without a port, a bad port,
+// or a name that does not resolve: refused with the flag's name (the last one UNAVAILABLE, as
+// DNS may only be missing for now).
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace gradhub {
+
+// One "host:port" entry of a list: host without brackets ("::1"), port as text.
+struct HostPort {
+  std::string host;
+  std::string port;
+};
+
+struct ApiTarget {
+  // What grpc::CreateCustomChannel takes.
+  std::string target;
+  // The name the server's TLS certificate is checked against when it is not the target's own
+  // host (rule 3); "" = the target's.
+  std::string tls_name;
+  // Each entry's host as given, in order ("" for a local socket).
+  std::vector<std::string> hosts;
+};
+
+// Splits and checks `value` (rules 1-3, nothing resolved); `flag` names it in errors ("--server").
+absl::StatusOr<std::vector<HostPort>> SplitApiAddresses(const std::string& flag,
+                                                        const std::string& value);
+
+// The channel target of `value` (rules 1-3; rule 3 resolves the hosts).
+absl::StatusOr<ApiTarget> ParseApiTarget(const std::string& flag, const std::string& value);
+
+// `base` plus the failover settings above (pick_first, backoff, connect timeout, keepalive,
+// the TLS name).
+grpc::ChannelArguments FailoverChannelArguments(const ApiTarget& target,
+                                                grpc::ChannelArguments base = {});
+
+std::shared_ptr<grpc::Channel> CreateApiChannel(
+    const ApiTarget& target, const std::shared_ptr<grpc::ChannelCredentials>& credentials,
+    grpc::ChannelArguments base = {});
+
+// The first host of `value` (a target or a list, as ParseApiTarget takes), for what needs one
+// machine of the control plane (the agent's route to it); "" for a local socket.
+std::string FirstApiHost(const std::string& value);
+
+}  // namespace gradhub
