@@ -211,6 +211,20 @@ void LocalCluster::SignalApiReplica(int replica, int signal) {
   (replica == 0 ? api_ : api_replicas_.at(replica - 1))->Kill(signal);
 }
 
+void LocalCluster::KillApiReplica(int replica, int signal) {
+  Subprocess& api = *(replica == 0 ? api_ : api_replicas_.at(replica - 1));
+  api.Kill(signal);
+  api.Wait();
+}
+
+bool LocalCluster::RestartApiReplica(int replica) {
+  return replica == 0 ? StartApi() : StartApiReplica(replica);
+}
+
+pid_t LocalCluster::ApiReplicaPid(int replica) const {
+  return (replica == 0 ? api_ : api_replicas_.at(replica - 1))->pid();
+}
+
 // From the ports (known before any replica started), so that replica 0's flags can name them.
 std::string LocalCluster::api_addresses() const {
   std::string list = ServiceHost() + ":" + std::to_string(api_grpc_port_);

@@ -86,6 +86,11 @@ class LocalCluster {
   bool StartApiReplica(int replica);
   // SignalApi for replica `replica` (0 = the one KillApi and SignalApi reach).
   void SignalApiReplica(int replica, int signal);
+  // Replica `replica` (0 = the first) killed with `signal` and reaped; RestartApiReplica brings
+  // it back on its gRPC port. ApiReplicaPid: its process, to match the leader's holder id.
+  void KillApiReplica(int replica, int signal);
+  bool RestartApiReplica(int replica);
+  pid_t ApiReplicaPid(int replica) const;
   bool StartAgent(const std::string& name);
   void KillAgent(const std::string& name, int signal);
   bool StartCheckpointService();
