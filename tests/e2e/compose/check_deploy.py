@@ -634,11 +634,15 @@ K8S_MUTATIONS = [
     ("api.yaml", "a Secret key that does not exist", "key: database-url", "key: database-uri"),
     ("agent.yaml", "a key of the TLS Secret that does not exist", "{key: ca.pem, path: ca.pem}",
      "{key: ca.crt, path: ca.pem}"),
+    ("api.yaml", "a PodDisruptionBudget guarding nothing",
+     "  minAvailable: 1\n  selector:\n    matchLabels:\n      app.kubernetes.io/name: gradhub-api",
+     "  minAvailable: 1\n  selector:\n    matchLabels:\n      app.kubernetes.io/name: gradhub-ap"),
 ]
 # Caught by the schema check alone (check_k8s does not look at these fields).
 K8S_SCHEMA_MUTATIONS = [
     ("metrics.yaml", "a misspelt field", "  replicas: 1\n", "  replica: 1\n"),
-    ("api.yaml", "a string where an integer goes", "containerPort: 8080", "containerPort: \"8080\""),
+    ("api.yaml", "a string where an integer goes", "containerPort: 8080",
+     "containerPort: \"8080\""),
     ("metrics.yaml", "a string where an integer goes", "periodSeconds: 10",
      "periodSeconds: \"10\""),
     ("agent.yaml", "a value outside an enum", "type: DirectoryOrCreate", "type: DirectoryOrCreat"),
