@@ -208,10 +208,12 @@ class Program:
         if self.program is None or self.command in OFFLINE_COMMANDS:
             return out
         for flag, (target, kind) in ENDPOINT_FLAGS.items():
-            if flag in self.help.flags:
-                v = self.value(flag)
-                if v and ":" in v:
-                    host, _, port = v.rpartition(":")
+            if flag not in self.help.flags:
+                continue
+            # A list of replicas' addresses (host:port,host:port): each is checked.
+            for v in (self.value(flag) or "").split(","):
+                if ":" in v:
+                    host, _, port = v.strip().rpartition(":")
                     out.append((flag, host, int(port) if port.isdigit() else None, target, kind))
         return out
 
@@ -606,6 +608,8 @@ COMPOSE_MUTATIONS = [
      "--checkpoint-server=gradhub-checkpoint:7072"),
     ("an endpoint naming no service", "--metrics-server=gradhub-metrics:7072",
      "--metrics-server=metrics:7072"),
+    ("a replica in an address list on the wrong port", "gradhub-api:7070,gradhub-api-2:7070",
+     "gradhub-api:7070,gradhub-api-2:8080"),
     ("a command that does not exist", "      - serve\n", "      - serv\n"),
     ("a variable no program reads", "GRADHUB_DATA_ROOTS:", "GRADHUB_DATA_ROOT:"),
     ("a mounted path missing from the repo", "./dashboard/dashboards:", "./dashboard/dashboardz:"),
