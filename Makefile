@@ -15,7 +15,7 @@ PACKAGES := \
   libtorch-dev libopenblas0-pthread libgloo-dev \
   prometheus-cpp-dev libcpp-httplib-dev libssl-dev openssl libisal-dev libyaml-cpp-dev nlohmann-json3-dev zlib1g-dev \
   libgtest-dev libgmock-dev googletest prometheus \
-  python3-torch python3-sklearn python3-dev pybind11-dev python3-pytest clang-format \
+  python3-torch python3-sklearn python3-dev pybind11-dev python3-pytest python3-jsonschema clang-format \
   clang libclang-rt-14-dev nftables iproute2
 
 .PHONY: setup build demo test bench fmt fmt-check clean compose-test chaos-test fuzz

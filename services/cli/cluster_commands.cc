@@ -65,13 +65,29 @@ int ClusterUpCommand(Invocation& inv) {
   inv.flags().Bool("insecure", "", &insecure,
                    "Plaintext everywhere, no certificates (default: TLS with the cluster's own "
                    "CA in <state>/tls, agents with client certificates)");
+  int64_t api_replicas = 1;
+  inv.flags().Int("api-replicas", "", &api_replicas,
+                  "gradhub-api processes on the one database (1 to 16): api, api-2, ...; one "
+                  "leads at a time, every one serves, agents and the client config name all");
   if (!inv.Parse(0, 0)) return inv.exit_code();
+  if (api_replicas < 1 || api_replicas > kMaxApiReplicas) {
+    return inv.UsageError(
+        absl::StrCat("--api-replicas: ", api_replicas, " is not between 1 and ", kMaxApiReplicas));
+  }
+  options.api_replicas = static_cast<int>(api_replicas);
   options.tls = !insecure;
   for (const std::string& root : roots) {
     options.data_roots.push_back(std::filesystem::absolute(root).lexically_normal().string());
   }
   absl::StatusOr<UpResult> up = ClusterUp(options, inv.err());
   if (!up.ok()) return FailWith(inv, up.status());
+  const std::vector<std::string> targets = absl::StrSplit(ApiTargets(up->record), ',');
+  const size_t replicas = targets.size();
+  if (up->already_up && replicas != static_cast<size_t>(options.api_replicas)) {
+    inv.err() << "note: the cluster already up has " << replicas
+              << " api replica(s), not --api-replicas " << options.api_replicas
+              << ": `gradhub cluster down` first to change it\n";
+  }
   inv.out() << "gradhub local cluster in " << options.state_dir
             << (up->already_up ? " (already up)" : "") << "\n";
   PrintServices(inv, up->record);

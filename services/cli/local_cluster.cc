@@ -18,6 +18,7 @@
 #include <tuple>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -388,21 +389,52 @@ std::vector<std::string> WithFlags(std::vector<std::string> argv,
   return argv;
 }
 
-// gradhub-api, gradhub-checkpoint and gradhub-metrics, each on free loopback ports.
+// The name of api replica `index` (from 0): "api" for the first, as with one replica.
+std::string ApiReplicaName(int index) {
+  return index == 0 ? std::string("api") : absl::StrCat("api-", index + 1);
+}
+
+// options.api_replicas gradhub-api processes on the one database. One listens where the
+// kernel puts it; several get their gRPC ports chosen first, so that each can hand its ranks
+// every replica's address as the rendezvous store's (its keys are in PostgreSQL).
+absl::Status StartApis(const LocalClusterOptions& options,
+                       const std::map<std::string, std::string>& env, const ClusterTls& tls,
+                       ClusterRecord* record) {
+  std::vector<std::string> grpc = {"127.0.0.1:0"};
+  if (options.api_replicas > 1) {
+    grpc.clear();
+    for (int i = 0; i < options.api_replicas; ++i) {
+      GRADHUB_ASSIGN_OR_RETURN(const int port, FreeLoopbackPort());
+      grpc.push_back(absl::StrCat("127.0.0.1:", port));
+    }
+  }
+  for (int i = 0; i < static_cast<int>(grpc.size()); ++i) {
+    std::vector<std::string> argv = {options.bin_dir + "/gradhub-api",
+                                     "--grpc-address",
+                                     grpc[i],
+                                     "--http-host",
+                                     "127.0.0.1",
+                                     "--http-port",
+                                     "0"};
+    if (grpc.size() > 1) argv.insert(argv.end(), {"--store-address", absl::StrJoin(grpc, ",")});
+    argv.push_back("serve");
+    GRADHUB_RETURN_IF_ERROR(
+        StartService(options,
+                     {ApiReplicaName(i),
+                      {WithFlags(std::move(argv), tls.ApiArgs()), env},
+                      {Port("gRPC", "gRPC"), Port("REST", "REST", tls.url_scheme())}},
+                     record));
+  }
+  return absl::OkStatus();
+}
+
+// gradhub-api (its replicas), gradhub-checkpoint and gradhub-metrics, on loopback ports.
 absl::Status StartServers(const LocalClusterOptions& options,
                           const std::map<std::string, std::string>& env, const ClusterTls& tls,
                           ClusterRecord* record) {
   const std::string& bin = options.bin_dir;
   const std::string rest = tls.url_scheme();
-  GRADHUB_RETURN_IF_ERROR(
-      StartService(options,
-                   {"api",
-                    {WithFlags({bin + "/gradhub-api", "--grpc-address", "127.0.0.1:0",
-                                "--http-host", "127.0.0.1", "--http-port", "0", "serve"},
-                               tls.ApiArgs()),
-                     env},
-                    {Port("gRPC", "gRPC"), Port("REST", "REST", rest)}},
-                   record));
+  GRADHUB_RETURN_IF_ERROR(StartApis(options, env, tls, record));
   GRADHUB_RETURN_IF_ERROR(StartService(
       options,
       {"checkpoint",
@@ -439,7 +471,7 @@ absl::Status StartAgents(const LocalClusterOptions& options, std::map<std::strin
   for (const char* node : kAgents) {
     std::vector<std::string> argv = {options.bin_dir + "/gradhub-agent",
                                      "--server",
-                                     Endpoint(*record, "api", "gRPC"),
+                                     ApiTargets(*record),
                                      "--name",
                                      node,
                                      "--slots",
@@ -496,11 +528,19 @@ absl::Status StartPrometheus(const LocalClusterOptions& options,
        {std::tuple{"gradhub-api", "api", "REST"},
         std::tuple{"gradhub-checkpoint", "checkpoint", "REST"},
         std::tuple{"gradhub-metrics", "metrics", "Prometheus"}}) {
-    std::string target = Endpoint(*record, service, kind);
-    target = target.substr(target.find("//") + 2);
-    target = target.substr(0, target.find('/'));
+    // Every replica of the service: api, api-2, ...
+    std::vector<std::string> targets;
+    for (const ClusterProcess& process : record->processes) {
+      if (process.name != service && !absl::StartsWith(process.name, absl::StrCat(service, "-"))) {
+        continue;
+      }
+      std::string target = Endpoint(*record, process.name, kind);
+      target = target.substr(target.find("//") + 2);
+      targets.push_back(target.substr(0, target.find('/')));
+    }
     absl::StrAppend(&config, "  - job_name: ", job, "\n", tls.PrometheusScrapeOptions(),
-                    "    static_configs:\n      - targets: ['", target, "']\n");
+                    "    static_configs:\n      - targets: ['", absl::StrJoin(targets, "', '"),
+                    "']\n");
   }
   std::ofstream(dir + "/prometheus.yml", std::ios::trunc) << config;
   GRADHUB_ASSIGN_OR_RETURN(const int port, FreeLoopbackPort());
@@ -594,8 +634,7 @@ void StopProcesses(const ClusterRecord& record, std::ostream& progress) {
 void RemoveClientConfig(const ClusterRecord& record) {
   const std::string path = ClientConfigPath();
   absl::StatusOr<std::map<std::string, std::string>> config = ReadClientConfig(path);
-  if (config.ok() && config->count("server") > 0 &&
-      config->at("server") == Endpoint(record, "api", "gRPC")) {
+  if (config.ok() && config->count("server") > 0 && config->at("server") == ApiTargets(record)) {
     std::remove(path.c_str());
   }
 }
@@ -662,7 +701,7 @@ absl::StatusOr<UpResult> ClusterUp(const LocalClusterOptions& options, std::ostr
     return tokens.status();
   }
   GRADHUB_RETURN_IF_ERROR(WriteClientConfig(
-      ClientConfigPath(), {{"server", Endpoint(record, "api", "gRPC")},
+      ClientConfigPath(), {{"server", ApiTargets(record)},
                            {"checkpoint-server", Endpoint(record, "checkpoint", "gRPC")},
                            {"token", tokens->tenant},
                            {"tls-ca", ClusterTls(record.tls_dir).ca_file()}}));
@@ -698,6 +737,16 @@ absl::StatusOr<std::optional<ClusterRecord>> ReadClusterRecord(const std::string
 bool IsRunning(const ClusterRecord& record, const ClusterProcess& process) {
   if (process.name == kPostgres) return IsPostgresRunning(record);
   return IsClusterProcess(process.pid, process.binary, record.state_dir);
+}
+
+std::string ApiTargets(const ClusterRecord& record) {
+  std::vector<std::string> targets;
+  for (const ClusterProcess& process : record.processes) {
+    if (process.name == "api" || absl::StartsWith(process.name, "api-")) {
+      targets.push_back(Endpoint(record, process.name, "gRPC"));
+    }
+  }
+  return absl::StrJoin(targets, ",");
 }
 
 std::string ServiceLogPath(const std::string& state_dir, const std::string& service) {

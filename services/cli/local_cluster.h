@@ -39,7 +39,13 @@ struct LocalClusterOptions {
   absl::Duration ready_timeout = absl::Seconds(60);
   // TLS everywhere with the cluster's own CA (cluster_tls.h); false = plaintext (--insecure).
   bool tls = true;
+  // gradhub-api processes on the one database (--api-replicas): "api", "api-2", ...; the
+  // agents and the client config get every replica's gRPC address, comma-separated.
+  int api_replicas = 1;
 };
+
+// The most --api-replicas `cluster up` starts (each is a process with its own pool).
+inline constexpr int kMaxApiReplicas = 16;
 
 // This machine's defaults: StateDir(), $GRADHUB_BIN or this binary's directory,
 // $GRADHUB_DATABASE_URL, `pg_config --bindir` or Debian's PostgreSQL 15, and as data roots
@@ -49,7 +55,7 @@ LocalClusterOptions DefaultClusterOptions();
 
 // One process the cluster started.
 struct ClusterProcess {
-  std::string name;  // postgres, api, checkpoint, metrics, node-a, node-b, prometheus
+  std::string name;  // postgres, api (api-2, ...), checkpoint, metrics, node-a, node-b, prometheus
   int pid = 0;
   std::string binary;  // the argv[0] it was started with
   std::string log;
@@ -87,6 +93,10 @@ absl::StatusOr<std::optional<ClusterRecord>> ReadClusterRecord(const std::string
 
 // Whether `process` of `record` still runs as the process that was started.
 bool IsRunning(const ClusterRecord& record, const ClusterProcess& process);
+
+// Every api replica's gRPC address, comma-separated, in the order they were started: what
+// agents and clients are given as --server.
+std::string ApiTargets(const ClusterRecord& record);
 
 // Where the log of `service` is (whether or not the cluster is up).
 std::string ServiceLogPath(const std::string& state_dir, const std::string& service);

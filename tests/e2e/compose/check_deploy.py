@@ -3,6 +3,7 @@
 
   check_deploy.py compose --bin BUILD/bin --root REPO [--file docker-compose.yml] [--override F]
   check_deploy.py k8s     --bin BUILD/bin --root REPO [--dir deploy/k8s]
+  check_deploy.py schemas --root REPO [--dir deploy/k8s]   (Kubernetes' schemas: k8s_schema.py)
   check_deploy.py mutate  --bin BUILD/bin --root REPO   (each mutation below must be caught)
 
 The truth is the binaries themselves: every program, command, flag and GRADHUB_* variable a
@@ -21,6 +22,8 @@ import sys
 import tempfile
 
 import yaml
+
+import k8s_schema
 
 # The image's entrypoint (deploy/docker-entrypoint.sh): first argument -> program.
 SELECTORS = {
@@ -205,10 +208,12 @@ class Program:
         if self.program is None or self.command in OFFLINE_COMMANDS:
             return out
         for flag, (target, kind) in ENDPOINT_FLAGS.items():
-            if flag in self.help.flags:
-                v = self.value(flag)
-                if v and ":" in v:
-                    host, _, port = v.rpartition(":")
+            if flag not in self.help.flags:
+                continue
+            # A list of replicas' addresses (host:port,host:port): each is checked.
+            for v in (self.value(flag) or "").split(","):
+                if ":" in v:
+                    host, _, port = v.strip().rpartition(":")
                     out.append((flag, host, int(port) if port.isdigit() else None, target, kind))
         return out
 
@@ -400,18 +405,32 @@ def check_prometheus(cfg, root, programs, listens):
 API_VERSIONS = {"Deployment": "apps/v1", "StatefulSet": "apps/v1", "DaemonSet": "apps/v1",
                 "Service": "v1", "Secret": "v1", "ConfigMap": "v1", "Namespace": "v1",
                 "PersistentVolumeClaim": "v1", "ServiceAccount": "v1",
+                "PodDisruptionBudget": "policy/v1",
                 "Kustomization": "kustomize.config.k8s.io/v1beta1"}
 WORKLOADS = ("Deployment", "StatefulSet", "DaemonSet")
 
 
-def check_k8s(root, bin_dir, directory):
-    errors, objects = [], []
+def k8s_objects(directory):
+    """The manifests' files and [(file name, object)] of every document in them."""
+    objects = []
     files = sorted(f for f in os.listdir(directory) if f.endswith((".yaml", ".yml")))
     for fname in files:
         with open(os.path.join(directory, fname)) as f:
             for doc in yaml.safe_load_all(f):
                 if doc is not None:
                     objects.append((fname, doc))
+    return files, objects
+
+
+def check_k8s_schemas(directory):
+    """Every manifest against Kubernetes' own schemas (k8s_schema.py), kustomization.yaml
+    excepted."""
+    return k8s_schema.check(k8s_objects(directory)[1])
+
+
+def check_k8s(root, bin_dir, directory):
+    errors = []
+    files, objects = k8s_objects(directory)
     by_kind = {}
     for fname, o in objects:
         where = f"deploy/k8s/{fname}"
@@ -553,6 +572,12 @@ def check_k8s(root, bin_dir, directory):
                 errors.append(f"{where}: port {sp.get('port')} targets {tp}, which no container "
                               "of the selected pods declares")
             service_ports[name][sp.get("port")] = (kind, targets[0][2])
+    # PodDisruptionBudgets guard pods that exist.
+    for name, (where, o) in by_kind.get("PodDisruptionBudget", {}).items():
+        sel = (((o.get("spec") or {}).get("selector") or {}).get("matchLabels")) or {}
+        if not any(sel and all(p[0].get(k) == v for k, v in sel.items()) for p in pods.values()):
+            errors.append(f"{where}: PodDisruptionBudget {name}: selector {sel} matches no pod "
+                          "template")
     # Endpoints named by flags: a Service, in front of the right program, on the right port.
     for labels, ports, program, prog, where in pods.values():
         if prog is None or prog.program is None:
@@ -583,6 +608,8 @@ COMPOSE_MUTATIONS = [
      "--checkpoint-server=gradhub-checkpoint:7072"),
     ("an endpoint naming no service", "--metrics-server=gradhub-metrics:7072",
      "--metrics-server=metrics:7072"),
+    ("a replica in an address list on the wrong port", "gradhub-api:7070,gradhub-api-2:7070",
+     "gradhub-api:7070,gradhub-api-2:8080"),
     ("a command that does not exist", "      - serve\n", "      - serv\n"),
     ("a variable no program reads", "GRADHUB_DATA_ROOTS:", "GRADHUB_DATA_ROOT:"),
     ("a mounted path missing from the repo", "./dashboard/dashboards:", "./dashboard/dashboardz:"),
@@ -611,6 +638,18 @@ K8S_MUTATIONS = [
     ("api.yaml", "a Secret key that does not exist", "key: database-url", "key: database-uri"),
     ("agent.yaml", "a key of the TLS Secret that does not exist", "{key: ca.pem, path: ca.pem}",
      "{key: ca.crt, path: ca.pem}"),
+    ("api.yaml", "a PodDisruptionBudget guarding nothing",
+     "  minAvailable: 1\n  selector:\n    matchLabels:\n      app.kubernetes.io/name: gradhub-api",
+     "  minAvailable: 1\n  selector:\n    matchLabels:\n      app.kubernetes.io/name: gradhub-ap"),
+]
+# Caught by the schema check alone (check_k8s does not look at these fields).
+K8S_SCHEMA_MUTATIONS = [
+    ("metrics.yaml", "a misspelt field", "  replicas: 1\n", "  replica: 1\n"),
+    ("api.yaml", "a string where an integer goes", "containerPort: 8080",
+     "containerPort: \"8080\""),
+    ("metrics.yaml", "a string where an integer goes", "periodSeconds: 10",
+     "periodSeconds: \"10\""),
+    ("agent.yaml", "a value outside an enum", "type: DirectoryOrCreate", "type: DirectoryOrCreat"),
 ]
 
 
@@ -633,30 +672,41 @@ def run_mutations(root, bin_dir):
             errors = check_compose(root, bin_dir, path, base=root)
         print(f"mutate: compose, {what}: {'caught: ' + errors[0] if errors else 'NOT CAUGHT'}")
         failures += not errors
+    failures += mutate_k8s(root, "k8s", K8S_MUTATIONS, lambda d: check_k8s(root, bin_dir, d))
+    failures += mutate_k8s(root, "k8s schemas", K8S_SCHEMA_MUTATIONS, check_k8s_schemas)
+    total = len(COMPOSE_MUTATIONS) + len(K8S_MUTATIONS) + len(K8S_SCHEMA_MUTATIONS)
+    print(f"mutate: {total - failures} of {total} mutations caught")
+    return 1 if failures else 0
+
+
+def mutate_k8s(root, label, mutations, check):
+    """How many of the mutations of deploy/k8s `check` (a folder -> problems) lets through."""
+    failures = 0
     k8s = os.path.join(root, "deploy", "k8s")
-    for fname, what, old, new in K8S_MUTATIONS:
+    if check(k8s):
+        print(f"mutate: the unmutated deploy/k8s does not pass the {label} check")
+        return 1
+    for fname, what, old, new in mutations:
         with open(os.path.join(k8s, fname)) as f:
             text = f.read()
         if old not in text:
-            print(f"mutate: k8s '{what}': '{old}' is not in deploy/k8s/{fname}")
+            print(f"mutate: {label} '{what}': '{old}' is not in deploy/k8s/{fname}")
             failures += 1
             continue
         with tempfile.TemporaryDirectory() as tmp:
             for fn in os.listdir(k8s):
                 with open(os.path.join(k8s, fn)) as src, open(os.path.join(tmp, fn), "w") as dst:
                     dst.write(src.read().replace(old, new, 1) if fn == fname else src.read())
-            errors = check_k8s(root, bin_dir, tmp)
-        print(f"mutate: k8s, {what}: {'caught: ' + errors[0] if errors else 'NOT CAUGHT'}")
+            errors = check(tmp)
+        print(f"mutate: {label}, {what}: {'caught: ' + errors[0] if errors else 'NOT CAUGHT'}")
         failures += not errors
-    print(f"mutate: {len(COMPOSE_MUTATIONS) + len(K8S_MUTATIONS) - failures} of "
-          f"{len(COMPOSE_MUTATIONS) + len(K8S_MUTATIONS)} mutations caught")
-    return 1 if failures else 0
+    return failures
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("what", choices=["compose", "k8s", "mutate"])
-    ap.add_argument("--bin", required=True)
+    ap.add_argument("what", choices=["compose", "k8s", "schemas", "mutate"])
+    ap.add_argument("--bin")
     ap.add_argument("--root", required=True)
     ap.add_argument("--file")
     ap.add_argument("--override")
@@ -665,7 +715,11 @@ def main():
     root = os.path.realpath(a.root)
     if a.what == "mutate":
         return run_mutations(root, a.bin)
-    if a.what == "compose":
+    if a.what != "schemas" and not a.bin:
+        ap.error(f"{a.what} needs --bin (the build's bin/)")
+    if a.what == "schemas":
+        errors = check_k8s_schemas(a.dir or os.path.join(root, "deploy", "k8s"))
+    elif a.what == "compose":
         errors = check_compose(root, a.bin, a.file or os.path.join(root, "docker-compose.yml"),
                                a.override)
     else:

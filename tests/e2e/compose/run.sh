@@ -33,6 +33,8 @@ done
 # Host ports, away from the defaults so that a local cluster or another test does not collide.
 export GRADHUB_API_GRPC_PORT=${GRADHUB_API_GRPC_PORT:-27070}
 export GRADHUB_API_HTTP_PORT=${GRADHUB_API_HTTP_PORT:-28080}
+export GRADHUB_API_2_GRPC_PORT=${GRADHUB_API_2_GRPC_PORT:-27170}
+export GRADHUB_API_2_HTTP_PORT=${GRADHUB_API_2_HTTP_PORT:-28180}
 export GRADHUB_CHECKPOINT_GRPC_PORT=${GRADHUB_CHECKPOINT_GRPC_PORT:-27071}
 export GRADHUB_CHECKPOINT_HTTP_PORT=${GRADHUB_CHECKPOINT_HTTP_PORT:-28081}
 export GRADHUB_METRICS_GRPC_PORT=${GRADHUB_METRICS_GRPC_PORT:-27072}
@@ -41,7 +43,7 @@ export GRADHUB_PROMETHEUS_PORT=${GRADHUB_PROMETHEUS_PORT:-29090}
 export GRADHUB_IMAGE=gradhub:local
 export GRADHUB_ADMIN_TOKEN="e2e-admin-$(od -An -N8 -tx8 /dev/urandom | tr -d ' ')"
 export POSTGRES_PASSWORD="e2e-$(od -An -N6 -tx8 /dev/urandom | tr -d ' ')"
-services=(certs postgres gradhub-api node-token gradhub-checkpoint gradhub-metrics agent-a agent-b prometheus)
+services=(certs postgres gradhub-api gradhub-api-2 node-token gradhub-checkpoint gradhub-metrics agent-a agent-b prometheus)
 compose=(docker-compose -p "$project" -f "$src/docker-compose.yml" -f "$here/docker-compose.test.yml")
 
 # --- 1. the engine ------------------------------------------------------------------------
