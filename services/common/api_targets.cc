@@ -154,16 +154,11 @@ absl::StatusOr<ApiTarget> ParseApiTarget(const std::string& flag, const std::str
 grpc::ChannelArguments FailoverChannelArguments(const ApiTarget& target,
                                                 grpc::ChannelArguments base) {
   base.SetLoadBalancingPolicyName("pick_first");
-  // Reconnect waits (see the header); MIN is also the connect timeout, which bounds the time a
-  // frozen replica's accepted-but-silent connection is waited on.
+  // Reconnect waits (see the header): the agent's since it was written; MIN is also the connect
+  // timeout. No HTTP/2 keepalive pings (see the header).
   base.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
-  base.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 1000);
+  base.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 200);
   base.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  // Only while calls are open (a stream, a store Wait); gradhub's servers accept a ping a
-  // second (grpc_server.cc), so pings without data are not limited to gRPC's default two.
-  base.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 2000);
-  base.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 1000);
-  base.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   if (!target.tls_name.empty()) base.SetSslTargetNameOverride(target.tls_name);
   return base;
 }

@@ -4,11 +4,15 @@
 //  1. each agent's next heartbeat is recorded (seen through replica 1) within 2 s;
 //  2. the running job goes on in the same attempt and SUCCEEDS;
 //  3. a job submitted afterwards by the CLI, given both addresses, runs to SUCCEEDED.
+// And a job whose ranks are waiting in rendezvous on replica 0 (their peers on a paused agent
+// not started yet) when it is SIGKILLed: the waits go on through replica 1 (the keys are in
+// PostgreSQL), and the job starts and SUCCEEDS in its first attempt.
 #include <google/protobuf/util/json_util.h>
 #include <google/protobuf/util/time_util.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <fstream>
@@ -112,6 +116,34 @@ TEST(ApiFailoverE2eTest, AKilledReplicasAgentsAndClientsMoveOnToTheOther) {
   ASSERT_FALSE(name.empty());
   const v1::Job after = await(name);
   EXPECT_EQ(after.state(), v1::Job::SUCCEEDED) << after.DebugString();
+}
+
+TEST(ApiFailoverE2eTest, RanksInRendezvousOnAKilledReplicaStillStart) {
+  testing::LocalClusterOptions options;
+  options.api_replicas = 2;
+  options.clients_use_every_replica = true;
+  options.checkpoint_service = true;  // the job's last checkpoint goes there
+  testing::LocalCluster cluster(options);
+  ASSERT_TRUE(cluster.Start());
+  // Agent b paused: the job is placed on both nodes (b's heartbeat is still fresh), but only
+  // a's two ranks start, and they wait in rendezvous for b's (on replica 0, the first address).
+  ASSERT_EQ(kill(cluster.AgentPid("b"), SIGSTOP), 0);
+  const v1::Job job = cluster.Submit(testing::SyntheticTrainingSpec(/*max_steps=*/300));
+  for (const auto limit = Clock::now() + std::chrono::seconds(30);
+       cluster.TrainersOf("a").size() < 2 && Clock::now() < limit;) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_EQ(cluster.TrainersOf("a").size(), 2u) << cluster.Describe(job.name());
+  std::this_thread::sleep_for(std::chrono::seconds(2));  // in their rendezvous waits
+  cluster.SignalApiReplica(0, SIGKILL);
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  ASSERT_EQ(kill(cluster.AgentPid("b"), SIGCONT), 0);
+
+  auto jobs1 = v1::JobService::NewStub(
+      grpc::CreateChannel(cluster.api_address(1), grpc::InsecureChannelCredentials()));
+  const v1::Job finished = AwaitEnded(cluster, *jobs1, job.name());
+  EXPECT_EQ(finished.state(), v1::Job::SUCCEEDED) << finished.DebugString();
+  EXPECT_EQ(finished.attempt(), 1) << "the rendezvous did not survive: " << finished.DebugString();
 }
 
 }  // namespace
