@@ -155,10 +155,16 @@ grpc::ChannelArguments FailoverChannelArguments(const ApiTarget& target,
                                                 grpc::ChannelArguments base) {
   base.SetLoadBalancingPolicyName("pick_first");
   // Reconnect waits (see the header): the agent's since it was written; MIN is also the connect
-  // timeout. No HTTP/2 keepalive pings (see the header).
+  // timeout. HTTP/2 keepalive pings only with several addresses (see the header).
   base.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
   base.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 200);
   base.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  if (target.hosts.size() > 1) {
+    // Several replicas: a frozen one (its kernel still acknowledges) is noticed only by pings.
+    base.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 2000);
+    base.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 1000);
+    base.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  }
   if (!target.tls_name.empty()) base.SetSslTargetNameOverride(target.tls_name);
   return base;
 }

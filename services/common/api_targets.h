@@ -23,13 +23,14 @@
 //  - A replica killed (SIGKILL, crash, host reboot with a live network) resets its connections:
 //    calls in flight fail UNAVAILABLE at once, the next call connects to the next address
 //    (refused connections are skipped at once).
-//  - A replica frozen (SIGSTOP, a hung VM) or cut off says nothing: calls in flight end at
-//    their deadlines (an agent's heartbeat, its WatchAssignments stream at the server's
-//    keepalive message), the broken connection is then dropped and the next address tried,
-//    each connect given 200 ms. Not measured. There are no HTTP/2 keepalive pings: with them
-//    (every 2 s, 1 s to answer), an agent cut off from the api for 5 s got no heartbeat
-//    through within 3 s of the link's return, twice in two runs (many_hosts_e2e_test fault 2),
-//    and its ranks were stopped at the outage grace.
+//  - A replica frozen (SIGSTOP, a hung VM) or cut off says nothing, and its kernel still
+//    acknowledges: with a list of several addresses, keepalive pings every 2 s, answered
+//    within 1 s, close the connection after at most ~3 s and the next address is tried (each
+//    connect given 200 ms). With one address (or one DNS name) there are no pings, because
+//    with them an agent cut off from its only api for 5 s got no heartbeat through within
+//    3 s of the link's return, twice in two runs (many_hosts_e2e_test fault 2), and its ranks
+//    were stopped at the outage grace; calls then just end at their deadlines. The same may
+//    hold for a list whose every replica is cut off at once: not measured.
 //  - Reconnect backoff is 200 ms growing to 1 s, so a replica that comes back is used again
 //    soon, and pick_first stays where it is connected (no flapping back).
 //
