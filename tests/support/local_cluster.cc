@@ -125,7 +125,11 @@ bool LocalCluster::Start() {
   EXPECT_EQ(node.exit_code, 0) << node.err;
   token_ = tenant.out.substr(0, tenant.out.find('\n'));
   node_token_ = node.out.substr(0, node.out.find('\n'));
-  auto channel = grpc::CreateChannel(api_address_, grpc::InsecureChannelCredentials());
+  // With every replica given to clients, the test's own calls fail over as theirs do (pick_first
+  // over the list; ServiceHost() is an address).
+  auto channel = grpc::CreateChannel(
+      options_.clients_use_every_replica ? "ipv4:" + api_addresses() : api_address_,
+      grpc::InsecureChannelCredentials());
   jobs_ = v1::JobService::NewStub(channel);
   nodes_ = v1::NodeService::NewStub(channel);
   checkpoint_data_ = dir() + "/checkpoint-store";
@@ -424,22 +428,37 @@ std::string LocalCluster::CreateTenant(const std::string& id) {
   return tenant.out.substr(0, tenant.out.find('\n'));
 }
 
-v1::Job LocalCluster::Get(const std::string& name) {
+grpc::Status LocalCluster::TryGet(const std::string& name, v1::Job* job) {
   v1::GetJobRequest request;
   request.set_name(name);
+  return jobs_->GetJob(TenantContext().get(), request, job);
+}
+
+v1::Job LocalCluster::Get(const std::string& name) {
   v1::Job job;
-  EXPECT_TRUE(jobs_->GetJob(TenantContext().get(), request, &job).ok());
+  const grpc::Status status = TryGet(name, &job);
+  EXPECT_TRUE(status.ok()) << name << ": " << status.error_message();
   return job;
 }
 
+// A read that fails on the way (a replica killed under the call) is only "not yet": the last
+// successful one counts, and a failure only when none succeeded by the deadline.
 v1::Job LocalCluster::AwaitJob(const std::string& name,
                                const std::function<bool(const v1::Job&)>& done, seconds limit) {
   const auto deadline = Clock::now() + limit;
-  v1::Job job = Get(name);
-  while (!done(job) && Clock::now() < deadline) {
+  v1::Job job, read;
+  grpc::Status last;
+  bool seen = false;
+  while (true) {
+    last = TryGet(name, &read);
+    if (last.ok()) {
+      job = read;
+      seen = true;
+    }
+    if ((seen && done(job)) || Clock::now() >= deadline) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    job = Get(name);
   }
+  EXPECT_TRUE(seen) << name << ": " << last.error_message();
   return job;
 }
 

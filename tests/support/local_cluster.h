@@ -37,8 +37,9 @@ struct LocalClusterOptions {
   // is the one api_address(), jobs(), the agents and the CLI use; the others are reached
   // through api_address(i).
   int api_replicas = 1;
-  // The agents and the CLI get every replica's address (api_addresses()) rather than replica
-  // 0's, and every replica's --store-address is that list (services/common/api_targets.h).
+  // The agents, the CLI and jobs() (Get, AwaitJob, Submit...) get every replica's address
+  // (api_addresses()) rather than replica 0's, and every replica's --store-address is that list
+  // (services/common/api_targets.h).
   bool clients_use_every_replica = false;
   // gradhub-api --heartbeat-interval (the lease is 3 of them).
   std::string heartbeat_interval = "1s";
@@ -117,8 +118,10 @@ class LocalCluster {
                          const std::string& token = "");
   // A new tenant `id` (gradhub-api create-tenant); returns its token.
   std::string CreateTenant(const std::string& id);
-  v1::Job Get(const std::string& name);
-  // Polls until `done(job)` or the limit; returns the last job seen.
+  v1::Job Get(const std::string& name);  // a failed read is a test failure
+  grpc::Status TryGet(const std::string& name, v1::Job* job);
+  // Polls until `done(job)` or the limit; returns the last job seen. A failed read is retried
+  // (a replica killed under it), and fails the test only if no read succeeded at all.
   v1::Job AwaitJob(const std::string& name, const std::function<bool(const v1::Job&)>& done,
                    std::chrono::seconds limit = std::chrono::seconds(120));
   void Cancel(const std::string& name);

@@ -50,6 +50,20 @@ inline int64_t NewestCommittedStep(LocalCluster& cluster, const std::string& job
 
 // The parametersSha256 of rank 0's "done" line in the job's last attempt ("" when none came in
 // 15 s: agents ship the logs after the exit).
+// The whole blob of checkpoint `name` as the service streams it ("" on an error).
+inline std::string DownloadCheckpoint(LocalCluster& cluster, const std::string& name) {
+  v1::DownloadCheckpointRequest request;
+  request.set_name(name);
+  auto context = cluster.TenantContext();
+  auto reader = cluster.checkpoints().DownloadCheckpoint(context.get(), request);
+  std::string bytes;
+  v1::DownloadCheckpointResponse chunk;
+  while (reader->Read(&chunk)) bytes += chunk.data();
+  const grpc::Status status = reader->Finish();
+  EXPECT_TRUE(status.ok()) << name << ": " << status.error_message();
+  return status.ok() ? bytes : "";
+}
+
 inline std::string FinalParameters(LocalCluster& cluster, const std::string& name) {
   static const std::regex kDone("\"parametersSha256\":\"([0-9a-f]{64})\"");
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(15);

@@ -99,20 +99,6 @@ class CheckpointE2eTest : public ::testing::Test {
     return testing::ListedCheckpoints(*cluster_, job);
   }
 
-  // The whole blob of checkpoint `name` as the service streams it ("" on an error).
-  std::string Download(const std::string& name) {
-    v1::DownloadCheckpointRequest request;
-    request.set_name(name);
-    auto context = cluster_->TenantContext();
-    auto reader = cluster_->checkpoints().DownloadCheckpoint(context.get(), request);
-    std::string bytes;
-    v1::DownloadCheckpointResponse chunk;
-    while (reader->Read(&chunk)) bytes += chunk.data();
-    const grpc::Status status = reader->Finish();
-    EXPECT_TRUE(status.ok()) << name << ": " << status.error_message();
-    return status.ok() ? bytes : "";
-  }
-
   int Committed(const std::string& job) {
     int n = 0;
     for (const auto& c : Checkpoints(job)) n += c.state() == v1::Checkpoint::COMMITTED;
@@ -226,7 +212,7 @@ TEST_F(CheckpointE2eTest, CheckpointServiceKilledMidUploadLosesNothing) {
   // size and sha256 it announces.
   for (const auto& c : Checkpoints(name)) {
     if (c.state() != v1::Checkpoint::COMMITTED) continue;
-    const std::string bytes = Download(c.name());
+    const std::string bytes = testing::DownloadCheckpoint(*cluster_, c.name());
     EXPECT_EQ(static_cast<int64_t>(bytes.size()), c.size_bytes()) << c.name();
     EXPECT_EQ(Sha256Hex(bytes), c.sha256()) << c.name();
   }

@@ -232,7 +232,7 @@ class CheckpointOutageE2eTest : public ::testing::Test {
   void ExpectNothingPartialListed(const std::string& name) {
     for (const v1::Checkpoint& c : testing::ListedCheckpoints(*cluster_, name)) {
       if (c.state() != v1::Checkpoint::COMMITTED) continue;
-      const std::string bytes = Download(c.name());
+      const std::string bytes = testing::DownloadCheckpoint(*cluster_, c.name());
       EXPECT_EQ(static_cast<int64_t>(bytes.size()), c.size_bytes()) << c.name();
       EXPECT_EQ(Sha256Hex(bytes), c.sha256()) << c.name();
     }
@@ -250,19 +250,6 @@ class CheckpointOutageE2eTest : public ::testing::Test {
     }
     ExpectNothingPartialListed(name);
     EXPECT_EQ(testing::NewestCommittedStep(*cluster_, name), kSteps);
-  }
-
-  std::string Download(const std::string& name) {
-    v1::DownloadCheckpointRequest request;
-    request.set_name(name);
-    auto context = cluster_->TenantContext();
-    auto reader = cluster_->checkpoints().DownloadCheckpoint(context.get(), request);
-    std::string bytes;
-    v1::DownloadCheckpointResponse chunk;
-    while (reader->Read(&chunk)) bytes += chunk.data();
-    const grpc::Status status = reader->Finish();
-    EXPECT_TRUE(status.ok()) << name << ": " << status.error_message();
-    return bytes;
   }
 
   void PrintRankZeroCheckpointLines(const std::string& name) {

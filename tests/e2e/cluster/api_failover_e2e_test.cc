@@ -65,19 +65,6 @@ std::string SubmitWithCli(testing::LocalCluster& cluster, const v1::JobSpec& spe
   return std::regex_search(submitted.out, match, std::regex("jobs/[0-9a-f-]+")) ? match.str() : "";
 }
 
-// The job once ended, as replica `jobs` reports it (the last seen after 60 s).
-v1::Job AwaitEnded(testing::LocalCluster& cluster, v1::JobService::Stub& jobs,
-                   const std::string& name) {
-  v1::Job last;
-  for (const auto limit = Clock::now() + std::chrono::seconds(60); Clock::now() < limit;) {
-    v1::GetJobRequest request;
-    request.set_name(name);
-    if (jobs.GetJob(cluster.TenantContext().get(), request, &last).ok() && Ended(last)) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  return last;
-}
-
 TEST(ApiFailoverE2eTest, AKilledReplicasAgentsAndClientsMoveOnToTheOther) {
   testing::LocalClusterOptions options;
   options.api_replicas = 2;
@@ -104,10 +91,10 @@ TEST(ApiFailoverE2eTest, AKilledReplicasAgentsAndClientsMoveOnToTheOther) {
     EXPECT_LT(seconds, 2.0) << cluster.AgentStderr(agent);
   }
 
-  // The job is read through replica 1 from here on (replica 0 is gone).
-  auto jobs1 = v1::JobService::NewStub(
-      grpc::CreateChannel(cluster.api_address(1), grpc::InsecureChannelCredentials()));
-  auto await = [&](const std::string& name) { return AwaitEnded(cluster, *jobs1, name); };
+  // Read through replica 1 from here on (replica 0 is gone): jobs() fails over too.
+  auto await = [&](const std::string& name) {
+    return cluster.AwaitJob(name, Ended, std::chrono::seconds(60));
+  };
   const v1::Job finished = await(job.name());
   EXPECT_EQ(finished.state(), v1::Job::SUCCEEDED) << finished.DebugString();
   EXPECT_EQ(finished.attempt(), running.attempt()) << "restarted: " << finished.DebugString();
@@ -139,9 +126,7 @@ TEST(ApiFailoverE2eTest, RanksInRendezvousOnAKilledReplicaStillStart) {
   std::this_thread::sleep_for(std::chrono::seconds(1));
   ASSERT_EQ(kill(cluster.AgentPid("b"), SIGCONT), 0);
 
-  auto jobs1 = v1::JobService::NewStub(
-      grpc::CreateChannel(cluster.api_address(1), grpc::InsecureChannelCredentials()));
-  const v1::Job finished = AwaitEnded(cluster, *jobs1, job.name());
+  const v1::Job finished = cluster.AwaitJob(job.name(), Ended, std::chrono::seconds(60));
   EXPECT_EQ(finished.state(), v1::Job::SUCCEEDED) << finished.DebugString();
   EXPECT_EQ(finished.attempt(), 1) << "the rendezvous did not survive: " << finished.DebugString();
 }

@@ -58,9 +58,6 @@ class LeaderChaosE2eTest : public ::testing::Test {
     options.clients_use_every_replica = true;
     cluster_ = std::make_unique<testing::LocalCluster>(options);
     ASSERT_TRUE(cluster_->Start());
-    // Every replica, first one alive: what a tenant with both addresses sees.
-    jobs_ = v1::JobService::NewStub(grpc::CreateChannel("ipv4:" + cluster_->api_addresses(),
-                                                        grpc::InsecureChannelCredentials()));
     db::ConnectionOptions connection;
     connection.url = cluster_->database_url();
     auto opened = db::Connection::Open(connection);
@@ -95,27 +92,6 @@ class LeaderChaosE2eTest : public ::testing::Test {
     return -1;
   }
 
-  v1::Job Get(const std::string& name) {
-    v1::GetJobRequest request;
-    request.set_name(name);
-    v1::Job job;
-    grpc::ClientContext context;
-    context.AddMetadata("authorization", "Bearer " + cluster_->tenant_token());
-    context.set_deadline(std::chrono::system_clock::now() + seconds(5));
-    jobs_->GetJob(&context, request, &job);  // a failed read leaves it empty: not ended
-    return job;
-  }
-
-  v1::Job AwaitEnded(const std::string& name) {
-    v1::Job job;
-    for (const auto deadline = Clock::now() + seconds(600); Clock::now() < deadline;) {
-      job = Get(name);
-      if (Ended(job)) break;
-      std::this_thread::sleep_for(milliseconds(200));
-    }
-    return job;
-  }
-
   std::string SubmitRunning(int64_t steps) {
     const std::string name = cluster_->Submit(testing::SyntheticTrainingSpec(steps)).name();
     const v1::Job running = cluster_->AwaitJob(name, [](const v1::Job& j) {
@@ -127,7 +103,7 @@ class LeaderChaosE2eTest : public ::testing::Test {
 
   // SUCCEEDED in attempt 1, placed once (one attempt row, one SCHEDULED event).
   void ExpectOneCleanAttempt(const std::string& name) {
-    const v1::Job done = AwaitEnded(name);
+    const v1::Job done = cluster_->AwaitJob(name, Ended, seconds(600));
     EXPECT_EQ(done.state(), v1::Job::SUCCEEDED) << done.state_reason() << cluster_->Describe(name);
     EXPECT_EQ(done.attempt(), 1) << cluster_->Describe(name);
     auto attempts =
@@ -138,7 +114,6 @@ class LeaderChaosE2eTest : public ::testing::Test {
   }
 
   std::unique_ptr<testing::LocalCluster> cluster_;
-  std::unique_ptr<v1::JobService::Stub> jobs_;
   std::unique_ptr<db::Connection> db_;
 };
 
@@ -153,8 +128,8 @@ TEST_F(LeaderChaosE2eTest, KilledAndPausedLeadersCostTrainingNothing) {
   const auto chaos_start = Clock::now();
   while (SecondsSince(chaos_start) + 10 <= static_cast<double>(chaos_seconds)) {
     std::this_thread::sleep_for(seconds(10));
-    ASSERT_FALSE(Ended(Get(killed_under))) << "the job ended before the kills did: raise "
-                                              "GRADHUB_CHAOS_STEPS";
+    ASSERT_FALSE(Ended(cluster_->Get(killed_under))) << "the job ended before the kills did: raise "
+                                                        "GRADHUB_CHAOS_STEPS";
     const std::optional<Leader> leader = CurrentLeader();
     ASSERT_TRUE(leader.has_value()) << "no leader";
     const int replica = ReplicaOf(leader->pid);
@@ -179,7 +154,7 @@ TEST_F(LeaderChaosE2eTest, KilledAndPausedLeadersCostTrainingNothing) {
   // 2. Pauses of 20 s.
   const std::string paused_under = SubmitRunning(steps);
   for (int64_t pause = 0; pause < pauses; ++pause) {
-    ASSERT_FALSE(Ended(Get(paused_under))) << "the job ended before the pauses did";
+    ASSERT_FALSE(Ended(cluster_->Get(paused_under))) << "the job ended before the pauses did";
     const std::optional<Leader> leader = CurrentLeader();
     ASSERT_TRUE(leader.has_value()) << "no leader";
     const int replica = ReplicaOf(leader->pid);
@@ -195,7 +170,7 @@ TEST_F(LeaderChaosE2eTest, KilledAndPausedLeadersCostTrainingNothing) {
     const std::optional<Leader> after = CurrentLeader();
     ASSERT_TRUE(after.has_value());
     EXPECT_EQ(after->term, next->term) << "the woken replica took a term";
-    EXPECT_EQ(Get(paused_under).attempt(), 1);
+    EXPECT_EQ(cluster_->Get(paused_under).attempt(), 1);
   }
   ExpectOneCleanAttempt(paused_under);
 
