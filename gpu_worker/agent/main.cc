@@ -218,7 +218,8 @@ int RunUntilSignal(const AgentConfig& config, const gradhub::ShutdownSignals& si
   }
   // Heartbeats, WatchAssignments and log shipping share this channel: when its replica is
   // gone, each call or stream fails and is made again on the next one (api_targets.h).
-  auto channel = gradhub::CreateApiChannel(config.api_target, *credentials);
+  auto channel =
+      gradhub::CreateApiChannel(config.api_target, *credentials, gradhub::kClusterConnectTimeout);
   auto stub = gradhub::v1::NodeService::NewStub(channel);
   gradhub::agent::Agent agent(config, stub.get());
   std::thread signal_thread([&] {

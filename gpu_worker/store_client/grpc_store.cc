@@ -33,7 +33,7 @@ class GrpcStore final : public ddp::Store {
       : address_(address),
         token_(options.token),
         rpc_timeout_(options.rpc_timeout),
-        channel_(CreateApiChannel(target, credentials)),
+        channel_(CreateApiChannel(target, credentials, kClusterConnectTimeout)),
         stub_(v1::StoreService::NewStub(channel_)) {}
 
   // Set of one value is idempotent: made again on another replica after UNAVAILABLE.

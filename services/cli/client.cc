@@ -15,7 +15,8 @@ std::shared_ptr<grpc::Channel> ApiChannel(const ClientOptions& options) {
   // unreachable server.
   return CreateApiChannel(
       target.ok() ? *target : ApiTarget{.target = options.server},
-      options.credentials != nullptr ? options.credentials : grpc::InsecureChannelCredentials());
+      options.credentials != nullptr ? options.credentials : grpc::InsecureChannelCredentials(),
+      kCommandConnectTimeout);
 }
 
 }  // namespace

@@ -152,13 +152,14 @@ absl::StatusOr<ApiTarget> ParseApiTarget(const std::string& flag, const std::str
 }
 
 grpc::ChannelArguments FailoverChannelArguments(const ApiTarget& target,
+                                                std::chrono::milliseconds connect_timeout,
                                                 grpc::ChannelArguments base) {
   base.SetLoadBalancingPolicyName("pick_first");
-  // Reconnect waits (see the header): the agent's since it was written; MIN is also the connect
-  // timeout. HTTP/2 keepalive pings only with several addresses (see the header).
+  // Reconnect waits and the connect timeout (see the header): gRPC names the connect timeout
+  // MIN_RECONNECT_BACKOFF. HTTP/2 keepalive pings only with several addresses (see the header).
   base.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
-  base.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 200);
   base.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  base.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, static_cast<int>(connect_timeout.count()));
   if (target.hosts.size() > 1) {
     // Several replicas: a frozen one (its kernel still acknowledges) is noticed only by pings.
     base.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 2000);
@@ -171,9 +172,10 @@ grpc::ChannelArguments FailoverChannelArguments(const ApiTarget& target,
 
 std::shared_ptr<grpc::Channel> CreateApiChannel(
     const ApiTarget& target, const std::shared_ptr<grpc::ChannelCredentials>& credentials,
-    grpc::ChannelArguments base) {
-  return grpc::CreateCustomChannel(target.target, credentials,
-                                   FailoverChannelArguments(target, std::move(base)));
+    std::chrono::milliseconds connect_timeout, grpc::ChannelArguments base) {
+  return grpc::CreateCustomChannel(
+      target.target, credentials,
+      FailoverChannelArguments(target, connect_timeout, std::move(base)));
 }
 
 std::string FirstApiHost(const std::string& value) {

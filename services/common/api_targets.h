@@ -26,13 +26,23 @@
 //  - A replica frozen (SIGSTOP, a hung VM) or cut off says nothing, and its kernel still
 //    acknowledges: with a list of several addresses, keepalive pings every 2 s, answered
 //    within 1 s, close the connection after at most ~3 s and the next address is tried (each
-//    connect given 200 ms). With one address (or one DNS name) there are no pings, because
-//    with them an agent cut off from its only api for 5 s got no heartbeat through within
-//    3 s of the link's return, twice in two runs (many_hosts_e2e_test fault 2), and its ranks
-//    were stopped at the outage grace; calls then just end at their deadlines. The same may
+//    connect given the connect timeout below). With one address (or one DNS name) there are no
+//    pings, because with them an agent cut off from its only api for 5 s got no heartbeat through
+//    within 3 s of the link's return, twice in two runs (many_hosts_e2e_test fault 2), and its
+//    ranks were stopped at the outage grace; calls then just end at their deadlines. The same may
 //    hold for a list whose every replica is cut off at once: not measured.
 //  - Reconnect backoff is 200 ms growing to 1 s, so a replica that comes back is used again
 //    soon, and pick_first stays where it is connected (no flapping back).
+//  - The connect timeout (gRPC's MIN_CONNECT_TIMEOUT: TCP, TLS and HTTP/2's SETTINGS all
+//    within it) is the caller's, as its clients differ:
+//     - kClusterConnectTimeout, 1 s: agents and ranks, on the api's own network. A connect
+//       that takes longer is a dead path: a frozen first replica is left after 1 s, and an
+//       attempt begun while a link was cut (its SYN lost) is made again within 1 s of the
+//       link's return instead of at TCP's next SYN retransmit, seconds later.
+//     - kCommandConnectTimeout, 5 s: the CLI, which may be far away and speak TLS, and whose
+//       --timeout ends the call anyway. (At 200 ms, the agents' old setting, a server that
+//       accepts but never answers failed the CLI UNAVAILABLE before its deadline, and a slow
+//       network could never connect.)
 //
 // Failure cases of parsing: an empty entry ("a:1,,b:2"), an entry without a port, a bad port,
 // or a name that does not resolve: refused with the flag's name (the last one UNAVAILABLE, as
@@ -41,6 +51,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
@@ -72,14 +83,18 @@ absl::StatusOr<std::vector<HostPort>> SplitApiAddresses(const std::string& flag,
 // The channel target of `value` (rules 1-3; rule 3 resolves the hosts).
 absl::StatusOr<ApiTarget> ParseApiTarget(const std::string& flag, const std::string& value);
 
-// `base` plus the failover settings above (pick_first, backoff, connect timeout, keepalive,
+inline constexpr std::chrono::milliseconds kClusterConnectTimeout{1000};
+inline constexpr std::chrono::milliseconds kCommandConnectTimeout{5000};
+
+// `base` plus the failover settings above (pick_first, backoff, `connect_timeout`, keepalive,
 // the TLS name).
 grpc::ChannelArguments FailoverChannelArguments(const ApiTarget& target,
+                                                std::chrono::milliseconds connect_timeout,
                                                 grpc::ChannelArguments base = {});
 
 std::shared_ptr<grpc::Channel> CreateApiChannel(
     const ApiTarget& target, const std::shared_ptr<grpc::ChannelCredentials>& credentials,
-    grpc::ChannelArguments base = {});
+    std::chrono::milliseconds connect_timeout, grpc::ChannelArguments base = {});
 
 // The first host of `value` (a target or a list, as ParseApiTarget takes), for what needs one
 // machine of the control plane (the agent's route to it); "" for a local socket.

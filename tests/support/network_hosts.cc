@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <sstream>
 #include <stdexcept>
 
 #include "tests/support/subprocess.h"
@@ -83,16 +84,28 @@ bool NetworkHosts::Available(std::string* why) {
 NetworkHosts::NetworkHosts(const std::vector<std::string>& hosts) {
   const int pid = static_cast<int>(getpid());
   id_ = "gh" + std::to_string(pid % 100000);
+  switch_netns_ = id_ + "-sw";
   bridge_ = id_ + "br";
+  hub_link_ = id_ + "hub";
   prefix_ = FreePrefix(pid);
   hub_address_ = prefix_ + "1";
   hosts_file_ = "/tmp/" + id_ + ".hosts";
   std::ofstream(hosts_file_) << "127.0.0.1 localhost\n127.0.1.1 " << Hostname() << "\n";
   try {
-    Try({kIp, "link", "del", bridge_});  // a leftover of a crashed run with our pid
-    Must({kIp, "link", "add", bridge_, "type", "bridge"});
-    Must({kIp, "addr", "add", hub_address_ + "/24", "dev", bridge_});
-    Must({kIp, "link", "set", bridge_, "up"});
+    // Leftovers of a crashed run with our pid.
+    Try({kIp, "link", "del", hub_link_});
+    Try({kIp, "netns", "del", switch_netns_});
+    // Step 2.
+    Must({kIp, "netns", "add", switch_netns_});
+    Must({kIp, "-n", switch_netns_, "link", "add", bridge_, "type", "bridge"});
+    Must({kIp, "-n", switch_netns_, "link", "set", bridge_, "up"});
+    // Step 3.
+    const std::string hub_port = id_ + "up";
+    Must({kIp, "link", "add", hub_link_, "type", "veth", "peer", "name", hub_port, "netns",
+          switch_netns_});
+    Must({kIp, "-n", switch_netns_, "link", "set", hub_port, "master", bridge_, "up"});
+    Must({kIp, "addr", "add", hub_address_ + "/24", "dev", hub_link_});
+    Must({kIp, "link", "set", hub_link_, "up"});
     for (size_t i = 0; i < hosts.size(); ++i) AddHost(hosts[i], static_cast<int>(i));
   } catch (...) {
     TearDown();
@@ -100,7 +113,7 @@ NetworkHosts::NetworkHosts(const std::vector<std::string>& hosts) {
   }
 }
 
-// Step 2 for one host.
+// Step 4 for one host.
 void NetworkHosts::AddHost(const std::string& name, int index) {
   if (name.empty() || name.size() > 4 ||
       !std::all_of(name.begin(), name.end(), [](char c) { return isdigit(c) || islower(c); })) {
@@ -116,14 +129,14 @@ void NetworkHosts::AddHost(const std::string& name, int index) {
   Must({kIp, "netns", "add", host.netns});
   hosts_.push_back(std::move(host));  // from here the destructor removes it
   const Host& made = hosts_.back();
-  Must({kIp, "link", "add", made.outer_link, "type", "veth", "peer", "name", inner});
-  Must({kIp, "link", "set", inner, "netns", made.netns});
+  Must({kIp, "-n", switch_netns_, "link", "add", made.outer_link, "type", "veth", "peer", "name",
+        inner, "netns", made.netns});
   Must({kIp, "-n", made.netns, "link", "set", inner, "name", "eth0"});
   Must({kIp, "-n", made.netns, "addr", "add", made.address + "/24", "dev", "eth0"});
   Must({kIp, "-n", made.netns, "link", "set", "eth0", "up"});
   Must({kIp, "-n", made.netns, "link", "set", "lo", "up"});
   Must({kIp, "-n", made.netns, "route", "add", "default", "via", hub_address_});
-  Must({kIp, "link", "set", made.outer_link, "master", bridge_, "up"});
+  Must({kIp, "-n", switch_netns_, "link", "set", made.outer_link, "master", bridge_, "up"});
 }
 
 NetworkHosts::~NetworkHosts() { TearDown(); }
@@ -131,11 +144,11 @@ NetworkHosts::~NetworkHosts() { TearDown(); }
 void NetworkHosts::TearDown() {
   for (Host& host : hosts_) {
     host.filter.reset();
-    Try({kIp, "link", "del", host.outer_link});  // takes its peer, eth0, with it
-    Try({kIp, "netns", "del", host.netns});
+    Try({kIp, "netns", "del", host.netns});  // takes eth0, and so its peer, with it
   }
   hosts_.clear();
-  Try({kIp, "link", "del", bridge_});
+  Try({kIp, "link", "del", hub_link_});  // takes its peer with it
+  if (!switch_netns_.empty()) Try({kIp, "netns", "del", switch_netns_});
   if (!hosts_file_.empty()) unlink(hosts_file_.c_str());
   hosts_file_.clear();
 }
@@ -190,21 +203,25 @@ void NetworkHosts::Heal(const std::string& a, const std::string& b) {
 }
 
 int64_t NetworkHosts::LinkBytes(const std::string& name) const {
-  int64_t total = 0;
-  for (const char* counter : {"rx_bytes", "tx_bytes"}) {
-    std::ifstream in("/sys/class/net/" + host(name).outer_link + "/statistics/" + counter);
-    int64_t value = 0;
-    in >> value;
-    total += value;
+  // The port lives in the switch's namespace, whose /sys only `ip netns exec` mounts.
+  const std::string statistics = "/sys/class/net/" + host(name).outer_link + "/statistics/";
+  const RunResult counters = Run({kIp, "netns", "exec", switch_netns_, "cat",
+                                  statistics + "rx_bytes", statistics + "tx_bytes"},
+                                 {}, std::chrono::seconds(10));
+  if (counters.exit_code != 0) {
+    throw std::runtime_error("NetworkHosts: cannot read " + statistics + ": " + counters.err);
   }
-  return total;
+  std::istringstream in(counters.out);
+  int64_t rx = 0, tx = 0;
+  in >> rx >> tx;
+  return rx + tx;
 }
 
 void NetworkHosts::CapBandwidth(const std::string& name, int64_t bits_per_second) {
   const Host& h = host(name);
-  for (const std::vector<std::string>& device :
-       {std::vector<std::string>{kTc}, std::vector<std::string>{kTc, "-n", h.netns}}) {
-    const std::string link = device.size() == 1 ? h.outer_link : "eth0";
+  for (const std::vector<std::string>& device : {std::vector<std::string>{kTc, "-n", switch_netns_},
+                                                 std::vector<std::string>{kTc, "-n", h.netns}}) {
+    const std::string link = device[2] == switch_netns_ ? h.outer_link : "eth0";
     std::vector<std::string> command = device;
     if (bits_per_second <= 0) {
       command.insert(command.end(), {"qdisc", "del", "dev", link, "root"});

@@ -2,19 +2,25 @@
 // processes on different hosts talk over real interfaces and real TCP, never loopback, and the
 // links between them can fail or be slow.
 //
-//   this process's namespace: the hub, the bridge's address (10.X.Y.1): PostgreSQL, gradhub-api,
+//   this process's namespace: the hub, 10.X.Y.1 on gh<id>hub: PostgreSQL, gradhub-api,
 //   gradhub-checkpoint and gradhub-metrics listen there, and the test talks to them
-//        |
-//   bridge gh<id>br --- veth --- host "a": eth0 10.X.Y.10, lo      (an agent and its ranks)
-//                   --- veth --- host "b": eth0 10.X.Y.11, lo
-//                   ...
+//        | veth
+//   namespace gh<id>-sw, the switch: bridge gh<id>br --- veth --- host "a": eth0 10.X.Y.10, lo
+//                                                    --- veth --- host "b": eth0 10.X.Y.11, lo
+//                                                    ...
 //
 // Set-up (the constructor), in steps:
 //  1. A free /24 in 10.64.0.0/10 (none of this machine's routes overlaps it) and an id from
 //     this process's pid, so that tests running at once never share names or addresses.
-//  2. The bridge with the hub's address; per host a namespace gh<id>-<host>, a veth pair whose
-//     inner end becomes eth0 there (with lo up and a default route via the hub).
-//  3. Every step is a command (ip, tc) whose failure throws with its output; whatever was made
+//  2. The switch: a namespace holding only the bridge. Bridged packets pass the iptables FORWARD
+//     chain of the bridge's namespace when br_netfilter is loaded, and Docker sets this
+//     machine's to DROP: in a namespace of its own the bridge meets no firewall but its own,
+//     which is empty, and this machine's firewall is never touched.
+//  3. The hub's veth: its outer end in this process's namespace with the hub's address, its
+//     inner end a port of the bridge.
+//  4. Per host a namespace gh<id>-<host> and a veth pair: one end a port of the bridge, the
+//     other eth0 in the host's namespace (with lo up and a default route via the hub).
+//  5. Every step is a command (ip, tc) whose failure throws with its output; whatever was made
 //     is removed again by the destructor, which also runs when the constructor throws.
 //
 // Link controls: a partition between two hosts, or a host cut off from the hub (all of it or
@@ -48,7 +54,7 @@ class NetworkHosts {
   NetworkHosts(const NetworkHosts&) = delete;
   NetworkHosts& operator=(const NetworkHosts&) = delete;
 
-  // The hub's address (this process's namespace, on the bridge).
+  // The hub's address (this process's namespace, its veth to the switch).
   const std::string& hub_address() const { return hub_address_; }
   std::string address(const std::string& host) const;
   // The namespace's name, under /run/netns.
@@ -82,6 +88,7 @@ class NetworkHosts {
 
  private:
   struct Host {
+    // outer_link: the bridge's port, in the switch's namespace.
     std::string name, netns, outer_link, address;
     std::unique_ptr<PacketFilter> filter;
   };
@@ -90,7 +97,7 @@ class NetworkHosts {
   const Host& host(const std::string& name) const;
   Host& host(const std::string& name);
 
-  std::string id_, bridge_, prefix_, hub_address_;
+  std::string id_, switch_netns_, bridge_, hub_link_, prefix_, hub_address_;
   std::string hosts_file_;  // for CommandOptions::hostname_resolves_to_loopback
   std::vector<Host> hosts_;
   // Partition(a, b) -> the rule handles in a's and b's filters.
