@@ -34,8 +34,8 @@ bool PathSafeId(const std::string& id) {
 
 }  // namespace
 
-void SetDeviceEnvironment(const NodeDevices& devices, const v1::RankAssignment& assignment,
-                          std::map<std::string, std::string>* env) {
+void SetDistributedEnvironment(const NodeDevices& devices, const v1::RankAssignment& assignment,
+                               std::map<std::string, std::string>* env) {
   std::vector<std::string> visible;
   for (const int32_t index : assignment.device_indices()) {
     visible.push_back(index >= 0 && static_cast<size_t>(index) < devices.visible_ids.size()
@@ -52,6 +52,11 @@ void SetDeviceEnvironment(const NodeDevices& devices, const v1::RankAssignment& 
     backend = cuda ? v1::DistributedSpec::NCCL : v1::DistributedSpec::GLOO;
   }
   (*env)["GRADHUB_BACKEND"] = v1::DistributedSpec::Backend_Name(backend);
+  // In whole seconds, a duration the trainer's --collective-timeout parses (absl's syntax).
+  if (const int32_t seconds = assignment.spec().distributed().collective_timeout_seconds();
+      seconds > 0) {
+    (*env)["GRADHUB_COLLECTIVE_TIMEOUT"] = absl::StrCat(seconds, "s");
+  }
 }
 
 absl::StatusOr<RankLaunch> PlanRankPaths(const AgentConfig& config,
@@ -109,7 +114,7 @@ absl::StatusOr<RankLaunch> PlanRankLaunch(const AgentConfig& config,
   env["GRADHUB_METRICS_SERVER"] = config.metrics_server;
   env["GRADHUB_NODE_NAME"] = config.name;
   for (const auto& [key, value] : config.rank_network_env) env[key] = value;
-  SetDeviceEnvironment(config.devices, assignment, &env);
+  SetDistributedEnvironment(config.devices, assignment, &env);
   env["GRADHUB_DATA_ROOTS"] = JoinRootList(RankDataRoots(config.isolation, assignment.tenant()));
   env["GRADHUB_MAX_INPUT_BYTES"] = absl::StrCat(config.isolation.max_input_bytes);
   env["GRADHUB_MEMORY_LIMIT_BYTES"] =

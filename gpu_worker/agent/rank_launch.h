@@ -41,8 +41,9 @@ struct RankLaunch {
   //   CUDA_VISIBLE_DEVICES: the GPUs of device_indices as config.devices names them, empty
   //   for none (the rank then sees no GPU); GRADHUB_DEVICE: cuda when the node is a CUDA node
   //   and the rank has a GPU, else cpu; GRADHUB_BACKEND: the spec's backend with AUTO
-  //   resolved here (NCCL on cuda, GLOO on cpu); GRADHUB_DATA_ROOTS (':'-separated, possibly
-  //   empty: the shared roots and the assignment's tenant's, RankDataRoots),
+  //   resolved here (NCCL on cuda, GLOO on cpu); GRADHUB_COLLECTIVE_TIMEOUT=<n>s when the
+  //   spec's distributed.collectiveTimeoutSeconds is set; GRADHUB_DATA_ROOTS (':'-separated,
+  //   possibly empty: the shared roots and the assignment's tenant's, RankDataRoots),
   //   GRADHUB_MAX_INPUT_BYTES and GRADHUB_MEMORY_LIMIT_BYTES (RankMemoryLimit) from
   //   config.isolation (the trainer's input policy and its out-of-memory message).
   std::map<std::string, std::string> env;
@@ -54,14 +55,20 @@ struct RankLaunch {
 absl::StatusOr<RankLaunch> PlanRankPaths(const AgentConfig& config,
                                          const v1::RankAssignment& assignment);
 
-// CUDA_VISIBLE_DEVICES, GRADHUB_DEVICE and GRADHUB_BACKEND into *env (see RankLaunch::env).
+// What both kinds of rank, trainer and script, get of the node's devices and the spec's
+// distributed settings, into *env: CUDA_VISIBLE_DEVICES, GRADHUB_DEVICE and GRADHUB_BACKEND
+// (see RankLaunch::env), and GRADHUB_COLLECTIVE_TIMEOUT=<n>s when the spec's
+// distributed.collectiveTimeoutSeconds is set. The job's timeout overrides the node's, which
+// a rank otherwise inherits from the agent's environment (RankInheritsVariable): the job
+// knows how slow its steps are; the node only how slow its network is.
+//
 // A rank sees only the GPU(s) of its assignment's device_indices, through CUDA_VISIBLE_DEVICES,
 // rather than every GPU and a local-rank-to-device map: CUDA then numbers them from cuda:0, so
 // libtorch and NCCL need no mapping, and a rank of one tenant cannot open another tenant's GPU
 // by index, which a map would only ask it not to do. A rank without devices gets an empty list:
 // no GPU at all, even where the agent itself was started with some visible.
-void SetDeviceEnvironment(const NodeDevices& devices, const v1::RankAssignment& assignment,
-                          std::map<std::string, std::string>* env);
+void SetDistributedEnvironment(const NodeDevices& devices, const v1::RankAssignment& assignment,
+                               std::map<std::string, std::string>* env);
 
 // `config.work_dir` and `config.checkpoint_root` must be absolute (main makes them so).
 // INVALID_ARGUMENT for a job name that is not `jobs/<id>` with a path-safe id, or a negative

@@ -90,7 +90,8 @@ using LineCallback = std::function<void(const OutputLine&)>;
 // Which of the agent's own environment variables a rank inherits: only what finds programs and
 // libraries, sets the locale, and tunes threads and collectives (PATH, LD_LIBRARY_PATH, LANG,
 // LANGUAGE, TZ, TMPDIR, LC_*, OMP_*, MKL_*, OPENBLAS_*, CUDA_*, NCCL_*, GLOO_*, TORCH_*, and
-// the trainer's tuning: GRADHUB_THREADS, GRADHUB_COLLECTIVE_TIMEOUT, GRADHUB_PREEMPT_GRACE).
+// the trainer's tuning: GRADHUB_THREADS, GRADHUB_COLLECTIVE_TIMEOUT, GRADHUB_PREEMPT_GRACE;
+// the collective timeout is the node's default, which a job's own overrides, rank_launch.h).
 // Never the rest: the agent's environment may hold its token, TLS key paths, cloud
 // credentials, and a rank runs a tenant's code.
 bool RankInheritsVariable(std::string_view name);

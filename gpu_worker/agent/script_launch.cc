@@ -85,7 +85,7 @@ absl::StatusOr<RankLaunch> PlanScriptLaunch(const AgentConfig& config,
   auto& env = launch.env;
   SetTorchrunEnvironment(assignment, launch.job_id, &env);
   for (const auto& [key, value] : config.rank_network_env) env[key] = value;
-  SetDeviceEnvironment(config.devices, assignment, &env);
+  SetDistributedEnvironment(config.devices, assignment, &env);
   env["GRADHUB_JOB_ID"] = launch.job_id;
   env["GRADHUB_ATTEMPT"] = absl::StrCat(assignment.attempt());
   env["GRADHUB_RANK"] = env["RANK"];

@@ -38,7 +38,8 @@ v1::RankAssignment WithLocalRanksDevices(
 //         GRADHUB_STORE (grpc://<store_address>, the rendezvous store that takes the job
 //         token for this attempt's keys; empty without one), GRADHUB_CHECKPOINT_URL,
 //         GRADHUB_METRICS_URL, GRADHUB_TLS_CA, GRADHUB_CODE_DIR, GRADHUB_SEED, GRADHUB_DEVICE,
-//         GRADHUB_BACKEND, CUDA_VISIBLE_DEVICES as for a trainer rank; PYTHONPATH (the gradhub
+//         GRADHUB_BACKEND, CUDA_VISIBLE_DEVICES, GRADHUB_COLLECTIVE_TIMEOUT (when the spec sets
+//         distributed.collectiveTimeoutSeconds) as for a trainer rank; PYTHONPATH (the gradhub
 //         module), PYTHONUNBUFFERED=1 (reports and logs arrive as printed), HOME (the scratch
 //         directory), USER and LOGNAME; then the spec's env, which ValidateScriptSpec keeps off
 //         every name above.

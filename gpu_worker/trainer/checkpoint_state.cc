@@ -218,6 +218,7 @@ v1::JobSpec ResumeRelevantSpec(const v1::JobSpec& spec) {
   relevant.clear_priority();
   relevant.clear_node_selector();
   relevant.mutable_distributed()->clear_ranks_per_node();
+  relevant.mutable_distributed()->clear_collective_timeout_seconds();
   relevant.mutable_dataset()->clear_prefetch_batches();
   return relevant;
 }

@@ -55,10 +55,10 @@ void RestoreRankState(std::string_view bytes, const RankStateParts& parts,
 // specs that differ only there resume each other's checkpoints. Harmless: displayName, labels,
 // maxSteps and maxEpochs (training longer or shorter; except when a cosine schedule takes its
 // period from maxSteps, which is then written in), evalEverySteps, logEverySteps, checkpoint,
-// maxRestarts, hangTimeoutSeconds, priority, nodeSelector, distributed.ranksPerNode and
-// dataset.prefetchBatches. Everything else (model, data, optimizer, schedule, batch, world
-// size, backend, buckets, comm hook and PowerSGD settings, local SGD, optimizer sharding,
-// precision, seed) decides the result.
+// maxRestarts, hangTimeoutSeconds, priority, nodeSelector, distributed.ranksPerNode,
+// distributed.collectiveTimeoutSeconds and dataset.prefetchBatches. Everything else (model,
+// data, optimizer, schedule, batch, world size, backend, buckets, comm hook and PowerSGD
+// settings, local SGD, optimizer sharding, precision, seed) decides the result.
 v1::JobSpec ResumeRelevantSpec(const v1::JobSpec& spec_with_defaults);
 
 // What the update rule (update_rule.h) holds alike on every rank, saved once. Null parts are

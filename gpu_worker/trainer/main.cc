@@ -132,7 +132,8 @@ struct TrainerConfig {
                 "advertised address); empty = the interface GLOO_SOCKET_IFNAME names, else the "
                 "hostname")
         .Duration("collective-timeout", "GRADHUB_COLLECTIVE_TIMEOUT", &collective_timeout,
-                  "A collective that does not complete in this time fails the rank");
+                  "A collective that does not complete in this time fails the rank (set by "
+                  "the agent: the job's distributed.collectiveTimeoutSeconds, else the node's)");
   }
 };
 

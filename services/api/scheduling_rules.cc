@@ -314,6 +314,7 @@ std::string PlacementShape(const v1::JobSpec& spec) {
   shape.clear_checkpoint();
   shape.clear_max_restarts();
   shape.clear_hang_timeout_seconds();
+  if (shape.has_distributed()) shape.mutable_distributed()->clear_collective_timeout_seconds();
   shape.clear_priority();
   shape.clear_seed();
   if (shape.has_parallelism()) {  // placement reads the stages only (PlaceGang step 3)

@@ -178,9 +178,10 @@ GangPlacement PlaceGangAvoiding(const v1::JobSpec& spec, const std::vector<NodeR
 
 // The placement-relevant part of a spec as text (QueuedJob::shape): its deterministic wire
 // bytes, less the fields placement never reads (names, labels, the optimizer and schedule,
-// the loop's lengths, checkpoints, restarts, priority, seed, parallelism but its stages). A list of
-// what it drops rather than of what it keeps, so that a rule reading one more field cannot be
-// forgotten here: a field left in only makes fewer jobs share a shape.
+// the loop's lengths, checkpoints, restarts, priority, seed, the collective timeout,
+// parallelism but its stages). A list of what it drops rather than of what it keeps, so that
+// a rule reading one more field cannot be forgotten here: a field left in only makes fewer
+// jobs share a shape.
 std::string PlacementShape(const v1::JobSpec& spec);
 
 // A job in the queue as one pass of the scheduler sees it.

@@ -56,7 +56,8 @@ struct LocalClusterOptions {
   std::string memory_isolation;
   // Each agent's --tenant-data-root, "TENANT=DIR".
   std::vector<std::string> tenant_data_roots;
-  // Added to every agent's environment (its ranks inherit GRADHUB_COLLECTIVE_TIMEOUT, say).
+  // Added to every agent's environment (a node's defaults: its ranks inherit, say,
+  // GRADHUB_COLLECTIVE_TIMEOUT unless their job sets distributed.collectiveTimeoutSeconds).
   std::map<std::string, std::string> agent_environment;
   // Many hosts (tests/support/network_hosts.h; it must outlive the cluster): the services
   // listen on its hub's address, and each agent runs on the host of its name, where it finds

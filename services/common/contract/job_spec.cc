@@ -390,6 +390,7 @@ namespace {
 constexpr size_t kMaxDisplayNameCharacters = 256;
 constexpr size_t kMaxLabelCharacters = 63;
 constexpr int64_t kMaxMemoryPerRankMib = int64_t{1} << 24;
+constexpr int32_t kMaxCollectiveTimeoutSeconds = 86400;
 
 // distributed.encryptTraffic encrypts what the gradhub process group sends between hosts: Gloo
 // (GLOO, or AUTO where it picks Gloo) can, NCCL cannot, and a script job's ranks bring their
@@ -405,6 +406,27 @@ void CheckEncryptTraffic(const v1::JobSpec& spec, Checker& check) {
   check.Require(spec.distributed().backend() != v1::DistributedSpec::NCCL,
                 "distributed.encryptTraffic",
                 "needs backend GLOO or AUTO: NCCL has no encrypted transport");
+}
+
+// distributed.collectiveTimeoutSeconds: 0 (the node's default) or up to a day, and below the
+// hang timeout. A collective that waits as long as the watchdog does is never the one to fail:
+// the watchdog stops the attempt first, as a JOB failure that names no unreachable node, so the
+// next attempt may land on the same partitioned pair.
+void CheckCollectiveTimeout(const v1::JobSpec& spec, Checker& check) {
+  const int32_t timeout = spec.distributed().collective_timeout_seconds();
+  const std::string field = "distributed.collectiveTimeoutSeconds";
+  if (timeout < 0 || timeout > kMaxCollectiveTimeoutSeconds) {
+    check.Require(false, field,
+                  absl::StrCat("must be between 0 (the node's default) and ",
+                               kMaxCollectiveTimeoutSeconds, " (a day)"));
+    return;
+  }
+  const int32_t hang =
+      spec.hang_timeout_seconds() > 0 ? spec.hang_timeout_seconds() : defaults::kHangTimeoutSeconds;
+  check.Require(timeout < hang, field,
+                absl::StrCat("must be below hangTimeoutSeconds (", hang,
+                             "): the hang watchdog would stop the attempt before a collective "
+                             "timed out and its ranks named the nodes they cannot reach"));
 }
 
 // The rules of every job, trainer or script.
@@ -430,6 +452,7 @@ void CheckCommonFields(const v1::JobSpec& spec, const SpecLimits& limits, Checke
                 "must be between 1 and " + std::to_string(limits.max_world_size));
   check.Require(distributed.ranks_per_node() >= 0, "distributed.ranksPerNode",
                 "must not be negative");
+  CheckCollectiveTimeout(spec, check);
   check.Require(spec.checkpoint().keep_last() >= 0, "checkpoint.keepLast", "must not be negative");
   check.Require(spec.max_restarts().infrastructure() >= 0, "maxRestarts.infrastructure",
                 "must not be negative");

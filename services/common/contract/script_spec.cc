@@ -135,6 +135,7 @@ std::vector<SpecIssue> ValidateScriptSpec(const v1::JobSpec& spec) {
                                                  "distributed.worldSize",
                                                  "distributed.ranksPerNode",
                                                  "distributed.backend",
+                                                 "distributed.collectiveTimeoutSeconds",
                                                  "distributed.encryptTraffic"};
   RefuseSetFields(spec, "", kAllowed, &issues);
   return issues;

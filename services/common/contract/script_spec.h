@@ -28,7 +28,7 @@ bool IsReservedScriptVariable(const std::string& name);
 //   4. the built-in trainer's fields are unset (a script runs its own loop, so they would be
 //      silently ignored): everything but displayName, labels, priority, seed, nodeSelector,
 //      maxRestarts, hangTimeoutSeconds, checkpoint.keepLast and distributed's worldSize,
-//      ranksPerNode and backend.
+//      ranksPerNode, backend and collectiveTimeoutSeconds (the ranks' GRADHUB_COLLECTIVE_TIMEOUT).
 // The rules every job has (world size, budgets, labels) are ValidateJobSpec's.
 std::vector<SpecIssue> ValidateScriptSpec(const v1::JobSpec& spec);
 

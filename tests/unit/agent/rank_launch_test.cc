@@ -10,11 +10,16 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <set>
 
 #include "gpu_worker/agent/agent.h"
 #include "gpu_worker/agent/node_description.h"
 #include "gpu_worker/agent/node_devices.h"
+#include "gpu_worker/agent/rank_process.h"
+#include "gpu_worker/agent/script_launch.h"
 #include "gpu_worker/devices/devices.h"
 #include "tests/support/subprocess.h"
 
@@ -177,6 +182,55 @@ TEST(RankLaunchTest, DeviceIndicesAreNamedAsTheAgentSeesThem) {
   config.devices = FromInventory(inventory, nullptr);
   EXPECT_EQ(PlanRankLaunch(config, assignment, Prepared())->env.at("CUDA_VISIBLE_DEVICES"), "1");
   EXPECT_FALSE(FromInventory(devices::DeviceInventory{}, nullptr).cuda);
+}
+
+// The environment `env` gives a rank started on top of this (the agent's) environment: what
+// `name` holds there, read back from the process.
+std::string SeenByTheRank(const std::map<std::string, std::string>& env, const std::string& name) {
+  RankProcessOptions options;
+  options.argv = {"/bin/sh", "-c", "echo \"$" + name + "\""};
+  options.env = env;
+  std::mutex mu;
+  std::string seen;
+  options.on_line = [&](const OutputLine& line) {
+    std::lock_guard<std::mutex> lock(mu);
+    seen = line.text;
+  };
+  absl::StatusOr<std::unique_ptr<RankProcess>> process = RankProcess::Start(std::move(options));
+  EXPECT_TRUE(process.ok()) << process.status();
+  if (!process.ok()) return "";
+  EXPECT_TRUE((*process)->Wait(absl::Seconds(10)));  // exited: every line delivered
+  std::lock_guard<std::mutex> lock(mu);
+  return seen;
+}
+
+// distributed.collectiveTimeoutSeconds reaches trainer and script ranks alike and overrides
+// the node's default, which a rank inherits from the agent's environment; unset (0), the agent
+// adds nothing, so the node's default (or the trainer's 60 s) stands.
+TEST(RankLaunchTest, TheJobsCollectiveTimeoutOverridesTheNodesForEveryKindOfRank) {
+  ASSERT_EQ(setenv("GRADHUB_COLLECTIVE_TIMEOUT", "45s", 1), 0);  // the node's default
+  v1::RankAssignment trainer = Assignment();
+  v1::RankAssignment script = Assignment();
+  script.mutable_spec()->mutable_script()->set_code("sha256:" + std::string(64, 'a'));
+  script.mutable_spec()->mutable_script()->set_entrypoint("train.py");
+  for (v1::RankAssignment* assignment : {&trainer, &script}) {
+    const bool is_script = assignment == &script;
+    const auto plan = [&] {
+      return is_script ? PlanScriptLaunch(Config("/w"), *assignment, Prepared())
+                       : PlanRankLaunch(Config("/w"), *assignment, Prepared());
+    };
+    absl::StatusOr<RankLaunch> launch = plan();
+    ASSERT_TRUE(launch.ok()) << launch.status();
+    EXPECT_EQ(launch->env.count("GRADHUB_COLLECTIVE_TIMEOUT"), 0u) << is_script;
+    EXPECT_EQ(SeenByTheRank(launch->env, "GRADHUB_COLLECTIVE_TIMEOUT"), "45s") << is_script;
+    assignment->mutable_spec()->mutable_distributed()->set_collective_timeout_seconds(5);
+    (*assignment->mutable_env())["GRADHUB_COLLECTIVE_TIMEOUT"] = "90s";  // the spec's wins
+    launch = plan();
+    ASSERT_TRUE(launch.ok()) << launch.status();
+    EXPECT_EQ(launch->env.at("GRADHUB_COLLECTIVE_TIMEOUT"), "5s") << is_script;
+    EXPECT_EQ(SeenByTheRank(launch->env, "GRADHUB_COLLECTIVE_TIMEOUT"), "5s") << is_script;
+  }
+  unsetenv("GRADHUB_COLLECTIVE_TIMEOUT");
 }
 
 TEST(RankLaunchTest, RefusesJobNamesThatAreNotPathSafe) {

@@ -300,6 +300,7 @@ TEST(PlacementShape, DropsOnlyWhatPlacementNeverReads) {
   other.set_priority(3);
   other.set_max_steps(100);
   other.mutable_optimizer()->mutable_sgd()->set_lr(0.1);
+  other.mutable_distributed()->set_collective_timeout_seconds(5);
   EXPECT_EQ(PlacementShape(other), shape);
   // What any filter or the packing reads makes another shape.
   const auto differs = [&](auto change) {

@@ -326,6 +326,38 @@ TEST(JobSpecTest, EncryptTrafficNeedsGlooOrAutoAndATrainerJob) {
   EXPECT_EQ(issues.size(), 1u);
 }
 
+TEST(JobSpecTest, CollectiveTimeoutIsBoundedAndBelowTheHangTimeout) {
+  const std::string field = "distributed.collectiveTimeoutSeconds";
+  v1::JobSpec spec = testing::MinimalJobSpec();
+  spec.clear_hang_timeout_seconds();  // 0 = 600
+  for (int32_t fine : {0, 1, 599}) {
+    spec.mutable_distributed()->set_collective_timeout_seconds(fine);
+    EXPECT_TRUE(ValidateJobSpec(spec).empty()) << fine;
+  }
+  for (int32_t bad : {-1, 86401, std::numeric_limits<int32_t>::max()}) {
+    spec.mutable_distributed()->set_collective_timeout_seconds(bad);
+    const auto issues = ValidateJobSpec(spec);
+    EXPECT_NE(IssueOf(issues, field).message.find("86400"), std::string::npos) << bad;
+    EXPECT_EQ(issues.size(), 1u) << bad;
+  }
+  // The watchdog would stop the attempt first, naming no unreachable node.
+  spec.mutable_distributed()->set_collective_timeout_seconds(600);
+  EXPECT_NE(IssueOf(ValidateJobSpec(spec), field).message.find("hangTimeoutSeconds (600)"),
+            std::string::npos);
+  spec.set_hang_timeout_seconds(30);
+  spec.mutable_distributed()->set_collective_timeout_seconds(30);
+  EXPECT_NE(IssueOf(ValidateJobSpec(spec), field).message.find("hangTimeoutSeconds (30)"),
+            std::string::npos);
+  spec.set_hang_timeout_seconds(86400 * 2);
+  spec.mutable_distributed()->set_collective_timeout_seconds(86400);
+  EXPECT_TRUE(ValidateJobSpec(spec).empty());
+  // A script job's ranks get it too (as GRADHUB_COLLECTIVE_TIMEOUT).
+  v1::JobSpec script =
+      ParseJobSpec("script: {code: \"sha256:" + std::string(64, 'a') +
+                   "\", entrypoint: train.py}\n" + "distributed: {collectiveTimeoutSeconds: 5}\n");
+  EXPECT_TRUE(ValidateJobSpec(script).empty());
+}
+
 // --- parallelism (pipeline stages x data-parallel replicas) ---
 
 // A valid pipelined job: an MLP of 4 layers (Linear), 2 stages x 2 replicas, a replica's batch

@@ -18,7 +18,7 @@ script:
   entrypoint: train.py
   args: [--epochs, "3"]
   env: {LR: "0.1"}
-distributed: {worldSize: 4, ranksPerNode: 2, backend: GLOO}
+distributed: {worldSize: 4, ranksPerNode: 2, backend: GLOO, collectiveTimeoutSeconds: 30}
 checkpoint: {keepLast: 2}
 maxRestarts: {infrastructure: 3, job: 1}
 hangTimeoutSeconds: 120
