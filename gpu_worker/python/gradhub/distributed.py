@@ -26,6 +26,7 @@ rank and world_size default to RANK and WORLD_SIZE (then GRADHUB_RANK, GRADHUB_W
 
 import datetime
 import os
+import re
 
 from . import _engine
 
@@ -47,6 +48,31 @@ __all__ = [
 # The collective timeout by default: far below NCCL's 10 minutes, so a dead peer surfaces
 # quickly and the job restarts (the engine's kDefaultCollectiveTimeout).
 DEFAULT_TIMEOUT = 60.0
+
+# What gradhub's agent sets from the job's distributed.collectiveTimeoutSeconds ("45s"), or
+# passes on from its own environment (any duration the trainer's flag takes: "1m30s", "500ms").
+TIMEOUT_VARIABLE = "GRADHUB_COLLECTIVE_TIMEOUT"
+_DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|ms|s|m|h)")
+
+
+def default_timeout(env):
+    """init()'s timeout when none is given: GRADHUB_COLLECTIVE_TIMEOUT (a positive duration in
+    absl's syntax, as the trainer reads it), else DEFAULT_TIMEOUT seconds. ValueError naming
+    the variable when it is set but not such a duration."""
+    text = env.get(TIMEOUT_VARIABLE, "")
+    if not text:
+        return DEFAULT_TIMEOUT
+    seconds, at = 0.0, 0
+    for part in _DURATION_PART.finditer(text):
+        if part.start() != at:
+            break
+        seconds += float(part.group(1)) * _DURATION_UNITS[part.group(2)]
+        at = part.end()
+    if at != len(text) or not seconds > 0:
+        raise ValueError(f"{TIMEOUT_VARIABLE}: {text!r} is not a positive duration "
+                         "(e.g. 45s, 1m30s, 500ms)")
+    return seconds
 
 _default_group = None
 
@@ -136,7 +162,7 @@ def _backend(backend):
 
 
 def init(backend="auto", *, init_method=None, rank=None, world_size=None,
-         timeout=DEFAULT_TIMEOUT, name="default", shared_memory=True, device=None,
+         timeout=None, name="default", shared_memory=True, device=None,
          encrypt_traffic=False):
     """Joins the job's ranks and returns the default ProcessGroup (also gradhub.distributed's
     module-level collectives' group). Blocks until every rank arrived; RendezvousError when
@@ -145,7 +171,8 @@ def init(backend="auto", *, init_method=None, rank=None, world_size=None,
     backend: "auto" (NCCL when this build has it and CUDA is available, else Gloo), "gloo" or
     "nccl". timeout: seconds (or a timedelta) within which each collective completes or
     raises CollectiveError, and the rendezvous too (a rank or the TCPStore's host that has not
-    come by then: RendezvousError). shared_memory: Gloo allreduce through shared memory when every
+    come by then: RendezvousError); by default the job's (default_timeout: what gradhub's agent
+    sets from distributed.collectiveTimeoutSeconds), else 60 s. shared_memory: Gloo allreduce through shared memory when every
     rank is on this host. device: NCCL's CUDA device index (default: the current device).
     encrypt_traffic: Gloo seals every message it sends over TCP with AES-256-GCM under a key
     made for this group (every rank must pass the same value; a message that fails
@@ -163,7 +190,7 @@ def init(backend="auto", *, init_method=None, rank=None, world_size=None,
     if not 0 <= rank < world_size:
         raise ValueError(f"rank: {rank} is not in [0, world_size {world_size})")
     chosen = _backend(backend)
-    timeout = _seconds("timeout", timeout)
+    timeout = default_timeout(env) if timeout is None else _seconds("timeout", timeout)
     plan = rendezvous_plan(init_method, env)
     options = {}
     if chosen == Backend.GLOO:

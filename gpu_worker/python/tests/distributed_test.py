@@ -21,7 +21,7 @@ import rank_processes
 RENDEZVOUS_VARIABLES = ("RANK", "WORLD_SIZE", "GRADHUB_RANK", "GRADHUB_WORLD_SIZE",
                         "GRADHUB_STORE", "GRADHUB_JOB_TOKEN", "GRADHUB_JOB_ID",
                         "GRADHUB_ATTEMPT", "GRADHUB_TLS_CA", "MASTER_ADDR", "MASTER_PORT",
-                        "TORCHELASTIC_USE_AGENT_STORE")
+                        "TORCHELASTIC_USE_AGENT_STORE", "GRADHUB_COLLECTIVE_TIMEOUT")
 DTYPES = (torch.float32, torch.float64, torch.int64)
 OPS = ("SUM", "AVG", "MAX", "MIN")
 COLLECTIVE_TIMEOUT_S = 60.0
@@ -148,6 +148,21 @@ def test_init_names_a_non_integer_rank_variable(clean_env, variable):
 def test_init_refuses_a_rank_outside_the_world(clean_env, rank, world_size):
     with pytest.raises(ValueError, match="rank"):
         dist.init("gloo", init_method="tcp://127.0.0.1:1", rank=rank, world_size=world_size)
+
+
+@pytest.mark.parametrize("value, seconds", [
+    (None, 60.0), ("", 60.0), ("45s", 45.0), ("1m30s", 90.0), ("500ms", 0.5), ("1.5h", 5400.0),
+    ("2m0.5s", 120.5),
+])
+def test_the_default_timeout_is_the_jobs(value, seconds):
+    env = {} if value is None else {"GRADHUB_COLLECTIVE_TIMEOUT": value}
+    assert dist.default_timeout(env) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("value", ["45", "s", "0s", "-5s", "5 s", "5sec", "1m30", "abc"])
+def test_a_bad_collective_timeout_variable_is_named(value):
+    with pytest.raises(ValueError, match="^GRADHUB_COLLECTIVE_TIMEOUT:"):
+        dist.default_timeout({"GRADHUB_COLLECTIVE_TIMEOUT": value})
 
 
 @pytest.mark.parametrize("arguments, name", [
