@@ -23,7 +23,8 @@
 # Usage: tests/bench/control_plane/run.sh [BUILD_DIR]
 # Environment: GRADHUB_BENCH_KILLS (20), GRADHUB_BENCH_RATE (500), GRADHUB_BENCH_SETTLE (3),
 #   GRADHUB_BENCH_SECONDS (10, each closed-loop phase), GRADHUB_BENCH_CLIENTS (32),
-#   GRADHUB_BENCH_SHORT_EVERY (4), GRADHUB_LEADER_LEASE (the replicas' --leader-lease, 1.5s).
+#   GRADHUB_BENCH_SHORT_EVERY (4), GRADHUB_LEADER_LEASE (the replicas' --leader-lease, 1.5s),
+#   GRADHUB_BENCH_KEEP (set: keep the work directory, with every process's log).
 # Root: the agents run ranks as make setup's gradhub-rank.
 set -euo pipefail
 build_dir="$(realpath "${1:-build}")"
@@ -51,7 +52,7 @@ cleanup() {
   for pid in "${agent_pid[@]}"; do wait "$pid" 2>/dev/null || true; done
   for pid in "${api_pid[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
   "${as_pg[@]}" "$pg_bin/pg_ctl" -D "$work/pg" -m immediate stop >/dev/null 2>&1 || true
-  rm -rf "$work"
+  if [ -n "${GRADHUB_BENCH_KEEP:-}" ]; then echo "kept $work" >&2; else rm -rf "$work"; fi
 }
 trap cleanup EXIT
 free_port() {
