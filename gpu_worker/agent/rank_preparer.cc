@@ -2,6 +2,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
@@ -41,6 +42,7 @@ RankPreparer::RankPreparer(const AgentConfig& config, v1::NodeService::StubInter
             }) {}
 
 RankPreparer::~RankPreparer() {
+  stopping_.Notify();
   std::map<RankKey, std::unique_ptr<Preparation>> preparations;
   std::vector<std::thread> finished;
   {
@@ -109,6 +111,34 @@ absl::Status RankPreparer::UnpackCode(const v1::RankAssignment& assignment, cons
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::string> IssueRankCredential(v1::NodeService::StubInterface& stub,
+                                                const v1::IssueRankCredentialRequest& request,
+                                                const std::string& node_token,
+                                                absl::Duration try_timeout, absl::Duration patience,
+                                                const absl::Notification& stopping) {
+  const absl::Time give_up = absl::Now() + patience;
+  absl::Duration backoff = absl::Milliseconds(100);
+  while (true) {
+    v1::IssueRankCredentialResponse response;
+    grpc::ClientContext context;
+    context.AddMetadata("authorization", "Bearer " + node_token);
+    context.set_deadline(absl::ToChronoTime(absl::Now() + try_timeout));
+    const grpc::Status status = stub.IssueRankCredential(&context, request, &response);
+    if (status.ok()) return response.token();
+    const bool unreachable = status.error_code() == grpc::StatusCode::UNAVAILABLE;
+    if (!unreachable || absl::Now() + backoff >= give_up ||
+        stopping.WaitForNotificationWithTimeout(backoff)) {
+      // The node's failure whatever the api's code (a rank no longer live is NOT_FOUND there):
+      // never the user's, which NOT_FOUND and INVALID_ARGUMENT mean to StartScriptProcess.
+      return absl::UnavailableError(
+          absl::StrCat("IssueRankCredential: ",
+                       absl::StatusCodeToString(static_cast<absl::StatusCode>(status.error_code())),
+                       " ", status.error_message()));
+    }
+    backoff = std::min(backoff * 2, absl::Seconds(1));
+  }
+}
+
 absl::StatusOr<std::string> RankPreparer::IssueCredential(const v1::RankAssignment& assignment,
                                                           const std::string& session_id) {
   v1::IssueRankCredentialRequest request;
@@ -117,20 +147,8 @@ absl::StatusOr<std::string> RankPreparer::IssueCredential(const v1::RankAssignme
   request.set_job(assignment.job());
   request.set_attempt(assignment.attempt());
   request.set_rank(assignment.rank());
-  v1::IssueRankCredentialResponse response;
-  grpc::ClientContext context;
-  context.AddMetadata("authorization", "Bearer " + config_.token);
-  context.set_deadline(absl::ToChronoTime(absl::Now() + kCredentialTimeout));
-  const grpc::Status status = stub_->IssueRankCredential(&context, request, &response);
-  if (!status.ok()) {
-    // The node's failure whatever the api's code (a rank no longer live is NOT_FOUND there):
-    // never the user's, which NOT_FOUND and INVALID_ARGUMENT mean to StartScriptProcess.
-    return absl::UnavailableError(
-        absl::StrCat("IssueRankCredential: ",
-                     absl::StatusCodeToString(static_cast<absl::StatusCode>(status.error_code())),
-                     " ", status.error_message()));
-  }
-  return response.token();
+  return IssueRankCredential(*stub_, request, config_.token, kCredentialTimeout,
+                             config_.api_outage_grace, stopping_);
 }
 
 absl::StatusOr<PreparedRank> RankPreparer::Prepare(const v1::RankAssignment& assignment,

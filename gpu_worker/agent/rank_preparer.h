@@ -12,6 +12,13 @@
 // agent does not start the rank meanwhile (its key stays unseen, so every reconcile asks
 // again) and `on_ready` wakes the loop when a preparation ends.
 //
+// The credential's call is retried while the api cannot be reached (gRPC UNAVAILABLE: a replica
+// killed mid-call, none reachable), with backoff, for up to the agent's api outage grace, the
+// time it also keeps running ranks without the api: a placement must not fail because the
+// replica that answered the heartbeat died before the credential. Safe to repeat: each call
+// issues a new token, and one whose answer was lost reached nobody and dies with the attempt.
+// Any other answer (the rank no longer placed here: NOT_FOUND; a bad node token) ends it.
+//
 // Errors, named by their step: a script's code that is missing or refused keeps its code
 // (NOT_FOUND, INVALID_ARGUMENT: the user's fault); every other failure, the credential's
 // included, is the node's (UNAVAILABLE, RESOURCE_EXHAUSTED, ...), never NOT_FOUND or
@@ -33,6 +40,8 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
 #include "gpu_worker/agent/code_cache.h"
 #include "gpu_worker/agent/config.h"
 #include "gpu_worker/agent/job_uids.h"
@@ -79,6 +88,7 @@ class RankPreparer {
 
   const AgentConfig& config_;
   v1::NodeService::StubInterface* const stub_;
+  absl::Notification stopping_;  // the destructor's: credential retries give up
   CodeCache* const code_cache_;
   const std::function<void()> on_ready_;
   JobUids uids_;
@@ -86,6 +96,15 @@ class RankPreparer {
   std::map<RankKey, std::unique_ptr<Preparation>> preparations_ ABSL_GUARDED_BY(mu_);
   std::vector<std::thread> finished_ ABSL_GUARDED_BY(mu_);  // to join
 };
+
+// IssueRankCredential with the node token `node_token`, each try given `try_timeout`, tried
+// again after UNAVAILABLE (backoff 100 ms doubling to 1 s) until `patience` has passed since
+// the first try or `stopping` is notified; the token, or the last failure.
+absl::StatusOr<std::string> IssueRankCredential(v1::NodeService::StubInterface& stub,
+                                                const v1::IssueRankCredentialRequest& request,
+                                                const std::string& node_token,
+                                                absl::Duration try_timeout, absl::Duration patience,
+                                                const absl::Notification& stopping);
 
 // The directories of job `job_id` on this node that its uid owns: <work-dir>/jobs/<id>, and
 // with a checkpoint server (the checkpoint root is then this node's cache) <checkpoint

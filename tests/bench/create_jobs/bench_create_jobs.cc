@@ -145,6 +145,13 @@ class Client {
         options_(options),
         id_prefix_(std::move(id_prefix)) {
     request_.mutable_spec()->CopyFrom(gradhub::testing::MinimalJobSpec());
+    // A dataset that needs no node's data root: the spec is valid whatever nodes are
+    // registered (a CSV path is refused once nodes without it are).
+    gradhub::v1::SyntheticDataset* synthetic =
+        request_.mutable_spec()->mutable_dataset()->mutable_synthetic();
+    synthetic->set_num_samples(1024);
+    synthetic->set_num_features(64);
+    synthetic->set_num_classes(10);
     request_.mutable_spec()->set_display_name("bench-create-jobs");
     if (const size_t eq = options.node_selector.find('='); eq != std::string::npos) {
       (*request_.mutable_spec()->mutable_node_selector())[options.node_selector.substr(0, eq)] =
