@@ -21,7 +21,8 @@
 namespace gradhub::testing {
 
 struct LocalClusterOptions {
-  // Agents, started by Start() with `slots` CPU slots each.
+  // Agents, started by Start() with `slots` CPU slots each. Empty: none; a test that must
+  // arrange something first (which replica leads, say) then starts its own with StartAgent.
   std::vector<std::string> agents = {"a", "b"};
   int slots = 2;
   // > 0: every agent sees this many GPUs that are not there (gradhub-agent --fake-gpus) and

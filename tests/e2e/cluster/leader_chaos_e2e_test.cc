@@ -25,6 +25,7 @@
 #include "gradhub/v1/jobs.grpc.pb.h"
 #include "services/common/db/connection.h"
 #include "tests/e2e/checkpoint/checkpoint_checks.h"
+#include "tests/support/control_plane_leader.h"
 #include "tests/support/job_specs.h"
 #include "tests/support/local_cluster.h"
 
@@ -32,9 +33,9 @@ namespace gradhub {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-using std::chrono::milliseconds;
 using std::chrono::seconds;
 using testing::Ended;
+using Leader = testing::ApiLeader;
 
 int64_t FromEnvironment(const char* name, int64_t fallback) {
   const char* value = std::getenv(name);
@@ -45,11 +46,6 @@ double SecondsSince(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-struct Leader {
-  int64_t term = 0;
-  pid_t pid = 0;
-};
-
 class LeaderChaosE2eTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -58,30 +54,8 @@ class LeaderChaosE2eTest : public ::testing::Test {
     options.clients_use_every_replica = true;
     cluster_ = std::make_unique<testing::LocalCluster>(options);
     ASSERT_TRUE(cluster_->Start());
-    db::ConnectionOptions connection;
-    connection.url = cluster_->database_url();
-    auto opened = db::Connection::Open(connection);
-    ASSERT_TRUE(opened.ok()) << opened.status();
-    db_ = *std::move(opened);
-  }
-
-  // The replica that holds an unexpired term, by the database; nullopt if none.
-  std::optional<Leader> CurrentLeader() {
-    auto rows = db_->Exec(
-        "SELECT term, split_part(holder, ':', 2)::int AS pid FROM control_plane_leader"
-        " WHERE expires_at > clock_timestamp()");
-    EXPECT_TRUE(rows.ok()) << rows.status();
-    if (!rows.ok() || rows->empty()) return std::nullopt;
-    return Leader{rows->row(0).Get<int64_t>("term"), rows->row(0).Get<int32_t>("pid")};
-  }
-
-  // Waits until a term after `term` is held; returns it.
-  std::optional<Leader> AwaitTermAfter(int64_t term, seconds limit = seconds(30)) {
-    for (const auto deadline = Clock::now() + limit; Clock::now() < deadline;) {
-      if (auto leader = CurrentLeader(); leader && leader->term > term) return leader;
-      std::this_thread::sleep_for(milliseconds(20));
-    }
-    return std::nullopt;
+    db_ = testing::ConnectToDatabase(cluster_->database_url());
+    ASSERT_NE(db_, nullptr);
   }
 
   int ReplicaOf(pid_t pid) {
@@ -130,13 +104,13 @@ TEST_F(LeaderChaosE2eTest, KilledAndPausedLeadersCostTrainingNothing) {
     std::this_thread::sleep_for(seconds(10));
     ASSERT_FALSE(Ended(cluster_->Get(killed_under))) << "the job ended before the kills did: raise "
                                                         "GRADHUB_CHAOS_STEPS";
-    const std::optional<Leader> leader = CurrentLeader();
+    const std::optional<Leader> leader = testing::CurrentApiLeader(*db_);
     ASSERT_TRUE(leader.has_value()) << "no leader";
     const int replica = ReplicaOf(leader->pid);
     ASSERT_GE(replica, 0);
     const auto killed = Clock::now();
     cluster_->KillApiReplica(replica, SIGKILL);
-    const std::optional<Leader> next = AwaitTermAfter(leader->term);
+    const std::optional<Leader> next = testing::AwaitApiTermAfter(*db_, leader->term);
     ASSERT_TRUE(next.has_value()) << "no takeover within 30 s";
     takeovers.push_back(SecondsSince(killed));
     EXPECT_NE(next->pid, leader->pid);
@@ -155,19 +129,19 @@ TEST_F(LeaderChaosE2eTest, KilledAndPausedLeadersCostTrainingNothing) {
   const std::string paused_under = SubmitRunning(steps);
   for (int64_t pause = 0; pause < pauses; ++pause) {
     ASSERT_FALSE(Ended(cluster_->Get(paused_under))) << "the job ended before the pauses did";
-    const std::optional<Leader> leader = CurrentLeader();
+    const std::optional<Leader> leader = testing::CurrentApiLeader(*db_);
     ASSERT_TRUE(leader.has_value()) << "no leader";
     const int replica = ReplicaOf(leader->pid);
     ASSERT_GE(replica, 0);
     const auto stopped = Clock::now();
     cluster_->SignalApiReplica(replica, SIGSTOP);
-    const std::optional<Leader> next = AwaitTermAfter(leader->term);
+    const std::optional<Leader> next = testing::AwaitApiTermAfter(*db_, leader->term);
     std::this_thread::sleep_until(stopped + seconds(20));
     cluster_->SignalApiReplica(replica, SIGCONT);
     ASSERT_TRUE(next.has_value()) << "no takeover while the leader was paused";
     EXPECT_NE(next->pid, leader->pid);
     std::this_thread::sleep_for(seconds(3));  // awake: it must follow, not take a term back
-    const std::optional<Leader> after = CurrentLeader();
+    const std::optional<Leader> after = testing::CurrentApiLeader(*db_);
     ASSERT_TRUE(after.has_value());
     EXPECT_EQ(after->term, next->term) << "the woken replica took a term";
     EXPECT_EQ(cluster_->Get(paused_under).attempt(), 1);
