@@ -194,6 +194,19 @@ long_step_after="$(job_field "$long_job" progress_step)"
 long_state="$(job_field "$long_job" "state || ' attempt ' || current_attempt")"
 touch "$work/stop-short"
 wait "$short_pid"
+# The load is over: the agents and their ranks back at the normal priority, so that what
+# still runs finishes even while something else keeps this machine busy.
+descendants() {  # pids of the processes below $@, and $@
+  ps -eo pid=,ppid= | awk -v roots=" $* " '
+    { parent[$1] = $2 }
+    END {
+      n = split(roots, queue, " ")
+      for (i = 1; i <= n; i++) found[queue[i]] = 1
+      do { grown = 0; for (p in parent) if (!(p in found) && (parent[p] in found)) { found[p] = 1; grown = 1 } } while (grown)
+      for (p in found) print p
+    }'
+}
+renice -n 0 -p $(descendants "${agent_pid[@]}") > /dev/null
 # The short jobs not ended yet run out (300 steps take seconds once the load is gone).
 psql "CREATE TABLE short_jobs (name text)"
 "$pg_bin/psql" -X -q -d "$GRADHUB_DATABASE_URL" -c "\\copy short_jobs FROM '$work/short.names'"
