@@ -190,7 +190,8 @@ log "Prometheus at :$GRADHUB_PROMETHEUS_PORT: every gradhub target up, the job's
 n=0; step=""
 for _ in $(seq 1 60); do
   up="$(curl -fsS "http://127.0.0.1:$GRADHUB_PROMETHEUS_PORT/api/v1/query?query=up" || true)"
-  n="$(grep -o '"job":"gradhub-[a-z]*"},"value":\[[0-9.]*,"1"\]' <<<"$up" | wc -l)"
+  # No target up yet is grep's exit 1, which pipefail would make the script's.
+  n="$( (grep -o '"job":"gradhub-[a-z]*"},"value":\[[0-9.]*,"1"\]' <<<"$up" || true) | wc -l)"
   step="$(curl -fsS "http://127.0.0.1:$GRADHUB_PROMETHEUS_PORT/api/v1/query" \
     --data-urlencode "query=max(gradhub_training_step{job_id=\"$id\"})" || true)"
   [ "$n" -ge 3 ] && grep -q '"value"' <<<"$step" && break
