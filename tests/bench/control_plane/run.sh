@@ -68,6 +68,10 @@ pg_port="$(free_port)"
   -o "-p $pg_port -k $work -c listen_addresses=127.0.0.1 -c max_connections=200" start >/dev/null
 export GRADHUB_DATABASE_URL="postgresql://gradhub@127.0.0.1:$pg_port/postgres"
 psql() { "$pg_bin/psql" -X -q -A -t -v ON_ERROR_STOP=1 -d "$GRADHUB_DATABASE_URL" -c "$1"; }
+load_names() {  # table file: a table of one column, name, holding the file's lines
+  psql "CREATE TABLE $1 (name text)"
+  "$pg_bin/psql" -X -q -d "$GRADHUB_DATABASE_URL" -c "\\copy $1 FROM '$2'"
+}
 "$bin/gradhub-api" migrate >/dev/null
 token="$("$bin/gradhub-api" create-tenant bench)"
 
@@ -208,8 +212,7 @@ descendants() {  # pids of the processes below $@, and $@
 }
 renice -n 0 -p $(descendants "${agent_pid[@]}") > /dev/null
 # The short jobs not ended yet run out (300 steps take seconds once the load is gone).
-psql "CREATE TABLE short_jobs (name text)"
-"$pg_bin/psql" -X -q -d "$GRADHUB_DATABASE_URL" -c "\\copy short_jobs FROM '$work/short.names'"
+load_names short_jobs "$work/short.names"
 short_job_rows="FROM short_jobs s JOIN jobs j ON 'jobs/' || j.id::text = s.name"
 for _ in $(seq 120); do
   [ "$(psql "SELECT count(*) $short_job_rows WHERE j.end_time IS NULL")" = 0 ] && break
@@ -217,8 +220,7 @@ for _ in $(seq 120); do
 done
 short_states="$(psql "SELECT string_agg(state || ' ' || n, ', ') FROM (SELECT j.state, count(*) AS n
   $short_job_rows WHERE NOT (j.state = 'SUCCEEDED' AND j.current_attempt = 1) GROUP BY 1) x")"
-psql "CREATE TABLE acked (name text)"
-"$pg_bin/psql" -X -q -d "$GRADHUB_DATABASE_URL" -c "\\copy acked FROM '$work/acked'"
+load_names acked "$work/acked"
 lost="$(psql "SELECT count(*) FROM acked a WHERE NOT EXISTS (SELECT 1 FROM jobs j WHERE 'jobs/' || j.id::text = a.name)")"
 acked="$(psql "SELECT count(*) FROM acked")"
 rows="$(psql "SELECT count(*) FROM jobs WHERE spec->'nodeSelector' ? 'gradhub.bench/none'")"
