@@ -5,12 +5,15 @@
 // its own ring, every message AES-256-GCM sealed). Beside them, point to point (pipeline
 // stages): p2p and p2p-sealed, where each of two ranks sends MIB to the other and receives
 // MIB from it at the same time (Send and Recv in flight together, as a stage's activation
-// and gradient are), plain and sealed; a time is one such exchange.
+// and gradient are), plain and sealed; a time is one such exchange. And memcpy: one process,
+// one thread, copying MIB between two buffers, the reference for shm (the shared-memory
+// allreduce moves each byte through memory several times; see shared_memory_allreduce.h).
 // Ranks listen on 127.0.0.1; with GRADHUB_BENCH_NETNS and GRADHUB_BENCH_ADDRESSES
 // (tests/bench/bench_hosts.h) each rank runs in a network namespace of its own "host" and
 // listens on its address instead (tests/bench/network), where shm cannot work.
 // Prints one line: <impl> <MiB> <world> <median seconds per allreduce or exchange>.
-// Usage: bench_allreduce gloo|tcp|shm|sealed|p2p|p2p-sealed MIB WORLD ITERS (p2p: WORLD 2)
+// Usage: bench_allreduce gloo|tcp|shm|sealed|p2p|p2p-sealed|memcpy MIB WORLD ITERS
+//   (p2p: WORLD 2; memcpy: WORLD 1)
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -26,6 +29,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <memory>
@@ -111,21 +115,36 @@ double GradhubExchange(int rank, int64_t numel, int iterations, const std::strin
   });
 }
 
+// One core copying `numel` floats from one buffer to another, both touched beforehand.
+double Memcpy(int64_t numel, int iterations) {
+  std::vector<float> from(numel, 1.0f), to(numel, 0.0f);
+  return MedianSeconds(iterations, [&] {
+    std::memcpy(to.data(), from.data(), numel * sizeof(float));
+    // Keeps the copy from being optimized away.
+    asm volatile("" : : "r"(to.data()) : "memory");
+  });
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const std::string impl = argc == 5 ? argv[1] : "";
   const bool exchange = impl == "p2p" || impl == "p2p-sealed";
   const int world = argc == 5 ? std::stoi(argv[3]) : 0;
-  if ((impl != "gloo" && impl != "tcp" && impl != "shm" && impl != "sealed" && !exchange) ||
-      (exchange && world != 2)) {
+  if ((impl != "gloo" && impl != "tcp" && impl != "shm" && impl != "sealed" && !exchange &&
+       impl != "memcpy") ||
+      (exchange && world != 2) || (impl == "memcpy" && world != 1)) {
     std::fprintf(stderr,
-                 "usage: bench_allreduce gloo|tcp|shm|sealed|p2p|p2p-sealed MIB WORLD ITERS "
-                 "(p2p: WORLD 2)\n");
+                 "usage: bench_allreduce gloo|tcp|shm|sealed|p2p|p2p-sealed|memcpy MIB WORLD "
+                 "ITERS (p2p: WORLD 2; memcpy: WORLD 1)\n");
     return 2;
   }
   const int64_t numel = std::stoll(argv[2]) * (1 << 20) / sizeof(float);
   const int iterations = std::stoi(argv[4]);
+  if (impl == "memcpy") {
+    std::printf("%s %s %d %.6f\n", argv[1], argv[2], world, Memcpy(numel, iterations));
+    return 0;
+  }
   const std::optional<gradhub::bench::BenchHosts> hosts =
       gradhub::bench::BenchHostsFromEnvironment(world);
   if (hosts && impl == "shm") {

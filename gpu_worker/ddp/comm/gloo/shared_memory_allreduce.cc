@@ -236,41 +236,69 @@ void SharedMemoryAllReduce::Barrier(Clock::time_point deadline, std::chrono::mil
   }
 }
 
+SharedMemoryAllReduce::SubSlice SharedMemoryAllReduce::SubSliceOf(size_t elements, int rank,
+                                                                  size_t element_size) const {
+  // Sub-slices start on 64-byte boundaries so the reduce loops run on aligned vectors.
+  const size_t granule = 64 / element_size;
+  const size_t per = ((elements + size_ - 1) / size_ + granule - 1) / granule * granule;
+  const size_t begin = std::min(rank * per, elements);
+  return {begin, std::min(begin + per, elements)};
+}
+
+void SharedMemoryAllReduce::CopyIn(const uint8_t* chunk, uint64_t number, size_t elements,
+                                   size_t element_size) {
+  const SubSlice own = SubSliceOf(elements, rank_, element_size);
+  uint8_t* slot = Slot(rank_, number);
+  std::memcpy(slot, chunk, own.begin * element_size);
+  std::memcpy(slot + own.end * element_size, chunk + own.end * element_size,
+              (elements - own.end) * element_size);
+}
+
+void SharedMemoryAllReduce::Reduce(const uint8_t* chunk, uint64_t number, size_t elements,
+                                   const detail::ReduceKernel& kernel) {
+  const size_t element = kernel.element_size;
+  const SubSlice own = SubSliceOf(elements, rank_, element);
+  if (own.end == own.begin) return;
+  const size_t offset = own.begin * element;
+  auto values_of = [&](int rank) {
+    return rank == rank_ ? chunk + offset : Slot(rank, number) + offset;
+  };
+  uint8_t* out = Slot(rank_, number) + offset;
+  kernel.reduce(out, values_of(0), values_of(1), own.end - own.begin);
+  for (int peer = 2; peer < size_; ++peer) {
+    kernel.reduce(out, out, values_of(peer), own.end - own.begin);
+  }
+  if (kernel.divide != nullptr) kernel.divide(out, own.end - own.begin, size_);
+}
+
+void SharedMemoryAllReduce::CopyOut(uint8_t* chunk, uint64_t number, size_t elements,
+                                    size_t element_size) const {
+  for (int rank = 0; rank < size_; ++rank) {
+    const SubSlice result = SubSliceOf(elements, rank, element_size);
+    std::memcpy(chunk + result.begin * element_size,
+                Slot(rank, number) + result.begin * element_size,
+                (result.end - result.begin) * element_size);
+  }
+}
+
 void SharedMemoryAllReduce::AllReduce(void* data, size_t count, const detail::ReduceKernel& kernel,
                                       std::chrono::milliseconds timeout) {
   const auto deadline = Clock::now() + timeout;
   const size_t element = kernel.element_size;
   const size_t chunk_elements = chunk_bytes_ / element;
   const size_t chunks = (count + chunk_elements - 1) / chunk_elements;
-  // Sub-slices start on 64-byte boundaries so the reduce loops run on aligned vectors.
-  const size_t granule = 64 / element;
   auto* bytes = static_cast<uint8_t*>(data);
   const uint64_t first = chunks_;
   auto elements_of = [&](size_t k) { return std::min(chunk_elements, count - k * chunk_elements); };
+  auto chunk_at = [&](size_t k) { return bytes + k * chunk_bytes_; };
 
   for (size_t phase = 0; phase <= chunks + 1; ++phase) {
-    if (phase >= 1 && phase <= chunks) {  // R(phase - 1)
-      const size_t k = phase - 1;
-      const size_t m = elements_of(k);
-      const size_t per = ((m + size_ - 1) / size_ + granule - 1) / granule * granule;
-      const size_t begin = std::min(rank_ * per, m);
-      const size_t end = std::min(begin + per, m);
-      if (end > begin) {
-        uint8_t* out = Slot(0, first + k) + begin * element;
-        for (int peer = 1; peer < size_; ++peer) {
-          kernel.reduce(out, out, Slot(peer, first + k) + begin * element, end - begin);
-        }
-        if (kernel.divide != nullptr) kernel.divide(out, end - begin, size_);
-      }
+    if (phase >= 1 && phase <= chunks) {
+      Reduce(chunk_at(phase - 1), first + phase - 1, elements_of(phase - 1), kernel);
     }
-    if (phase >= 2) {  // CO(phase - 2)
-      const size_t k = phase - 2;
-      std::memcpy(bytes + k * chunk_bytes_, Slot(0, first + k), elements_of(k) * element);
-    }
-    if (phase < chunks) {  // CI(phase)
-      std::memcpy(Slot(rank_, first + phase), bytes + phase * chunk_bytes_,
-                  elements_of(phase) * element);
-    }
+    if (phase >= 2)
+      CopyOut(chunk_at(phase - 2), first + phase - 2, elements_of(phase - 2), element);
+    if (phase < chunks) CopyIn(chunk_at(phase), first + phase, elements_of(phase), element);
     if (phase <= chunks) Barrier(deadline, timeout, phase, chunks + 1);
   }
   chunks_ += chunks;

@@ -21,18 +21,27 @@ namespace gradhub::ddp {
 // A rank's control line holds its barrier counter (a futex word), how many peers sleep on it,
 // and its pid (to notice a peer that died instead of waiting out the timeout).
 //
-// Algorithm, per chunk k of the tensor (chunk_bytes at most), in buffer b = k % 3:
-//   CI(k) copy-in:  rank r copies its chunk into slots[r][b].
-//   R(k)  reduce:   rank r reduces its sub-slice r of the chunk over slots[0..n-1][b], in rank
-//                   order, into slots[0][b] (then divides, for an average over n != 2), so
-//                   every rank ends with bitwise-identical results.
-//   CO(k) copy-out: every rank copies the chunk's result from slots[0][b] into its tensor.
-// Each needs the previous step of the same chunk done by every rank, so they are pipelined
+// Algorithm, per chunk k of the tensor (chunk_bytes at most), in buffer b = k % 3. The chunk
+// is cut into one sub-slice per rank; rank r reduces sub-slice r (a reduce-scatter, then an
+// allgather, both through the slots):
+//   CI(k) copy-in:  rank r copies every sub-slice of its chunk but its own into slots[r][b];
+//                   its own sub-slice no peer reads, so it stays in its tensor.
+//   R(k)  reduce:   rank r reduces sub-slice r over the ranks' values in rank order (its own
+//                   read from its tensor, each peer's from slots[peer][b]) into slots[r][b]'s
+//                   sub-slice r (then divides, for an average over n != 2), so every rank ends
+//                   with bitwise-identical results.
+//   CO(k) copy-out: every rank copies each sub-slice s of the result from slots[s][b] into its
+//                   tensor.
+// Each byte of the chunk thus crosses memory 4.5 times per rank for two ranks (copy-in half,
+// reduce, copy-out whole), where copying every sub-slice in and reducing into slots[0] took
+// 5.5: the path is bound by memory traffic, not by its barriers.
+// Each step needs the previous step of the same chunk done by every rank, so they are pipelined
 // with one barrier per phase: phase p runs CO(p-2), R(p-1), CI(p), then a barrier. The three
 // touch three different buffers, and a buffer is rewritten only three chunks later, after every
 // rank passed a barrier that follows its last reader: K chunks take K + 1 barriers, not 2K.
-// Chunks are numbered across calls, so a call may start while a peer still copies out the
-// previous one's last chunk.
+// A rank's tensor is read by R(k) and rewritten only by CO(k), a barrier later. Chunks are
+// numbered across calls, so a call may start while a peer still copies out the previous one's
+// last chunk.
 //
 // A barrier: each rank stores the barrier's number into its counter (FUTEX_WAKE when a peer
 // sleeps on it), then waits for every peer's counter to reach the number: a short spin, then
@@ -60,7 +69,17 @@ class SharedMemoryAllReduce {
   friend struct SharedMemorySetup;
   SharedMemoryAllReduce(void* base, size_t bytes, int rank, int size, size_t chunk_bytes);
 
+  struct SubSlice {
+    size_t begin, end;  // elements of the chunk
+  };
+  // The part of a chunk of `elements` that `rank` reduces.
+  SubSlice SubSliceOf(size_t elements, int rank, size_t element_size) const;
   uint8_t* Slot(int rank, uint64_t chunk) const;
+  // The steps of chunk number `number` (counted across calls), whose tensor bytes are `chunk`.
+  void CopyIn(const uint8_t* chunk, uint64_t number, size_t elements, size_t element_size);
+  void Reduce(const uint8_t* chunk, uint64_t number, size_t elements,
+              const detail::ReduceKernel& kernel);
+  void CopyOut(uint8_t* chunk, uint64_t number, size_t elements, size_t element_size) const;
   void Barrier(std::chrono::steady_clock::time_point deadline, std::chrono::milliseconds timeout,
                size_t index, size_t count);
 
