@@ -29,12 +29,13 @@ namespace gradhub::ddp {
 //   R(k)  reduce:   rank r reduces sub-slice r over the ranks' values in rank order (its own
 //                   read from its tensor, each peer's from slots[peer][b]) into slots[r][b]'s
 //                   sub-slice r (then divides, for an average over n != 2), so every rank ends
-//                   with bitwise-identical results.
-//   CO(k) copy-out: every rank copies each sub-slice s of the result from slots[s][b] into its
-//                   tensor.
-// Each byte of the chunk thus crosses memory 4.5 times per rank for two ranks (copy-in half,
-// reduce, copy-out whole), where copying every sub-slice in and reducing into slots[0] took
-// 5.5: the path is bound by memory traffic, not by its barriers.
+//                   with bitwise-identical results; block by block, each block's result also
+//                   copied into its tensor while it is in L1.
+//   CO(k) copy-out: every rank copies each peer's sub-slice s of the result from slots[s][b]
+//                   into its tensor.
+// For two ranks each rank thus reads and writes 4 chunk-sizes of memory per chunk (copy-in and
+// copy-out half each, the reduce's reads and write), where copying every sub-slice in and
+// reducing into slots[0] took 5.5: the path is bound by memory traffic, not by its barriers.
 // Each step needs the previous step of the same chunk done by every rank, so they are pipelined
 // with one barrier per phase: phase p runs CO(p-2), R(p-1), CI(p), then a barrier. The three
 // touch three different buffers, and a buffer is rewritten only three chunks later, after every
@@ -77,8 +78,7 @@ class SharedMemoryAllReduce {
   uint8_t* Slot(int rank, uint64_t chunk) const;
   // The steps of chunk number `number` (counted across calls), whose tensor bytes are `chunk`.
   void CopyIn(const uint8_t* chunk, uint64_t number, size_t elements, size_t element_size);
-  void Reduce(const uint8_t* chunk, uint64_t number, size_t elements,
-              const detail::ReduceKernel& kernel);
+  void Reduce(uint8_t* chunk, uint64_t number, size_t elements, const detail::ReduceKernel& kernel);
   void CopyOut(uint8_t* chunk, uint64_t number, size_t elements, size_t element_size) const;
   void Barrier(std::chrono::steady_clock::time_point deadline, std::chrono::milliseconds timeout,
                size_t index, size_t count);
