@@ -84,7 +84,7 @@ for attempt in $(seq "$kills"); do
   survivor_rank=$(( kill_rank == 0 ? 1 : 0 ))
   "$gradhub" --output json logs "$job" --attempt "$attempt" > "$out_dir/attempt-$attempt.jsonl" || true
   last="$("$gradhub" logs "$job" --attempt "$attempt" --rank "$survivor_rank" 2>/dev/null |
-          grep -v '"event":"progress"' | tail -n 1 | cut -c1-100)"
+          grep -v '"event":"progress"' | tail -n 1 | cut -c1-100 || true)"
   printf "%-4s %9s %9s %9s %9s  %s\n" "$attempt" "$failed" "$gone" "$placed" "$running" "$last"
   echo "$attempt $failed $gone $placed $running" >> "$rows"
 done
