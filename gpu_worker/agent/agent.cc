@@ -120,7 +120,7 @@ Agent::HeartbeatResult Agent::Heartbeat() {
   if (!status.ok()) return HeartbeatFailed(status);
   if (errors_.Recovered()) std::cerr << "gradhub-agent: heartbeats succeed again\n";
   session_.HeartbeatSucceeded(response, absl::Now());
-  ReconcileWith(response.desired_ranks());
+  ReconcileWith(response.desired_ranks(), DiscardedAttempts(response.discarded_attempts()));
   return HeartbeatResult::kOk;
 }
 
@@ -137,10 +137,14 @@ Agent::HeartbeatResult Agent::HeartbeatFailed(const grpc::Status& status) {
   return session_ended ? HeartbeatResult::kSessionEnded : HeartbeatResult::kRetry;
 }
 
-void Agent::ReconcileWith(const google::protobuf::RepeatedPtrField<v1::RankAssignment>& desired) {
-  const ReconcileActions actions = ranks_.Reconcile(desired);
-  changed_ranks_ = !actions.stop.empty();
+void Agent::ReconcileWith(const google::protobuf::RepeatedPtrField<v1::RankAssignment>& desired,
+                          const std::set<AttemptKey>& discarded) {
+  const ReconcileActions actions = ranks_.Reconcile(desired, discarded);
+  changed_ranks_ = !actions.stop.empty() || !actions.kill.empty();
   for (const RankKey& key : actions.stop) ranks_.Stop(key, "no longer desired by the server");
+  for (const RankKey& key : actions.kill) {
+    ranks_.Kill(key, "its attempt failed; the server discards its ranks");
+  }
   for (const RankKey& key : actions.drop) ranks_.Drop(key);
   for (const v1::RankAssignment& assignment : actions.start) {
     changed_ranks_ = StartRank(assignment, desired) || changed_ranks_;

@@ -8,7 +8,9 @@
 //      and a RankStatus for every rank it knows: running ones and exited ones not yet dropped.
 //   3./4. On an answer it reconciles with the desired set (reconcile.h, a pure function):
 //      starts never-seen keys, stops running undesired ranks (SIGTERM, SIGKILL after
-//      --stop-grace), drops exited undesired ones. A key once started is never started again.
+//      --stop-grace; SIGKILL at once for a rank of an attempt the answer names in
+//      discarded_attempts: a failed attempt's survivors), drops exited undesired ones. A key
+//      once started is never started again.
 //   5. Beside the heartbeat a WatchAssignments stream (assignment_watch.h, nodes.proto step 8)
 //      wakes the loop as soon as the desired set changes; the loop then heartbeats at once and
 //      reconciles with that answer, so new work starts without waiting for the interval.
@@ -77,8 +79,9 @@ class Agent {
   std::optional<absl::Time> HeartbeatRound(Backoff& backoff);
   HeartbeatResult Heartbeat();
   HeartbeatResult HeartbeatFailed(const grpc::Status& status);
-  // Step 4 with the desired set of a heartbeat's answer.
-  void ReconcileWith(const google::protobuf::RepeatedPtrField<v1::RankAssignment>& desired);
+  // Step 4 with the desired set and the discarded attempts of a heartbeat's answer.
+  void ReconcileWith(const google::protobuf::RepeatedPtrField<v1::RankAssignment>& desired,
+                     const std::set<AttemptKey>& discarded);
   // True when it started a process or reported a failure to start; false while the rank is
   // still being prepared (its job's uid, its job token, a script's code: rank_preparer.h).
   // `desired` is the whole set it came in (a script rank sees its attempt's local GPUs).

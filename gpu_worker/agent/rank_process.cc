@@ -623,7 +623,8 @@ void RankProcess::Stop(absl::Duration grace) {
     if (!child_->stop_requested) {
       child_->stop_requested = true;
       child_->kill_deadline = deadline;
-      kill(-child_->pid, SIGTERM);
+      // No grace, no SIGTERM: a trainer would start a stop (rank 0 saving) it cannot finish.
+      if (grace > absl::ZeroDuration()) kill(-child_->pid, SIGTERM);
     } else {
       child_->kill_deadline = std::min(child_->kill_deadline, deadline);
     }

@@ -167,8 +167,9 @@ class RankProcess {
   RankProcessStatus Status() const;
 
   // Asks the process to stop: SIGTERM to its process group now, SIGKILL to the group after
-  // `grace` unless it has exited. Returns at once. The exit then counts as kStopped. A second
-  // call can only shorten the grace. No effect once it has exited.
+  // `grace` unless it has exited; with no grace (zero or less), SIGKILL alone, now. Returns at
+  // once. The exit then counts as kStopped. A second call can only shorten the grace (a zero
+  // one SIGKILLs now). No effect once it has exited.
   void Stop(absl::Duration grace);
 
   // Waits until exited (see the top comment); false after `timeout`.

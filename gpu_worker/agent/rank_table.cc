@@ -84,13 +84,14 @@ void RankTable::Report(google::protobuf::RepeatedPtrField<v1::RankStatus>* statu
 }
 
 ReconcileActions RankTable::Reconcile(
-    const google::protobuf::RepeatedPtrField<v1::RankAssignment>& desired) const {
+    const google::protobuf::RepeatedPtrField<v1::RankAssignment>& desired,
+    const std::set<AttemptKey>& discarded) const {
   std::map<RankKey, KnownRank> known;
   for (const auto& [key, rank] : ranks_) {
     known[key] = {rank.process == nullptr || rank.process->Status().exited,
-                  !rank.stop_reason.empty()};
+                  !rank.stop_reason.empty(), rank.killed};
   }
-  return agent::Reconcile(desired, known, ever_started_);
+  return agent::Reconcile(desired, known, ever_started_, discarded);
 }
 
 void RankTable::Started(const RankKey& key, std::unique_ptr<RankProcess> process) {
@@ -116,13 +117,25 @@ void RankTable::FailedToStart(const RankKey& key, const absl::Status& error, int
 }
 
 void RankTable::Stop(const RankKey& key, const std::string& reason) {
+  StopWithin(key, reason, stop_grace_);
+}
+
+void RankTable::Kill(const RankKey& key, const std::string& reason) {
+  StopWithin(key, reason, absl::ZeroDuration());
+}
+
+void RankTable::StopWithin(const RankKey& key, const std::string& reason, absl::Duration grace) {
   Rank& rank = ranks_.at(key);
   if (rank.process == nullptr || rank.process->Status().exited) return;
-  if (rank.stop_reason.empty()) {
-    rank.stop_reason = reason;
+  const bool kill = grace <= absl::ZeroDuration();
+  if (kill && !rank.killed) {
+    std::cerr << "gradhub-agent: killing " << key.ToString() << " (" << reason << ")\n";
+  } else if (!kill && rank.stop_reason.empty()) {
     std::cerr << "gradhub-agent: stopping " << key.ToString() << " (" << reason << ")\n";
   }
-  rank.process->Stop(stop_grace_);
+  if (rank.stop_reason.empty()) rank.stop_reason = reason;
+  rank.killed = rank.killed || kill;
+  rank.process->Stop(grace);  // a second call only shortens the grace
 }
 
 void RankTable::StopAll(const std::string& reason) {

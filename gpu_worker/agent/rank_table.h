@@ -37,9 +37,10 @@ class RankTable {
   // Step 2: a RankStatus for every rank known, appended to `statuses`. A rank the agent
   // stopped says why in its message.
   void Report(google::protobuf::RepeatedPtrField<v1::RankStatus>* statuses) const;
-  // Step 4 for the known ranks: what to start, stop and drop (reconcile.h).
-  ReconcileActions Reconcile(
-      const google::protobuf::RepeatedPtrField<v1::RankAssignment>& desired) const;
+  // Step 4 for the known ranks: what to start, stop, kill and drop (reconcile.h); `discarded`
+  // are the answer's discarded_attempts.
+  ReconcileActions Reconcile(const google::protobuf::RepeatedPtrField<v1::RankAssignment>& desired,
+                             const std::set<AttemptKey>& discarded = {}) const;
 
   // A key started: its process, or why it could not be started. The failure is reported like
   // a failure of the trainer with `exit_code` (or, with `state` STOPPED, as a rank its agent
@@ -52,6 +53,9 @@ class RankTable {
   // SIGTERM now, SIGKILL after the stop grace, unless it has exited; `reason` is reported in
   // its message (the first reason given stays).
   void Stop(const RankKey& key, const std::string& reason);
+  // SIGKILL now (nodes.proto step 4a), also after a Stop() whose grace has not run out; as
+  // Stop(), `reason` is reported unless an earlier one was given.
+  void Kill(const RankKey& key, const std::string& reason);
   void StopAll(const std::string& reason);
   // Waits (bounded by the stop grace plus the drain time) for every rank to exit.
   void WaitAllExited();
@@ -75,7 +79,11 @@ class RankTable {
     std::unique_ptr<RankProcess> process;  // null if it could not be started
     v1::RankStatus failed_to_start;        // the status reported when process is null
     std::string stop_reason;
+    bool killed = false;  // Kill() sent
   };
+
+  // Stop() with `grace`: zero for Kill().
+  void StopWithin(const RankKey& key, const std::string& reason, absl::Duration grace);
 
   LogShipper* const shipper_;
   const absl::Duration stop_grace_;

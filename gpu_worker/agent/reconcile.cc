@@ -16,9 +16,17 @@ RankKey KeyOf(const v1::RankStatus& status) {
   return {status.job(), status.attempt(), status.rank()};
 }
 
+std::set<AttemptKey> DiscardedAttempts(
+    const google::protobuf::RepeatedPtrField<v1::AttemptRef>& attempts) {
+  std::set<AttemptKey> keys;
+  for (const v1::AttemptRef& attempt : attempts) keys.emplace(attempt.job(), attempt.attempt());
+  return keys;
+}
+
 ReconcileActions Reconcile(const google::protobuf::RepeatedPtrField<v1::RankAssignment>& desired,
                            const std::map<RankKey, KnownRank>& known,
-                           const std::set<RankKey>& ever_started) {
+                           const std::set<RankKey>& ever_started,
+                           const std::set<AttemptKey>& discarded) {
   ReconcileActions actions;
   std::set<RankKey> wanted;
   for (const v1::RankAssignment& assignment : desired) {
@@ -30,6 +38,8 @@ ReconcileActions Reconcile(const google::protobuf::RepeatedPtrField<v1::RankAssi
     if (wanted.count(key) != 0) continue;
     if (rank.exited) {
       actions.drop.push_back(key);
+    } else if (discarded.count({key.job, key.attempt}) != 0) {
+      if (!rank.kill_requested) actions.kill.push_back(key);
     } else if (!rank.stop_requested) {
       actions.stop.push_back(key);
     }

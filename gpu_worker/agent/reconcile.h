@@ -23,6 +23,7 @@
 #include <set>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "gradhub/v1/nodes.pb.h"
@@ -52,28 +53,42 @@ inline std::ostream& operator<<(std::ostream& out, const RankKey& key) {
 RankKey KeyOf(const v1::RankAssignment& assignment);
 RankKey KeyOf(const v1::RankStatus& status);
 
+// An attempt: (`jobs/{job_id}`, attempt).
+using AttemptKey = std::pair<std::string, int32_t>;
+
+// HeartbeatResponse.discarded_attempts as a set.
+std::set<AttemptKey> DiscardedAttempts(
+    const google::protobuf::RepeatedPtrField<v1::AttemptRef>& attempts);
+
 // What reconcile needs to know about a rank the agent still reports.
 struct KnownRank {
   bool exited = false;          // exited (or never started); its exit is still reported
-  bool stop_requested = false;  // Stop() already sent
+  bool stop_requested = false;  // Stop() already sent (with the grace, or at once)
+  bool kill_requested = false;  // Kill() already sent
 };
 
 struct ReconcileActions {
   std::vector<v1::RankAssignment> start;  // desired, key never seen: start it
-  std::vector<RankKey> stop;              // running, not desired, not yet asked to stop
-  std::vector<RankKey> drop;              // exited, not desired: stop reporting it
+  std::vector<RankKey> stop;  // running, not desired, not yet asked to stop: SIGTERM, grace
+  std::vector<RankKey> kill;  // running, not desired, attempt discarded: SIGKILL now
+  std::vector<RankKey> drop;  // exited, not desired: stop reporting it
 };
 
 // Step 4:
 //   - a desired rank whose key was never seen (not in `ever_started`, which includes every
 //     key in `known`) is started, once even if the desired set repeats it;
-//   - a running rank that is not desired is stopped (unless a stop is already under way);
+//   - a running rank that is not desired is killed (SIGKILL, no grace) when its attempt is in
+//     `discarded` (nodes.proto step 4a), even if a graceful stop is under way, and only once;
+//   - any other running rank that is not desired is stopped (SIGTERM, then SIGKILL after the
+//     grace: step 4b), unless a stop is already under way;
 //   - an exited rank that is not desired is dropped;
 //   - an exited rank that is still desired is left alone and keeps being reported: an exited
 //     key is never restarted, and neither is a dropped one (it stays in `ever_started`).
+// A desired rank is never killed or stopped, whatever `discarded` says.
 ReconcileActions Reconcile(const google::protobuf::RepeatedPtrField<v1::RankAssignment>& desired,
                            const std::map<RankKey, KnownRank>& known,
-                           const std::set<RankKey>& ever_started);
+                           const std::set<RankKey>& ever_started,
+                           const std::set<AttemptKey>& discarded = {});
 
 // Step 2 of the outage protocol above: whether ranks must be stopped now, `since_success`
 // after the last successful Heartbeat (or registration).

@@ -64,11 +64,12 @@ absl::Status FailAttempt(db::Transaction& tx, const v1::Job& job, const AttemptF
   const std::string kind = v1::JobEvent::FailureKind_Name(failure.kind);
   GRADHUB_RETURN_IF_ERROR(
       tx.Exec("UPDATE job_attempts SET state = 'FAILED', failure_kind = $3, failure_message = $4,"
-              " failed_rank = $5, exit_code = $6, signal = $7, end_time = now()"
+              " failed_rank = $5, exit_code = $6, signal = $7, discard_ranks = $8,"
+              " end_time = now()"
               " WHERE job_id = $1::uuid AND attempt = $2 AND state IN ('SCHEDULED', 'RUNNING')",
               {id, job.attempt(), kind, details.message,
                details.rank >= 0 ? db::Param(details.rank) : db::Param(std::nullopt),
-               details.exit_code, details.signal})
+               details.exit_code, details.signal, FailureDiscardsRanks(failure)})
           .status());
   GRADHUB_RETURN_IF_ERROR(tx.Exec(absl::StrCat("UPDATE rank_assignments SET state = 'STOPPING',"
                                                " update_time = now() WHERE job_id = $1::uuid"

@@ -14,10 +14,10 @@
 namespace gradhub::api {
 
 // Fails `job`'s current attempt (the job read FOR UPDATE in `tx`, SCHEDULED or RUNNING): the
-// attempt is marked FAILED, its live ranks STOPPING (agents stop them; the next attempt is
-// placed only once they are gone), the failure is appended to the history, and the job goes
-// RESTARTING while the failure's budget lasts, else FAILED (DecideRestart). No-op for a job in
-// another state.
+// attempt is marked FAILED, its live ranks STOPPING (agents stop them, at once when the failure
+// discards them, FailureDiscardsRanks; the next attempt is placed only once they are gone), the
+// failure is appended to the history, and the job goes RESTARTING while the failure's budget lasts,
+// else FAILED (DecideRestart). No-op for a job in another state.
 absl::Status FailAttempt(db::Transaction& tx, const v1::Job& job, const AttemptFailure& failure);
 
 // Marks every live rank on the node gone (STOPPED: the slot is free), revokes their job tokens

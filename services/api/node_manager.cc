@@ -195,7 +195,7 @@ absl::StatusOr<db::Result> ReadNodeRanks(db::Transaction& tx, int64_t node_id) {
   return tx.Exec(
       absl::StrCat(
           "SELECT a.job_id::text AS job_id, a.attempt, a.rank, a.local_rank, a.slot, a.state,"
-          " j.state AS job_state, at.state AS attempt_state,"
+          " j.state AS job_state, at.state AS attempt_state, at.discard_ranks,"
           " j.current_attempt = a.attempt AS current_attempt, j.world_size,"
           // The spec only where the rank may be desired: it is what makes a heartbeat heavy.
           " CASE WHEN a.state <> 'STOPPING' THEN j.spec::text ELSE '' END AS spec,"
@@ -227,9 +227,26 @@ absl::StatusOr<db::Result> ReadNodeRanks(db::Transaction& tx, int64_t node_id) {
 
 // A row of ReadNodeRanks as FateOfLiveRank takes it.
 LiveRank LiveRankOf(const db::Row& row, bool running_on_agent) {
-  return {row.Get<std::string>("state"), row.Get<std::string>("job_state"),
-          row.Get<std::string>("attempt_state"), row.Get<bool>("current_attempt"),
-          running_on_agent};
+  return {row.Get<std::string>("state"),
+          row.Get<std::string>("job_state"),
+          row.Get<std::string>("attempt_state"),
+          row.Get<bool>("current_attempt"),
+          running_on_agent,
+          row.Get<bool>("discard_ranks")};
+}
+
+// Step 4a: names the row's attempt in the answer's discarded_attempts (once) when its agent is
+// to stop the rank at once (StopsAtOnce).
+void AddIfDiscarded(const db::Row& row, const LiveRank& rank,
+                    std::set<std::pair<std::string, int32_t>>& named,
+                    v1::HeartbeatResponse& response) {
+  if (!StopsAtOnce(rank)) return;
+  const std::pair<std::string, int32_t> attempt("jobs/" + row.Get<std::string>("job_id"),
+                                                row.Get<int32_t>("attempt"));
+  if (!named.insert(attempt).second) return;
+  v1::AttemptRef* ref = response.add_discarded_attempts();
+  ref->set_job(attempt.first);
+  ref->set_attempt(attempt.second);
 }
 
 // The assignment handed to the agent for a desired row of ReadNodeRanks.
@@ -430,14 +447,19 @@ absl::StatusOr<v1::HeartbeatResponse> NodeManager::Heartbeat(const v1::Heartbeat
     if (options_.after_desired_read_for_test) options_.after_desired_read_for_test();
     v1::HeartbeatResponse response;
     const std::string store_address = this->store_address();
+    std::set<std::pair<std::string, int32_t>> discarded;
     for (const db::Row& row : ranks) {
       const RankKey key(row.Get<std::string>("job_id"), row.Get<int32_t>("attempt"),
                         row.Get<int32_t>("rank"));
-      const RankFate fate = FateOfLiveRank(LiveRankOf(row, alive.count(key) > 0), fresh);
+      const LiveRank live = LiveRankOf(row, alive.count(key) > 0);
+      const RankFate fate = FateOfLiveRank(live, fresh);
       if (fate == RankFate::kDesired) {
         GRADHUB_ASSIGN_OR_RETURN(*response.add_desired_ranks(),
                                  AssignmentFromRow(row, cuda, store_address));
-      } else if (fate != RankFate::kUnchanged) {
+        continue;
+      }
+      AddIfDiscarded(row, live, discarded, response);
+      if (fate != RankFate::kUnchanged) {
         // Not desired: still running there (the agent stops it), or gone (a cancelled job's
         // rank that never started, one the agent stopped and dropped), which frees its slot.
         GRADHUB_RETURN_IF_ERROR(RetireRank(tx, node_id, row, fate));

@@ -710,6 +710,10 @@ DrainPlan PlanDrains(const std::vector<DrainingRank>& ranks) {
   return plan;
 }
 
+bool FailureDiscardsRanks(const AttemptFailure& failure) {
+  return failure.event == v1::JobEvent::RANK_FAILED || failure.event == v1::JobEvent::HANG_DETECTED;
+}
+
 absl::Time HeartbeatsRecordableSince(absl::Time api_start, absl::Time database_last_unreachable) {
   return std::max(api_start, database_last_unreachable);
 }
@@ -741,6 +745,10 @@ RankFate FateOfLiveRank(const LiveRank& rank, bool fresh_report) {
   }
   if (!fresh_report) return RankFate::kUnchanged;
   return rank.running_on_agent ? RankFate::kStopping : RankFate::kStopped;
+}
+
+bool StopsAtOnce(const LiveRank& rank) {
+  return rank.attempt_state == "FAILED" && rank.attempt_discarded;
 }
 
 }  // namespace gradhub::api

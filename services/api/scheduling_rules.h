@@ -422,6 +422,19 @@ struct RestartDecision {
 RestartDecision DecideRestart(const v1::Job& job, v1::JobEvent::FailureKind kind,
                               const std::string& cause);
 
+// Whether the live ranks of an attempt that fails with `failure` are discarded: stopped at once
+// (SIGKILL) instead of with SIGTERM and the agents' grace (nodes.proto heartbeat step 4;
+// FailAttempt stores the answer in job_attempts.discard_ranks):
+//   1. RANK_FAILED, HANG_DETECTED: yes. One of the attempt's own ranks is gone or stuck, so the
+//      survivors can finish no step (each one needs every rank) and have nothing to save that
+//      the last committed checkpoint lacks; on SIGTERM they only sat in a collective, a peer
+//      probe or their start-up until the grace ran out (issue 37: up to --stop-grace, 10 s),
+//      and the next attempt is placed only once they are gone.
+//   2. NODE_LOST (a drained node, a lost one, a restarted agent): no. A drain moves an attempt
+//      whose ranks are healthy, and on SIGTERM its rank 0 commits the step it finished; a node
+//      lost to a partition may still run its ranks. They keep the grace.
+bool FailureDiscardsRanks(const AttemptFailure& failure);
+
 // ---------------------------------------------------------------------------------------------
 // Nodes
 
@@ -479,11 +492,12 @@ std::string NodeLostReason(const std::string& node, double silent_seconds, absl:
 
 // Heartbeat step 3 (nodes.proto): what the api does with one live rank row of the node.
 struct LiveRank {
-  std::string rank_state;         // ASSIGNED STARTING RUNNING STOPPING
-  std::string job_state;          // jobs.state
-  std::string attempt_state;      // job_attempts.state
-  bool current_attempt = false;   // its attempt is the job's current one
-  bool running_on_agent = false;  // this heartbeat reports it STARTING or RUNNING
+  std::string rank_state;          // ASSIGNED STARTING RUNNING STOPPING
+  std::string job_state;           // jobs.state
+  std::string attempt_state;       // job_attempts.state
+  bool current_attempt = false;    // its attempt is the job's current one
+  bool running_on_agent = false;   // this heartbeat reports it STARTING or RUNNING
+  bool attempt_discarded = false;  // job_attempts.discard_ranks (FailureDiscardsRanks)
 };
 enum class RankFate {
   kDesired,    // handed to the agent: it keeps or starts the rank
@@ -495,5 +509,11 @@ enum class RankFate {
 // this attempt, and the attempt is in flight. An undesired one is retired only on a fresh
 // report (a late duplicate says nothing about now).
 RankFate FateOfLiveRank(const LiveRank& rank, bool fresh_report);
+
+// Heartbeat step 4a (nodes.proto): whether the answer names the rank's attempt in
+// discarded_attempts, so that its agent SIGKILLs the rank at once. Only a rank whose attempt
+// FAILED (so it is never desired) with discard_ranks set; every other undesired rank (a
+// cancelled job's, a drained node's) is stopped with SIGTERM and the grace.
+bool StopsAtOnce(const LiveRank& rank);
 
 }  // namespace gradhub::api

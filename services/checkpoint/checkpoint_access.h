@@ -58,9 +58,10 @@ struct JobRow {
 };
 
 // OK when `attempt` may save (start or commit) checkpoints of `job`: it is the current attempt
-// and the job is SCHEDULED, RUNNING or RESTARTING (an attempt being stopped, for a drain or a
-// peer's failure, whose rank 0 saves the last step it finished on SIGTERM; the next attempt
-// starts only once every rank of this one has stopped, so it resumes from that save).
+// and the job is SCHEDULED, RUNNING or RESTARTING (an attempt being stopped for a drain, whose
+// rank 0 saves the last step it finished on SIGTERM; the next attempt starts only once every
+// rank of this one has stopped, so it resumes from that save. The survivors of a rank's failure
+// are SIGKILLed instead, nodes.proto heartbeat step 4a: they can finish no step).
 // FAILED_PRECONDITION saying why not.
 absl::Status CheckAttemptMaySave(const JobRow& job, int32_t attempt);
 

@@ -101,6 +101,12 @@ class SchedulerTest : public db::DatabaseTest {
 
   // One heartbeat reporting `ranks`; returns the desired set.
   std::vector<v1::RankAssignment> Beat(Agent& agent, const std::vector<v1::RankStatus>& ranks) {
+    const v1::HeartbeatResponse response = BeatAnswer(agent, ranks);
+    return {response.desired_ranks().begin(), response.desired_ranks().end()};
+  }
+
+  // The same, returning the whole answer.
+  v1::HeartbeatResponse BeatAnswer(Agent& agent, const std::vector<v1::RankStatus>& ranks) {
     v1::HeartbeatRequest request;
     request.set_node("nodes/" + agent.name);
     request.set_session_id(agent.session);
@@ -108,8 +114,16 @@ class SchedulerTest : public db::DatabaseTest {
     for (const auto& rank : ranks) *request.add_ranks() = rank;
     auto response = nodes_->Heartbeat(request);
     EXPECT_TRUE(response.ok()) << response.status();
-    if (!response.ok()) return {};
-    return {response->desired_ranks().begin(), response->desired_ranks().end()};
+    return response.ok() ? *response : v1::HeartbeatResponse();
+  }
+
+  // The answer's discarded_attempts as "jobs/x/1" strings.
+  static std::vector<std::string> Discarded(const v1::HeartbeatResponse& response) {
+    std::vector<std::string> out;
+    for (const v1::AttemptRef& ref : response.discarded_attempts()) {
+      out.push_back(ref.job() + "/" + std::to_string(ref.attempt()));
+    }
+    return out;
   }
 
   static v1::RankStatus Status(const v1::RankAssignment& rank, v1::RankStatus::State state,
@@ -359,6 +373,58 @@ TEST_F(SchedulerTest, KilledRankStopsTheOthersAndTheNextAttemptWaitsForThem) {
   ASSERT_EQ(again.size(), 2u);
   EXPECT_EQ(again[0].attempt(), 2);
   EXPECT_THAT(again[0].rendezvous_prefix(), HasSubstr("/attempts/2/"));
+}
+
+// Heartbeat step 4a (nodes.proto): a killed rank's survivors are named in discarded_attempts
+// (their agent SIGKILLs them at once) until they are gone; a cancelled job's ranks never are.
+TEST_F(SchedulerTest, AKilledRanksSurvivorsAreDiscardedACancelledJobsAreNot) {
+  Agent a = Register("a", 2);
+  v1::Job job = Submit(2);
+  Pass();
+  auto on_a = Beat(a, {});
+  ASSERT_EQ(on_a.size(), 2u);
+  EXPECT_TRUE(Discarded(BeatAnswer(a, All(on_a, v1::RankStatus::RUNNING))).empty());
+  Pass();
+  ASSERT_EQ(Get(job).state(), v1::Job::RUNNING);
+
+  Beat(a,
+       {Status(on_a[0], v1::RankStatus::RUNNING), Status(on_a[1], v1::RankStatus::FAILED, 0, 9)});
+  Pass();
+  ASSERT_EQ(Get(job).state(), v1::Job::RESTARTING);
+  const v1::HeartbeatResponse survivors = BeatAnswer(a, {Status(on_a[0], v1::RankStatus::RUNNING)});
+  EXPECT_EQ(survivors.desired_ranks_size(), 0);
+  EXPECT_EQ(Discarded(survivors), std::vector<std::string>{job.name() + "/1"});
+  // Gone: nothing left to discard, and the next attempt is placed.
+  EXPECT_TRUE(Discarded(BeatAnswer(a, {Status(on_a[0], v1::RankStatus::STOPPED)})).empty());
+  Pass();
+  ASSERT_EQ(Get(job).attempt(), 2);
+
+  auto second = Beat(a, {});
+  ASSERT_EQ(second.size(), 2u);
+  Beat(a, All(second, v1::RankStatus::RUNNING));
+  ASSERT_TRUE(jobs_->CancelJob(tenant_, job.name()).ok());
+  const v1::HeartbeatResponse cancelled = BeatAnswer(a, All(second, v1::RankStatus::RUNNING));
+  EXPECT_EQ(cancelled.desired_ranks_size(), 0);
+  EXPECT_TRUE(Discarded(cancelled).empty()) << "a cancel keeps SIGTERM and the grace";
+}
+
+// A drained node's attempt fails too, but its ranks keep the grace: rank 0 saves on SIGTERM.
+TEST_F(SchedulerTest, ADrainedNodesRanksAreNotDiscarded) {
+  Agent a = Register("a", 2);
+  Register("b", 2);
+  v1::Job job = Submit(2);
+  Pass();
+  auto on_a = Beat(a, {});
+  ASSERT_EQ(on_a.size(), 2u);
+  Beat(a, All(on_a, v1::RankStatus::RUNNING));
+  Pass();
+  ASSERT_TRUE(nodes_->DrainNode("nodes/a").ok());
+  Pass();
+  // The drain failed the attempt (FAILED here: the job has no INFRASTRUCTURE restarts).
+  ASSERT_THAT(Get(job).state_reason(), HasSubstr("nodes/a is being drained"));
+  const v1::HeartbeatResponse drained = BeatAnswer(a, All(on_a, v1::RankStatus::RUNNING));
+  EXPECT_EQ(drained.desired_ranks_size(), 0);
+  EXPECT_TRUE(Discarded(drained).empty());
 }
 
 TEST_F(SchedulerTest, UserErrorFailsAtOnceWithoutSpendingRestarts) {

@@ -266,6 +266,34 @@ TEST(RankProcessTest, StopEscalatesToSigkillAfterTheGrace) {
   EXPECT_EQ(process->Status().state, RankState::kStopped);
 }
 
+TEST(RankProcessTest, StopWithoutAGraceSigkillsAtOnceWithoutSigterm) {
+  Lines lines;
+  auto process =
+      StartShell("trap 'echo got TERM' TERM; echo ready; while :; do sleep 0.05; done", &lines);
+  ASSERT_NE(lines.WaitFor("ready").seq, 0);
+  const absl::Time start = absl::Now();
+  process->Stop(absl::ZeroDuration());
+  ASSERT_TRUE(process->Wait(absl::Seconds(5)));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+  const RankProcessStatus status = process->Status();
+  EXPECT_EQ(status.state, RankState::kStopped);
+  EXPECT_EQ(status.signal, SIGKILL);
+  for (const OutputLine& line : lines.get()) EXPECT_NE(line.text, "got TERM");
+}
+
+TEST(RankProcessTest, ASecondStopWithoutAGraceCutsTheGraceShort) {
+  Lines lines;
+  auto process = StartShell("trap '' TERM; echo ready; while :; do sleep 0.05; done", &lines);
+  ASSERT_NE(lines.WaitFor("ready").seq, 0);
+  const absl::Time start = absl::Now();
+  process->Stop(absl::Seconds(60));
+  EXPECT_FALSE(process->Wait(absl::Milliseconds(300))) << "SIGTERM was supposed to be ignored";
+  process->Stop(absl::ZeroDuration());
+  ASSERT_TRUE(process->Wait(absl::Seconds(5)));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_EQ(process->Status().signal, SIGKILL);
+}
+
 TEST(RankProcessTest, StopKillsTheWholeProcessGroup) {
   Lines lines;
   auto process = StartShell("sleep 1000 & echo $!; wait", &lines);

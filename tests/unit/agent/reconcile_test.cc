@@ -104,6 +104,53 @@ TEST(ReconcileTest, AnEmptyDesiredSetStopsEverything) {
 
 TEST(ReconcileTest, KeyToString) { EXPECT_EQ(kA1.ToString(), "jobs/a attempt 1 rank 1"); }
 
+// Step 4a (nodes.proto): the ranks of a discarded attempt are SIGKILLed, not stopped.
+const std::set<AttemptKey> kDiscardA1{{"jobs/a", 1}};
+
+TEST(ReconcileTest, KillsARunningRankOfADiscardedAttemptInsteadOfStoppingIt) {
+  const RankKey b{"jobs/b", 1, 0};
+  const auto actions = Reconcile({}, {{kA0, {}}, {b, {}}}, {kA0, b}, kDiscardA1);
+  EXPECT_EQ(actions.kill, std::vector<RankKey>{kA0});
+  EXPECT_EQ(actions.stop, std::vector<RankKey>{b}) << "another attempt keeps the grace";
+  EXPECT_TRUE(actions.drop.empty());
+}
+
+TEST(ReconcileTest, KillsARankWhoseGracefulStopIsUnderWay) {
+  const auto actions = Reconcile({}, {{kA0, {false, true, false}}}, {kA0}, kDiscardA1);
+  EXPECT_EQ(actions.kill, std::vector<RankKey>{kA0});
+  EXPECT_TRUE(actions.stop.empty());
+}
+
+TEST(ReconcileTest, DoesNotKillTwice) {
+  const auto actions = Reconcile({}, {{kA0, {false, true, true}}}, {kA0}, kDiscardA1);
+  EXPECT_TRUE(actions.kill.empty());
+  EXPECT_TRUE(actions.stop.empty());
+  EXPECT_TRUE(actions.drop.empty());  // still running: reported until it has exited
+}
+
+TEST(ReconcileTest, DropsAnExitedRankOfADiscardedAttempt) {
+  const auto actions = Reconcile({}, {{kA0, {true, true, true}}}, {kA0}, kDiscardA1);
+  EXPECT_EQ(actions.drop, std::vector<RankKey>{kA0});
+  EXPECT_TRUE(actions.kill.empty());
+}
+
+TEST(ReconcileTest, NeverKillsADesiredRank) {
+  const auto actions =
+      Reconcile(DesiredSet({Assignment("jobs/a", 1, 0)}), {{kA0, {}}}, {kA0}, kDiscardA1);
+  EXPECT_TRUE(actions.kill.empty());
+  EXPECT_TRUE(actions.stop.empty());
+}
+
+TEST(ReconcileTest, DiscardedAttemptsAreTheAnswersAttemptRefs) {
+  google::protobuf::RepeatedPtrField<v1::AttemptRef> refs;
+  refs.Add()->set_job("jobs/a");
+  refs.Mutable(0)->set_attempt(1);
+  *refs.Add() = refs.Get(0);  // repeated: one key
+  refs.Add()->set_job("jobs/b");
+  refs.Mutable(2)->set_attempt(3);
+  EXPECT_EQ(DiscardedAttempts(refs), (std::set<AttemptKey>{{"jobs/a", 1}, {"jobs/b", 3}}));
+}
+
 }  // namespace
 }  // namespace gradhub::agent
 

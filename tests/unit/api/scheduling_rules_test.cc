@@ -1114,6 +1114,57 @@ TEST(FateOfLiveRank, AnUndesiredRankStillRunningIsStoppedAndOneGoneIsFreed) {
   EXPECT_EQ(FateOfLiveRank(failed_attempt, true), RankFate::kStopping);
 }
 
+// Heartbeat step 4a: which failures discard the attempt's ranks (SIGKILL at once).
+TEST(FailureDiscardsRanks, ARankThatFailedOrAHangDiscardsTheSurvivors) {
+  AttemptFailure failure;
+  failure.event = v1::JobEvent::RANK_FAILED;
+  failure.kind = v1::JobEvent::JOB;  // killed by a signal
+  EXPECT_TRUE(FailureDiscardsRanks(failure));
+  failure.kind = v1::JobEvent::INFRASTRUCTURE;  // lost its peers
+  EXPECT_TRUE(FailureDiscardsRanks(failure));
+  failure.kind = v1::JobEvent::USER;
+  EXPECT_TRUE(FailureDiscardsRanks(failure));
+  failure.event = v1::JobEvent::HANG_DETECTED;
+  failure.kind = v1::JobEvent::JOB;
+  EXPECT_TRUE(FailureDiscardsRanks(failure));
+}
+
+TEST(FailureDiscardsRanks, ADrainedOrLostNodeKeepsTheGrace) {
+  DrainPlan plan = PlanDrains({{1, "a", std::string("job"), 2, 0}});
+  ASSERT_EQ(plan.restarts.size(), 1u);
+  EXPECT_FALSE(FailureDiscardsRanks(plan.restarts[0].failure));  // rank 0 saves on SIGTERM
+  AttemptFailure lost;
+  lost.event = v1::JobEvent::NODE_LOST;
+  lost.kind = v1::JobEvent::INFRASTRUCTURE;
+  EXPECT_FALSE(FailureDiscardsRanks(lost));
+}
+
+TEST(StopsAtOnce, OnlyTheRanksOfAFailedAttemptThatDiscardsThem) {
+  LiveRank failed = Live("STOPPING", "RESTARTING");
+  failed.attempt_state = "FAILED";
+  EXPECT_FALSE(StopsAtOnce(failed)) << "a drained attempt: SIGTERM and the grace";
+  failed.attempt_discarded = true;
+  EXPECT_TRUE(StopsAtOnce(failed));
+  failed.job_state = "FAILED";  // the budget is spent: the same
+  EXPECT_TRUE(StopsAtOnce(failed));
+  failed.job_state = "CANCELLING";  // cancelled while its ranks stop: still discarded
+  EXPECT_TRUE(StopsAtOnce(failed));
+}
+
+TEST(StopsAtOnce, ACancelledJobsRanksKeepTheGrace) {
+  EXPECT_FALSE(StopsAtOnce(Live("RUNNING", "CANCELLING")));
+  LiveRank cancelled = Live("STOPPING", "CANCELLED");
+  cancelled.attempt_state = "CANCELLED";
+  EXPECT_FALSE(StopsAtOnce(cancelled));
+}
+
+TEST(StopsAtOnce, NeverADesiredRank) {
+  LiveRank running = Live("RUNNING");
+  running.attempt_discarded = true;  // cannot be set on an attempt in flight; even so
+  ASSERT_EQ(FateOfLiveRank(running, true), RankFate::kDesired);
+  EXPECT_FALSE(StopsAtOnce(running));
+}
+
 TEST(FateOfLiveRank, AStaleReportRetiresNothing) {
   EXPECT_EQ(FateOfLiveRank(Live("RUNNING", "CANCELLING", false), false), RankFate::kUnchanged);
   EXPECT_EQ(FateOfLiveRank(Live("RUNNING"), false), RankFate::kDesired);
