@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <iostream>
 #include <stdexcept>
 
@@ -29,41 +30,54 @@ grpc::ChannelArguments ChannelArgs(const TelemetryReporterOptions& options) {
 
 }  // namespace
 
-int64_t TelemetryReporter::StepQueue::Push(v1::StepTelemetry step) {
-  int64_t dropped = 0;
-  if (steps_.size() >= capacity_) {
-    steps_.pop_front();
-    dropped = 1;
+int64_t TelemetryReporter::StepQueue::Push(const StepFigures& step) {
+  if (capacity_ == 0) return 1;
+  if (size_ == capacity_) {  // the new step takes the oldest one's slot
+    slots_[head_] = step;
+    head_ = Index(1);
+    return 1;
   }
-  steps_.push_back(std::move(step));
-  return dropped;
+  if (size_ == slots_.size()) Grow();
+  slots_[Index(size_)] = step;
+  ++size_;
+  return 0;
 }
 
-std::vector<v1::StepTelemetry> TelemetryReporter::StepQueue::Take(size_t n) {
-  n = std::min(n, steps_.size());
-  std::vector<v1::StepTelemetry> steps;
-  steps.reserve(n);
-  for (size_t i = 0; i < n; ++i) {
-    steps.push_back(std::move(steps_.front()));
-    steps_.pop_front();
+void TelemetryReporter::StepQueue::Take(size_t n, std::vector<StepFigures>& out) {
+  out.clear();
+  for (n = std::min(n, size_); n > 0; --n) {
+    out.push_back(std::move(slots_[head_]));
+    head_ = Index(1);
+    --size_;
   }
-  return steps;
 }
 
-int64_t TelemetryReporter::StepQueue::PutBack(std::vector<v1::StepTelemetry>& steps) {
-  for (auto it = steps.rbegin(); it != steps.rend(); ++it) steps_.push_front(std::move(*it));
-  int64_t dropped = 0;
-  while (steps_.size() > capacity_) {
-    steps_.pop_front();
-    ++dropped;
+int64_t TelemetryReporter::StepQueue::PutBack(std::vector<StepFigures>& steps) {
+  // Newest first, so that when the ring is full the oldest are the ones left out.
+  for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
+    if (size_ == capacity_) return static_cast<int64_t>(steps.rend() - it);
+    if (size_ == slots_.size()) Grow();
+    head_ = Index(slots_.size() - 1);
+    slots_[head_] = std::move(*it);
+    ++size_;
   }
-  return dropped;
+  return 0;
 }
 
 int64_t TelemetryReporter::StepQueue::Clear() {
-  const auto held = static_cast<int64_t>(steps_.size());
-  steps_.clear();
+  const auto held = static_cast<int64_t>(size_);
+  head_ = 0;
+  size_ = 0;
   return held;
+}
+
+// Doubling (from 64): the ring reaches a full queue's size in a few steps of growth, and not
+// at all while the service keeps up. The steps are first rotated to start at slot 0, so that
+// the new slots come after the newest.
+void TelemetryReporter::StepQueue::Grow() {
+  std::rotate(slots_.begin(), slots_.begin() + static_cast<std::ptrdiff_t>(head_), slots_.end());
+  head_ = 0;
+  slots_.resize(std::min(capacity_, std::max<size_t>(64, 2 * slots_.size())));
 }
 
 TelemetryReporter::TelemetryReporter(TelemetryReporterOptions options)
@@ -76,13 +90,20 @@ TelemetryReporter::TelemetryReporter(TelemetryReporterOptions options)
   stream_.channel =
       grpc::CreateCustomChannel(options_.address, *credentials, ChannelArgs(options_));
   stream_.stub = v1::TelemetryService::NewStub(stream_.channel);
+  batch_.set_job(options_.job);  // the same on every batch
+  batch_.set_attempt(options_.attempt);
+  batch_.set_rank(options_.rank);
+  batch_.set_node(options_.node);
   next_send_ = Clock::now() + options_.batch_interval;
   sender_ = std::thread([this] { Run(); });
 }
 
 TelemetryReporter::~TelemetryReporter() { Close(Clock::now()); }
 
-void TelemetryReporter::Report(v1::StepTelemetry step) noexcept {
+// The training thread's side: a copy under the lock, and a wakeup only once a batch is queued
+// (after unlocking, so that the sender does not wake into a lock still held).
+void TelemetryReporter::Report(const StepFigures& step) noexcept {
+  bool batch_ready = false;
   try {
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.reported;
@@ -90,12 +111,13 @@ void TelemetryReporter::Report(v1::StepTelemetry step) noexcept {
       ++stats_.dropped;
       return;
     }
-    stats_.dropped += queue_.Push(std::move(step));
-    if (queue_.size() == options_.batch_steps) wake_.notify_one();
+    stats_.dropped += queue_.Push(step);
+    batch_ready = queue_.size() == options_.batch_steps;
   } catch (...) {  // out of memory: the step is lost, the trainer is not
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.dropped;
   }
+  if (batch_ready) wake_.notify_one();
 }
 
 TelemetryReporterStats TelemetryReporter::stats() const {
@@ -137,10 +159,10 @@ void TelemetryReporter::Run() {
       WaitBeforeRetry();
       continue;
     }
-    std::vector<v1::StepTelemetry> steps = TakeBatch();
-    if (steps.empty()) continue;
-    if (!WriteBatch(steps)) {
-      Requeue(steps);
+    TakeBatch();
+    if (sending_.empty()) continue;
+    if (!WriteBatch()) {
+      Requeue();
       EndBrokenStream();
       WaitBeforeRetry();
     }
@@ -187,32 +209,23 @@ bool TelemetryReporter::OpenStream() {
   return true;
 }
 
-std::vector<v1::StepTelemetry> TelemetryReporter::TakeBatch() {
+void TelemetryReporter::TakeBatch() {
   std::lock_guard<std::mutex> lock(mu_);
-  return queue_.Take(options_.batch_steps);
+  queue_.Take(options_.batch_steps, sending_);
 }
 
-// Protocol step 3.
-bool TelemetryReporter::WriteBatch(std::vector<v1::StepTelemetry>& steps) {
-  v1::TelemetryBatch batch;
-  batch.set_job(options_.job);
-  batch.set_attempt(options_.attempt);
-  batch.set_rank(options_.rank);
-  batch.set_node(options_.node);
+// Protocol step 3: the messages are built here, on the sender thread, from sending_.
+bool TelemetryReporter::WriteBatch() {
+  batch_.mutable_steps()->Clear();
   {
     std::lock_guard<std::mutex> lock(mu_);
-    batch.set_dropped_steps(stats_.dropped);
+    batch_.set_dropped_steps(stats_.dropped);
   }
-  for (v1::StepTelemetry& step : steps) batch.add_steps()->Swap(&step);
-  if (!stream_.writer->Write(batch)) {
-    // Give the steps back for Requeue, in order.
-    for (size_t i = 0; i < steps.size(); ++i)
-      steps[i].Swap(batch.mutable_steps(static_cast<int>(i)));
-    return false;
-  }
+  for (const StepFigures& step : sending_) FillStepTelemetry(step, batch_.add_steps());
+  if (!stream_.writer->Write(batch_)) return false;  // sending_ goes back to the queue
   reachability_.backoff.Reset();
   std::lock_guard<std::mutex> lock(mu_);
-  stats_.sent += static_cast<int64_t>(steps.size());
+  stats_.sent += static_cast<int64_t>(sending_.size());
   if (!reachability_.reachable) {
     reachability_.reachable = true;
     Log(options_.address + ": sending again (" + std::to_string(stats_.dropped) +
@@ -221,9 +234,10 @@ bool TelemetryReporter::WriteBatch(std::vector<v1::StepTelemetry>& steps) {
   return true;
 }
 
-void TelemetryReporter::Requeue(std::vector<v1::StepTelemetry>& steps) {
+void TelemetryReporter::Requeue() {
   std::lock_guard<std::mutex> lock(mu_);
-  stats_.dropped += queue_.PutBack(steps);
+  stats_.dropped += queue_.PutBack(sending_);
+  sending_.clear();
 }
 
 void TelemetryReporter::EndBrokenStream() {

@@ -1,5 +1,7 @@
 // A trainer's per-step telemetry to gradhub-metrics (proto/gradhub/v1/telemetry.proto), sent
-// so that it never slows a step: Report() only queues; a thread of the reporter's own sends.
+// so that it never slows a step: Report() only copies the step's plain figures into a ring
+// allocated once (no allocation, no protobuf, one uncontended lock, a wakeup only once a batch
+// is queued); a thread of the reporter's own builds the messages and sends them.
 // gRPC only, no torch, like store_client: the trainer links it beside the engine.
 //
 // The sender thread, in order:
@@ -28,7 +30,6 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -36,6 +37,7 @@
 #include <thread>
 #include <vector>
 
+#include "gpu_worker/telemetry_client/step_figures.h"
 #include "gradhub/v1/telemetry.grpc.pb.h"
 #include "services/common/grpc_retry.h"
 
@@ -57,7 +59,10 @@ struct TelemetryReporterOptions {
   // Steps held while the service is slow or down; beyond it the oldest are dropped.
   size_t queue_capacity = 4096;
   // A batch goes out when this many steps are queued, or batch_interval after the last one.
-  size_t batch_steps = 32;
+  // Each batch wakes the sender and gRPC's threads and costs a write: a few hundred
+  // microseconds of CPU on the trainer's cores, so a batch holds a few hundred milliseconds of
+  // fast steps (Prometheus scrapes every 15 s: later than that is not seen).
+  size_t batch_steps = 128;
   std::chrono::milliseconds batch_interval{1000};
   // Waits between failed streams; the channel's reconnect backoff follows it.
   BackoffPolicy backoff = kGrpcBackoff;
@@ -85,9 +90,10 @@ class TelemetryReporter {
   TelemetryReporter(const TelemetryReporter&) = delete;
   TelemetryReporter& operator=(const TelemetryReporter&) = delete;
 
-  // Queues one step. Never blocks on the network and never throws; after Close() the step is
-  // counted dropped.
-  void Report(v1::StepTelemetry step) noexcept;
+  // Queues a copy of one step. Never blocks on the network, never throws, and allocates only
+  // for eval_metrics (evaluation steps) and while the ring first grows to its size; after
+  // Close() the step is counted dropped.
+  void Report(const StepFigures& step) noexcept;
 
   // Flushes and stops (protocol step 4). True when everything still queued was sent and the
   // last stream ended cleanly; what was lost before (drops, a broken stream) is in stats().
@@ -100,25 +106,33 @@ class TelemetryReporter {
   using Clock = std::chrono::steady_clock;
 
   // Steps waiting to be sent, oldest first, at most `capacity`: beyond it the oldest are pushed
-  // out. Not thread-safe (the reporter's mu_ guards it).
+  // out. A ring of slots reused step after step, so that queueing allocates nothing once it
+  // has grown (it grows as steps pile up, up to `capacity`, rather than allocating it all
+  // for a service that keeps up). Not thread-safe (the reporter's mu_ guards it).
   class StepQueue {
    public:
     explicit StepQueue(size_t capacity) : capacity_(capacity) {}
-    // Appends `step`; returns how many of the oldest were pushed out for it (0 or 1).
-    int64_t Push(v1::StepTelemetry step);
-    // Takes off at most `n` of the oldest.
-    std::vector<v1::StepTelemetry> Take(size_t n);
+    // Appends a copy of `step`; returns how many of the oldest were pushed out for it (0 or 1).
+    int64_t Push(const StepFigures& step);
+    // Moves at most `n` of the oldest into `out` (cleared first, its capacity kept).
+    void Take(size_t n, std::vector<StepFigures>& out);
     // Steps taken and not sent go back to the head, in order; returns how many of the oldest
     // were pushed out for them.
-    int64_t PutBack(std::vector<v1::StepTelemetry>& steps);
+    int64_t PutBack(std::vector<StepFigures>& steps);
     // Empties the queue; returns how many steps it held.
     int64_t Clear();
-    size_t size() const { return steps_.size(); }
-    bool empty() const { return steps_.empty(); }
+    size_t size() const { return size_; }
+    bool empty() const { return size_ == 0; }
 
    private:
+    // Room for one more step; called only when every slot is taken and size_ < capacity_.
+    void Grow();
+    size_t Index(size_t offset) const { return (head_ + offset) % slots_.size(); }
+
     const size_t capacity_;
-    std::deque<v1::StepTelemetry> steps_;
+    std::vector<StepFigures> slots_;
+    size_t head_ = 0;  // the oldest step's slot
+    size_t size_ = 0;
   };
 
   // The connection and its ReportTelemetry stream. The sender thread uses them; `context` is
@@ -152,17 +166,21 @@ class TelemetryReporter {
   void Run();
   bool WaitForWork();
   bool OpenStream();
-  bool WriteBatch(std::vector<v1::StepTelemetry>& steps);
+  bool WriteBatch();
   bool FinishStream();
   void EndBrokenStream();
   void WaitBeforeRetry();
-  void Requeue(std::vector<v1::StepTelemetry>& steps);
-  std::vector<v1::StepTelemetry> TakeBatch();
+  void Requeue();
+  void TakeBatch();
   void Log(const std::string& message) const;
 
   const TelemetryReporterOptions options_;
   Stream stream_;
   Reachability reachability_;  // sender thread only
+  // The sender thread's batch in flight, as figures (put back on a failed write) and as the
+  // message; both reused batch after batch (a cleared repeated field keeps its messages).
+  std::vector<StepFigures> sending_;
+  v1::TelemetryBatch batch_;
 
   mutable std::mutex mu_;
   std::condition_variable wake_;  // the sender: work, or Close()

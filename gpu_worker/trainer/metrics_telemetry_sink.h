@@ -1,6 +1,6 @@
-// The trainer's TelemetrySink over gradhub-metrics: each step becomes a v1::StepTelemetry
-// queued on a TelemetryReporter, which batches and sends it off the training thread. gRPC and
-// protobuf only (no torch), compiled into the gradhub-trainer binary.
+// The trainer's TelemetrySink over gradhub-metrics: each step's figures are copied into a
+// TelemetryReporter's queue, which builds the messages and sends them in batches off the
+// training thread. gRPC and protobuf only (no torch), compiled into the gradhub-trainer binary.
 #pragma once
 
 #include <memory>
@@ -10,7 +10,8 @@
 
 namespace gradhub::trainer {
 
-v1::StepTelemetry ToStepTelemetry(const StepReport& report);
+// The step as telemetry.proto has it, stamped with the time now (the step just finished).
+telemetry_client::StepFigures ToStepFigures(const StepReport& report);
 
 class MetricsTelemetrySink : public TelemetrySink {
  public:
@@ -19,7 +20,7 @@ class MetricsTelemetrySink : public TelemetrySink {
   // Sends what is queued for at most a second: telemetry never holds up the exit.
   ~MetricsTelemetrySink() override;
 
-  void Report(const StepReport& report) override { reporter_->Report(ToStepTelemetry(report)); }
+  void Report(const StepReport& report) override { reporter_->Report(ToStepFigures(report)); }
 
  private:
   std::unique_ptr<telemetry_client::TelemetryReporter> reporter_;

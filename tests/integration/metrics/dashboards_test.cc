@@ -94,29 +94,28 @@ class SyntheticJob {
   void Run() {
     for (int64_t step = 1; !stop_; ++step) {
       for (int rank = 0; rank < 2; ++rank) {
-        v1::StepTelemetry s;
-        s.set_step(step);
-        s.set_loss(2.0 / (1 + 0.01 * static_cast<double>(step)) + 0.01 * rank);
-        s.set_learning_rate(0.05);
-        s.set_samples(32);
-        s.set_samples_per_second(3200);
-        s.set_forward_seconds(0.002);
-        s.set_backward_seconds(0.004 + 0.001 * rank);
-        s.set_allreduce_wait_seconds(0.001);
-        s.set_optimizer_seconds(0.001);
-        s.set_step_seconds(0.010 + 0.001 * rank);
-        s.set_allreduce_bytes(1 << 20);
-        s.set_allreduce_seconds(0.002);
-        s.set_bus_bandwidth_bytes_per_second(5.2e8);
-        s.set_buckets(2);
-        if (step % 20 == 0)
-          (*s.mutable_eval_metrics())["accuracy"] = 0.5 + 0.001 * static_cast<double>(step);
-        if (rank == 0 && step % 25 == 0) s.set_checkpoint_save_seconds(0.05);
-        s.set_pipeline_stage(rank);
-        s.set_p2p_bytes(2 << 20);
-        s.set_p2p_wait_seconds(0.002 - 0.001 * rank);
-        s.set_bubble_fraction(0.2 - 0.1 * rank);
-        s.set_peak_activation_bytes((2 - rank) << 20);
+        telemetry_client::StepFigures s;
+        s.step = step;
+        s.loss = 2.0 / (1 + 0.01 * static_cast<double>(step)) + 0.01 * rank;
+        s.learning_rate = 0.05;
+        s.samples = 32;
+        s.samples_per_second = 3200;
+        s.forward_seconds = 0.002;
+        s.backward_seconds = 0.004 + 0.001 * rank;
+        s.allreduce_wait_seconds = 0.001;
+        s.optimizer_seconds = 0.001;
+        s.step_seconds = 0.010 + 0.001 * rank;
+        s.allreduce_bytes = 1 << 20;
+        s.allreduce_seconds = 0.002;
+        s.bus_bandwidth_bytes_per_second = 5.2e8;
+        s.buckets = 2;
+        if (step % 20 == 0) s.eval_metrics["accuracy"] = 0.5 + 0.001 * static_cast<double>(step);
+        if (rank == 0 && step % 25 == 0) s.checkpoint_save_seconds = 0.05;
+        s.pipeline_stage = rank;
+        s.p2p_bytes = 2 << 20;
+        s.p2p_wait_seconds = 0.002 - 0.001 * rank;
+        s.bubble_fraction = 0.2 - 0.1 * rank;
+        s.peak_activation_bytes = (2 - rank) << 20;
         reporters_[rank]->Report(s);
       }
       std::this_thread::sleep_for(milliseconds(10));

@@ -26,20 +26,22 @@ using std::chrono::seconds;
 using ::testing::HasSubstr;
 using ::testing::Not;
 using Clock = std::chrono::steady_clock;
+using telemetry_client::StepFigures;
 using telemetry_client::TelemetryReporter;
 using telemetry_client::TelemetryReporterOptions;
 
-v1::StepTelemetry Step(int64_t step) {
-  v1::StepTelemetry telemetry;
-  telemetry.set_step(step);
-  telemetry.set_loss(2.0 / static_cast<double>(step + 1));
-  telemetry.set_learning_rate(0.05);
-  telemetry.set_samples(16);
-  telemetry.set_samples_per_second(800);
-  telemetry.set_step_seconds(0.02);
-  telemetry.set_allreduce_bytes(4096);
-  telemetry.set_allreduce_seconds(0.001);
-  return telemetry;
+// A step as a trainer reports it (and, through FillStepTelemetry, as raw batches carry it).
+StepFigures Step(int64_t step) {
+  StepFigures figures;
+  figures.step = step;
+  figures.loss = 2.0 / static_cast<double>(step + 1);
+  figures.learning_rate = 0.05;
+  figures.samples = 16;
+  figures.samples_per_second = 800;
+  figures.step_seconds = 0.02;
+  figures.allreduce_bytes = 4096;
+  figures.allreduce_seconds = 0.001;
+  return figures;
 }
 
 std::string Series(const std::string& name, const std::string& job, int rank) {
@@ -103,7 +105,7 @@ v1::TelemetryBatch BatchOf(const std::string& job, int attempt, int rank,
   batch.set_job(job);
   batch.set_attempt(attempt);
   batch.set_rank(rank);
-  for (int64_t step : steps) *batch.add_steps() = Step(step);
+  for (int64_t step : steps) telemetry_client::FillStepTelemetry(Step(step), batch.add_steps());
   return batch;
 }
 
@@ -159,14 +161,15 @@ TEST_F(MetricsServiceTest, CpuCostPerStepIsMicroseconds) {
   const auto start = Clock::now();
   TelemetryReporter reporter(options);
   for (int64_t step = 1; step <= kSteps; ++step) {
-    v1::StepTelemetry telemetry = Step(step);
-    telemetry.set_forward_seconds(0.001);
-    telemetry.set_backward_seconds(0.002);
-    telemetry.set_allreduce_wait_seconds(0.0005);
-    telemetry.set_optimizer_seconds(0.0005);
-    telemetry.set_bus_bandwidth_bytes_per_second(1e9);
-    telemetry.set_buckets(2);
-    reporter.Report(std::move(telemetry));
+    StepFigures figures = Step(step);
+    figures.time = std::chrono::system_clock::now();  // as the trainer stamps its steps
+    figures.forward_seconds = 0.001;
+    figures.backward_seconds = 0.002;
+    figures.allreduce_wait_seconds = 0.0005;
+    figures.optimizer_seconds = 0.0005;
+    figures.bus_bandwidth_bytes_per_second = 1e9;
+    figures.buckets = 2;
+    reporter.Report(figures);
   }
   const auto reported = Clock::now();
   ASSERT_TRUE(reporter.Close(Clock::now() + seconds(60)));
