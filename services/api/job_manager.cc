@@ -1,6 +1,5 @@
 #include "services/api/job_manager.h"
 
-#include <google/protobuf/util/json_util.h>
 #include <google/protobuf/util/time_util.h>
 
 #include <algorithm>
@@ -14,6 +13,7 @@
 #include "services/api/job_metrics.h"
 #include "services/common/contract/data_paths.h"
 #include "services/common/contract/job_states.h"
+#include "services/common/contract/proto_json.h"
 #include "services/common/job_records.h"
 #include "services/common/page_token.h"
 #include "services/common/status_macros.h"
@@ -144,12 +144,7 @@ absl::StatusOr<v1::Job> JobManager::CreateJob(int64_t tenant_id, const v1::JobSp
   }
   // Stored as submitted (jobs.proto: "the server does not write defaults into it"); the
   // columns the scheduler reads, and every reader of the spec, apply WithDefaults themselves.
-  std::string json;
-  google::protobuf::util::JsonPrintOptions print;
-  print.preserve_proto_field_names = false;
-  if (auto status = google::protobuf::util::MessageToJsonString(spec, &json, print); !status.ok()) {
-    return absl::InternalError(status.ToString());
-  }
+  GRADHUB_ASSIGN_OR_RETURN(std::string json, ProtoToJson(spec));
   const v1::JobSpec effective = WithDefaults(spec);
   NewJob row;
   row.tenant_id = tenant_id;

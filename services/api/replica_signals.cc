@@ -67,6 +67,7 @@ void ReplicaSignals::Receive(const std::string& channel, const std::string& payl
   } else if (channel == ReplicaChannels::kNudge) {
     options_.on_nudge();
   } else if (channel == ReplicaChannels::kJobsCreated) {
+    if (HeardOwnJob(payload)) return;  // step 3
     if (!JobId(payload).empty()) {
       options_.on_job_created(payload);
       return;
@@ -101,7 +102,16 @@ void ReplicaSignals::PublishAssignmentsChanged() {
 }
 
 void ReplicaSignals::PublishJobCreated(const std::string& name) {
-  Queue([&name](Outbox& outbox) { outbox.jobs.push_back(name); });
+  Queue([&](Outbox& outbox) {
+    outbox.jobs.push_back(name);
+    if (own_jobs_.size() >= kMaxQueuedJobs) own_jobs_.clear();
+    own_jobs_.insert(name);
+  });
+}
+
+bool ReplicaSignals::HeardOwnJob(const std::string& name) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return own_jobs_.erase(name) > 0;
 }
 
 void ReplicaSignals::PublishNudge() {

@@ -17,8 +17,9 @@
 //      path: a lone replica loses no latency) and then Publish...() here.
 //   2. Publish queues the signal and returns; the sender thread sends everything queued in one
 //      statement (pg_notify per signal), so a burst of creates costs one round trip.
-//   3. PostgreSQL delivers it to every listening replica, A included (A's second call is a
-//      harmless duplicate: JobCreated of a job no longer PENDING places nothing).
+//   3. PostgreSQL delivers it to every listening replica, A included. A drops its own job
+//      names (it had them at step 1): each made its scheduler try the job again and run a full
+//      pass, which under a stream of creates doubled the scheduler's work per create.
 //   4. The receiving replica's Listener thread calls the matching callback, which reads the
 //      state again (step 1's commit happened before step 2, so it sees the change).
 //   5. A replica whose listener reconnected may have missed signals: it calls
@@ -45,6 +46,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_set>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -105,6 +107,8 @@ class ReplicaSignals {
   // Step 4 for one notification; step 5.
   void Receive(const std::string& channel, const std::string& payload);
   void Reconnected();
+  // Whether `name` is a job this replica published and had not heard back yet; forgets it.
+  bool HeardOwnJob(const std::string& name);
   void Queue(const std::function<void(Outbox&)>& add);
   void SendLoop();
   absl::Status Send(const Outbox& outbox);
@@ -115,6 +119,9 @@ class ReplicaSignals {
   std::mutex mu_;
   std::condition_variable queued_;
   Outbox outbox_;  // guarded by mu_
+  // Job names published and not yet heard back (step 3), guarded by mu_. Bounded: past
+  // kMaxQueuedJobs it is emptied, and the echoes of what it held reach the callback again.
+  std::unordered_set<std::string> own_jobs_;
   bool stopping_ = false;
   std::thread sender_;
 };

@@ -242,6 +242,8 @@ class Scheduler {
     // The job that closed the queue (past its backfill window, unplaced), by its place in the
     // queue: the fast path places no new job behind it.
     std::optional<QueuePosition> blocking;
+    // Whether some node could take a rank when the pass read the nodes (AnyNodeTakesARank).
+    bool some_node_free = true;
   } verdict_;
 };
 

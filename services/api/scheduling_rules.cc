@@ -511,6 +511,14 @@ bool FastPathMayPlace(const QueuePosition& job, const std::optional<QueuePositio
   return !capacity_changed && (!blocking || job.priority > blocking->priority);
 }
 
+bool AnyNodeTakesARank(const std::vector<NodeRecord>& nodes) {
+  const v1::JobSpec no_spec;
+  const JobNeeds any(no_spec);  // the two filters read nothing of the job
+  return std::any_of(nodes.begin(), nodes.end(), [&any](const NodeRecord& node) {
+    return TakesRanks(node, any) && HasFreeSlot(node, any);
+  });
+}
+
 std::string PlacementMessage(int32_t attempt, const GangPlacement& placement) {
   const std::string cuda = placement.kind == v1::Node::CUDA ? ", CUDA" : "";
   const size_t stages = static_cast<size_t>(std::max(1, placement.pipeline_stages));

@@ -316,6 +316,11 @@ class FairShareOrder {
 bool FastPathMayPlace(const QueuePosition& job, const std::optional<QueuePosition>& blocking,
                       bool capacity_changed);
 
+// Whether some node of `nodes` could take a rank now: READY, heartbeating, with a free slot
+// (PlaceGang's first filters). When none can, no gang fits whatever its spec, so the fast path
+// need not try its new jobs one transaction each: the next pass says why they wait.
+bool AnyNodeTakesARank(const std::vector<NodeRecord>& nodes);
+
 // The event text of a placement: "attempt 3 placed on nodes/a (ranks 0-1), nodes/b (rank 2)",
 // with ", CUDA" when on GPU nodes. A pipeline's names its layout, replica by replica:
 // "attempt 3 placed 2 stages x 2 replicas: replica 0 on nodes/a (ranks 0-1), replica 1 on

@@ -76,10 +76,9 @@ absl::Status PostgresAuditLog::Insert(const std::vector<const AuditRecord*>& rec
   // In a transaction rather than Pool::Exec: a connection lost mid-statement is then retried
   // only when no row can have been written, so no call is recorded twice. Committed without
   // waiting for the WAL flush (see audit_log.h).
-  return pool_->Transact([&](db::Transaction& tx) -> absl::Status {
-    GRADHUB_RETURN_IF_ERROR(tx.Exec("SET LOCAL synchronous_commit = off").status());
-    return tx.Exec(sql, params.values()).status();
-  });
+  return pool_->Transact(
+      [&](db::Transaction& tx) -> absl::Status { return tx.Exec(sql, params.values()).status(); },
+      {.synchronous_commit = false});
 }
 
 absl::StatusOr<std::vector<StoredAuditEvent>> PostgresAuditLog::List(const AuditQuery& query) {

@@ -218,7 +218,13 @@ absl::Status Pool::RunTransaction(absl::FunctionRef<absl::Status(Transaction&)> 
                                   const TransactionOptions& options) {
   return WithRetries(options.max_attempts, [&](bool* commit_sent) -> absl::Status {
     GRADHUB_ASSIGN_OR_RETURN(Lease lease, Acquire());
-    GRADHUB_RETURN_IF_ERROR(lease->Exec(BeginStatement(options)).status());
+    if (options.synchronous_commit) {
+      GRADHUB_RETURN_IF_ERROR(lease->Exec(BeginStatement(options)).status());
+    } else {
+      // Both in one round trip (the simple query protocol takes a list of statements).
+      GRADHUB_RETURN_IF_ERROR(lease->ExecScript(
+          absl::StrCat(BeginStatement(options), "; SET LOCAL synchronous_commit = off")));
+    }
     Transaction transaction(&*lease);
     absl::Status status = body(transaction);
     if (status.ok() && PQtransactionStatus(lease->raw()) == PQTRANS_INERROR) {

@@ -32,6 +32,10 @@ enum class Isolation { kReadCommitted, kRepeatableRead, kSerializable };
 struct TransactionOptions {
   Isolation isolation = Isolation::kReadCommitted;
   bool read_only = false;
+  // false: COMMIT returns without waiting for the WAL flush (synchronous_commit = off for this
+  // transaction only), for writes a crash of PostgreSQL may lose the last moment of. Set in
+  // the same round trip as BEGIN.
+  bool synchronous_commit = true;
   // Attempts in all, for serialization failures, deadlocks and connections lost before
   // COMMIT; the delay between attempts grows from 20 ms to 1 s, with jitter.
   int max_attempts = 10;

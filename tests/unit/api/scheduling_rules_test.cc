@@ -761,6 +761,19 @@ TEST(FastPathMayPlace, OnlyWhileTheLastPassVerdictsHoldAndNoJobClosedTheQueueAtI
   EXPECT_TRUE(FastPathMayPlace({5, 2000, "jobs/urgent"}, blocking, false)) << "higher priority";
 }
 
+TEST(AnyNodeTakesARank, OnlyAReadyHeartbeatingNodeWithAFreeSlot) {
+  EXPECT_FALSE(AnyNodeTakesARank({})) << "no node";
+  EXPECT_FALSE(AnyNodeTakesARank({BusyNode(1, "full", 4, 4)})) << "every slot held";
+  NodeRecord silent = Node(2, "silent", 4);
+  silent.heartbeating = false;
+  NodeRecord cordoned = Node(3, "cordoned", 4);
+  cordoned.state = v1::Node::CORDONED;
+  EXPECT_FALSE(AnyNodeTakesARank({silent, cordoned}));
+  EXPECT_TRUE(AnyNodeTakesARank({BusyNode(1, "full", 4, 4), BusyNode(4, "room", 4, 3)}));
+  // Agrees with PlaceGang on the smallest gang.
+  EXPECT_TRUE(PlaceGang(Spec(1), {silent, cordoned, BusyNode(1, "full", 4, 4)}, "").ranks.empty());
+}
+
 // --- attempts in flight ---
 
 RankReport Rank(int32_t rank, const std::string& state, double seconds_in_state = 0,
