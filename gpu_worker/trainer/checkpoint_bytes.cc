@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -82,6 +83,17 @@ CheckpointBytes CheckpointBytes::MapFile(const std::string& path) {
   close(fd);  // the mapping keeps the file
   const std::string_view view(static_cast<const char*>(storage->mapping), storage->mapped_size);
   return CheckpointBytes(std::move(storage), view);
+}
+
+std::string CheckpointBytes::Reclaim(CheckpointBytes bytes) {
+  if (!bytes.storage_ || bytes.storage_.use_count() != 1 || bytes.mapped()) return {};
+  // The last other holder let go with a release; this orders its reads of the bytes (an upload
+  // on the writer's thread) before the writes into the string that follow.
+  std::atomic_thread_fence(std::memory_order_acquire);
+  // The sole holder: nothing can read the bytes any more, so they may change.
+  std::string memory = std::move(const_cast<Storage&>(*bytes.storage_).bytes);
+  memory.clear();
+  return memory;
 }
 
 bool CheckpointBytes::mapped() const { return storage_ && storage_->mapping != nullptr; }

@@ -348,7 +348,8 @@ void RestoreRankState(std::string_view bytes, const RankStateParts& parts,
 }
 
 std::string SerializeState(torch::nn::Module& module, const SharedUpdateState& update, int64_t step,
-                           const v1::JobSpec& spec, const std::vector<std::string>& rank_states) {
+                           const v1::JobSpec& spec, const std::vector<std::string>& rank_states,
+                           std::string memory) {
   torch::serialize::OutputArchive archive, model_archive, optimizer_archive;
   module.save(model_archive);
   archive.write(kModel, model_archive);
@@ -364,7 +365,8 @@ std::string SerializeState(torch::nn::Module& module, const SharedUpdateState& u
   if (update.loss_scaler) WriteLossScaler(update.loss_scaler->state(), archive);
   // Appended straight into one string reserved for the whole state: an ostringstream would
   // copy every byte again on each growth and once more in str().
-  std::string bytes;
+  std::string bytes = std::move(memory);
+  bytes.clear();
   int64_t state_bytes = 0;
   for (const at::Tensor& t : module.parameters()) state_bytes += t.nbytes();
   for (const at::Tensor& t : module.buffers()) state_bytes += t.nbytes();

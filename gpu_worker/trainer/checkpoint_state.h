@@ -74,10 +74,12 @@ struct SharedUpdateState {
 // from while it is uploaded. Tensors on a GPU are copied out as they are written (the archive
 // records their device; RestoreState maps them to the device it is given, so a checkpoint
 // saved on a GPU loads on a CPU-only node and back). `rank_states`: SerializeRankState of
-// every rank, in rank order, or empty.
+// every rank, in rank order, or empty. `memory`: a string whose memory the archive is written
+// into (its contents are dropped), e.g. the previous checkpoint's (CheckpointBytes::Reclaim).
 std::string SerializeState(torch::nn::Module& module, const SharedUpdateState& update, int64_t step,
                            const v1::JobSpec& spec_with_defaults,
-                           const std::vector<std::string>& rank_states = {});
+                           const std::vector<std::string>& rank_states = {},
+                           std::string memory = {});
 
 // Loads the state into `module` and `update`'s parts, every tensor read onto `device` (the
 // module's: torch's map_location), and returns its step; with `rank_state`, sets it to rank

@@ -177,7 +177,12 @@ std::optional<CheckpointBytes> Checkpointer::Snapshot(int64_t step, bool keep) {
   std::vector<std::string> rank_states;
   if (plan_.per_rank_state) rank_states = AllGatherBytes(*group_, rule_.SaveRankState(), device_);
   if (!writer_ || !keep) return std::nullopt;
-  return SerializeState(module_, rule_.shared_state(), step, plan_.spec, rank_states);
+  // Into the previous snapshot's memory once its upload is done with it (checkpointer.h).
+  std::string memory = CheckpointBytes::Reclaim(std::move(previous_snapshot_));
+  CheckpointBytes bytes = SerializeState(module_, rule_.shared_state(), step, plan_.spec,
+                                         rank_states, std::move(memory));
+  previous_snapshot_ = bytes;
+  return bytes;
 }
 
 CheckpointBytes Checkpointer::WriteStageState() {

@@ -30,6 +30,11 @@
 //      nothing for it; when saving is a collective the other ranks, who do not know, still
 //      take part and rank 0 drops what they send. The final checkpoint and a preemption's wait
 //      for the upload in flight; that wait and the snapshot are the stall a checkpoint costs.
+//      Rank 0 keeps the memory of its last snapshot in host memory (not a pipeline's file) and
+//      writes the next one into it once the upload has let go of it: the pages are there
+//      already, where a fresh buffer took a page fault per 4 KiB on the training thread (55 ms
+//      of a 160 MiB state's 156 ms snapshot, perf). That memory is in use during every upload
+//      anyway, so the rank's peak is the same; it stays resident between checkpoints.
 // Not thread-safe: the training thread drives it.
 #pragma once
 
@@ -154,6 +159,7 @@ class Checkpointer {
   int64_t last_step_ = -1;
   int64_t resumed_from_step_ = -1;
   CheckpointTotals totals_;
+  CheckpointBytes previous_snapshot_;  // rank 0's last in memory, shared with the writer
 };
 
 }  // namespace gradhub::trainer

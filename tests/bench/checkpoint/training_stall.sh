@@ -9,6 +9,10 @@
 # write and fsync) runs beside training; with every core training (the default) it slows the
 # loop by taking CPU, not by blocking it. GRADHUB_THREADS=1 (inherited by the trainer through
 # the agent) leaves a core to it, as a GPU node's host CPUs would.
+# A second row is the training slowdown: loop time with a checkpoint every EVERY steps over
+# loop time with only the final one (the row: every 100 steps, target under 1%, as
+# TorchTitan's async save). For it: training_stall.sh build 400 100 (3 checkpoints more than
+# the final one; about 5 minutes for 2 rounds).
 # Usage: [GRADHUB_THREADS=N] [GRADHUB_BENCH_ROUNDS=3] tests/bench/checkpoint/training_stall.sh
 #          [BUILD_DIR] [STEPS] [EVERY]
 set -euo pipefail

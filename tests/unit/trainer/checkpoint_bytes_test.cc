@@ -114,5 +114,31 @@ TEST(CheckpointBytesTest, ASliceOutsideTheBytesIsRefused) {
   EXPECT_THROW(bytes.Slice(11, 0), std::out_of_range);
 }
 
+TEST(CheckpointBytesTest, ReclaimGivesTheMemoryOfBytesNothingElseHolds) {
+  std::string original = Pattern(1 << 20);
+  const char* const memory = original.data();
+  CheckpointBytes bytes(std::move(original));
+  std::string reclaimed = CheckpointBytes::Reclaim(std::move(bytes));
+  EXPECT_TRUE(reclaimed.empty());
+  EXPECT_EQ(reclaimed.data(), memory);  // the same allocation, to be written again
+  EXPECT_GE(reclaimed.capacity(), size_t{1} << 20);
+}
+
+TEST(CheckpointBytesTest, ReclaimLeavesBytesThatAreStillHeldOrMapped) {
+  const CheckpointBytes bytes(Pattern(4096));
+  const CheckpointBytes held = bytes;  // an upload still reading them
+  EXPECT_EQ(CheckpointBytes::Reclaim(bytes).capacity(), std::string().capacity());
+  EXPECT_EQ(held, Pattern(4096));
+  EXPECT_EQ(bytes, Pattern(4096));
+  const CheckpointBytes slice = bytes.Slice(0, 10);
+  EXPECT_TRUE(CheckpointBytes::Reclaim(bytes.Slice(0, 10)).empty());
+  EXPECT_EQ(slice, Pattern(10));
+
+  const std::string path = EmptyDirectory("reclaim") + "/ckpt";
+  std::ofstream(path) << "checkpoint";
+  EXPECT_EQ(CheckpointBytes::Reclaim(CheckpointBytes::MapFile(path)).capacity(),
+            std::string().capacity());
+}
+
 }  // namespace
 }  // namespace gradhub::trainer
