@@ -113,12 +113,19 @@ sys.exit(code)' "$out" "$@"
 }
 
 # 3.
-offs="" ons="" off_cpus="" on_cpus=""
+# Each repeat's on run against its own off run too: the machine's load drifts between repeats
+# by more than telemetry costs, and a pair run back to back shares most of it.
+offs="" ons="" off_cpus="" on_cpus="" pair_costs="" pair_cpu_costs=""
+# How much more (percent_more) or less (percent_less) $2 is than $1, in % of $1.
+percent_more() { awk -v base="$1" -v other="$2" 'BEGIN {printf "%.2f", (other - base) / base * 100}'; }
+percent_less() { awk -v base="$1" -v other="$2" 'BEGIN {printf "%.2f", (base - other) / base * 100}'; }
 for repeat in $(seq "$repeats"); do
-  read -r rate cpu < <(train off "$repeat")
-  offs+="$rate " off_cpus+="$cpu "
+  read -r off_rate off_cpu < <(train off "$repeat")
+  offs+="$off_rate " off_cpus+="$off_cpu "
   read -r rate cpu < <(train on "$repeat")
   ons+="$rate " on_cpus+="$cpu "
+  pair_costs+="$(percent_less "$off_rate" "$rate") "
+  pair_cpu_costs+="$(percent_more "$off_cpu" "$cpu") "
 done
 # 4.
 off="$(echo "$offs" | median)"
@@ -137,3 +144,5 @@ awk -v o="$off" -v n="$on" -v oc="$off_cpu" -v nc="$on_cpu" -v s="$steps" -v b="
 echo "  (cpu_ms: CPU of both ranks per step; accepted should be $((repeats * steps * 2)))"
 echo "  runs, samples/s off: $offs"
 echo "  runs, samples/s on:  $ons"
+echo "  paired (median over repeats of on vs the off run just before it): overhead" \
+  "$(echo "$pair_costs" | median)%, cpu_cost $(echo "$pair_cpu_costs" | median)%"
