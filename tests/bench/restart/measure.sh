@@ -8,6 +8,7 @@ kill_rank="$3"
 out_dir="$4"
 gradhub="$GRADHUB_BIN/gradhub"
 py=/usr/bin/python3
+. "$(dirname "$(realpath "$0")")/../job_states.sh"
 work="$(dirname "$GRADHUB_CHECKPOINT_DATA_DIR")"
 spec="$out_dir/job.yaml"
 cat > "$spec" <<YAML
@@ -22,14 +23,6 @@ distributed: {worldSize: $world, ranksPerNode: 2}
 maxRestarts: {job: $((kills + 5))}
 YAML
 now() { date +%s.%N; }
-await_state() {  # job, state, attempt
-  for _ in $(seq 1200); do
-    out="$("$gradhub" --output json get "$1")"
-    if echo "$out" | "$py" -c 'import json,sys; j=json.load(sys.stdin); sys.exit(0 if j.get("state")==sys.argv[1] and j.get("attempt",0)>=int(sys.argv[2]) else 1)' "$2" "$3"; then return 0; fi
-    sleep 0.05
-  done
-  echo "timed out waiting for $1 to be $2 at attempt $3" >&2; return 1
-}
 # pid of each trainer of attempt $2 of job $1, as "rank pid" lines: the trainer whose working
 # directory is that rank's (its command line does not name the job).
 trainers_of() {

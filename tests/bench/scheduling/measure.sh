@@ -6,6 +6,7 @@ backlog="${2:-20000}"       # jobs left PENDING for the third measure; 0 = skip 
 backlog_jobs="${3:-20}"     # jobs measured behind that backlog
 gradhub="$GRADHUB_BIN/gradhub"
 py=/usr/bin/python3
+. "$(dirname "$(realpath "$0")")/../job_states.sh"
 spec="$(mktemp)"
 trap 'rm -f "$spec"' EXIT
 write_spec() {  # $1 = maxSteps
@@ -34,14 +35,6 @@ begin = t(d["job"]["createTime"]) if start == "CREATE" else \
     min(t(e["time"]) for e in ev if e.get("type") == "RANK_FAILED")
 end = min(t(e["time"]) for e in ev if e.get("toState") == "RUNNING" and e.get("attempt", 0) == attempt)
 print("%.4f" % (end - begin))' "$2" "$3"
-}
-await_state() {  # job, state, attempt
-  for _ in $(seq 600); do
-    out="$("$gradhub" --output json get "$1")"
-    if echo "$out" | "$py" -c 'import json,sys; j=json.load(sys.stdin); sys.exit(0 if j.get("state")==sys.argv[1] and j.get("attempt",0)>=int(sys.argv[2]) else 1)' "$2" "$3"; then return 0; fi
-    sleep 0.05
-  done
-  echo "timed out waiting for $1 to be $2" >&2; return 1
 }
 
 write_spec 20
