@@ -266,10 +266,12 @@ TEST(RankProcessTest, StopEscalatesToSigkillAfterTheGrace) {
   EXPECT_EQ(process->Status().state, RankState::kStopped);
 }
 
-TEST(RankProcessTest, StopWithoutAGraceSigkillsAtOnceWithoutSigterm) {
+// Whether a SIGTERM went before the SIGKILL cannot be seen from here: the SIGKILL follows
+// within microseconds, before any handler of the process could run (checked: the same test
+// passes when Stop sends both). What it checks is the rest of the contract.
+TEST(RankProcessTest, StopWithoutAGraceSigkillsAtOnce) {
   Lines lines;
-  auto process =
-      StartShell("trap 'echo got TERM' TERM; echo ready; while :; do sleep 0.05; done", &lines);
+  auto process = StartShell("trap '' TERM; echo ready; while :; do sleep 0.05; done", &lines);
   ASSERT_NE(lines.WaitFor("ready").seq, 0);
   const absl::Time start = absl::Now();
   process->Stop(absl::ZeroDuration());
@@ -278,7 +280,6 @@ TEST(RankProcessTest, StopWithoutAGraceSigkillsAtOnceWithoutSigterm) {
   const RankProcessStatus status = process->Status();
   EXPECT_EQ(status.state, RankState::kStopped);
   EXPECT_EQ(status.signal, SIGKILL);
-  for (const OutputLine& line : lines.get()) EXPECT_NE(line.text, "got TERM");
 }
 
 TEST(RankProcessTest, ASecondStopWithoutAGraceCutsTheGraceShort) {
