@@ -15,11 +15,10 @@
 
 #include "gpu_worker/checkpoint_client/chunk_upload.h"
 #include "gradhub/v1/checkpoint.grpc.pb.h"
-#include "services/common/background_sha256.h"
+#include "services/common/blob_check.h"
 #include "services/common/direct_write.h"
 #include "services/common/grpc_credentials.h"
 #include "services/common/grpc_retry.h"
-#include "services/common/sha256.h"
 
 namespace gradhub::checkpoint_client {
 namespace {
@@ -137,11 +136,11 @@ class GrpcCheckpointSink final : public trainer::CheckpointSink {
   }
 
   void Save(const trainer::Checkpoint& checkpoint) override {
-    const std::string sha256 = Sha256Hex(checkpoint.bytes.view());
+    const BlobDigests digests = DigestsForUpload(checkpoint.bytes.view());
     const auto deadline = Clock::now() + options_.deadline;
     Retrying("save step " + std::to_string(checkpoint.step), deadline,
-             [&](int try_number) { SaveOnce(checkpoint, sha256, try_number); });
-    Cache(sha256, checkpoint.bytes.view());
+             [&](int try_number) { SaveOnce(checkpoint, digests, try_number); });
+    Cache(digests.sha256, checkpoint.bytes.view());
   }
 
   std::optional<trainer::Checkpoint> LoadLatest() override {
@@ -214,7 +213,8 @@ class GrpcCheckpointSink final : public trainer::CheckpointSink {
 
   // Steps 1-3 of Save. ALREADY_EXISTS at the start means this step is committed already (an
   // earlier try's commit went through but its answer was lost).
-  void SaveOnce(const trainer::Checkpoint& checkpoint, const std::string& sha256, int try_number) {
+  void SaveOnce(const trainer::Checkpoint& checkpoint, const BlobDigests& digests, int try_number) {
+    const std::string& sha256 = digests.sha256;
     v1::StartUploadRequest start;
     start.set_job(options_.job);
     start.set_attempt(options_.attempt);
@@ -239,6 +239,7 @@ class GrpcCheckpointSink final : public trainer::CheckpointSink {
     v1::CommitCheckpointRequest commit;
     commit.set_upload_id(started.upload_id());
     commit.set_sha256(sha256);
+    commit.set_crc32c(digests.crc32c);
     v1::Checkpoint committed;
     status = stub_->CommitCheckpoint(Context().get(), commit, &committed);
     if (status.error_code() == grpc::StatusCode::DATA_LOSS) ++restarts_;
@@ -274,21 +275,22 @@ class GrpcCheckpointSink final : public trainer::CheckpointSink {
     grpc::Status status = stub_->GetLatestCheckpoint(Context().get(), request, &latest);
     if (status.error_code() == grpc::StatusCode::NOT_FOUND) return std::nullopt;
     if (!status.ok()) throw CallFailed("GetLatestCheckpoint", status);
-    if (std::optional<trainer::CheckpointBytes> cached = FromCache(latest.sha256())) {
+    if (std::optional<trainer::CheckpointBytes> cached = FromCache(latest)) {
       log_ << "gradhub-trainer: checkpoint " << latest.name() << " read from the local cache\n";
       return trainer::Checkpoint{latest.step(), *std::move(cached)};
     }
     return trainer::Checkpoint{latest.step(), Download(latest)};
   }
 
-  // Resumes a broken stream at the bytes already received; the whole blob's hash is computed
-  // on a thread of its own while the chunks arrive, and checked at the end (the server checks
-  // the crc32c it recorded, and says DATA_LOSS first if the blob differs from it). With a cache
-  // the bytes go to its file as they arrive (DownloadSpool), which is then the cached copy.
+  // Resumes a broken stream at the bytes already received; the whole blob is checked as the
+  // chunks arrive (BlobCheck: its crc32c where the checkpoint has one, else its sha256 on a
+  // thread of its own), and the result at the end (the server checks the crc32c it recorded,
+  // and says DATA_LOSS first if the blob differs from it). With a cache the bytes go to its
+  // file as they arrive (DownloadSpool), which is then the cached copy.
   trainer::CheckpointBytes Download(const v1::Checkpoint& checkpoint) {
     const size_t size = static_cast<size_t>(checkpoint.size_bytes());
     DownloadSpool spool(CachePath(checkpoint.sha256()), size, log_);
-    BackgroundSha256 sha;
+    BlobCheck check(checkpoint.sha256(), Crc32cOf(checkpoint));
     for (int broken = 0;; ++broken) {
       v1::DownloadCheckpointRequest request;
       request.set_name(checkpoint.name());
@@ -307,9 +309,8 @@ class GrpcCheckpointSink final : public trainer::CheckpointSink {
           throw std::runtime_error("checkpoint store sent more than the " + std::to_string(size) +
                                    " bytes of " + checkpoint.name());
         }
-        std::string data = std::move(*chunk.mutable_data());
-        spool.Append(data);
-        sha.Update(std::move(data));
+        spool.Append(chunk.data());
+        check.Update(chunk.mutable_data());
       }
       grpc::Status status = stream->Finish();
       if (status.ok()) break;
@@ -317,13 +318,13 @@ class GrpcCheckpointSink final : public trainer::CheckpointSink {
       log_ << "gradhub-trainer: download of " << checkpoint.name() << " broke at " << spool.size()
            << " bytes: " << status.error_message() << "; resuming\n";
     }
-    if (sha.Hex() != checkpoint.sha256()) {
+    if (!check.Matches()) {
       // The server checked the crc32c it recorded; the next try asks it to hash the bytes too,
       // and to mark the checkpoint BAD if they are the ones that differ (step 3).
       verify_sha256_ = true;
       throw CallFailed("DownloadCheckpoint",
                        grpc::Status(grpc::StatusCode::DATA_LOSS,
-                                    checkpoint.name() + " does not match its sha256"));
+                                    checkpoint.name() + " does not match its " + check.Expected()));
     }
     trainer::CheckpointBytes bytes = spool.Finish();
     PruneCache();
@@ -336,13 +337,18 @@ class GrpcCheckpointSink final : public trainer::CheckpointSink {
     return (fs::path(options_.cache_dir) / (sha256 + ".ckpt")).string();
   }
 
-  // Mapped, not read: a pipeline's checkpoint need not fit in the rank's memory (sinks.h).
-  std::optional<trainer::CheckpointBytes> FromCache(const std::string& sha256) const {
-    const std::string path = CachePath(sha256);
+  static std::optional<uint32_t> Crc32cOf(const v1::Checkpoint& checkpoint) {
+    return checkpoint.has_crc32c() ? std::optional<uint32_t>(checkpoint.crc32c()) : std::nullopt;
+  }
+
+  // The cached copy of `checkpoint`, checked as a download is. Mapped, not read: a pipeline's
+  // checkpoint need not fit in the rank's memory (sinks.h).
+  std::optional<trainer::CheckpointBytes> FromCache(const v1::Checkpoint& checkpoint) const {
+    const std::string path = CachePath(checkpoint.sha256());
     if (path.empty() || !fs::exists(path)) return std::nullopt;
     try {
       trainer::CheckpointBytes bytes = trainer::CheckpointBytes::MapFile(path);
-      if (Sha256Hex(bytes.view()) == sha256) return bytes;
+      if (BlobMatches(bytes.view(), checkpoint.sha256(), Crc32cOf(checkpoint))) return bytes;
     } catch (const std::runtime_error& error) {
       log_ << "gradhub-trainer: checkpoint cache: " << error.what() << "\n";
     }

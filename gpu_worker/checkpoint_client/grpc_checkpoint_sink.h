@@ -3,16 +3,17 @@
 // torch: the trainer hands it to the training loop as a plain CheckpointSink.
 //
 // Save (synchronous; AsyncCheckpointWriter runs it off the training loop):
-//   1. Hash the bytes; StartUpload with a request id made of attempt, step and hash, so a
-//      retried start finds the same upload.
+//   1. Hash the bytes, sha256 and CRC-32C in one pass (DigestsForUpload); StartUpload with a
+//      request id made of attempt, step and hash, so a retried start finds the same upload.
 //   2. Ask how many bytes the server holds (an UploadChunks stream with one empty chunk) and
 //      stream the rest in the chunk size the server announced, each chunk with its CRC-32C. A
 //      broken stream, or a chunk the server found changed on the way (DATA_LOSS from
 //      UploadChunks), goes back to step 1 after a backoff: the same request id finds the same
 //      upload, so only the missing tail is sent again (logged: "resuming the upload at byte
 //      N"), after a restart of the store too.
-//   3. CommitCheckpoint with the hash. DATA_LOSS (the server's bytes differ) starts over at
-//      step 1 under a new request id; NOT_FOUND (the upload expired) likewise.
+//   3. CommitCheckpoint with both. DATA_LOSS (the server's bytes differ, or the bytes sent are
+//      not the bytes hashed) starts over at step 1 under a new request id; NOT_FOUND (the
+//      upload expired) likewise.
 //   Retryable failures (IsRetryable in services/common/grpc_retry.h: the server unreachable,
 //   busy or restarting, the token refused) back off (100 ms doubling to 1 s, with jitter; the
 //   channel's reconnect backoff likewise: see kStoreBackoff in the .cc) until `deadline`. Anything
@@ -21,10 +22,12 @@
 //
 // LoadLatest:
 //   1. GetLatestCheckpoint; NOT_FOUND means start from step 0.
-//   2. A cached copy (cache_dir/<sha256>.ckpt) whose bytes still hash right is used as is.
+//   2. A cached copy (cache_dir/<sha256>.ckpt) whose bytes still check right is used as is.
+//      The check (services/common/blob_check.h) is the checkpoint's crc32c where it has one
+//      (Checkpoint.crc32c: of the bytes its sha256 names), else its sha256.
 //   3. Otherwise download, resuming at the received offset after a broken stream, and check
-//      the hash. DATA_LOSS from the server means it found the blob corrupt and marked it BAD:
-//      back to step 1, which now names the previous good checkpoint. A hash that differs is
+//      it likewise. DATA_LOSS from the server means it found the blob corrupt and marked it BAD:
+//      back to step 1, which now names the previous good checkpoint. A check that fails is
 //      retried from step 1 with verify_sha256: the server, which otherwise checks only the
 //      crc32c it recorded, then hashes the blob too, and marks it BAD if its bytes differ.
 #pragma once

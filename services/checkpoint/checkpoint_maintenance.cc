@@ -148,6 +148,16 @@ absl::Status CheckpointManager::ScrubOne(const CheckpointRow& row, ScrubReport* 
   }
   ++report->checked;
   if (blob.ok()) report->bytes += blob->size;
+  if (reason.empty() && !row.crc32c_covers_sha256) {
+    // Hashed whole just now: its crc32c covers the sha256 from here on, so its downloads need
+    // no SHA-256 either (a row that changed meanwhile is left alone).
+    return pool_
+        ->Exec(
+            "UPDATE checkpoints SET crc32c = $2, crc32c_covers_sha256 = true"
+            " WHERE id = $1 AND state = 'COMMITTED'",
+            {row.id, static_cast<int64_t>(blob->digests.crc32c)})
+        .status();
+  }
   if (reason.empty()) return absl::OkStatus();
   GRADHUB_ASSIGN_OR_RETURN(const bool marked, MarkBad(*pool_, row.id, reason));
   if (marked) {

@@ -479,19 +479,24 @@ absl::StatusOr<v1::Checkpoint> CheckpointManager::Commit(
         return AuthorizeJob(tx, caller, row.job_id, Access::kUpload, row.attempt).status();
       },
       {.read_only = true}));
-  absl::StatusOr<v1::Checkpoint> committed = CommitLocked(row, request.sha256(), *state);
+  const std::optional<uint32_t> client_crc32c =
+      request.has_crc32c() ? std::optional<uint32_t>(request.crc32c()) : std::nullopt;
+  absl::StatusOr<v1::Checkpoint> committed =
+      CommitLocked(row, request.sha256(), client_crc32c, *state);
   if (committed.ok() && metrics_ != nullptr) metrics_->RecordCommit(absl::Now() - start);
   return committed;
 }
 
 // Step 3 under the upload's lock, once the caller may commit it.
-absl::StatusOr<v1::Checkpoint> CheckpointManager::CommitLocked(const CheckpointRow& row,
-                                                               const std::string& sha256,
-                                                               UploadState& state) {
+absl::StatusOr<v1::Checkpoint> CheckpointManager::CommitLocked(
+    const CheckpointRow& row, const std::string& sha256, std::optional<uint32_t> client_crc32c,
+    UploadState& state) {
   // 1-2. The bytes, whole, durable and visible under the blob key.
   GRADHUB_ASSIGN_OR_RETURN(const bool checked, PlaceBlob(row, state));
-  // 3. Bytes whose crc32c this process did not check are read back and hashed.
-  GRADHUB_ASSIGN_OR_RETURN(const uint32_t crc32c, VerifiedCrc32c(row, sha256, state, checked));
+  // 3. Bytes whose crc32c this process did not check are read back and hashed; checked ones
+  //    are matched with the client's crc32c of the bytes it hashed.
+  GRADHUB_ASSIGN_OR_RETURN(const RecordedCrc32c crc32c,
+                           VerifiedCrc32c(row, sha256, client_crc32c, state, checked));
   // 4. The row, its event and retention in one transaction; then the retired blobs.
   std::vector<CheckpointRow> retired, abandoned;
   absl::StatusOr<v1::Checkpoint> committed =
@@ -531,13 +536,23 @@ absl::StatusOr<bool> CheckpointManager::PlaceBlob(const CheckpointRow& row, Uplo
   return state.checked && state.held == row.size_bytes;
 }
 
-// Commit step 3: the blob's crc32c. Checked bytes are the ones the client hashed: its sha256
-// stands. Others (a chunk without a crc32c, a restart during the upload) are read back and
-// hashed; no row says COMMITTED yet, so a mismatch is still an upload to discard.
-absl::StatusOr<uint32_t> CheckpointManager::VerifiedCrc32c(const CheckpointRow& row,
-                                                           const std::string& sha256,
-                                                           UploadState& state, bool checked) {
-  if (checked) return state.crc32c;
+// Commit step 3: the blob's crc32c. Checked bytes are recorded with the client's sha256 as it
+// is; when the client also sent the crc32c of the bytes it hashed, they must be the bytes
+// received, and the CRC then covers the sha256. Others (a chunk without a crc32c, a restart
+// during the upload) are read back and hashed, which covers it too. No row says COMMITTED yet,
+// so a mismatch is still an upload to discard.
+absl::StatusOr<CheckpointManager::RecordedCrc32c> CheckpointManager::VerifiedCrc32c(
+    const CheckpointRow& row, const std::string& sha256, std::optional<uint32_t> client_crc32c,
+    UploadState& state, bool checked) {
+  if (checked && client_crc32c.has_value() && *client_crc32c != state.crc32c) {
+    Failure("crc32c_mismatch");
+    GRADHUB_RETURN_IF_ERROR(Discard(row, state));
+    return absl::DataLossError(absl::StrFormat(
+        "crc32c: the bytes received have crc32c %08x, the commit says %08x (the bytes sent are "
+        "not the bytes hashed); the upload is discarded, start a new one",
+        state.crc32c, *client_crc32c));
+  }
+  if (checked) return RecordedCrc32c{state.crc32c, client_crc32c.has_value()};
   const absl::StatusOr<HashedBlob> blob = HashBlob(row.blob_key);
   // DATA_LOSS: the blob does not read back whole (a store that encrypts found it changed).
   if (!blob.ok() && !absl::IsDataLoss(blob.status())) return blob.status();
@@ -549,7 +564,7 @@ absl::StatusOr<uint32_t> CheckpointManager::VerifiedCrc32c(const CheckpointRow& 
         blob.ok() ? absl::StrCat(blob->size, " bytes") : std::string(blob.status().message()),
         "); the upload is discarded, start a new one"));
   }
-  return blob->digests.crc32c;
+  return RecordedCrc32c{blob->digests.crc32c, true};
 }
 
 // After a commit's transaction: the checkpoints retention retired go on the removal worker;
@@ -587,7 +602,7 @@ absl::StatusOr<CheckpointManager::HashedBlob> CheckpointManager::HashBlob(
 }
 
 absl::StatusOr<v1::Checkpoint> CheckpointManager::WriteCommittedRow(
-    const CheckpointRow& row, const std::string& sha256, uint32_t crc32c,
+    const CheckpointRow& row, const std::string& sha256, RecordedCrc32c crc32c,
     std::vector<CheckpointRow>* retired, std::vector<CheckpointRow>* abandoned) {
   return pool_->Transact([&](db::Transaction& tx) -> absl::StatusOr<v1::Checkpoint> {
     retired->clear();
@@ -607,10 +622,11 @@ absl::StatusOr<v1::Checkpoint> CheckpointManager::WriteCommittedRow(
     GRADHUB_ASSIGN_OR_RETURN(
         db::Result updated,
         tx.Exec(absl::StrCat("UPDATE checkpoints c SET state = 'COMMITTED',"
-                             " sha256 = decode($2, 'hex'), crc32c = $3, commit_time = now()"
+                             " sha256 = decode($2, 'hex'), crc32c = $3,"
+                             " crc32c_covers_sha256 = $4, commit_time = now()"
                              " WHERE c.id = $1 AND c.state = 'UPLOADING' RETURNING ",
                              kCheckpointColumns),
-                {row.id, sha256, static_cast<int64_t>(crc32c)}));
+                {row.id, sha256, static_cast<int64_t>(crc32c.value), crc32c.covers_sha256}));
     if (updated.empty()) return UploadNotFound(row.upload_id);  // discarded meanwhile
     GRADHUB_ASSIGN_OR_RETURN(const CheckpointRow done, CheckpointFromRow(updated.row(0)));
     GRADHUB_RETURN_IF_ERROR(AppendCommittedEvent(tx, row, sha256));

@@ -11,7 +11,9 @@
 //      bytes go to the BlobStore's upload without gaps (on a thread of the stream's own while
 //      the stream receives the next chunk).
 //   3. Commit: size check; BlobStore::Commit makes the blob durable and visible. When this
-//      process checked the crc32c of every byte, the client's sha256 is recorded as it is;
+//      process checked the crc32c of every byte, the client's sha256 is recorded as it is
+//      (and a crc32c the client sent with it, of the bytes it hashed, must match the chunks':
+//      the recorded crc32c then covers the sha256, and clients check downloads against it);
 //      otherwise (a chunk without crc32c, or a restart during the upload) the committed blob
 //      is read back and hashed, before any row says COMMITTED, and a mismatch discards the
 //      upload (DATA_LOSS). Then ONE transaction: the row COMMITTED,
@@ -273,11 +275,18 @@ class CheckpointManager {
   // Removes an upload for good: row, upload bytes, blob (if committed to the store already).
   absl::Status Discard(const CheckpointRow& row, UploadState& state);
   absl::StatusOr<v1::Checkpoint> CommitLocked(const CheckpointRow& row, const std::string& sha256,
+                                              std::optional<uint32_t> client_crc32c,
                                               UploadState& state);
   // CommitLocked's steps (checkpoint_manager.cc says what each does).
   absl::StatusOr<bool> PlaceBlob(const CheckpointRow& row, UploadState& state);
-  absl::StatusOr<uint32_t> VerifiedCrc32c(const CheckpointRow& row, const std::string& sha256,
-                                          UploadState& state, bool checked);
+  // The crc32c a commit records, and whether it is of the bytes the sha256 names.
+  struct RecordedCrc32c {
+    uint32_t value = 0;
+    bool covers_sha256 = false;
+  };
+  absl::StatusOr<RecordedCrc32c> VerifiedCrc32c(const CheckpointRow& row, const std::string& sha256,
+                                                std::optional<uint32_t> client_crc32c,
+                                                UploadState& state, bool checked);
   void RemoveAfterCommit(std::vector<CheckpointRow> retired,
                          const std::vector<CheckpointRow>& abandoned);
   // Reads a committed blob whole (through a HashingReadAhead, as downloads do): its size,
@@ -290,7 +299,7 @@ class CheckpointManager {
   // Step 5's transaction. *retired: checkpoints retention marked DELETED; *abandoned: the
   // uploads this commit superseded, whose rows it deleted (checkpoint.proto, StartUpload).
   absl::StatusOr<v1::Checkpoint> WriteCommittedRow(const CheckpointRow& row,
-                                                   const std::string& sha256, uint32_t crc32c,
+                                                   const std::string& sha256, RecordedCrc32c crc32c,
                                                    std::vector<CheckpointRow>* retired,
                                                    std::vector<CheckpointRow>* abandoned);
   // Removes the blobs and rows of checkpoints marked DELETED.

@@ -14,7 +14,8 @@ namespace gradhub::checkpoint {
 
 const char kCheckpointColumns[] =
     "c.id, c.job_id::text AS job_id, c.upload_id::text AS upload_id, c.blob_path, c.state,"
-    " coalesce(encode(c.sha256, 'hex'), '') AS sha256, c.crc32c, c.attempt, c.step, c.size_bytes,"
+    " coalesce(encode(c.sha256, 'hex'), '') AS sha256, c.crc32c, c.crc32c_covers_sha256,"
+    " c.attempt, c.step, c.size_bytes,"
     " coalesce(c.request_id, '') AS request_id, coalesce(c.bad_reason, '') AS bad_reason,"
     " c.metadata::text AS metadata,"
     " (extract(epoch FROM c.create_time) * 1e6)::bigint AS create_us,"
@@ -29,6 +30,7 @@ absl::StatusOr<CheckpointRow> CheckpointFromRow(const db::Row& row) {
   c.state = row.Get<std::string>("state");
   c.sha256 = row.Get<std::string>("sha256");
   if (!row.IsNull("crc32c")) c.crc32c = static_cast<uint32_t>(row.Get<int64_t>("crc32c"));
+  c.crc32c_covers_sha256 = row.Get<bool>("crc32c_covers_sha256");
   c.attempt = row.Get<int32_t>("attempt");
   c.step = row.Get<int64_t>("step");
   c.size_bytes = row.Get<int64_t>("size_bytes");
@@ -41,6 +43,7 @@ absl::StatusOr<CheckpointRow> CheckpointFromRow(const db::Row& row) {
   p.set_step(c.step);
   p.set_size_bytes(c.size_bytes);
   p.set_sha256(c.sha256);
+  if (c.crc32c.has_value() && c.crc32c_covers_sha256) p.set_crc32c(*c.crc32c);
   const nlohmann::json metadata = nlohmann::json::parse(row.Get<std::string>("metadata"), nullptr,
                                                         /*allow_exceptions=*/false);
   if (!metadata.is_object())

@@ -25,6 +25,8 @@ struct CheckpointRow {
   // Of the blob, recorded at the commit; none before it, and for checkpoints committed before
   // the store recorded it (migration 0008).
   std::optional<uint32_t> crc32c;
+  // `crc32c` is of the bytes the sha256 names (migration 0019): then proto.crc32c is set.
+  bool crc32c_covers_sha256 = false;
   int32_t attempt = 0;
   int64_t step = 0;
   int64_t size_bytes = 0;

@@ -12,6 +12,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "services/checkpoint/checkpoint_records.h"
 #include "services/checkpoint/checkpoint_service.h"
@@ -22,6 +23,7 @@ namespace gradhub::checkpoint {
 namespace {
 
 constexpr char kShaHeader[] = "X-Checkpoint-Sha256";
+constexpr char kCrc32cHeader[] = "X-Checkpoint-Crc32c";  // 8 lowercase hex digits
 constexpr char kMetadataHeader[] = "X-Checkpoint-Metadata";
 // Where LimitBodies sends a request whose body is over the limit: its handlers drop the body.
 constexpr char kRefusedBodyPath[] = "/.gradhub/refused-body";
@@ -320,6 +322,10 @@ void CheckpointRest::RouteDownload() {
                               absl::StrCat("bytes ", *offset, "-", size - 1, "/", size));
         }
         response.set_header(kShaHeader, (*opened)->checkpoint().sha256());
+        if ((*opened)->checkpoint().has_crc32c()) {
+          response.set_header(kCrc32cHeader,
+                              absl::StrFormat("%08x", (*opened)->checkpoint().crc32c()));
+        }
         std::shared_ptr<CheckpointDownload> download = *std::move(opened);
         response.set_content_provider(
             static_cast<size_t>(size - *offset), "application/octet-stream",

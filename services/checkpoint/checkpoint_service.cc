@@ -80,13 +80,15 @@ grpc::Status CheckpointService::DownloadCheckpoint(
   if (!download.ok()) return ToGrpc(download.status());
   v1::DownloadCheckpointResponse message;
   message.set_sha256((*download)->checkpoint().sha256());
+  if ((*download)->checkpoint().has_crc32c())
+    message.set_crc32c((*download)->checkpoint().crc32c());
   bool sent = false;
   while (true) {
     message.set_offset((*download)->offset());
     const absl::Status read = (*download)->Next(message.mutable_data());
     if (!read.ok()) return ToGrpc(read);
-    // The first message carries the sha256 even when there is no data (an empty blob, or a
-    // download resumed at its end).
+    // The first message carries the sha256 (and crc32c) even when there is no data (an empty blob,
+    // or a download resumed at its end).
     if (message.data().empty() && sent) break;
     if (!writer->Write(message)) return grpc::Status(grpc::StatusCode::CANCELLED, "client gone");
     if (metrics_ != nullptr)
@@ -94,6 +96,7 @@ grpc::Status CheckpointService::DownloadCheckpoint(
     if (message.data().empty()) break;
     sent = true;
     message.clear_sha256();
+    message.clear_crc32c();
   }
   return grpc::Status::OK;
 }

@@ -4,16 +4,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "services/common/crc32c.h"
 
 namespace gradhub::checkpoint {
-
-void BlobDigester::Update(std::string_view data) {
-  crc32c_ = Crc32cExtend(crc32c_, data);
-  if (sha256_) sha_.Update(data);
-}
-
-BlobDigests BlobDigester::Digests() const { return {crc32c_, sha256_ ? sha_.Hex() : ""}; }
 
 bool ReadAheadQueue::Push(std::string chunk, std::optional<BlobDigests> digests) {
   std::unique_lock<std::mutex> lock(mu_);

@@ -27,35 +27,15 @@
 
 #include "absl/status/status.h"
 #include "services/checkpoint/blob_store.h"
+#include "services/common/blob_check.h"
 #include "services/common/ordered_worker.h"
-#include "services/common/sha256.h"
 
 namespace gradhub::checkpoint {
-
-struct BlobDigests {
-  uint32_t crc32c = 0;
-  std::string sha256;  // lowercase hex; empty when not asked for
-};
 
 struct ReadAheadOptions {
   // Besides the CRC-32C (about 19 GB/s on one core here), also a SHA-256 (about 1.3 GB/s).
   bool sha256 = true;
   size_t max_queued_bytes = 8 << 20;
-};
-
-// The digests of bytes given in order: a CRC-32C and, when asked for, a SHA-256.
-// Not thread-safe (the hashing thread's alone).
-class BlobDigester {
- public:
-  explicit BlobDigester(bool sha256) : sha256_(sha256) {}
-  void Update(std::string_view data);
-  // Of everything given so far; Update may continue afterwards.
-  BlobDigests Digests() const;
-
- private:
-  const bool sha256_;
-  uint32_t crc32c_ = 0;
-  Sha256Stream sha_;
 };
 
 // The hand-off from the hashing thread to whoever takes the chunks (steps 2 to 4 above): chunks

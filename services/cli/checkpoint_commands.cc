@@ -6,13 +6,14 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <optional>
 #include <regex>
 #include <utility>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "services/cli/commands.h"
-#include "services/common/background_sha256.h"
+#include "services/common/blob_check.h"
 #include "services/common/grpc_retry.h"
 
 namespace gradhub::cli {
@@ -22,8 +23,10 @@ namespace {
 struct Progress {
   Progress(std::ofstream* out, bool verify) : file(out), verify_sha256(verify) {}
   std::ofstream* file;
-  bool verify_sha256;    // DownloadCheckpointRequest.verify_sha256
-  BackgroundSha256 sha;  // hashes while the next chunks arrive
+  bool verify_sha256;  // DownloadCheckpointRequest.verify_sha256
+  // Made from the first message: its crc32c where it has one, else its sha256 (hashed on a
+  // thread of its own while the next chunks arrive).
+  std::optional<BlobCheck> check;
   int64_t written = 0;
   std::string announced_sha256;
 };
@@ -38,7 +41,12 @@ grpc::Status StreamInto(Invocation& inv, const std::string& name, Progress* prog
   auto reader = inv.client().checkpoints().DownloadCheckpoint(context.get(), request);
   v1::DownloadCheckpointResponse message;
   while (reader->Read(&message)) {
-    if (!message.sha256().empty()) progress->announced_sha256 = message.sha256();
+    if (!progress->check.has_value()) {
+      progress->announced_sha256 = message.sha256();
+      progress->check.emplace(message.sha256(), message.has_crc32c()
+                                                    ? std::optional<uint32_t>(message.crc32c())
+                                                    : std::nullopt);
+    }
     if (message.offset() != progress->written) {
       context->TryCancel();
       reader->Finish();
@@ -54,7 +62,7 @@ grpc::Status StreamInto(Invocation& inv, const std::string& name, Progress* prog
       return grpc::Status(grpc::StatusCode::INTERNAL, "cannot write the output file");
     }
     progress->written += static_cast<int64_t>(message.data().size());
-    progress->sha.Update(std::move(*message.mutable_data()));
+    progress->check->Update(message.mutable_data());
   }
   return reader->Finish();
 }
@@ -71,11 +79,13 @@ void PrintDownloaded(Invocation& inv, const std::string& name, const std::string
     fields["file"].set_string_value(file);
     fields["sizeBytes"].set_string_value(absl::StrCat(progress.written));
     fields["sha256"].set_string_value(progress.announced_sha256);
+    fields["verified"].set_string_value(progress.check->Expected());
     inv.out() << ToJson(result);
   } else {
     inv.out() << file << "\n";
-    inv.err() << "downloaded " << name << ": " << HumanBytes(progress.written) << ", sha256 "
-              << progress.announced_sha256 << " verified\n";
+    inv.err() << "downloaded " << name << ": " << HumanBytes(progress.written) << ", "
+              << progress.check->Expected() << " verified (sha256 " << progress.announced_sha256
+              << ")\n";
   }
 }
 
@@ -156,9 +166,9 @@ int CheckpointsDownload(Invocation& inv) {
     }
     out.close();
     if (!status.ok()) break;
-    // 3. The bytes as written against the sha256 the server announced.
-    const std::string received = progress.sha.Hex();
-    if (!progress.announced_sha256.empty() && received == progress.announced_sha256) {
+    // 3. The bytes as written against the crc32c (else the sha256) the server announced.
+    if (progress.check.has_value() && !progress.announced_sha256.empty() &&
+        progress.check->Matches()) {
       // 4.
       std::error_code error;
       std::filesystem::rename(partial, file, error);
@@ -169,10 +179,10 @@ int CheckpointsDownload(Invocation& inv) {
       status = grpc::Status(grpc::StatusCode::INTERNAL, "rename: " + error.message());
       break;
     }
-    status =
-        grpc::Status(grpc::StatusCode::DATA_LOSS,
-                     absl::StrCat("the ", progress.written, " bytes received hash to ", received,
-                                  ", not to the announced ", progress.announced_sha256));
+    status = grpc::Status(
+        grpc::StatusCode::DATA_LOSS,
+        absl::StrCat("the ", progress.written, " bytes received do not match the announced ",
+                     progress.check.has_value() ? progress.check->Expected() : "sha256"));
     if (!verify_sha256) {
       inv.err() << "gradhub: " << status.error_message()
                 << "; downloading again, the server checking the sha256 too\n";

@@ -12,10 +12,12 @@ namespace gradhub::cli {
 int CheckpointsList(Invocation& inv);
 
 // `checkpoints download NAME -o FILE`:
-//   1. stream the checkpoint into FILE.tmp, hashing it as it arrives;
+//   1. stream the checkpoint into FILE.tmp, checking it as it arrives (services/common/
+//      blob_check.h: against the crc32c the server announces where the checkpoint has one,
+//      else the sha256);
 //   2. when the stream breaks (UNAVAILABLE, a reset connection), ask once more from the offset
 //      already written, so a large download does not start over;
-//   3. compare the sha256 the server announced with the bytes written; after a mismatch, do
+//   3. compare that check with the bytes written; after a mismatch, do
 //      1.-3. once more from the start with verify_sha256, so that the server hashes the bytes
 //      it holds too (it checks only their CRC-32C otherwise) and marks the checkpoint BAD if
 //      they are the ones that differ; a second mismatch, or the server's DATA_LOSS, removes

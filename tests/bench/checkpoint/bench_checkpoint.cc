@@ -4,13 +4,14 @@
 //
 //   upload:   StartUpload, UploadChunks (each chunk with its crc32c, which the server checks
 //             before writing), CommitCheckpoint (fsync, rename, transaction); timed from
-//             StartUpload to the commit's answer. The client's sha256 of the blob is computed
-//             before the clock starts (a trainer hashes on its save thread before it uploads:
-//             that is the trainer's cost, which training_stall.sh measures, not the store's).
-//   download: DownloadCheckpoint of the checkpoint uploaded before, from offset 0, hashing what
-//             arrives on a thread of its own and checking it against the announced sha256, as
-//             `gradhub checkpoints download` does; timed from the call to the last byte
-//             verified.
+//             StartUpload to the commit's answer. The client's sha256 and crc32c of the blob
+//             (DigestsForUpload) are computed before the clock starts (a trainer hashes on its save
+//             thread before it uploads: that is the trainer's cost, which training_stall.sh
+//             measures, not the store's).
+//   download: DownloadCheckpoint of the checkpoint uploaded before, from offset 0, checking what
+//             arrives as `gradhub checkpoints download` and a trainer do (BlobCheck: against the
+//             announced crc32c, or the sha256 where there is none); timed from the call to the
+//             last byte verified.
 //
 // Output: one line, "<mode> <seconds> <bytes> <name>", for run.sh; an upload's line ends with
 // the seconds of its CommitCheckpoint alone and the client's CPU seconds for the upload, a
@@ -22,15 +23,15 @@
 #include <cstdio>
 #include <cstring>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <utility>
 
 #include "gpu_worker/checkpoint_client/chunk_upload.h"
 #include "gradhub/v1/checkpoint.grpc.pb.h"
 #include "services/common/abseil_mode.h"
-#include "services/common/background_sha256.h"
+#include "services/common/blob_check.h"
 #include "services/common/flags.h"
-#include "services/common/sha256.h"
 
 namespace {
 
@@ -44,7 +45,8 @@ struct Options {
   std::string job;   // jobs/<id>, for upload
   int64_t step = 1;  // for upload
   int64_t mib = 256;
-  std::string name;  // for download
+  std::string name;   // for download
+  std::string check;  // for download: "sha256" forces the sha256 check
 };
 
 std::unique_ptr<grpc::ClientContext> Context(const Options& options) {
@@ -76,7 +78,7 @@ int Upload(const std::shared_ptr<grpc::Channel>& channel, v1::CheckpointService:
     x ^= x << 13, x ^= x >> 7, x ^= x << 17;
     std::memcpy(&data[i], &x, 8);
   }
-  const std::string sha256 = gradhub::Sha256Hex(data);
+  const gradhub::BlobDigests digests = gradhub::DigestsForUpload(data);
   const double cpu_start = CpuSeconds();
   const Clock::time_point start = Clock::now();
   v1::StartUploadRequest begin;
@@ -97,7 +99,8 @@ int Upload(const std::shared_ptr<grpc::Channel>& channel, v1::CheckpointService:
   const Clock::time_point streamed = Clock::now();
   v1::CommitCheckpointRequest commit;
   commit.set_upload_id(started.upload_id());
-  commit.set_sha256(sha256);
+  commit.set_sha256(digests.sha256);
+  commit.set_crc32c(digests.crc32c);
   v1::Checkpoint checkpoint;
   if (auto s = stub.CommitCheckpoint(Context(options).get(), commit, &checkpoint); !s.ok()) {
     return Fail("CommitCheckpoint", s);
@@ -117,17 +120,21 @@ int Download(v1::CheckpointService::Stub& stub, const Options& options) {
   request.set_name(options.name);
   auto reader = stub.DownloadCheckpoint(context.get(), request);
   v1::DownloadCheckpointResponse message;
-  gradhub::BackgroundSha256 sha;  // as the CLI: hashing while the next chunks arrive
-  std::string announced;
+  std::optional<gradhub::BlobCheck> check;  // as the CLI: made from the first message
   size_t bytes = 0;
   while (reader->Read(&message)) {
-    if (!message.sha256().empty()) announced = message.sha256();
+    if (!check.has_value()) {
+      const bool crc32c = message.has_crc32c() && options.check != "sha256";
+      check.emplace(message.sha256(),
+                    crc32c ? std::optional<uint32_t>(message.crc32c()) : std::nullopt);
+    }
     bytes += message.data().size();
-    sha.Update(std::move(*message.mutable_data()));
+    check->Update(message.mutable_data());
   }
   if (auto s = reader->Finish(); !s.ok()) return Fail("DownloadCheckpoint", s);
-  if (sha.Hex() != announced) {
-    std::cerr << "bench_checkpoint: the download does not match its sha256\n";
+  if (!check.has_value() || !check->Matches()) {
+    std::cerr << "bench_checkpoint: the download does not match its "
+              << (check.has_value() ? check->Expected() : "sha256") << "\n";
     return 1;
   }
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
@@ -148,7 +155,10 @@ int main(int argc, char** argv) {
       .String("job", "", &options.job, "upload: jobs/<id> (RUNNING at attempt 1)")
       .Int("step", "", &options.step, "upload: the checkpoint's step")
       .Int("mib", "", &options.mib, "upload: size in MiB")
-      .String("name", "", &options.name, "download: jobs/<id>/checkpoints/<step>");
+      .String("name", "", &options.name, "download: jobs/<id>/checkpoints/<step>")
+      .String("check", "", &options.check,
+              "download: sha256 checks the sha256 even where a crc32c is announced (as clients "
+              "did before the crc32c covered it)");
   auto parsed = flags.Parse(argc, argv);
   if (!parsed.ok() || parsed->help) {
     std::cerr << (parsed.ok() ? "" : std::string(parsed.status().message()) + "\n")

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include "absl/strings/str_format.h"
 #include "tests/integration/checkpoint/checkpoint_test_util.h"
 
 namespace gradhub::checkpoint::testing {
@@ -50,6 +51,8 @@ TEST_F(CheckpointRestTest, DownloadsRawBytesWithTheirSha256AndServesRanges) {
   ASSERT_EQ(whole->status, 200) << whole->body;
   EXPECT_EQ(whole->get_header_value("Content-Type"), "application/octet-stream");
   EXPECT_EQ(whole->get_header_value("X-Checkpoint-Sha256"), Sha256Hex(data));
+  // Committed with the client's sha256 and no crc32c of the bytes it hashed: none offered.
+  EXPECT_FALSE(whole->has_header("X-Checkpoint-Crc32c"));
   EXPECT_TRUE(whole->body == data);
 
   auto tail = client_->Get(path.c_str(), With(a_, "bytes=250000-"));
@@ -64,6 +67,20 @@ TEST_F(CheckpointRestTest, DownloadsRawBytesWithTheirSha256AndServesRanges) {
   auto closed = client_->Get(path.c_str(), With(a_, "bytes=0-99"));
   EXPECT_EQ(closed->status, 416);
   EXPECT_THAT(closed->body, HasSubstr("bytes=N-"));  // the error body, whole
+}
+
+TEST_F(CheckpointRestTest, ADownloadOffersTheCrc32cWhereItCoversTheSha256) {
+  // Chunks without crc32c: the store hashes the blob at the commit, so its CRC covers it.
+  const std::string data = Blob(200000, 4);
+  auto upload = Start(Admin(), job_, 1, 20, static_cast<int64_t>(data.size()));
+  ASSERT_TRUE(upload.ok()) << upload.status();
+  ASSERT_TRUE(Write(Admin(), *upload, data, 0, data.size(), 64 << 10, ChunkCrc::kLeftOut).ok());
+  auto committed = Commit(Admin(), *upload, Sha256Hex(data));
+  ASSERT_TRUE(committed.ok()) << committed.status();
+  auto whole = client_->Get(("/v1/" + committed->name() + ":download").c_str(), a_);
+  ASSERT_TRUE(whole);
+  ASSERT_EQ(whole->status, 200) << whole->body;
+  EXPECT_EQ(whole->get_header_value("X-Checkpoint-Crc32c"), absl::StrFormat("%08x", Crc32c(data)));
 }
 
 TEST_F(CheckpointRestTest, ADownloadPastTheCallersTransferLimitIs429) {

@@ -7,6 +7,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <thread>
 
 #include "tests/integration/checkpoint/checkpoint_test_util.h"
@@ -51,12 +52,40 @@ class CheckpointServiceTest : public CheckpointTest {
   }
 
   grpc::Status CommitOverGrpc(const std::string& upload_id, const std::string& sha256,
-                              v1::Checkpoint* checkpoint) {
+                              v1::Checkpoint* checkpoint,
+                              std::optional<uint32_t> crc32c = std::nullopt) {
     auto context = Context(trainer_);
     v1::CommitCheckpointRequest request;
     request.set_upload_id(upload_id);
     request.set_sha256(sha256);
+    if (crc32c.has_value()) request.set_crc32c(*crc32c);
     return stub_->CommitCheckpoint(context.get(), request, checkpoint);
+  }
+
+  // Uploads `data` as step `step` in chunks with their crc32c (or without: `chunks`), then
+  // commits it with `crc32c`: the commit's status, the checkpoint in *checkpoint.
+  grpc::Status UploadAndCommit(int64_t step, const std::string& data,
+                               std::optional<uint32_t> crc32c, v1::Checkpoint* checkpoint,
+                               ChunkCrc chunks = ChunkCrc::kSent) {
+    const v1::StartUploadResponse started = StartOverGrpc(step, static_cast<int64_t>(data.size()));
+    EXPECT_TRUE(SendChunks(*stub_, trainer_, started.upload_id(), data, 0, data.size(), kChunk,
+                           nullptr, chunks)
+                    .ok());
+    last_upload_id_ = started.upload_id();
+    return CommitOverGrpc(started.upload_id(), Sha256Hex(data), checkpoint, crc32c);
+  }
+
+  // The first message of a download of `name`: what it announces.
+  v1::DownloadCheckpointResponse FirstDownloadMessage(const std::string& name) {
+    auto context = Context(trainer_);
+    v1::DownloadCheckpointRequest request;
+    request.set_name(name);
+    auto reader = stub_->DownloadCheckpoint(context.get(), request);
+    v1::DownloadCheckpointResponse first, rest;
+    EXPECT_TRUE(reader->Read(&first));
+    while (reader->Read(&rest)) EXPECT_FALSE(rest.has_crc32c() || !rest.sha256().empty());
+    EXPECT_TRUE(reader->Finish().ok());
+    return first;
   }
 
   // StartUpload and GetLatestCheckpoint as `as`: their status codes.
@@ -83,6 +112,7 @@ class CheckpointServiceTest : public CheckpointTest {
   std::unique_ptr<v1::CheckpointService::Stub> stub_;
   std::string job_;
   CallAs trainer_;  // rank 0 of attempt 1 of job_
+  std::string last_upload_id_;
 };
 
 TEST_F(CheckpointServiceTest, ATrainerUploadsInChunksCommitsAndDownloads) {
@@ -220,6 +250,64 @@ TEST_F(CheckpointServiceTest, ADownloadWithVerifySha256FindsASha256ThatNamesOthe
   EXPECT_EQ(verified.error_code(), grpc::StatusCode::DATA_LOSS);
   EXPECT_THAT(verified.error_message(), HasSubstr("marked BAD"));
   EXPECT_LT(downloaded.size(), data.size());  // the last chunk was held back
+}
+
+TEST_F(CheckpointServiceTest, ACommitWithTheCrc32cOfTheHashedBytesOffersItToDownloads) {
+  const std::string data = Blob(3 * kChunk + 17, 3);
+  v1::Checkpoint checkpoint;
+  const grpc::Status committed = UploadAndCommit(1, data, Crc32c(data), &checkpoint);
+  ASSERT_TRUE(committed.ok()) << committed.error_message();
+  ASSERT_TRUE(checkpoint.has_crc32c());
+  EXPECT_EQ(checkpoint.crc32c(), Crc32c(data));
+  auto context = Context(trainer_);
+  v1::GetLatestCheckpointRequest latest_request;
+  latest_request.set_job(JobName(job_));
+  v1::Checkpoint latest;
+  ASSERT_TRUE(stub_->GetLatestCheckpoint(context.get(), latest_request, &latest).ok());
+  EXPECT_EQ(latest.crc32c(), Crc32c(data));
+  const v1::DownloadCheckpointResponse first = FirstDownloadMessage(checkpoint.name());
+  ASSERT_TRUE(first.has_crc32c());
+  EXPECT_EQ(first.crc32c(), Crc32c(data));
+  EXPECT_EQ(first.sha256(), Sha256Hex(data));
+}
+
+TEST_F(CheckpointServiceTest, ACommitWhoseCrc32cIsNotOfTheBytesReceivedDiscardsTheUpload) {
+  // The client hashed other bytes than it sent (its memory changed in between).
+  const std::string data = Blob(2 * kChunk, 4);
+  std::string hashed = data;
+  hashed[kChunk + 3] ^= 1;
+  v1::Checkpoint checkpoint;
+  const grpc::Status refused = UploadAndCommit(1, data, Crc32c(hashed), &checkpoint);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::DATA_LOSS);
+  EXPECT_THAT(refused.error_message(), HasSubstr("not the bytes hashed"));
+  // Nothing committed, and the upload is gone: a retry starts a new one.
+  EXPECT_EQ(CommitOverGrpc(last_upload_id_, Sha256Hex(data), &checkpoint).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+  auto context = Context(trainer_);
+  v1::GetLatestCheckpointRequest latest_request;
+  latest_request.set_job(JobName(job_));
+  v1::Checkpoint latest;
+  EXPECT_EQ(stub_->GetLatestCheckpoint(context.get(), latest_request, &latest).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+  ASSERT_TRUE(UploadAndCommit(1, data, Crc32c(data), &checkpoint).ok());
+}
+
+TEST_F(CheckpointServiceTest, ACrc32cCoversTheSha256OnlyWhereTheHashedBytesAreKnown) {
+  const std::string data = Blob(2 * kChunk + 5, 6);
+  // Checked chunks, no crc32c in the commit (an older client): downloads check the sha256.
+  v1::Checkpoint trusted;
+  ASSERT_TRUE(UploadAndCommit(1, data, std::nullopt, &trusted).ok());
+  EXPECT_FALSE(trusted.has_crc32c());
+  EXPECT_FALSE(FirstDownloadMessage(trusted.name()).has_crc32c());
+  // Chunks without crc32c: the server hashed the blob itself at the commit.
+  v1::Checkpoint hashed;
+  ASSERT_TRUE(UploadAndCommit(2, data, std::nullopt, &hashed, ChunkCrc::kLeftOut).ok());
+  EXPECT_EQ(hashed.crc32c(), Crc32c(data));
+  // A scrub that hashed the first one whole gives it its crc32c too.
+  ASSERT_TRUE(manager_->Scrub().ok());
+  const v1::DownloadCheckpointResponse first = FirstDownloadMessage(trusted.name());
+  ASSERT_TRUE(first.has_crc32c());
+  EXPECT_EQ(first.crc32c(), Crc32c(data));
 }
 
 TEST_F(CheckpointServiceTest, AnotherTenantsCheckpointsAreNotFound) {
