@@ -99,12 +99,14 @@ class CheckpointServiceTest : public CheckpointTest {
     v1::StartUploadResponse response;
     return stub_->StartUpload(context.get(), request, &response).error_code();
   }
-  grpc::StatusCode LatestAs(const CallAs& as, const std::string& job_id) {
+  grpc::StatusCode LatestAs(const CallAs& as, const std::string& job_id,
+                            v1::Checkpoint* latest = nullptr) {
     auto context = Context(as);
     v1::GetLatestCheckpointRequest request;
     request.set_job(JobName(job_id));
-    v1::Checkpoint latest;
-    return stub_->GetLatestCheckpoint(context.get(), request, &latest).error_code();
+    v1::Checkpoint answer;
+    return stub_->GetLatestCheckpoint(context.get(), request, latest ? latest : &answer)
+        .error_code();
   }
 
   std::unique_ptr<CheckpointService> service_;
@@ -259,11 +261,8 @@ TEST_F(CheckpointServiceTest, ACommitWithTheCrc32cOfTheHashedBytesOffersItToDown
   ASSERT_TRUE(committed.ok()) << committed.error_message();
   ASSERT_TRUE(checkpoint.has_crc32c());
   EXPECT_EQ(checkpoint.crc32c(), Crc32c(data));
-  auto context = Context(trainer_);
-  v1::GetLatestCheckpointRequest latest_request;
-  latest_request.set_job(JobName(job_));
   v1::Checkpoint latest;
-  ASSERT_TRUE(stub_->GetLatestCheckpoint(context.get(), latest_request, &latest).ok());
+  ASSERT_EQ(LatestAs(trainer_, job_, &latest), grpc::StatusCode::OK);
   EXPECT_EQ(latest.crc32c(), Crc32c(data));
   const v1::DownloadCheckpointResponse first = FirstDownloadMessage(checkpoint.name());
   ASSERT_TRUE(first.has_crc32c());
@@ -283,12 +282,7 @@ TEST_F(CheckpointServiceTest, ACommitWhoseCrc32cIsNotOfTheBytesReceivedDiscardsT
   // Nothing committed, and the upload is gone: a retry starts a new one.
   EXPECT_EQ(CommitOverGrpc(last_upload_id_, Sha256Hex(data), &checkpoint).error_code(),
             grpc::StatusCode::NOT_FOUND);
-  auto context = Context(trainer_);
-  v1::GetLatestCheckpointRequest latest_request;
-  latest_request.set_job(JobName(job_));
-  v1::Checkpoint latest;
-  EXPECT_EQ(stub_->GetLatestCheckpoint(context.get(), latest_request, &latest).error_code(),
-            grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(LatestAs(trainer_, job_), grpc::StatusCode::NOT_FOUND);
   ASSERT_TRUE(UploadAndCommit(1, data, Crc32c(data), &checkpoint).ok());
 }
 
