@@ -24,18 +24,15 @@ std::string Binding(const BlobScope& scope) {
   return sealed::BlobBinding(scope.keys.ToString(), scope.identity);
 }
 
-// Up to `bytes` from `reader` into *out, fewer only at its end.
+// Up to `bytes` from `reader` into *out, fewer only at its end. The first read goes into *out's
+// own memory, which is usually all of it.
 absl::Status ReadExactly(BlobReader& reader, size_t bytes, std::string* out) {
-  out->clear();
+  GRADHUB_RETURN_IF_ERROR(reader.Read(bytes, out));
   std::string piece;
   while (out->size() < bytes) {
     GRADHUB_RETURN_IF_ERROR(reader.Read(bytes - out->size(), &piece));
     if (piece.empty()) break;
-    if (out->empty()) {
-      out->swap(piece);
-    } else {
-      out->append(piece);
-    }
+    out->append(piece);
   }
   return absl::OkStatus();
 }
@@ -70,19 +67,24 @@ class SealedBlobReader final : public BlobReader {
         next_(first_chunk),
         skip_(skip) {}
 
-  // The authentic bytes before a failed chunk come out first; the failure with the next Read.
+  // At most the rest of one chunk per call, so that a whole chunk is handed over without a
+  // copy: *out and the chunk's buffer swap places (a download's read-ahead asks for chunks
+  // larger than these, which copied every byte once more). A chunk that fails its check is a
+  // call's whole answer, after the authentic chunks before it.
   absl::Status Read(size_t max_bytes, std::string* out) override {
     out->clear();
     if (!failed_.ok()) return failed_;
-    while (out->size() < max_bytes) {
-      if (position_ == chunk_.size()) {
-        if (next_ >= chunks_) break;  // the end of the blob
-        failed_ = LoadNext();
-        if (!failed_.ok()) return out->empty() ? failed_ : absl::OkStatus();
-        continue;
-      }
-      const size_t n = std::min(max_bytes - out->size(), chunk_.size() - position_);
-      out->append(chunk_, position_, n);
+    while (position_ == chunk_.size()) {
+      if (next_ >= chunks_ || max_bytes == 0) return absl::OkStatus();  // the end of the blob
+      failed_ = LoadNext();
+      if (!failed_.ok()) return failed_;
+    }
+    const size_t n = std::min(max_bytes, chunk_.size() - position_);
+    if (position_ == 0 && n == chunk_.size()) {
+      out->swap(chunk_);
+      chunk_.clear();  // position_ == chunk_.size(): the next call loads the next chunk
+    } else {
+      out->assign(chunk_, position_, n);
       position_ += n;
     }
     return absl::OkStatus();
