@@ -1,6 +1,7 @@
 // gradhub-trainer: one rank of a training job. Started by the node agent, or by hand:
 //   gradhub-trainer --spec job.yaml --rank 0 --world-size 2 --store file:/tmp/rdzv
 #include <signal.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -137,10 +138,20 @@ struct TrainerConfig {
   }
 };
 
-// Set by SIGTERM; the training loop reads it between steps (see TrainerOptions).
+// Set by SIGTERM once the loop runs; the loop reads it between steps (see TrainerOptions).
 std::atomic<bool> g_stop_requested{false};
+// Set when the loop is about to take its first step (TrainerOptions::on_loop_start).
+std::atomic<bool> g_loop_started{false};
 
-void RequestStop(int) { g_stop_requested.store(true); }
+// Before the loop a stop has nothing to save: the rank leaves at once, as preempted.
+void RequestStop(int) {
+  if (!g_loop_started.load()) {
+    static constexpr char kLine[] = "gradhub-trainer: stopped (SIGTERM) before training began\n";
+    [[maybe_unused]] const ssize_t written = write(STDERR_FILENO, kLine, sizeof(kLine) - 1);
+    _exit(trainer::kExitPreempted);
+  }
+  g_stop_requested.store(true);
+}
 
 void InstallStopHandler() {
   struct sigaction action = {};
@@ -274,6 +285,7 @@ trainer::TrainerOptions TrainerOptionsOf(const TrainerConfig& config, const v1::
   options.checkpoints = OpenCheckpoints(config, spec);
   options.telemetry = OpenTelemetry(config);
   options.stop_requested = &g_stop_requested;
+  options.on_loop_start = [] { g_loop_started.store(true); };
   options.preempt_grace = absl::ToChronoMilliseconds(config.preempt_grace);
   options.progress = &std::cout;
   options.log = &std::cerr;

@@ -244,6 +244,7 @@ class TrainingRun {
 
   TrainResult Run() {
     Resume();
+    if (on_loop_start_) on_loop_start_();
     progress_.StartLoop();  // throughput counts from the first step, not from setup
     const auto loop_start = Clock::now();
     while (step_ < plan_.batches.total_steps) RunEpoch();
@@ -267,6 +268,7 @@ class TrainingRun {
                      device_, model_, rule_, options.scratch_dir),
         losses_(plan_.rank),
         stop_(options.stop_requested, options.preempt_grace),
+        on_loop_start_(options.on_loop_start),
         parameters_dump_dir_(options.parameters_dump_dir) {
     progress_.LogStart(model_.description, static_cast<int64_t>(data_.split.train.size()),
                        static_cast<int64_t>(data_.split.validation.size()));
@@ -438,6 +440,7 @@ class TrainingRun {
   Checkpointer checkpoints_;
   LossReader losses_;
   StopRequest stop_;
+  std::function<void()> on_loop_start_;
   const std::string parameters_dump_dir_;
   int64_t step_ = 0;  // optimizer steps done
 };

@@ -3,6 +3,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <iosfwd>
 #include <map>
 #include <memory>
@@ -54,6 +55,13 @@ struct TrainerOptions {
   // training until rank 0 has gone (their next collective fails) or preempt_grace has passed.
   const std::atomic<bool>* stop_requested = nullptr;
   std::chrono::milliseconds preempt_grace = std::chrono::seconds(8);
+  // Called on the training thread once, when setup and the resume are done and the first step
+  // is about to run. Until then a stop has nothing to save (no step has finished since the
+  // checkpoint resumed from), so gradhub-trainer's SIGTERM handler ends the process at once
+  // instead of setting stop_requested, which only the loop reads: a rank stopped while it
+  // waited for its peers, loaded data or a checkpoint used to sit out the agent's whole stop
+  // grace.
+  std::function<void()> on_loop_start;
   // Machine-readable progress (one JSON object per line, rank 0 only) and human-readable log.
   std::ostream* progress = nullptr;
   std::ostream* log = nullptr;

@@ -190,6 +190,28 @@ TEST_F(TrainerE2eTest, PreemptedRunSavesItsLastStepAndResumesBitForBit) {
             DoneField(uninterrupted[0].out, "parametersSha256"));
 }
 
+// SIGTERM before the loop's first step (here: rank 0 of a world of 2 waiting for a peer that
+// never comes) has nothing to save: the rank leaves at once with the preempted code, instead
+// of waiting out its rendezvous (a minute here) or, under an agent, the stop grace.
+TEST_F(TrainerE2eTest, SigtermBeforeTheFirstStepEndsTheRankAtOnce) {
+  const std::string spec = DigitsSpec(dir_.path(), "mlp: {layers: [64, 32, 10]}", "maxSteps: 10\n");
+  Subprocess rank({BinaryPath("gradhub-trainer"), "--spec", spec, "--rank", "0", "--world-size",
+                   "2", "--threads", "1", "--collective-timeout", "60s", "--store",
+                   "file:" + dir_.path() + "/rdzv-alone"});
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (rank.err().find("GRADHUB_DEVICE=") == std::string::npos &&
+         std::chrono::steady_clock::now() < deadline && rank.running()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // into the rendezvous
+  const auto sent = std::chrono::steady_clock::now();
+  rank.Kill(SIGTERM);
+  EXPECT_EQ(rank.Wait(), 13) << rank.err();
+  EXPECT_LT(std::chrono::steady_clock::now() - sent, std::chrono::seconds(5));
+  EXPECT_NE(rank.err().find("stopped (SIGTERM) before training began"), std::string::npos)
+      << rank.err();
+}
+
 // A checkpoint remembers the spec that wrote it: a change that alters the result (the
 // learning rate) is refused as a user error naming the field; a harmless one (training
 // longer, evaluating more often) resumes.
