@@ -156,16 +156,16 @@ grpc::ChannelArguments FailoverChannelArguments(const ApiTarget& target,
                                                 grpc::ChannelArguments base) {
   base.SetLoadBalancingPolicyName("pick_first");
   // Reconnect waits and the connect timeout (see the header): gRPC names the connect timeout
-  // MIN_RECONNECT_BACKOFF. HTTP/2 keepalive pings only with several addresses (see the header).
+  // MIN_RECONNECT_BACKOFF.
   base.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
   base.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   base.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, static_cast<int>(connect_timeout.count()));
-  if (target.hosts.size() > 1) {
-    // Several replicas: a frozen one (its kernel still acknowledges) is noticed only by pings.
-    base.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 2000);
-    base.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 1000);
-    base.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
-  }
+  // A closed connection's re-resolution answered within 500 ms, not 30 s (see the header).
+  base.SetInt(GRPC_ARG_DNS_MIN_TIME_BETWEEN_RESOLUTIONS_MS, 500);
+  // A frozen or cut-off replica (its kernel still acknowledges) is noticed only by pings.
+  base.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 2000);
+  base.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 1000);
+  base.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   if (!target.tls_name.empty()) base.SetSslTargetNameOverride(target.tls_name);
   return base;
 }
