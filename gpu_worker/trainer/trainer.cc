@@ -208,8 +208,14 @@ at::Tensor FirstMicroBatch(const TrainingPlan& plan, const TrainingData& data) {
 // SIGTERM as TrainerOptions::stop_requested reports it, and since when.
 class StopRequest {
  public:
-  StopRequest(const std::atomic<bool>* flag, std::chrono::milliseconds grace)
-      : flag_(flag), grace_(grace) {}
+  StopRequest(const std::atomic<bool>* flag, std::chrono::milliseconds grace,
+              std::function<void()> on_loop_start)
+      : flag_(flag), grace_(grace), on_loop_start_(std::move(on_loop_start)) {}
+
+  // From here on a stop is the loop's to handle (TrainerOptions::on_loop_start).
+  void LoopStarts() const {
+    if (on_loop_start_) on_loop_start_();
+  }
 
   bool requested() {
     if (flag_ == nullptr || !flag_->load()) return false;
@@ -222,6 +228,7 @@ class StopRequest {
  private:
   const std::atomic<bool>* const flag_;
   const std::chrono::milliseconds grace_;
+  const std::function<void()> on_loop_start_;
   std::optional<Clock::time_point> seen_;
 };
 
@@ -244,7 +251,7 @@ class TrainingRun {
 
   TrainResult Run() {
     Resume();
-    if (on_loop_start_) on_loop_start_();
+    stop_.LoopStarts();
     progress_.StartLoop();  // throughput counts from the first step, not from setup
     const auto loop_start = Clock::now();
     while (step_ < plan_.batches.total_steps) RunEpoch();
@@ -267,8 +274,7 @@ class TrainingRun {
         checkpoints_(plan_, options.checkpoints, latest_checkpoint_, progress_.log(), group_,
                      device_, model_, rule_, options.scratch_dir),
         losses_(plan_.rank),
-        stop_(options.stop_requested, options.preempt_grace),
-        on_loop_start_(options.on_loop_start),
+        stop_(options.stop_requested, options.preempt_grace, options.on_loop_start),
         parameters_dump_dir_(options.parameters_dump_dir) {
     progress_.LogStart(model_.description, static_cast<int64_t>(data_.split.train.size()),
                        static_cast<int64_t>(data_.split.validation.size()));
@@ -440,7 +446,6 @@ class TrainingRun {
   Checkpointer checkpoints_;
   LossReader losses_;
   StopRequest stop_;
-  std::function<void()> on_loop_start_;
   const std::string parameters_dump_dir_;
   int64_t step_ = 0;  // optimizer steps done
 };
