@@ -1,6 +1,10 @@
 #include "services/checkpoint/sealed_blob_store.h"
 
 #include <algorithm>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -37,6 +41,75 @@ absl::Status ReadExactly(BlobReader& reader, size_t bytes, std::string* out) {
   return absl::OkStatus();
 }
 
+// The size of record `index` of a blob of `plain_size` bytes (`count` records).
+size_t RecordSize(uint64_t index, uint64_t count, int64_t plain_size) {
+  if (index + 1 < count) return static_cast<size_t>(kRecordBytes);
+  return static_cast<size_t>(plain_size - static_cast<int64_t>(count - 1) * kChunkBytes) +
+         kTagBytes;
+}
+
+// Reads a blob's records ahead on a thread of its own, so that the disk's next read runs while
+// the reader authenticates and decrypts the one before: with O_DIRECT on this VM's disk a
+// record's read takes about as long as its AES-GCM and copies together, one after the other.
+//   1. The thread reads records `first` .. `count` - 1 whole (ReadExactly), each into a queue
+//      of at most kDepth; a record cut short goes in as it is (the reader names it).
+//   2. Take hands out the next one in order, or, once the queue is empty, the read's error.
+//   3. The destructor stops the thread (which then drops what it read) and joins it.
+class RecordPrefetch {
+ public:
+  RecordPrefetch(std::unique_ptr<BlobReader> records, uint64_t first, uint64_t count,
+                 int64_t plain_size)
+      : records_(std::move(records)),
+        thread_([this, first, count, plain_size] { ReadAll(first, count, plain_size); }) {}
+  ~RecordPrefetch() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopped_ = true;
+    }
+    changed_.notify_all();
+    thread_.join();
+  }
+
+  absl::Status Take(std::string* record) {
+    std::unique_lock<std::mutex> lock(mu_);
+    changed_.wait(lock, [&] { return !queue_.empty() || done_; });
+    if (queue_.empty()) return failed_.ok() ? absl::DataLossError("its records ended") : failed_;
+    record->swap(queue_.front());
+    queue_.pop_front();
+    changed_.notify_all();
+    return absl::OkStatus();
+  }
+
+ private:
+  static constexpr size_t kDepth = 2;
+
+  void ReadAll(uint64_t first, uint64_t count, int64_t plain_size) {
+    absl::Status failed;
+    for (uint64_t index = first; index < count && failed.ok(); ++index) {
+      std::string record;
+      failed = ReadExactly(*records_, RecordSize(index, count, plain_size), &record);
+      if (!failed.ok()) break;
+      std::unique_lock<std::mutex> lock(mu_);
+      changed_.wait(lock, [&] { return stopped_ || queue_.size() < kDepth; });
+      if (stopped_) return;
+      queue_.push_back(std::move(record));
+      changed_.notify_all();
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    failed_ = failed;
+    done_ = true;
+    changed_.notify_all();
+  }
+
+  const std::unique_ptr<BlobReader> records_;  // the thread's alone
+  std::mutex mu_;
+  std::condition_variable changed_;
+  std::deque<std::string> queue_;
+  bool stopped_ = false, done_ = false;
+  absl::Status failed_;
+  std::thread thread_;  // declared last: started once the rest exists
+};
+
 // What a thread seals into before one inner Append: reused, and block-aligned, so that a store
 // that writes around the page cache sends it to the device as it is. Up to the largest Append
 // plus a record of each thread that appends (the upload streams' writer threads).
@@ -60,7 +133,7 @@ class SealedBlobReader final : public BlobReader {
  public:
   SealedBlobReader(std::unique_ptr<BlobReader> records, sealed::ChunkSealer sealer,
                    int64_t plain_size, uint64_t first_chunk, size_t skip)
-      : records_(std::move(records)),
+      : records_(std::move(records), first_chunk, sealed::ChunkCount(plain_size), plain_size),
         sealer_(std::move(sealer)),
         plain_size_(plain_size),
         chunks_(sealed::ChunkCount(plain_size)),
@@ -94,11 +167,8 @@ class SealedBlobReader final : public BlobReader {
  private:
   absl::Status LoadNext() {
     const bool final = next_ + 1 == chunks_;
-    const size_t record =
-        final ? static_cast<size_t>(plain_size_ - static_cast<int64_t>(chunks_ - 1) * kChunkBytes) +
-                    kTagBytes
-              : static_cast<size_t>(kRecordBytes);
-    GRADHUB_RETURN_IF_ERROR(ReadExactly(*records_, record, &chunk_));
+    const size_t record = RecordSize(next_, chunks_, plain_size_);
+    GRADHUB_RETURN_IF_ERROR(records_.Take(&chunk_));
     if (chunk_.size() != record) {
       chunk_.clear();
       return absl::DataLossError(absl::StrCat("its chunk ", next_, " ended early"));
@@ -115,7 +185,7 @@ class SealedBlobReader final : public BlobReader {
     return absl::OkStatus();
   }
 
-  const std::unique_ptr<BlobReader> records_;
+  RecordPrefetch records_;
   sealed::ChunkSealer sealer_;
   const int64_t plain_size_;
   const uint64_t chunks_;

@@ -24,7 +24,10 @@
 // Reads (Open): the header is read and parsed, its key found (DataKeys::Find) and checked to
 // belong to the blob's scope (BlobScopes::OfBlob), then the records from the one holding the
 // offset on, each authenticated before any of its bytes is handed out; a record that fails is
-// DATA_LOSS from Read, and the bytes before it were all authentic. Open itself answers
+// DATA_LOSS from Read, and the bytes before it were all authentic. A Read hands out at most the
+// rest of one chunk (a whole one without a copy), and the records are read ahead, two at most,
+// on a thread of the reader's own (the disk's next read overlaps the AES-GCM of the one
+// before). Open itself answers
 // DATA_LOSS for a file that is not a sealed blob of that scope (no header, a size that no
 // sealed blob has, another tenant's key, a key that is gone).
 //

@@ -9,9 +9,11 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <thread>
 
 #include "absl/strings/str_format.h"
 #include "services/checkpoint/local_blob_store.h"
@@ -304,6 +306,27 @@ TEST_F(SealedBlobStoreTest, ReadsStartAtAnyOffset) {
   ASSERT_TRUE((*reader)->Read(100, &part).ok());
   EXPECT_TRUE(part == data.substr(static_cast<size_t>(2 * kChunkBytes), 100));
   EXPECT_EQ((*reader)->size(), size);
+}
+
+TEST_F(SealedBlobStoreTest, AReaderDroppedPartWayStopsTheRecordsItReadAhead) {
+  // Records are read ahead on a thread of the reader's own: dropping the reader at any point
+  // (a download cancelled) must stop and join it, whether it waits for room or reads.
+  const std::string data = Plaintext(6 * kChunkBytes + 3, 8);
+  const std::string blob = Save(1, "job", "dropped", data);
+  for (int chunks_read = 0; chunks_read < 4; ++chunks_read) {
+    SCOPED_TRACE(chunks_read);
+    auto reader = store_->Open(blob, 0);
+    ASSERT_TRUE(reader.ok());
+    std::string part;
+    for (int i = 0; i < chunks_read; ++i) {
+      ASSERT_TRUE((*reader)->Read(static_cast<size_t>(kChunkBytes), &part).ok());
+      EXPECT_TRUE(part == data.substr(static_cast<size_t>(i * kChunkBytes), part.size()));
+    }
+    if (chunks_read == 1) std::this_thread::sleep_for(std::chrono::milliseconds(50));  // full
+  }
+  std::string whole;
+  ASSERT_TRUE(Read(blob, &whole).ok());
+  EXPECT_TRUE(whole == data);
 }
 
 TEST_F(SealedBlobStoreTest, AnUploadResumesAfterARestartFromItsWholeChunks) {
