@@ -85,15 +85,18 @@ class RecordPrefetch {
 
   void ReadAll(uint64_t first, uint64_t count, int64_t plain_size) {
     absl::Status failed;
-    for (uint64_t index = first; index < count && failed.ok(); ++index) {
+    for (uint64_t index = first; index < count; ++index) {
+      const size_t size = RecordSize(index, count, plain_size);
       std::string record;
-      failed = ReadExactly(*records_, RecordSize(index, count, plain_size), &record);
+      failed = ReadExactly(*records_, size, &record);
       if (!failed.ok()) break;
+      const bool cut = record.size() < size;  // the file ended: nothing follows
       std::unique_lock<std::mutex> lock(mu_);
       changed_.wait(lock, [&] { return stopped_ || queue_.size() < kDepth; });
       if (stopped_) return;
       queue_.push_back(std::move(record));
       changed_.notify_all();
+      if (cut) break;
     }
     std::lock_guard<std::mutex> lock(mu_);
     failed_ = failed;
