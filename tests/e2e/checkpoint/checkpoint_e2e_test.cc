@@ -98,11 +98,12 @@ class CheckpointE2eTest : public ::testing::Test {
   std::vector<v1::Checkpoint> Checkpoints(const std::string& job) {
     return testing::ListedCheckpoints(*cluster_, job);
   }
-
-  int Committed(const std::string& job) {
-    int n = 0;
-    for (const auto& c : Checkpoints(job)) n += c.state() == v1::Checkpoint::COMMITTED;
-    return n;
+  std::vector<v1::Checkpoint> Committed(const std::string& job) {
+    std::vector<v1::Checkpoint> committed;
+    for (const auto& c : Checkpoints(job)) {
+      if (c.state() == v1::Checkpoint::COMMITTED) committed.push_back(c);
+    }
+    return committed;
   }
 
   std::unique_ptr<LocalCluster> cluster_;
@@ -146,7 +147,7 @@ TEST_F(CheckpointE2eTest, ExactResumeOnTheOtherNodeAfterAgentKills) {
     EXPECT_TRUE(resumed) << "attempt " << attempt;
   }
   // Retention: exactly keepLast committed checkpoints remain.
-  EXPECT_EQ(Committed(name), 2);
+  EXPECT_EQ(Committed(name).size(), 2u);
 }
 
 // A drain stops the job's ranks with SIGTERM: rank 0 finishes its step, commits a checkpoint
@@ -240,13 +241,16 @@ TEST_F(CheckpointE2eTest, CorruptNewestBlobFallsBackToThePreviousCheckpoint) {
   const std::string name = cluster_->Submit(Spec()).name();
   const v1::Job running = AwaitRunningPast(name, 1, 2 * kCheckpointEvery + 20);
   ASSERT_EQ(running.state(), v1::Job::RUNNING) << running.state_reason();
+  // Two committed: a save that comes due while the previous upload still goes out is skipped,
+  // so on a loaded machine the step alone does not promise them.
+  const auto deadline = std::chrono::steady_clock::now() + seconds(120);
+  while (Committed(name).size() < 2 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
   const std::string victim = cluster_->AgentRunningTrainers();
   ASSERT_FALSE(victim.empty());
   cluster_->KillAgent(victim, SIGKILL);  // nothing more is written while we look
-  std::vector<v1::Checkpoint> committed;
-  for (const auto& c : Checkpoints(name)) {
-    if (c.state() == v1::Checkpoint::COMMITTED) committed.push_back(c);
-  }
+  const std::vector<v1::Checkpoint> committed = Committed(name);
   ASSERT_GE(committed.size(), 2u);
   // Newest step first. The local blob store keeps it as blobs/<job id>/<step>-<upload id>.
   fs::path newest;
