@@ -1,13 +1,11 @@
 #include "services/checkpoint/sealed_blob_store.h"
 
 #include <algorithm>
-#include <condition_variable>
-#include <deque>
-#include <mutex>
 #include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "services/checkpoint/hashing_read_ahead.h"
 #include "services/common/direct_write.h"
 #include "services/common/status_macros.h"
 
@@ -51,10 +49,12 @@ size_t RecordSize(uint64_t index, uint64_t count, int64_t plain_size) {
 // Reads a blob's records ahead on a thread of its own, so that the disk's next read runs while
 // the reader authenticates and decrypts the one before: with O_DIRECT on this VM's disk a
 // record's read takes about as long as its AES-GCM and copies together, one after the other.
-//   1. The thread reads records `first` .. `count` - 1 whole (ReadExactly), each into a queue
-//      of at most kDepth; a record cut short goes in as it is (the reader names it).
-//   2. Take hands out the next one in order, or, once the queue is empty, the read's error.
-//   3. The destructor stops the thread (which then drops what it read) and joins it.
+//   1. The thread reads records `first` .. `count` - 1 whole (ReadExactly) into a
+//      ReadAheadQueue of at most kDepth records; a record cut short goes in as it is (the
+//      reader names it), and ends the reading.
+//   2. Take hands out the next one in order; once the queue is closed and empty, an empty
+//      record and the read's error (OK: the reader finds the record short).
+//   3. The destructor stops the queue (the thread then drops what it read) and joins it.
 class RecordPrefetch {
  public:
   RecordPrefetch(std::unique_ptr<BlobReader> records, uint64_t first, uint64_t count,
@@ -62,23 +62,11 @@ class RecordPrefetch {
       : records_(std::move(records)),
         thread_([this, first, count, plain_size] { ReadAll(first, count, plain_size); }) {}
   ~RecordPrefetch() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stopped_ = true;
-    }
-    changed_.notify_all();
+    queue_.Stop();
     thread_.join();
   }
 
-  absl::Status Take(std::string* record) {
-    std::unique_lock<std::mutex> lock(mu_);
-    changed_.wait(lock, [&] { return !queue_.empty() || done_; });
-    if (queue_.empty()) return failed_.ok() ? absl::DataLossError("its records ended") : failed_;
-    record->swap(queue_.front());
-    queue_.pop_front();
-    changed_.notify_all();
-    return absl::OkStatus();
-  }
+  absl::Status Take(std::string* record) { return queue_.Pop(record); }
 
  private:
   static constexpr size_t kDepth = 2;
@@ -90,26 +78,15 @@ class RecordPrefetch {
       std::string record;
       failed = ReadExactly(*records_, size, &record);
       if (!failed.ok()) break;
-      const bool cut = record.size() < size;  // the file ended: nothing follows
-      std::unique_lock<std::mutex> lock(mu_);
-      changed_.wait(lock, [&] { return stopped_ || queue_.size() < kDepth; });
-      if (stopped_) return;
-      queue_.push_back(std::move(record));
-      changed_.notify_all();
+      const bool cut = record.size() < size;                      // the file ended: nothing follows
+      if (!queue_.Push(std::move(record), std::nullopt)) return;  // stopped
       if (cut) break;
     }
-    std::lock_guard<std::mutex> lock(mu_);
-    failed_ = failed;
-    done_ = true;
-    changed_.notify_all();
+    queue_.Close(failed);
   }
 
   const std::unique_ptr<BlobReader> records_;  // the thread's alone
-  std::mutex mu_;
-  std::condition_variable changed_;
-  std::deque<std::string> queue_;
-  bool stopped_ = false, done_ = false;
-  absl::Status failed_;
+  ReadAheadQueue queue_{kDepth * static_cast<size_t>(kRecordBytes)};
   std::thread thread_;  // declared last: started once the rest exists
 };
 
