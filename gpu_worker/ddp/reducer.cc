@@ -77,7 +77,8 @@ void Reducer::BuildBuckets(const std::vector<size_t>& order) {
       elements += parameters_[index].numel();
     }
     const at::Tensor& first = parameters_[grads.parameters.front()];
-    grads.buffer = at::zeros({elements}, first.options().requires_grad(false));
+    // Where the group reduces it best (in shared memory for Gloo on one host).
+    grads.buffer = group_->AllocateCollectiveBuffer(elements, first.options().requires_grad(false));
   }
   buckets_ = std::move(buckets);
   slots_ = std::move(slots);

@@ -2,6 +2,8 @@
 // the one check of their options.
 #include "gpu_worker/ddp/comm/process_group.h"
 
+#include <ATen/ops/zeros.h>
+
 #include <algorithm>
 #include <stdexcept>
 
@@ -28,6 +30,10 @@ void CheckNoForeignOptions(const ProcessGroupOptions& options, const std::string
 }
 
 }  // namespace
+
+at::Tensor ProcessGroup::AllocateCollectiveBuffer(int64_t numel, const at::TensorOptions& options) {
+  return at::zeros({numel}, options);
+}
 
 const char* BackendName(Backend backend) {
   switch (backend) {

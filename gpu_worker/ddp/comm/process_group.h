@@ -129,6 +129,15 @@ class ProcessGroup {
   virtual std::shared_ptr<Work> AllGather(std::vector<at::Tensor> outputs, at::Tensor input) = 0;
   virtual std::shared_ptr<Work> Barrier() = 0;
 
+  // Memory for a tensor this group will allreduce again and again (the Reducer's gradient
+  // buckets): `numel` zeroed elements of `options`' dtype, one dimension. A backend may place
+  // it where its collectives reach every rank's copy without staging copies (NCCL's
+  // registered buffers; Gloo on one host: gloo/shared_memory_buffers.h); any tensor still
+  // works in any collective. Every rank must call it with the same sizes in the same order,
+  // from one thread at a time; it may talk to the store, so it can throw CommError. The
+  // default is at::zeros.
+  virtual at::Tensor AllocateCollectiveBuffer(int64_t numel, const at::TensorOptions& options);
+
   // Point to point (pipeline stages): sends `tensor` to rank `dst` of this group. The message
   // matches the Recv on `dst` that names this rank as `src` and the same `tag`; between one
   // pair and one tag, messages match in the order they were issued. The Work completes when

@@ -1,7 +1,10 @@
 // Allreduce bus bandwidth of gradhub's GlooProcessGroup against raw Gloo, ranks as processes.
 // Implementations: gloo (raw Gloo: ring allreduce over TCP on loopback), tcp (gradhub over the
 // same ring, transport and address: shared memory off), shm (gradhub's default on one host:
-// its shared-memory allreduce), sealed (gradhub over TCP with GlooOptions::encrypt_traffic:
+// its shared-memory allreduce, staging a private tensor through the segment), shm-inplace (the
+// same group on a tensor from AllocateCollectiveBuffer, in shared memory every rank maps, as
+// the Reducer's gradient buckets are: reduced in place, nothing staged), sealed (gradhub over
+// TCP with GlooOptions::encrypt_traffic:
 // its own ring, every message AES-256-GCM sealed). Beside them, point to point (pipeline
 // stages): p2p and p2p-sealed, where each of two ranks sends MIB to the other and receives
 // MIB from it at the same time (Send and Recv in flight together, as a stage's activation
@@ -12,7 +15,7 @@
 // (tests/bench/bench_hosts.h) each rank runs in a network namespace of its own "host" and
 // listens on its address instead (tests/bench/network), where shm cannot work.
 // Prints one line: <impl> <MiB> <world> <median seconds per allreduce or exchange>.
-// Usage: bench_allreduce gloo|tcp|shm|sealed|p2p|p2p-sealed|memcpy MIB WORLD ITERS
+// Usage: bench_allreduce gloo|tcp|shm|shm-inplace|sealed|p2p|p2p-sealed|memcpy MIB WORLD ITERS
 //   (p2p: WORLD 2; memcpy: WORLD 1)
 #include <sys/wait.h>
 #include <unistd.h>
@@ -97,9 +100,10 @@ std::shared_ptr<gradhub::ddp::ProcessGroup> Join(int rank, int world, const std:
 }
 
 double Gradhub(int rank, int world, int64_t numel, int iterations, const std::string& dir,
-               const std::string& address, bool shared_memory, bool encrypt) {
+               const std::string& address, bool shared_memory, bool encrypt, bool in_place) {
   auto group = Join(rank, world, dir, address, shared_memory, encrypt);
-  at::Tensor tensor = at::ones({numel});
+  at::Tensor tensor =
+      in_place ? group->AllocateCollectiveBuffer(numel, at::kFloat).fill_(1) : at::ones({numel});
   return MedianSeconds(iterations, [&] { group->AllReduce(tensor)->Wait(); });
 }
 
@@ -131,12 +135,13 @@ int main(int argc, char** argv) {
   const std::string impl = argc == 5 ? argv[1] : "";
   const bool exchange = impl == "p2p" || impl == "p2p-sealed";
   const int world = argc == 5 ? std::stoi(argv[3]) : 0;
-  if ((impl != "gloo" && impl != "tcp" && impl != "shm" && impl != "sealed" && !exchange &&
+  const bool shm = impl == "shm" || impl == "shm-inplace";
+  if ((impl != "gloo" && impl != "tcp" && !shm && impl != "sealed" && !exchange &&
        impl != "memcpy") ||
       (exchange && world != 2) || (impl == "memcpy" && world != 1)) {
     std::fprintf(stderr,
-                 "usage: bench_allreduce gloo|tcp|shm|sealed|p2p|p2p-sealed|memcpy MIB WORLD "
-                 "ITERS (p2p: WORLD 2; memcpy: WORLD 1)\n");
+                 "usage: bench_allreduce gloo|tcp|shm|shm-inplace|sealed|p2p|p2p-sealed|memcpy "
+                 "MIB WORLD ITERS (p2p: WORLD 2; memcpy: WORLD 1)\n");
     return 2;
   }
   const int64_t numel = std::stoll(argv[2]) * (1 << 20) / sizeof(float);
@@ -147,7 +152,7 @@ int main(int argc, char** argv) {
   }
   const std::optional<gradhub::bench::BenchHosts> hosts =
       gradhub::bench::BenchHostsFromEnvironment(world);
-  if (hosts && impl == "shm") {
+  if (hosts && shm) {
     std::fprintf(stderr,
                  "bench_allreduce: shm needs every rank on one host (GRADHUB_BENCH_NETNS)\n");
     return 2;
@@ -162,8 +167,8 @@ int main(int argc, char** argv) {
       return GradhubExchange(rank, numel, iterations, dir, address, impl == "p2p-sealed");
     }
     return impl == "gloo" ? RawGloo(rank, world, numel, iterations, dir, address)
-                          : Gradhub(rank, world, numel, iterations, dir, address, impl == "shm",
-                                    impl == "sealed");
+                          : Gradhub(rank, world, numel, iterations, dir, address, shm,
+                                    impl == "sealed", impl == "shm-inplace");
   };
   // Children are forked before any thread exists in this process.
   std::vector<pid_t> children;

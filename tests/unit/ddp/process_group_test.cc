@@ -7,6 +7,7 @@
 #include <ATen/ATen.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 
 #include <atomic>
 #include <chrono>
@@ -309,6 +310,179 @@ TEST(GlooSharedMemoryTest, NoSegmentFileOutlivesConstruction) {
     EXPECT_TRUE(HasValues(tensors[1], [](int64_t) { return 2.0; }));
   });
   std::filesystem::remove_all(dir);
+}
+
+// ---------------------------------------------------------------------------------------
+// Buffers in shared memory (AllocateCollectiveBuffer): reduced in place, the same results.
+
+bool ReducesInPlace(const std::shared_ptr<ProcessGroup>& pg, const at::Tensor& tensor) {
+  return dynamic_cast<GlooProcessGroup&>(*pg).ReducesInPlace(tensor);
+}
+
+class SharedMemoryBufferMatchesStagedTest : public ::testing::TestWithParam<at::ScalarType> {};
+
+TEST_P(SharedMemoryBufferMatchesStagedTest, BitForBitOnEveryRankForEveryOp) {
+  const at::ScalarType type = GetParam();
+  const int64_t numel = kMiB / static_cast<int64_t>(c10::elementSize(type)) + 7;
+  const std::vector<ReduceOp> ops = {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMax,
+                                     ReduceOp::kMin};
+  for (int n : {2, 3}) {
+    SCOPED_TRACE(::testing::Message() << n << " ranks");
+    // results[in_place][rank][op]
+    std::vector<std::vector<std::vector<at::Tensor>>> results(
+        2, std::vector<std::vector<at::Tensor>>(n));
+    auto store = std::make_shared<InMemoryStore>();
+    spawnThreads(n, [&](int rank) {
+      auto pg = CreateProcessGroup(GlooOptionsFor(rank, n, store));
+      at::Tensor input = at::empty({numel}, at::TensorOptions().dtype(type));
+      FillRandom(input, 2000 + rank);
+      // At an offset that is no multiple of 64 bytes, so the sub-slices are not aligned.
+      at::Tensor buffer = pg->AllocateCollectiveBuffer(numel + 100, input.options());
+      at::Tensor shared = buffer.narrow(0, 37, numel);
+      ASSERT_TRUE(ReducesInPlace(pg, shared)) << "rank " << rank;
+      for (ReduceOp op : ops) {
+        // Staged and in place alternate on the one segment.
+        at::Tensor staged = input.clone();
+        ASSERT_FALSE(ReducesInPlace(pg, staged));
+        pg->AllReduce(staged, op)->Wait();
+        results[0][rank].push_back(staged);
+        shared.copy_(input);
+        pg->AllReduce(shared, op)->Wait();
+        results[1][rank].push_back(shared.clone());
+      }
+    });
+    for (size_t k = 0; k < ops.size(); ++k) {
+      SCOPED_TRACE(::testing::Message() << "op " << ReduceOpName(ops[k]));
+      for (int rank = 0; rank < n; ++rank) {
+        EXPECT_TRUE(BitwiseEqual(results[1][rank][k], results[0][0][k])) << "rank " << rank;
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllDtypes, SharedMemoryBufferMatchesStagedTest,
+                         ::testing::Values(at::kFloat, at::kDouble, at::kHalf, at::kBFloat16,
+                                           at::kLong),
+                         [](const auto& info) { return std::string(c10::toString(info.param)); });
+
+TEST(GlooSharedMemoryBufferTest, IsZeroedAndShapedAsAsked) {
+  auto store = std::make_shared<InMemoryStore>();
+  spawnThreads(2, [&](int rank) {
+    auto pg = CreateProcessGroup(GlooOptionsFor(rank, 2, store));
+    at::Tensor buffer =
+        pg->AllocateCollectiveBuffer(1000, at::TensorOptions().dtype(at::kBFloat16));
+    EXPECT_EQ(buffer.sizes(), at::IntArrayRef({1000}));
+    EXPECT_EQ(buffer.scalar_type(), at::kBFloat16);
+    EXPECT_TRUE(ReducesInPlace(pg, buffer));
+    EXPECT_EQ(buffer.count_nonzero().item<int64_t>(), 0);
+    at::Tensor none = pg->AllocateCollectiveBuffer(0, at::TensorOptions().dtype(at::kFloat));
+    EXPECT_EQ(none.numel(), 0);
+  });
+}
+
+TEST(GlooSharedMemoryBufferTest, AFreedBufferIsNoLongerInSharedMemory) {
+  auto store = std::make_shared<InMemoryStore>();
+  spawnThreads(2, [&](int rank) {
+    auto pg = CreateProcessGroup(GlooOptionsFor(rank, 2, store));
+    at::Tensor buffer = pg->AllocateCollectiveBuffer(kMiB, at::TensorOptions().dtype(at::kFloat));
+    void* address = buffer.data_ptr();
+    buffer = at::Tensor();
+    // Only the address is looked up: nothing reads the unmapped memory.
+    EXPECT_FALSE(ReducesInPlace(pg, at::from_blob(address, {kMiB}, at::kFloat)));
+    // A private tensor that a later mapping may place there is staged, on both ranks alike.
+    at::Tensor tensor = at::full({kMiB}, static_cast<double>(rank + 1));
+    pg->AllReduce(tensor)->Wait();
+    EXPECT_TRUE(HasValues(tensor, [](int64_t) { return 3.0; }));
+  });
+}
+
+TEST(GlooSharedMemoryBufferTest, NoFileOutlivesTheAllocation) {
+  char pattern[] = "/dev/shm/gradhub_buffer_test_XXXXXX";
+  ASSERT_NE(mkdtemp(pattern), nullptr);
+  const std::string dir = pattern;
+  auto store = std::make_shared<InMemoryStore>();
+  spawnThreads(2, [&](int rank) {
+    auto options = GlooOptionsFor(rank, 2, store);
+    options.gloo->shared_memory_dir = dir;
+    auto pg = CreateProcessGroup(options);
+    at::Tensor buffer = pg->AllocateCollectiveBuffer(kMiB, at::TensorOptions().dtype(at::kFloat));
+    pg->Barrier()->Wait();  // both allocated
+    EXPECT_TRUE(std::filesystem::is_empty(dir)) << "rank " << rank;
+    buffer.fill_(rank + 1);
+    pg->AllReduce(buffer)->Wait();
+    EXPECT_TRUE(HasValues(buffer, [](int64_t) { return 3.0; }));
+  });
+  std::filesystem::remove_all(dir);
+}
+
+TEST(GlooSharedMemoryBufferTest, ARankThatCannotMapItKeepsEveryRanksPrivateAndSaysWhyOnce) {
+  // Every rank creates its own region; rank 1's directory does not exist (the segments,
+  // which rank 0 creates, are unaffected).
+  auto store = std::make_shared<InMemoryStore>();
+  ::testing::internal::CaptureStderr();
+  spawnThreads(3, [&](int rank) {
+    auto options = GlooOptionsFor(rank, 3, store);
+    if (rank == 1) options.gloo->shared_memory_dir = "/nonexistent-gradhub-shm-dir";
+    auto pg = CreateProcessGroup(options);
+    ASSERT_TRUE(UsesSharedMemory(pg));
+    for (int i = 0; i < 2; ++i) {
+      at::Tensor buffer = pg->AllocateCollectiveBuffer(kMiB, at::TensorOptions().dtype(at::kFloat));
+      EXPECT_FALSE(ReducesInPlace(pg, buffer)) << "rank " << rank;
+      buffer.fill_(rank);
+      pg->AllReduce(buffer)->Wait();
+      EXPECT_TRUE(HasValues(buffer, [](int64_t) { return 3.0; }));
+    }
+  });
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_THAT(log, HasSubstr("process group 'default' rank 0/3: gradient buckets stay in private "
+                             "memory (allreduced through the shared-memory segment): rank 1: "
+                             "creating /nonexistent-gradhub-shm-dir/gradhub-"));
+  EXPECT_EQ(log.find("private memory"), log.rfind("private memory")) << log;
+}
+
+TEST(GlooSharedMemoryBufferTest, RanksUnderAnRlimitDataCapKeepThemPrivate) {
+  // The cap is the process's, so every rank (a thread here) is under it: far above what the
+  // test uses, and restored after.
+  rlimit saved{};
+  ASSERT_EQ(getrlimit(RLIMIT_DATA, &saved), 0);
+  rlimit capped = saved;
+  capped.rlim_cur = rlim_t{1} << 42;
+  if (saved.rlim_max != RLIM_INFINITY && saved.rlim_max < capped.rlim_cur) {
+    capped.rlim_cur = saved.rlim_max;
+  }
+  ASSERT_EQ(setrlimit(RLIMIT_DATA, &capped), 0);
+  auto store = std::make_shared<InMemoryStore>();
+  ::testing::internal::CaptureStderr();
+  spawnThreads(2, [&](int rank) {
+    auto pg = CreateProcessGroup(GlooOptionsFor(rank, 2, store));
+    at::Tensor buffer = pg->AllocateCollectiveBuffer(kMiB, at::TensorOptions().dtype(at::kFloat));
+    EXPECT_FALSE(ReducesInPlace(pg, buffer)) << "rank " << rank;
+  });
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  ASSERT_EQ(setrlimit(RLIMIT_DATA, &saved), 0);
+  EXPECT_THAT(log, HasSubstr("rank 0: RLIMIT_DATA caps this rank's private memory at "));
+  EXPECT_THAT(log, HasSubstr("a buffer in shared memory would escape the cap"));
+}
+
+TEST(GlooSharedMemoryBufferTest, RanksThatDisagreeFailNamingBothCallsInsteadOfMixingThem) {
+  // Rank 0 reduces its shared buffer in place, rank 1 a private tensor of the same size.
+  auto store = std::make_shared<InMemoryStore>();
+  std::vector<std::string> errors(2);
+  spawnThreads(2, [&](int rank) {
+    auto pg = CreateProcessGroup(GlooOptionsFor(rank, 2, store));
+    at::Tensor buffer = pg->AllocateCollectiveBuffer(kMiB, at::TensorOptions().dtype(at::kFloat));
+    at::Tensor tensor = rank == 0 ? buffer : at::zeros({kMiB});
+    try {
+      pg->AllReduce(tensor)->Wait();
+    } catch (const CommError& e) {
+      errors[rank] = e.what();
+    }
+  });
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_THAT(errors[rank], HasSubstr("another shared-memory allreduce")) << "rank " << rank;
+    EXPECT_THAT(errors[rank], HasSubstr("in place, 1048576 elements of 4 bytes"));
+    EXPECT_THAT(errors[rank], HasSubstr("staged, 1048576 elements of 4 bytes"));
+  }
 }
 
 // ---------------------------------------------------------------------------------------

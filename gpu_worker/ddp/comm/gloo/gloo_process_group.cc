@@ -200,6 +200,17 @@ void GlooProcessGroup::SetUpSharedMemory(const ProcessGroupOptions& options,
   for (size_t i = 0; i < setup.segments.size(); ++i) {
     channels_[i]->shared_memory = std::move(setup.segments[i]);
   }
+  if (!setup.segments.empty()) {
+    buffers_ = std::make_unique<SharedMemoryBuffers>(
+        SharedMemoryBuffers::Options{options.store, name() + "/shm-buffers/", rank(), size(),
+                                     gloo.shared_memory_dir, timeout_, who_});
+  }
+}
+
+at::Tensor GlooProcessGroup::AllocateCollectiveBuffer(int64_t numel,
+                                                      const at::TensorOptions& options) {
+  if (buffers_ == nullptr) return ProcessGroup::AllocateCollectiveBuffer(numel, options);
+  return buffers_->Allocate(numel, options);
 }
 
 std::optional<TrafficKey> GlooProcessGroup::SetUpSealing(const ProcessGroupOptions& options,
@@ -345,33 +356,46 @@ std::shared_ptr<Work> GlooProcessGroup::AllReduce(at::Tensor tensor, ReduceOp op
   const detail::CheckedCollective checked =
       detail::CheckAllReduce(*this, c10::Device(c10::kCPU), tensor, op);
   const detail::ReduceKernel kernel = detail::KernelFor(tensor.scalar_type(), op, size());
-  const int group_size = size();
-  const auto timeout = timeout_;
-  return Submit(
-      "allreduce", checked.detail, checked.empty, /*after_prior=*/false,
-      [tensor = std::move(tensor), kernel, group_size, timeout](Channel& channel, uint64_t seq) {
-        void* data = tensor.data_ptr();
-        const size_t n = static_cast<size_t>(tensor.numel());
-        if (channel.shared_memory != nullptr) {
-          channel.shared_memory->AllReduce(data, n, kernel, timeout);
-          return;
-        }
-        if (channel.sealed != nullptr) {
-          channel.sealed->AllReduce(data, n, kernel, seq, timeout);
-          return;
-        }
-        // gloo takes typed buffers.
-        detail::VisitSupportedDtype(tensor.scalar_type(), [&](auto type_tag) {
-          using T = decltype(type_tag);
-          gloo::AllreduceOptions opts(channel.context);
-          opts.setOutput(static_cast<T*>(data), n);  // in place: output doubles as input
-          opts.setReduceFunction(kernel.reduce);
-          opts.setTag(static_cast<uint32_t>(seq));
-          opts.setTimeout(timeout);
-          gloo::allreduce(opts);
-        });
-        if (kernel.divide != nullptr) kernel.divide(data, n, group_size);
-      });
+  // Every rank finds its tensor in a shared buffer or none: they allocated alike.
+  std::optional<SharedMemoryBuffers::Copies> copies;
+  if (buffers_ != nullptr && !checked.empty) {
+    copies = buffers_->Find(tensor.data_ptr(), tensor.nbytes());
+  }
+  // `this` outlives the op: the destructor joins the channel threads.
+  return Submit("allreduce", checked.detail, checked.empty, /*after_prior=*/false,
+                [this, tensor = std::move(tensor), copies, kernel](Channel& channel, uint64_t seq) {
+                  RunAllReduce(channel, seq, tensor, copies, kernel);
+                });
+}
+
+void GlooProcessGroup::RunAllReduce(Channel& channel, uint64_t seq, const at::Tensor& tensor,
+                                    const std::optional<SharedMemoryBuffers::Copies>& copies,
+                                    const detail::ReduceKernel& kernel) {
+  void* data = tensor.data_ptr();
+  const size_t n = static_cast<size_t>(tensor.numel());
+  if (copies) {
+    channel.shared_memory->AllReduceInPlace(copies->ranks, n, kernel, timeout_);
+    return;
+  }
+  if (channel.shared_memory != nullptr) {
+    channel.shared_memory->AllReduce(data, n, kernel, timeout_);
+    return;
+  }
+  if (channel.sealed != nullptr) {
+    channel.sealed->AllReduce(data, n, kernel, seq, timeout_);
+    return;
+  }
+  // gloo takes typed buffers.
+  detail::VisitSupportedDtype(tensor.scalar_type(), [&](auto type_tag) {
+    using T = decltype(type_tag);
+    gloo::AllreduceOptions opts(channel.context);
+    opts.setOutput(static_cast<T*>(data), n);  // in place: output doubles as input
+    opts.setReduceFunction(kernel.reduce);
+    opts.setTag(static_cast<uint32_t>(seq));
+    opts.setTimeout(timeout_);
+    gloo::allreduce(opts);
+  });
+  if (kernel.divide != nullptr) kernel.divide(data, n, size());
 }
 
 std::shared_ptr<Work> GlooProcessGroup::AllGather(std::vector<at::Tensor> outputs,

@@ -13,6 +13,7 @@
 #include "gpu_worker/ddp/comm/gloo/point_to_point.h"
 #include "gpu_worker/ddp/comm/gloo/sealed_channel.h"
 #include "gpu_worker/ddp/comm/gloo/shared_memory_allreduce.h"
+#include "gpu_worker/ddp/comm/gloo/shared_memory_buffers.h"
 #include "gpu_worker/ddp/comm/group_health.h"
 #include "gpu_worker/ddp/comm/process_group.h"
 
@@ -50,7 +51,8 @@ namespace gradhub::ddp {
 //  4. The ranks agree through the store whether allreduces go through a shared-memory segment
 //     (all on one host, GlooOptions::shared_memory on every rank; see SharedMemorySetup), one per
 //     channel. A failure to set it up on any rank makes every rank use TCP, logged once by
-//     rank 0 on stderr.
+//     rank 0 on stderr. With segments, AllocateCollectiveBuffer places buffers in shared
+//     memory too (SharedMemoryBuffers), and an allreduce of a tensor inside one runs in place.
 //  5. The k-th collective issued (k = 0, 1, ...; every rank counts the same) is queued on
 //     channel k % channels, whose own thread runs its queue in FIFO order, with gloo tag k
 //     and gloo timeout options.timeout (an allreduce on a channel with a segment runs there, with
@@ -88,6 +90,9 @@ class GlooProcessGroup final : public ProcessGroup {
   std::shared_ptr<Work> AllReduce(at::Tensor tensor, ReduceOp op = ReduceOp::kSum) override;
   std::shared_ptr<Work> AllGather(std::vector<at::Tensor> outputs, at::Tensor input) override;
   std::shared_ptr<Work> Barrier() override;
+  // In shared memory when the group's allreduces are (step 4), so that they run in place
+  // (SharedMemoryAllReduce::AllReduceInPlace); else, or when a rank cannot, at::zeros.
+  at::Tensor AllocateCollectiveBuffer(int64_t numel, const at::TensorOptions& options) override;
   // Point to point (gloo/point_to_point.h), beside the steps above: on the channels'
   // connections, but never in their queues and without a sequence number, so transfers and
   // collectives never wait for one another, and a rank may post its transfers in any order.
@@ -102,6 +107,11 @@ class GlooProcessGroup final : public ProcessGroup {
   int channels() const { return static_cast<int>(channels_.size()); }
   // Whether allreduces go through shared memory (step 4); the same on every rank.
   bool uses_shared_memory() const { return channels_.front()->shared_memory != nullptr; }
+  // Whether an allreduce of `tensor` would run in place, i.e. it lies in a buffer from
+  // AllocateCollectiveBuffer that lives in shared memory; the same on every rank.
+  bool ReducesInPlace(const at::Tensor& tensor) const {
+    return buffers_ != nullptr && buffers_->Find(tensor.data_ptr(), tensor.nbytes()).has_value();
+  }
   // Whether collectives over TCP are sealed (step 3); the same on every rank.
   bool encrypts_traffic() const { return channels_.front()->sealed != nullptr; }
 
@@ -144,6 +154,11 @@ class GlooProcessGroup final : public ProcessGroup {
   std::optional<TrafficKey> SetUpSealing(const ProcessGroupOptions& options,
                                          const GlooOptions& gloo);
   void RunChannel(Channel& channel);
+  // An allreduce on its channel: in place through shared memory when `copies` are its
+  // ranks' copies, else staged through the segment, else over TCP (sealed or not).
+  void RunAllReduce(Channel& channel, uint64_t seq, const at::Tensor& tensor,
+                    const std::optional<SharedMemoryBuffers::Copies>& copies,
+                    const detail::ReduceKernel& kernel);
   void WaitForPrior(const Op& op) const;
 
   const std::chrono::milliseconds timeout_;
@@ -159,6 +174,8 @@ class GlooProcessGroup final : public ProcessGroup {
   // Issued and not yet known to be complete (what a Barrier waits for); pruned at each issue.
   std::vector<std::shared_ptr<Work>> in_flight_;
 
+  // Set when the group has shared-memory segments (step 4).
+  std::unique_ptr<SharedMemoryBuffers> buffers_;
   GroupHealth health_;
   // Reset first in the destructor: its transfers use the channels' contexts and health_.
   std::unique_ptr<GlooPointToPoint> p2p_;

@@ -1,10 +1,8 @@
 #include "gpu_worker/ddp/comm/gloo/shared_memory_allreduce.h"
 
-#include <fcntl.h>
 #include <linux/futex.h>
 #include <signal.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -15,11 +13,10 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
-#include <random>
 #include <sstream>
-#include <system_error>
 
 #include "gpu_worker/ddp/comm/checks.h"
+#include "gpu_worker/ddp/comm/gloo/shared_memory_files.h"
 
 namespace gradhub::ddp {
 namespace {
@@ -69,10 +66,13 @@ struct RankControl {
   // Peers in FUTEX_WAIT on `arrived`: the rank that advances it skips FUTEX_WAKE when none.
   std::atomic<uint32_t> sleepers;
   std::atomic<int32_t> pid;
+  // The call this rank is in (Describe): see OperationWord.
+  std::atomic<uint64_t> operation;
 };
 static_assert(sizeof(RankControl) <= kLine);
 static_assert(std::atomic<uint32_t>::is_always_lock_free &&
-                  std::atomic<int32_t>::is_always_lock_free,
+                  std::atomic<int32_t>::is_always_lock_free &&
+                  std::atomic<uint64_t>::is_always_lock_free,
               "atomics in shared memory must be lock-free to work across processes");
 
 struct Layout {
@@ -98,16 +98,22 @@ bool Reached(const RankControl& control, uint32_t target) {
   return static_cast<int32_t>(control.arrived.load(std::memory_order_acquire) - target) >= 0;
 }
 
+// A call's description in one word: count, element size, in place or staged.
+uint64_t OperationWord(bool in_place, size_t count, size_t element_size) {
+  return (static_cast<uint64_t>(count) << 8) | (element_size << 1) | (in_place ? 1 : 0);
+}
+
+std::string DescribeOperation(uint64_t word) {
+  return StrCat((word & 1) != 0 ? "in place" : "staged", ", ", word >> 8, " elements of ",
+                (word & 0xff) >> 1, " bytes");
+}
+
 void CpuRelax() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
 #elif defined(__aarch64__)
   asm volatile("yield");
 #endif
-}
-
-std::string ErrorText(int error) {
-  return std::error_code(error, std::generic_category()).message();
 }
 
 std::string ReadFirstLine(const std::string& path) {
@@ -148,31 +154,11 @@ std::string HostIdentity() {
   return StrCat(hostname, " ", boot_id, " ", pid_ns, " ", mnt_ns, " ", net_ns);
 }
 
-std::string RandomHex64() {
-  std::random_device random;
-  const uint64_t value = (static_cast<uint64_t>(random()) << 32) ^ random();
-  std::ostringstream out;
-  out << std::hex << value;
-  return out.str();
-}
-
 std::vector<std::string> Split(const std::string& text, char separator) {
   std::vector<std::string> parts;
   std::istringstream in(text);
   for (std::string part; std::getline(in, part, separator);) parts.push_back(part);
   return parts;
-}
-
-// Maps `fd` (closed either way) or returns the reason it could not.
-void* MapFile(int fd, size_t bytes, const std::string& path, std::string& failure) {
-  void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  const int error = errno;
-  close(fd);
-  if (base == MAP_FAILED) {
-    failure = StrCat("mmap of ", bytes, " bytes of ", path, ": ", ErrorText(error));
-    return nullptr;
-  }
-  return base;
 }
 
 }  // namespace
@@ -288,6 +274,58 @@ void SharedMemoryAllReduce::CopyOut(uint8_t* chunk, uint64_t number, size_t elem
   }
 }
 
+void SharedMemoryAllReduce::Describe(bool in_place, size_t count, size_t element_size) {
+  // Relaxed: the barrier's release store that follows publishes it.
+  Control(base_, rank_)
+      .operation.store(OperationWord(in_place, count, element_size), std::memory_order_relaxed);
+}
+
+void SharedMemoryAllReduce::CheckPeersMatch() const {
+  // A peer rewrites its word only for its next call, after the last barrier of this one,
+  // which this rank has not reached yet: the words read here are this call's.
+  const uint64_t mine = Control(base_, rank_).operation.load(std::memory_order_relaxed);
+  for (int peer = 0; peer < size_; ++peer) {
+    const uint64_t theirs = Control(base_, peer).operation.load(std::memory_order_relaxed);
+    if (theirs != mine) {
+      throw CommError(StrCat("rank ", peer, " ran another shared-memory allreduce (",
+                             DescribeOperation(theirs), ") than rank ", rank_, " (",
+                             DescribeOperation(mine),
+                             "): every rank must issue the same collectives, on tensors"
+                             " allocated alike, in the same order"));
+    }
+  }
+}
+
+void SharedMemoryAllReduce::AllReduceInPlace(const std::vector<uint8_t*>& ranks, size_t count,
+                                             const detail::ReduceKernel& kernel,
+                                             std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  const size_t element = kernel.element_size;
+  // Step 1.
+  Describe(/*in_place=*/true, count, element);
+  Barrier(deadline, timeout, 0, 2);
+  CheckPeersMatch();
+  // Step 2.
+  alignas(64) uint8_t result[kReduceBlockBytes];
+  const SubSlice own = SubSliceOf(count, rank_, element);
+  const size_t block = kReduceBlockBytes / element;
+  for (size_t begin = own.begin; begin < own.end; begin += block) {
+    const size_t n = std::min(block, own.end - begin);
+    const size_t offset = begin * element;
+    // Into this rank's own copy when its own value is read by the first step (ranks 0 and
+    // 1), else into a block on the stack: one pass over memory fewer.
+    uint8_t* out = rank_ < 2 ? ranks[rank_] + offset : result;
+    kernel.reduce(out, ranks[0] + offset, ranks[1] + offset, n);
+    for (int peer = 2; peer < size_; ++peer) kernel.reduce(out, out, ranks[peer] + offset, n);
+    if (kernel.divide != nullptr) kernel.divide(out, n, size_);
+    for (int rank = 0; rank < size_; ++rank) {
+      if (ranks[rank] + offset != out) std::memcpy(ranks[rank] + offset, out, n * element);
+    }
+  }
+  // Step 3.
+  Barrier(deadline, timeout, 1, 2);
+}
+
 void SharedMemoryAllReduce::AllReduce(void* data, size_t count, const detail::ReduceKernel& kernel,
                                       std::chrono::milliseconds timeout) {
   const auto deadline = Clock::now() + timeout;
@@ -299,6 +337,7 @@ void SharedMemoryAllReduce::AllReduce(void* data, size_t count, const detail::Re
   auto elements_of = [&](size_t k) { return std::min(chunk_elements, count - k * chunk_elements); };
   auto chunk_at = [&](size_t k) { return bytes + k * chunk_bytes_; };
 
+  Describe(/*in_place=*/false, count, element);
   for (size_t phase = 0; phase <= chunks + 1; ++phase) {
     if (phase >= 1 && phase <= chunks) {
       Reduce(chunk_at(phase - 1), first + phase - 1, elements_of(phase - 1), kernel);
@@ -307,6 +346,7 @@ void SharedMemoryAllReduce::AllReduce(void* data, size_t count, const detail::Re
       CopyOut(chunk_at(phase - 2), first + phase - 2, elements_of(phase - 2), element);
     if (phase < chunks) CopyIn(chunk_at(phase), first + phase, elements_of(phase), element);
     if (phase <= chunks) Barrier(deadline, timeout, phase, chunks + 1);
+    if (phase == 0) CheckPeersMatch();
   }
   chunks_ += chunks;
 }
@@ -333,17 +373,10 @@ bool SameHostEverywhere(const SharedMemorySetup::Options& options) {
 std::string CreateSegmentFiles(const SharedMemorySetup::Options& options, const Layout& layout,
                                const std::function<void(void*)>& adopt,
                                std::vector<std::string>& created) {
-  std::string failure;
   for (int i = 0; i < options.segments; ++i) {
-    const std::string path = options.directory + "/gradhub-" + RandomHex64();
-    const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
-    if (fd < 0) return StrCat("creating ", path, ": ", ErrorText(errno));
-    created.push_back(path);
-    if (const int error = posix_fallocate(fd, 0, static_cast<off_t>(layout.bytes)); error != 0) {
-      close(fd);
-      return StrCat("allocating ", layout.bytes, " bytes for ", path, ": ", ErrorText(error));
-    }
-    void* base = MapFile(fd, layout.bytes, path, failure);
+    std::string path, failure;
+    void* base = detail::CreateSharedFile(options.directory, layout.bytes, path, failure);
+    if (!path.empty()) created.push_back(path);
     if (base == nullptr) return failure;
     adopt(base);
     *static_cast<Header*>(base) = Header{kMagic, layout.bytes, layout.chunk_bytes, options.size};
@@ -355,16 +388,9 @@ std::string CreateSegmentFiles(const SharedMemorySetup::Options& options, const 
 // and checks its header. Returns why it failed, or "".
 std::string OpenSegmentFiles(const std::vector<std::string>& paths, const Layout& layout, int size,
                              const std::function<void(void*)>& adopt) {
-  std::string failure;
   for (const auto& path : paths) {
-    const int fd = open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
-    if (fd < 0) return StrCat("opening ", path, ": ", ErrorText(errno));
-    struct stat st {};
-    if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != layout.bytes) {
-      close(fd);
-      return StrCat(path, " has ", st.st_size, " bytes, expected ", layout.bytes);
-    }
-    void* base = MapFile(fd, layout.bytes, path, failure);
+    std::string failure;
+    void* base = detail::OpenSharedFile(path, layout.bytes, failure);
     if (base == nullptr) return failure;
     adopt(base);
     const Header& header = *static_cast<const Header*>(base);

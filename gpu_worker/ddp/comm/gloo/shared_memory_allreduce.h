@@ -50,6 +50,23 @@ namespace gradhub::ddp {
 // which it checks that the peer's process still exists and is not a zombie (killed, not yet
 // reaped by its launcher).
 //
+// In place (AllReduceInPlace), for a tensor that every rank holds in memory every rank maps
+// (shared_memory_buffers.h: the gradient buckets), nothing is staged through the slots:
+//   1. every rank describes the call in its control line, then a barrier: every input is
+//      complete;
+//   2. rank r reduces sub-slice r of the whole tensor, block by block, over the ranks' copies
+//      in rank order into a block on its stack (in L1), and copies each result block into
+//      every rank's copy. It reads S and writes S bytes (S = the tensor's size), against 4S
+//      when staged, so it can approach one core's memcpy rate;
+//   3. a barrier: every rank's copy holds every result, and no rank reads or writes a peer's
+//      copy any more, so each may change its own (the next backward) once past it.
+// Sub-slices are disjoint, so no two ranks write the same bytes.
+//
+// Both algorithms describe each call (in place or staged, count, element size) in the
+// control line before their first barrier and compare the peers' descriptions after it: ranks
+// that disagree (a bug, or tensors placed differently) fail with CommError naming both calls
+// instead of pairing mismatched barriers and corrupting the results.
+//
 // Not thread-safe: one caller at a time (a GlooProcessGroup channel thread), and every rank
 // must call AllReduce with the same count and kernel, in the same order.
 class SharedMemoryAllReduce {
@@ -63,6 +80,11 @@ class SharedMemoryAllReduce {
   // process is gone; the segment is then out of step and must not be used again.
   void AllReduce(void* data, size_t count, const detail::ReduceKernel& kernel,
                  std::chrono::milliseconds timeout);
+
+  // The same reduction for a tensor every rank's copy of which is mapped here: `ranks[r]` is
+  // rank r's copy (`ranks[rank]` the caller's own), `count` elements each.
+  void AllReduceInPlace(const std::vector<uint8_t*>& ranks, size_t count,
+                        const detail::ReduceKernel& kernel, std::chrono::milliseconds timeout);
 
   size_t chunk_bytes() const { return chunk_bytes_; }
 
@@ -82,6 +104,10 @@ class SharedMemoryAllReduce {
   void CopyOut(uint8_t* chunk, uint64_t number, size_t elements, size_t element_size) const;
   void Barrier(std::chrono::steady_clock::time_point deadline, std::chrono::milliseconds timeout,
                size_t index, size_t count);
+  // Before the first barrier of a call: this call's description, for the peers to check.
+  void Describe(bool in_place, size_t count, size_t element_size);
+  // After it: throws CommError when a peer described another call.
+  void CheckPeersMatch() const;
 
   void* const base_;
   const size_t bytes_;
