@@ -7,6 +7,7 @@
 #include <memory>
 #include <optional>
 
+#include "gpu_worker/ddp/comm/gloo/gloo_process_group.h"
 #include "gpu_worker/ddp/distributed_data_parallel.h"
 #include "gpu_worker/ddp/store/in_memory_store.h"
 #include "gpu_worker/ddp/sync_batch_norm.h"
@@ -117,6 +118,14 @@ void TrainDistributed(const Scenario& scenario,
         }
       }
       optimizer.step();
+    }
+    // On one host the gradients are views into buckets in shared memory, reduced in place
+    // (gloo/shared_memory_buffers.h): the equivalence above covers that path.
+    auto* gloo = dynamic_cast<GlooProcessGroup*>(group.get());
+    if (gloo != nullptr && gloo->uses_shared_memory()) {
+      for (const auto& parameter : model->parameters()) {
+        EXPECT_TRUE(gloo->ReducesInPlace(parameter.grad())) << "rank " << rank;
+      }
     }
   });
 }
