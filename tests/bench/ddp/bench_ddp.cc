@@ -3,6 +3,8 @@
 // loopback TCP with GRADHUB_BENCH_SHARED_MEMORY=0. With GRADHUB_BENCH_NETNS and
 // GRADHUB_BENCH_ADDRESSES (tests/bench/bench_hosts.h) each rank runs in a network namespace of
 // its own "host" and talks TCP over its address, shared memory off (tests/bench/network).
+// GRADHUB_BENCH_BUCKET_MIB and GRADHUB_BENCH_FIRST_BUCKET_MIB set the Reducer's bucket caps
+// (defaults 25 and 1, as PyTorch's), for choosing them from measurements.
 // Prints one line per run: <model> <world_size> <median step seconds> <bytes per step>
 // <mean step seconds>, the bytes being what rank 0 handed to collectives per step (gradient
 // allreduces, ZeRO's parameter broadcasts, local SGD's parameter averages), averaged over the
@@ -87,6 +89,13 @@ RankResult RunRank(int rank, int world, const std::vector<int64_t>& widths, int6
   auto model = std::make_shared<Mlp>(widths);
   auto group = gradhub::ddp::CreateProcessGroup(options);
   gradhub::ddp::DdpOptions ddp_options;
+  // For choosing the Reducer's defaults from measurements: bucket caps in MiB.
+  if (const char* mib = std::getenv("GRADHUB_BENCH_BUCKET_MIB")) {
+    ddp_options.reducer.bucket_cap_bytes = static_cast<int64_t>(std::atof(mib) * (1 << 20));
+  }
+  if (const char* mib = std::getenv("GRADHUB_BENCH_FIRST_BUCKET_MIB")) {
+    ddp_options.reducer.first_bucket_bytes = static_cast<int64_t>(std::atof(mib) * (1 << 20));
+  }
   if (mode == "powersgd4") {
     gradhub::ddp::PowerSgdOptions powersgd;
     powersgd.matrix_approximation_rank = 4;
