@@ -365,6 +365,21 @@ INSTANTIATE_TEST_SUITE_P(AllDtypes, SharedMemoryBufferMatchesStagedTest,
                                            at::kLong),
                          [](const auto& info) { return std::string(c10::toString(info.param)); });
 
+TEST(GlooSharedMemoryBufferTest, LeavesMaxOf64MiBAndATenthOfTheFilesystemToOthers) {
+  constexpr uint64_t kGiB = uint64_t{1} << 30;
+  // A 64 GiB tmpfs keeps 6.4 GiB.
+  EXPECT_TRUE(SharedMemoryBuffers::LeavesRoom(kGiB, 8 * kGiB, 64 * kGiB));
+  EXPECT_FALSE(SharedMemoryBuffers::LeavesRoom(2 * kGiB, 8 * kGiB, 64 * kGiB));
+  // compose's 1 GiB keeps a tenth; 256 MiB keeps 64 MiB; Docker's default 64 MiB all of it.
+  EXPECT_TRUE(SharedMemoryBuffers::LeavesRoom(kGiB - kGiB / 10, kGiB, kGiB));
+  EXPECT_FALSE(SharedMemoryBuffers::LeavesRoom(kGiB - kGiB / 10 + 1, kGiB, kGiB));
+  EXPECT_TRUE(SharedMemoryBuffers::LeavesRoom(192 * kMiB, 256 * kMiB, 256 * kMiB));
+  EXPECT_FALSE(SharedMemoryBuffers::LeavesRoom(192 * kMiB + 1, 256 * kMiB, 256 * kMiB));
+  EXPECT_FALSE(SharedMemoryBuffers::LeavesRoom(4096, 64 * kMiB, 64 * kMiB));
+  // Less free than the reserve already.
+  EXPECT_FALSE(SharedMemoryBuffers::LeavesRoom(0, 32 * kMiB, kGiB));
+}
+
 TEST(GlooSharedMemoryBufferTest, IsZeroedAndShapedAsAsked) {
   auto store = std::make_shared<InMemoryStore>();
   spawnThreads(2, [&](int rank) {

@@ -4,8 +4,10 @@
 #include <ATen/ops/zeros.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <exception>
 #include <iterator>
@@ -30,7 +32,25 @@ std::string PrivateMemoryCap() {
                 " bytes, and a buffer in shared memory would escape the cap");
 }
 
+// Why `bytes` more in `directory` would crowd out its other users (other jobs' segments,
+// NCCL, data loaders: /dev/shm is the host's, or the container's), or "".
+std::string RoomProblem(const std::string& directory, size_t bytes) {
+  struct statvfs fs {};
+  if (statvfs(directory.c_str(), &fs) != 0) return "";  // creating the file will say why
+  const uint64_t unit = fs.f_frsize != 0 ? fs.f_frsize : fs.f_bsize;
+  const uint64_t total = static_cast<uint64_t>(fs.f_blocks) * unit;
+  const uint64_t free = static_cast<uint64_t>(fs.f_bavail) * unit;
+  if (SharedMemoryBuffers::LeavesRoom(bytes, free, total)) return "";
+  return StrCat(directory, " has ", free, " of ", total, " bytes free, and ", bytes,
+                " more would leave less than max(64 MiB, a tenth of it) to its other users");
+}
+
 }  // namespace
+
+bool SharedMemoryBuffers::LeavesRoom(uint64_t bytes, uint64_t free, uint64_t total) {
+  const uint64_t reserve = std::max<uint64_t>(uint64_t{64} << 20, total / 10);
+  return free >= reserve && free - reserve >= bytes;
+}
 
 // Every rank's mapping of one buffer, unmapped when the last tensor (or Copies) goes.
 struct SharedMemoryBuffers::Region {
@@ -56,6 +76,7 @@ std::shared_ptr<SharedMemoryBuffers::Region> SharedMemoryBuffers::MapEveryRank(
   const std::string keys = StrCat(options_.prefix, index, "/");
   // Step 1.
   failure = PrivateMemoryCap();
+  if (failure.empty()) failure = RoomProblem(options_.directory, bytes);
   if (failure.empty()) {
     void* own = detail::CreateSharedFile(options_.directory, bytes, region->own_path, failure);
     region->ranks[options_.rank] = static_cast<uint8_t*>(own);

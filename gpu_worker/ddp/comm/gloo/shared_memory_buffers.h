@@ -35,8 +35,10 @@ namespace gradhub::ddp {
 //     memory from here, so a crash leaks nothing. Any reason on any rank makes every rank
 //     unmap and return an ordinary tensor instead (the same decision everywhere, so every
 //     rank reduces it the same way); rank 0 logs the first such reason once.
-// A rank whose private memory is capped by RLIMIT_DATA gives a reason in step 1: shared memory
-// is outside that cap (gpu_worker/agent/memory_limit.h), and its buckets must stay inside.
+// A rank gives a reason in step 1 when its private memory is capped by RLIMIT_DATA (shared
+// memory is outside that cap, gpu_worker/agent/memory_limit.h, and its buckets must stay
+// inside), or when the region would leave `directory` less than max(64 MiB, a tenth of its
+// size) free (LeavesRoom): /dev/shm is shared with other jobs' segments, NCCL, data loaders.
 //
 // Each rank keeps its mappings of a buffer while its tensor, or any view of it, lives. Thread-
 // safe: Allocate on one thread (it talks to the store), Find from any.
@@ -65,6 +67,10 @@ class SharedMemoryBuffers {
     std::vector<uint8_t*> ranks;
   };
   std::optional<Copies> Find(const void* data, size_t bytes) const;
+
+  // Whether taking `bytes` of a filesystem with `free` of `total` bytes free leaves it
+  // max(64 MiB, total / 10).
+  static bool LeavesRoom(uint64_t bytes, uint64_t free, uint64_t total);
 
  private:
   struct Region;
