@@ -124,7 +124,7 @@ at::Tensor SharedMemoryBuffers::Allocate(int64_t numel, const at::TensorOptions&
                            options_.prefix, index, "/*') failed: ", e.what()));
   }
   // Step 3.
-  unlink(region->own_path.c_str());
+  if (!region->own_path.empty()) unlink(region->own_path.c_str());
   region->own_path.clear();
   if (!failure.empty()) {
     if (options_.rank == 0 && !logged_) {
