@@ -307,7 +307,7 @@ bool LocalCluster::StartAgent(const std::string& name) {
       "--api-outage-grace",
       options_.agent_api_outage_grace,
       "--checkpoint-root",
-      options_.checkpoint_service ? work + "/checkpoints" : dir() + "/checkpoints"};
+      work + "/checkpoints"};
   if (options_.checkpoint_service) {
     argv.insert(argv.end(),
                 {"--checkpoint-server", checkpoint_address_, "--checkpoint-url",

@@ -28,8 +28,13 @@ struct LocalClusterOptions {
   // > 0: every agent sees this many GPUs that are not there (gradhub-agent --fake-gpus) and
   // registers a CUDA node with its default slots, one per GPU (`slots` is then not passed).
   int fake_gpus = 0;
-  // Start gradhub-checkpoint and hand it to the agents; each agent then keeps its own cache
-  // (<dir>/agent-<name>/checkpoints). Without it, the agents share <dir>/checkpoints.
+  // Start gradhub-checkpoint and hand it to the agents. Either way each agent has a checkpoint
+  // root of its own (<dir>/agent-<name>/checkpoints: the service's cache, or the checkpoints
+  // themselves), as separate machines would. One root shared by agents on one machine broke:
+  // each agent gives a job's directory to the job's uid on its node (job_uids.h), and on one
+  // machine the second agent sees the first one's ranks run as that uid and picks another, so
+  // rank 0 could lose its job's directory. A job restarted on another node therefore resumes
+  // only through the service.
   bool checkpoint_service = false;
   // Start gradhub-metrics and hand it to the agents.
   bool metrics_service = false;

@@ -52,10 +52,6 @@ class LeaderChaosE2eTest : public ::testing::Test {
     testing::LocalClusterOptions options;
     options.api_replicas = 2;
     options.clients_use_every_replica = true;
-    // Each job's ranks all on one node (SubmitRunning): without a checkpoint service the agents
-    // share one checkpoints/ directory, and each agent makes a job's directory its own uid's
-    // (job_uids.h), which on one machine may differ between agents: rank 0 could lose it.
-    options.slots = 4;
     cluster_ = std::make_unique<testing::LocalCluster>(options);
     ASSERT_TRUE(cluster_->Start());
     db_ = testing::ConnectToDatabase(cluster_->database_url());
@@ -71,9 +67,7 @@ class LeaderChaosE2eTest : public ::testing::Test {
   }
 
   std::string SubmitRunning(int64_t steps) {
-    v1::JobSpec spec = testing::SyntheticTrainingSpec(steps);
-    spec.mutable_distributed()->set_ranks_per_node(4);
-    const std::string name = cluster_->Submit(spec).name();
+    const std::string name = cluster_->Submit(testing::SyntheticTrainingSpec(steps)).name();
     const v1::Job running = cluster_->AwaitJob(name, [](const v1::Job& j) {
       return Ended(j) || (j.state() == v1::Job::RUNNING && j.progress().step() > 0);
     });

@@ -10,10 +10,8 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
-#include <sys/stat.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
 #include <iostream>
 #include <string>
@@ -45,17 +43,8 @@ class DatabasePartitionTest : public ::testing::Test {
       GTEST_SKIP() << "drops the port of the test's own PostgreSQL; an external one is elsewhere";
     }
     if (!testing::PacketFilter::Available(&why)) GTEST_SKIP() << why;
-    // The training job's ranks all on one node (Training()): without a checkpoint service the
-    // agents share one checkpoints/ directory, and each agent makes a job's directory its own
-    // uid's (job_uids.h), which on one machine differ between agents: rank 0 could lose it.
-    cluster_ = std::make_unique<testing::LocalCluster>(testing::LocalClusterOptions{.slots = 4});
+    cluster_ = std::make_unique<testing::LocalCluster>();
     ASSERT_TRUE(cluster_->Start());
-    // Without a checkpoint service the agents share the cluster's checkpoints/ directory, and a
-    // root agent runs each job's ranks as a uid of the job's own (isolation.h), which the agent
-    // prepares only the checkpoint service's cache for: let rank 0 make its job's directory.
-    const std::string checkpoints = cluster_->dir() + "/checkpoints";
-    ASSERT_TRUE(mkdir(checkpoints.c_str(), 0777) == 0 || errno == EEXIST);
-    ASSERT_EQ(chmod(checkpoints.c_str(), 01777), 0);
   }
 
   // GET /readyz: its HTTP status (0 = no answer) and how long the answer took.
@@ -110,12 +99,6 @@ class DatabasePartitionTest : public ::testing::Test {
 };
 
 // A job that waits aside for a node no one has: acknowledged and kept, never run.
-v1::JobSpec Training() {
-  v1::JobSpec spec = testing::SyntheticTrainingSpec(15000);
-  spec.mutable_distributed()->set_ranks_per_node(4);
-  return spec;
-}
-
 v1::JobSpec Waiting() {
   v1::JobSpec spec = testing::SyntheticTrainingSpec(10);
   (*spec.mutable_node_selector())["pool"] = "none";
@@ -124,7 +107,7 @@ v1::JobSpec Waiting() {
 
 TEST_F(DatabasePartitionTest, TheApiSaysSoAtOnceRecoversByItselfAndRestartsNothing) {
   // Long enough to run through the outage and its aftermath (16-37 s unloaded).
-  const std::string name = cluster_->Submit(Training()).name();
+  const std::string name = cluster_->Submit(testing::SyntheticTrainingSpec(15000)).name();
   std::vector<std::string> acknowledged = {name};
   v1::Job waiting;
   ASSERT_TRUE(Create(Waiting(), "before", &waiting).first.ok());
