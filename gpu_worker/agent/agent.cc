@@ -5,8 +5,10 @@
 #include <algorithm>
 #include <filesystem>
 #include <iostream>
+#include <set>
 
 #include "absl/strings/str_cat.h"
+#include "gpu_worker/agent/job_uids.h"
 #include "gpu_worker/agent/leftovers.h"
 #include "gpu_worker/agent/node_description.h"
 #include "gpu_worker/agent/rank_start.h"
@@ -74,7 +76,18 @@ void Agent::CleanUpLeftovers() {
               << " already gone)\n";
   }
   // This agent does not know which jobs held which uids: none holds one now (job_uids.h).
-  if (config_.isolation.identity.switch_user) DisownJobFiles(JobDirectories(config_, ""));
+  if (!config_.isolation.identity.switch_user) return;
+  DisownJobFiles(JobDirectories(config_, ""));
+  // What ranks of job uids that no process runs as any more left in shared memory.
+  const UidRange range{config_.job_uid_base, config_.job_uid_count};
+  const std::set<uint32_t> in_use = UidsInUse(range);
+  const int removed = RemoveSharedMemoryLeftovers(kSharedMemoryDir, [&](uint32_t owner) {
+    return range.Contains(owner) && in_use.count(owner) == 0;
+  });
+  if (removed > 0) {
+    std::cerr << "gradhub-agent: removed " << removed << " shared-memory file(s) left in "
+              << kSharedMemoryDir << " by ranks that are gone\n";
+  }
 }
 
 bool Agent::Register() {

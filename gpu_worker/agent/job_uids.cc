@@ -1,6 +1,8 @@
 #include "gpu_worker/agent/job_uids.h"
 
 #include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cctype>
@@ -10,6 +12,7 @@
 #include <fstream>
 #include <iostream>
 #include <sstream>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 
@@ -110,17 +113,17 @@ absl::StatusOr<uint32_t> JobUids::Acquire(const std::string& job_id,
                                           std::set<std::string> active_jobs) {
   active_jobs.insert(job_id);
   const std::set<uint32_t> in_use = UidsInUse(range_, proc_);
-  std::vector<std::string> released;
+  std::vector<std::pair<std::string, uint32_t>> released;  // job, uid
   absl::StatusOr<uint32_t> uid;
   {
     absl::MutexLock lock(&mu_);
     for (const uint32_t free : ReleasableUids(holders_, active_jobs, in_use)) {  // rule 4
-      released.push_back(holders_[free]);
+      released.emplace_back(holders_[free], free);
       holders_.erase(free);
     }
     // Given to root before any job can get the uid: the lock is held until it is.
-    for (const std::string& job : released) {
-      if (disown_) disown_(job);
+    for (const auto& [job, uid] : released) {
+      if (disown_) disown_(job, uid);
     }
     uid = ChooseJobUid(job_id, range_, holders_, in_use);  // rules 1 to 3
     if (uid.ok()) holders_[*uid] = job_id;
@@ -150,6 +153,30 @@ void DisownJobFiles(const std::vector<std::string>& dirs) {
       disown(it->path());
     }
   }
+}
+
+int RemoveSharedMemoryLeftovers(const std::string& directory,
+                                const std::function<bool(uint32_t owner)>& released) {
+  DIR* dir = opendir(directory.c_str());
+  if (dir == nullptr) return 0;  // no /dev/shm here: nothing was left in it
+  int removed = 0;
+  while (const dirent* entry = readdir(dir)) {
+    if (std::strncmp(entry->d_name, "gradhub-", 8) != 0) continue;
+    struct stat st {};
+    // Not followed: a link is not ours to judge, and its target is never removed.
+    if (fstatat(dirfd(dir), entry->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode) ||
+        !released(st.st_uid)) {
+      continue;
+    }
+    if (unlinkat(dirfd(dir), entry->d_name, 0) == 0) {
+      ++removed;
+    } else {
+      std::cerr << "gradhub-agent: cannot remove " << directory << "/" << entry->d_name << ": "
+                << std::strerror(errno) << "\n";
+    }
+  }
+  closedir(dir);
+  return removed;
 }
 
 }  // namespace gradhub::agent

@@ -74,10 +74,11 @@ RankIdentity JobIdentity(const RankIdentity& node, uint32_t uid);
 // The node's job uids. Thread-safe: Acquire runs on rank preparation threads.
 class JobUids {
  public:
-  // `disown(job_id)` runs when a job's uid is released (rule 4), before the uid can go to
-  // another job: it gives the job's directories on this node to root (DisownJobFiles).
+  // `disown(job_id, uid)` runs when a job's uid is released (rule 4), before the uid can go to
+  // another job: it gives the job's directories on this node to root (DisownJobFiles) and
+  // removes what the uid left in shared memory (RemoveSharedMemoryLeftovers).
   // `proc` as UidsInUse.
-  JobUids(UidRange range, std::function<void(const std::string& job_id)> disown,
+  JobUids(UidRange range, std::function<void(const std::string& job_id, uint32_t uid)> disown,
           std::string proc = "/proc")
       : range_(range), disown_(std::move(disown)), proc_(std::move(proc)) {}
 
@@ -91,7 +92,7 @@ class JobUids {
 
  private:
   const UidRange range_;
-  const std::function<void(const std::string&)> disown_;
+  const std::function<void(const std::string&, uint32_t)> disown_;
   const std::string proc_;
   mutable absl::Mutex mu_;
   std::map<uint32_t, std::string> holders_ ABSL_GUARDED_BY(mu_);
@@ -101,5 +102,17 @@ class JobUids {
 // the directories of a job whose uid was released (rule 4). Errors are logged, not returned: a
 // file that stays with the old uid is reachable only by a job that learns the old job's id.
 void DisownJobFiles(const std::vector<std::string>& dirs);
+
+// Where ranks' Gloo groups keep their shared memory (GlooOptions::shared_memory_dir's default).
+inline constexpr char kSharedMemoryDir[] = "/dev/shm";
+
+// Removes the regular files named gradhub-* directly in `directory` (/dev/shm: the Gloo
+// shared-memory segments and gradient buffers, gpu_worker/ddp/comm/gloo/shared_memory_files.h)
+// whose owner `released` accepts: uids no process runs as any more, so nothing maps the files.
+// Ranks unlink them once every rank mapped them; one that dies before leaves its file named,
+// up to a gradient bucket's size. Symbolic links and directories are left alone. Returns how
+// many it removed; errors are logged.
+int RemoveSharedMemoryLeftovers(const std::string& directory,
+                                const std::function<bool(uint32_t owner)>& released);
 
 }  // namespace gradhub::agent

@@ -37,8 +37,10 @@ RankPreparer::RankPreparer(const AgentConfig& config, v1::NodeService::StubInter
       code_cache_(code_cache),
       on_ready_(std::move(on_ready)),
       uids_(UidRange{config.job_uid_base, config.job_uid_count},
-            [&config](const std::string& job_id) {
+            [&config](const std::string& job_id, uint32_t uid) {
               DisownJobFiles(JobDirectories(config, job_id));
+              RemoveSharedMemoryLeftovers(kSharedMemoryDir,
+                                          [uid](uint32_t owner) { return owner == uid; });
             }) {}
 
 RankPreparer::~RankPreparer() {

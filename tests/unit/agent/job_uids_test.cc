@@ -132,7 +132,11 @@ TEST(JobUids, KeepsAJobsUidReleasesItOnlyWhenNoProcessHoldsItAndDisownsItsFiles)
   const UidRange two{5000, 2};
   std::vector<std::string> disowned;
   JobUids uids(
-      two, [&](const std::string& job) { disowned.push_back(job); }, proc.path());
+      two,
+      [&](const std::string& job, uint32_t uid) {
+        disowned.push_back(job + "/" + std::to_string(uid));
+      },
+      proc.path());
   const uint32_t a = uids.Acquire("a", {}).value();
   EXPECT_EQ(uids.Acquire("a", {"a"}).value(), a);  // a second rank of job a
   const uint32_t b = uids.Acquire("b", {"a"}).value();
@@ -146,7 +150,7 @@ TEST(JobUids, KeepsAJobsUidReleasesItOnlyWhenNoProcessHoldsItAndDisownsItsFiles)
   // The leftover is gone: job a's uid is released, its files given to root, and c gets it.
   std::filesystem::remove_all(proc.path() + "/77");
   EXPECT_EQ(uids.Acquire("c", {"b"}).value(), a);
-  EXPECT_THAT(disowned, ElementsAre("a"));
+  EXPECT_THAT(disowned, ElementsAre("a/" + std::to_string(a)));
   EXPECT_EQ(uids.Holders(), (std::map<uint32_t, std::string>{{a, "c"}, {b, "b"}}));
 }
 
@@ -172,6 +176,37 @@ TEST(DisownJobFiles, GivesEveryFileUnderTheDirectoriesToRoot) {
   struct stat rank {};
   stat((job + "/attempt-1/rank-0").c_str(), &rank);
   EXPECT_EQ(rank.st_mode & 0777, 0700u);  // modes kept
+}
+
+TEST(RemoveSharedMemoryLeftovers, RemovesOnlyReleasedOwnersRegularGradhubFiles) {
+  if (geteuid() != 0) GTEST_SKIP() << "files of other owners take root";
+  testing::TempDir dir;
+  const uint32_t released = 1900000007, running = 1900000008;
+  auto make = [&](const std::string& name, uint32_t owner) {
+    const std::string path = dir.path() + "/" + name;
+    std::ofstream(path) << "bucket";
+    ASSERT_EQ(chown(path.c_str(), owner, owner), 0);
+  };
+  make("gradhub-1a2b", released);  // a region its rank died before unlinking
+  make("gradhub-3c4d", running);   // a live job's
+  make("other-5e6f", released);    // not ours by name
+  make("link-target", running);
+  ASSERT_EQ(symlink((dir.path() + "/link-target").c_str(), (dir.path() + "/gradhub-link").c_str()),
+            0);
+  ASSERT_EQ(lchown((dir.path() + "/gradhub-link").c_str(), released, released), 0);
+  std::filesystem::create_directory(dir.path() + "/gradhub-dir");
+  ASSERT_EQ(chown((dir.path() + "/gradhub-dir").c_str(), released, released), 0);
+
+  EXPECT_EQ(
+      RemoveSharedMemoryLeftovers(dir.path(), [&](uint32_t owner) { return owner == released; }),
+      1);
+  EXPECT_FALSE(std::filesystem::exists(dir.path() + "/gradhub-1a2b"));
+  for (const char* kept :
+       {"gradhub-3c4d", "other-5e6f", "link-target", "gradhub-link", "gradhub-dir"}) {
+    EXPECT_TRUE(std::filesystem::exists(std::filesystem::symlink_status(dir.path() + "/" + kept)))
+        << kept;
+  }
+  EXPECT_EQ(RemoveSharedMemoryLeftovers(dir.path() + "/missing", [](uint32_t) { return true; }), 0);
 }
 
 }  // namespace
