@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <filesystem>
 #include <iostream>
-#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "gpu_worker/agent/job_uids.h"
@@ -78,11 +77,11 @@ void Agent::CleanUpLeftovers() {
   // This agent does not know which jobs held which uids: none holds one now (job_uids.h).
   if (!config_.isolation.identity.switch_user) return;
   DisownJobFiles(JobDirectories(config_, ""));
-  // What ranks of job uids that no process runs as any more left in shared memory.
+  // What ranks of job uids that no process runs as any more left in shared memory. Looked up
+  // for each file, not once before: a rank that started since would have its file taken.
   const UidRange range{config_.job_uid_base, config_.job_uid_count};
-  const std::set<uint32_t> in_use = UidsInUse(range);
   const int removed = RemoveSharedMemoryLeftovers(kSharedMemoryDir, [&](uint32_t owner) {
-    return range.Contains(owner) && in_use.count(owner) == 0;
+    return range.Contains(owner) && UidsInUse(range).count(owner) == 0;
   });
   if (removed > 0) {
     std::cerr << "gradhub-agent: removed " << removed << " shared-memory file(s) left in "
