@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -264,21 +265,29 @@ TEST(GlooSharedMemoryTest, OneRankWithoutItMakesEveryRankUseTcp) {
   });
 }
 
-TEST(GlooSharedMemoryTest, SegmentThatCannotBeCreatedFallsBackToTcpAndSaysWhyOnce) {
-  // Only rank 0 creates the segment, so only its directory matters; one that does not exist
-  // fails as a missing /dev/shm would.
+// Runs `body` on `n` ranks, `missing` of them given a shared-memory directory that does not
+// exist (as a missing /dev/shm would be); returns what they logged on stderr.
+std::string LogOfRanksWithoutTheirDirectory(
+    int n, int missing,
+    const std::function<void(int, const std::shared_ptr<ProcessGroup>&)>& body) {
   auto store = std::make_shared<InMemoryStore>();
   ::testing::internal::CaptureStderr();
-  spawnThreads(2, [&](int rank) {
-    auto options = GlooOptionsFor(rank, 2, store);
-    if (rank == 0) options.gloo->shared_memory_dir = "/nonexistent-gradhub-shm-dir";
-    auto pg = CreateProcessGroup(options);
+  spawnThreads(n, [&](int rank) {
+    auto options = GlooOptionsFor(rank, n, store);
+    if (rank == missing) options.gloo->shared_memory_dir = "/nonexistent-gradhub-shm-dir";
+    body(rank, CreateProcessGroup(options));
+  });
+  return ::testing::internal::GetCapturedStderr();
+}
+
+TEST(GlooSharedMemoryTest, SegmentThatCannotBeCreatedFallsBackToTcpAndSaysWhyOnce) {
+  // Only rank 0 creates the segment, so only its directory matters.
+  const std::string log = LogOfRanksWithoutTheirDirectory(2, 0, [](int rank, const auto& pg) {
     EXPECT_FALSE(UsesSharedMemory(pg)) << "rank " << rank;
     at::Tensor tensor = at::full({7}, 1.5);
     pg->AllReduce(tensor)->Wait();
     EXPECT_TRUE(HasValues(tensor, [](int64_t) { return 3.0; }));
   });
-  const std::string log = ::testing::internal::GetCapturedStderr();
   EXPECT_THAT(log, HasSubstr("process group 'default' rank 0/2: shared-memory allreduce "
                              "unavailable, using TCP: rank 0: creating "
                              "/nonexistent-gradhub-shm-dir/gradhub-"));
@@ -433,12 +442,7 @@ TEST(GlooSharedMemoryBufferTest, NoFileOutlivesTheAllocation) {
 TEST(GlooSharedMemoryBufferTest, ARankThatCannotMapItKeepsEveryRanksPrivateAndSaysWhyOnce) {
   // Every rank creates its own region; rank 1's directory does not exist (the segments,
   // which rank 0 creates, are unaffected).
-  auto store = std::make_shared<InMemoryStore>();
-  ::testing::internal::CaptureStderr();
-  spawnThreads(3, [&](int rank) {
-    auto options = GlooOptionsFor(rank, 3, store);
-    if (rank == 1) options.gloo->shared_memory_dir = "/nonexistent-gradhub-shm-dir";
-    auto pg = CreateProcessGroup(options);
+  const std::string log = LogOfRanksWithoutTheirDirectory(3, 1, [](int rank, const auto& pg) {
     ASSERT_TRUE(UsesSharedMemory(pg));
     for (int i = 0; i < 2; ++i) {
       at::Tensor buffer = pg->AllocateCollectiveBuffer(kMiB, at::TensorOptions().dtype(at::kFloat));
@@ -448,7 +452,6 @@ TEST(GlooSharedMemoryBufferTest, ARankThatCannotMapItKeepsEveryRanksPrivateAndSa
       EXPECT_TRUE(HasValues(buffer, [](int64_t) { return 3.0; }));
     }
   });
-  const std::string log = ::testing::internal::GetCapturedStderr();
   EXPECT_THAT(log, HasSubstr("process group 'default' rank 0/3: gradient buckets stay in private "
                              "memory (allreduced through the shared-memory segment): rank 1: "
                              "creating /nonexistent-gradhub-shm-dir/gradhub-"));
