@@ -161,7 +161,10 @@ int RemoveSharedMemoryLeftovers(const std::string& directory,
   if (dir == nullptr) return 0;  // no /dev/shm here: nothing was left in it
   int removed = 0;
   while (const dirent* entry = readdir(dir)) {
-    if (std::strncmp(entry->d_name, "gradhub-", 8) != 0) continue;
+    if (std::string_view(entry->d_name).substr(0, kSharedMemoryFilePrefix.size()) !=
+        kSharedMemoryFilePrefix) {
+      continue;
+    }
     struct stat st {};
     // Not followed: a link is not ours to judge, and its target is never removed.
     if (fstatat(dirfd(dir), entry->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode) ||

@@ -28,6 +28,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -105,6 +106,8 @@ void DisownJobFiles(const std::vector<std::string>& dirs);
 
 // Where ranks' Gloo groups keep their shared memory (GlooOptions::shared_memory_dir's default).
 inline constexpr char kSharedMemoryDir[] = "/dev/shm";
+// How their files are named there (gpu_worker/ddp/comm/gloo/shared_memory_files.cc).
+inline constexpr std::string_view kSharedMemoryFilePrefix = "gradhub-";
 
 // Removes the regular files named gradhub-* directly in `directory` (/dev/shm: the Gloo
 // shared-memory segments and gradient buffers, gpu_worker/ddp/comm/gloo/shared_memory_files.h)
