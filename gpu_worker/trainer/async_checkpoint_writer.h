@@ -13,7 +13,15 @@
 //      must not be lost (the final one, a preemption's) it first waits for the save in flight.
 //   3. The thread calls the sink's Save, which retries on its own (through an outage of the
 //      store: the upload resumes at the store's offset once it is back), and records the
-//      outcome.
+//      outcome. The thread runs at the scheduler's idle priority (SCHED_IDLE), and so do the
+//      threads it starts: a save is background work, and on a node whose cores all train its
+//      hashing, framing and sends took a core from a training thread, which then held up the
+//      other training threads at their next barrier (a 160 MiB save took 0.41 s from training
+//      beside its snapshot at normal priority, 0.22 s at idle; tests/bench/checkpoint/
+//      training_stall.sh). It gets every core
+//      training leaves idle, and all of them while the training thread waits for it (a final
+//      or preemption checkpoint, step 4), so a save is slower only where the cores are busy;
+//      one that outlasts the interval makes the next periodic checkpoint skip (step 1).
 //   4. Flush(timeout) waits for the save in flight, for a final checkpoint or a preemption.
 // A failed save does not stop training (the previous checkpoint is still there); it is logged,
 // and Flush reports it so the last save of a run is never lost silently.

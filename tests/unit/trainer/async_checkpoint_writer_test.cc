@@ -3,6 +3,7 @@
 #include "gpu_worker/trainer/async_checkpoint_writer.h"
 
 #include <gtest/gtest.h>
+#include <sched.h>
 
 #include <condition_variable>
 #include <mutex>
@@ -184,6 +185,29 @@ TEST(AsyncCheckpointWriterTest, ThroughAnOutageTheLoopSkipsAndNeverWaitsUntilThe
   ASSERT_TRUE(writer.Flush(milliseconds(5000)).has_value());
   EXPECT_EQ(sink->saved(), (std::vector<int64_t>{10, 40, 50}));
   EXPECT_EQ(skipped, (std::vector<int64_t>{20, 30}));
+}
+
+// Records the scheduling policy of the thread that saves, and of a thread that one starts.
+class PolicyRecordingSink : public CheckpointSink {
+ public:
+  void Save(const Checkpoint&) override {
+    save_policy = sched_getscheduler(0);
+    std::thread helper([&] { helper_policy = sched_getscheduler(0); });
+    helper.join();
+  }
+  std::optional<Checkpoint> LoadLatest() override { return std::nullopt; }
+  int save_policy = -1, helper_policy = -1;
+};
+
+TEST(AsyncCheckpointWriterTest, SavesRunAtIdlePrioritySoTrainingKeepsEveryCore) {
+  auto sink = std::make_shared<PolicyRecordingSink>();
+  std::ostringstream log;
+  AsyncCheckpointWriter writer(sink, &log);
+  writer.Submit({10, "a"});
+  ASSERT_TRUE(writer.Flush(milliseconds(5000)).has_value());
+  EXPECT_EQ(sink->save_policy, SCHED_IDLE) << log.str();
+  EXPECT_EQ(sink->helper_policy, SCHED_IDLE) << "threads a save starts inherit it";
+  EXPECT_EQ(sched_getscheduler(0), SCHED_OTHER) << "the training thread keeps its priority";
 }
 
 }  // namespace
