@@ -16,7 +16,11 @@
 #                    and the CLI do (services/common/blob_check.h): against the crc32c that the
 #                    upload's commit made cover the sha256;
 #   also shown:      the same download checking the sha256 instead, as clients did before
-#                    (and still do for a checkpoint whose crc32c does not cover its sha256).
+#                    (and still do for a checkpoint whose crc32c does not cover its sha256);
+#                    and a download's two floors on this machine: the store's read of the
+#                    blob from the device (dd iflag=direct of the blob just uploaded, as the
+#                    store reads it: around the page cache), and the CPU the store and the
+#                    client spent on it over the cores they share.
 # The server's data directory and the dd file sit in one directory, so on one filesystem. Reads
 # are from the page cache for both unless GRADHUB_BENCH_DROP_CACHES=1 (root only: drops the
 # page cache before each read, which slows everything else on the machine for a moment).
@@ -115,6 +119,10 @@ for round in $(seq "$rounds"); do
   echo "upload_cpu $(awk -v a="$ticks0" -v b="$(cpu_ticks "$server_pid")" -v hz="$(getconf CLK_TCK)" 'BEGIN {print (b - a) / hz}')" >> "$work/times"
   drop
   echo "dd_read $(dd if="$work/dd.bin" of=/dev/null bs=1M 2>&1 | seconds_of)" >> "$work/times"
+  # The store reads a blob around the page cache, from the device, one record (1 MiB) at a
+  # time: the same read of the blob just uploaded is a download's floor on this disk.
+  blob="$(find "$work/data" -type f -size +"$((mib / 2))"M -newer "$work/dd.bin" | head -1)"
+  echo "blob_read $(dd if="$blob" of=/dev/null bs=1M iflag=direct 2>&1 | seconds_of)" >> "$work/times"
   drop
   ticks0="$(cpu_ticks "$server_pid")"
   read -r _ seconds _ _ client_cpu < <("${bench[@]}" --mode download --name "$name")
@@ -132,7 +140,7 @@ echo "$mib MiB, $rounds rounds (medians), chunk $chunk bytes, one gRPC stream on
   "fs=$(findmnt -n -o FSTYPE -T "$work" 2>/dev/null || echo '?') at $work;" \
   "reads $([ "$drop_caches" = 1 ] && echo 'after dropping the page cache' || echo 'from the page cache');" \
   "$(nproc) cores shared by client, server, PostgreSQL and whatever else runs"
-awk -v mib="$mib" '
+awk -v mib="$mib" -v cores="$(nproc)" '
   { n[$1]++; v[$1, n[$1]] = $2; t[$1] = t[$1] " " $2 }
   function median(list,   n, v, i, j, x) {
     n = split(list, v, " ")
@@ -169,10 +177,20 @@ awk -v mib="$mib" '
     row("download, checked against the crc32c", median(t["download"]), paired("download", "dd_write", 0.9), 0.9)
     row("dd read (read reference)", median(t["dd_read"]), paired("dd_read", "dd_write", 0), "-")
     row("  download against dd read", median(t["download"]), paired("download", "dd_read", 0), "-")
+    row("store'"'"'s disk read (the blob, iflag=direct)", median(t["blob_read"]), paired("blob_read", "dd_write", 0), "-")
+    row("  download against that read", median(t["download"]), paired("download", "blob_read", 0), "-")
     info("  gradhub-checkpoint CPU seconds per download", median(t["download_cpu"]))
     info("  client CPU seconds per download", median(t["download_client_cpu"]))
+    # Client and store share this machine'"'"'s cores: their CPU over the cores is the least a
+    # download can take here, were every core busy with it from start to end.
+    n["cpu_floor"] = n["download_cpu"]
+    for (i = 1; i <= n["download_cpu"]; i++) {
+      v["cpu_floor", i] = (v["download_cpu", i] + v["download_client_cpu", i]) / cores
+      t["cpu_floor"] = t["cpu_floor"] " " v["cpu_floor", i]
+    }
+    row("  (store + client CPU) / cores: floor here", median(t["cpu_floor"]), paired("cpu_floor", "dd_write", 0), "-")
     row("download, checked against the sha256", median(t["download_sha"]), paired("download_sha", "dd_write", 0), "-")
     row("  against sha256 alone (its floor)", median(t["download_sha"]), paired("download_sha", "sha256", 0), "-")
     info("  client CPU seconds per download", median(t["download_sha_client_cpu"]))
-    printf "all rounds (s): dd write%s | dd direct%s | sha256%s | upload%s | dd read%s | download%s | download sha256%s\n", t["dd_write"], t["dd_direct"], t["sha256"], t["upload"], t["dd_read"], t["download"], t["download_sha"]
+    printf "all rounds (s): dd write%s | dd direct%s | sha256%s | upload%s | dd read%s | blob read%s | download%s | download sha256%s\n", t["dd_write"], t["dd_direct"], t["sha256"], t["upload"], t["dd_read"], t["blob_read"], t["download"], t["download_sha"]
   }' "$work/times"
