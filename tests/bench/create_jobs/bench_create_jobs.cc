@@ -32,12 +32,20 @@
 // --acked FILE writes the name of every job whose CreateJob was answered OK (all of them, the
 // warmup's too), one per line: tests/bench/control_plane/failover.sh checks that each is in the
 // database after the replicas it was created through were killed.
+//
+// --serve-echo makes this program the server instead: a JobService whose CreateJob answers at
+// once with a Job named jobs/echo-N holding the request's spec, served as gradhub-api serves
+// (StartGrpcServer's defaults), on --server's port (0: a free one, printed as "serving gRPC on
+// port N"), until SIGTERM or SIGINT. The same closed loop against it is what the call costs
+// with no token check, no validation and no database: gRPC's own share of a CreateJob.
 #include <grpcpp/grpcpp.h>
+#include <pthread.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cinttypes>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -51,6 +59,7 @@
 #include "gradhub/v1/jobs.grpc.pb.h"
 #include "services/common/abseil_mode.h"
 #include "services/common/flags.h"
+#include "services/common/grpc_server.h"
 #include "tests/support/job_specs.h"
 
 namespace {
@@ -80,6 +89,7 @@ struct Options {
   // KEY=VALUE: every job asks for a node label no node has, and stays PENDING (the scheduling
   // bench's backlog); "" = the minimal spec as is.
   std::string node_selector;
+  bool serve_echo = false;  // serve the echo JobService instead of calling one
 };
 
 // What one client saw in the measured window. Owned by its thread until the join.
@@ -271,6 +281,44 @@ double Percentile(const std::vector<int64_t>& sorted, double p) {
 
 }  // namespace
 
+// CreateJob with nothing behind it (--serve-echo).
+class EchoJobService final : public JobService::Service {
+ public:
+  grpc::Status CreateJob(grpc::ServerContext*, const CreateJobRequest* request,
+                         Job* job) override {
+    job->set_name("jobs/echo-" + std::to_string(created_.fetch_add(1)));
+    *job->mutable_spec() = request->spec();
+    return grpc::Status::OK;
+  }
+
+ private:
+  std::atomic<int64_t> created_{0};
+};
+
+int ServeEcho(const std::string& address) {
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGTERM);
+  sigaddset(&stop, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);  // before gRPC's threads start: they inherit it
+  EchoJobService service;
+  gradhub::GrpcServerOptions options;
+  options.address = address;
+  options.credentials = grpc::InsecureServerCredentials();
+  auto server = gradhub::StartGrpcServer(
+      options, [&service](grpc::ServerBuilder& builder) { builder.RegisterService(&service); });
+  if (!server.ok()) {
+    std::cerr << "bench_create_jobs: " << server.status().message() << "\n";
+    return 1;
+  }
+  std::printf("serving gRPC on port %d\n", (*server)->port());
+  std::fflush(stdout);
+  int signal = 0;
+  sigwait(&stop, &signal);
+  (*server)->Shutdown(absl::Seconds(1));
+  return 0;
+}
+
 int main(int argc, char** argv) {
   gradhub::TurnOffMutexDeadlockDetection();
   Options options;
@@ -294,7 +342,9 @@ int main(int argc, char** argv) {
               "write the name of every job created OK (warmup included) to this file")
       .String("node-selector", "", &options.node_selector,
               "KEY=VALUE added to every job's nodeSelector (a label no node has keeps the jobs "
-              "PENDING)");
+              "PENDING)")
+      .Bool("serve-echo", "", &options.serve_echo,
+            "serve a CreateJob that answers at once on --server's address, instead of calling");
   auto parsed = flags.Parse(argc, argv);
   if (!parsed.ok()) {
     std::cerr << "bench_create_jobs: " << parsed.status().message() << "\n";
@@ -304,6 +354,7 @@ int main(int argc, char** argv) {
     std::cout << flags.Usage();
     return 0;
   }
+  if (options.serve_echo) return ServeEcho(options.server);
   if (options.token.empty() || options.clients < 1 || options.seconds < 1 || options.warmup < 0 ||
       options.rate < 0 || options.channels < 0) {
     std::cerr << "bench_create_jobs: needs --token (or GRADHUB_TOKEN), --clients >= 1, "

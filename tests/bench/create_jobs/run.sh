@@ -9,6 +9,10 @@
 #   2. closed loop: 32 gRPC clients issuing CreateJob back to back (bench_create_jobs);
 #   3. open loop: 1,000 requests/s on a fixed timetable over the same 32 clients, latency from
 #      each request's scheduled send time;
+#   2b. gRPC alone: the same closed loop against bench_create_jobs --serve-echo, a CreateJob
+#      that answers at once (no token check, no validation, no database), served as gradhub-api
+#      serves; its rate is the most any CreateJob reaches through gRPC on these cores, and its
+#      CPU per call is gRPC's share of a create's;
 #   4. reference tail: pgbench's single-row INSERT on the same timetable, whose latency
 #      percentiles are the floor under CreateJob's on this disk and these cores. Last, because
 #      run just before a CreateJob phase it took a third off the closed loop's rate.
@@ -46,7 +50,9 @@ done
 
 work="$(mktemp -d /tmp/gradhub-bench-create-jobs-XXXXXX)"
 api_pid=""
+echo_pid=""
 cleanup() {
+  if [ -n "$echo_pid" ]; then kill "$echo_pid" 2>/dev/null || true; fi
   if [ -n "$api_pid" ]; then
     # SIGTERM, then SIGKILL after 5 s: a graceful stop waits for the scheduler's pass over the
     # whole PENDING queue, which the benchmark has just filled.
@@ -126,6 +132,19 @@ if [ "$statements" = 1 ]; then
       round(mean_exec_time::numeric, 3) AS mean_ms, left(regexp_replace(query, '\s+', ' ', 'g'), 110)
     FROM pg_stat_statements ORDER BY total_exec_time DESC LIMIT 12" > "$work/statements.out"
 fi
+# 2b. gRPC alone: the echo server, the same closed loop, CPU counted the same way.
+"$bin/bench_create_jobs" --serve-echo --server 127.0.0.1:0 > "$work/echo_server.out" &
+echo_pid=$!
+for _ in $(seq 100); do grep -q "serving gRPC" "$work/echo_server.out" && break; sleep 0.1; done
+echo_port="$(sed -n 's/.*serving gRPC on port \([0-9]*\).*/\1/p' "$work/echo_server.out")"
+[ -n "$echo_port" ] || { echo "bench_create_jobs --serve-echo did not start" >&2; exit 1; }
+echo_ticks0="$(cpu_ticks "$echo_pid")" echo_start_ns="$(date +%s%N)"
+{ time "${bench[@]}" --server "127.0.0.1:$echo_port" --token echo --rate 0 --label echo \
+    > "$work/echo.out"; } 2> "$work/echo.time"
+echo_ticks="$(( $(cpu_ticks "$echo_pid") - echo_ticks0 ))"
+echo_wall="$(awk -v a="$echo_start_ns" -v b="$(date +%s%N)" 'BEGIN {print (b - a) / 1e9}')"
+echo_client_cpu="$(awk '{print $1 + $2}' "$work/echo.time")"
+kill "$echo_pid"; wait "$echo_pid" || true; echo_pid=""
 "${psql[@]}" -c 'SET client_min_messages = warning' -c 'TRUNCATE jobs CASCADE'
 # The CASCADE empties api_tokens too (job tokens reference jobs): a new tenant's token.
 token="$("$bin/gradhub-api" create-tenant bench-open-loop)"
@@ -151,12 +170,15 @@ ref_p99="$(awk '{ v[NR] = $1 } END { print v[int(NR * 0.99) + 1] }' "$work/rate.
 echo "clients $clients, $seconds s measured after $warmup s warmup per CreateJob phase, pgbench $ceiling_seconds s; gradhub-api database-connections $db_connections; $durability; $(nproc) cores shared by client, server and PostgreSQL"
 echo "pgbench INSERT ceiling: $ceiling commits/s, mean latency $ceiling_ms ms; WAL fsyncs during the closed loop: $wal_syncs"
 cat "$work/closed.out"
+tail -n +2 "$work/echo.out"
 tail -n +2 "$work/open.out"
 awk -v ceiling="$ceiling" -v rate="$rate" -v hz="$(getconf CLK_TCK)" -v wall="$closed_wall" \
     -v api="$api_ticks" -v pg="$pg_ticks" -v client="$client_cpu" -v ref_p50="$ref_p50" \
-    -v ref_p99="$ref_p99" '
+    -v ref_p99="$ref_p99" -v echo_wall="$echo_wall" -v echo_server="$echo_ticks" \
+    -v echo_client="$echo_client_cpu" '
   FNR == 1 { for (i = 1; i <= NF; i++) col[$i] = i }  # bench_create_jobs header names the fields
   FNR == 2 && FILENAME ~ /closed/ { c_rate = $col["ok_per_s"]; c_p50 = $col["p50_ms"]; c_p99 = $col["p99_ms"]; c_err = $col["errors"] }
+  FNR == 2 && FILENAME ~ /echo/ { e_rate = $col["ok_per_s"] }
   FNR == 2 && FILENAME ~ /open/ {
     o_rate = $col["ok_per_s"]; o_p50 = $col["p50_ms"]; o_p90 = $col["p90_ms"]; o_p99 = $col["p99_ms"]
     o_max = $col["max_ms"]; o_err = $col["errors"] }
@@ -173,6 +195,12 @@ awk -v ceiling="$ceiling" -v rate="$rate" -v hz="$(getconf CLK_TCK)" -v wall="$c
     printf "%-44s %10.3f %8s %7s\n", "  CPU ms per create: gradhub-api", api / hz * per, "-", "-"
     printf "%-44s %10.3f %8s %7s\n", "  CPU ms per create: PostgreSQL", pg / hz * per, "-", "-"
     printf "%-44s %10.3f %8s %7s\n", "  CPU ms per create: benchmark client", client * per, "-", "-"
+    e_per = echo_wall > 0 && e_rate > 0 ? 1000 / (echo_wall * e_rate) : 0
+    printf "%-44s %10.1f %8s %7s\n", "gRPC alone: echo CreateJob closed loop, calls/s", e_rate, "-", "-"
+    printf "%-44s %10.3f %8s %7s\n", "  as a fraction of the INSERT ceiling", (ceiling > 0 ? e_rate / ceiling : 0), "-", "-"
+    printf "%-44s %10.3f %8s %7s\n", "  CreateJob closed loop / gRPC alone", (e_rate > 0 ? c_rate / e_rate : 0), "-", "-"
+    printf "%-44s %10.3f %8s %7s\n", "  CPU ms per call: echo server", echo_server / hz * e_per, "-", "-"
+    printf "%-44s %10.3f %8s %7s\n", "  CPU ms per call: benchmark client", echo_client * e_per, "-", "-"
     printf "%-44s %10.1f %8s %7s\n", "CreateJob at " rate "/s, achieved creates/s", o_rate, rate, verdict(o_rate >= 0.99 * rate)
     printf "%-44s %10.2f %8s %7s\n", "  p50 ms (from scheduled send)", o_p50, "-", "-"
     printf "%-44s %10.2f %8s %7s\n", "  p90 ms", o_p90, "-", "-"
@@ -181,7 +209,7 @@ awk -v ceiling="$ceiling" -v rate="$rate" -v hz="$(getconf CLK_TCK)" -v wall="$c
     printf "%-44s %10.2f %8s %7s\n", "  pgbench INSERT, same timetable, p99 ms (ref)", ref_p99, "-", "-"
     printf "%-44s %10.2f %8s %7s\n", "  max ms", o_max, "-", "-"
     printf "%-44s %10s %8s %7s\n", "errors (closed loop / fixed rate)", c_err "/" o_err, "0", verdict(c_err + o_err == 0)
-  }' "$work/closed.out" "$work/open.out"
+  }' "$work/closed.out" "$work/echo.out" "$work/open.out"
 if [ "$statements" = 1 ]; then
   echo "PostgreSQL time during the closed loop (pg_stat_statements: calls | total ms | mean ms | statement):"
   cat "$work/statements.out"
