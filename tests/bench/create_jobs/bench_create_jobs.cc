@@ -284,8 +284,7 @@ double Percentile(const std::vector<int64_t>& sorted, double p) {
 // CreateJob with nothing behind it (--serve-echo).
 class EchoJobService final : public JobService::Service {
  public:
-  grpc::Status CreateJob(grpc::ServerContext*, const CreateJobRequest* request,
-                         Job* job) override {
+  grpc::Status CreateJob(grpc::ServerContext*, const CreateJobRequest* request, Job* job) override {
     job->set_name("jobs/echo-" + std::to_string(created_.fetch_add(1)));
     *job->mutable_spec() = request->spec();
     return grpc::Status::OK;
