@@ -276,6 +276,8 @@ void ResetSignals() {
       _exit(127);
     }
   }
+  const struct rlimit back_to_normal_priority = {kRankNiceLimit, kRankNiceLimit};
+  setrlimit(RLIMIT_NICE, &back_to_normal_priority);  // 4: an agent that is not root may not
   if (plan.identity.switch_user && !DropPrivileges(plan.identity)) {  // 5
     WriteErrno(plan.drop_error, errno);
     _exit(127);

@@ -26,7 +26,10 @@
 //   3. Signal mask and ignored signals reset (the agent blocks SIGTERM for its sigwait thread,
 //      and exec would pass that on); stdin /dev/null, stdout/stderr the pipes; every other fd
 //      close-on-exec.
-//   4. RLIMIT_DATA when the node limits memory by rlimit (no cgroup).
+//   4. RLIMIT_DATA when the node limits memory by rlimit (no cgroup). RLIMIT_NICE 20: a rank
+//      may put a thread it lowered (the trainer's checkpoint saves run at SCHED_IDLE) back to
+//      normal priority, nice 0, and never above it. Where the agent may not raise it (not
+//      root), the rank keeps its own (0), and the trainer says what that costs.
 //   5. Drop privileges, when the identity says so: setgroups (only the identity's supplementary
 //      groups, usually none),
 //      setresgid, setresuid, as raw syscalls (glibc's wrappers would try to signal the
@@ -49,6 +52,7 @@
 // passed to the LineCallback.
 #pragma once
 
+#include <sys/resource.h>
 #include <sys/types.h>
 
 #include <cstdint>
@@ -68,6 +72,8 @@ namespace gradhub::agent {
 
 // Longest line passed on; longer ones are split (LogEntry.text: "Lines longer than 64 KiB are
 // split").
+// Launch step 4: the lowest nice value a rank may give its threads is 20 - this, i.e. 0.
+inline constexpr rlim_t kRankNiceLimit = 20;
 inline constexpr size_t kMaxLineBytes = 64 * 1024;
 // How long the pipes are drained after the process group is gone.
 inline constexpr absl::Duration kDrainTimeout = absl::Seconds(2);

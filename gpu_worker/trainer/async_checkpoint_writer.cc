@@ -2,19 +2,77 @@
 
 #include <pthread.h>
 #include <sched.h>
+#include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <iostream>
+#include <thread>
 
 namespace gradhub::trainer {
 
+namespace {
+
+// Step 3's priorities, for `thread`: SCHED_IDLE, or back to SCHED_OTHER at nice 0. Lowering
+// needs no privilege; raising needs RLIMIT_NICE >= 20 (or CAP_SYS_NICE). 0 or the error.
+int SetSavePriority(pthread_t thread, bool idle) {
+  sched_param parameters{};
+  parameters.sched_priority = 0;
+  return pthread_setschedparam(thread, idle ? SCHED_IDLE : SCHED_OTHER, &parameters);
+}
+
+// Threads a save started inherited its idle priority; gRPC grows its own thread pools from
+// whichever thread calls into it, so such a thread would keep serving every channel at idle
+// priority for the rest of the run. Puts every thread of the process but the caller that is
+// at SCHED_IDLE back to normal (nothing else in the trainer lowers a thread). Best effort:
+// raising needs what HoldInFlightSaveAtNormalPriority needs.
+void RaiseOtherIdleThreads() {
+  const pid_t self = gettid();
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/task", error)) {
+    const pid_t thread = static_cast<pid_t>(std::atoi(entry.path().filename().c_str()));
+    if (thread <= 0 || thread == self || sched_getscheduler(thread) != SCHED_IDLE) continue;
+    sched_param parameters{};
+    parameters.sched_priority = 0;
+    sched_setscheduler(thread, SCHED_OTHER, &parameters);
+  }
+}
+
+// Step 3d: whether a thread of this process may go to idle priority and back to normal.
+// Tried, not deduced (RLIMIT_NICE, CAP_SYS_NICE, a container's dropped capabilities, a seccomp
+// filter all decide), on a thread of its own: one left at idle priority is no loss.
+bool MayLeaveIdlePriority() {
+  bool may = false;
+  std::thread([&may] {
+    may = SetSavePriority(pthread_self(), /*idle=*/true) == 0 &&
+          SetSavePriority(pthread_self(), /*idle=*/false) == 0;
+  }).join();
+  return may;
+}
+
+// The writer's answer to step 3d, said in the log when it is no.
+bool SavesMayRunIdle(std::ostream& log) {
+  if (MayLeaveIdlePriority()) return true;
+  log << "gradhub-trainer: checkpoints are saved at normal priority: this rank may not raise a "
+         "thread back from idle priority (RLIMIT_NICE below 20), which a save that training "
+         "waits for needs\n";
+  return false;
+}
+
+}  // namespace
+
 AsyncCheckpointWriter::AsyncCheckpointWriter(std::shared_ptr<CheckpointSink> sink,
                                              std::ostream* log)
-    : sink_(std::move(sink)), log_(log ? *log : std::cerr), thread_([this] { Run(); }) {}
+    : sink_(std::move(sink)),
+      log_(log ? *log : std::cerr),
+      idle_saves_(SavesMayRunIdle(log_)),
+      thread_([this] { Run(); }) {}
 
 AsyncCheckpointWriter::~AsyncCheckpointWriter() {
   {
     std::unique_lock<std::mutex> lock(mutex_);
+    HoldInFlightSaveAtNormalPriority();
     changed_.wait(lock, [&] { return !busy_; });
     stopping_ = true;
   }
@@ -32,6 +90,7 @@ std::optional<InFlightSave> AsyncCheckpointWriter::in_flight() const {
 double AsyncCheckpointWriter::Submit(Checkpoint checkpoint) {
   const auto start = Clock::now();
   std::unique_lock<std::mutex> lock(mutex_);
+  HoldInFlightSaveAtNormalPriority();
   changed_.wait(lock, [&] { return !busy_; });
   submitted_at_ = Clock::now();
   const double waited = std::chrono::duration<double>(submitted_at_ - start).count();
@@ -45,6 +104,7 @@ double AsyncCheckpointWriter::Submit(Checkpoint checkpoint) {
 
 std::optional<SaveOutcome> AsyncCheckpointWriter::Flush(std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> lock(mutex_);
+  HoldInFlightSaveAtNormalPriority();
   if (!changed_.wait_for(lock, timeout, [&] { return !busy_; })) return std::nullopt;
   return last_;
 }
@@ -54,30 +114,25 @@ SaveOutcome AsyncCheckpointWriter::last_outcome() const {
   return last_;
 }
 
-namespace {
-
-// Step 3's priority. Lowering a thread's own priority needs no privilege; where it fails
-// anyway (a seccomp filter), the save runs at normal priority and the log says so.
-void RunAtIdlePriority(std::ostream& log) {
-  sched_param parameters{};
-  parameters.sched_priority = 0;
-  const int error = pthread_setschedparam(pthread_self(), SCHED_IDLE, &parameters);
-  if (error != 0) {
-    log << "gradhub-trainer: checkpoints are saved at normal priority (SCHED_IDLE: "
-        << std::strerror(error) << ")\n";
+void AsyncCheckpointWriter::HoldInFlightSaveAtNormalPriority() {
+  if (!idle_saves_ || !busy_ || boosted_) return;
+  boosted_ = true;  // a save not picked up yet is not lowered (Run)
+  const int error = SetSavePriority(thread_.native_handle(), /*idle=*/false);
+  if (error != 0) {  // the probe (step 3d) said it would not be
+    log_ << "gradhub-trainer: the checkpoint save being waited for stays at idle priority ("
+         << std::strerror(error) << ")\n";
   }
 }
 
-}  // namespace
-
 void AsyncCheckpointWriter::Run() {
-  RunAtIdlePriority(log_);
   std::unique_lock<std::mutex> lock(mutex_);
   while (true) {
     changed_.wait(lock, [&] { return stopping_ || pending_.has_value(); });
     if (!pending_) return;  // stopping, nothing left
     Checkpoint checkpoint = std::move(*pending_);
     pending_.reset();
+    // Step 3a: idle, unless the training thread already waits for this one (3b).
+    if (idle_saves_ && !boosted_) SetSavePriority(pthread_self(), /*idle=*/true);
     lock.unlock();
 
     SaveOutcome outcome;
@@ -91,10 +146,12 @@ void AsyncCheckpointWriter::Run() {
            << " was not saved: " << outcome.error << "\n";
     }
     outcome.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    if (idle_saves_) RaiseOtherIdleThreads();  // step 3c
 
     lock.lock();
     last_ = outcome;
     busy_ = false;
+    boosted_ = false;
     changed_.notify_all();
   }
 }

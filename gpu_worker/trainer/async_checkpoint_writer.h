@@ -13,15 +13,27 @@
 //      must not be lost (the final one, a preemption's) it first waits for the save in flight.
 //   3. The thread calls the sink's Save, which retries on its own (through an outage of the
 //      store: the upload resumes at the store's offset once it is back), and records the
-//      outcome. The thread runs at the scheduler's idle priority (SCHED_IDLE), and so do the
-//      threads it starts: a save is background work, and on a node whose cores all train its
-//      hashing, framing and sends took a core from a training thread, which then held up the
-//      other training threads at their next barrier (a 160 MiB save took 0.41 s from training
-//      beside its snapshot at normal priority, 0.22 s at idle; tests/bench/checkpoint/
-//      training_stall.sh). It gets every core
-//      training leaves idle, and all of them while the training thread waits for it (a final
-//      or preemption checkpoint, step 4), so a save is slower only where the cores are busy;
-//      one that outlasts the interval makes the next periodic checkpoint skip (step 1).
+//      outcome. Its priority:
+//      a. It saves at the scheduler's idle priority (SCHED_IDLE). A save is background work;
+//         on a node whose cores all train, its hashing, framing and sends took a core from a
+//         training thread, which then held up the others at their next barrier (a 160 MiB
+//         save took 0.41 s from training besides its snapshot at normal priority, 0.22 s at
+//         idle: tests/bench/checkpoint/training_stall.sh). It gets what training leaves idle.
+//      b. A save the training thread waits for (Submit of one that must not be lost, Flush,
+//         the destructor) goes back to normal priority until it ends: on cores that other
+//         processes keep busy, an idle save could starve while the loop waits on it, as in a
+//         preemption's grace. Raising a thread needs RLIMIT_NICE >= 20, which the agent gives
+//         ranks (rank_process.h).
+//      c. Threads a save started inherit its priority. Once it has ended, every other thread
+//         of the process at idle priority goes back to normal: gRPC grows its pools from
+//         whichever thread calls it, and its threads serve every channel.
+//      d. All of it only where the thread may go back to normal (tried once at start). Where
+//         it may not (a rank without RLIMIT_NICE 20: an agent without CAP_SYS_RESOURCE, as in
+//         a container), saves run at normal priority, as the log says: an idle save that
+//         training waits for starved on cores that other jobs' ranks kept busy, and a drain's
+//         SIGTERM checkpoint missed its grace (checkpoint_e2e_test).
+//      A slower save costs nothing while the cores have room; one that outlasts the interval
+//      makes the next periodic checkpoint skip (step 1).
 //   4. Flush(timeout) waits for the save in flight, for a final checkpoint or a preemption.
 // A failed save does not stop training (the previous checkpoint is still there); it is logged,
 // and Flush reports it so the last save of a run is never lost silently.
@@ -88,6 +100,8 @@ class AsyncCheckpointWriter {
   using Clock = std::chrono::steady_clock;
 
   void Run();
+  // With mutex_ held, before the training thread waits for the save in flight (step 3).
+  void HoldInFlightSaveAtNormalPriority();
 
   std::shared_ptr<CheckpointSink> sink_;
   std::ostream& log_;
@@ -96,10 +110,12 @@ class AsyncCheckpointWriter {
   std::optional<Checkpoint> pending_;  // handed over, not yet picked up or still saving
   bool busy_ = false;                  // a save is running (pending_ or in Save)
   bool stopping_ = false;
+  bool boosted_ = false;  // the save in flight runs at normal priority (3b)
   SaveOutcome last_;
   int64_t last_submitted_step_ = -1;
   Clock::time_point submitted_at_;  // of last_submitted_step_
-  std::thread thread_;
+  const bool idle_saves_;           // step 3d: saves may run at idle priority
+  std::thread thread_;              // declared last: started once the rest exists
 };
 
 }  // namespace gradhub::trainer

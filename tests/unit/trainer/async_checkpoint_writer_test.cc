@@ -4,6 +4,9 @@
 
 #include <gtest/gtest.h>
 #include <sched.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <condition_variable>
 #include <mutex>
@@ -11,6 +14,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace gradhub::trainer {
@@ -24,8 +28,11 @@ class GatedSink : public CheckpointSink {
   void Save(const Checkpoint& checkpoint) override {
     std::unique_lock<std::mutex> lock(mutex_);
     started_.push_back(checkpoint.step);
+    saver_ = gettid();
+    policies_.push_back({sched_getscheduler(0), -1});
     changed_.notify_all();
     changed_.wait(lock, [&] { return released_ > static_cast<int>(saved_.size()); });
+    policies_.back().second = sched_getscheduler(0);
     if (fail_) throw std::runtime_error("store unreachable");
     saved_.push_back(checkpoint.step);
   }
@@ -45,11 +52,23 @@ class GatedSink : public CheckpointSink {
     std::lock_guard<std::mutex> lock(mutex_);
     return saved_;
   }
+  // The scheduling policy of the thread running the last save, now.
+  int saver_policy() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return sched_getscheduler(saver_);
+  }
+  // Each save's scheduling policy when it started and when it was released.
+  std::vector<std::pair<int, int>> policies() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return policies_;
+  }
 
  private:
   std::mutex mutex_;
   std::condition_variable changed_;
   std::vector<int64_t> started_, saved_;
+  std::vector<std::pair<int, int>> policies_;
+  pid_t saver_ = 0;
   int released_ = 0;
   bool fail_ = false;
 };
@@ -187,27 +206,150 @@ TEST(AsyncCheckpointWriterTest, ThroughAnOutageTheLoopSkipsAndNeverWaitsUntilThe
   EXPECT_EQ(skipped, (std::vector<int64_t>{20, 30}));
 }
 
-// Records the scheduling policy of the thread that saves, and of a thread that one starts.
-class PolicyRecordingSink : public CheckpointSink {
+// Records the scheduling policy of the thread that saves, and starts a thread that outlives
+// the save (as gRPC's pools grow from whichever thread calls them).
+class ThreadStartingSink : public CheckpointSink {
  public:
+  ~ThreadStartingSink() override {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    changed_.notify_all();
+    if (pool_thread_.joinable()) pool_thread_.join();
+  }
   void Save(const Checkpoint&) override {
     save_policy = sched_getscheduler(0);
-    std::thread helper([&] { helper_policy = sched_getscheduler(0); });
-    helper.join();
+    pool_thread_ = std::thread([this] {
+      std::unique_lock<std::mutex> lock(mutex_);
+      pool_thread_id_ = gettid();
+      pool_thread_start_policy_ = sched_getscheduler(0);
+      changed_.notify_all();
+      changed_.wait(lock, [&] { return stop_; });
+    });
+    std::unique_lock<std::mutex> lock(mutex_);
+    changed_.wait(lock, [&] { return pool_thread_id_ != 0; });
   }
   std::optional<Checkpoint> LoadLatest() override { return std::nullopt; }
-  int save_policy = -1, helper_policy = -1;
+  int pool_thread_start_policy() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return pool_thread_start_policy_;
+  }
+  int pool_thread_policy_now() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return sched_getscheduler(pool_thread_id_);
+  }
+  int save_policy = -1;
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::thread pool_thread_;
+  pid_t pool_thread_id_ = 0;
+  int pool_thread_start_policy_ = -1;
+  bool stop_ = false;
 };
 
+// Whether saves run at idle priority here: only where a thread may be put back to normal, which
+// needs RLIMIT_NICE >= 20 or root (with CAP_SYS_NICE).
+bool MayRaiseThreads() {
+  rlimit nice{};
+  return geteuid() == 0 || (getrlimit(RLIMIT_NICE, &nice) == 0 && nice.rlim_cur >= 20);
+}
+
 TEST(AsyncCheckpointWriterTest, SavesRunAtIdlePrioritySoTrainingKeepsEveryCore) {
-  auto sink = std::make_shared<PolicyRecordingSink>();
+  if (!MayRaiseThreads()) GTEST_SKIP() << "neither root nor RLIMIT_NICE >= 20";
+  auto sink = std::make_shared<GatedSink>();
   std::ostringstream log;
   AsyncCheckpointWriter writer(sink, &log);
   writer.Submit({10, "a"});
-  ASSERT_TRUE(writer.Flush(milliseconds(5000)).has_value());
-  EXPECT_EQ(sink->save_policy, SCHED_IDLE) << log.str();
-  EXPECT_EQ(sink->helper_policy, SCHED_IDLE) << "threads a save starts inherit it";
+  sink->AwaitStarted(1);
   EXPECT_EQ(sched_getscheduler(0), SCHED_OTHER) << "the training thread keeps its priority";
+  sink->Release();
+  while (writer.in_flight().has_value()) std::this_thread::sleep_for(milliseconds(5));
+  ASSERT_EQ(sink->policies().size(), 1u);
+  EXPECT_EQ(sink->policies()[0], std::make_pair(SCHED_IDLE, SCHED_IDLE)) << log.str();
+}
+
+TEST(AsyncCheckpointWriterTest, ASaveTheLoopWaitsForGoesBackToNormalPriority) {
+  if (!MayRaiseThreads()) GTEST_SKIP() << "neither root nor RLIMIT_NICE >= 20";
+  auto sink = std::make_shared<GatedSink>();
+  std::ostringstream log;
+  AsyncCheckpointWriter writer(sink, &log);
+  writer.Submit({10, "a"});
+  sink->AwaitStarted(1);
+  std::thread flusher([&] { EXPECT_TRUE(writer.Flush(milliseconds(5000)).has_value()); });
+  for (int i = 0; i < 500 && sink->saver_policy() != SCHED_OTHER; ++i) {
+    std::this_thread::sleep_for(milliseconds(10));  // until Flush has raised it
+  }
+  sink->Release();
+  flusher.join();
+  // The next save, not waited for, is idle again from its start.
+  writer.Submit({20, "b"});
+  sink->AwaitStarted(2);
+  sink->Release();
+  ASSERT_TRUE(writer.Flush(milliseconds(5000)).has_value());
+  const std::vector<std::pair<int, int>> policies = sink->policies();
+  ASSERT_EQ(policies.size(), 2u);
+  EXPECT_EQ(policies[0], std::make_pair(SCHED_IDLE, SCHED_OTHER)) << log.str();
+  EXPECT_EQ(policies[1].first, SCHED_IDLE);
+  EXPECT_EQ(log.str().find("stays at idle priority"), std::string::npos) << log.str();
+}
+
+TEST(AsyncCheckpointWriterTest, ThreadsASaveStartedGoBackToNormalPriorityWhenItEnds) {
+  if (!MayRaiseThreads()) GTEST_SKIP() << "neither root nor RLIMIT_NICE >= 20";
+  auto sink = std::make_shared<ThreadStartingSink>();
+  std::ostringstream log;
+  AsyncCheckpointWriter writer(sink, &log);
+  writer.Submit({10, "a"});
+  while (sink->pool_thread_start_policy() == -1) std::this_thread::sleep_for(milliseconds(5));
+  while (writer.in_flight().has_value()) std::this_thread::sleep_for(milliseconds(5));
+  EXPECT_EQ(sink->save_policy, SCHED_IDLE) << log.str();
+  EXPECT_EQ(sink->pool_thread_start_policy(), SCHED_IDLE) << "inherited from the save";
+  EXPECT_EQ(sink->pool_thread_policy_now(), SCHED_OTHER);
+}
+
+// A save's scheduling policy, for a writer where threads may not go back to normal priority.
+class PolicySink : public CheckpointSink {
+ public:
+  void Save(const Checkpoint&) override { policy = sched_getscheduler(0); }
+  std::optional<Checkpoint> LoadLatest() override { return std::nullopt; }
+  int policy = -1;
+};
+
+bool SavesAtNormalPriorityAndSaysSo() {
+  auto sink = std::make_shared<PolicySink>();
+  std::ostringstream log;
+  {
+    AsyncCheckpointWriter writer(sink, &log);
+    writer.Submit({10, "a"});
+    if (!writer.Flush(milliseconds(5000)).has_value()) return false;
+  }
+  return sink->policy == SCHED_OTHER &&
+         log.str().find("checkpoints are saved at normal priority") != std::string::npos;
+}
+
+// Where no thread may be put back (a rank without RLIMIT_NICE 20), an idle save could starve
+// while training waits for it: saves stay at normal priority. Root runs it as nobody.
+TEST(AsyncCheckpointWriterTest, WhereAThreadMayNotGoBackSavesRunAtNormalPriority) {
+  if (!MayRaiseThreads()) {
+    EXPECT_TRUE(SavesAtNormalPriorityAndSaysSo());
+    return;
+  }
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    const rlimit no_raising{0, 0};
+    if (setrlimit(RLIMIT_NICE, &no_raising) != 0 || setresgid(65534, 65534, 65534) != 0 ||
+        setresuid(65534, 65534, 65534) != 0) {
+      _exit(2);
+    }
+    _exit(SavesAtNormalPriorityAndSaysSo() ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "2: could not become nobody; 1: the save ran idle";
 }
 
 }  // namespace
