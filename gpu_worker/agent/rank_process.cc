@@ -277,7 +277,7 @@ void ResetSignals() {
     }
   }
   const struct rlimit back_to_normal_priority = {kRankNiceLimit, kRankNiceLimit};
-  setrlimit(RLIMIT_NICE, &back_to_normal_priority);  // 4: an agent that is not root may not
+  setrlimit(RLIMIT_NICE, &back_to_normal_priority);  // 4: where the agent may; else as it is
   if (plan.identity.switch_user && !DropPrivileges(plan.identity)) {  // 5
     WriteErrno(plan.drop_error, errno);
     _exit(127);

@@ -28,8 +28,9 @@
 //      close-on-exec.
 //   4. RLIMIT_DATA when the node limits memory by rlimit (no cgroup). RLIMIT_NICE 20: a rank
 //      may put a thread it lowered (the trainer's checkpoint saves run at SCHED_IDLE) back to
-//      normal priority, nice 0, and never above it. Where the agent may not raise it (not
-//      root), the rank keeps its own (0), and the trainer says what that costs.
+//      normal priority, nice 0, and never above it. Where the agent may not raise it (neither
+//      CAP_SYS_RESOURCE nor a hard limit of 20 of its own), the rank keeps the agent's, and
+//      the trainer then saves at normal priority.
 //   5. Drop privileges, when the identity says so: setgroups (only the identity's supplementary
 //      groups, usually none),
 //      setresgid, setresuid, as raw syscalls (glibc's wrappers would try to signal the
@@ -70,10 +71,10 @@
 
 namespace gradhub::agent {
 
-// Longest line passed on; longer ones are split (LogEntry.text: "Lines longer than 64 KiB are
-// split").
 // Launch step 4: the lowest nice value a rank may give its threads is 20 - this, i.e. 0.
 inline constexpr rlim_t kRankNiceLimit = 20;
+// Longest line passed on; longer ones are split (LogEntry.text: "Lines longer than 64 KiB are
+// split").
 inline constexpr size_t kMaxLineBytes = 64 * 1024;
 // How long the pipes are drained after the process group is gone.
 inline constexpr absl::Duration kDrainTimeout = absl::Seconds(2);

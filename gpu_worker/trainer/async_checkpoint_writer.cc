@@ -24,9 +24,9 @@ int SetSavePriority(pthread_t thread, bool idle) {
 
 // Threads a save started inherited its idle priority; gRPC grows its own thread pools from
 // whichever thread calls into it, so such a thread would keep serving every channel at idle
-// priority for the rest of the run. Puts every thread of the process but the caller that is
-// at SCHED_IDLE back to normal (nothing else in the trainer lowers a thread). Best effort:
-// raising needs what HoldInFlightSaveAtNormalPriority needs.
+// priority for the rest of the run. Puts every other thread of the process that is at
+// SCHED_IDLE back to normal (nothing else in the trainer lowers a thread). Called only where
+// step 3d found raising allowed.
 void RaiseOtherIdleThreads() {
   const pid_t self = gettid();
   std::error_code error;
