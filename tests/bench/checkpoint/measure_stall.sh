@@ -23,15 +23,22 @@ checkpoint: {everySteps: $1, keepLast: 2}
 distributed: {worldSize: 1}
 YAML
 }
-# Writes rank 0's progress lines and done line of a finished job into file $2.
+# Writes rank 0's progress lines and done line of a finished job into file $2, its whole log
+# into $2.log, and the priority its saves ran at into $2.priority.
 run_job() {
   write_spec "$1"
   job="$("$gradhub" submit -f "$spec")"
   "$gradhub" watch "$job" >/dev/null 2>&1 || true
   for _ in $(seq 50); do
-    "$gradhub" logs "$job" --rank 0 | grep '"event":"\(progress\|done\)"' | sed 's/^[^{]*//' \
-      > "$2" || true
+    "$gradhub" logs "$job" --rank 0 > "$2.log" || true
+    grep '"event":"\(progress\|done\)"' "$2.log" | sed 's/^[^{]*//' > "$2" || true
     if grep -q '"event":"done"' "$2"; then
+      # async_checkpoint_writer.h, step 3d: idle only where the rank may raise a save again.
+      if grep -q "checkpoints are saved at normal priority" "$2.log"; then
+        echo normal > "$2.priority"
+      else
+        echo idle > "$2.priority"
+      fi
       [ -n "${GRADHUB_BENCH_KEEP:-}" ] && cp "$2" "$GRADHUB_BENCH_KEEP/${job##*/}.log"
       return 0
     fi
@@ -46,6 +53,7 @@ for round in $(seq "$rounds"); do
   run_job "$every" "$logs/$round"
   runs+=("$logs/$round")
 done
+echo "saves ran at $(sort -u "$logs"/*.priority | paste -sd/) priority (rank 0's log)"
 "$py" - "$steps" "$every" "${runs[@]}" <<'PY'
 import json, statistics, sys, time, torch
 torch.set_num_threads(1)
