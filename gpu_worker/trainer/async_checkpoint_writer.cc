@@ -39,21 +39,9 @@ void RaiseOtherIdleThreads() {
   }
 }
 
-// Step 3d: whether a thread of this process may go to idle priority and back to normal.
-// Tried, not deduced (RLIMIT_NICE, CAP_SYS_NICE, a container's dropped capabilities, a seccomp
-// filter all decide), on a thread of its own: one left at idle priority is no loss.
-bool MayLeaveIdlePriority() {
-  bool may = false;
-  std::thread([&may] {
-    may = SetSavePriority(pthread_self(), /*idle=*/true) == 0 &&
-          SetSavePriority(pthread_self(), /*idle=*/false) == 0;
-  }).join();
-  return may;
-}
-
 // The writer's answer to step 3d, said in the log when it is no.
 bool SavesMayRunIdle(std::ostream& log) {
-  if (MayLeaveIdlePriority()) return true;
+  if (ThreadsMayLeaveIdlePriority()) return true;
   log << "gradhub-trainer: checkpoints are saved at normal priority: this rank may not raise a "
          "thread back from idle priority (RLIMIT_NICE below 20), which a save that training "
          "waits for needs\n";
@@ -61,6 +49,17 @@ bool SavesMayRunIdle(std::ostream& log) {
 }
 
 }  // namespace
+
+// Tried, not deduced (RLIMIT_NICE, CAP_SYS_NICE, a container's dropped capabilities, a seccomp
+// filter all decide), on a thread of its own: one left at idle priority is no loss.
+bool ThreadsMayLeaveIdlePriority() {
+  bool may = false;
+  std::thread([&may] {
+    may = SetSavePriority(pthread_self(), /*idle=*/true) == 0 &&
+          SetSavePriority(pthread_self(), /*idle=*/false) == 0;
+  }).join();
+  return may;
+}
 
 AsyncCheckpointWriter::AsyncCheckpointWriter(std::shared_ptr<CheckpointSink> sink,
                                              std::ostream* log)

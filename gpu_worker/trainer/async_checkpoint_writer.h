@@ -76,6 +76,10 @@ inline bool SkipCheckpoint(SaveUrgency urgency, const std::optional<InFlightSave
   return urgency == SaveUrgency::kSkippable && in_flight.has_value();
 }
 
+// Step 3d's question: whether a thread of this process may go to idle priority and back to
+// normal (RLIMIT_NICE >= 20, or CAP_SYS_NICE). The writer asks it once, at construction.
+bool ThreadsMayLeaveIdlePriority();
+
 // Thread-compatible: called from the training thread only.
 class AsyncCheckpointWriter {
  public:

@@ -11,7 +11,7 @@ logs="$(mktemp -d)"
 trap 'rm -rf "$spec" "$logs"' EXIT
 # GRADHUB_BENCH_KEEP=DIR keeps each run's log (the progress lines) there.
 # 1024x4096 + 4096x4096 + 4096x10 floats, twice (momentum): ~200 MiB of state.
-write_spec() {  # $1 = checkpoint.everySteps (0 = only at the end)
+write_spec() {  # $1 = checkpoint.everySteps
   cat > "$spec" <<YAML
 model: {mlp: {layers: [1024, 4096, 4096, 10]}}
 dataset: {synthetic: {numSamples: 4096, numFeatures: 1024, numClasses: 10}}

@@ -251,59 +251,51 @@ class ThreadStartingSink : public CheckpointSink {
   bool stop_ = false;
 };
 
-// Whether saves run at idle priority here: only where a thread may be put back to normal
-// (RLIMIT_NICE >= 20, or root with CAP_SYS_NICE). Tried as the writer tries it.
-bool MayRaiseThreads() {
-  bool may = false;
-  std::thread([&may] {
-    sched_param parameters{};
-    may = pthread_setschedparam(pthread_self(), SCHED_IDLE, &parameters) == 0 &&
-          pthread_setschedparam(pthread_self(), SCHED_OTHER, &parameters) == 0;
-  }).join();
-  return may;
-}
+// A writer whose first save (step 10) has started and is held back, where saves run at idle
+// priority at all (step 3d; elsewhere the test is skipped).
+class IdleSaveTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!ThreadsMayLeaveIdlePriority()) GTEST_SKIP() << "threads may not leave idle priority";
+    writer_.emplace(sink_, &log_);
+    writer_->Submit({10, "a"});
+    sink_->AwaitStarted(1);
+  }
 
-TEST(AsyncCheckpointWriterTest, SavesRunAtIdlePrioritySoTrainingKeepsEveryCore) {
-  if (!MayRaiseThreads()) GTEST_SKIP() << "threads may not go back from idle priority here";
-  auto sink = std::make_shared<GatedSink>();
-  std::ostringstream log;
-  AsyncCheckpointWriter writer(sink, &log);
-  writer.Submit({10, "a"});
-  sink->AwaitStarted(1);
+  std::shared_ptr<GatedSink> sink_ = std::make_shared<GatedSink>();
+  std::ostringstream log_;
+  std::optional<AsyncCheckpointWriter> writer_;
+};
+
+TEST_F(IdleSaveTest, SavesRunAtIdlePrioritySoTrainingKeepsEveryCore) {
   EXPECT_EQ(sched_getscheduler(0), SCHED_OTHER) << "the training thread keeps its priority";
-  sink->Release();
-  while (writer.in_flight().has_value()) std::this_thread::sleep_for(milliseconds(5));
-  ASSERT_EQ(sink->policies().size(), 1u);
-  EXPECT_EQ(sink->policies()[0], std::make_pair(SCHED_IDLE, SCHED_IDLE)) << log.str();
+  sink_->Release();
+  while (writer_->in_flight().has_value()) std::this_thread::sleep_for(milliseconds(5));
+  ASSERT_EQ(sink_->policies().size(), 1u);
+  EXPECT_EQ(sink_->policies()[0], std::make_pair(SCHED_IDLE, SCHED_IDLE)) << log_.str();
 }
 
-TEST(AsyncCheckpointWriterTest, ASaveTheLoopWaitsForGoesBackToNormalPriority) {
-  if (!MayRaiseThreads()) GTEST_SKIP() << "threads may not go back from idle priority here";
-  auto sink = std::make_shared<GatedSink>();
-  std::ostringstream log;
-  AsyncCheckpointWriter writer(sink, &log);
-  writer.Submit({10, "a"});
-  sink->AwaitStarted(1);
-  std::thread flusher([&] { EXPECT_TRUE(writer.Flush(milliseconds(5000)).has_value()); });
-  for (int i = 0; i < 500 && sink->saver_policy() != SCHED_OTHER; ++i) {
+TEST_F(IdleSaveTest, ASaveTheLoopWaitsForGoesBackToNormalPriority) {
+  std::thread flusher([&] { EXPECT_TRUE(writer_->Flush(milliseconds(5000)).has_value()); });
+  for (int i = 0; i < 500 && sink_->saver_policy() != SCHED_OTHER; ++i) {
     std::this_thread::sleep_for(milliseconds(10));  // until Flush has raised it
   }
-  sink->Release();
+  sink_->Release();
   flusher.join();
   // The next save, not waited for, is idle again from its start.
-  writer.Submit({20, "b"});
-  sink->AwaitStarted(2);
-  sink->Release();
-  ASSERT_TRUE(writer.Flush(milliseconds(5000)).has_value());
-  const std::vector<std::pair<int, int>> policies = sink->policies();
+  writer_->Submit({20, "b"});
+  sink_->AwaitStarted(2);
+  sink_->Release();
+  ASSERT_TRUE(writer_->Flush(milliseconds(5000)).has_value());
+  const std::vector<std::pair<int, int>> policies = sink_->policies();
   ASSERT_EQ(policies.size(), 2u);
-  EXPECT_EQ(policies[0], std::make_pair(SCHED_IDLE, SCHED_OTHER)) << log.str();
+  EXPECT_EQ(policies[0], std::make_pair(SCHED_IDLE, SCHED_OTHER)) << log_.str();
   EXPECT_EQ(policies[1].first, SCHED_IDLE);
-  EXPECT_EQ(log.str().find("stays at idle priority"), std::string::npos) << log.str();
+  EXPECT_EQ(log_.str().find("stays at idle priority"), std::string::npos) << log_.str();
 }
 
 TEST(AsyncCheckpointWriterTest, ThreadsASaveStartedGoBackToNormalPriorityWhenItEnds) {
-  if (!MayRaiseThreads()) GTEST_SKIP() << "threads may not go back from idle priority here";
+  if (!ThreadsMayLeaveIdlePriority()) GTEST_SKIP() << "threads may not leave idle priority";
   auto sink = std::make_shared<ThreadStartingSink>();
   std::ostringstream log;
   AsyncCheckpointWriter writer(sink, &log);
@@ -339,7 +331,7 @@ bool SavesAtNormalPriorityAndSaysSo() {
 // while training waits for it: saves stay at normal priority. Where threads may be raised, a
 // child gives that up first (root becomes nobody).
 TEST(AsyncCheckpointWriterTest, WhereAThreadMayNotGoBackSavesRunAtNormalPriority) {
-  if (!MayRaiseThreads()) {
+  if (!ThreadsMayLeaveIdlePriority()) {
     EXPECT_TRUE(SavesAtNormalPriorityAndSaysSo());
     return;
   }
