@@ -527,4 +527,14 @@ bool LocalCluster::Drain(const std::string& name) {
   return status.ok();
 }
 
+bool LocalCluster::Cordon(const std::string& name, bool cordon) {
+  v1::CordonNodeRequest request;
+  request.set_name("nodes/" + name);
+  request.set_cordon(cordon);
+  v1::Node node;
+  const grpc::Status status = nodes_->CordonNode(AdminContext().get(), request, &node);
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  return status.ok();
+}
+
 }  // namespace gradhub::testing

@@ -142,6 +142,8 @@ class LocalCluster {
   bool TryGetNode(const std::string& name, v1::Node* node);
   // DrainNode as an operator would (admin token); false with a test failure if refused.
   bool Drain(const std::string& name);
+  // CordonNode as an operator would: cordon=false makes a cordoned node READY again.
+  bool Cordon(const std::string& name, bool cordon);
 
   // Contexts carrying the tenant's or the admin's token, with a 10 s deadline.
   std::unique_ptr<grpc::ClientContext> TenantContext() const;

@@ -236,6 +236,14 @@ TEST_F(CheckpointE2eTest, CheckpointServiceKilledMidUploadLosesNothing) {
 // The newest committed blob has one byte flipped on disk. The next attempt (on the other
 // node, whose cache does not have it) is refused it, falls back to the previous checkpoint,
 // the job's events say so, and the job still ends with the reference parameters.
+// Which checkpoint is the newest is read only once attempt 1 can no longer commit one:
+//   1. the other node is cordoned, so the next attempt waits for the test;
+//   2. the agent running the job is SIGKILLed, and its ranks with it. A CommitCheckpoint that
+//      rank 0 sent just before still completes in the store (CI saw step 600 commit after the
+//      kill, so the test flipped a byte of 400 and the job resumed from an intact 600);
+//   3. the node is lost (the 3 s lease) and the job waits in RESTARTING; the committed list
+//      is read when it has not changed for a second;
+//   4. the newest blob is corrupted, and only then is the other node made READY again.
 TEST_F(CheckpointE2eTest, CorruptNewestBlobFallsBackToThePreviousCheckpoint) {
   const std::string reference = Reference(Spec());
   const std::string name = cluster_->Submit(Spec()).name();
@@ -249,8 +257,23 @@ TEST_F(CheckpointE2eTest, CorruptNewestBlobFallsBackToThePreviousCheckpoint) {
   }
   const std::string victim = cluster_->AgentRunningTrainers();
   ASSERT_FALSE(victim.empty());
-  cluster_->KillAgent(victim, SIGKILL);  // nothing more is written while we look
-  const std::vector<v1::Checkpoint> committed = Committed(name);
+  const std::string other = victim == "a" ? "b" : "a";
+  ASSERT_TRUE(cluster_->Cordon(other, true));                           // 1
+  cluster_->KillAgent(victim, SIGKILL);                                 // 2
+  const v1::Job lost = cluster_->AwaitJob(name, [](const v1::Job& j) {  // 3
+    return testing::Ended(j) || j.state() == v1::Job::RESTARTING;
+  });
+  ASSERT_EQ(lost.state(), v1::Job::RESTARTING) << cluster_->Describe(name);
+  std::vector<v1::Checkpoint> committed = Committed(name);
+  for (auto unchanged_since = Clock::now(); Clock::now() - unchanged_since < seconds(1);) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    std::vector<v1::Checkpoint> now = Committed(name);
+    if (now.size() != committed.size() ||
+        (!now.empty() && now.front().step() != committed.front().step())) {
+      committed = std::move(now);
+      unchanged_since = Clock::now();
+    }
+  }
   ASSERT_GE(committed.size(), 2u);
   // Newest step first. The local blob store keeps it as blobs/<job id>/<step>-<upload id>.
   fs::path newest;
@@ -269,6 +292,7 @@ TEST_F(CheckpointE2eTest, CorruptNewestBlobFallsBackToThePreviousCheckpoint) {
     blob.seekp(committed[0].size_bytes() / 2);
     blob.write(&byte, 1);
   }
+  ASSERT_TRUE(cluster_->Cordon(other, false));  // 4
   const v1::Job done = cluster_->AwaitJob(name, testing::Ended, seconds(300));
   ASSERT_EQ(done.state(), v1::Job::SUCCEEDED) << done.state_reason() << cluster_->Describe(name);
   EXPECT_EQ(FinalParameters(*cluster_, name), reference);
