@@ -29,7 +29,22 @@ bool LooksLikeJsonLiteral(const std::string& value) {
   return value == "true" || value == "false" || std::regex_match(value, kNumber);
 }
 
-void ToJson(const YAML::Node& node, std::string* out) {
+// Aliases make a YAML document a graph, not a tree: one that contains itself (`&x [*x]`)
+// never ends, and aliases of aliases multiply (a "billion laughs" of a few hundred bytes).
+// A spec is a few levels deep and a few KiB, so the conversion refuses to go deeper or grow
+// larger than any spec needs, before it exhausts the stack or the memory.
+constexpr int kMaxSpecDepth = 64;
+constexpr size_t kMaxSpecJsonBytes = size_t{1} << 20;
+
+void ToJson(const YAML::Node& node, int depth, std::string* out) {
+  if (depth > kMaxSpecDepth) {
+    throw UserError("", "spec nests deeper than " + std::to_string(kMaxSpecDepth) +
+                            " levels (an alias that contains itself?)");
+  }
+  if (out->size() > kMaxSpecJsonBytes) {
+    throw UserError("", "spec expands to more than " + std::to_string(kMaxSpecJsonBytes >> 20) +
+                            " MiB (aliases of aliases?)");
+  }
   switch (node.Type()) {
     case YAML::NodeType::Map: {
       *out += "{";
@@ -38,7 +53,7 @@ void ToJson(const YAML::Node& node, std::string* out) {
         if (!first) *out += ",";
         first = false;
         *out += QuoteJson(item.first.Scalar()) + ":";
-        ToJson(item.second, out);
+        ToJson(item.second, depth + 1, out);
       }
       *out += "}";
       return;
@@ -47,7 +62,7 @@ void ToJson(const YAML::Node& node, std::string* out) {
       *out += "[";
       for (size_t i = 0; i < node.size(); ++i) {
         if (i) *out += ",";
-        ToJson(node[i], out);
+        ToJson(node[i], depth + 1, out);
       }
       *out += "]";
       return;
@@ -366,7 +381,7 @@ v1::JobSpec ParseJobSpec(const std::string& text) {
   }
   if (!root.IsMap()) throw UserError("", "spec must be a mapping of fields");
   std::string json;
-  ToJson(root, &json);
+  ToJson(root, 0, &json);
   v1::JobSpec spec;
   const absl::Status status = ParseProtoJson(json, &spec, {.case_insensitive_enums = true});
   if (!status.ok()) throw UserError("", "spec: " + std::string(status.message()));

@@ -291,15 +291,22 @@ TEST_F(ManyHostsE2eTest, AnAgentCutOffPastTheGraceStopsItsRanksAndTheJobMovesOn)
 // checkpoint store accepts none of its saves; the restarted job ends bit for bit.
 TEST_F(ManyHostsE2eTest, AStragglerOfAnAttemptTheApiGaveUpOnChangesNothing) {
   Start(/*outage_grace=*/"30s");
-  const v1::JobSpec spec = Spec(2, 6000);
+  // Long enough that the straggler still trains when the api gives up on it (a lease, 3 s,
+  // after the cut) and 4 s after that: both ranks on one host once ran 6,000 steps in less,
+  // so attempt 1 finished and committed its final checkpoint before there was an attempt 2.
+  const v1::JobSpec spec = Spec(2, 30000);
   const std::string reference = Reference(spec);
   const auto [name, running] = SubmitAndAwaitTraining(spec);
   ASSERT_EQ(running.size(), 1u);
   const std::string cut = running[0];
 
   const int rule = hosts_->filter(cut).DropTcpEndpoint(hosts_->hub_address(), ApiPort());
+  const auto cut_at = Clock::now();
+  const int64_t cut_step = cluster_->Get(name).progress().step();
   const v1::Job moved = AwaitRunningPast(name, 2, 0);
   ASSERT_EQ(moved.attempt(), 2) << cluster_->Describe(name);
+  std::cout << "[ measured ] cut at step " << cut_step << " of " << spec.max_steps()
+            << "; attempt 2 ran " << SecondsSince(cut_at) << " s later" << std::endl;
   // The straggler still trains (and tries to save every 100 steps) for a while.
   EXPECT_EQ(cluster_->TrainersOf(cut).size(), 2u);
   std::this_thread::sleep_for(seconds(4));

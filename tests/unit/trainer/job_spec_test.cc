@@ -267,6 +267,38 @@ TEST(JobSpecTest, JsonAndYamlSpecsGoThroughTheStrictParser) {
   }
 }
 
+// YAML aliases make a graph: a spec that contains itself, or whose aliases multiply, is
+// refused with a message instead of exhausting the stack or the memory (the job_spec fuzzer
+// found the first as a stack overflow).
+TEST(JobSpecTest, AliasesThatRecurseOrMultiplyAreRefused) {
+  try {
+    ParseJobSpec("model: {mlp: {layers: &x [*x, 0]}}\n");
+    ADD_FAILURE() << "a spec that contains itself was accepted";
+  } catch (const UserError& error) {
+    EXPECT_NE(std::string(error.what()).find("deeper than 64 levels"), std::string::npos)
+        << error.what();
+  }
+  std::string laughs = "a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n";
+  for (int i = 1; i <= 9; ++i) {  // 10^10 scalars once expanded
+    const std::string prev = "*a" + std::to_string(i - 1);
+    laughs += "a" + std::to_string(i) + ": &a" + std::to_string(i) + " [";
+    for (int j = 0; j < 10; ++j) laughs += (j ? ", " : "") + prev;
+    laughs += "]\n";
+  }
+  try {
+    ParseJobSpec(laughs);
+    ADD_FAILURE() << "a billion laughs was accepted";
+  } catch (const UserError& error) {
+    EXPECT_NE(std::string(error.what()).find("expands to more than 1 MiB"), std::string::npos)
+        << error.what();
+  }
+  // An alias used as YAML intends, once, is fine.
+  const v1::JobSpec spec =
+      ParseJobSpec("model: {mlp: {layers: &widths [4, 8, 2]}}\nlabels: {a: &v x, b: *v}\n");
+  EXPECT_EQ(spec.model().mlp().layers_size(), 3);
+  EXPECT_EQ(spec.labels().at("b"), "x");
+}
+
 TEST(JobSpecTest, LengthLimitsCountCharactersNotBytes) {
   v1::JobSpec spec = testing::MinimalJobSpec();
   std::string name;
