@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cstring>
@@ -34,6 +35,30 @@ void AddProcessUids(const std::string& status_path, const UidRange& range,
     }
     return;
   }
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// "<job id>.<attempt>.<rank>", the digits at least one each.
+bool IsRankCgroupOf(std::string_view name, std::string_view job_id) {
+  if (name.size() <= job_id.size() + 1 || name.substr(0, job_id.size()) != job_id ||
+      name[job_id.size()] != '.') {
+    return false;
+  }
+  const std::string_view numbers = name.substr(job_id.size() + 1);
+  const size_t dot = numbers.find('.');
+  auto digits = [](std::string_view text) {
+    return !text.empty() && std::all_of(text.begin(), text.end(), [](char c) {
+      return std::isdigit(static_cast<unsigned char>(c));
+    });
+  };
+  return dot != std::string_view::npos && digits(numbers.substr(0, dot)) &&
+         digits(numbers.substr(dot + 1));
 }
 
 bool IsPid(const char* name) {
@@ -82,17 +107,50 @@ std::vector<uint32_t> ReleasableUids(const std::map<uint32_t, std::string>& hold
   return releasable;
 }
 
-std::set<uint32_t> UidsInUse(const UidRange& range, const std::string& proc) {
+std::set<uint32_t> UidsInUse(const UidRange& range, const std::string& proc,
+                             const std::string& except_ranks_of) {
   std::set<uint32_t> uids;
   DIR* dir = opendir(proc.c_str());
   if (dir == nullptr) return uids;
   while (const dirent* entry = readdir(dir)) {
-    if (IsPid(entry->d_name)) {
-      AddProcessUids(absl::StrCat(proc, "/", entry->d_name, "/status"), range, &uids);
+    if (!IsPid(entry->d_name)) continue;
+    const std::string process = absl::StrCat(proc, "/", entry->d_name);
+    std::set<uint32_t> its;
+    AddProcessUids(process + "/status", range, &its);
+    // Read only for processes in the range: the cgroup file of every process would double
+    // the scan for nothing.
+    if (its.empty() || (!except_ranks_of.empty() &&
+                        InRankCgroupOfJob(ReadFile(process + "/cgroup"), except_ranks_of))) {
+      continue;
     }
+    uids.insert(its.begin(), its.end());
   }
   closedir(dir);
   return uids;
+}
+
+bool InRankCgroupOfJob(std::string_view cgroups, std::string_view job_id) {
+  if (job_id.empty()) return false;
+  while (!cgroups.empty()) {
+    const size_t newline = cgroups.find('\n');
+    const std::string_view line = cgroups.substr(0, newline);
+    cgroups = newline == std::string_view::npos ? "" : cgroups.substr(newline + 1);
+    // "hierarchy-ID:controllers:path"; the path is the rest of the line. Its last component
+    // must be the rank's, and the one before it an agent's directory.
+    const size_t first = line.find(':');
+    const size_t second = first == std::string_view::npos ? first : line.find(':', first + 1);
+    if (second == std::string_view::npos) continue;
+    std::string_view path = line.substr(second + 1);
+    while (!path.empty() && path.back() == '/') path.remove_suffix(1);
+    const size_t last = path.rfind('/');
+    if (last == std::string_view::npos) continue;
+    const std::string_view parent = path.substr(0, last);
+    const std::string_view agent = parent.substr(parent.rfind('/') + 1);
+    if (agent.substr(0, 14) == "gradhub-agent-" && IsRankCgroupOf(path.substr(last + 1), job_id)) {
+      return true;
+    }
+  }
+  return false;
 }
 
 RankIdentity JobIdentity(const RankIdentity& node, uint32_t uid) {
@@ -113,6 +171,7 @@ absl::StatusOr<uint32_t> JobUids::Acquire(const std::string& job_id,
                                           std::set<std::string> active_jobs) {
   active_jobs.insert(job_id);
   const std::set<uint32_t> in_use = UidsInUse(range_, proc_);
+  const std::set<uint32_t> in_use_by_others = UidsInUse(range_, proc_, job_id);
   std::vector<std::pair<std::string, uint32_t>> released;  // job, uid
   absl::StatusOr<uint32_t> uid;
   {
@@ -125,7 +184,7 @@ absl::StatusOr<uint32_t> JobUids::Acquire(const std::string& job_id,
     for (const auto& [job, uid] : released) {
       if (disown_) disown_(job, uid);
     }
-    uid = ChooseJobUid(job_id, range_, holders_, in_use);  // rules 1 to 3
+    uid = ChooseJobUid(job_id, range_, holders_, in_use_by_others);  // rules 1 to 3
     if (uid.ok()) holders_[*uid] = job_id;
   }
   return uid;

@@ -9,9 +9,15 @@
 //      as that one uid, so they share the job's files (checkpoint cache, code).
 //   2. A job that holds none gets the first free uid from its preferred one (PreferredJobUid:
 //      base + FNV-1a(job id) % count), wrapping around the range. Free: held by no other job,
-//      and run by no process on the node. A leftover of an earlier job (one that outlived its
-//      rank leader, or that a previous agent started) keeps its uid from every other job: it
-//      could otherwise signal or ptrace the new job's ranks and read its files.
+//      and run by no process on the node but ranks of this same job. A leftover of an earlier
+//      job (one that outlived its rank leader, or that a previous agent started) keeps its uid
+//      from every other job: it could otherwise signal or ptrace the new job's ranks and read
+//      its files. The same job's ranks that another agent started on this machine (several
+//      agents on one host: test clusters) do not: they are known by their memory cgroup
+//      (InRankCgroupOfJob), and the job's ranks on the machine then run as one uid. With one uid
+//      per agent they could not open each other's shared memory (0600 to its creator), so their
+//      gradients went over TCP, whose sums come in another order: whether a job's parameters
+//      matched another run's in their last bits depended on which agent started first.
 //   3. Every uid of the range taken: RESOURCE_EXHAUSTED, and the rank is not started.
 //   4. A held uid is released once the agent knows no rank of its job (none running, none still
 //      reported, none being prepared) and no process on the node runs as it. While a leftover
@@ -63,8 +69,18 @@ std::vector<uint32_t> ReleasableUids(const std::map<uint32_t, std::string>& hold
 
 // The uids in `range` that some process on the node runs as: every Uid field of every
 // /proc/<pid>/status (`proc` is /proc but for tests). A process that exits during the scan
-// may be missed or not; either is fine (it holds nothing once gone).
-std::set<uint32_t> UidsInUse(const UidRange& range, const std::string& proc = "/proc");
+// may be missed or not; either is fine (it holds nothing once gone). Processes that
+// InRankCgroupOfJob(their /proc/<pid>/cgroup, `except_ranks_of`) are left out (rule 2; "" =
+// none).
+std::set<uint32_t> UidsInUse(const UidRange& range, const std::string& proc = "/proc",
+                             const std::string& except_ranks_of = "");
+
+// Whether a process whose /proc/<pid>/cgroup reads `cgroups` is a rank of job `job_id` that an
+// agent started: in some hierarchy its cgroup is <...>/gradhub-agent-<...>/<job
+// id>.<attempt>.<rank> (the rank's memory cgroup, memory_limit.h and rank_launch.h). Only root
+// creates those and moves processes into them, so no rank can pass for another job's. Agents whose
+// memory isolation is an rlimit or none make no such cgroups: their ranks are never recognized.
+bool InRankCgroupOfJob(std::string_view cgroups, std::string_view job_id);
 
 // A rank's identity as its job's uid: the node's rank identity when the agent is not root (it
 // cannot switch); else `uid` with a group of the same number, and the node's rank group

@@ -82,11 +82,12 @@ TEST(ReleasableUids, Rule4AUidGoesOnceItsJobIsUnknownAndNoProcessRunsAsIt) {
 // A fake /proc: one status file per pid, with the Uid line the kernel writes.
 class FakeProc {
  public:
-  void Add(int pid, const std::string& uid_line) {
+  void Add(int pid, const std::string& uid_line, const std::string& cgroups = "0::/user.slice\n") {
     const std::string dir = dir_.path() + "/" + std::to_string(pid);
     std::filesystem::create_directories(dir);
     std::ofstream(dir + "/status") << "Name:\tpython3\nUmask:\t0022\n"
                                    << uid_line << "\nGid:\t0\t0\t0\t0\n";
+    std::ofstream(dir + "/cgroup") << cgroups;
   }
   const std::string& path() const { return dir_.path(); }
 
@@ -104,6 +105,40 @@ TEST(UidsInUse, ReadsEveryUidFieldOfEveryProcessInTheRange) {
   EXPECT_EQ(UidsInUse(kRange, proc.path()),
             (std::set<uint32_t>{1900000001, 1900000002, 1900000003}));
   EXPECT_THAT(UidsInUse(kRange, proc.path() + "/missing"), IsEmpty());
+}
+
+// Rule 2's exception, as the scan applies it: a process in a rank cgroup of the job asking.
+TEST(UidsInUse, LeavesOutTheRanksOfTheJobAskingByTheirCgroup) {
+  FakeProc proc;
+  proc.Add(10, "Uid:\t1900000001\t1900000001\t1900000001\t1900000001",
+           std::string("5:memory:/gradhub-agent-a-0123456789ab/") + kJob + ".1.0\n");
+  proc.Add(11, "Uid:\t1900000002\t1900000002\t1900000002\t1900000002",
+           "5:memory:/gradhub-agent-a-0123456789ab/other-job.1.0\n");
+  EXPECT_EQ(UidsInUse(kRange, proc.path(), kJob), (std::set<uint32_t>{1900000002}));
+  EXPECT_EQ(UidsInUse(kRange, proc.path()), (std::set<uint32_t>{1900000001, 1900000002}));
+}
+
+TEST(InRankCgroupOfJob, OnlyARankCgroupOfThatJobUnderAnAgentsDirectory) {
+  const std::string job = kJob;
+  // cgroup v1 (the memory hierarchy's line among others) and v2.
+  EXPECT_TRUE(
+      InRankCgroupOfJob("12:pids:/docker/x\n5:memory:/docker/x/gradhub-agent-a-"
+                        "0123456789ab/" +
+                            job + ".3.1\n1:name=systemd:/docker/x\n",
+                        job));
+  EXPECT_TRUE(InRankCgroupOfJob("0::/gradhub-agent-b-0123456789ab/" + job + ".1.12\n", job));
+  EXPECT_FALSE(InRankCgroupOfJob("0::/gradhub-agent-b-0123456789ab/" + job + ".1.12\n", "other"));
+  // Not a rank's name: no attempt and rank, or not digits.
+  EXPECT_FALSE(InRankCgroupOfJob("0::/gradhub-agent-b-x/" + job + ".1\n", job));
+  EXPECT_FALSE(InRankCgroupOfJob("0::/gradhub-agent-b-x/" + job + ".1.x\n", job));
+  EXPECT_FALSE(InRankCgroupOfJob("0::/gradhub-agent-b-x/" + job + "x.1.0\n", job));
+  // Not directly under an agent's directory: a cgroup some job made below its own (were it
+  // delegated one), or one elsewhere.
+  EXPECT_FALSE(InRankCgroupOfJob("0::/gradhub-agent-b-x/other.1.0/" + job + ".1.0\n", job));
+  EXPECT_FALSE(InRankCgroupOfJob("0::/user.slice/" + job + ".1.0\n", job));
+  EXPECT_FALSE(InRankCgroupOfJob("0::/gradhub-agent-b-x\n", job));
+  EXPECT_FALSE(InRankCgroupOfJob("", job));
+  EXPECT_FALSE(InRankCgroupOfJob("0::/gradhub-agent-b-x/.1.0\n", ""));
 }
 
 TEST(UidsInUse, FindsThisProcessOnTheRealProc) {
@@ -152,6 +187,26 @@ TEST(JobUids, KeepsAJobsUidReleasesItOnlyWhenNoProcessHoldsItAndDisownsItsFiles)
   EXPECT_EQ(uids.Acquire("c", {"b"}).value(), a);
   EXPECT_THAT(disowned, ElementsAre("a/" + std::to_string(a)));
   EXPECT_EQ(uids.Holders(), (std::map<uint32_t, std::string>{{a, "c"}, {b, "b"}}));
+}
+
+// Rule 2 with two agents on one machine: the second agent's ranks of a job get the uid the
+// first agent's ranks of it run as, found by their cgroup; another job's still do not.
+TEST(JobUids, Rule2TheSameJobsRanksOfAnotherAgentShareItsUid) {
+  FakeProc proc;
+  JobUids first(kRange, nullptr, proc.path()), second(kRange, nullptr, proc.path());
+  const uint32_t uid = first.Acquire(kJob, {}).value();
+  const std::string as_uid = "Uid:\t" + std::to_string(uid) + "\t" + std::to_string(uid) + "\t" +
+                             std::to_string(uid) + "\t" + std::to_string(uid);
+  proc.Add(40, as_uid, std::string("0::/gradhub-agent-a-0123456789ab/") + kJob + ".1.0\n");
+  EXPECT_EQ(second.Acquire(kJob, {}).value(), uid);
+  // A job whose preferred uid that is (forced by a range of one) does not get it.
+  JobUids third(UidRange{uid, 1}, nullptr, proc.path());
+  EXPECT_EQ(third.Acquire("another-job", {}).status().code(), absl::StatusCode::kResourceExhausted);
+  // Nor does the job when the process runs outside a rank cgroup (a leftover of unknown job).
+  FakeProc plain;
+  plain.Add(41, as_uid);
+  JobUids fourth(kRange, nullptr, plain.path());
+  EXPECT_NE(fourth.Acquire(kJob, {}).value(), uid);
 }
 
 TEST(DisownJobFiles, GivesEveryFileUnderTheDirectoriesToRoot) {
