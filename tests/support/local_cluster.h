@@ -30,11 +30,11 @@ struct LocalClusterOptions {
   int fake_gpus = 0;
   // Start gradhub-checkpoint and hand it to the agents. Either way each agent has a checkpoint
   // root of its own (<dir>/agent-<name>/checkpoints: the service's cache, or the checkpoints
-  // themselves), as separate machines would. One root shared by agents on one machine broke:
-  // each agent gives a job's directory to the job's uid on its node (job_uids.h), and on one
-  // machine the second agent sees the first one's ranks run as that uid and picks another, so
-  // rank 0 could lose its job's directory. A job restarted on another node therefore resumes
-  // only through the service.
+  // themselves), as separate machines would. One root shared by agents on one machine broke
+  // when the second agent saw the first one's ranks run as the job's uid and picked another
+  // for the job (before job_uids.h's rule 2 let a job's ranks share it across agents): rank 0
+  // could lose its job's directory. A job restarted on another node resumes only through the
+  // service, as between machines.
   bool checkpoint_service = false;
   // Start gradhub-metrics and hand it to the agents.
   bool metrics_service = false;

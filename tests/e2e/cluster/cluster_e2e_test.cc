@@ -71,7 +71,19 @@ class ClusterE2eTest : public ::testing::Test {
 };
 
 TEST_F(ClusterE2eTest, WorldFourJobSpansBothNodesSucceedsAndKeepsLogsPerRank) {
-  const v1::Job job = AwaitJob(Submit(200).name(), Ended);
+  // Agent b paused until agent a's ranks run, so that b chooses the job's uid with them
+  // running as it (job_uids.h, rule 2: it must pick the same one). Paused well within the
+  // lease (3 s); a's ranks wait for b's at the rendezvous meanwhile.
+  const pid_t b = cluster_->AgentPid("b");
+  ASSERT_EQ(kill(b, SIGSTOP), 0);
+  const std::string name = Submit(200).name();
+  const auto paused = Clock::now();
+  while (cluster_->TrainersOf("a").size() < 2 && Clock::now() - paused < seconds(2)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_EQ(kill(b, SIGCONT), 0);
+  ASSERT_EQ(cluster_->TrainersOf("a").size(), 2u) << Describe(name);
+  const v1::Job job = AwaitJob(name, Ended);
   ASSERT_EQ(job.state(), v1::Job::SUCCEEDED) << job.state_reason() << "\n" << Describe(job.name());
   EXPECT_EQ(job.attempt(), 1);
   bool both = false;
@@ -80,6 +92,24 @@ TEST_F(ClusterE2eTest, WorldFourJobSpansBothNodesSucceedsAndKeepsLogsPerRank) {
             e.message().find("nodes/b") != std::string::npos;
   }
   EXPECT_TRUE(both) << Describe(job.name());
+  // Both agents ran the job's ranks as one uid (job_uids.h, rule 2), so the four ranks on this
+  // one machine shared memory: no rank fell back to TCP, whose sums come in another order.
+  std::set<std::string> uids;
+  static const std::regex kStarted("started " + job.name() +
+                                   " attempt 1 rank [0-9] as pid "
+                                   "[0-9]+ (uid [0-9]+)");
+  for (const std::string agent : {"a", "b"}) {
+    const std::string log = cluster_->AgentStderr(agent);
+    for (std::sregex_iterator it(log.begin(), log.end(), kStarted), end; it != end; ++it) {
+      uids.insert((*it)[1].str());
+    }
+  }
+  EXPECT_EQ(uids.size(), 1u) << cluster_->AgentStderr("a") << cluster_->AgentStderr("b");
+  for (int rank = 0; rank < 4; ++rank) {
+    for (const std::string& line : cluster_->Logs(job.name(), 1, rank)) {
+      EXPECT_EQ(line.find("shared-memory allreduce unavailable"), std::string::npos) << line;
+    }
+  }
 
   // Logs outlive the processes: every rank's "done" line is in the api. Agents flush after
   // the exit, so allow them a moment.
