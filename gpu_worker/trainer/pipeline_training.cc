@@ -16,14 +16,19 @@ double Seconds(std::chrono::nanoseconds duration) {
   return std::chrono::duration<double>(duration).count();
 }
 
-pipeline::PipelineSchedule ScheduleOf(v1::ParallelismSpec::Schedule schedule) {
+// ONE_F_ONE_B is Megatron-LM's on GPUs (NCCL: messages take microseconds, memory is short)
+// and the deep warm-up on CPU ranks (Gloo: a message's latency is a fraction of a millisecond,
+// which Megatron-LM's order pays twice per micro-batch; schedule.h).
+pipeline::PipelineSchedule ScheduleOf(v1::ParallelismSpec::Schedule schedule,
+                                      const c10::Device& device) {
   switch (schedule) {
     case v1::ParallelismSpec::GPIPE:
       return pipeline::PipelineSchedule::kGPipe;
     case v1::ParallelismSpec::INTERLEAVED_ONE_F_ONE_B:
       return pipeline::PipelineSchedule::kInterleavedOneFOneB;
     default:
-      return pipeline::PipelineSchedule::kOneFOneB;
+      return device.is_cuda() ? pipeline::PipelineSchedule::kOneFOneB
+                              : pipeline::PipelineSchedule::kOneFOneBDeepWarmup;
   }
 }
 
@@ -72,7 +77,7 @@ pipeline::LossFunction LossOf(const PassContext& context) {
 pipeline::PipelineStageOptions StageOptions(const PassContext& context) {
   const PipelinePlan& plan = context.plan.pipeline;
   pipeline::PipelineStageOptions options;
-  options.schedule = ScheduleOf(plan.schedule);
+  options.schedule = ScheduleOf(plan.schedule, context.device);
   options.micro_batches = plan.micro_batches;
   options.chunks_per_stage = plan.chunks_per_stage;
   options.device = context.device;

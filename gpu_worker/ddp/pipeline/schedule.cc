@@ -20,9 +20,10 @@ std::vector<StageAction> GPipe(int micro_batches) {
   return actions;
 }
 
-// Megatron-LM's forward_backward_pipelining_without_interleaving.
-std::vector<StageAction> OneFOneB(int stages, int stage, int micro_batches) {
-  const int warmup = std::min(stages - stage - 1, micro_batches);
+// Megatron-LM's forward_backward_pipelining_without_interleaving; `lead` 1, or 2 for the
+// deep warm-up: stage s starts with lead * (S - s - 1) forwards.
+std::vector<StageAction> OneFOneB(int stages, int stage, int micro_batches, int lead) {
+  const int warmup = std::min(lead * (stages - stage - 1), micro_batches);
   std::vector<StageAction> actions;
   for (int mb = 0; mb < warmup; ++mb) actions.push_back({Kind::kForward, mb, 0});
   for (int i = 0; i + warmup < micro_batches; ++i) {
@@ -73,6 +74,8 @@ const char* PipelineScheduleName(PipelineSchedule schedule) {
       return "GPIPE";
     case PipelineSchedule::kOneFOneB:
       return "1F1B";
+    case PipelineSchedule::kOneFOneBDeepWarmup:
+      return "1F1B_DEEP_WARMUP";
     case PipelineSchedule::kInterleavedOneFOneB:
       return "INTERLEAVED_1F1B";
   }
@@ -119,7 +122,9 @@ std::vector<StageAction> StageActions(PipelineSchedule schedule, int stages, int
     case PipelineSchedule::kGPipe:
       return GPipe(micro_batches);
     case PipelineSchedule::kOneFOneB:
-      return OneFOneB(stages, stage, micro_batches);
+      return OneFOneB(stages, stage, micro_batches, 1);
+    case PipelineSchedule::kOneFOneBDeepWarmup:
+      return OneFOneB(stages, stage, micro_batches, 2);
     case PipelineSchedule::kInterleavedOneFOneB:
       return InterleavedOneFOneB(stages, stage, micro_batches, chunks_per_stage);
   }

@@ -34,14 +34,31 @@ enum class PipelineSchedule {
   // 1F1B (PipeDream-Flush; Narayanan et al. 2021, Megatron-LM): a warm-up of S - s - 1
   // forwards, then one forward and one backward in turn, then the remaining backwards. Same
   // bubble as GPipe, but stage s holds at most S - s micro-batches' activations.
+  // Its steady state has no slack for messages: between sending micro-batch j's activation and
+  // needing j's gradient back, stage s runs one forward and one backward per micro-batch it
+  // leads stage s + 1 by (exactly one more than stage s + 1 leads s + 2), while the gradient
+  // takes that much compute on the stages after it plus the messages there and back. So each
+  // micro-batch waits for about a message's latency L (and for a neighbour's jitter): a step
+  // takes about M (f + b + L) instead of M (f + b) (pipeline_schedule_test simulates it).
+  // Negligible where L is microseconds against milliseconds of compute (NCCL); not over Gloo's
+  // TCP and wake-ups (0.15 ms one way here), where it was a third of the bubble at S = 2,
+  // M = 16, 15 ms per micro-batch.
   kOneFOneB,
+  // 1F1B with a deep warm-up: 2 (S - s - 1) forwards (the warm-up Megatron-LM's interleaved
+  // schedule has per pair of neighbours), then as 1F1B. Stage s then leads s + 1 by one more
+  // micro-batch, whose forward and backward cover the messages (up to f + b for both) and a
+  // neighbour's jitter, so a step takes M (f + b) plus the latencies of the fill and drain
+  // only. Costs activation memory: stage s holds up to min(2 (S - s) - 1, M)
+  // micro-batches' (still fewer than GPipe's M for M > 2S - 1). The trainer uses it for 1F1B
+  // on Gloo (CPU ranks), and Megatron-LM's on NCCL, where memory is what is short.
+  kOneFOneBDeepWarmup,
   // Interleaved 1F1B (Narayanan et al. 2021, Megatron-LM's schedule with virtual pipeline
   // stages): v chunks per stage shrink the bubble to (S - 1) / (v * M + S - 1) at the cost of
   // v times the point-to-point messages. Needs M a multiple of S.
   kInterleavedOneFOneB,
 };
 
-// "GPIPE", "1F1B", "INTERLEAVED_1F1B": for messages.
+// "GPIPE", "1F1B", "1F1B_DEEP_WARMUP", "INTERLEAVED_1F1B": for messages.
 const char* PipelineScheduleName(PipelineSchedule schedule);
 
 struct StageAction {
@@ -85,7 +102,8 @@ std::vector<StageAction> StageActions(PipelineSchedule schedule, int stages, int
 
 // The most (micro-batch, chunk) pairs whose forward ran and whose backward has not, at any
 // point of the stage's step: how many micro-batches' activations it holds at once. M for
-// GPipe, min(S - stage, M) for 1F1B, counted from StageActions.
+// GPipe, min(S - stage, M) for 1F1B, min(2 (S - stage) - 1, M) for its deep warm-up, counted
+// from StageActions.
 int PeakInFlightMicroBatches(PipelineSchedule schedule, int stages, int stage, int micro_batches,
                              int chunks_per_stage = 1);
 

@@ -24,7 +24,8 @@
 // rank's report of every step on stderr (where the time went).
 //
 // Usage: bench_pipeline SCHEDULE STAGES REPLICAS MICRO_BATCHES LAYERS BATCH STEPS
-//        SCHEDULE: gpipe | 1f1b | interleaved
+//        SCHEDULE: gpipe | 1f1b | 1f1b-deep (its deep warm-up, what the trainer runs on CPU
+//        ranks) | interleaved
 //        bench_pipeline pingpong ROUNDS
 // pingpong: two ranks pass 8 floats back and forth with ProcessGroup::Send and Recv (what the
 // stages' messages go through); prints the median and the mean round trip in seconds over
@@ -86,8 +87,10 @@ struct RankResult {
 PipelineSchedule ParseSchedule(const std::string& name) {
   if (name == "gpipe") return PipelineSchedule::kGPipe;
   if (name == "1f1b") return PipelineSchedule::kOneFOneB;
+  if (name == "1f1b-deep") return PipelineSchedule::kOneFOneBDeepWarmup;
   if (name == "interleaved") return PipelineSchedule::kInterleavedOneFOneB;
-  throw std::invalid_argument("SCHEDULE: '" + name + "' is not gpipe, 1f1b or interleaved");
+  throw std::invalid_argument("SCHEDULE: '" + name +
+                              "' is not gpipe, 1f1b, 1f1b-deep or interleaved");
 }
 
 BenchShape ParseShape(char** argv) {
@@ -410,9 +413,10 @@ void PrintSummary(const BenchShape& shape, const std::vector<RankResult>& result
 int main(int argc, char** argv) {
   const bool pingpong = argc == 3 && std::string(argv[1]) == "pingpong";
   if (argc != 8 && !pingpong) {
-    std::fprintf(stderr,
-                 "usage: bench_pipeline gpipe|1f1b|interleaved STAGES REPLICAS MICRO_BATCHES "
-                 "LAYERS BATCH STEPS\n       bench_pipeline pingpong ROUNDS\n");
+    std::fprintf(
+        stderr,
+        "usage: bench_pipeline gpipe|1f1b|1f1b-deep|interleaved STAGES REPLICAS MICRO_BATCHES "
+        "LAYERS BATCH STEPS\n       bench_pipeline pingpong ROUNDS\n");
     return 2;
   }
   BenchShape shape;

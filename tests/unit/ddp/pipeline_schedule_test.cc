@@ -37,6 +37,7 @@ std::vector<Shape> AllShapes() {
     for (int m = 1; m <= 16; ++m) {
       shapes.push_back({PipelineSchedule::kGPipe, s, m, 1});
       shapes.push_back({PipelineSchedule::kOneFOneB, s, m, 1});
+      shapes.push_back({PipelineSchedule::kOneFOneBDeepWarmup, s, m, 1});
       for (int v : {2, 3}) {
         if (s >= 2 && m % s == 0)
           shapes.push_back({PipelineSchedule::kInterleavedOneFOneB, s, m, v});
@@ -52,8 +53,9 @@ std::string Describe(const Shape& shape) {
 }
 
 // When each action of each stage finished, in a simulation where a forward takes
-// `forward_time` and a backward `backward_time` (per chunk), messages arrive at once, sends
-// never block and a receive blocks until its message was sent. Empty if the stages deadlock.
+// `forward_time` and a backward `backward_time` (per chunk), a message arrives `latency` after
+// it was sent, sends never block and a receive blocks until its message arrived. Empty if the
+// stages deadlock.
 struct Simulation {
   using Key = std::tuple<Kind, int, int>;  // kind, micro-batch, virtual stage
   std::map<Key, double> start, finish;
@@ -80,7 +82,7 @@ std::optional<Simulation::Key> Dependency(const Shape& shape, int stage,
 using StageLists = std::vector<std::vector<StageAction>>;
 
 Simulation Simulate(const Shape& shape, const StageLists& lists, double forward_time = 1,
-                    double backward_time = 1) {
+                    double backward_time = 1, double latency = 0) {
   const int S = shape.stages;
   Simulation sim;
   sim.busy.assign(S, 0);
@@ -96,7 +98,10 @@ Simulation Simulate(const Shape& shape, const StageLists& lists, double forward_
         if (dependency) {
           const auto it = sim.finish.find(*dependency);
           if (it == sim.finish.end()) break;  // blocked in a receive
-          ready = std::max(ready, it->second);
+          // The last virtual stage's backward waits for its own forward: no message.
+          const bool own =
+              std::get<0>(*dependency) == Kind::kForward && action.kind == Kind::kBackward;
+          ready = std::max(ready, it->second + (own ? 0 : latency));
         }
         const double duration =
             (action.kind == Kind::kForward ? forward_time : backward_time) / shape.chunks;
@@ -115,13 +120,14 @@ Simulation Simulate(const Shape& shape, const StageLists& lists, double forward_
   return sim;
 }
 
-Simulation Simulate(const Shape& shape) {
+Simulation Simulate(const Shape& shape, double forward_time = 1, double backward_time = 1,
+                    double latency = 0) {
   StageLists lists;
   for (int s = 0; s < shape.stages; ++s) {
     lists.push_back(
         StageActions(shape.schedule, shape.stages, s, shape.micro_batches, shape.chunks));
   }
-  return Simulate(shape, lists);
+  return Simulate(shape, lists, forward_time, backward_time, latency);
 }
 
 TEST(PipelineScheduleTest, GPipeRunsEveryForwardThenEveryBackwardInOrder) {
@@ -136,6 +142,16 @@ TEST(PipelineScheduleTest, OneFOneBWarmsUpWithStagesAfterThisOne) {
   // The last stage has no warm-up.
   EXPECT_THAT(StageActions(PipelineSchedule::kOneFOneB, 4, 3, 2),
               ElementsAreArray({F(0), B(0), F(1), B(1)}));
+}
+
+TEST(PipelineScheduleTest, OneFOneBDeepWarmupWarmsUpWithTwiceTheStagesAfterThisOne) {
+  // Stage 0 of 3 leads stage 1 by two micro-batches: four forwards, then 1F1B.
+  EXPECT_THAT(
+      StageActions(PipelineSchedule::kOneFOneBDeepWarmup, 3, 0, 6),
+      ElementsAreArray({F(0), F(1), F(2), F(3), F(4), B(0), F(5), B(1), B(2), B(3), B(4), B(5)}));
+  // The last stage has no stage after it: as 1F1B.
+  EXPECT_EQ(StageActions(PipelineSchedule::kOneFOneBDeepWarmup, 3, 2, 6),
+            StageActions(PipelineSchedule::kOneFOneB, 3, 2, 6));
 }
 
 TEST(PipelineScheduleTest, OneFOneBWithFewerMicroBatchesThanStagesIsGPipeOnEarlyStages) {
@@ -255,6 +271,40 @@ TEST(PipelineScheduleTest, PeakInFlightIsStagesFromHereForOneFOneB) {
                   std::min(stages - s, m))
             << "S=" << stages << " s=" << s << " M=" << m;
       }
+    }
+  }
+}
+
+TEST(PipelineScheduleTest, PeakInFlightIsTwiceTheStagesFromHereLessOneForTheDeepWarmup) {
+  for (int stages = 1; stages <= 8; ++stages) {
+    for (int m = 1; m <= 16; ++m) {
+      for (int s = 0; s < stages; ++s) {
+        EXPECT_EQ(PeakInFlightMicroBatches(PipelineSchedule::kOneFOneBDeepWarmup, stages, s, m),
+                  std::min(2 * (stages - s) - 1, m))
+            << "S=" << stages << " s=" << s << " M=" << m;
+      }
+    }
+  }
+  // Still fewer than GPipe's M at M = 8 for S = 4 (the bench's memory table).
+  EXPECT_LT(PeakInFlightMicroBatches(PipelineSchedule::kOneFOneBDeepWarmup, 4, 0, 8), 8);
+}
+
+// Why the deep warm-up exists (schedule.h): with messages that take L, 1F1B's steady state
+// pays L per micro-batch, the deep warm-up only the fill's and the drain's latencies.
+TEST(PipelineScheduleTest, MessageLatencyCostsOneFOneBEveryMicroBatchAndTheDeepWarmupOnlyItsEnds) {
+  const double f = 1, b = 2, latency = 0.1;
+  for (int stages : {2, 3, 4, 8}) {
+    for (int m : {8, 16}) {
+      const Shape plain{PipelineSchedule::kOneFOneB, stages, m, 1};
+      const Shape deep{PipelineSchedule::kOneFOneBDeepWarmup, stages, m, 1};
+      const double ideal = (m + stages - 1) * (f + b);
+      const double plain_excess = Simulate(plain, f, b, latency).makespan - ideal;
+      const double deep_excess = Simulate(deep, f, b, latency).makespan - ideal;
+      EXPECT_NEAR(Simulate(deep, f, b, 0).makespan, ideal, 1e-9);
+      // 1F1B: L for every micro-batch after the first, at least.
+      EXPECT_GE(plain_excess, latency * (m - 1) - 1e-9) << Describe(plain);
+      // Deep warm-up: one message per boundary on the way in and one on the way out.
+      EXPECT_LE(deep_excess, 2 * latency * (stages - 1) + 1e-9) << Describe(deep);
     }
   }
 }

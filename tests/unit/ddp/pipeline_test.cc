@@ -366,13 +366,14 @@ TEST_F(PipelineTest, TagsTellEveryMessageApart) {
 
 // --- equal to single-process training ---
 
-// S = 2 and 4 stages by D = 1 and 2 replicas, GPipe and 1F1B; interleaved 1F1B with two
-// chunks per stage at S = 2. SGD with momentum at D = 1, Adam at D = 2.
+// S = 2 and 4 stages by D = 1 and 2 replicas, GPipe and 1F1B (both warm-ups); interleaved 1F1B with
+// two chunks per stage at S = 2. SGD with momentum at D = 1, Adam at D = 2.
 std::vector<Scenario> EquivalenceScenarios() {
   std::vector<Scenario> scenarios;
   for (int stages : {2, 4}) {
     for (int replicas : {1, 2}) {
-      for (auto schedule : {PipelineSchedule::kGPipe, PipelineSchedule::kOneFOneB}) {
+      for (auto schedule : {PipelineSchedule::kGPipe, PipelineSchedule::kOneFOneB,
+                            PipelineSchedule::kOneFOneBDeepWarmup}) {
         scenarios.push_back({schedule, stages, replicas, 1, 4, 1, /*adam=*/replicas == 2});
       }
     }
@@ -553,6 +554,9 @@ TEST_F(PipelineTest, OneFOneBHoldsLessActivationMemoryThanGPipe) {
   scenario.schedule = PipelineSchedule::kOneFOneB;
   auto one_f_one_b = MakeRanks(scenario, initial);
   TrainAll(one_f_one_b);
+  scenario.schedule = PipelineSchedule::kOneFOneBDeepWarmup;
+  auto deep = MakeRanks(scenario, initial);
+  TrainAll(deep);
   for (int stage = 0; stage < 2; ++stage) {
     const StageStepReport& g = gpipe[stage]->reports[1];
     const StageStepReport& o = one_f_one_b[stage]->reports[1];
@@ -562,6 +566,12 @@ TEST_F(PipelineTest, OneFOneBHoldsLessActivationMemoryThanGPipe) {
     EXPECT_GT(o.peak_activation_bytes, 2 * 8 * 512 * 4) << "stage " << stage;
     // 8 against 2 (stage 0) or 1 (stage 1) micro-batches' worth.
     EXPECT_LT(2 * o.peak_activation_bytes, g.peak_activation_bytes) << "stage " << stage;
+    // The deep warm-up: 3 (stage 0) or 1, between the two.
+    const StageStepReport& d = deep[stage]->reports[1];
+    EXPECT_EQ(d.peak_in_flight,
+              PeakInFlightMicroBatches(PipelineSchedule::kOneFOneBDeepWarmup, 2, stage, 8));
+    EXPECT_GE(d.peak_activation_bytes, o.peak_activation_bytes) << "stage " << stage;
+    EXPECT_LT(2 * d.peak_activation_bytes, g.peak_activation_bytes) << "stage " << stage;
   }
 }
 
