@@ -41,8 +41,9 @@ enum class PipelineSchedule {
   // micro-batch waits for about a message's latency L (and for a neighbour's jitter): a step
   // takes about M (f + b + L) instead of M (f + b) (pipeline_schedule_test simulates it).
   // Negligible where L is microseconds against milliseconds of compute (NCCL); not over Gloo's
-  // TCP and wake-ups (0.15 ms one way here), where it was a third of the bubble at S = 2,
-  // M = 16, 15 ms per micro-batch.
+  // TCP and wake-ups (0.15 ms one way here): at S = 4, M = 16 and 15 ms a micro-batch the
+  // bubble was 1.27 times the ideal with this order, 1.05 with the deep warm-up below
+  // (tests/bench/pipeline/bubble.sh).
   kOneFOneB,
   // 1F1B with a deep warm-up: 2 (S - s - 1) forwards (the warm-up Megatron-LM's interleaved
   // schedule has per pair of neighbours), then as 1F1B. Stage s then leads s + 1 by one more
