@@ -27,6 +27,7 @@ namespace {
 
 using testing::BinaryPath;
 using testing::DoneField;
+using testing::NewestCheckpointStep;
 using testing::RunJob;
 using testing::RunResult;
 using testing::StartJob;
@@ -277,8 +278,7 @@ std::vector<RunResult> PipelineE2eTest::KillAndResume(const Shape& shape,
   {
     auto ranks = StartJob(spec, world, dir_.path(), extra);
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(2);
-    while (!std::filesystem::exists(checkpoints + "/ckpt-200.gh") &&
-           std::chrono::steady_clock::now() < deadline) {
+    while (NewestCheckpointStep(checkpoints) < 200 && std::chrono::steady_clock::now() < deadline) {
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
     EXPECT_TRUE(ranks[0]->running()) << "finished before it could be killed: test is void";

@@ -17,6 +17,7 @@ namespace {
 
 using testing::BinaryPath;
 using testing::DoneField;
+using testing::NewestCheckpointStep;
 using testing::RunJob;
 using testing::RunResult;
 using testing::Subprocess;
@@ -97,27 +98,10 @@ TEST_F(TrainerE2eTest, KilledRunResumesFromCheckpointBitForBit) {
                                          "1",
                                          "--checkpoint-dir",
                                          checkpoints};
-  // The newest checkpoint file's step, 0 while there is none. Not ckpt-200.gh itself: saves
-  // run at idle priority where the trainer may raise them back (async_checkpoint_writer.h),
-  // and on cores the other tests keep busy the save of step 100 outlasted 100 steps, so step
-  // 200's was skipped and never written.
-  const auto newest_step = [&] {
-    int64_t newest = 0;
-    std::error_code error;
-    static const std::regex kCheckpoint("ckpt-([0-9]+)\\.gh");
-    for (const auto& entry : std::filesystem::directory_iterator(checkpoints, error)) {
-      std::smatch match;
-      const std::string name = entry.path().filename().string();
-      if (std::regex_match(name, match, kCheckpoint)) {
-        newest = std::max<int64_t>(newest, std::stoll(match[1]));
-      }
-    }
-    return newest;
-  };
   {
     Subprocess victim(argv);
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(2);
-    while (newest_step() < 200 && std::chrono::steady_clock::now() < deadline) {
+    while (NewestCheckpointStep(checkpoints) < 200 && std::chrono::steady_clock::now() < deadline) {
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
     ASSERT_TRUE(victim.running()) << "finished before it could be killed: test is void";

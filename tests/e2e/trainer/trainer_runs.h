@@ -2,6 +2,8 @@
 // store for the rendezvous, and reading what they printed. Shared by the trainer's e2e tests.
 #pragma once
 
+#include <algorithm>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -19,6 +21,25 @@ inline std::string WriteFile(const std::string& path, const std::string& text) {
 }
 
 // The value of `key` in the trainer's final {"event":"done",...} line.
+// The step of the newest ckpt-<step>.gh in `dir` (a --checkpoint-dir), 0 while there is none.
+// Tests that kill a run once it has saved wait for a step this far rather than for one file:
+// saves run at idle priority where the trainer may raise them back (async_checkpoint_writer.h),
+// and on cores other tests keep busy a save can outlast the interval, so the next periodic
+// checkpoint is skipped and its file never written.
+inline int64_t NewestCheckpointStep(const std::string& dir) {
+  int64_t newest = 0;
+  std::error_code error;
+  static const std::regex kCheckpoint("ckpt-([0-9]+)\\.gh");
+  for (const auto& entry : std::filesystem::directory_iterator(dir, error)) {
+    std::smatch match;
+    const std::string name = entry.path().filename().string();
+    if (std::regex_match(name, match, kCheckpoint)) {
+      newest = std::max<int64_t>(newest, std::stoll(match[1]));
+    }
+  }
+  return newest;
+}
+
 inline std::string DoneField(const std::string& out, const std::string& key) {
   std::smatch match;
   std::regex done(R"(\{"event":"done".*\})");
