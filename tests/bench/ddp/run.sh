@@ -8,6 +8,7 @@
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 bench="$1/bin/bench_ddp"
+allreduce="$1/bin/bench_allreduce"
 steps=${GRADHUB_BENCH_STEPS:-60}
 repeats=${GRADHUB_BENCH_REPEATS:-3}
 # One thread per rank means one BLAS thread too: Debian's libtorch uses the pthreads build of
@@ -17,7 +18,7 @@ repeats=${GRADHUB_BENCH_REPEATS:-3}
 export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
 median() { tr ' ' '\n' | grep . | sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
 printf '%-28s %5s %6s %11s %11s %7s %9s %9s\n' model batch world pytorch_ms gradhub_ms ratio tcp_ms tcp_ratio
-declare -A ours pairs
+declare -A ours pairs reduction
 # The mean step time of two world-1 runs started together: no communication at all, so what
 # one run loses to the other is what sharing this machine's cores, caches and memory costs;
 # world-1 alone over it is the scaling efficiency a world-2 job could reach here.
@@ -36,15 +37,21 @@ if [ -n "${GRADHUB_BENCH_MODES_ONLY:-}" ]; then configs=(); fi
 for config in "${configs[@]}"; do
   set -- $config
   for world in 1 2; do
-    refs="" mines="" tcps="" pair=""
+    refs="" mines="" tcps="" pair="" reductions=""
     for _ in $(seq "$repeats"); do
       if [ "$world" = 1 ]; then pair+="$(two_at_once "$1" "$2") "; fi
       refs+="$(/usr/bin/python3 "$here/pytorch_ddp.py" "$1" "$2" "$world" "$steps" | awk '{print $3}') "
-      mines+="$("$bench" "$1" "$2" "$world" "$steps" | awk '{print $3}') "
+      line="$("$bench" "$1" "$2" "$world" "$steps")"
+      mines+="$(echo "$line" | awk '{print $3}') "
       if [ "$world" -gt 1 ]; then
         tcps+="$(GRADHUB_BENCH_SHARED_MEMORY=0 "$bench" "$1" "$2" "$world" "$steps" | awk '{print $3}') "
+        # One in-place shared-memory allreduce of the step's gradient bytes (whole MiB), alone:
+        # CPU work that world 1 does not have and that no idle core can hide here.
+        mib=$(echo "$line" | awk '{m = int($4 / 1048576 + 0.5); print (m < 1) ? 1 : m}')
+        reductions+="$("$allreduce" shm-inplace "$mib" 2 50 | awk '{print $4}') "
       fi
     done
+    if [ -n "$reductions" ]; then reduction[$1]=$(echo "$reductions" | median); fi
     ref=$(echo "$refs" | median)
     mine=$(echo "$mines" | median)
     ours[$1/$world]=$mine
@@ -55,10 +62,13 @@ for config in "${configs[@]}"; do
       printf "%-28s %5s %6s %11.2f %11.2f %7.2f %s\n", m, b, w, r*1000, g*1000, g/r, tcp }'
   done
   # Scaling efficiency: world-2 throughput over twice world-1 throughput (same batch per rank),
-  # and the machine's ceiling for it (two_at_once).
+  # and the machine's ceilings for it: two world-1 runs at once (two_at_once: the cores and
+  # memory shared, no communication), and that plus one in-place allreduce of the step's
+  # gradients (its CPU work has no idle core to hide on when every core trains).
   awk -v m="$1" -v one="${ours[$1/1]}" -v two="${ours[$1/2]}" -v pair="${pairs[$1]}" \
-    'BEGIN { printf "  gradhub scaling efficiency %s: %.2f (two world-1 runs at once: %.2f)\n",
-             m, one/two, one/pair }'
+    -v red="${reduction[$1]}" \
+    'BEGIN { printf "  gradhub scaling efficiency %s: %.2f (two world-1 runs at once: %.2f; with one allreduce of the gradients, %.2f ms: %.2f)\n",
+             m, one/two, one/pair, red * 1000, one/(pair + red) }'
 done
 
 # Engine efficiency modes at world size 2 on the 784-2048x4 MLP, each against PyTorch's own
