@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "gpu_worker/agent/memory_limit.h"
 
 namespace gradhub::agent {
 namespace {
@@ -146,7 +147,8 @@ bool InRankCgroupOfJob(std::string_view cgroups, std::string_view job_id) {
     if (last == std::string_view::npos) continue;
     const std::string_view parent = path.substr(0, last);
     const std::string_view agent = parent.substr(parent.rfind('/') + 1);
-    if (agent.substr(0, 14) == "gradhub-agent-" && IsRankCgroupOf(path.substr(last + 1), job_id)) {
+    if (agent.substr(0, kAgentCgroupPrefix.size()) == kAgentCgroupPrefix &&
+        IsRankCgroupOf(path.substr(last + 1), job_id)) {
       return true;
     }
   }

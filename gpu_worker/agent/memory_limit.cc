@@ -182,7 +182,8 @@ absl::StatusOr<MemoryMechanism> ChooseMemoryMechanism(const std::string& request
 }
 
 std::string AgentCgroupName(const std::string& node_name, const std::string& work_dir) {
-  return absl::StrCat("gradhub-agent-", node_name, "-", Sha256Hex(work_dir).substr(0, 12));
+  return absl::StrCat(std::string(kAgentCgroupPrefix), node_name, "-",
+                      Sha256Hex(work_dir).substr(0, 12));
 }
 
 absl::StatusOr<std::string> PrepareAgentCgroup(MemoryMechanism version, const std::string& parent,

@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "absl/status/statusor.h"
 
@@ -60,6 +61,8 @@ absl::StatusOr<MemoryMechanism> ChooseMemoryMechanism(const std::string& request
 // machine, even of the same node name (test clusters side by side), so one never removes, or
 // kills the ranks of, the other's cgroups.
 std::string AgentCgroupName(const std::string& node_name, const std::string& work_dir);
+// How every AgentCgroupName begins (job_uids.h recognizes ranks' cgroups by it).
+inline constexpr std::string_view kAgentCgroupPrefix = "gradhub-agent-";
 
 // <parent>/<name>: the directory of this agent's rank cgroups, created if missing (with the
 // memory controller delegated to it on v2).
