@@ -108,26 +108,36 @@ std::vector<uint32_t> ReleasableUids(const std::map<uint32_t, std::string>& hold
   return releasable;
 }
 
-std::set<uint32_t> UidsInUse(const UidRange& range, const std::string& proc,
-                             const std::string& except_ranks_of) {
-  std::set<uint32_t> uids;
+namespace {
+
+// One pass over /proc for both of Acquire's questions: into `all` the uids in `range` that
+// some process runs as (rule 4), into `outside_job` those of processes that are not ranks of
+// `job_id` ("" = none is; rule 2).
+void ScanUids(const UidRange& range, const std::string& proc, const std::string& job_id,
+              std::set<uint32_t>* all, std::set<uint32_t>* outside_job) {
   DIR* dir = opendir(proc.c_str());
-  if (dir == nullptr) return uids;
+  if (dir == nullptr) return;
   while (const dirent* entry = readdir(dir)) {
     if (!IsPid(entry->d_name)) continue;
     const std::string process = absl::StrCat(proc, "/", entry->d_name);
     std::set<uint32_t> its;
     AddProcessUids(process + "/status", range, &its);
-    // Read only for processes in the range: the cgroup file of every process would double
-    // the scan for nothing.
-    if (its.empty() || (!except_ranks_of.empty() &&
-                        InRankCgroupOfJob(ReadFile(process + "/cgroup"), except_ranks_of))) {
-      continue;
+    if (its.empty()) continue;  // the cgroup file only of processes in the range
+    all->insert(its.begin(), its.end());
+    if (job_id.empty() || !InRankCgroupOfJob(ReadFile(process + "/cgroup"), job_id)) {
+      outside_job->insert(its.begin(), its.end());
     }
-    uids.insert(its.begin(), its.end());
   }
   closedir(dir);
-  return uids;
+}
+
+}  // namespace
+
+std::set<uint32_t> UidsInUse(const UidRange& range, const std::string& proc,
+                             const std::string& except_ranks_of) {
+  std::set<uint32_t> all, outside_job;
+  ScanUids(range, proc, except_ranks_of, &all, &outside_job);
+  return outside_job;
 }
 
 bool InRankCgroupOfJob(std::string_view cgroups, std::string_view job_id) {
@@ -172,8 +182,8 @@ RankIdentity JobIdentity(const RankIdentity& node, uint32_t uid) {
 absl::StatusOr<uint32_t> JobUids::Acquire(const std::string& job_id,
                                           std::set<std::string> active_jobs) {
   active_jobs.insert(job_id);
-  const std::set<uint32_t> in_use = UidsInUse(range_, proc_);
-  const std::set<uint32_t> in_use_by_others = UidsInUse(range_, proc_, job_id);
+  std::set<uint32_t> in_use, in_use_by_others;
+  ScanUids(range_, proc_, job_id, &in_use, &in_use_by_others);
   std::vector<std::pair<std::string, uint32_t>> released;  // job, uid
   absl::StatusOr<uint32_t> uid;
   {

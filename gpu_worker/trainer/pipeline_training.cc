@@ -18,7 +18,7 @@ double Seconds(std::chrono::nanoseconds duration) {
 
 // ONE_F_ONE_B is Megatron-LM's on GPUs (NCCL: messages take microseconds, memory is short)
 // and the deep warm-up on CPU ranks (Gloo: a message's latency is a fraction of a millisecond,
-// which Megatron-LM's order pays twice per micro-batch; schedule.h).
+// which Megatron-LM's order pays once per micro-batch; schedule.h).
 pipeline::PipelineSchedule ScheduleOf(v1::ParallelismSpec::Schedule schedule,
                                       const c10::Device& device) {
   switch (schedule) {
