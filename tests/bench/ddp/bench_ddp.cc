@@ -63,6 +63,28 @@ struct RankResult {
   double bytes_per_step = 0;
 };
 
+// GRADHUB_BENCH_PHASES=1: where a step's time goes, per rank, as medians over the timed steps
+// (milliseconds, to stderr): zero_grad, forward, backward (autograd, the buckets' allreduces
+// that overlap it, and Finalize), of that the wait in Finalize for allreduces still running,
+// the allreduces' own run time summed over buckets, the optimizer step. For comparing a
+// world-2 step with a world-1 one phase by phase.
+struct StepPhases {
+  std::vector<double> zero_grad, forward, backward, finalize_wait, allreduce, optimizer;
+
+  static double Median(std::vector<double> values) {
+    if (values.empty()) return 0;
+    std::nth_element(values.begin(), values.begin() + values.size() / 2, values.end());
+    return values[values.size() / 2];
+  }
+  void Print(int rank, int world) const {
+    std::fprintf(stderr,
+                 "phases world %d rank %d ms: zero_grad %.3f forward %.3f backward %.3f "
+                 "(finalize_wait %.3f allreduce %.3f) optimizer %.3f\n",
+                 world, rank, Median(zero_grad), Median(forward), Median(backward),
+                 Median(finalize_wait), Median(allreduce), Median(optimizer));
+  }
+};
+
 RankResult RunRank(int rank, int world, const std::vector<int64_t>& widths, int64_t batch,
                    int steps, const std::string& store_dir, const std::string& mode,
                    const std::optional<gradhub::bench::BenchHosts>& hosts) {
@@ -132,9 +154,18 @@ RankResult RunRank(int rank, int world, const std::vector<int64_t>& widths, int6
   torch::Tensor y = torch::randint(widths.back(), {batch});
   std::vector<double> times;
   int64_t timed_bytes = 0;
+  const bool phases_wanted = std::getenv("GRADHUB_BENCH_PHASES") != nullptr;
+  StepPhases phases;
+  using Clock = std::chrono::steady_clock;
+  const auto ms_since = [](Clock::time_point since) {
+    return std::chrono::duration<double, std::milli>(Clock::now() - since).count();
+  };
   for (int step = 0; step < steps; ++step) {
-    auto start = std::chrono::steady_clock::now();
+    const bool timed = step >= steps / 5;
+    auto start = Clock::now();
     ddp.ZeroGrad();
+    if (timed) phases.zero_grad.push_back(ms_since(start));
+    auto phase_start = Clock::now();
     std::optional<DistributedDataParallel::NoSyncGuard> local;
     if (averager && !averager->Synchronous(step)) local.emplace(&ddp);
     torch::Tensor loss = ddp.Forward([&] {
@@ -142,7 +173,18 @@ RankResult RunRank(int rank, int world, const std::vector<int64_t>& widths, int6
       if (mode == "bf16") bf16.emplace(c10::DeviceType::CPU, at::kBFloat16);
       return torch::cross_entropy_loss(model->forward(x), y);
     });
+    if (timed) phases.forward.push_back(ms_since(phase_start));
+    phase_start = Clock::now();
     ddp.Backward(loss);
+    if (timed) {
+      phases.backward.push_back(ms_since(phase_start));
+      const gradhub::ddp::ReductionStats& reduction = ddp.last_reduction();
+      phases.finalize_wait.push_back(
+          std::chrono::duration<double, std::milli>(reduction.wait).count());
+      phases.allreduce.push_back(
+          std::chrono::duration<double, std::milli>(reduction.allreduce).count());
+    }
+    phase_start = Clock::now();
     int64_t bytes = local ? 0 : ddp.last_reduction().bytes;
     local.reset();
     if (zero) {
@@ -152,10 +194,11 @@ RankResult RunRank(int rank, int world, const std::vector<int64_t>& widths, int6
       plain->step();
     }
     if (averager) bytes += averager->AfterStep(step);
-    times.push_back(
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-    if (step >= steps / 5) timed_bytes += bytes;
+    if (timed) phases.optimizer.push_back(ms_since(phase_start));
+    times.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+    if (timed) timed_bytes += bytes;
   }
+  if (phases_wanted) phases.Print(rank, world);
   times.erase(times.begin(), times.begin() + steps / 5);  // warm-up
   RankResult result;
   result.bytes_per_step = static_cast<double>(timed_bytes) / times.size();
