@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <iostream>
 #include <optional>
@@ -16,6 +17,7 @@
 #include "gpu_worker/checkpoint_client/chunk_upload.h"
 #include "gradhub/v1/checkpoint.grpc.pb.h"
 #include "services/common/blob_check.h"
+#include "services/common/crc32c.h"
 #include "services/common/direct_write.h"
 #include "services/common/grpc_credentials.h"
 #include "services/common/grpc_retry.h"
@@ -136,11 +138,12 @@ class GrpcCheckpointSink final : public trainer::CheckpointSink {
   }
 
   void Save(const trainer::Checkpoint& checkpoint) override {
-    const BlobDigests digests = DigestsForUpload(checkpoint.bytes.view());
+    const uint32_t crc32c = Crc32c(checkpoint.bytes.view());
     const auto deadline = Clock::now() + options_.deadline;
+    std::string sha256;  // the store's, from the commit's answer
     Retrying("save step " + std::to_string(checkpoint.step), deadline,
-             [&](int try_number) { SaveOnce(checkpoint, digests, try_number); });
-    Cache(digests.sha256, checkpoint.bytes.view());
+             [&](int try_number) { sha256 = SaveOnce(checkpoint, crc32c, try_number); });
+    if (!sha256.empty()) Cache(sha256, checkpoint.bytes.view());
   }
 
   std::optional<trainer::Checkpoint> LoadLatest() override {
@@ -211,10 +214,12 @@ class GrpcCheckpointSink final : public trainer::CheckpointSink {
     return context;
   }
 
-  // Steps 1-3 of Save. ALREADY_EXISTS at the start means this step is committed already (an
-  // earlier try's commit went through but its answer was lost).
-  void SaveOnce(const trainer::Checkpoint& checkpoint, const BlobDigests& digests, int try_number) {
-    const std::string& sha256 = digests.sha256;
+  // Steps 1-3 of Save; returns the committed checkpoint's sha256. ALREADY_EXISTS at the start
+  // means this step is committed already (an earlier try's commit went through but its answer
+  // was lost): then "", and the bytes are not cached.
+  std::string SaveOnce(const trainer::Checkpoint& checkpoint, uint32_t crc32c, int try_number) {
+    char crc_hex[9];
+    std::snprintf(crc_hex, sizeof crc_hex, "%08x", crc32c);
     v1::StartUploadRequest start;
     start.set_job(options_.job);
     start.set_attempt(options_.attempt);
@@ -223,11 +228,11 @@ class GrpcCheckpointSink final : public trainer::CheckpointSink {
     (*start.mutable_metadata())["format"] = "torch-archive";
     // Same id on every retry of one save; a new one after DATA_LOSS, which discards the upload.
     start.set_request_id("a" + std::to_string(options_.attempt) + "-s" +
-                         std::to_string(checkpoint.step) + "-" + sha256.substr(0, 32) + "-" +
-                         std::to_string(restarts_));
+                         std::to_string(checkpoint.step) + "-" + crc_hex + "-" +
+                         std::to_string(checkpoint.bytes.size()) + "-" + std::to_string(restarts_));
     v1::StartUploadResponse started;
     grpc::Status status = stub_->StartUpload(Context().get(), start, &started);
-    if (status.error_code() == grpc::StatusCode::ALREADY_EXISTS) return;
+    if (status.error_code() == grpc::StatusCode::ALREADY_EXISTS) return "";
     if (!status.ok()) throw CallFailed("StartUpload", status);
     const int64_t held = try_number == 0 ? 0 : HeldBytes(started.upload_id());
     if (held > 0) {
@@ -238,12 +243,12 @@ class GrpcCheckpointSink final : public trainer::CheckpointSink {
              std::max<int64_t>(started.chunk_size_bytes(), 64 << 10));
     v1::CommitCheckpointRequest commit;
     commit.set_upload_id(started.upload_id());
-    commit.set_sha256(sha256);
-    commit.set_crc32c(digests.crc32c);
+    commit.set_crc32c(crc32c);  // no sha256: the store's own is recorded
     v1::Checkpoint committed;
     status = stub_->CommitCheckpoint(Context().get(), commit, &committed);
     if (status.error_code() == grpc::StatusCode::DATA_LOSS) ++restarts_;
     if (!status.ok()) throw CallFailed("CommitCheckpoint", status);
+    return committed.sha256();
   }
 
   int64_t HeldBytes(const std::string& upload_id) {

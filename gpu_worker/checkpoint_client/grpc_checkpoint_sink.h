@@ -3,17 +3,21 @@
 // torch: the trainer hands it to the training loop as a plain CheckpointSink.
 //
 // Save (synchronous; AsyncCheckpointWriter runs it off the training loop):
-//   1. Hash the bytes, sha256 and CRC-32C in one pass (DigestsForUpload); StartUpload with a
-//      request id made of attempt, step and hash, so a retried start finds the same upload.
+//   1. Take the bytes' CRC-32C (no sha256: the store hashes the bytes as they arrive and
+//      records its own, checkpoint.proto's CommitCheckpoint, so the save costs the training
+//      node a CRC pass instead of a SHA-256 one, which took as long as the snapshot itself);
+//      StartUpload with a request id made of attempt, step and CRC, so a retried start finds
+//      the same upload.
 //   2. Ask how many bytes the server holds (an UploadChunks stream with one empty chunk) and
 //      stream the rest in the chunk size the server announced, each chunk with its CRC-32C. A
 //      broken stream, or a chunk the server found changed on the way (DATA_LOSS from
 //      UploadChunks), goes back to step 1 after a backoff: the same request id finds the same
 //      upload, so only the missing tail is sent again (logged: "resuming the upload at byte
 //      N"), after a restart of the store too.
-//   3. CommitCheckpoint with both. DATA_LOSS (the server's bytes differ, or the bytes sent are
-//      not the bytes hashed) starts over at step 1 under a new request id; NOT_FOUND (the
-//      upload expired) likewise.
+//   3. CommitCheckpoint with the CRC-32C; the answer names the sha256, under which the bytes
+//      are cached (cache_dir/<sha256>.ckpt). DATA_LOSS (the server's bytes differ, or the bytes
+//      sent are not the bytes whose CRC was taken) starts over at step 1 under a new request
+//      id; NOT_FOUND (the upload expired) likewise.
 //   Retryable failures (IsRetryable in services/common/grpc_retry.h: the server unreachable,
 //   busy or restarting, the token refused) back off (100 ms doubling to 1 s, with jitter; the
 //   channel's reconnect backoff likewise: see kStoreBackoff in the .cc) until `deadline`. Anything

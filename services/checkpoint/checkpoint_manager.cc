@@ -412,14 +412,15 @@ absl::StatusOr<int64_t> UploadWriter::WriteNow(int64_t offset, std::string_view 
   }
   if (*held > state.held) {
     if (!crc32c.has_value()) state.checked = false;
+    // Part of the batch may have been held already (sent again after a break).
+    const size_t from = static_cast<size_t>(state.held - offset);
+    const size_t stored = static_cast<size_t>(*held - state.held);
     if (state.checked) {
-      const size_t from = static_cast<size_t>(state.held - offset);
-      const size_t stored = static_cast<size_t>(*held - state.held);
       state.crc32c = from == 0 && stored == data.size()
                          ? Crc32cCombine(state.crc32c, *crc32c, stored)
-                         // Part of the batch was held already (sent again after a break).
                          : Crc32cExtend(state.crc32c, data.substr(from, stored));
     }
+    if (state.hashed) state.sha256.Update(data.substr(from, stored));
     if (manager_->metrics_ != nullptr) manager_->metrics_->RecordReceived(*held - state.held);
     state.held = *held;
     state.last_write = absl::Now();
@@ -443,8 +444,9 @@ absl::StatusOr<v1::Checkpoint> CheckpointManager::Commit(
     const Caller& caller, const v1::CommitCheckpointRequest& request) {
   const absl::Time start = absl::Now();
   GRADHUB_RETURN_IF_ERROR(CheckKind(caller, Access::kUpload));
-  if (!IsSha256Hex(request.sha256())) {
-    return absl::InvalidArgumentError("sha256: must be 64 lowercase hex characters");
+  if (!request.sha256().empty() && !IsSha256Hex(request.sha256())) {
+    return absl::InvalidArgumentError(
+        "sha256: must be 64 lowercase hex characters, or empty for the store's own");
   }
   GRADHUB_ASSIGN_OR_RETURN(CheckpointRow row, ReadUpload(request.upload_id()));
   // Only an upload in progress has (and needs) in-memory state and its lock.
@@ -464,7 +466,7 @@ absl::StatusOr<v1::Checkpoint> CheckpointManager::Commit(
           return AuthorizeJob(tx, caller, row.job_id, Access::kRead, 0).status();
         },
         {.read_only = true}));
-    if (row.sha256 != request.sha256()) {
+    if (!request.sha256().empty() && row.sha256 != request.sha256()) {
       return absl::FailedPreconditionError(absl::StrCat(
           "upload '", row.upload_id, "' is already committed with sha256 ", row.sha256));
     }
@@ -493,14 +495,13 @@ absl::StatusOr<v1::Checkpoint> CheckpointManager::CommitLocked(
     UploadState& state) {
   // 1-2. The bytes, whole, durable and visible under the blob key.
   GRADHUB_ASSIGN_OR_RETURN(const bool checked, PlaceBlob(row, state));
-  // 3. Bytes whose crc32c this process did not check are read back and hashed; checked ones
-  //    are matched with the client's crc32c of the bytes it hashed.
-  GRADHUB_ASSIGN_OR_RETURN(const RecordedCrc32c crc32c,
-                           VerifiedCrc32c(row, sha256, client_crc32c, state, checked));
+  // 3. The digests to record: this process's own of the bytes it received, or those of the
+  //    blob read back; the client's must match them.
+  GRADHUB_ASSIGN_OR_RETURN(const RecordedDigests digests,
+                           VerifiedDigests(row, sha256, client_crc32c, state, checked));
   // 4. The row, its event and retention in one transaction; then the retired blobs.
   std::vector<CheckpointRow> retired, abandoned;
-  absl::StatusOr<v1::Checkpoint> committed =
-      WriteCommittedRow(row, sha256, crc32c, &retired, &abandoned);
+  absl::StatusOr<v1::Checkpoint> committed = WriteCommittedRow(row, digests, &retired, &abandoned);
   if (absl::IsFailedPrecondition(committed.status()) || absl::IsAlreadyExists(committed.status())) {
     // The attempt ended or the step was committed by another upload: this one never will be.
     Failure(absl::IsAlreadyExists(committed.status()) ? "step_exists" : "not_current_attempt");
@@ -536,35 +537,54 @@ absl::StatusOr<bool> CheckpointManager::PlaceBlob(const CheckpointRow& row, Uplo
   return state.checked && state.held == row.size_bytes;
 }
 
-// Commit step 3: the blob's crc32c. Checked bytes are recorded with the client's sha256 as it
-// is; when the client also sent the crc32c of the bytes it hashed, they must be the bytes
-// received, and the CRC then covers the sha256. Others (a chunk without a crc32c, a restart
-// during the upload) are read back and hashed, which covers it too. No row says COMMITTED yet,
-// so a mismatch is still an upload to discard.
-absl::StatusOr<CheckpointManager::RecordedCrc32c> CheckpointManager::VerifiedCrc32c(
-    const CheckpointRow& row, const std::string& sha256, std::optional<uint32_t> client_crc32c,
-    UploadState& state, bool checked) {
+// Commit step 3: the digests a commit records.
+//   1. Checked bytes (every one arrived here with a matching crc32c) have this process's
+//      crc32c; a crc32c the client sent, of the bytes it hashed, must be the same.
+//   2. Bytes this process wrote in order have its own sha256; one the client sent must be the
+//      same. With 1, both digests are of the bytes received: the crc32c covers the sha256.
+//   3. Otherwise (a chunk without crc32c, a restart during the upload) the committed blob is
+//      read back and hashed, and the client's sha256, if any, must match it.
+// No row says COMMITTED yet, so a mismatch is still an upload to discard.
+absl::StatusOr<CheckpointManager::RecordedDigests> CheckpointManager::VerifiedDigests(
+    const CheckpointRow& row, const std::string& client_sha256,
+    std::optional<uint32_t> client_crc32c, UploadState& state, bool checked) {
   if (checked && client_crc32c.has_value() && *client_crc32c != state.crc32c) {
     Failure("crc32c_mismatch");
     GRADHUB_RETURN_IF_ERROR(Discard(row, state));
     return absl::DataLossError(absl::StrFormat(
-        "crc32c: the bytes received have crc32c %08x, the commit says %08x (the bytes sent are "
-        "not the bytes hashed); the upload is discarded, start a new one",
+        "crc32c: the bytes received have crc32c %08x, the commit says %08x (the bytes sent "
+        "changed after the client took their crc32c); the upload is discarded, start a new one",
         state.crc32c, *client_crc32c));
   }
-  if (checked) return RecordedCrc32c{state.crc32c, client_crc32c.has_value()};
+  const bool hashed = state.hashed && state.held == row.size_bytes;
+  const std::string own_sha256 = hashed ? state.sha256.Hex() : "";
+  if (hashed && !client_sha256.empty() && own_sha256 != client_sha256) {
+    return Sha256Mismatch(row, state, absl::StrCat("sha256 ", client_sha256),
+                          absl::StrCat("their sha256 is ", own_sha256));
+  }
+  if (checked && hashed) return RecordedDigests{own_sha256, state.crc32c, true};
   const absl::StatusOr<HashedBlob> blob = HashBlob(row.blob_key);
   // DATA_LOSS: the blob does not read back whole (a store that encrypts found it changed).
   if (!blob.ok() && !absl::IsDataLoss(blob.status())) return blob.status();
-  if (!blob.ok() || blob->size != row.size_bytes || blob->digests.sha256 != sha256) {
-    Failure("sha256_mismatch");
-    GRADHUB_RETURN_IF_ERROR(Discard(row, state));
-    return absl::DataLossError(absl::StrCat(
-        "sha256 ", sha256, " does not match the bytes received (",
-        blob.ok() ? absl::StrCat(blob->size, " bytes") : std::string(blob.status().message()),
-        "); the upload is discarded, start a new one"));
+  if (!blob.ok() || blob->size != row.size_bytes ||
+      (!client_sha256.empty() && blob->digests.sha256 != client_sha256)) {
+    return Sha256Mismatch(row, state,
+                          client_sha256.empty()
+                              ? absl::StrCat("the ", row.size_bytes, " bytes declared")
+                              : absl::StrCat("sha256 ", client_sha256),
+                          blob.ok() ? absl::StrCat(blob->size, " bytes read back")
+                                    : std::string(blob.status().message()));
   }
-  return RecordedCrc32c{blob->digests.crc32c, true};
+  return RecordedDigests{blob->digests.sha256, blob->digests.crc32c, true};
+}
+
+absl::Status CheckpointManager::Sha256Mismatch(const CheckpointRow& row, UploadState& state,
+                                               const std::string& claim,
+                                               const std::string& received) {
+  Failure("sha256_mismatch");
+  GRADHUB_RETURN_IF_ERROR(Discard(row, state));
+  return absl::DataLossError(absl::StrCat(claim, " does not match the bytes received (", received,
+                                          "); the upload is discarded, start a new one"));
 }
 
 // After a commit's transaction: the checkpoints retention retired go on the removal worker;
@@ -602,8 +622,8 @@ absl::StatusOr<CheckpointManager::HashedBlob> CheckpointManager::HashBlob(
 }
 
 absl::StatusOr<v1::Checkpoint> CheckpointManager::WriteCommittedRow(
-    const CheckpointRow& row, const std::string& sha256, RecordedCrc32c crc32c,
-    std::vector<CheckpointRow>* retired, std::vector<CheckpointRow>* abandoned) {
+    const CheckpointRow& row, const RecordedDigests& digests, std::vector<CheckpointRow>* retired,
+    std::vector<CheckpointRow>* abandoned) {
   return pool_->Transact([&](db::Transaction& tx) -> absl::StatusOr<v1::Checkpoint> {
     retired->clear();
     abandoned->clear();
@@ -626,10 +646,11 @@ absl::StatusOr<v1::Checkpoint> CheckpointManager::WriteCommittedRow(
                              " crc32c_covers_sha256 = $4, commit_time = now()"
                              " WHERE c.id = $1 AND c.state = 'UPLOADING' RETURNING ",
                              kCheckpointColumns),
-                {row.id, sha256, static_cast<int64_t>(crc32c.value), crc32c.covers_sha256}));
+                {row.id, digests.sha256, static_cast<int64_t>(digests.crc32c),
+                 digests.crc32c_covers_sha256}));
     if (updated.empty()) return UploadNotFound(row.upload_id);  // discarded meanwhile
     GRADHUB_ASSIGN_OR_RETURN(const CheckpointRow done, CheckpointFromRow(updated.row(0)));
-    GRADHUB_RETURN_IF_ERROR(AppendCommittedEvent(tx, row, sha256));
+    GRADHUB_RETURN_IF_ERROR(AppendCommittedEvent(tx, row, digests.sha256));
     GRADHUB_RETURN_IF_ERROR(RetireBeyondKeepLast(tx, row.job_id, job.keep_last, retired));
     GRADHUB_RETURN_IF_ERROR(DeleteSupersededUploads(tx, row, abandoned));
     return done.proto;

@@ -10,12 +10,14 @@
 //   2. OpenUpload + UploadWriter::Write per chunk: each chunk's crc32c is checked, then its
 //      bytes go to the BlobStore's upload without gaps (on a thread of the stream's own while
 //      the stream receives the next chunk).
-//   3. Commit: size check; BlobStore::Commit makes the blob durable and visible. When this
-//      process checked the crc32c of every byte, the client's sha256 is recorded as it is
-//      (and a crc32c the client sent with it, of the bytes it hashed, must match the chunks':
-//      the recorded crc32c then covers the sha256, and clients check downloads against it);
-//      otherwise (a chunk without crc32c, or a restart during the upload) the committed blob
-//      is read back and hashed, before any row says COMMITTED, and a mismatch discards the
+//   3. Commit: size check; BlobStore::Commit makes the blob durable and visible. The writes
+//      of step 2 also hashed the bytes in order (SHA-256), so when every byte was written by
+//      this process the store knows the blob's sha256 itself: it is the content key recorded
+//      when the client names none (a trainer, which then spends no pass over its checkpoint
+//      on it), and must equal the client's when it names one. When this process also checked
+//      the crc32c of every byte, that crc32c is recorded (a crc32c the client sent must match
+//      it); otherwise (a chunk without crc32c, or a restart during the upload) the committed
+//      blob is read back and hashed, before any row says COMMITTED. A mismatch discards the
 //      upload (DATA_LOSS). Then ONE transaction: the row COMMITTED,
 //      a CHECKPOINT_COMMITTED job event, and retention marking the job's committed checkpoints
 //      beyond keepLast DELETED. After it, and after the commit has answered, their blobs and
@@ -48,6 +50,7 @@
 #include "services/common/db/pool.h"
 #include "services/common/direct_write.h"
 #include "services/common/ordered_worker.h"
+#include "services/common/sha256.h"
 
 namespace gradhub::checkpoint {
 
@@ -126,14 +129,20 @@ class UploadWriter {
     // write): the commit then hashes the blob.
     bool checked = true;
     uint32_t crc32c = 0;  // of [0, held) while `checked`: the commit records it
+    // Every byte of [0, held) was written here, in order, and hashed on the way (`sha256`):
+    // the content key of a commit that names none is the store's own (CommitCheckpoint), so a
+    // trainer does not spend a pass over its checkpoint on it. Cleared for good as `checked` is
+    // by bytes this process did not write; a chunk without crc32c keeps it.
+    bool hashed = true;
+    Sha256Stream sha256;
     bool committed = false;
     bool discarded = false;
     absl::Time last_write = absl::InfinitePast();  // of this process's last append
 
     // What the blob store says it holds. More or fewer bytes than this process wrote (a
-    // restart, a failed write) are bytes it did not check.
+    // restart, a failed write) are bytes it did not check or hash.
     void Reload(int64_t bytes) {
-      if (bytes != held) checked = false;
+      if (bytes != held) checked = hashed = false;
       held = bytes;
       loaded = true;
     }
@@ -279,14 +288,21 @@ class CheckpointManager {
                                               UploadState& state);
   // CommitLocked's steps (checkpoint_manager.cc says what each does).
   absl::StatusOr<bool> PlaceBlob(const CheckpointRow& row, UploadState& state);
-  // The crc32c a commit records, and whether it is of the bytes the sha256 names.
-  struct RecordedCrc32c {
-    uint32_t value = 0;
-    bool covers_sha256 = false;
+  // The digests a commit records: the sha256 (the client's, or the store's own when the
+  // client named none), the crc32c, and whether that crc32c is of the bytes the sha256 names.
+  struct RecordedDigests {
+    std::string sha256;
+    uint32_t crc32c = 0;
+    bool crc32c_covers_sha256 = false;
   };
-  absl::StatusOr<RecordedCrc32c> VerifiedCrc32c(const CheckpointRow& row, const std::string& sha256,
-                                                std::optional<uint32_t> client_crc32c,
-                                                UploadState& state, bool checked);
+  absl::StatusOr<RecordedDigests> VerifiedDigests(const CheckpointRow& row,
+                                                  const std::string& client_sha256,
+                                                  std::optional<uint32_t> client_crc32c,
+                                                  UploadState& state, bool checked);
+  // Discards the upload: what the client claimed (`claim`: its sha256, or the declared size)
+  // is not what was `received`; DATA_LOSS saying both.
+  absl::Status Sha256Mismatch(const CheckpointRow& row, UploadState& state,
+                              const std::string& claim, const std::string& received);
   void RemoveAfterCommit(std::vector<CheckpointRow> retired,
                          const std::vector<CheckpointRow>& abandoned);
   // Reads a committed blob whole (through a HashingReadAhead, as downloads do): its size,
@@ -299,7 +315,7 @@ class CheckpointManager {
   // Step 5's transaction. *retired: checkpoints retention marked DELETED; *abandoned: the
   // uploads this commit superseded, whose rows it deleted (checkpoint.proto, StartUpload).
   absl::StatusOr<v1::Checkpoint> WriteCommittedRow(const CheckpointRow& row,
-                                                   const std::string& sha256, RecordedCrc32c crc32c,
+                                                   const RecordedDigests& digests,
                                                    std::vector<CheckpointRow>* retired,
                                                    std::vector<CheckpointRow>* abandoned);
   // Removes the blobs and rows of checkpoints marked DELETED.

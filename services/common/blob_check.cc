@@ -36,14 +36,6 @@ void BlobDigester::Update(std::string_view data) {
 
 BlobDigests BlobDigester::Digests() const { return {crc32c_, sha256_ ? sha_.Hex() : ""}; }
 
-BlobDigests DigestsForUpload(std::string_view bytes) {
-  // A block is hashed, then its CRC taken while it is still in L2.
-  constexpr size_t kBlock = 256 << 10;
-  BlobDigester digester(/*sha256=*/true);
-  for (size_t at = 0; at < bytes.size(); at += kBlock) digester.Update(bytes.substr(at, kBlock));
-  return digester.Digests();
-}
-
 bool BlobMatches(std::string_view bytes, const std::string& sha256,
                  std::optional<uint32_t> crc32c) {
   return crc32c.has_value() ? Crc32c(bytes) == *crc32c : Sha256Hex(bytes) == sha256;

@@ -43,7 +43,7 @@ class BlobCheck {
 };
 
 // The digests of bytes given in order: a CRC-32C and, when asked for, a SHA-256 (the store's
-// reads, and an uploader's one pass over what it commits). Not thread-safe.
+// reads). Not thread-safe.
 struct BlobDigests {
   uint32_t crc32c = 0;
   std::string sha256;  // lowercase hex; empty when not asked for
@@ -60,12 +60,6 @@ class BlobDigester {
   uint32_t crc32c_ = 0;
   Sha256Stream sha_;
 };
-
-// What an uploader commits with (CommitCheckpointRequest): the sha256 and the CRC-32C of
-// `bytes`, in one pass, block by block, so both are of the same memory. The store matches the
-// CRC with the CRCs of the chunks it received, which are computed as they are sent: bytes
-// changed in between are found at the commit.
-BlobDigests DigestsForUpload(std::string_view bytes);
 
 // BlobCheck over `bytes` at once (a cached copy), on the caller's thread.
 bool BlobMatches(std::string_view bytes, const std::string& sha256, std::optional<uint32_t> crc32c);

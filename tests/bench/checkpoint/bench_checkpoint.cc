@@ -4,10 +4,12 @@
 //
 //   upload:   StartUpload, UploadChunks (each chunk with its crc32c, which the server checks
 //             before writing), CommitCheckpoint (fsync, rename, transaction); timed from
-//             StartUpload to the commit's answer. The client's sha256 and crc32c of the blob
-//             (DigestsForUpload) are computed before the clock starts (a trainer hashes on its save
-//             thread before it uploads: that is the trainer's cost, which training_stall.sh
-//             measures, not the store's).
+//             StartUpload to the commit's answer. The client's crc32c of the blob is computed
+//             before the clock starts (a trainer takes it on its save thread before it uploads:
+//             that is the trainer's cost, which training_stall.sh measures, not the store's).
+//             The client sends no sha256: the store hashes the bytes as they arrive and records
+//             its own, as it does for a trainer; that hashing is inside the figure. After the
+//             clock, the recorded sha256 is checked against the data's.
 //   download: DownloadCheckpoint of the checkpoint uploaded before, from offset 0, checking what
 //             arrives as `gradhub checkpoints download` and a trainer do (BlobCheck: against the
 //             announced crc32c, or the sha256 where there is none); timed from the call to the
@@ -31,7 +33,9 @@
 #include "gradhub/v1/checkpoint.grpc.pb.h"
 #include "services/common/abseil_mode.h"
 #include "services/common/blob_check.h"
+#include "services/common/crc32c.h"
 #include "services/common/flags.h"
+#include "services/common/sha256.h"
 
 namespace {
 
@@ -78,7 +82,7 @@ int Upload(const std::shared_ptr<grpc::Channel>& channel, v1::CheckpointService:
     x ^= x << 13, x ^= x >> 7, x ^= x << 17;
     std::memcpy(&data[i], &x, 8);
   }
-  const gradhub::BlobDigests digests = gradhub::DigestsForUpload(data);
+  const uint32_t crc32c = gradhub::Crc32c(data);
   const double cpu_start = CpuSeconds();
   const Clock::time_point start = Clock::now();
   v1::StartUploadRequest begin;
@@ -99,13 +103,17 @@ int Upload(const std::shared_ptr<grpc::Channel>& channel, v1::CheckpointService:
   const Clock::time_point streamed = Clock::now();
   v1::CommitCheckpointRequest commit;
   commit.set_upload_id(started.upload_id());
-  commit.set_sha256(digests.sha256);
-  commit.set_crc32c(digests.crc32c);
+  commit.set_crc32c(crc32c);
   v1::Checkpoint checkpoint;
   if (auto s = stub.CommitCheckpoint(Context(options).get(), commit, &checkpoint); !s.ok()) {
     return Fail("CommitCheckpoint", s);
   }
   const Clock::time_point end = Clock::now();
+  if (checkpoint.sha256() != gradhub::Sha256Hex(data)) {
+    std::fprintf(stderr, "bench_checkpoint: the store recorded sha256 %s, not the data's\n",
+                 checkpoint.sha256().c_str());
+    return 1;
+  }
   std::printf("upload %.4f %zu %s %.4f %.4f\n", std::chrono::duration<double>(end - start).count(),
               data.size(), checkpoint.name().c_str(),
               std::chrono::duration<double>(end - streamed).count(), CpuSeconds() - cpu_start);

@@ -72,8 +72,10 @@ class CliCheckpointsE2eTest : public ::testing::Test {
     delete stranger_token_;
   }
 
-  // A committed checkpoint of a new job of "owner", saved over gRPC with the admin token;
-  // `sha256` as the client claims it (by default that of `data`).
+  // A committed checkpoint of a new job of "owner", saved over gRPC with the admin token.
+  // `sha256`, when given, is what its row then says, as an older store recorded a client's
+  // claim with a crc32c not known to be of the same bytes (the store now refuses a sha256 that
+  // is not of the bytes it received).
   v1::Checkpoint SaveOne(const std::string& data, int64_t step = 100, std::string sha256 = "") {
     job_ = InsertJob(*pool_, owner_id_);
     auto stub = v1::CheckpointService::NewStub(
@@ -91,11 +93,18 @@ class CliCheckpointsE2eTest : public ::testing::Test {
                     .ok());
     v1::CommitCheckpointRequest commit;
     commit.set_upload_id(started.upload_id());
-    commit.set_sha256(sha256.empty() ? Sha256Hex(data) : sha256);
+    commit.set_sha256(Sha256Hex(data));
     v1::Checkpoint checkpoint;
     const grpc::Status committed =
         stub->CommitCheckpoint(Context(admin).get(), commit, &checkpoint);
     EXPECT_TRUE(committed.ok()) << committed.error_message();
+    if (!sha256.empty()) {
+      EXPECT_TRUE(pool_
+                      ->Exec("UPDATE checkpoints SET sha256 = decode($2, 'hex'),"
+                             " crc32c_covers_sha256 = false WHERE job_id = $1::uuid AND step = $3",
+                             {job_, sha256, step})
+                      .ok());
+    }
     return checkpoint;
   }
 
@@ -193,8 +202,9 @@ TEST_F(CliCheckpointsE2eTest, ACorruptCheckpointLeavesNoFile) {
 }
 
 TEST_F(CliCheckpointsE2eTest, ASha256ThatNamesOtherBytesIsCheckedOnTheServerAndMarkedBad) {
-  // The store checks downloads against the crc32c it recorded, which these bytes match: the
-  // CLI finds the mismatch, downloads again with verify_sha256, and the store marks it BAD.
+  // The store checks downloads against the crc32c it recorded, which these bytes match; the
+  // CLI checks the sha256, since that crc32c is not known to be of the bytes it names, finds
+  // the mismatch, downloads again with verify_sha256, and the store marks it BAD.
   const std::string data = Blob(2 << 20, 4);
   const v1::Checkpoint saved = SaveOne(data, 100, Sha256Hex("other bytes"));
   const std::string file = out_.path() + "/claimed.bin";

@@ -109,15 +109,27 @@ TEST_F(CheckpointManagerTest, AChunkWhoseCrc32cDiffersIsDataLossAndNothingOfItIs
 }
 
 TEST_F(CheckpointManagerTest, WithEveryCrc32cCheckedAWrongSha256IsFoundWhenADownloadAsksForIt) {
-  // The trainer hashes the memory it sends, so its sha256 and its chunks' crc32c describe the
-  // same bytes. A client that claims another sha256 gets it recorded, and downloads (which
-  // check the crc32c) serve the bytes. The client's own check fails; it asks again with
-  // verify_sha256, which marks the checkpoint BAD, and resume takes the one before.
+  // The store hashes what it receives, so a commit claiming another sha256 is refused now,
+  // every chunk's crc32c checked or not.
   const std::string job = InsertJob(*pool_, tenant_a_, "RUNNING", 1, 5);
+  const std::string refused_data = Blob(5000, 9);
+  auto upload = Start(Admin(), job, 1, 90, 5000);
+  ASSERT_TRUE(Write(Admin(), *upload, refused_data, 0, 5000).ok());
+  const auto refused = Commit(Admin(), *upload, Sha256Hex(refused_data + "x"));
+  EXPECT_TRUE(absl::IsDataLoss(refused.status())) << refused.status();
+  EXPECT_THAT(refused.status().message(), HasSubstr("does not match the bytes received"));
+  // A row an older store wrote that way (it recorded the client's sha256 as it was) serves its
+  // bytes, since downloads check the crc32c. The client's own check fails; it asks again with
+  // verify_sha256, which marks the checkpoint BAD, and resume takes the one before.
   const v1::Checkpoint before = Save(job, 1, 10, Blob(3000, 1));
   auto claim_wrongly = [&](int64_t step) {
     const std::string data = Blob(5000, static_cast<int>(step));
-    const v1::Checkpoint claimed = Save(job, 1, step, data, Sha256Hex(data + "x"));
+    const v1::Checkpoint claimed = Save(job, 1, step, data);
+    EXPECT_TRUE(pool_
+                    ->Exec("UPDATE checkpoints SET sha256 = decode($3, 'hex')"
+                           " WHERE job_id = $1::uuid AND step = $2",
+                           {job, step, Sha256Hex(data + "x")})
+                    .ok());
     EXPECT_EQ(*ReadAll(Admin(), claimed.name()), data);
     return claimed;
   };
@@ -485,6 +497,17 @@ TEST_F(CheckpointManagerTest, AnUploadResumesAfterARestartAndTheCommitHashesTheB
   auto committed = Commit(Admin(), *second, Sha256Hex(data));
   ASSERT_TRUE(committed.ok()) << committed.status();
   EXPECT_EQ(*ReadAll(Admin(), committed->name()), data);
+
+  // A commit naming no sha256 (as a trainer's): the bytes before the restart were hashed by
+  // the manager that is gone, so the content key comes from the blob read back.
+  auto third = Start(Admin(), job, 1, 20, 400000);
+  ASSERT_TRUE(Write(Admin(), *third, data, 0, 150000).ok());
+  NewManager();
+  ASSERT_TRUE(Write(Admin(), *third, data, 150000, 400000).ok());
+  committed = Commit(Admin(), *third, "");
+  ASSERT_TRUE(committed.ok()) << committed.status();
+  EXPECT_EQ(committed->sha256(), Sha256Hex(data));
+  EXPECT_EQ(committed->crc32c(), Crc32c(data));
 }
 
 TEST_F(CheckpointManagerTest, ZeroByteCheckpointsWork) {

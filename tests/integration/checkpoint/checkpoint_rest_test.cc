@@ -51,8 +51,6 @@ TEST_F(CheckpointRestTest, DownloadsRawBytesWithTheirSha256AndServesRanges) {
   ASSERT_EQ(whole->status, 200) << whole->body;
   EXPECT_EQ(whole->get_header_value("Content-Type"), "application/octet-stream");
   EXPECT_EQ(whole->get_header_value("X-Checkpoint-Sha256"), Sha256Hex(data));
-  // Committed with the client's sha256 and no crc32c of the bytes it hashed: none offered.
-  EXPECT_FALSE(whole->has_header("X-Checkpoint-Crc32c"));
   EXPECT_TRUE(whole->body == data);
 
   auto tail = client_->Get(path.c_str(), With(a_, "bytes=250000-"));
@@ -70,6 +68,12 @@ TEST_F(CheckpointRestTest, DownloadsRawBytesWithTheirSha256AndServesRanges) {
 }
 
 TEST_F(CheckpointRestTest, ADownloadOffersTheCrc32cWhereItCoversTheSha256) {
+  // Checked chunks: the store hashed the bytes it received, so its CRC covers the sha256.
+  const v1::Checkpoint checked = Save(job_, 1, 10, Blob(300000, 9));
+  auto first = client_->Get(("/v1/" + checked.name() + ":download").c_str(), a_);
+  ASSERT_TRUE(first);
+  EXPECT_EQ(first->get_header_value("X-Checkpoint-Crc32c"),
+            absl::StrFormat("%08x", Crc32c(Blob(300000, 9))));
   // Chunks without crc32c: the store hashes the blob at the commit, so its CRC covers it.
   const std::string data = Blob(200000, 4);
   auto upload = Start(Admin(), job_, 1, 20, static_cast<int64_t>(data.size()));

@@ -63,16 +63,29 @@ class CheckpointServiceTest : public CheckpointTest {
   }
 
   // Uploads `data` as step `step` in chunks with their crc32c (or without: `chunks`), then
-  // commits it with `crc32c`: the commit's status, the checkpoint in *checkpoint.
+  // commits it with `crc32c` and `sha256` (by default data's; "" leaves it to the store): the
+  // commit's status, the checkpoint in *checkpoint.
   grpc::Status UploadAndCommit(int64_t step, const std::string& data,
                                std::optional<uint32_t> crc32c, v1::Checkpoint* checkpoint,
-                               ChunkCrc chunks = ChunkCrc::kSent) {
+                               ChunkCrc chunks = ChunkCrc::kSent,
+                               std::optional<std::string> sha256 = std::nullopt) {
     const v1::StartUploadResponse started = StartOverGrpc(step, static_cast<int64_t>(data.size()));
     EXPECT_TRUE(SendChunks(*stub_, trainer_, started.upload_id(), data, 0, data.size(), kChunk,
                            nullptr, chunks)
                     .ok());
     last_upload_id_ = started.upload_id();
-    return CommitOverGrpc(started.upload_id(), Sha256Hex(data), checkpoint, crc32c);
+    return CommitOverGrpc(started.upload_id(), sha256.value_or(Sha256Hex(data)), checkpoint,
+                          crc32c);
+  }
+
+  // What a checkpoint committed by an older store may hold: a row whose sha256 is `sha256`,
+  // and whose crc32c is not known to be of the bytes it names (`covers` false).
+  void RewriteRow(const v1::Checkpoint& checkpoint, const std::string& sha256, bool covers) {
+    ASSERT_TRUE(pool_
+                    ->Exec("UPDATE checkpoints SET sha256 = decode($2, 'hex'),"
+                           " crc32c_covers_sha256 = $3 WHERE job_id = $1::uuid AND step = $4",
+                           {job_, sha256, covers, checkpoint.step()})
+                    .ok());
   }
 
   // The first message of a download of `name`: what it announces.
@@ -238,12 +251,12 @@ TEST_F(CheckpointServiceTest, AWrongShaIsDataLossAndAStragglersTokenIsRefused) {
 }
 
 TEST_F(CheckpointServiceTest, ADownloadWithVerifySha256FindsASha256ThatNamesOtherBytes) {
-  // Chunks with crc32c: the commit records the client's sha256, and downloads check the crc32c.
+  // A row from before the store hashed uploads itself, which recorded a client's sha256 of
+  // other bytes: downloads check the crc32c, which matches.
   const std::string data = Blob(3 * kChunk);
-  const v1::StartUploadResponse started = StartOverGrpc(1, static_cast<int64_t>(data.size()));
-  ASSERT_TRUE(SendChunks(*stub_, trainer_, started.upload_id(), data, 0, data.size(), kChunk).ok());
   v1::Checkpoint checkpoint;
-  ASSERT_TRUE(CommitOverGrpc(started.upload_id(), Sha256Hex("other"), &checkpoint).ok());
+  ASSERT_TRUE(UploadAndCommit(1, data, Crc32c(data), &checkpoint).ok());
+  RewriteRow(checkpoint, Sha256Hex("other"), /*covers=*/true);
   std::string downloaded, sha256;
   ASSERT_TRUE(Download(*stub_, trainer_, checkpoint.name(), 0, &downloaded, &sha256).ok());
   EXPECT_TRUE(downloaded == data);
@@ -253,6 +266,44 @@ TEST_F(CheckpointServiceTest, ADownloadWithVerifySha256FindsASha256ThatNamesOthe
   EXPECT_EQ(verified.error_code(), grpc::StatusCode::DATA_LOSS);
   EXPECT_THAT(verified.error_message(), HasSubstr("marked BAD"));
   EXPECT_LT(downloaded.size(), data.size());  // the last chunk was held back
+}
+
+TEST_F(CheckpointServiceTest, ACommitWithoutASha256RecordsTheStoresOwnOfTheBytesReceived) {
+  // As a trainer commits: chunks with their crc32c, the blob's crc32c, no sha256.
+  const std::string data = Blob(4 * kChunk + 9, 7);
+  v1::Checkpoint checkpoint;
+  const grpc::Status committed =
+      UploadAndCommit(1, data, Crc32c(data), &checkpoint, ChunkCrc::kSent, "");
+  ASSERT_TRUE(committed.ok()) << committed.error_message();
+  EXPECT_EQ(checkpoint.sha256(), Sha256Hex(data));
+  EXPECT_EQ(checkpoint.crc32c(), Crc32c(data));
+  // Committing it again is idempotent, with or without the sha256.
+  v1::Checkpoint again;
+  ASSERT_TRUE(CommitOverGrpc(last_upload_id_, "", &again).ok());
+  EXPECT_EQ(again.sha256(), Sha256Hex(data));
+  ASSERT_TRUE(CommitOverGrpc(last_upload_id_, Sha256Hex(data), &again).ok());
+  // Chunks without crc32c: the store's sha256 and the crc32c of the bytes it wrote.
+  v1::Checkpoint unchecked;
+  ASSERT_TRUE(UploadAndCommit(2, data, std::nullopt, &unchecked, ChunkCrc::kLeftOut, "").ok());
+  EXPECT_EQ(unchecked.sha256(), Sha256Hex(data));
+  EXPECT_EQ(unchecked.crc32c(), Crc32c(data));
+  std::string downloaded, sha256;
+  ASSERT_TRUE(Download(*stub_, trainer_, unchecked.name(), 0, &downloaded, &sha256).ok());
+  EXPECT_TRUE(downloaded == data);
+  EXPECT_EQ(sha256, Sha256Hex(data));
+}
+
+TEST_F(CheckpointServiceTest, ASha256ThatIsNotOfTheBytesReceivedIsDataLossWithCheckedChunksToo) {
+  const std::string data = Blob(2 * kChunk + 1, 8);
+  v1::Checkpoint checkpoint;
+  const grpc::Status refused =
+      UploadAndCommit(1, data, Crc32c(data), &checkpoint, ChunkCrc::kSent, Sha256Hex("other"));
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::DATA_LOSS);
+  EXPECT_THAT(refused.error_message(), HasSubstr("does not match the bytes received"));
+  EXPECT_EQ(LatestAs(trainer_, job_), grpc::StatusCode::NOT_FOUND);
+  // A malformed one is refused before anything is looked at.
+  EXPECT_EQ(CommitOverGrpc(last_upload_id_, "abc", &checkpoint).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
 }
 
 TEST_F(CheckpointServiceTest, ACommitWithTheCrc32cOfTheHashedBytesOffersItToDownloads) {
@@ -272,14 +323,14 @@ TEST_F(CheckpointServiceTest, ACommitWithTheCrc32cOfTheHashedBytesOffersItToDown
 }
 
 TEST_F(CheckpointServiceTest, ACommitWhoseCrc32cIsNotOfTheBytesReceivedDiscardsTheUpload) {
-  // The client hashed other bytes than it sent (its memory changed in between).
+  // The client took the crc32c of other bytes than it sent (its memory changed in between).
   const std::string data = Blob(2 * kChunk, 4);
   std::string hashed = data;
   hashed[kChunk + 3] ^= 1;
   v1::Checkpoint checkpoint;
   const grpc::Status refused = UploadAndCommit(1, data, Crc32c(hashed), &checkpoint);
   EXPECT_EQ(refused.error_code(), grpc::StatusCode::DATA_LOSS);
-  EXPECT_THAT(refused.error_message(), HasSubstr("not the bytes hashed"));
+  EXPECT_THAT(refused.error_message(), HasSubstr("changed after the client took their crc32c"));
   // Nothing committed, and the upload is gone: a retry starts a new one.
   EXPECT_EQ(CommitOverGrpc(last_upload_id_, Sha256Hex(data), &checkpoint).error_code(),
             grpc::StatusCode::NOT_FOUND);
@@ -289,18 +340,21 @@ TEST_F(CheckpointServiceTest, ACommitWhoseCrc32cIsNotOfTheBytesReceivedDiscardsT
 
 TEST_F(CheckpointServiceTest, ACrc32cCoversTheSha256OnlyWhereTheHashedBytesAreKnown) {
   const std::string data = Blob(2 * kChunk + 5, 6);
-  // Checked chunks, no crc32c in the commit (an older client): downloads check the sha256.
-  v1::Checkpoint trusted;
-  ASSERT_TRUE(UploadAndCommit(1, data, std::nullopt, &trusted).ok());
-  EXPECT_FALSE(trusted.has_crc32c());
-  EXPECT_FALSE(FirstDownloadMessage(trusted.name()).has_crc32c());
-  // Chunks without crc32c: the server hashed the blob itself at the commit.
-  v1::Checkpoint hashed;
-  ASSERT_TRUE(UploadAndCommit(2, data, std::nullopt, &hashed, ChunkCrc::kLeftOut).ok());
-  EXPECT_EQ(hashed.crc32c(), Crc32c(data));
-  // A scrub that hashed the first one whole gives it its crc32c too.
+  // Checked chunks, no crc32c in the commit: the store hashed what it received, so its crc32c
+  // is of the bytes the sha256 names.
+  v1::Checkpoint checked;
+  ASSERT_TRUE(UploadAndCommit(1, data, std::nullopt, &checked).ok());
+  EXPECT_EQ(checked.crc32c(), Crc32c(data));
+  // Chunks without crc32c: likewise.
+  v1::Checkpoint unchecked;
+  ASSERT_TRUE(UploadAndCommit(2, data, std::nullopt, &unchecked, ChunkCrc::kLeftOut).ok());
+  EXPECT_EQ(unchecked.crc32c(), Crc32c(data));
+  // A row from an older store whose crc32c was not known to be of those bytes: downloads check
+  // the sha256, until a scrub that hashed the blob whole gives it its crc32c.
+  RewriteRow(checked, Sha256Hex(data), /*covers=*/false);
+  EXPECT_FALSE(FirstDownloadMessage(checked.name()).has_crc32c());
   ASSERT_TRUE(manager_->Scrub().ok());
-  const v1::DownloadCheckpointResponse first = FirstDownloadMessage(trusted.name());
+  const v1::DownloadCheckpointResponse first = FirstDownloadMessage(checked.name());
   ASSERT_TRUE(first.has_crc32c());
   EXPECT_EQ(first.crc32c(), Crc32c(data));
 }
