@@ -5,6 +5,7 @@
 // its own "host" and talks TCP over its address, shared memory off (tests/bench/network).
 // GRADHUB_BENCH_BUCKET_MIB and GRADHUB_BENCH_FIRST_BUCKET_MIB set the Reducer's bucket caps
 // (defaults 25 and 1, as PyTorch's), for choosing them from measurements.
+// GRADHUB_BENCH_PHASES=1 also prints each rank's median phase times to stderr (StepPhases).
 // Prints one line per run: <model> <world_size> <median step seconds> <bytes per step>
 // <mean step seconds>, the bytes being what rank 0 handed to collectives per step (gradient
 // allreduces, ZeRO's parameter broadcasts, local SGD's parameter averages), averaged over the
