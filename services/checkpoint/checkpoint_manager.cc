@@ -491,14 +491,14 @@ absl::StatusOr<v1::Checkpoint> CheckpointManager::Commit(
 
 // Step 3 under the upload's lock, once the caller may commit it.
 absl::StatusOr<v1::Checkpoint> CheckpointManager::CommitLocked(
-    const CheckpointRow& row, const std::string& sha256, std::optional<uint32_t> client_crc32c,
-    UploadState& state) {
+    const CheckpointRow& row, const std::string& client_sha256,
+    std::optional<uint32_t> client_crc32c, UploadState& state) {
   // 1-2. The bytes, whole, durable and visible under the blob key.
   GRADHUB_ASSIGN_OR_RETURN(const bool checked, PlaceBlob(row, state));
   // 3. The digests to record: this process's own of the bytes it received, or those of the
   //    blob read back; the client's must match them.
   GRADHUB_ASSIGN_OR_RETURN(const RecordedDigests digests,
-                           VerifiedDigests(row, sha256, client_crc32c, state, checked));
+                           VerifiedDigests(row, client_sha256, client_crc32c, state, checked));
   // 4. The row, its event and retention in one transaction; then the retired blobs.
   std::vector<CheckpointRow> retired, abandoned;
   absl::StatusOr<v1::Checkpoint> committed = WriteCommittedRow(row, digests, &retired, &abandoned);
@@ -539,7 +539,7 @@ absl::StatusOr<bool> CheckpointManager::PlaceBlob(const CheckpointRow& row, Uplo
 
 // Commit step 3: the digests a commit records.
 //   1. Checked bytes (every one arrived here with a matching crc32c) have this process's
-//      crc32c; a crc32c the client sent, of the bytes it hashed, must be the same.
+//      crc32c; a crc32c the client sent, of the memory it sent from, must be the same.
 //   2. Bytes this process wrote in order have its own sha256; one the client sent must be the
 //      same. With 1, both digests are of the bytes received: the crc32c covers the sha256.
 //   3. Otherwise (a chunk without crc32c, a restart during the upload) the committed blob is

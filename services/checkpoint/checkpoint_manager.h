@@ -283,7 +283,9 @@ class CheckpointManager {
   absl::StatusOr<CheckpointRow> ReadUpload(const std::string& upload_id);
   // Removes an upload for good: row, upload bytes, blob (if committed to the store already).
   absl::Status Discard(const CheckpointRow& row, UploadState& state);
-  absl::StatusOr<v1::Checkpoint> CommitLocked(const CheckpointRow& row, const std::string& sha256,
+  // `client_sha256`: as the request names it, "" for none.
+  absl::StatusOr<v1::Checkpoint> CommitLocked(const CheckpointRow& row,
+                                              const std::string& client_sha256,
                                               std::optional<uint32_t> client_crc32c,
                                               UploadState& state);
   // CommitLocked's steps (checkpoint_manager.cc says what each does).
