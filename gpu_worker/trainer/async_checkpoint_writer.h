@@ -15,7 +15,7 @@
 //      store: the upload resumes at the store's offset once it is back), and records the
 //      outcome. Its priority:
 //      a. It saves at the scheduler's idle priority (SCHED_IDLE). A save is background work;
-//         on a node whose cores all train, its hashing, framing and sends took a core from a
+//         on a node whose cores all train, its CRC, framing and sends took a core from a
 //         training thread, which then held up the others at their next barrier (a 160 MiB
 //         save took 0.41 s from training besides its snapshot at normal priority, 0.22 s at
 //         idle: tests/bench/checkpoint/training_stall.sh). It gets what training leaves idle.
