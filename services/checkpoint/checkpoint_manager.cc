@@ -411,16 +411,15 @@ absl::StatusOr<int64_t> UploadWriter::WriteNow(int64_t offset, std::string_view 
     return held.status();
   }
   if (*held > state.held) {
-    if (!crc32c.has_value()) state.checked = false;
     // Part of the batch may have been held already (sent again after a break).
     const size_t from = static_cast<size_t>(state.held - offset);
     const size_t stored = static_cast<size_t>(*held - state.held);
-    if (state.checked) {
-      state.crc32c = from == 0 && stored == data.size()
+    if (state.digested) {
+      state.crc32c = crc32c.has_value() && from == 0 && stored == data.size()
                          ? Crc32cCombine(state.crc32c, *crc32c, stored)
                          : Crc32cExtend(state.crc32c, data.substr(from, stored));
+      state.sha256.Update(data.substr(from, stored));
     }
-    if (state.hashed) state.sha256.Update(data.substr(from, stored));
     if (manager_->metrics_ != nullptr) manager_->metrics_->RecordReceived(*held - state.held);
     state.held = *held;
     state.last_write = absl::Now();
@@ -494,11 +493,11 @@ absl::StatusOr<v1::Checkpoint> CheckpointManager::CommitLocked(
     const CheckpointRow& row, const std::string& client_sha256,
     std::optional<uint32_t> client_crc32c, UploadState& state) {
   // 1-2. The bytes, whole, durable and visible under the blob key.
-  GRADHUB_ASSIGN_OR_RETURN(const bool checked, PlaceBlob(row, state));
+  GRADHUB_ASSIGN_OR_RETURN(const bool digested, PlaceBlob(row, state));
   // 3. The digests to record: this process's own of the bytes it received, or those of the
   //    blob read back; the client's must match them.
   GRADHUB_ASSIGN_OR_RETURN(const RecordedDigests digests,
-                           VerifiedDigests(row, client_sha256, client_crc32c, state, checked));
+                           VerifiedDigests(row, client_sha256, client_crc32c, state, digested));
   // 4. The row, its event and retention in one transaction; then the retired blobs.
   std::vector<CheckpointRow> retired, abandoned;
   absl::StatusOr<v1::Checkpoint> committed = WriteCommittedRow(row, digests, &retired, &abandoned);
@@ -534,35 +533,36 @@ absl::StatusOr<bool> CheckpointManager::PlaceBlob(const CheckpointRow& row, Uplo
   if (in_store) return false;
   if (row.size_bytes == 0) GRADHUB_RETURN_IF_ERROR(blobs_->Append(row.upload_id, 0, "").status());
   GRADHUB_RETURN_IF_ERROR(blobs_->Commit(row.upload_id, row.blob_key));
-  return state.checked && state.held == row.size_bytes;
+  return state.digested && state.held == row.size_bytes;
 }
 
 // Commit step 3: the digests a commit records.
-//   1. Checked bytes (every one arrived here with a matching crc32c) have this process's
-//      crc32c; a crc32c the client sent, of the memory it sent from, must be the same.
-//   2. Bytes this process wrote in order have its own sha256; one the client sent must be the
-//      same. With 1, both digests are of the bytes received: the crc32c covers the sha256.
-//   3. Otherwise (a chunk without crc32c, a restart during the upload) the committed blob is
-//      read back and hashed, and the client's sha256, if any, must match it.
+//   1. Bytes this process wrote, all of them and in order, have its own crc32c and sha256:
+//      both of the bytes received, so the crc32c covers the sha256. A crc32c the client sent,
+//      of the memory it sent from, must be the same, and so must a sha256 it sent.
+//   2. Otherwise (a restart during the upload) the committed blob is read back and hashed, and
+//      the client's sha256, if any, must match it.
 // No row says COMMITTED yet, so a mismatch is still an upload to discard.
 absl::StatusOr<CheckpointManager::RecordedDigests> CheckpointManager::VerifiedDigests(
     const CheckpointRow& row, const std::string& client_sha256,
-    std::optional<uint32_t> client_crc32c, UploadState& state, bool checked) {
-  if (checked && client_crc32c.has_value() && *client_crc32c != state.crc32c) {
-    Failure("crc32c_mismatch");
-    GRADHUB_RETURN_IF_ERROR(Discard(row, state));
-    return absl::DataLossError(absl::StrFormat(
-        "crc32c: the bytes received have crc32c %08x, the commit says %08x (the bytes sent "
-        "changed after the client took their crc32c); the upload is discarded, start a new one",
-        state.crc32c, *client_crc32c));
+    std::optional<uint32_t> client_crc32c, UploadState& state, bool digested) {
+  if (digested) {
+    if (client_crc32c.has_value() && *client_crc32c != state.crc32c) {
+      Failure("crc32c_mismatch");
+      GRADHUB_RETURN_IF_ERROR(Discard(row, state));
+      return absl::DataLossError(absl::StrFormat(
+          "crc32c: the bytes received have crc32c %08x, the commit says %08x (the bytes sent "
+          "changed after the client took their crc32c); the upload is discarded, start a new "
+          "one",
+          state.crc32c, *client_crc32c));
+    }
+    const std::string own_sha256 = state.sha256.Hex();
+    if (!client_sha256.empty() && own_sha256 != client_sha256) {
+      return Sha256Mismatch(row, state, absl::StrCat("sha256 ", client_sha256),
+                            absl::StrCat("their sha256 is ", own_sha256));
+    }
+    return RecordedDigests{own_sha256, state.crc32c, true};
   }
-  const bool hashed = state.hashed && state.held == row.size_bytes;
-  const std::string own_sha256 = hashed ? state.sha256.Hex() : "";
-  if (hashed && !client_sha256.empty() && own_sha256 != client_sha256) {
-    return Sha256Mismatch(row, state, absl::StrCat("sha256 ", client_sha256),
-                          absl::StrCat("their sha256 is ", own_sha256));
-  }
-  if (checked && hashed) return RecordedDigests{own_sha256, state.crc32c, true};
   const absl::StatusOr<HashedBlob> blob = HashBlob(row.blob_key);
   // DATA_LOSS: the blob does not read back whole (a store that encrypts found it changed).
   if (!blob.ok() && !absl::IsDataLoss(blob.status())) return blob.status();

@@ -11,18 +11,17 @@
 //      bytes go to the BlobStore's upload without gaps (on a thread of the stream's own while
 //      the stream receives the next chunk).
 //   3. Commit: size check; BlobStore::Commit makes the blob durable and visible. The writes
-//      of step 2 also hashed the bytes in order (SHA-256), so when every byte was written by
-//      this process the store knows the blob's sha256 itself: it is the content key recorded
-//      when the client names none (a trainer, which then spends no pass over its checkpoint
-//      on it), and must equal the client's when it names one. When this process also checked
-//      the crc32c of every byte, that crc32c is recorded (a crc32c the client sent must match
-//      it); otherwise (a chunk without crc32c, or a restart during the upload) the committed
-//      blob is read back and hashed, before any row says COMMITTED. A mismatch discards the
-//      upload (DATA_LOSS). Then ONE transaction: the row COMMITTED,
-//      a CHECKPOINT_COMMITTED job event, and retention marking the job's committed checkpoints
-//      beyond keepLast DELETED. After it, and after the commit has answered, their blobs and
-//      rows are removed on a thread of the manager's own (unlinking a 256 MiB blob takes as
-//      long as committing one); a crash in between is finished by Cleanup.
+//      of step 2 also digested the bytes in order (CRC-32C and SHA-256), so when every byte
+//      was written by this process the store knows both digests itself and records them: the
+//      sha256 is the content key when the client names none (a trainer, which then spends no
+//      pass over its checkpoint on it), and must equal the client's when it names one; a
+//      crc32c the client sent must equal the store's. Otherwise (a restart during the upload)
+//      the committed blob is read back and hashed, before any row says COMMITTED, and a
+//      client's sha256 must match it. A mismatch discards the upload (DATA_LOSS). Then ONE
+//      transaction: the row COMMITTED, a CHECKPOINT_COMMITTED job event, and retention marking the
+//      job's committed checkpoints beyond keepLast DELETED. After it, and after the commit has
+//      answered, their blobs and rows are removed on a thread of the manager's own (unlinking a 256
+//      MiB blob takes as long as committing one); a crash in between is finished by Cleanup.
 //
 // Thread-safe: every method may be called from any thread. Calls on one upload are serialized
 // by a lock of that upload; everything else is PostgreSQL's concurrency.
@@ -118,31 +117,29 @@ class UploadWriter {
  private:
   friend class CheckpointManager;
   // What this process knows of one upload beyond its row: the bytes the blob store holds and
-  // whether this process checked all of them. `mu` serializes the upload's writes, its commit
+  // whether this process digested all of them. `mu` serializes the upload's writes, its commit
   // and its discarding.
   struct UploadState {
     absl::Mutex mu;
     bool loaded = false;  // `held` was read from the blob store
     int64_t held = 0;
-    // Every byte of [0, held) arrived here in a chunk whose crc32c matched. Cleared for good by
-    // a chunk without crc32c and by bytes this process did not write (a restart, a failed
-    // write): the commit then hashes the blob.
-    bool checked = true;
-    uint32_t crc32c = 0;  // of [0, held) while `checked`: the commit records it
-    // Every byte of [0, held) was written here, in order, and hashed on the way (`sha256`):
-    // the content key of a commit that names none is the store's own (CommitCheckpoint), so a
-    // trainer does not spend a pass over its checkpoint on it. Cleared for good as `checked` is
-    // by bytes this process did not write; a chunk without crc32c keeps it.
-    bool hashed = true;
+    // Every byte of [0, held) was written by this process, in order, and digested on the way:
+    // `crc32c` (combined from the chunks' own where they carried one, which Write checked,
+    // else computed) and `sha256`. The commit records these, so it reads nothing back, and a
+    // trainer that names no sha256 spends no pass over its checkpoint on one. Cleared for good
+    // by bytes this process did not write (a restart, a failed write): the commit then reads
+    // the blob back and hashes it.
+    bool digested = true;
+    uint32_t crc32c = 0;
     Sha256Stream sha256;
     bool committed = false;
     bool discarded = false;
     absl::Time last_write = absl::InfinitePast();  // of this process's last append
 
     // What the blob store says it holds. More or fewer bytes than this process wrote (a
-    // restart, a failed write) are bytes it did not check or hash.
+    // restart, a failed write) are bytes it did not digest.
     void Reload(int64_t bytes) {
-      if (bytes != held) checked = hashed = false;
+      if (bytes != held) digested = false;
       held = bytes;
       loaded = true;
     }
@@ -300,7 +297,7 @@ class CheckpointManager {
   absl::StatusOr<RecordedDigests> VerifiedDigests(const CheckpointRow& row,
                                                   const std::string& client_sha256,
                                                   std::optional<uint32_t> client_crc32c,
-                                                  UploadState& state, bool checked);
+                                                  UploadState& state, bool digested);
   // Discards the upload: what the client claimed (`claim`: its sha256, or the declared size)
   // is not what was `received`; DATA_LOSS saying both.
   absl::Status Sha256Mismatch(const CheckpointRow& row, UploadState& state,

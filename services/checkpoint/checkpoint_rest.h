@@ -18,8 +18,8 @@
 //          `X-Checkpoint-Metadata: key=value,key=value` (no commas or '=' in either). Steps 1-3
 //          of checkpoint.proto in one request, streamed to the blob store as the body arrives
 //          (never held whole): StartUpload, the body as chunks, CommitCheckpoint. The server
-//          hashes the blob at the commit: a sha256 that does not match is DATA_LOSS (500) and
-//          nothing is kept. 200 with the Checkpoint; 409 ALREADY_EXISTS when the step has a
+//          hashes the body as it writes it: a sha256 that does not match is DATA_LOSS (500)
+//          and nothing is kept. 200 with the Checkpoint; 409 ALREADY_EXISTS when the step has a
 //          committed checkpoint, with that one's sha256 in X-Checkpoint-Sha256 (a client that
 //          retried an upload whose answer it lost finds its own bytes there).
 //   DELETE /v1/jobs/{job}/checkpoints/{step}

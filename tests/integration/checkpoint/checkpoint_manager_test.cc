@@ -148,7 +148,7 @@ TEST_F(CheckpointManagerTest, WithEveryCrc32cCheckedAWrongSha256IsFoundWhenADown
   EXPECT_EQ(manager_->GetLatest(Admin(), JobName(job))->name(), before.name());
 }
 
-TEST_F(CheckpointManagerTest, TheCommitRecordsTheBlobsCrc32cWhetherItCheckedTheChunksOrReadItBack) {
+TEST_F(CheckpointManagerTest, TheCommitRecordsTheBlobsCrc32cWhetherTheChunksCarriedOneOrNot) {
   const std::string job = InsertJob(*pool_, tenant_a_, "RUNNING", 1, 5);
   auto recorded = [&](const v1::Checkpoint& checkpoint) {
     auto rows = pool_->Exec(
@@ -161,7 +161,7 @@ TEST_F(CheckpointManagerTest, TheCommitRecordsTheBlobsCrc32cWhetherItCheckedTheC
   // Every chunk with a crc32c: the running CRC of what was written.
   const std::string checked = Blob(200000, 1);
   EXPECT_EQ(recorded(Save(job, 1, 10, checked)), static_cast<int64_t>(Crc32c(checked)));
-  // A chunk without one: the commit reads the blob back.
+  // A chunk without one: the CRC the store took of it as it wrote it.
   const std::string read_back = Blob(200000, 2);
   auto upload = Start(Admin(), job, 1, 20, 200000);
   ASSERT_TRUE(Write(Admin(), *upload, read_back, 0, 100000).ok());
@@ -194,8 +194,8 @@ TEST_F(CheckpointManagerTest, ACheckpointCommittedWithoutACrc32cIsCheckedAgainst
 }
 
 TEST_F(CheckpointManagerTest, WithoutCrc32cAWrongSha256IsDataLossAndDiscardsTheUpload) {
-  // One chunk without crc32c (a client that predates the field) and the commit reads the blob
-  // back to hash it.
+  // One chunk without crc32c (a client that predates the field): the store's own digests of
+  // what it wrote decide.
   const std::string job = InsertJob(*pool_, tenant_a_);
   const std::string data = Blob(5000);
   auto upload = Start(Admin(), job, 1, 10, 5000);

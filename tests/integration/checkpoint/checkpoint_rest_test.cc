@@ -74,7 +74,7 @@ TEST_F(CheckpointRestTest, ADownloadOffersTheCrc32cWhereItCoversTheSha256) {
   ASSERT_TRUE(first);
   EXPECT_EQ(first->get_header_value("X-Checkpoint-Crc32c"),
             absl::StrFormat("%08x", Crc32c(Blob(300000, 9))));
-  // Chunks without crc32c: the store hashes the blob at the commit, so its CRC covers it.
+  // Chunks without crc32c: the store digested them as it wrote them, so its CRC covers it.
   const std::string data = Blob(200000, 4);
   auto upload = Start(Admin(), job_, 1, 20, static_cast<int64_t>(data.size()));
   ASSERT_TRUE(upload.ok()) << upload.status();

@@ -231,7 +231,7 @@ TEST_F(CheckpointServiceTest, AChunkWithAWrongCrc32cIsDataLossAndTheUploadGoesOn
 }
 
 TEST_F(CheckpointServiceTest, AWrongShaIsDataLossAndAStragglersTokenIsRefused) {
-  // Chunks without crc32c: the server hashes the blob at commit.
+  // Chunks without crc32c: the server's own sha256 of what it wrote decides.
   const std::string data = Blob(1000);
   const v1::StartUploadResponse started = StartOverGrpc(1, 1000);
   ASSERT_TRUE(SendChunks(*stub_, trainer_, started.upload_id(), data, 0, 1000, kChunk, nullptr,
