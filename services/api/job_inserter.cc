@@ -14,7 +14,7 @@
 namespace gradhub::api {
 namespace {
 
-constexpr int kColumnsPerRow = 9;
+constexpr int kColumnsPerRow = 10;
 
 // A random (version 4) UUID. Ids are chosen here rather than by PostgreSQL so that a batch
 // can be sent again after a lost connection: the rows the first try committed are recognised
@@ -43,17 +43,17 @@ std::string InsertStatement(int rows) {
     absl::StrAppend(&values, row == 0 ? "" : ", ", "($", p + 1, "::uuid, $", p + 2, "::bigint, $",
                     p + 3, "::text, $", p + 4, "::text, $", p + 5, "::jsonb, $", p + 6,
                     "::integer, $", p + 7, "::integer, $", p + 8, "::integer, $", p + 9,
-                    "::integer)");
+                    "::integer, $", p + 10, "::text)");
   }
   return absl::StrCat(
       "WITH input (id, tenant_id, request_id, display_name, spec, priority, world_size,"
-      " max_infra_restarts, max_job_restarts) AS (VALUES ",
+      " max_infra_restarts, max_job_restarts, state_reason) AS (VALUES ",
       values,
       "),"
       " j AS (INSERT INTO jobs (id, tenant_id, request_id, display_name, labels, spec, priority,"
-      " world_size, max_infra_restarts, max_job_restarts)"
+      " world_size, max_infra_restarts, max_job_restarts, state_reason)"
       " SELECT id, tenant_id, request_id, display_name, coalesce(spec -> 'labels', '{}'), spec,"
-      " priority, world_size, max_infra_restarts, max_job_restarts FROM input"
+      " priority, world_size, max_infra_restarts, max_job_restarts, state_reason FROM input"
       " ON CONFLICT DO NOTHING RETURNING *),"
       " submitted AS (INSERT INTO job_events (job_id, attempt, type, to_state, message)"
       " SELECT id, 0, 'STATE_CHANGED', 'PENDING', 'submitted' FROM j)"
@@ -182,7 +182,7 @@ absl::Status JobInserter::WriteTogether(const std::vector<const NewJob*>& jobs,
                   {ids.back(), job->tenant_id,
                    job->request_id.empty() ? db::Param(std::nullopt) : db::Param(job->request_id),
                    job->display_name, job->spec_json, job->priority, job->world_size,
-                   job->max_infra_restarts, job->max_job_restarts});
+                   job->max_infra_restarts, job->max_job_restarts, job->state_reason});
   }
   // One statement is its own transaction, and with the ids fixed above it is safe to send
   // again, which Pool::Exec does after a lost connection: BEGIN and COMMIT would be two more

@@ -28,6 +28,7 @@ struct NewJob {
   int32_t world_size = 0;
   int32_t max_infra_restarts = 0;
   int32_t max_job_restarts = 0;
+  std::string state_reason;  // why it waits, when known at once (Scheduler::ReasonForNewJob)
 };
 
 struct JobInserterOptions {

@@ -156,9 +156,26 @@ absl::StatusOr<v1::Job> JobManager::CreateJob(int64_t tenant_id, const v1::JobSp
   row.world_size = effective.distributed().world_size();
   row.max_infra_restarts = effective.max_restarts().infrastructure();
   row.max_job_restarts = effective.max_restarts().job();
+  if (initial_reason_) {
+    GRADHUB_ASSIGN_OR_RETURN(const std::string tenant, TenantName(tenant_id));
+    row.state_reason = initial_reason_(effective, tenant);
+  }
   absl::StatusOr<v1::Job> created = inserter_.Insert(row);
-  if (created.ok() && on_created_) on_created_(created->name());
+  if (created.ok() && on_created_) on_created_(*created, effective);
   return created;
+}
+
+absl::StatusOr<std::string> JobManager::TenantName(int64_t tenant_id) {
+  {
+    std::lock_guard<std::mutex> lock(tenant_names_mu_);
+    if (const auto it = tenant_names_.find(tenant_id); it != tenant_names_.end()) return it->second;
+  }
+  GRADHUB_ASSIGN_OR_RETURN(
+      db::Result rows,
+      pool_->Exec("SELECT 'tenants/' || name AS tenant FROM tenants WHERE id = $1", {tenant_id}));
+  if (rows.empty()) return absl::NotFoundError(absl::StrCat("no tenant ", tenant_id));
+  std::lock_guard<std::mutex> lock(tenant_names_mu_);
+  return tenant_names_[tenant_id] = rows.row(0).Get<std::string>("tenant");
 }
 
 absl::StatusOr<std::optional<SpecIssue>> JobManager::CheckScriptCode(int64_t tenant_id,

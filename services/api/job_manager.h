@@ -29,14 +29,22 @@ class JobManager {
   JobManager(db::Pool* pool, SpecLimits limits, JobInserterOptions inserts = {})
       : pool_(pool), limits_(limits), inserter_(pool, inserts) {}
 
-  // Told after a job was created (its name: main hands it to the scheduler's fast path) and
+  // Told after a job was created (the job and its spec with defaults: main hands them to the
+  // scheduler's fast path) and
   // after one was cancelled (its ranks are no longer desired: main nudges the scheduler and
   // wakes the agents). Set before the first call; empty = nobody to tell.
-  void set_on_created(std::function<void(const std::string& name)> on_created) {
+  void set_on_created(std::function<void(const v1::Job& job, const v1::JobSpec& spec)> on_created) {
     on_created_ = std::move(on_created);
   }
   void set_on_cancelled(std::function<void()> on_cancelled) {
     on_cancelled_ = std::move(on_cancelled);
+  }
+  // Asked before a job is stored for the reason it waits with (main: the scheduler's
+  // ReasonForNewJob), from its spec with defaults and its tenant (tenants/NAME). Set before the
+  // first call; empty, or an empty answer = none yet: the scheduler's next pass gives it one.
+  void set_initial_reason(
+      std::function<std::string(const v1::JobSpec&, const std::string&)> reason) {
+    initial_reason_ = std::move(reason);
   }
 
   // INVALID_ARGUMENT naming every bad field, including every file path the spec names
@@ -138,8 +146,13 @@ class JobManager {
   db::Pool* pool_;
   SpecLimits limits_;
   JobInserter inserter_;
-  std::function<void(const std::string&)> on_created_;
+  std::function<void(const v1::Job&, const v1::JobSpec&)> on_created_;
   std::function<void()> on_cancelled_;
+  std::function<std::string(const v1::JobSpec&, const std::string&)> initial_reason_;
+  // tenants/NAME by tenant id, for initial_reason_: a tenant's name never changes.
+  absl::StatusOr<std::string> TenantName(int64_t tenant_id);
+  std::mutex tenant_names_mu_;
+  std::map<int64_t, std::string> tenant_names_;  // guarded by tenant_names_mu_
   std::mutex roots_mu_;
   bool roots_read_ = false;                                // guarded by roots_mu_
   std::chrono::steady_clock::time_point roots_read_time_;  // guarded by roots_mu_

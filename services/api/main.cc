@@ -178,9 +178,12 @@ struct ApiServices {
         audit_service(&audit_reader) {
     // Every replica's scheduler and streams hear of changes made here: locally at once, the
     // others through `signals`, published after the change committed (replica_signals.h).
-    jobs.set_on_created([this](const std::string& name) {
-      scheduler.JobCreated(name);
-      signals.PublishJobCreated(name);
+    jobs.set_on_created([this](const gradhub::v1::Job& job, const gradhub::v1::JobSpec& spec) {
+      scheduler.JobSubmitted(job, spec);
+      signals.PublishJobCreated(job.name());
+    });
+    jobs.set_initial_reason([this](const gradhub::v1::JobSpec& spec, const std::string& tenant) {
+      return scheduler.ReasonForNewJob(spec, tenant);
     });
     jobs.set_on_cancelled([this] {
       NudgeAll();

@@ -348,11 +348,64 @@ absl::Time Scheduler::RecordableSince() const {
 
 absl::Status Scheduler::RunOnce() {
   std::lock_guard<std::mutex> one_pass_at_a_time(pass_mu_);
-  if (!TakeTerm()) return absl::OkStatus();  // another replica leads (leader_lease.h)
+  if (!TakeTerm()) {  // another replica leads (leader_lease.h)
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      told_.unjudged
+          .clear();  // a term of this replica's begins with a full pass (QueueNeedsFullPass)
+    }
+    queued_specs_.DropOffers();
+    PublishJudge(nullptr);
+    return absl::OkStatus();
+  }
   GRADHUB_RETURN_IF_ERROR(SweepNodes());
   GRADHUB_RETURN_IF_ERROR(ReconcileAttempts());
   GRADHUB_RETURN_IF_ERROR(FinishCancellations());
-  return PlaceJobs();
+  return ServeQueue();
+}
+
+absl::Status Scheduler::ServeQueue() {
+  GRADHUB_ASSIGN_OR_RETURN(
+      std::vector<NodeRecord> nodes,
+      pool_->Transact([&](db::Transaction& tx) { return ReadNodes(tx, options_.node_lease); },
+                      {.read_only = true}));
+  const absl::Time now = absl::Now();
+  QueueWatch watch{.full_pass_in_term = verdict_.term == term_.number,
+                   .some_node_free = AnyNodeTakesARank(nodes),
+                   .since_full_pass = now - verdict_.full_pass_began};
+  node_was_free_ = watch.some_node_free;
+  std::vector<std::string> unjudged;
+  bool full = false;
+  {
+    // Taken together: a job created or a Nudge from now on is this pass's to miss, so the next
+    // pass's.
+    std::lock_guard<std::mutex> lock(mu_);
+    watch.changed = told_.queue_changed;
+    full = QueueNeedsFullPass(watch, options_.queue_refresh);
+    if (full) told_.queue_changed = false;
+    unjudged.swap(told_.unjudged);  // a full pass reads them with the rest of the queue
+  }
+  if (full) {
+    verdict_.full_pass_began = now;
+    std::optional<std::vector<NodeRecord>> none_free;  // for the judge: nothing is placed on them
+    if (!watch.some_node_free) none_free = nodes;
+    absl::Status status = PlaceJobs(std::move(nodes));
+    if (!status.ok()) verdict_.term = -1;  // rule 1 again: its verdicts are not whole
+    PublishJudge(status.ok() && none_free
+                     ? std::make_shared<NewJobJudge>(*std::move(none_free), verdict_,
+                                                     options_.backfill_window)
+                     : nullptr);
+    return status;
+  }
+  auto judge = std::make_shared<NewJobJudge>(std::move(nodes), verdict_, options_.backfill_window);
+  verdict_.some_node_free = false;  // the light pass runs only then (QueueNeedsFullPass)
+  absl::Status status = JudgeNewJobs(unjudged, *judge);
+  if (!status.ok()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    told_.unjudged.insert(told_.unjudged.end(), unjudged.begin(), unjudged.end());
+  }
+  PublishJudge(std::move(judge));
+  return status;
 }
 
 absl::Status Scheduler::SweepNodes() {
@@ -540,7 +593,7 @@ absl::Status Scheduler::FinishCancellations() {
   return absl::OkStatus();
 }
 
-absl::Status Scheduler::PlaceJobs() {
+absl::Status Scheduler::PlaceJobs(std::vector<NodeRecord> snapshot) {
   // The queue and the nodes are read once per pass without locks, and QueuePass decides each
   // job against that snapshot, in FairShareOrder. A job that cannot be placed in it and
   // already says why is left alone: taking its row lock would make every waiting job a durable
@@ -549,10 +602,6 @@ absl::Status Scheduler::PlaceJobs() {
   GRADHUB_ASSIGN_OR_RETURN(const QueueSnapshot queue, ReadQueue(*pool_));
   GRADHUB_ASSIGN_OR_RETURN(const std::vector<const QueuedSpecs::Entry*> specs,
                            queued_specs_.Read(*pool_, queue.jobs));
-  GRADHUB_ASSIGN_OR_RETURN(
-      std::vector<NodeRecord> snapshot,
-      pool_->Transact([&](db::Transaction& tx) { return ReadNodes(tx, options_.node_lease); },
-                      {.read_only = true}));
   const bool some_node_free = AnyNodeTakesARank(snapshot);  // for the fast path
   QueuePass pass(std::move(snapshot), options_.backfill_window);
   FairShareOrder order(FairShareEntries(queue), queue.held_slots);
@@ -605,6 +654,7 @@ void Scheduler::PlaceAndTell(QueuedJob job, QueuePass& pass, FairShareOrder* ord
 void Scheduler::NoteBlockingJob(const db::Result& queue, const QueuePass& pass) {
   verdict_.blocking.reset();
   if (!pass.blocked_by()) return;
+  verdict_.blocking_tenant = pass.blocked_tenant();
   for (const db::Row& entry : queue) {
     if (entry.Get<std::string>("name") == *pass.blocked_by()) verdict_.blocking = PositionOf(entry);
   }
@@ -651,6 +701,76 @@ absl::Status Scheduler::PlaceNewJobs(const std::vector<std::string>& names) {
   return absl::OkStatus();
 }
 
+Scheduler::NewJobJudge::NewJobJudge(std::vector<NodeRecord> nodes, const QueueVerdict& verdict,
+                                    absl::Duration backfill_window)
+    : blocking_(verdict.blocking),
+      open_(nodes, backfill_window),
+      closed_(std::move(nodes), backfill_window) {
+  if (blocking_) closed_.CloseBehind(blocking_->name, verdict.blocking_tenant);
+}
+
+std::string Scheduler::NewJobJudge::Reason(const QueuedJob& job, int32_t priority) {
+  // A job the last full pass would have served after the one that closed the queue gets that
+  // pass's reason for it. FastPathMayPlace's test of "behind": of equal priority, fair share
+  // might have served it first, which the next full pass says.
+  const bool behind = !FastPathMayPlace({.priority = priority}, blocking_, false);
+  std::lock_guard<std::mutex> lock(mu_);
+  return (behind ? closed_ : open_).JudgeSubmitted(job).why;
+}
+
+absl::Status Scheduler::JudgeNewJobs(const std::vector<std::string>& names, NewJobJudge& judge) {
+  if (names.empty()) return absl::OkStatus();
+  std::vector<std::string> ids;
+  for (const std::string& name : names) ids.push_back(JobId(name));
+  // Only PENDING: a job submitted is never RESTARTING before a pass has placed it. Only those
+  // stored without a reason: CreateJob stored ReasonForNewJob's where it had one.
+  GRADHUB_ASSIGN_OR_RETURN(
+      const db::Result rows,
+      pool_->Exec("SELECT 'jobs/' || j.id::text AS name, j.priority FROM jobs j"
+                  " WHERE j.id = ANY($1::uuid[]) AND j.state = 'PENDING' AND j.state_reason = ''",
+                  {UuidArray(ids)}));
+  GRADHUB_ASSIGN_OR_RETURN(const std::vector<const QueuedSpecs::Entry*> specs,
+                           queued_specs_.Add(*pool_, rows));
+  std::map<std::string, std::vector<std::string>> reasons;  // why -> job ids
+  for (int i = 0; i < rows.rows(); ++i) {
+    const QueuedSpecs::Entry* cached = specs[static_cast<size_t>(i)];
+    if (cached == nullptr) continue;  // unreadable: the next full pass decides from the row
+    QueuedJob job;
+    job.name = rows.row(i).Get<std::string>("name");
+    job.tenant = cached->tenant;
+    job.spec = &cached->spec;
+    job.shape = cached->shape;
+    const std::string why = judge.Reason(job, rows.row(i).Get<int32_t>("priority"));
+    if (why.empty()) {  // no node takes a rank, so it fits nowhere: should it, a full pass
+      std::lock_guard<std::mutex> lock(mu_);
+      told_.queue_changed = true;
+      continue;
+    }
+    reasons[why].push_back(JobId(job.name));
+  }
+  return SetPendingReasons(reasons);
+}
+
+std::string Scheduler::ReasonForNewJob(const v1::JobSpec& spec, const std::string& tenant) {
+  std::shared_ptr<NewJobJudge> judge;
+  {
+    std::lock_guard<std::mutex> lock(published_judge_.mu);
+    judge = published_judge_.judge;
+  }
+  if (judge == nullptr) return "";
+  QueuedJob job;
+  job.tenant = tenant;
+  job.spec = &spec;
+  const std::string shape = PlacementShape(spec);
+  job.shape = shape;
+  return judge->Reason(job, spec.priority());
+}
+
+void Scheduler::PublishJudge(std::shared_ptr<NewJobJudge> judge) {
+  std::lock_guard<std::mutex> lock(published_judge_.mu);
+  published_judge_.judge = std::move(judge);
+}
+
 namespace {
 
 // The pairs of nodes that could not reach each other in the job's last attempt, as its
@@ -694,23 +814,45 @@ absl::StatusOr<bool> Scheduler::PlaceJob(QueuedJob queued, QueuePass& pass) {
 absl::StatusOr<std::vector<const QueuedSpecs::Entry*>> QueuedSpecs::Read(db::Pool& pool,
                                                                          const db::Result& queue) {
   const uint64_t pass = ++passes_;
-  std::vector<Entry*> entries;
-  entries.reserve(static_cast<size_t>(queue.rows()));
-  std::vector<std::string> missing;  // job ids
-  for (const db::Row& row : queue) {
-    auto [it, added] = entries_.try_emplace(row.Get<std::string>("name"));
-    it->second.seen_in_pass = pass;
-    if (!it->second.loaded) missing.push_back(JobId(it->first));
-    entries.push_back(&it->second);
-  }
+  for (const db::Row& row : queue) entries_[row.Get<std::string>("name")].seen_in_pass = pass;
   for (auto it = entries_.begin(); it != entries_.end();) {
     it = it->second.seen_in_pass == pass ? std::next(it) : entries_.erase(it);
+  }
+  return Add(pool, queue);
+}
+
+absl::StatusOr<std::vector<const QueuedSpecs::Entry*>> QueuedSpecs::Add(db::Pool& pool,
+                                                                        const db::Result& jobs) {
+  {
+    std::lock_guard<std::mutex> lock(offers_mu_);
+    for (auto& [name, offered] : offers_) entries_.insert_or_assign(name, std::move(offered));
+    offers_.clear();
+  }
+  std::vector<Entry*> entries;
+  entries.reserve(static_cast<size_t>(jobs.rows()));
+  std::vector<std::string> missing;  // job ids
+  for (const db::Row& row : jobs) {
+    Entry& entry = entries_[row.Get<std::string>("name")];
+    if (!entry.loaded) missing.push_back(JobId(row.Get<std::string>("name")));
+    entries.push_back(&entry);
   }
   if (!missing.empty()) GRADHUB_RETURN_IF_ERROR(Load(pool, missing));
   std::vector<const Entry*> loaded;
   loaded.reserve(entries.size());
   for (const Entry* entry : entries) loaded.push_back(entry->loaded ? entry : nullptr);
   return loaded;
+}
+
+void QueuedSpecs::Offer(const std::string& name, const v1::JobSpec& spec,
+                        const std::string& tenant) {
+  Entry entry{.loaded = true, .spec = spec, .shape = PlacementShape(spec), .tenant = tenant};
+  std::lock_guard<std::mutex> lock(offers_mu_);
+  offers_.insert_or_assign(name, std::move(entry));
+}
+
+void QueuedSpecs::DropOffers() {
+  std::lock_guard<std::mutex> lock(offers_mu_);
+  offers_.clear();
 }
 
 absl::Status QueuedSpecs::Load(db::Pool& pool, const std::vector<std::string>& ids) {
@@ -758,9 +900,9 @@ void Scheduler::Start() {
     std::unique_lock<std::mutex> lock(mu_);
     while (!stopping_) {
       // What the pass will see needs no fast path, and its verdicts are fresh.
-      nudged_ = false;
-      capacity_changed_ = false;
-      new_jobs_.clear();
+      told_.nudged = false;
+      told_.capacity_changed = false;
+      told_.new_jobs.clear();
       lock.unlock();
       const auto started = std::chrono::steady_clock::now();
       const absl::Time pass_start = absl::Now();
@@ -789,18 +931,20 @@ void Scheduler::Start() {
 
 // The fast path's rule: a job created since the last pass may be placed before the next one
 // when that pass's verdict on every job ahead of it still holds. Nothing ahead of it closed
-// the queue (verdict_.blocking), and no capacity was freed since (capacity_changed_: any Nudge), so
-// every job ahead that did not fit then still does not fit now, and the pass would have placed
-// the new job the same way, as backfill within the window.
+// the queue (verdict_.blocking), and no capacity was freed since (told_.capacity_changed: any
+// Nudge), so every job ahead that did not fit then still does not fit now, and the pass would have
+// placed the new job the same way, as backfill within the window.
 void Scheduler::WaitPlacingNewJobs(std::unique_lock<std::mutex>& lock,
                                    std::chrono::steady_clock::time_point until, bool nudgeable) {
   while (!stopping_) {
     wake_.wait_until(lock, until, [&] {
-      return stopping_ || (nudgeable && nudged_) || (!new_jobs_.empty() && !capacity_changed_);
+      return stopping_ || (nudgeable && told_.nudged) ||
+             (!told_.new_jobs.empty() && !told_.capacity_changed);
     });
-    if (stopping_ || (nudgeable && nudged_) || std::chrono::steady_clock::now() >= until) return;
+    if (stopping_ || (nudgeable && told_.nudged) || std::chrono::steady_clock::now() >= until)
+      return;
     std::vector<std::string> jobs;
-    jobs.swap(new_jobs_);
+    jobs.swap(told_.new_jobs);
     lock.unlock();
     if (absl::Status status = PlaceNewJobs(jobs); !status.ok()) {
       std::cerr << "gradhub-api: scheduler: fast path: " << status << "\n";
@@ -821,17 +965,27 @@ void Scheduler::Stop() {
 void Scheduler::Nudge() {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    nudged_ = true;
-    capacity_changed_ = true;
+    told_.nudged = true;
+    told_.capacity_changed = true;
+    told_.queue_changed = true;
   }
   wake_.notify_all();
+}
+
+void Scheduler::JobSubmitted(const v1::Job& job, const v1::JobSpec& spec) {
+  queued_specs_.Offer(job.name(), spec, job.tenant());
+  JobCreated(job.name());
 }
 
 void Scheduler::JobCreated(const std::string& name) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    new_jobs_.push_back(name);
-    nudged_ = true;  // a short queue's pass is as quick as the fast path, and sets reasons
+    told_.new_jobs.push_back(name);
+    told_.unjudged.push_back(name);
+    // A pass that may place it runs now (a short queue's pass is as quick as the fast path, and
+    // sets reasons). While the last pass found no node free, the next pass at its interval
+    // gives it its reason: the light pass, cheap, but with the fixed costs of a pass.
+    told_.nudged = told_.nudged || node_was_free_;
   }
   wake_.notify_all();
 }

@@ -7,7 +7,9 @@
 //      attempt fails and the job restarts or fails, see attempts.h);
 //   3. cancellations: a CANCELLING job none of whose ranks is live any more becomes CANCELLED;
 //   4. the queue: places each PENDING or RESTARTING job, all of its ranks at once or none
-//      (gang placement), and otherwise writes why it waits into its state_reason. In this
+//      (gang placement), and otherwise writes why it waits into its state_reason. While no
+//      node can take a rank and nothing changed, only the jobs submitted since the last pass
+//      are judged (the light pass; QueueNeedsFullPass says when the whole queue is). In this
 //      order (FairShareOrder): priority first; then, at one priority, the tenant holding the
 //      fewest slots next, each tenant's jobs in submission order; per job (QueuePass):
 //        a. a job whose last attempt still has live ranks waits for them;
@@ -70,6 +72,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -107,12 +110,21 @@ class QueuedSpecs {
   // spec cannot be read; reads those not cached yet and forgets the jobs no longer in it.
   // The pointers stay valid until the next call.
   absl::StatusOr<std::vector<const Entry*>> Read(db::Pool& pool, const db::Result& queue);
+  // The same for some of the waiting jobs (the light pass), forgetting none.
+  absl::StatusOr<std::vector<const Entry*>> Add(db::Pool& pool, const db::Result& jobs);
+  // The spec (with defaults) and tenant of a job just submitted through this replica, so that no
+  // pass reads it back from the database. Thread-safe, unlike the rest: request threads call it.
+  void Offer(const std::string& name, const v1::JobSpec& spec, const std::string& tenant);
+  // Drops the offers: a replica that does not lead runs no pass to take them.
+  void DropOffers();
 
  private:
   // Reads the stored specs of `ids` (job ids) into their entries.
   absl::Status Load(db::Pool& pool, const std::vector<std::string>& ids);
 
   uint64_t passes_ = 0;
+  std::mutex offers_mu_;
+  std::unordered_map<std::string, Entry> offers_;  // guarded by offers_mu_; Add takes them
   // Job name -> entry, for the jobs waiting at the last pass. Pointers to the values stay
   // valid while their jobs wait (an unordered_map does not move its nodes).
   std::unordered_map<std::string, Entry> entries_;
@@ -133,6 +145,9 @@ struct SchedulerOptions {
   // (SilentNodeIsLost): the agents' --api-outage-grace, after which they stop their ranks.
   absl::Duration node_outage_grace = absl::FromChrono(defaults::kApiOutageGrace);
   absl::Duration backfill_window = absl::Seconds(60);
+  // While no node can take a rank and nothing changed, the whole queue is gone over again only
+  // this long after the last time (QueueNeedsFullPass rule 4).
+  absl::Duration queue_refresh = absl::Seconds(30);
   // A rank that exits because it lost its peers is usually not the culprit: the rank that
   // died is. Its report may come a heartbeat later from another node, so the verdict waits
   // this long for it before blaming the infrastructure.
@@ -171,6 +186,16 @@ class Scheduler {
   // A job was created: placed on the fast path at once if it can be (see Start), else by the
   // next pass, which runs now.
   void JobCreated(const std::string& name);
+  // JobCreated for a job submitted through this replica, with its spec (with defaults), which
+  // the passes then need not read back.
+  void JobSubmitted(const v1::Job& job, const v1::JobSpec& spec);
+  // The reason a job of `spec` (with defaults) and of `tenant` (tenants/NAME), submitted now, waits
+  // with: the light pass's verdict on it, against the last pass's look at the nodes. CreateJob
+  // stores it with the job, so that while the cluster is full no pass writes a reason per new
+  // job (an UPDATE of each new row). Empty when this replica does not lead, when its last pass
+  // found a node free (the next pass places or judges the job): the light pass then judges the
+  // job, as it does one created on another replica. Thread-safe.
+  std::string ReasonForNewJob(const v1::JobSpec& spec, const std::string& tenant);
 
  private:
   // Pass step 1 in one transaction: lost nodes, then drains (PlanDrains).
@@ -183,9 +208,47 @@ class Scheduler {
   absl::StatusOr<std::optional<double>> ReconcileAttempt(const std::string& name, int32_t attempt);
   // Step 3.
   absl::Status FinishCancellations();
-  // Step 4: the queue in FairShareOrder against a snapshot of the nodes (QueuePass::Next),
-  // each placement confirmed and written under the lock (PlaceJob).
-  absl::Status PlaceJobs();
+  // Step 4: the whole queue (PlaceJobs) or the light pass (JudgeNewJobs), as QueueNeedsFullPass
+  // decides from the nodes read for it.
+  absl::Status ServeQueue();
+  // The whole queue in FairShareOrder against `snapshot` of the nodes (QueuePass::Next), each
+  // placement confirmed and written under the lock (PlaceJob).
+  absl::Status PlaceJobs(std::vector<NodeRecord> snapshot);
+  // What the last full pass of the queue found, for the fast path, which trusts it only in
+  // the same term (another leader may have acted in between), and for the light pass.
+  struct QueueVerdict {
+    int64_t term = -1;  // -1: no full pass yet
+    absl::Time full_pass_began = absl::InfinitePast();
+    // The job that closed the queue (past its backfill window, unplaced), by its place in the
+    // queue, and its tenant: the fast path places no new job behind it.
+    std::optional<QueuePosition> blocking;
+    std::string blocking_tenant;
+    // Whether some node could take a rank when the pass read the nodes (AnyNodeTakesARank).
+    // The light pass's too.
+    bool some_node_free = true;
+  };
+
+  // How a job submitted since the last full pass is judged while no node takes a rank: by that
+  // pass's verdict on the queue (FastPathMayPlace's "behind" the job that closed it) and the
+  // nodes read since. Thread-safe: the light pass and ReasonForNewJob use it at once.
+  class NewJobJudge {
+   public:
+    NewJobJudge(std::vector<NodeRecord> nodes, const QueueVerdict& verdict,
+                absl::Duration backfill_window);
+    // Its reason (QueuePass::JudgeSubmitted), or "" should it fit after all.
+    std::string Reason(const QueuedJob& job, int32_t priority);
+
+   private:
+    const std::optional<QueuePosition> blocking_;
+    std::mutex mu_;     // guards the passes, whose verdicts per key are cached
+    QueuePass open_;    // for a job ahead of blocking_, or with none
+    QueuePass closed_;  // for a job behind it
+  };
+  // The light pass: the jobs `names` (submitted since the last pass) that were stored without a
+  // reason get the one `judge` gives them.
+  absl::Status JudgeNewJobs(const std::vector<std::string>& names, NewJobJudge& judge);
+  // Makes `judge` ReasonForNewJob's (nullptr: none).
+  void PublishJudge(std::shared_ptr<NewJobJudge> judge);
   // Whether the job was placed (QueuePass::Confirm, then the attempt written).
   absl::StatusOr<bool> PlaceJob(QueuedJob job, QueuePass& pass);
   // PlaceJob, then wakes the agents; a placement counts for its tenant in `order` (if any).
@@ -226,25 +289,29 @@ class Scheduler {
   std::condition_variable wake_;
   // Atomic as well as guarded: a pass over a long queue reads it without the lock, to end early.
   std::atomic<bool> stopping_{false};
-  bool nudged_ = false;
-  std::vector<std::string> new_jobs_;  // created since the last pass began
-  // A Nudge since the last pass began: capacity may have been freed (or the queue changed
-  // otherwise), so the last pass's verdicts may not hold and the fast path waits for a pass.
-  bool capacity_changed_ = true;
+  // What Nudge and JobCreated tell the loop, guarded by mu_.
+  struct Told {
+    bool nudged = false;
+    std::vector<std::string> new_jobs;  // created since the last pass began, for the fast path
+    std::vector<std::string> unjudged;  // created since the last pass took them, for the light one
+    // A Nudge since the last pass began: capacity may have been freed (or the queue changed
+    // otherwise), so the last pass's verdicts may not hold and the fast path waits for a pass.
+    bool capacity_changed = true;
+    // A Nudge since the last full pass began (QueueWatch::changed).
+    bool queue_changed = true;
+  } told_;
   std::thread loop_;
   std::mutex pass_mu_;  // one pass at a time (the loop's, a test's); guards what follows
   QueuedSpecs queued_specs_;
   LeaderTerm term_;  // the term of the pass in progress, or of the last one
-  // What the last full pass of the queue found, for the fast path, which trusts it only in
-  // the same term (another leader may have acted in between).
-  struct QueueVerdict {
-    int64_t term = -1;  // -1: no full pass yet
-    // The job that closed the queue (past its backfill window, unplaced), by its place in the
-    // queue: the fast path places no new job behind it.
-    std::optional<QueuePosition> blocking;
-    // Whether some node could take a rank when the pass read the nodes (AnyNodeTakesARank).
-    bool some_node_free = true;
-  } verdict_;
+  QueueVerdict verdict_;
+  // verdict_.some_node_free of the last pass, for JobCreated, which does not take pass_mu_.
+  std::atomic<bool> node_was_free_{true};
+  // For ReasonForNewJob: the last pass's judge, while it left no node free in this term.
+  struct PublishedJudge {
+    std::mutex mu;
+    std::shared_ptr<NewJobJudge> judge;  // guarded by mu
+  } published_judge_;
 };
 
 }  // namespace gradhub::api

@@ -371,7 +371,7 @@ std::optional<std::string> QueuePass::Closed(const QueuedJob& job) const {
 
 GangPlacement QueuePass::Decide(const QueuedJob& job, const Feasibility& feasibility,
                                 const std::vector<NodeRecord>& nodes,
-                                std::optional<std::string>* unfit) {
+                                std::optional<std::string>* unfit, bool may_close) {
   GangPlacement placement;
   if (!feasibility.never.empty()) {  // step 2: aside, holding nothing
     placement.why = feasibility.never;
@@ -388,14 +388,18 @@ GangPlacement QueuePass::Decide(const QueuedJob& job, const Feasibility& feasibi
   }
   if (placement.placed()) return placement;
   *unfit = placement.why;
-  if (!blocked_by_ && feasibility.fits_when_idle && job.waited >= backfill_window_) {
+  if (may_close && !blocked_by_ && feasibility.fits_when_idle && job.waited >= backfill_window_) {
     blocked_by_ = job.name;
     blocked_tenant_ = job.tenant;
   }
   return placement;
 }
 
-GangPlacement QueuePass::Next(const QueuedJob& job) {
+GangPlacement QueuePass::Next(const QueuedJob& job) { return Judge(job, true); }
+
+GangPlacement QueuePass::JudgeSubmitted(const QueuedJob& job) { return Judge(job, false); }
+
+GangPlacement QueuePass::Judge(const QueuedJob& job, bool queued) {
   if (job.stopping) {  // step 1
     GangPlacement placement;
     placement.why = absl::StrCat("waiting for the ranks of attempt ", job.attempt, " to stop");
@@ -413,8 +417,9 @@ GangPlacement QueuePass::Next(const QueuedJob& job) {
     judged = !added;
   }
   if (!judged) verdict->feasibility = JudgeFeasibility(JobNeeds(*job.spec, job.tenant), snapshot_);
-  GangPlacement placement = Decide(job, verdict->feasibility, snapshot_, &verdict->unfit);
-  if (placement.placed()) TakeSlots(placement);
+  GangPlacement placement =
+      Decide(job, verdict->feasibility, snapshot_, &verdict->unfit, /*may_close=*/queued);
+  if (placement.placed() && queued) TakeSlots(placement);
   return placement;
 }
 
@@ -427,6 +432,11 @@ void QueuePass::TakeSlots(const GangPlacement& placement) {
       free.erase(std::remove(free.begin(), free.end(), rank.slot), free.end());
     }
   }
+}
+
+void QueuePass::CloseBehind(std::string job, std::string tenant) {
+  blocked_by_ = std::move(job);
+  blocked_tenant_ = std::move(tenant);
 }
 
 GangPlacement QueuePass::Confirm(const QueuedJob& job, const std::vector<NodeRecord>& nodes) {
@@ -517,6 +527,13 @@ bool AnyNodeTakesARank(const std::vector<NodeRecord>& nodes) {
   return std::any_of(nodes.begin(), nodes.end(), [&any](const NodeRecord& node) {
     return TakesRanks(node, any) && HasFreeSlot(node, any);
   });
+}
+
+bool QueueNeedsFullPass(const QueueWatch& watch, absl::Duration refresh) {
+  return !watch.full_pass_in_term              // 1
+         || watch.changed                      // 2
+         || watch.some_node_free               // 3
+         || watch.since_full_pass >= refresh;  // 4, else 5
 }
 
 std::string PlacementMessage(int32_t attempt, const GangPlacement& placement) {

@@ -63,6 +63,7 @@ cleanup() {
   fi
   "${as_pg[@]}" "$pg_bin/pg_ctl" -D "$work/pg" -m immediate stop >/dev/null 2>&1 || true
   [ -n "${GRADHUB_BENCH_PGLOG:-}" ] && cp "$work/pg.log" "$GRADHUB_BENCH_PGLOG"
+  [ -n "${GRADHUB_BENCH_APILOG:-}" ] && cp "$work/api.err" "$GRADHUB_BENCH_APILOG"
   rm -rf "$work"
 }
 as_pg=()

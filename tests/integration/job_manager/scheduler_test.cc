@@ -38,6 +38,14 @@ class SchedulerTest : public db::DatabaseTest {
     options.backfill_window = absl::Seconds(600);
     options.peer_failure_grace = absl::Seconds(600);
     scheduler_ = std::make_unique<Scheduler>(pool_.get(), options);
+    // As gradhub-api wires them (main.cc): the light pass judges the jobs it was told of, stored
+    // without the reason the scheduler gives new jobs.
+    jobs_->set_on_created([this](const v1::Job& job, const v1::JobSpec& spec) {
+      scheduler_->JobSubmitted(job, spec);
+    });
+    jobs_->set_initial_reason([this](const v1::JobSpec& spec, const std::string& tenant) {
+      return scheduler_->ReasonForNewJob(spec, tenant);
+    });
     auto tenant = pool_->Exec("INSERT INTO tenants (name) VALUES ('team') RETURNING id");
     ASSERT_TRUE(tenant.ok()) << tenant.status();
     tenant_ = tenant->row(0).Get<int64_t>("id");
@@ -853,6 +861,60 @@ TEST_F(SchedulerTest, ATenantFloodingTheQueueDoesNotStarveAnother) {
     scheduled += jobs_->GetJob(alpha, job.name())->state() == v1::Job::SCHEDULED;
   }
   EXPECT_EQ(scheduled, 0) << "alpha's jobs wait (one RUNNING, one SUCCEEDED)";
+}
+
+TEST_F(SchedulerTest, AFullClusterHasOnlyItsNewJobsJudgedUntilSomethingChanges) {
+  Register("a", 1);
+  const v1::Job first = Submit(1), second = Submit(1);
+  Pass();
+  ASSERT_EQ(Get(first).state(), v1::Job::SCHEDULED);
+  const std::string no_slot = "needs 1 slots, no ready node has a free slot";
+  ASSERT_EQ(Get(second).state_reason(), no_slot);
+  // A reason the full pass would write again, were it to go over the queue.
+  ASSERT_TRUE(pool_
+                  ->Exec("UPDATE jobs SET state_reason = 'left by an earlier pass' WHERE id = $1",
+                         {second.name().substr(std::string("jobs/").size())})
+                  .ok());
+
+  Pass();  // finds the cluster full: a light pass, after which new jobs are judged at once
+  const v1::Job third = Submit(1);
+  EXPECT_EQ(third.state_reason(), no_slot) << "stored with the job: CreateJob's answer says it";
+  // Created through another replica, which had no verdict to give: stored without a reason,
+  // the job reaches this scheduler as a signal (replica_signals.h).
+  JobManager other_replica(pool_.get(), SpecLimits{.max_world_size = 64});
+  v1::JobSpec spec = testing::MinimalJobSpec();
+  spec.mutable_distributed()->set_world_size(1);
+  const absl::StatusOr<v1::Job> fourth = other_replica.CreateJob(tenant_, spec, "");
+  ASSERT_TRUE(fourth.ok()) << fourth.status();
+  EXPECT_EQ(fourth->state_reason(), "");
+  scheduler_->JobCreated(fourth->name());
+  Pass();
+  EXPECT_EQ(Get(*fourth).state_reason(), no_slot) << "the light pass judges the new job";
+  EXPECT_EQ(Get(third).state_reason(), no_slot);
+  EXPECT_EQ(Get(second).state_reason(), "left by an earlier pass") << "and only the new jobs";
+
+  scheduler_->Nudge();  // a rank exited, a node came, a job was cancelled: the whole queue
+  Pass();
+  EXPECT_EQ(Get(second).state_reason(), no_slot);
+  EXPECT_EQ(Get(first).state(), v1::Job::SCHEDULED);
+}
+
+TEST_F(SchedulerTest, BehindAQueueClosedByAnEarlierPassTheLightPassGivesItsReason) {
+  UseBackfillWindow(absl::ZeroDuration());
+  Register("a", 2);
+  const v1::Job running = Submit(2), big = Submit(2);
+  Pass();  // places the first; the second has waited past its (zero) window and closes the queue:
+           // no node is free, and the next job is judged by the light pass
+  ASSERT_EQ(Get(running).state(), v1::Job::SCHEDULED);
+  ASSERT_EQ(Get(big).state(), v1::Job::PENDING);
+  const v1::Job behind = Submit(1);
+  Pass();
+  EXPECT_EQ(Get(behind).state(), v1::Job::PENDING) << "the queue is closed behind " << big.name();
+  const std::string light = Get(behind).state_reason();
+  EXPECT_THAT(light, HasSubstr("waiting behind " + big.name()));
+  scheduler_->Nudge();
+  Pass();
+  EXPECT_EQ(Get(behind).state_reason(), light) << "a full pass gives the same reason";
 }
 
 TEST_F(SchedulerTest, AJobAskingMoreMemoryThanAnySlotWaitsAsideNamingTheField) {

@@ -761,6 +761,60 @@ TEST(FastPathMayPlace, OnlyWhileTheLastPassVerdictsHoldAndNoJobClosedTheQueueAtI
   EXPECT_TRUE(FastPathMayPlace({5, 2000, "jobs/urgent"}, blocking, false)) << "higher priority";
 }
 
+TEST(QueuePass, AQueueClosedByAnEarlierPassGivesTheReasonThatPassGave) {
+  const v1::JobSpec big = Spec(4), small = Spec(1);
+  const std::vector<NodeRecord> full = {BusyNode(1, "a", 4, 4)};
+  QueuePass earlier(full, absl::Seconds(60));
+  EXPECT_FALSE(earlier.Next(Queued("jobs/big", big, 61)).placed());
+  ASSERT_EQ(earlier.blocked_by(), "jobs/big");
+  EXPECT_EQ(earlier.blocked_tenant(), "tenants/a");
+  QueuePass light(full, absl::Seconds(60));
+  light.CloseBehind(*earlier.blocked_by(), earlier.blocked_tenant());
+  for (const std::string tenant : {"tenants/a", "tenants/b"}) {
+    EXPECT_EQ(light.Next(Queued("jobs/new", small, 0, "", tenant)).why,
+              earlier.Next(Queued("jobs/new", small, 0, "", tenant)).why)
+        << tenant;
+  }
+}
+
+// One test per rule of QueueNeedsFullPass, each from the watch of rule 5 (QuietQueue).
+QueueWatch QuietQueue() {
+  return {.full_pass_in_term = true,
+          .changed = false,
+          .some_node_free = false,
+          .since_full_pass = absl::Seconds(1)};
+}
+
+TEST(QueueNeedsFullPass, Rule5AFullClusterWithNothingChangedGetsTheLightPass) {
+  EXPECT_FALSE(QueueNeedsFullPass(QuietQueue(), absl::Seconds(30)));
+}
+
+TEST(QueueNeedsFullPass, Rule1TheFirstPassOfATermGoesOverTheQueue) {
+  QueueWatch watch = QuietQueue();
+  watch.full_pass_in_term = false;
+  EXPECT_TRUE(QueueNeedsFullPass(watch, absl::Seconds(30)));
+}
+
+TEST(QueueNeedsFullPass, Rule2AChangeSinceTheLastFullPassGoesOverTheQueue) {
+  QueueWatch watch = QuietQueue();
+  watch.changed = true;
+  EXPECT_TRUE(QueueNeedsFullPass(watch, absl::Seconds(30)));
+}
+
+TEST(QueueNeedsFullPass, Rule3ANodeThatTakesARankGoesOverTheQueue) {
+  QueueWatch watch = QuietQueue();
+  watch.some_node_free = true;
+  EXPECT_TRUE(QueueNeedsFullPass(watch, absl::Seconds(30)));
+}
+
+TEST(QueueNeedsFullPass, Rule4TheQueueIsGoneOverAgainAfterTheRefresh) {
+  QueueWatch watch = QuietQueue();
+  watch.since_full_pass = absl::Seconds(29);
+  EXPECT_FALSE(QueueNeedsFullPass(watch, absl::Seconds(30)));
+  watch.since_full_pass = absl::Seconds(30);
+  EXPECT_TRUE(QueueNeedsFullPass(watch, absl::Seconds(30)));
+}
+
 TEST(AnyNodeTakesARank, OnlyAReadyHeartbeatingNodeWithAFreeSlot) {
   EXPECT_FALSE(AnyNodeTakesARank({})) << "no node";
   EXPECT_FALSE(AnyNodeTakesARank({BusyNode(1, "full", 4, 4)})) << "every slot held";
