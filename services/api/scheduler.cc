@@ -974,14 +974,18 @@ void Scheduler::Nudge() {
 
 void Scheduler::JobSubmitted(const v1::Job& job, const v1::JobSpec& spec) {
   queued_specs_.Offer(job.name(), spec, job.tenant());
-  JobCreated(job.name());
+  // Stored with its reason (ReasonForNewJob): the light pass has nothing to do for it. Its
+  // look for such jobs by id was the largest item of PostgreSQL's time after the inserts.
+  TellNewJob(job.name(), /*judged=*/!job.state_reason().empty());
 }
 
-void Scheduler::JobCreated(const std::string& name) {
+void Scheduler::JobCreated(const std::string& name) { TellNewJob(name, /*judged=*/false); }
+
+void Scheduler::TellNewJob(const std::string& name, bool judged) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     told_.new_jobs.push_back(name);
-    told_.unjudged.push_back(name);
+    if (!judged) told_.unjudged.push_back(name);
     // A pass that may place it runs now (a short queue's pass is as quick as the fast path, and
     // sets reasons). While the last pass found no node free, the next pass at its interval
     // gives it its reason: the light pass, cheap, but with the fixed costs of a pass.

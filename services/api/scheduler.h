@@ -247,6 +247,8 @@ class Scheduler {
   // The light pass: the jobs `names` (submitted since the last pass) that were stored without a
   // reason get the one `judge` gives them.
   absl::Status JudgeNewJobs(const std::vector<std::string>& names, NewJobJudge& judge);
+  // JobCreated; the light pass judges the job unless it was stored with its reason (`judged`).
+  void TellNewJob(const std::string& name, bool judged);
   // Makes `judge` ReasonForNewJob's (nullptr: none).
   void PublishJudge(std::shared_ptr<NewJobJudge> judge);
   // Whether the job was placed (QueuePass::Confirm, then the attempt written).
