@@ -350,9 +350,9 @@ absl::Status Scheduler::RunOnce() {
   std::lock_guard<std::mutex> one_pass_at_a_time(pass_mu_);
   if (!TakeTerm()) {  // another replica leads (leader_lease.h)
     {
+      // A term of this replica's begins with a full pass (QueueNeedsFullPass rule 1).
       std::lock_guard<std::mutex> lock(mu_);
-      told_.unjudged
-          .clear();  // a term of this replica's begins with a full pass (QueueNeedsFullPass)
+      told_.unjudged.clear();
     }
     queued_specs_.DropOffers();
     PublishJudge(nullptr);

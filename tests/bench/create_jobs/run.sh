@@ -30,7 +30,8 @@
 #   pg_stat_statements and print the statements the closed loop spent PostgreSQL's time on);
 #   GRADHUB_BENCH_TRACE=FILE (every call of the fixed-rate phase: when it was due, its latency,
 #   its status; see bench_create_jobs.cc), GRADHUB_BENCH_PGLOG=FILE (PostgreSQL's log, which
-#   names checkpoints and autovacuum runs: two causes of a latency tail worth ruling out);
+#   names checkpoints and autovacuum runs: two causes of a latency tail worth ruling out),
+#   GRADHUB_BENCH_APILOG=FILE (gradhub-api's log);
 #   GRADHUB_DATABASE_CONNECTIONS, GRADHUB_SCHEDULER_INTERVAL (e.g. 1h: the scheduler's pass
 #   over the PENDING queue out of the way) etc. reach gradhub-api as usual.
 set -euo pipefail

@@ -777,6 +777,17 @@ TEST(QueuePass, AQueueClosedByAnEarlierPassGivesTheReasonThatPassGave) {
   }
 }
 
+TEST(QueuePass, ASubmittedJobIsJudgedAsNextWouldButClosesTheQueueForNobody) {
+  const v1::JobSpec big = Spec(4);
+  const std::vector<NodeRecord> full = {BusyNode(1, "a", 4, 4)};
+  QueuePass pass(full, absl::ZeroDuration());  // every job that does not fit is past its window
+  const GangPlacement submitted = pass.JudgeSubmitted(Queued("", big, 0));
+  EXPECT_FALSE(submitted.placed());
+  EXPECT_FALSE(pass.blocked_by()) << "it has waited for nothing, and has no name yet";
+  EXPECT_EQ(submitted.why, pass.Next(Queued("jobs/big", big, 0)).why);
+  EXPECT_EQ(pass.blocked_by(), "jobs/big") << "Next, for a queued job, does close it";
+}
+
 // One test per rule of QueueNeedsFullPass, each from the watch of rule 5 (QuietQueue).
 QueueWatch QuietQueue() {
   return {.full_pass_in_term = true,
