@@ -49,7 +49,6 @@ trap cleanup EXIT
 # A signal still ends in cleanup (bash runs the EXIT trap on exit, not on every signal).
 trap 'exit 130' INT TERM HUP
 
-pg_port=$((20000 + RANDOM % 20000))
 # Password authentication, never trust: ranks run on this host and can reach the port.
 pg_password="$(od -An -N24 -tx1 /dev/urandom | tr -d ' \n')"
 (umask 077 && printf '%s\n' "$pg_password" > "$pg_dir/password")
@@ -57,8 +56,24 @@ pg_password="$(od -An -N24 -tx1 /dev/urandom | tr -d ' \n')"
 "${as_pg[@]}" "$pg_bin/initdb" -D "$pg_dir/data" -U gradhub -A scram-sha-256 \
   --pwfile="$pg_dir/password" >/dev/null
 rm -f "$pg_dir/password"
-"${as_pg[@]}" "$pg_bin/pg_ctl" -D "$pg_dir/data" -l "$pg_dir/pg.log" -w \
-  -o "-p $pg_port -k $pg_dir -c listen_addresses=127.0.0.1" start >/dev/null
+# A port below the kernel's ephemeral range (32768-60999 by default), from which every outgoing
+# connection on this host takes one: drawn from 20000-39999, one of ctest's parallel tests once
+# found it taken ("could not start server"). Another listener may still hold the port drawn, so
+# a start that fails draws again, 5 times at most, then shows PostgreSQL's log.
+started=0
+for _ in 1 2 3 4 5; do
+  pg_port=$((20000 + RANDOM % 12000))
+  if "${as_pg[@]}" "$pg_bin/pg_ctl" -D "$pg_dir/data" -l "$pg_dir/pg.log" -w \
+    -o "-p $pg_port -k $pg_dir -c listen_addresses=127.0.0.1" start >/dev/null 2>&1; then
+    started=1
+    break
+  fi
+done
+if [ "$started" != 1 ]; then
+  echo "cluster.sh: PostgreSQL did not start on 5 ports; the end of its log:" >&2
+  tail -n 5 "$pg_dir/pg.log" >&2
+  exit 1
+fi
 export GRADHUB_DATABASE_URL="postgresql://gradhub:$pg_password@127.0.0.1:$pg_port/postgres"
 
 "$bin/gradhub-api" migrate >/dev/null
