@@ -825,7 +825,10 @@ absl::StatusOr<std::vector<const QueuedSpecs::Entry*>> QueuedSpecs::Add(db::Pool
                                                                         const db::Result& jobs) {
   {
     std::lock_guard<std::mutex> lock(offers_mu_);
-    for (auto& [name, offered] : offers_) entries_.insert_or_assign(name, std::move(offered));
+    for (auto& [name, offered] : offers_) {
+      offered.shape = PlacementShape(offered.spec);  // here, not on the request's thread
+      entries_.insert_or_assign(name, std::move(offered));
+    }
     offers_.clear();
   }
   std::vector<Entry*> entries;
@@ -845,7 +848,7 @@ absl::StatusOr<std::vector<const QueuedSpecs::Entry*>> QueuedSpecs::Add(db::Pool
 
 void QueuedSpecs::Offer(const std::string& name, const v1::JobSpec& spec,
                         const std::string& tenant) {
-  Entry entry{.loaded = true, .spec = spec, .shape = PlacementShape(spec), .tenant = tenant};
+  Entry entry{.loaded = true, .spec = spec, .tenant = tenant};  // its shape: when taken (Add)
   std::lock_guard<std::mutex> lock(offers_mu_);
   offers_.insert_or_assign(name, std::move(entry));
 }
