@@ -713,7 +713,9 @@ std::string Scheduler::NewJobJudge::Reason(const QueuedJob& job, int32_t priorit
   // A job the last full pass would have served after the one that closed the queue gets that
   // pass's reason for it. FastPathMayPlace's test of "behind": of equal priority, fair share
   // might have served it first, which the next full pass says.
-  const bool behind = !FastPathMayPlace({.priority = priority}, blocking_, false);
+  QueuePosition position;
+  position.priority = priority;
+  const bool behind = !FastPathMayPlace(position, blocking_, false);
   std::lock_guard<std::mutex> lock(mu_);
   return (behind ? closed_ : open_).JudgeSubmitted(job).why;
 }
@@ -848,7 +850,10 @@ absl::StatusOr<std::vector<const QueuedSpecs::Entry*>> QueuedSpecs::Add(db::Pool
 
 void QueuedSpecs::Offer(const std::string& name, const v1::JobSpec& spec,
                         const std::string& tenant) {
-  Entry entry{.loaded = true, .spec = spec, .tenant = tenant};  // its shape: when taken (Add)
+  Entry entry;  // its shape is computed when a pass takes it (Add)
+  entry.loaded = true;
+  entry.spec = spec;
+  entry.tenant = tenant;
   std::lock_guard<std::mutex> lock(offers_mu_);
   offers_.insert_or_assign(name, std::move(entry));
 }
