@@ -14,7 +14,7 @@
 namespace gradhub::api {
 namespace {
 
-constexpr int kColumnsPerRow = 10;
+constexpr int kColumnsPerRow = 15;
 
 // A random (version 4) UUID. Ids are chosen here rather than by PostgreSQL so that a batch
 // can be sent again after a lost connection: the rows the first try committed are recognised
@@ -32,9 +32,10 @@ absl::StatusOr<std::string> NewJobId() {
                       hex.substr(16, 4), "-", hex.substr(20));
 }
 
-// The statement for `rows` jobs, with their first events, returning the jobs it inserted (the
-// spec left out: the caller has it). A row whose id or (tenant, request_id) is taken, by an
-// earlier job, by an earlier try of this batch or by an earlier row of it, is skipped.
+// The statement for `rows` jobs, with their first events and the audit events of the calls
+// that made them, returning the jobs it inserted (the spec left out: the caller has it). A row
+// whose id or (tenant, request_id) is taken, by an earlier job, by an earlier try of this batch
+// or by an earlier row of it, is skipped, and so is its audit event.
 std::string InsertStatement(int rows) {
   std::string values;
   for (int row = 0; row < rows; ++row) {
@@ -43,11 +44,13 @@ std::string InsertStatement(int rows) {
     absl::StrAppend(&values, row == 0 ? "" : ", ", "($", p + 1, "::uuid, $", p + 2, "::bigint, $",
                     p + 3, "::text, $", p + 4, "::text, $", p + 5, "::jsonb, $", p + 6,
                     "::integer, $", p + 7, "::integer, $", p + 8, "::integer, $", p + 9,
-                    "::integer, $", p + 10, "::text)");
+                    "::integer, $", p + 10, "::text, $", p + 11, "::text, $", p + 12, "::text, $",
+                    p + 13, "::text, $", p + 14, "::text, $", p + 15, "::text)");
   }
   return absl::StrCat(
       "WITH input (id, tenant_id, request_id, display_name, spec, priority, world_size,"
-      " max_infra_restarts, max_job_restarts, state_reason) AS (VALUES ",
+      " max_infra_restarts, max_job_restarts, state_reason,"
+      " event_actor, event_tenant, event_method, event_transport, event_peer) AS (VALUES ",
       values,
       "),"
       " j AS (INSERT INTO jobs (id, tenant_id, request_id, display_name, labels, spec, priority,"
@@ -56,17 +59,38 @@ std::string InsertStatement(int rows) {
       " priority, world_size, max_infra_restarts, max_job_restarts, state_reason FROM input"
       " ON CONFLICT DO NOTHING RETURNING *),"
       " submitted AS (INSERT INTO job_events (job_id, attempt, type, to_state, message)"
-      " SELECT id, 0, 'STATE_CHANGED', 'PENDING', 'submitted' FROM j)"
+      " SELECT id, 0, 'STATE_CHANGED', 'PENDING', 'submitted' FROM j),"
+      // As PostgresAuditLog writes a row: an empty tenant is the job's.
+      " audited AS (INSERT INTO audit_events"
+      " (actor, tenant, method, resource, outcome, message, transport, peer)"
+      " SELECT i.event_actor, coalesce(NULLIF(i.event_tenant, ''), 'tenants/' || t.name),"
+      " i.event_method, 'jobs/' || j.id, 'OK', '', i.event_transport, i.event_peer"
+      " FROM j JOIN input i ON i.id = j.id JOIN tenants t ON t.id = j.tenant_id"
+      " WHERE i.event_method IS NOT NULL)"
       " SELECT ",
       kJobStateColumns, " FROM j JOIN tenants t ON t.id = j.tenant_id");
 }
 
+// The five audit columns of a row: the event's, or NULLs for none.
+void AppendEventParams(const std::optional<audit::AuditRecord>& event,
+                       std::vector<db::Param>& params) {
+  if (!event) {
+    params.insert(params.end(), 5, db::Param(std::nullopt));
+    return;
+  }
+  params.insert(params.end(),
+                {event->actor, event->tenant, event->method, event->transport, event->peer});
+}
+
 // What became of a row the statement skipped: the job an earlier try of its batch made, or the
-// job an earlier request made under its request_id if that asked for the same spec.
+// job an earlier request made under its request_id if that asked for the same spec. Such a
+// retry made no job, but it is a call of its own, so its audit event is written here, in the
+// same transaction as the look-up (an earlier try's job has its event already).
 absl::StatusOr<v1::Job> SkippedJob(db::Pool& pool, const NewJob& job, const std::string& id) {
-  GRADHUB_ASSIGN_OR_RETURN(
-      db::Result found,
-      pool.Exec(absl::StrCat("SELECT ", kJobColumns,
+  return pool.Transact([&](db::Transaction& tx) -> absl::StatusOr<v1::Job> {
+    GRADHUB_ASSIGN_OR_RETURN(
+        db::Result found,
+        tx.Exec(absl::StrCat("SELECT ", kJobColumns,
                              ", j.id = $1::uuid AS ours,"
                              " j.spec = $4::jsonb AS same_spec"
                              " FROM jobs j JOIN tenants t ON t.id = j.tenant_id"
@@ -74,16 +98,28 @@ absl::StatusOr<v1::Job> SkippedJob(db::Pool& pool, const NewJob& job, const std:
                 {id, job.tenant_id,
                  job.request_id.empty() ? db::Param(std::nullopt) : db::Param(job.request_id),
                  job.spec_json}));
-  if (found.empty()) {
-    return absl::InternalError("a job row was neither inserted nor found by its id or request_id");
-  }
-  const db::Row row = found.row(0);
-  if (!row.Get<bool>("ours") && !row.Get<bool>("same_spec")) {
-    return absl::AlreadyExistsError(absl::StrCat("request_id '", job.request_id,
-                                                 "' was used for jobs/", row.Get<std::string>("id"),
-                                                 " with a different spec"));
-  }
-  return JobFromRow(row);
+    if (found.empty()) {
+      return absl::InternalError(
+          "a job row was neither inserted nor found by its id or request_id");
+    }
+    const db::Row row = found.row(0);
+    if (!row.Get<bool>("ours") && !row.Get<bool>("same_spec")) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("request_id '", job.request_id, "' was used for jobs/",
+                       row.Get<std::string>("id"), " with a different spec"));
+    }
+    GRADHUB_ASSIGN_OR_RETURN(v1::Job existing, JobFromRow(row));
+    if (row.Get<bool>("ours") || !job.event) return existing;
+    const audit::AuditRecord& event = *job.event;
+    GRADHUB_RETURN_IF_ERROR(
+        tx.Exec("INSERT INTO audit_events"
+                " (actor, tenant, method, resource, outcome, message, transport, peer)"
+                " VALUES ($1, $2, $3, $4, 'OK', '', $5, $6)",
+                {event.actor, event.tenant.empty() ? existing.tenant() : event.tenant, event.method,
+                 existing.name(), event.transport, event.peer})
+            .status());
+    return existing;
+  });
 }
 
 // Whether a failed batch may have failed for one row's data, so that writing its rows one by
@@ -183,6 +219,7 @@ absl::Status JobInserter::WriteTogether(const std::vector<const NewJob*>& jobs,
                    job->request_id.empty() ? db::Param(std::nullopt) : db::Param(job->request_id),
                    job->display_name, job->spec_json, job->priority, job->world_size,
                    job->max_infra_restarts, job->max_job_restarts, job->state_reason});
+    AppendEventParams(job->event, params);
   }
   // One statement is its own transaction, and with the ids fixed above it is safe to send
   // again, which Pool::Exec does after a lost connection: BEGIN and COMMIT would be two more

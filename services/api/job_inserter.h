@@ -8,11 +8,13 @@
 #include <cstdint>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "gradhub/v1/jobs.pb.h"
+#include "services/common/audit/audit_log.h"
 #include "services/common/db/pool.h"
 
 namespace gradhub::api {
@@ -29,6 +31,9 @@ struct NewJob {
   int32_t max_infra_restarts = 0;
   int32_t max_job_restarts = 0;
   std::string state_reason;  // why it waits, when known at once (Scheduler::ReasonForNewJob)
+  // The CreateJob call's audit event (CallAuditor::EventOf), written with the job, its
+  // resource the new job's name; none = no event (a caller that is not an audited call).
+  std::optional<audit::AuditRecord> event;
 };
 
 struct JobInserterOptions {
@@ -51,6 +56,8 @@ class JobInserter {
 
   // Blocks until the job is committed, then returns it as stored. A (tenant, request_id) that
   // already has a job returns that job when its spec is the same, ALREADY_EXISTS otherwise.
+  // The job's event, if any, is committed with it; a retry's, which made no job, is not
+  // written: `event_written` says which.
   // Each caller gets its own row's outcome: a row the database refuses (e.g. a tenant deleted
   // meanwhile) fails alone, the rest of its batch is written one by one. A lost connection is
   // retried without making a job twice; UNAVAILABLE once the database stays out of reach.

@@ -123,7 +123,8 @@ absl::Status AppendEventFilter(const std::string& filter, std::string* sql, db::
 }  // namespace
 
 absl::StatusOr<v1::Job> JobManager::CreateJob(int64_t tenant_id, const v1::JobSpec& spec,
-                                              const std::string& request_id) {
+                                              const std::string& request_id,
+                                              std::optional<audit::AuditRecord> event) {
   std::vector<SpecIssue> issues = ValidateJobSpec(spec, limits_);
   GRADHUB_ASSIGN_OR_RETURN(std::vector<SpecIssue> path_issues, CheckSpecPaths(tenant_id, spec));
   issues.insert(issues.end(), path_issues.begin(), path_issues.end());
@@ -156,6 +157,7 @@ absl::StatusOr<v1::Job> JobManager::CreateJob(int64_t tenant_id, const v1::JobSp
   row.world_size = effective.distributed().world_size();
   row.max_infra_restarts = effective.max_restarts().infrastructure();
   row.max_job_restarts = effective.max_restarts().job();
+  row.event = std::move(event);
   if (initial_reason_) {
     GRADHUB_ASSIGN_OR_RETURN(const std::string tenant, TenantName(tenant_id));
     row.state_reason = initial_reason_(effective, tenant);

@@ -54,9 +54,12 @@ class JobManager {
   // serve them, and the job waits PENDING (the scheduler places it only on a node whose roots
   // hold its paths, and says so in its state reason). Idempotent per (tenant, request_id): a retry
   // returns the job the first call made, and ALREADY_EXISTS when it asks for another spec.
-  // Concurrent creates share a commit (JobInserter).
+  // Concurrent creates share a commit (JobInserter). `event`: the call's audit event
+  // (CallAuditor::EventOf), which an OK outcome writes with the job, or, for a retry, with the
+  // look-up of the job the first call made (AuditedRpc::ok_event_written_by_handler).
   absl::StatusOr<v1::Job> CreateJob(int64_t tenant_id, const v1::JobSpec& spec,
-                                    const std::string& request_id);
+                                    const std::string& request_id,
+                                    std::optional<audit::AuditRecord> event = std::nullopt);
 
   // tenant_id < 0 (the admin token) = any tenant, for every call but CreateJob.
   // `name` is "jobs/{id}". Another tenant's job is NOT_FOUND, as a job that does not exist.

@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include "services/common/audit/audited_calls.h"
+#include "services/common/audit/grpc_audit.h"
 #include "services/common/auth/call_authorization.h"
 #include "services/common/grpc_status.h"
 #include "services/common/job_records.h"
@@ -16,7 +18,10 @@ absl::StatusOr<int64_t> JobService::Tenant(const grpc::ServerContext& context,
 grpc::Status JobService::CreateJob(grpc::ServerContext* context,
                                    const v1::CreateJobRequest* request, v1::Job* response) {
   return AnswerFor(Tenant(*context, JobAccess::kCreate), response, [&](int64_t tenant) {
-    return jobs_->CreateJob(tenant, request->spec(), request->request_id());
+    std::optional<audit::AuditRecord> event;
+    if (auditor_ != nullptr)
+      event = auditor_->EventOf(audit::GrpcCallOf(*context, audit::kCreateJobMethod));
+    return jobs_->CreateJob(tenant, request->spec(), request->request_id(), std::move(event));
   });
 }
 

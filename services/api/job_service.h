@@ -6,14 +6,18 @@
 
 #include "gradhub/v1/jobs.grpc.pb.h"
 #include "services/api/job_manager.h"
+#include "services/common/audit/call_auditor.h"
 #include "services/common/auth/authenticator.h"
 
 namespace gradhub::api {
 
 class JobService final : public v1::JobService::Service {
  public:
-  // Not owned; both must outlive the service.
-  JobService(JobManager* jobs, const Authenticator* auth) : jobs_(jobs), auth_(auth) {}
+  // Not owned; all must outlive the service. `auditor`: where CreateJob's audit event comes
+  // from, which CreateJob writes with the job (AuditedRpc::ok_event_written_by_handler);
+  // nullptr on a server that audits nothing.
+  JobService(JobManager* jobs, const Authenticator* auth, const audit::CallAuditor* auditor)
+      : jobs_(jobs), auth_(auth), auditor_(auditor) {}
 
   grpc::Status CreateJob(grpc::ServerContext* context, const v1::CreateJobRequest* request,
                          v1::Job* response) override;
@@ -39,6 +43,7 @@ class JobService final : public v1::JobService::Service {
 
   JobManager* jobs_;
   const Authenticator* auth_;
+  const audit::CallAuditor* auditor_;
 };
 
 }  // namespace gradhub::api

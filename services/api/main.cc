@@ -145,7 +145,7 @@ struct ApiServices {
       : pool(config.server.database.Pool("gradhub-api")),
         auth(&pool, config.server.admin_token),
         jobs(&pool, gradhub::SpecLimits{.max_world_size = static_cast<int>(config.max_world_size)}),
-        job_service(&jobs, &auth),
+        job_service(&jobs, &auth, &auditor),
         // The rendezvous store's keys in PostgreSQL, shared with every other replica (issue
         // #35): a rendezvous survives the death of the replica that took its keys.
         store(gradhub::api::RendezvousStoreOptions{},

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "services/api/rest_request.h"
+#include "services/common/audit/audited_calls.h"
 #include "services/common/audit/http_audit.h"
 #include "services/common/http_errors.h"
 #include "services/common/status_macros.h"
@@ -256,12 +257,19 @@ void RestGateway::RouteJobs() {
   const Authenticator& auth = *backends_.auth;
   JobManager* jobs = backends_.jobs;
   using Request = httplib::Request;
+  const audit::CallAuditor* auditor = backends_.auditor;
   Post(*server_, rest_paths::kJobs,
        JobRpc("JobService.CreateJob", auth, JobAccess::kCreate,
-              [jobs](const Request& request, int64_t id) -> absl::StatusOr<v1::Job> {
+              [jobs, auditor](const Request& request, int64_t id) -> absl::StatusOr<v1::Job> {
                 v1::JobSpec spec;
                 GRADHUB_RETURN_IF_ERROR(ParseBody(request, &spec));
-                return jobs->CreateJob(id, spec, request.get_param_value("requestId"));
+                // Written with the job (AuditedRpc::ok_event_written_by_handler).
+                std::optional<audit::AuditRecord> event;
+                if (auditor != nullptr) {
+                  event = auditor->EventOf(audit::RestCallOf(request, audit::kCreateJobMethod));
+                }
+                return jobs->CreateJob(id, spec, request.get_param_value("requestId"),
+                                       std::move(event));
               }));
   server_->Get(
       rest_paths::kJobs,

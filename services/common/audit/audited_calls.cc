@@ -39,7 +39,8 @@ std::string ExpandTarget(std::string_view pattern, const std::smatch& match,
 
 const std::vector<AuditedRpc>& AuditedRpcs() {
   static const auto* const kRpcs = new std::vector<AuditedRpc>{
-      {"gradhub.v1.JobService/CreateJob", "", "", "POST", "/v1/jobs", ""},
+      {kCreateJobMethod, "", "", "POST", "/v1/jobs", "",
+       /*ok_event_written_by_handler=*/true},
       {"gradhub.v1.JobService/CancelJob", "name", "", "POST", "/v1/jobs/([^/:]+):cancel",
        "jobs/{1}"},
       {"gradhub.v1.AdminService/CreateTenant", "tenant_id", kTenantsPrefix, "POST", "/v1/tenants",

@@ -31,7 +31,15 @@ struct AuditedRpc {
   std::string_view http_method;
   std::string_view http_path;
   std::string_view http_target;
+  // Whether the call's handler writes the event of its OK outcome itself, in the transaction
+  // of the change it makes, so that the call waits for one commit instead of two (CreateJob:
+  // the job, its first job event and its audit event are one statement). The transports then
+  // record only its other outcomes (CallAuditor::Record).
+  bool ok_event_written_by_handler = false;
 };
+
+// The method of the one rpc whose handler writes its OK event (ok_event_written_by_handler).
+inline constexpr char kCreateJobMethod[] = "gradhub.v1.JobService/CreateJob";
 
 // CreateJob, CancelJob, CreateTenant, CreateToken, RevokeToken, CordonNode (uncordon too),
 // DrainNode, DeleteCheckpoint, UploadCode.

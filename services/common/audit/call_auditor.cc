@@ -31,7 +31,7 @@ CallAuditor::CallAuditor(const api::Authenticator* auth, AuditLog* log, CallAudi
   };
 }
 
-AuditRecord CallAuditor::RecordOf(const FinishedCall& call) const {
+AuditRecord CallAuditor::EventOf(const FinishedCall& call) const {
   // The handler authenticated the same header a moment ago: a cache hit for tenant tokens.
   const absl::StatusOr<api::Principal> caller = auth_->Authenticate(call.authorization);
   AuditRecord record;
@@ -48,7 +48,11 @@ AuditRecord CallAuditor::RecordOf(const FinishedCall& call) const {
 }
 
 void CallAuditor::Record(const FinishedCall& call) {
-  const AuditRecord record = RecordOf(call);
+  if (call.outcome.ok()) {
+    const AuditedRpc* rpc = FindAuditedRpc(call.method);
+    if (rpc != nullptr && rpc->ok_event_written_by_handler) return;
+  }
+  const AuditRecord record = EventOf(call);
   const absl::Status written = log_->Append(record);
   if (written.ok()) return;
   write_failures_.fetch_add(1);

@@ -7,7 +7,8 @@
 // tell the client that it had not, so that it retries a change that happened. Instead the
 // failure is logged with the event it lost and counted in
 // gradhub_audit_write_failures_total{method}, which an alert watches. (Refusing the call
-// instead would take writing the row in the call's own transaction, inside every manager.)
+// instead would take writing the row in the call's own transaction, inside every manager.
+// CreateJob, the one hot call, does just that: see AuditedRpc::ok_event_written_by_handler.)
 #pragma once
 
 #include <atomic>
@@ -28,12 +29,12 @@ namespace gradhub::audit {
 
 // What a transport saw of one call.
 struct FinishedCall {
-  std::string_view method;     // an AuditedRpc's method
-  std::string authorization;   // the `authorization` header or metadata, "" when absent
-  std::string_view transport;  // "grpc" or "rest"
-  std::string peer;            // host:port
-  std::string resource;        // ResourceOf(...)
-  absl::Status outcome;
+  std::string_view method = "";     // an AuditedRpc's method
+  std::string authorization = "";   // the `authorization` header or metadata, "" when absent
+  std::string_view transport = "";  // "grpc" or "rest"
+  std::string peer = "";            // host:port
+  std::string resource = "";        // ResourceOf(...)
+  absl::Status outcome = absl::OkStatus();
 };
 
 struct CallAuditorOptions {
@@ -52,15 +53,19 @@ class CallAuditor {
   // Not owned; both must outlive this.
   CallAuditor(const api::Authenticator* auth, AuditLog* log, CallAuditorOptions options = {});
 
-  // Writes the call's row; never fails the call (see the top).
+  // Writes the call's row; never fails the call (see the top). Not the OK outcome of an rpc
+  // whose handler writes that event itself (AuditedRpc::ok_event_written_by_handler).
   void Record(const FinishedCall& call);
+
+  // The event Record would write for `call`, for a handler that writes its OK event itself
+  // (see above): it builds it from the call before acting (outcome OK, resource "" until the
+  // handler names what it made) and writes it in its own transaction.
+  AuditRecord EventOf(const FinishedCall& call) const;
 
   // Rows that could not be written since the start.
   int64_t write_failures() const { return write_failures_.load(); }
 
  private:
-  AuditRecord RecordOf(const FinishedCall& call) const;
-
   const api::Authenticator* auth_;
   AuditLog* log_;
   CallAuditorOptions options_;

@@ -80,12 +80,10 @@ class AuditInterceptor final : public grpc::experimental::Interceptor {
   void Record(const grpc::Status& status) {
     const absl::Status outcome(static_cast<absl::StatusCode>(status.error_code()),
                                status.error_message());
-    auditor_->Record({.method = rpc_->method,
-                      .authorization = api::AuthorizationOf(*context_),
-                      .transport = "grpc",
-                      .peer = GrpcPeerAddress(context_->peer()),
-                      .resource = ResourceOf(outcome.ok(), returned_, target_),
-                      .outcome = outcome});
+    FinishedCall call = GrpcCallOf(*context_, rpc_->method);
+    call.resource = ResourceOf(outcome.ok(), returned_, target_);
+    call.outcome = outcome;
+    auditor_->Record(call);
   }
 
   CallAuditor* auditor_;
@@ -112,6 +110,13 @@ class AuditInterceptorFactoryImpl final
 };
 
 }  // namespace
+
+FinishedCall GrpcCallOf(const grpc::ServerContextBase& context, std::string_view method) {
+  return {.method = method,
+          .authorization = api::AuthorizationOf(context),
+          .transport = "grpc",
+          .peer = GrpcPeerAddress(context.peer())};
+}
 
 std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> AuditInterceptorFactory(
     CallAuditor* auditor) {

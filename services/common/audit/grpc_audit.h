@@ -13,6 +13,7 @@
 #include <grpcpp/support/server_interceptor.h>
 
 #include <memory>
+#include <string_view>
 
 #include "services/common/audit/call_auditor.h"
 
@@ -21,5 +22,9 @@ namespace gradhub::audit {
 // For ServerBuilder::experimental().SetInterceptorCreators; `auditor` must outlive the server.
 std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> AuditInterceptorFactory(
     CallAuditor* auditor);
+
+// A call of `method` as its handler sees it before acting: who (the `authorization`
+// metadata), the transport and the peer; OK, no resource yet (CallAuditor::EventOf).
+FinishedCall GrpcCallOf(const grpc::ServerContextBase& context, std::string_view method);
 
 }  // namespace gradhub::audit

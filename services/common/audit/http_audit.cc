@@ -57,15 +57,20 @@ void Audit(CallAuditor& auditor, const httplib::Request& request,
       [&request](const std::string& name) { return request.get_param_value(name.c_str()); });
   if (!call) return;
   const bool ok = response.status >= 200 && response.status < 300;
-  auditor.Record({.method = call->rpc->method,
-                  .authorization = request.get_header_value("Authorization"),
-                  .transport = "rest",
-                  .peer = HttpPeerAddress(request.remote_addr, request.remote_port),
-                  .resource = ResourceOf(ok, ok ? ReturnedName(response.body) : "", call->target),
-                  .outcome = ok ? absl::OkStatus() : ErrorOf(response)});
+  FinishedCall finished = RestCallOf(request, call->rpc->method);
+  finished.resource = ResourceOf(ok, ok ? ReturnedName(response.body) : "", call->target);
+  finished.outcome = ok ? absl::OkStatus() : ErrorOf(response);
+  auditor.Record(finished);
 }
 
 }  // namespace
+
+FinishedCall RestCallOf(const httplib::Request& request, std::string_view method) {
+  return {.method = method,
+          .authorization = request.get_header_value("Authorization"),
+          .transport = "rest",
+          .peer = HttpPeerAddress(request.remote_addr, request.remote_port)};
+}
 
 void AuditHttpCalls(httplib::Server& server, CallAuditor* auditor) {
   server.set_post_routing_handler(

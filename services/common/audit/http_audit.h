@@ -11,16 +11,23 @@
 // Other requests (GETs, probes, streams) cost one comparison of their method.
 #pragma once
 
+#include <string_view>
+
 #include "services/common/audit/call_auditor.h"
 
 namespace httplib {
+struct Request;
 class Server;
-}
+}  // namespace httplib
 
 namespace gradhub::audit {
 
 // Installs the hook; `server` must have no post-routing handler of its own, and `auditor` must
 // outlive its serving loop.
 void AuditHttpCalls(httplib::Server& server, CallAuditor* auditor);
+
+// A request for `method` as its handler sees it before acting: who (the Authorization
+// header), the transport and the client's address; OK, no resource yet (CallAuditor::EventOf).
+FinishedCall RestCallOf(const httplib::Request& request, std::string_view method);
 
 }  // namespace gradhub::audit

@@ -288,6 +288,65 @@ TEST_F(AuditE2eTest, RefusedCallsAreRecordedWithTheirCode) {
             grpc::StatusCode::PERMISSION_DENIED);
 }
 
+// An OK create's event is written with its job (AuditedRpc::ok_event_written_by_handler): still
+// exactly one event per call, on both transports, retries by request_id included, and none for
+// a job that was not made.
+TEST_F(AuditE2eTest, EachCreateIsRecordedOnceOnBothTransportsRetriesIncluded) {
+  const Tenant a = NewTenant("creates");
+  v1::CreateJobRequest request;
+  *request.mutable_spec() = testing::MinimalJobSpec();
+  request.set_request_id("first");
+  v1::Job made, again;
+  ASSERT_TRUE(cluster_->jobs().CreateJob(Context(a.bearer).get(), request, &made).ok());
+  ASSERT_TRUE(cluster_->jobs().CreateJob(Context(a.bearer).get(), request, &again).ok());
+  ASSERT_EQ(again.name(), made.name());
+  request.mutable_spec()->set_max_steps(request.spec().max_steps() + 1);
+  EXPECT_EQ(cluster_->jobs().CreateJob(Context(a.bearer).get(), request, &again).error_code(),
+            grpc::StatusCode::ALREADY_EXISTS);
+
+  std::string body;
+  ASSERT_TRUE(google::protobuf::util::MessageToJsonString(testing::MinimalJobSpec(), &body).ok());
+  const int port = cluster_->api_http_port();
+  const auto rest_made = Rest(port, "POST", "/v1/jobs?requestId=second", a.bearer, body);
+  const auto rest_again = Rest(port, "POST", "/v1/jobs?requestId=second", a.bearer, body);
+  ASSERT_TRUE(rest_made && rest_again);
+  ASSERT_EQ(rest_made->status, 200) << rest_made->body;
+  ASSERT_EQ(rest_again->status, 200) << rest_again->body;
+  v1::Job rest_job;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(rest_made->body, &rest_job).ok());
+
+  const std::vector<v1::AuditEvent> grpc_events =
+      Events("actor=" + a.token_name + " method=CreateJob resource=" + made.name());
+  ASSERT_EQ(grpc_events.size(), 2u);  // the create and its retry
+  for (const v1::AuditEvent& event : grpc_events) {
+    EXPECT_EQ(event.outcome(), "OK");
+    EXPECT_EQ(event.tenant(), a.name);
+    EXPECT_EQ(event.transport(), "grpc");
+    EXPECT_THAT(event.peer(), HasSubstr("127.0.0.1:"));
+    EXPECT_EQ(event.method(), "gradhub.v1.JobService/CreateJob");
+  }
+  const std::vector<v1::AuditEvent> rest_events =
+      Events("actor=" + a.token_name + " method=CreateJob resource=" + rest_job.name());
+  ASSERT_EQ(rest_events.size(), 2u);
+  for (const v1::AuditEvent& event : rest_events) {
+    EXPECT_EQ(event.outcome(), "OK");
+    EXPECT_EQ(event.tenant(), a.name);
+    EXPECT_EQ(event.transport(), "rest");
+  }
+  // The retry with another spec made nothing; its event names the job it collided with.
+  const std::vector<v1::AuditEvent> refused =
+      Events("actor=" + a.token_name + " method=CreateJob outcome=ALREADY_EXISTS");
+  ASSERT_EQ(refused.size(), 1u);
+  EXPECT_EQ(refused[0].resource(), "");
+  EXPECT_THAT(refused[0].message(), HasSubstr(made.name()));
+  // Five calls, five events: none twice, none lost.
+  EXPECT_EQ(Events("actor=" + a.token_name + " method=CreateJob").size(), 5u);
+  // The tenant reads its own creates.
+  v1::ListAuditEventsResponse own;
+  ASSERT_TRUE(List(a.bearer, "method=CreateJob", &own).ok());
+  EXPECT_EQ(own.events_size(), 5);
+}
+
 TEST_F(AuditE2eTest, AdminCallsAndTheCheckpointStoresCallsOnBothTransports) {
   const Tenant a = NewTenant("ops");
   // The admin's own calls made by NewTenant, over gRPC.

@@ -12,6 +12,7 @@
 
 #include "services/api/audit_reader.h"
 #include "services/common/audit/audit_log.h"
+#include "services/common/audit/audited_calls.h"
 #include "services/common/audit/call_auditor.h"
 #include "services/common/auth/authenticator.h"
 #include "tests/integration/db/db_test_util.h"
@@ -250,15 +251,38 @@ TEST_F(AuditLogTest, TheAdminReadsAllATenantOnlyItsOwn) {
   EXPECT_EQ(List("Bearer nonsense").status().code(), absl::StatusCode::kUnauthenticated);
 }
 
+// CreateJob writes its OK event with the job (JobInserter): the recorder leaves that outcome
+// alone, records the call's other outcomes, and gives the handler the event it would write.
+TEST_F(AuditLogTest, AnOkCreateJobIsLeftToItsHandlerAndItsRefusalsAreRecorded) {
+  const auto [a, a_token] = NewTenant("team-create");
+  Record(a, "jobs/3", absl::OkStatus(), kCreateJobMethod);
+  Record(a, "", absl::InvalidArgumentError("invalid job spec: model: required"), kCreateJobMethod);
+  const std::vector<v1::AuditEvent> events = All();
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].outcome(), "INVALID_ARGUMENT");
+  EXPECT_EQ(events[0].actor(), a_token);
+
+  const AuditRecord event = auditor_->EventOf(
+      {.method = kCreateJobMethod, .authorization = a, .transport = "rest", .peer = "[::1]:7"});
+  EXPECT_EQ(event.actor, a_token);
+  EXPECT_EQ(event.tenant, "tenants/team-create");
+  EXPECT_EQ(event.method, kCreateJobMethod);
+  EXPECT_EQ(event.outcome, "OK");
+  EXPECT_EQ(event.resource, "");
+  EXPECT_EQ(event.transport, "rest");
+  EXPECT_EQ(event.peer, "[::1]:7");
+  EXPECT_EQ(auditor_->write_failures(), 0);
+}
+
 TEST_F(AuditLogTest, FiltersMatchEveryTermAtOnce) {
   const auto [a, a_token] = NewTenant("team-a");
   Record(a, "jobs/1");
   Record(a, "jobs/2", absl::NotFoundError("no"));
-  Record(a, "jobs/3", absl::OkStatus(), "gradhub.v1.JobService/CreateJob");
+  Record(a, "nodes/n3", absl::OkStatus(), "gradhub.v1.NodeService/DrainNode");
   Record(kAdmin, "tenants/team-a/tokens/9", absl::OkStatus(),
          "gradhub.v1.AdminService/RevokeToken");
   EXPECT_THAT(Resources(*List(kAdmin, "outcome=NOT_FOUND")), ElementsAre("jobs/2"));
-  EXPECT_THAT(Resources(*List(kAdmin, "method=CreateJob")), ElementsAre("jobs/3"));
+  EXPECT_THAT(Resources(*List(kAdmin, "method=DrainNode")), ElementsAre("nodes/n3"));
   EXPECT_THAT(Resources(*List(kAdmin, "method=gradhub.v1.JobService/CancelJob outcome=OK")),
               ElementsAre("jobs/1"));
   EXPECT_THAT(Resources(*List(kAdmin, "actor=admin tenant=tenants/team-a")),

@@ -24,7 +24,7 @@ class JobServiceTest : public db::DatabaseTest {
     pool_ = MakePool(4);
     auth_ = std::make_unique<Authenticator>(pool_.get(), "admin-secret");
     jobs_ = std::make_unique<JobManager>(pool_.get(), SpecLimits{});
-    service_ = std::make_unique<JobService>(jobs_.get(), auth_.get());
+    service_ = std::make_unique<JobService>(jobs_.get(), auth_.get(), /*auditor=*/nullptr);
     server_ =
         std::make_unique<testing::TestGrpcServer>(std::vector<grpc::Service*>{service_.get()});
     stub_ = v1::JobService::NewStub(server_->NewChannel());
