@@ -16,7 +16,9 @@
 #   4. reference tail: pgbench's single-row INSERT on the same timetable, whose latency
 #      percentiles are the floor under CreateJob's on this disk and these cores. Last, because
 #      run just before a CreateJob phase it took a third off the closed loop's rate.
-# Targets (the issue): >= 3,000 creates/s closed loop, p99 < 20 ms at 1,000/s.
+# Targets: >= 3,000 creates/s closed loop, p99 < 20 ms at 1,000/s (the first issue's); the
+# closed loop at >= 0.3 of the INSERT ceiling and p99 at <= 2x pgbench's on the same timetable
+# (issue 37's, which hold up better on a noisy machine).
 # The client, the server and PostgreSQL share this machine's cores. Each CreateJob phase starts
 # from an empty jobs table (TRUNCATE between phases): with no agents every created job stays
 # PENDING, and the scheduler's passes grow with that queue, so without the reset the second
@@ -189,7 +191,8 @@ awk -v ceiling="$ceiling" -v rate="$rate" -v hz="$(getconf CLK_TCK)" -v wall="$c
     printf "%-44s %10s %8s %7s\n", "measure", "value", "target", "verdict"
     printf "%-44s %10.1f %8s %7s\n", "PostgreSQL INSERT commits/s, 32 conns (ref)", ceiling, "-", "-"
     printf "%-44s %10.1f %8s %7s\n", "CreateJob closed loop, creates/s", c_rate, ">=3000", verdict(c_rate >= 3000)
-    printf "%-44s %10.3f %8s %7s\n", "  as a fraction of the INSERT ceiling", (ceiling > 0 ? c_rate / ceiling : 0), "-", "-"
+    fraction = ceiling > 0 ? c_rate / ceiling : 0
+    printf "%-44s %10.3f %8s %7s\n", "  as a fraction of the INSERT ceiling", fraction, ">=0.3", verdict(fraction >= 0.3)
     printf "%-44s %10.2f %8s %7s\n", "  closed loop p50 ms", c_p50, "-", "-"
     printf "%-44s %10.2f %8s %7s\n", "  closed loop p99 ms", c_p99, "-", "-"
     # CPU per create = CPU seconds per wall second of the phase (warmup included) over its rate.
@@ -209,6 +212,8 @@ awk -v ceiling="$ceiling" -v rate="$rate" -v hz="$(getconf CLK_TCK)" -v wall="$c
     printf "%-44s %10.2f %8s %7s\n", "  p99 ms", o_p99, "<20", verdict(o_p99 < 20)
     printf "%-44s %10.2f %8s %7s\n", "  pgbench INSERT, same timetable, p50 ms (ref)", ref_p50, "-", "-"
     printf "%-44s %10.2f %8s %7s\n", "  pgbench INSERT, same timetable, p99 ms (ref)", ref_p99, "-", "-"
+    tail = ref_p99 > 0 ? o_p99 / ref_p99 : 0
+    printf "%-44s %10.2f %8s %7s\n", "  p99 / pgbench INSERT p99", tail, "<=2", verdict(ref_p99 > 0 && tail <= 2)
     printf "%-44s %10.2f %8s %7s\n", "  max ms", o_max, "-", "-"
     printf "%-44s %10s %8s %7s\n", "errors (closed loop / fixed rate)", c_err "/" o_err, "0", verdict(c_err + o_err == 0)
   }' "$work/closed.out" "$work/echo.out" "$work/open.out"
