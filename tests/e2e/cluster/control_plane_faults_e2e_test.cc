@@ -210,8 +210,10 @@ TEST_F(ControlPlaneFaultsE2eTest, AnApiPausedFor20SecondsLosesNoNodeAndRestartsN
 }
 
 // Issue 21: new work reaches the agents through their WatchAssignments streams, not their
-// heartbeats. With a 20 s heartbeat interval a job whose ranks start within 3 s of CreateJob
-// can only have been pushed (by heartbeats alone, 3 s or less would happen 15% of the time).
+// heartbeats. With a 20 s heartbeat interval a job whose ranks start within 4 s of CreateJob
+// can only have been pushed: by heartbeats alone, 4 s or less would happen 20% of the time for
+// one job, 4% for both jobs here. (3 s was too tight under a parallel ctest: 4 ranks took
+// 2.86 s from placement to started, after a placement 11 ms after the submit.)
 // After gradhub-api is SIGKILLed and back, the streams reconnect and push again, and no rank is
 // ever started twice.
 TEST_F(ControlPlaneFaultsE2eTest, NewWorkIsPushedToTheAgentsAlsoAfterAnApiRestart) {
@@ -224,7 +226,7 @@ TEST_F(ControlPlaneFaultsE2eTest, NewWorkIsPushedToTheAgentsAlsoAfterAnApiRestar
     const double took = SecondsSince(submitted);
     std::cout << "[ measured ] CreateJob to RUNNING " << took << " s (heartbeat 20 s)" << std::endl;
     EXPECT_EQ(running.state(), v1::Job::RUNNING) << cluster_->Describe(name);
-    EXPECT_LT(took, 3.0) << "not pushed: " << cluster_->Describe(name);
+    EXPECT_LT(took, 4.0) << "not pushed: " << cluster_->Describe(name);
     const v1::Job done = cluster_->AwaitJob(name, Ended, seconds(120));
     EXPECT_EQ(done.state(), v1::Job::SUCCEEDED) << cluster_->Describe(name);
     return name;
