@@ -110,11 +110,57 @@ int RefusedLength(const httplib::Request& request, int64_t max_bytes, absl::Stat
   return 0;
 }
 
-// What an upload's URL and headers say: StartUpload's request and the sha256 to commit.
+// What an upload's URL and headers say: StartUpload's request and the client's check of the
+// body to commit (its sha256, its CRC-32C, or both).
 struct UploadRequest {
   v1::StartUploadRequest start;
   std::string sha256;
+  std::optional<uint32_t> crc32c;
 };
+
+// A checkpoint's digests in the headers that name them (a download's, a refused upload's).
+void SetDigestHeaders(const v1::Checkpoint& checkpoint, httplib::Response& response) {
+  response.set_header(kShaHeader, checkpoint.sha256());
+  if (checkpoint.has_crc32c()) {
+    response.set_header(kCrc32cHeader, absl::StrFormat("%08x", checkpoint.crc32c()));
+  }
+}
+
+// X-Checkpoint-Crc32c's value: 8 lowercase hex digits, as downloads send it.
+std::optional<uint32_t> ParseCrc32c(const std::string& hex) {
+  if (hex.size() != 8 || hex.find_first_not_of("0123456789abcdef") != std::string::npos) {
+    return std::nullopt;
+  }
+  return static_cast<uint32_t>(std::stoul(hex, nullptr, 16));
+}
+
+// The body's end-to-end check: a sha256 (the content key), a CRC-32C (a tenth of the client's
+// CPU: what the `gradhub` module sends where gradhub's engine is loaded), or both; at least one.
+absl::Status ParseBodyCheck(const httplib::Request& request, UploadRequest& upload) {
+  const bool has_sha = request.has_header(kShaHeader);
+  const bool has_crc = request.has_header(kCrc32cHeader);
+  if (!has_sha && !has_crc) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        kShaHeader, " or ", kCrc32cHeader,
+        ": one is required, the body's sha256 (64 lowercase hex characters) or its CRC-32C "
+        "(8 lowercase hex digits)"));
+  }
+  if (has_sha) {
+    upload.sha256 = request.get_header_value(kShaHeader);
+    if (!IsSha256Hex(upload.sha256)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(kShaHeader, ": the body's sha256 as 64 lowercase hex characters"));
+    }
+  }
+  if (has_crc) {
+    upload.crc32c = ParseCrc32c(request.get_header_value(kCrc32cHeader));
+    if (!upload.crc32c) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(kCrc32cHeader, ": the body's CRC-32C as 8 lowercase hex digits"));
+    }
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<UploadRequest> ParseUpload(const httplib::Request& request) {
   UploadRequest upload;
@@ -126,11 +172,7 @@ absl::StatusOr<UploadRequest> ParseUpload(const httplib::Request& request) {
   if (!absl::SimpleAtoi(request.get_param_value("attempt"), &attempt)) {
     return absl::InvalidArgumentError("attempt: the query must say ?attempt=N, an integer");
   }
-  upload.sha256 = request.get_header_value(kShaHeader);
-  if (!IsSha256Hex(upload.sha256)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(kShaHeader, ": required, the body's sha256 as 64 lowercase hex characters"));
-  }
+  GRADHUB_RETURN_IF_ERROR(ParseBodyCheck(request, upload));
   (void)absl::SimpleAtoi(request.get_header_value("Content-Length"), &size);  // checked before
   upload.start.set_job(JobName(request));
   upload.start.set_attempt(attempt);
@@ -142,8 +184,8 @@ absl::StatusOr<UploadRequest> ParseUpload(const httplib::Request& request) {
 }
 
 // The body of an upload into `writer`, in chunks of `chunk_bytes` (none with a crc32c: the
-// commit hashes the blob, which checks the client's sha256). After a failed write the rest of
-// the body is still read, and dropped.
+// store computes the digests of what it received, which the commit checks against the
+// client's). After a failed write the rest of the body is still read, and dropped.
 absl::Status Receive(const httplib::ContentReader& body, UploadWriter& writer, size_t chunk_bytes,
                      int64_t size) {
   std::string pending;
@@ -321,11 +363,7 @@ void CheckpointRest::RouteDownload() {
           response.set_header("Content-Range",
                               absl::StrCat("bytes ", *offset, "-", size - 1, "/", size));
         }
-        response.set_header(kShaHeader, (*opened)->checkpoint().sha256());
-        if ((*opened)->checkpoint().has_crc32c()) {
-          response.set_header(kCrc32cHeader,
-                              absl::StrFormat("%08x", (*opened)->checkpoint().crc32c()));
-        }
+        SetDigestHeaders((*opened)->checkpoint(), response);
         std::shared_ptr<CheckpointDownload> download = *std::move(opened);
         response.set_content_provider(
             static_cast<size_t>(size - *offset), "application/octet-stream",
@@ -356,9 +394,7 @@ void CheckpointRest::RouteUpload() {
         const absl::StatusOr<v1::Checkpoint> committed = Upload(request, body);
         if (absl::IsAlreadyExists(committed.status())) {
           const absl::StatusOr<Caller> who = CallerOf(request);
-          const std::string sha256 =
-              who.ok() ? CommittedSha256(*who, CheckpointNameOf(request)) : "";
-          if (!sha256.empty()) response.set_header(kShaHeader, sha256);
+          if (who.ok()) SetCommittedDigests(*who, CheckpointNameOf(request), response);
         }
         Send(response, committed);
       });
@@ -383,8 +419,9 @@ absl::StatusOr<v1::Checkpoint> CheckpointRest::Upload(const httplib::Request& re
                                   static_cast<size_t>(manager_->options().chunk_size_bytes),
                                   upload->start.size_bytes()));
   writer->reset();  // done: its transfer slot goes back
-  // 3. The commit, which hashes the blob against the header's sha256.
+  // 3. The commit, which checks the store's digests of the body against the headers'.
   commit.set_sha256(upload->sha256);
+  if (upload->crc32c) commit.set_crc32c(*upload->crc32c);
   return manager_->Commit(*who, commit);
 }
 
@@ -395,10 +432,12 @@ absl::StatusOr<std::unique_ptr<UploadWriter>> CheckpointRest::OpenUpload(
   return manager_->OpenUpload(caller, started.upload_id());
 }
 
-std::string CheckpointRest::CommittedSha256(const Caller& caller, const std::string& name) {
+void CheckpointRest::SetCommittedDigests(const Caller& caller, const std::string& name,
+                                         httplib::Response& response) {
   absl::StatusOr<std::unique_ptr<CheckpointDownload>> committed =
       manager_->OpenDownload(caller, name, 0);
-  return committed.ok() ? (*committed)->checkpoint().sha256() : "";
+  if (!committed.ok()) return;
+  SetDigestHeaders((*committed)->checkpoint(), response);
 }
 
 }  // namespace gradhub::checkpoint

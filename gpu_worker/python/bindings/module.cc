@@ -2,10 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <string>
+#include <string_view>
 
 #include "gpu_worker/python/bindings/bindings.h"
 #include "gradhub/build_config.h"
+#include "services/common/crc32c.h"
 
 #ifndef GRADHUB_TORCH_VERSION
 #error "GRADHUB_TORCH_VERSION: the CMake build defines it (gpu_worker/python/CMakeLists.txt)"
@@ -37,6 +40,22 @@ std::chrono::milliseconds TimeoutArgument(const py::object& value, const char* f
   return std::chrono::milliseconds(std::max<int64_t>(1, std::llround(seconds * 1000)));
 }
 
+namespace {
+
+// gradhub.crc32c(data, crc=0): the CRC-32C of `data` (any contiguous buffer: bytes, bytearray,
+// memoryview) continuing `crc`, by ISA-L without the GIL. The `gradhub` module's checkpoint
+// client checks its uploads and downloads with it where this engine is loaded (_checksums.py):
+// a tenth of SHA-256's CPU on the training node.
+uint32_t Crc32cOf(const py::object& data, uint32_t crc) {
+  Py_buffer view;
+  if (PyObject_GetBuffer(data.ptr(), &view, PyBUF_SIMPLE) != 0) throw py::error_already_set();
+  const std::unique_ptr<Py_buffer, void (*)(Py_buffer*)> release(&view, PyBuffer_Release);
+  const std::string_view bytes(static_cast<const char*>(view.buf), static_cast<size_t>(view.len));
+  py::gil_scoped_release unlocked;
+  return Crc32cExtend(crc, bytes);
+}
+
+}  // namespace
 }  // namespace gradhub::python
 
 PYBIND11_MODULE(_C, module) {
@@ -47,4 +66,6 @@ PYBIND11_MODULE(_C, module) {
   gradhub::python::BindStores(module);
   gradhub::python::BindProcessGroup(module);
   gradhub::python::BindDdp(module);
+  module.def("crc32c", &gradhub::python::Crc32cOf, py::arg("data"), py::arg("crc") = 0,
+             "The CRC-32C (Castagnoli) of a contiguous buffer, continuing `crc`.");
 }

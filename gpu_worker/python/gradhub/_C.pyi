@@ -112,3 +112,7 @@ def verify_same_parameters(group: ProcessGroup, names: List[str],
     """ValueError on every rank naming the first parameter whose shape or dtype differs."""
 def broadcast_coalesced(group: ProcessGroup, tensors: List[torch.Tensor], src: int = 0) -> None:
     """Copies rank `src`'s tensors to every rank in place: one collective per dtype."""
+
+def crc32c(data: Union[bytes, bytearray, memoryview], crc: int = 0) -> int:
+    """The CRC-32C (Castagnoli) of a contiguous buffer, continuing `crc` (ISA-L, no GIL): the
+    checkpoint client's end-to-end check where the engine is loaded (gradhub/_checksums.py)."""

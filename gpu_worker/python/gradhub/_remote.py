@@ -1,15 +1,15 @@
 """Checkpoints in gradhub's checkpoint store, over its REST API (checkpoint_rest.h):
-   save: PUT /v1/jobs/{job}/checkpoints/{step}?attempt=N, the bytes as the body, their sha256
-         in X-Checkpoint-Sha256;
-   load: GET /v1/jobs/{job}/checkpoints:latest, then GET /v1/{name}:download, the sha256 of
-         what arrived checked against X-Checkpoint-Sha256."""
+   save: PUT /v1/jobs/{job}/checkpoints/{step}?attempt=N, the bytes as the body, their CRC-32C
+         in X-Checkpoint-Crc32c where gradhub's engine is loaded, else their sha256 in
+         X-Checkpoint-Sha256 (_checksums.py);
+   load: GET /v1/jobs/{job}/checkpoints:latest, then GET /v1/{name}:download, what arrived
+         checked against the checkpoint's CRC-32C the same way, else its sha256."""
 
-import hashlib
 import io
 import json
 import urllib.parse
 
-from . import _http
+from . import _checksums, _http
 from ._http import CheckpointError, RetryableError
 from ._sources import AtomicFile, ExactReader
 
@@ -25,13 +25,14 @@ class RemoteStore:
         return _http.with_retries(what, lambda: self._put(step, source, what))
 
     def _put(self, step, source, what):
-        # 1. The size and sha256 of the bytes as they are now (a file is read through once).
-        size, sha256 = source.measure()
+        # 1. The size and digest of the bytes as they are now (a file is read through once).
+        check = _checksums.new()
+        size, digest = source.measure(check)
         path = self.server.path(f"/v1/jobs/{self.job}/checkpoints/{step}?attempt={self.attempt}")
         headers = self.server.headers({
             "Content-Length": str(size),
             "Content-Type": "application/octet-stream",
-            "X-Checkpoint-Sha256": sha256,
+            check.header: digest,
             "X-Checkpoint-Metadata": "writer=gradhub-python",
         })
         # 2. The bytes, read again in blocks as they are sent.
@@ -45,21 +46,21 @@ class RemoteStore:
             connection.close()
         if response.status == 200:
             return step
-        # 3. The step exists: ours when its sha256 is (a retry whose first answer was lost).
+        # 3. The step exists: ours when its digest is (a retry whose first answer was lost).
         if response.status == 409 and _http.error_of(response, body, what).code == "ALREADY_EXISTS":
-            committed = response.getheader("X-Checkpoint-Sha256", "")
-            if committed == sha256:
+            committed = response.getheader(check.header, "")
+            if committed == digest:
                 return step
             raise CheckpointError(
                 f"{what}: step {step} of the job already has a committed checkpoint with other "
-                f"bytes (sha256 {committed[:12] or 'unknown'}, these {sha256[:12]}); a step is "
-                "saved once, so save these under another step", 409, "ALREADY_EXISTS")
+                f"bytes ({check.header} {committed[:12] or 'unknown'}, these {digest[:12]}); a "
+                "step is saved once, so save these under another step", 409, "ALREADY_EXISTS")
         _http.raise_for(response, body, what)
 
     # --- load ---
 
     def load(self, path=None):
-        """None, or (step, bytes) / (step, path). A sha256 mismatch is asked once more, with
+        """None, or (step, bytes) / (step, path). A digest mismatch is asked once more, with
         the server checking the blob too (it marks a corrupt one BAD); a second one raises."""
         what = "load_latest_checkpoint()"
         for verify in (False, True):
@@ -77,7 +78,8 @@ class RemoteStore:
         latest = self._get_json(f"/v1/jobs/{self.job}/checkpoints:latest", what, none_on_404=True)
         if latest is None:
             return None
-        step, sha256 = int(latest["step"]), latest["sha256"]
+        step, check = int(latest["step"]), _checksums.for_checkpoint(latest)
+        recorded = check.recorded(latest)
         name = urllib.parse.quote(latest["name"], safe="/")
         query = "?verifySha256=true" if verify else ""
         connection = self.server.connect()
@@ -89,14 +91,16 @@ class RemoteStore:
                 raise RetryableError(_http.error_of(response, response.read(), what))
             if response.status != 200:
                 _http.raise_for(response, response.read(), what)
-            announced = response.getheader("X-Checkpoint-Sha256", "")
-            data, received = _receive(response, path, sha256 if announced == sha256 else None)
+            announced = response.getheader(check.header, "")
+            data, received = _receive(response, path, check,
+                                      recorded if announced == recorded else None)
         finally:
             connection.close()
-        if received == sha256 and announced == sha256:
+        if received == recorded and announced == recorded:
             return step, data, True, ""
-        return step, None, False, (f"checkpoint at step {step}: the bytes received have sha256 "
-                                   f"{received[:12]}, not the {sha256[:12]} recorded")
+        return step, None, False, (f"checkpoint at step {step}: the bytes received have "
+                                   f"{check.header} {received[:12]}, not the {recorded[:12]} "
+                                   "recorded")
 
     def _get_json(self, path, what, none_on_404=False):
         connection = self.server.connect()
@@ -113,29 +117,29 @@ class RemoteStore:
         _http.raise_for(response, body, what)
 
 
-def _receive(response, path, expected):
-    """The body of a download, hashed as it arrives: (bytes or path, sha256 hex). With a path,
-    the file appears whole, and only when its sha256 is `expected`; else nothing is left."""
-    sha = hashlib.sha256()
+def _receive(response, path, check, expected):
+    """The body of a download, checked as it arrives: (bytes or path, hex digest of `check`).
+    With a path, the file appears whole, and only when its digest is `expected`; else nothing
+    is left."""
     if path is None:
         buffer = io.BytesIO()
-        _pump(response, sha, buffer)
-        return buffer.getvalue(), sha.hexdigest()
+        _pump(response, check, buffer)
+        return buffer.getvalue(), check.hexdigest()
     with AtomicFile(path) as file:
-        _pump(response, sha, file)
-        if sha.hexdigest() == expected:
+        _pump(response, check, file)
+        if check.hexdigest() == expected:
             file.commit()
-    return path, sha.hexdigest()
+    return path, check.hexdigest()
 
 
-def _pump(response, sha, sink):
+def _pump(response, check, sink):
     expected = response.getheader("Content-Length")
     size = 0
     while True:
         block = response.read(_http.BLOCK_BYTES)
         if not block:
             break
-        sha.update(block)
+        check.update(block)
         sink.write(block)
         size += len(block)
     if expected is not None and size != int(expected):

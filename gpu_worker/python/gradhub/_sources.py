@@ -1,5 +1,5 @@
 """What save_checkpoint() may be given (bytes, a path, a binary file object), read in blocks
-with its sha256, and files written whole or not at all."""
+with its digest, and files written whole or not at all."""
 
 import hashlib
 import io
@@ -68,12 +68,14 @@ class Source:
         self.file.seek(self.start)
         return _Unclosed(self.file)
 
-    def measure(self):
-        """(size, sha256 hex) of the bytes as they are now."""
+    def measure(self, check):
+        """(size, hex digest of `check`, a fresh _checksums object) of the bytes as they are
+        now."""
         if self.kind == "bytes":
-            return len(self.data), hashlib.sha256(self.data).hexdigest()
+            check.update(self.data)
+            return len(self.data), check.hexdigest()
         with self.open() as file:
-            return copy_hashing(file, None)
+            return copy_hashing(file, None, check)
 
     def close(self):
         if self.close_after is not None:
@@ -99,9 +101,10 @@ class _Unclosed:
         return False
 
 
-def copy_hashing(reader, writer):
-    """Copies `reader` to `writer` (None: nowhere) in blocks; returns (size, sha256 hex)."""
-    sha, size = hashlib.sha256(), 0
+def copy_hashing(reader, writer, check=None):
+    """Copies `reader` to `writer` (None: nowhere) in blocks; returns (size, hex digest) of
+    `check` (a fresh _checksums object; None: SHA-256)."""
+    sha, size = check if check is not None else hashlib.sha256(), 0
     while True:
         block = reader.read(BLOCK_BYTES)
         if not block:

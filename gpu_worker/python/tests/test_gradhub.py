@@ -10,11 +10,12 @@ import os
 import tempfile
 import threading
 import unittest
+import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from unittest import mock
 
 import gradhub
-from gradhub import _http
+from gradhub import _checksums, _http
 
 
 def printed(call):
@@ -233,6 +234,61 @@ class RestClientTest(unittest.TestCase):
         self.server.answers = [(200, {}, latest), garbled] * 2
         with self.assertRaises(gradhub.CheckpointError):
             gradhub.load_latest_checkpoint()
+
+
+class FakeEngine:
+    """gradhub._C's crc32c for the plumbing: zlib's CRC-32 stands in for CRC-32C (the real one
+    is checked against the store in script_module_test)."""
+
+    @staticmethod
+    def crc32c(data, crc=0):
+        return zlib.crc32(data, crc)
+
+
+class WithTheEngineTest(unittest.TestCase):
+    """Where gradhub's engine is loaded, saves and loads are checked by CRC-32C (_checksums),
+    against the same scripted server as RestClientTest."""
+
+    def setUp(self):
+        RestClientTest.setUp(self)
+        patcher = mock.patch.object(_checksums, "_loaded_engine", lambda: FakeEngine)
+        patcher.start()
+        self.addCleanup(patcher.stop)
+
+    def test_a_save_sends_the_crc32c_and_a_409_of_the_same_bytes_succeeds(self):
+        ours = f"{zlib.crc32(b'payload'):08x}"
+        self.server.answers = [
+            (200, {}, b'{"step": "5"}'),
+            (409, {"X-Checkpoint-Crc32c": ours, "X-Checkpoint-Sha256": "0" * 64},
+             error(409, "ALREADY_EXISTS", "exists")),
+            (409, {"X-Checkpoint-Crc32c": "00000000"}, error(409, "ALREADY_EXISTS", "exists"))]
+        self.assertEqual(gradhub.save_checkpoint(5, b"payload"), 5)
+        headers = self.server.requests[0][2]
+        self.assertEqual(headers["X-Checkpoint-Crc32c"], ours)
+        self.assertNotIn("X-Checkpoint-Sha256", headers)
+        self.assertEqual(gradhub.save_checkpoint(5, b"payload"), 5)
+        with self.assertRaises(gradhub.CheckpointError) as raised:
+            gradhub.save_checkpoint(5, b"payload")
+        self.assertIn("other bytes", str(raised.exception))
+
+    def test_a_load_checks_the_crc32c_and_asks_again_on_a_mismatch(self):
+        data = b"checkpoint bytes"
+        crc = zlib.crc32(data)
+        latest = json.dumps({"name": "jobs/j1/checkpoints/8", "step": "8", "sha256": "0" * 64,
+                             "crc32c": crc}).encode()
+        announced = {"X-Checkpoint-Crc32c": f"{crc:08x}", "X-Checkpoint-Sha256": "0" * 64}
+        self.server.answers = [(200, {}, latest), (200, announced, b"garbled"),
+                               (200, {}, latest), (200, announced, data)]
+        self.assertEqual(gradhub.load_latest_checkpoint(), (8, data))
+        self.assertEqual(self.server.requests[3][1],
+                         "/v1/jobs/j1/checkpoints/8:download?verifySha256=true")
+
+    def test_a_checkpoint_without_a_crc32c_is_checked_by_its_sha256(self):
+        data = b"older checkpoint"
+        sha = hashlib.sha256(data).hexdigest()
+        latest = json.dumps({"name": "jobs/j1/checkpoints/3", "step": "3", "sha256": sha}).encode()
+        self.server.answers = [(200, {}, latest), (200, {"X-Checkpoint-Sha256": sha}, data)]
+        self.assertEqual(gradhub.load_latest_checkpoint(), (3, data))
 
 
 if __name__ == "__main__":

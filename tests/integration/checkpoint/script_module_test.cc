@@ -7,15 +7,19 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
 
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "services/checkpoint/checkpoint_rest.h"
 #include "services/common/contract/progress_record.h"
+#include "services/common/crc32c.h"
 #include "tests/integration/checkpoint/checkpoint_test_util.h"
 #include "tests/support/subprocess.h"
 
@@ -210,12 +214,85 @@ TEST_F(ScriptModuleTest, AWrongSha256IsDataLossAndNothingIsKept) {
   EXPECT_EQ(Put(50, data, Sha(Sha256Hex(data)))->status, 200);
 }
 
+// The CRC-32C instead of the sha256 (what the module sends where the engine is loaded): checked
+// against the store's CRC of what arrived, the sha256 content key computed by the store, and
+// both digests in the 409 of a step already committed.
+TEST_F(ScriptModuleTest, AnUploadCheckedByItsCrc32cAloneRecordsTheStoresSha256) {
+  const std::string data = Blob(300000, 4);
+  const auto crc = [](const std::string& bytes) {
+    return httplib::Headers{{"X-Checkpoint-Crc32c", absl::StrFormat("%08x", Crc32c(bytes))}};
+  };
+  auto wrong = Put(70, data, crc("other bytes"));
+  EXPECT_EQ(wrong->status, 500);
+  EXPECT_THAT(wrong->body, HasSubstr("DATA_LOSS"));
+  EXPECT_EQ(Count("SELECT count(*) AS n FROM checkpoints WHERE job_id = $1::uuid", {job_}), 0);
+  EXPECT_EQ(Put(70, data, {{"X-Checkpoint-Crc32c", "E3069283"}})->status, 400);  // not lowercase
+  EXPECT_THAT(Put(70, data, {{"X-Checkpoint-Crc32c", "e306928"}})->body,
+              HasSubstr("X-Checkpoint-Crc32c"));
+
+  auto put = Put(70, data, crc(data));
+  ASSERT_EQ(put->status, 200) << put->body;
+  EXPECT_THAT(put->body, HasSubstr(Sha256Hex(data)));
+  auto committed = manager_->GetLatest(Admin(), JobName(job_));
+  ASSERT_TRUE(committed.ok()) << committed.status();
+  EXPECT_EQ(committed->sha256(), Sha256Hex(data));
+  EXPECT_EQ(committed->crc32c(), Crc32c(data));
+  EXPECT_TRUE(*ReadAll(Admin(), committed->name()) == data);
+
+  auto again = Put(70, data, crc(data));
+  EXPECT_EQ(again->status, 409);
+  EXPECT_EQ(again->get_header_value("X-Checkpoint-Crc32c"), crc(data).begin()->second);
+  EXPECT_EQ(again->get_header_value("X-Checkpoint-Sha256"), Sha256Hex(data));
+  // Both headers: each is checked.
+  httplib::Headers both = crc(Blob(10));
+  both.emplace("X-Checkpoint-Sha256", Sha256Hex(Blob(10)));
+  EXPECT_EQ(Put(71, Blob(10), both)->status, 200);
+  both = crc("other bytes");
+  both.emplace("X-Checkpoint-Sha256", Sha256Hex(Blob(10)));
+  EXPECT_EQ(Put(72, Blob(10), both)->status, 500);
+}
+
+// A rank whose script imported torch checks its checkpoints with the engine's CRC-32C, one that
+// did not with SHA-256; both load bit for bit what either saved.
+TEST_F(ScriptModuleTest, WithTorchImportedTheModuleChecksByCrc32cAndLoadsWhatSha256Saved) {
+  if (!std::filesystem::exists(std::string(std::getenv("GRADHUB_BUILD_DIR")) +
+                               "/python/gradhub/_build_info.py")) {
+    GTEST_SKIP() << "gradhub._C is not built here (see gpu_worker/python/bindings)";
+  }
+  const RunResult saved = Python(R"(
+import gradhub, gradhub._checksums as checks
+print(checks.new().header)
+gradhub.save_checkpoint(10, bytes(range(256)) * 4096)
+)");
+  ASSERT_EQ(saved.exit_code, 0) << saved.err;
+  EXPECT_EQ(saved.out, "X-Checkpoint-Sha256\n");
+  const RunResult crc = Python(R"(
+import torch, gradhub, gradhub._checksums as checks, gradhub._engine
+engine = gradhub._engine.load()
+print(checks.new().header, hex(engine.crc32c(b"123456789")),
+      hex(engine.crc32c(memoryview(b"56789"), engine.crc32c(bytearray(b"1234")))))
+step, data = gradhub.load_latest_checkpoint()
+print(step, data == bytes(range(256)) * 4096)
+gradhub.save_checkpoint(20, data[::-1])
+step, again = gradhub.load_latest_checkpoint()
+print(step, again == data[::-1])
+)");
+  ASSERT_EQ(crc.exit_code, 0) << crc.err;
+  EXPECT_EQ(crc.out, "X-Checkpoint-Crc32c 0xe3069283 0xe3069283\n10 True\n20 True\n");
+  auto committed = manager_->GetLatest(Admin(), JobName(job_));
+  ASSERT_TRUE(committed.ok()) << committed.status();
+  std::string reversed = Pattern();
+  std::reverse(reversed.begin(), reversed.end());
+  EXPECT_EQ(committed->sha256(), Sha256Hex(reversed));
+  EXPECT_EQ(committed->crc32c(), Crc32c(reversed));
+}
+
 TEST_F(ScriptModuleTest, BadHeadersAndTheWrongCallerAreRefusedNamingWhatIsWrong) {
   const std::string data = Blob(1000);
   const std::string sha = Sha256Hex(data);
   auto no_sha = Put(60, data, {});
   EXPECT_EQ(no_sha->status, 400);
-  EXPECT_THAT(no_sha->body, HasSubstr("X-Checkpoint-Sha256"));
+  EXPECT_THAT(no_sha->body, HasSubstr("X-Checkpoint-Sha256 or X-Checkpoint-Crc32c"));
   EXPECT_EQ(Put(60, data, Sha("ABC"))->status, 400);
   EXPECT_THAT(Put(60, data, Sha(sha), "")->body, HasSubstr("attempt"));
   httplib::Headers metadata = Sha(sha);
