@@ -61,9 +61,9 @@ std::string InsertStatement(int rows) {
       " submitted AS (INSERT INTO job_events (job_id, attempt, type, to_state, message)"
       " SELECT id, 0, 'STATE_CHANGED', 'PENDING', 'submitted' FROM j),"
       // As PostgresAuditLog writes a row: an empty tenant is the job's.
-      " audited AS (INSERT INTO audit_events"
-      " (actor, tenant, method, resource, outcome, message, transport, peer)"
-      " SELECT i.event_actor, coalesce(NULLIF(i.event_tenant, ''), 'tenants/' || t.name),"
+      " audited AS (INSERT INTO audit_events (",
+      audit::kAuditEventColumns,
+      ") SELECT i.event_actor, coalesce(NULLIF(i.event_tenant, ''), 'tenants/' || t.name),"
       " i.event_method, 'jobs/' || j.id, 'OK', '', i.event_transport, i.event_peer"
       " FROM j JOIN input i ON i.id = j.id JOIN tenants t ON t.id = j.tenant_id"
       " WHERE i.event_method IS NOT NULL)"
@@ -112,9 +112,8 @@ absl::StatusOr<v1::Job> SkippedJob(db::Pool& pool, const NewJob& job, const std:
     if (row.Get<bool>("ours") || !job.event) return existing;
     const audit::AuditRecord& event = *job.event;
     GRADHUB_RETURN_IF_ERROR(
-        tx.Exec("INSERT INTO audit_events"
-                " (actor, tenant, method, resource, outcome, message, transport, peer)"
-                " VALUES ($1, $2, $3, $4, 'OK', '', $5, $6)",
+        tx.Exec(absl::StrCat("INSERT INTO audit_events (", audit::kAuditEventColumns,
+                             ") VALUES ($1, $2, $3, $4, 'OK', '', $5, $6)"),
                 {event.actor, event.tenant.empty() ? existing.tenant() : event.tenant, event.method,
                  existing.name(), event.transport, event.peer})
             .status());

@@ -1,11 +1,11 @@
 """What save_checkpoint() may be given (bytes, a path, a binary file object), read in blocks
 with its digest, and files written whole or not at all."""
 
-import hashlib
 import io
 import os
 import tempfile
 
+from ._checksums import Sha256
 from ._http import BLOCK_BYTES
 
 
@@ -104,12 +104,12 @@ class _Unclosed:
 def copy_hashing(reader, writer, check=None):
     """Copies `reader` to `writer` (None: nowhere) in blocks; returns (size, hex digest) of
     `check` (a fresh _checksums object; None: SHA-256)."""
-    sha, size = check if check is not None else hashlib.sha256(), 0
+    check, size = check if check is not None else Sha256(), 0
     while True:
         block = reader.read(BLOCK_BYTES)
         if not block:
-            return size, sha.hexdigest()
-        sha.update(block)
+            return size, check.hexdigest()
+        check.update(block)
         size += len(block)
         if writer is not None:
             writer.write(block)

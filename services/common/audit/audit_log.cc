@@ -59,9 +59,7 @@ std::vector<absl::Status> PostgresAuditLog::WriteBatch(
 
 absl::Status PostgresAuditLog::Insert(const std::vector<const AuditRecord*>& records) {
   db::ParamList params;
-  std::string sql =
-      "INSERT INTO audit_events"
-      " (actor, tenant, method, resource, outcome, message, transport, peer) VALUES ";
+  std::string sql = absl::StrCat("INSERT INTO audit_events (", kAuditEventColumns, ") VALUES ");
   for (size_t i = 0; i < records.size(); ++i) {
     const AuditRecord& r = *records[i];
     // An empty tenant with a job: that job's tenant (see AuditRecord).

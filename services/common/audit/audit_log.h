@@ -33,6 +33,12 @@ struct AuditRecord {
   std::string peer = "";
 };
 
+// The columns an event is written with, in AuditRecord's order but for job_id (which only finds
+// the tenant): for every writer of `audit_events` (PostgresAuditLog, and JobInserter, which
+// writes an OK CreateJob's event with its job).
+inline constexpr char kAuditEventColumns[] =
+    "actor, tenant, method, resource, outcome, message, transport, peer";
+
 // Which events a listing takes: each set field must match exactly (all of them at once).
 struct AuditFilter {
   std::optional<std::string> tenant = std::nullopt;
