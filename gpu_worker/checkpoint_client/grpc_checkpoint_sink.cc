@@ -20,6 +20,7 @@
 #include "services/common/crc32c.h"
 #include "services/common/direct_write.h"
 #include "services/common/grpc_credentials.h"
+#include "services/common/grpc_receive_window.h"
 #include "services/common/grpc_retry.h"
 
 namespace gradhub::checkpoint_client {
@@ -55,6 +56,7 @@ grpc::ChannelArguments StoreChannelArguments() {
   };
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, ms(kStoreBackoff.initial));
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, ms(kStoreBackoff.max));
+  BoundReceiveWindow(args);  // downloads
   return args;
 }
 

@@ -4,6 +4,7 @@
 
 #include "services/checkpoint/checkpoint_limits.h"
 #include "services/common/api_targets.h"
+#include "services/common/grpc_receive_window.h"
 
 namespace gradhub::cli {
 namespace {
@@ -34,6 +35,7 @@ Client::Client(ClientOptions options)
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 20000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
   args.SetMaxReceiveMessageSize(checkpoint::kMaxChunkBytes + checkpoint::kMessageOverheadBytes);
+  BoundReceiveWindow(args);
   checkpoint_channel_ = grpc::CreateCustomChannel(
       options_.checkpoint_server,
       options_.credentials != nullptr ? options_.credentials : grpc::InsecureChannelCredentials(),

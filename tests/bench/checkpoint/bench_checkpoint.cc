@@ -35,6 +35,7 @@
 #include "services/common/blob_check.h"
 #include "services/common/crc32c.h"
 #include "services/common/flags.h"
+#include "services/common/grpc_receive_window.h"
 #include "services/common/sha256.h"
 
 namespace {
@@ -175,6 +176,7 @@ int main(int argc, char** argv) {
   }
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(8 << 20);
+  gradhub::BoundReceiveWindow(args);  // as trainers and the CLI download
   auto channel =
       grpc::CreateCustomChannel(options.server, grpc::InsecureChannelCredentials(), args);
   auto stub = v1::CheckpointService::NewStub(channel);
