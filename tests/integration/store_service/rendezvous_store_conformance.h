@@ -227,9 +227,12 @@ TEST_P(RendezvousStoreConformanceTest, WaitersExpireInDeadlineOrder) {
       order.push_back(name);
     };
   };
-  store_->Get(Key("a"), absl::Milliseconds(300), record("300"));
-  store_->Get(Key("b"), absl::Milliseconds(100), record("100"));
-  store_->Get(Key("c"), absl::Milliseconds(200), record("200"));
+  // 400 ms apart: each deadline counts from its own call, so the three calls must take less
+  // than the gap. With 100 ms gaps the PostgreSQL backend's 200 ms waiter expired after its
+  // 300 ms one once in a full parallel ctest (2c4e0ce): its two later calls took over 100 ms.
+  store_->Get(Key("a"), absl::Milliseconds(1200), record("1200"));
+  store_->Get(Key("b"), absl::Milliseconds(400), record("400"));
+  store_->Get(Key("c"), absl::Milliseconds(800), record("800"));
   EXPECT_EQ(store_->pending_waiters(), 3u);
   // Wait for the callbacks, not pending_waiters(): a waiter leaves the count before its
   // callback runs (callbacks run outside the store's lock).
@@ -239,7 +242,7 @@ TEST_P(RendezvousStoreConformanceTest, WaitersExpireInDeadlineOrder) {
   }));
   EXPECT_EQ(store_->pending_waiters(), 0u);
   std::lock_guard<std::mutex> lock(mu);
-  EXPECT_EQ(order, (std::vector<std::string>{"100", "200", "300"}));
+  EXPECT_EQ(order, (std::vector<std::string>{"400", "800", "1200"}));
 }
 
 TEST_P(RendezvousStoreConformanceTest, AKeyDeletedBeforeTheLastArrivesIsWaitedForAgain) {
