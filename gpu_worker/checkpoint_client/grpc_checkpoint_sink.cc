@@ -407,8 +407,9 @@ class GrpcCheckpointSink final : public trainer::CheckpointSink {
   std::unique_ptr<v1::CheckpointService::Stub> stub_;
   // Downloads' own channel, with a bounded receive window (grpc_receive_window.h). Uploads keep
   // gRPC's BDP-tuned one: with the window bounded on their channel too,
-  // checkpoint_outage_e2e_test failed in each of 3 runs (a committed checkpoint it listed was
-  // gone when it downloaded it) and passed in 2 of 2 without; why was not found.
+  // checkpoint_outage_e2e_test failed in both runs whose result was read (a committed
+  // checkpoint it listed was gone when it downloaded it) and passed in 2 of 2 without; why was
+  // not found.
   std::unique_ptr<v1::CheckpointService::Stub> download_stub_;
   int restarts_ = 0;  // DATA_LOSS restarts, part of the request id
   // Set once a download did not match its sha256: later downloads ask the server to check it.
