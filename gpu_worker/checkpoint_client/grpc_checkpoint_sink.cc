@@ -133,19 +133,17 @@ class GrpcCheckpointSink final : public trainer::CheckpointSink {
   GrpcCheckpointSink(GrpcCheckpointSinkOptions options,
                      std::shared_ptr<grpc::ChannelCredentials> credentials)
       : options_(std::move(options)), log_(options_.log ? *options_.log : std::cerr) {
-    channel_ = grpc::CreateCustomChannel(options_.address, credentials, StoreChannelArguments());
-    stub_ = v1::CheckpointService::NewStub(channel_);
-    grpc::ChannelArguments download_args = StoreChannelArguments();
-    BoundReceiveWindow(download_args);
-    download_stub_ = v1::CheckpointService::NewStub(
-        grpc::CreateCustomChannel(options_.address, std::move(credentials), download_args));
+    grpc::ChannelArguments read_arguments = StoreChannelArguments();
+    BoundReceiveWindow(read_arguments);
+    writes_ = StoreConnection(options_.address, credentials, StoreChannelArguments());
+    reads_ = StoreConnection(options_.address, std::move(credentials), read_arguments);
   }
 
   void Save(const trainer::Checkpoint& checkpoint) override {
     const uint32_t crc32c = Crc32c(checkpoint.bytes.view());
     const auto deadline = Clock::now() + options_.deadline;
     std::string sha256;  // the store's, from the commit's answer
-    Retrying("save step " + std::to_string(checkpoint.step), deadline,
+    Retrying(writes_, "save step " + std::to_string(checkpoint.step), deadline,
              [&](int try_number) { sha256 = SaveOnce(checkpoint, crc32c, try_number); });
     if (!sha256.empty()) Cache(sha256, checkpoint.bytes.view());
   }
@@ -153,15 +151,31 @@ class GrpcCheckpointSink final : public trainer::CheckpointSink {
   std::optional<trainer::Checkpoint> LoadLatest() override {
     const auto deadline = Clock::now() + options_.deadline;
     std::optional<trainer::Checkpoint> loaded;
-    Retrying("load the latest checkpoint", deadline, [&](int) { loaded = LoadOnce(); });
+    Retrying(reads_, "load the latest checkpoint", deadline, [&](int) { loaded = LoadOnce(); });
     return loaded;
   }
 
  private:
+  // One channel to the store and its stub.
+  struct Connection {
+    std::shared_ptr<grpc::Channel> channel;
+    std::unique_ptr<v1::CheckpointService::Stub> stub;
+  };
+  static Connection StoreConnection(const std::string& address,
+                                    std::shared_ptr<grpc::ChannelCredentials> credentials,
+                                    const grpc::ChannelArguments& arguments) {
+    Connection connection;
+    connection.channel = grpc::CreateCustomChannel(address, std::move(credentials), arguments);
+    connection.stub = v1::CheckpointService::NewStub(connection.channel);
+    return connection;
+  }
+
   // Calls `attempt` until it returns, backing off (grpc_retry.h) after retryable failures; a
   // DATA_LOSS or NOT_FOUND thrown by `attempt` is retried too (the steps above start over).
+  // `used` is the connection the attempt calls through, watched between tries.
   template <typename Fn>
-  void Retrying(const std::string& what, Clock::time_point deadline, Fn&& attempt) {
+  void Retrying(const Connection& used, const std::string& what, Clock::time_point deadline,
+                Fn&& attempt) {
     Backoff backoff(kStoreBackoff);
     const auto start = Clock::now();
     for (int try_number = 0;; ++try_number) {
@@ -189,7 +203,7 @@ class GrpcCheckpointSink final : public trainer::CheckpointSink {
              << "; retrying in "
              << std::chrono::duration_cast<std::chrono::milliseconds>(*wait).count() << " ms\n";
       }
-      WaitBeforeRetry(*wait);
+      WaitBeforeRetry(*used.channel, *wait);
     }
   }
 
@@ -203,12 +217,12 @@ class GrpcCheckpointSink final : public trainer::CheckpointSink {
   // upload went on about 8 s after the store was back with sleeps (checkpoint_outage_e2e_test).
   // A connected channel (the store answered: busy, DATA_LOSS) is not watched: that would not
   // wait at all.
-  void WaitBeforeRetry(std::chrono::nanoseconds wait) {
-    if (channel_->GetState(/*try_to_connect=*/true) == GRPC_CHANNEL_READY) {
+  static void WaitBeforeRetry(grpc::Channel& channel, std::chrono::nanoseconds wait) {
+    if (channel.GetState(/*try_to_connect=*/true) == GRPC_CHANNEL_READY) {
       std::this_thread::sleep_for(wait);
       return;
     }
-    channel_->WaitForConnected(std::chrono::system_clock::now() + wait);
+    channel.WaitForConnected(std::chrono::system_clock::now() + wait);
   }
 
   std::unique_ptr<grpc::ClientContext> Context() const {
@@ -235,7 +249,7 @@ class GrpcCheckpointSink final : public trainer::CheckpointSink {
                          std::to_string(checkpoint.step) + "-" + crc_hex + "-" +
                          std::to_string(checkpoint.bytes.size()) + "-" + std::to_string(restarts_));
     v1::StartUploadResponse started;
-    grpc::Status status = stub_->StartUpload(Context().get(), start, &started);
+    grpc::Status status = writes_.stub->StartUpload(Context().get(), start, &started);
     if (status.error_code() == grpc::StatusCode::ALREADY_EXISTS) return "";
     if (!status.ok()) throw CallFailed("StartUpload", status);
     const int64_t held = try_number == 0 ? 0 : HeldBytes(started.upload_id());
@@ -249,7 +263,7 @@ class GrpcCheckpointSink final : public trainer::CheckpointSink {
     commit.set_upload_id(started.upload_id());
     commit.set_crc32c(crc32c);  // no sha256: the store's own is recorded
     v1::Checkpoint committed;
-    status = stub_->CommitCheckpoint(Context().get(), commit, &committed);
+    status = writes_.stub->CommitCheckpoint(Context().get(), commit, &committed);
     if (status.error_code() == grpc::StatusCode::DATA_LOSS) ++restarts_;
     if (!status.ok()) throw CallFailed("CommitCheckpoint", status);
     return committed.sha256();
@@ -257,7 +271,7 @@ class GrpcCheckpointSink final : public trainer::CheckpointSink {
 
   int64_t HeldBytes(const std::string& upload_id) {
     auto context = Context();
-    const ChunkUploadResult probe = ProbeUpload(channel_, context.get(), upload_id);
+    const ChunkUploadResult probe = ProbeUpload(writes_.channel, context.get(), upload_id);
     if (!probe.status.ok()) throw CallFailed("UploadChunks (probe)", probe.status);
     return probe.received_bytes;
   }
@@ -266,7 +280,7 @@ class GrpcCheckpointSink final : public trainer::CheckpointSink {
                 int64_t chunk) {
     auto context = Context();
     const ChunkUploadResult sent =
-        UploadChunks(channel_, context.get(), upload_id, bytes, offset, chunk);
+        UploadChunks(writes_.channel, context.get(), upload_id, bytes, offset, chunk);
     if (!sent.status.ok()) throw CallFailed("UploadChunks", sent.status);
     const int64_t size = static_cast<int64_t>(bytes.size());
     if (sent.received_bytes != size) {
@@ -281,7 +295,7 @@ class GrpcCheckpointSink final : public trainer::CheckpointSink {
     v1::GetLatestCheckpointRequest request;
     request.set_job(options_.job);
     v1::Checkpoint latest;
-    grpc::Status status = stub_->GetLatestCheckpoint(Context().get(), request, &latest);
+    grpc::Status status = reads_.stub->GetLatestCheckpoint(Context().get(), request, &latest);
     if (status.error_code() == grpc::StatusCode::NOT_FOUND) return std::nullopt;
     if (!status.ok()) throw CallFailed("GetLatestCheckpoint", status);
     if (std::optional<trainer::CheckpointBytes> cached = FromCache(latest)) {
@@ -306,7 +320,7 @@ class GrpcCheckpointSink final : public trainer::CheckpointSink {
       request.set_offset(static_cast<int64_t>(spool.size()));
       request.set_verify_sha256(verify_sha256_);
       auto context = Context();
-      auto stream = download_stub_->DownloadCheckpoint(context.get(), request);
+      auto stream = reads_.stub->DownloadCheckpoint(context.get(), request);
       v1::DownloadCheckpointResponse chunk;
       while (stream->Read(&chunk)) {
         if (chunk.offset() != static_cast<int64_t>(spool.size())) {
@@ -403,14 +417,14 @@ class GrpcCheckpointSink final : public trainer::CheckpointSink {
 
   const GrpcCheckpointSinkOptions options_;
   std::ostream& log_;
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<v1::CheckpointService::Stub> stub_;
-  // Downloads' own channel, with a bounded receive window (grpc_receive_window.h). Uploads keep
-  // gRPC's BDP-tuned one: with the window bounded on their channel too,
-  // checkpoint_outage_e2e_test failed in both runs whose result was read (a committed
-  // checkpoint it listed was gone when it downloaded it) and passed in 2 of 2 without; why was
-  // not found.
-  std::unique_ptr<v1::CheckpointService::Stub> download_stub_;
+  // Saves (StartUpload, the chunks, CommitCheckpoint) through gRPC's BDP-tuned window.
+  Connection writes_;
+  // Loads (GetLatestCheckpoint, DownloadCheckpoint) through a bounded receive window
+  // (grpc_receive_window.h). Saves stay on their own channel: with the window bounded on the
+  // one channel both used, checkpoint_outage_e2e_test failed in both runs whose result was read
+  // (a committed checkpoint it listed was gone when it downloaded it) and passed in 2 of 2
+  // without; why was not found.
+  Connection reads_;
   int restarts_ = 0;  // DATA_LOSS restarts, part of the request id
   // Set once a download did not match its sha256: later downloads ask the server to check it.
   bool verify_sha256_ = false;
