@@ -27,6 +27,7 @@
 #include "services/checkpoint/local_blob_store.h"
 #include "services/checkpoint/sealed_blob_store.h"
 #include "services/common/abseil_mode.h"
+#include "services/common/heap_mode.h"
 #include "services/common/audit/audit_log.h"
 #include "services/common/audit/call_auditor.h"
 #include "services/common/audit/grpc_audit.h"
@@ -373,6 +374,7 @@ int Serve(const CheckpointConfig& config) {
 
 int main(int argc, char** argv) {
   gradhub::TurnOffMutexDeadlockDetection();
+  gradhub::KeepFreedHeapForTheNextMessage();
   CheckpointConfig config;
   gradhub::Flags flags("gradhub-checkpoint", kSummary);
   config.Register(flags);

@@ -32,6 +32,7 @@
 #include "gpu_worker/checkpoint_client/chunk_upload.h"
 #include "gradhub/v1/checkpoint.grpc.pb.h"
 #include "services/common/abseil_mode.h"
+#include "services/common/heap_mode.h"
 #include "services/common/blob_check.h"
 #include "services/common/crc32c.h"
 #include "services/common/flags.h"
@@ -156,6 +157,7 @@ int Download(v1::CheckpointService::Stub& stub, const Options& options) {
 
 int main(int argc, char** argv) {
   gradhub::TurnOffMutexDeadlockDetection();
+  gradhub::KeepFreedHeapForTheNextMessage();
   Options options;
   gradhub::Flags flags("bench_checkpoint", "One checkpoint through gradhub-checkpoint.");
   flags.String("server", "", &options.server, "gradhub-checkpoint gRPC address")
