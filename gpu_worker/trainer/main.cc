@@ -30,6 +30,7 @@
 #include "services/common/contract/unreachable_nodes.h"
 #include "services/common/contract/user_error.h"
 #include "services/common/flags.h"
+#include "services/common/heap_mode.h"
 
 namespace {
 
@@ -368,6 +369,7 @@ int ExitCodeOf(std::exception_ptr thrown, const TrainerConfig& config, const std
 
 int main(int argc, char** argv) {
   gradhub::TurnOffMutexDeadlockDetection();
+  gradhub::KeepFreedHeapForTheNextMessage();
   TrainerConfig config;
   Flags flags("gradhub-trainer",
               "gradhub-trainer: one rank of a gradhub training job.\n\n"

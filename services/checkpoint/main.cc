@@ -27,7 +27,6 @@
 #include "services/checkpoint/local_blob_store.h"
 #include "services/checkpoint/sealed_blob_store.h"
 #include "services/common/abseil_mode.h"
-#include "services/common/heap_mode.h"
 #include "services/common/audit/audit_log.h"
 #include "services/common/audit/call_auditor.h"
 #include "services/common/audit/grpc_audit.h"
@@ -37,6 +36,7 @@
 #include "services/common/db/pool.h"
 #include "services/common/grpc_credentials.h"
 #include "services/common/grpc_server.h"
+#include "services/common/heap_mode.h"
 #include "services/common/periodic_task.h"
 #include "services/common/shutdown_signals.h"
 

@@ -5,8 +5,8 @@
 namespace gradhub {
 
 namespace {
-constexpr int kLargestHeapBlockBytes = 4 << 20;
-constexpr int kFreeTopKeptBytes = 16 << 20;
+constexpr int kLargestHeapBlockBytes = 32 << 20;
+constexpr int kFreeTopKeptBytes = 64 << 20;
 }  // namespace
 
 void KeepFreedHeapForTheNextMessage() {

@@ -2,7 +2,7 @@
 
 namespace gradhub {
 
-// For programs that stream large messages through gRPC (gradhub-checkpoint, the CLI's
+// For programs that stream large messages through gRPC (gradhub-checkpoint, trainers, the CLI's
 // downloads): keeps the heap's freed top for the next message instead of handing it back to
 // the kernel after each one.
 //
@@ -14,11 +14,12 @@ namespace gradhub {
 // and 0.6 CPU-s per 256 MiB download where the check and the copy need 0.07
 // (tests/bench/checkpoint/run.sh).
 //
-// The settings: blocks up to 4 MiB come from the heap (a chunk with its framing, never a
-// mapping of its own that each free unmaps), and up to 16 MiB of free top is kept: twice
-// the 8 MiB a download holds in flight (grpc_receive_window.h). Fixed values also turn off
-// glibc's adjustment of both, so a program behaves the same from its first message on. The
-// cost is at most 16 MiB of memory per malloc arena, left resident after a peak.
+// The settings are where glibc's own adjustment of both ends up in a long-running program
+// once it has freed a mapped block of 32 MiB (blocks under 32 MiB come from the heap, and twice
+// that of free top is kept), fixed from the start: a program behaves the same from its first
+// message on, and a trainer's large tensors are served from the heap as they would be after
+// its first steps (a lower fixed limit would map and fault in each one anew). The cost is
+// memory freed after a peak that stays resident, at most 64 MiB per malloc arena.
 // Programs call this first thing in main(), beside TurnOffMutexDeadlockDetection().
 void KeepFreedHeapForTheNextMessage();
 

@@ -32,11 +32,11 @@
 #include "gpu_worker/checkpoint_client/chunk_upload.h"
 #include "gradhub/v1/checkpoint.grpc.pb.h"
 #include "services/common/abseil_mode.h"
-#include "services/common/heap_mode.h"
 #include "services/common/blob_check.h"
 #include "services/common/crc32c.h"
 #include "services/common/flags.h"
 #include "services/common/grpc_receive_window.h"
+#include "services/common/heap_mode.h"
 #include "services/common/sha256.h"
 
 namespace {
