@@ -4,6 +4,7 @@ namespace gradhub::ddp {
 
 void Work::Wait(std::chrono::milliseconds timeout) {
   if (timeout == std::chrono::milliseconds::zero()) timeout = default_timeout_;
+  if (finish_here_ && timeout >= default_timeout_) finish_here_();
   std::unique_lock<std::mutex> lock(mu_);
   if (!done_.wait_for(lock, timeout, [this] { return completed_; })) {
     throw CommError(description_ + ": not completed after " + std::to_string(timeout.count()) +

@@ -14,6 +14,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <functional>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -66,6 +67,21 @@ class GlooPointToPointTest : public ::testing::TestWithParam<Variant> {
                const std::function<void(int rank, ProcessGroup& group)>& fn) {
     testing::spawnThreads(
         world, [&](int rank) { fn(rank, *CreateProcessGroup(Options(rank, world, name))); });
+  }
+
+  // Runs fn(group) as rank 0 of a group of two whose rank 1 is alive but never sends.
+  void WithASilentPeer(const std::string& name, std::chrono::milliseconds timeout,
+                       const std::function<void(std::shared_ptr<ProcessGroup>& group)>& fn) {
+    std::atomic<bool> done{false};
+    testing::spawnThreads(2, [&](int rank) {
+      auto group = CreateProcessGroup(Options(rank, 2, name, timeout));
+      if (rank == 1) {
+        while (!done) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        return;
+      }
+      fn(group);
+      done = true;
+    });
   }
 
   std::shared_ptr<InMemoryStore> store_ = std::make_shared<InMemoryStore>();
@@ -234,13 +250,7 @@ TEST_P(GlooPointToPointTest, ATransferDoesNotWaitBehindACollective) {
 
 TEST_P(GlooPointToPointTest, ARecvWhosePeerNeverSendsFailsAtTheTimeoutAndBreaksTheGroup) {
   constexpr auto kTimeout = std::chrono::milliseconds(500);
-  std::atomic<bool> done{false};
-  testing::spawnThreads(2, [&](int rank) {
-    auto group = CreateProcessGroup(Options(rank, 2, "silent", kTimeout));
-    if (rank == 1) {  // alive, but never sends
-      while (!done) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-      return;
-    }
+  WithASilentPeer("silent", kTimeout, [&](std::shared_ptr<ProcessGroup>& group) {
     const auto start = Clock::now();
     try {
       group->Recv(at::zeros({10}), 1, 5)->Wait(std::chrono::seconds(10));
@@ -259,7 +269,6 @@ TEST_P(GlooPointToPointTest, ARecvWhosePeerNeverSendsFailsAtTheTimeoutAndBreaksT
       EXPECT_THAT(e.what(), HasSubstr("send #0"));
       EXPECT_THAT(e.what(), HasSubstr("unusable after an earlier failure"));
     }
-    done = true;
   });
 }
 
@@ -272,9 +281,55 @@ TEST_P(GlooPointToPointTest, DestroyingTheGroupWaitsForItsTransfers) {
     group.reset();  // without waiting
     EXPECT_TRUE(work->IsCompleted()) << "rank " << rank;
     EXPECT_EQ(work->error(), nullptr) << "rank " << rank;
+    work->Wait();  // after its group: nothing left for the waiter to claim
     if (rank == 1) {
       EXPECT_TRUE(HasValues(got, [](int64_t i) { return Payload(i, 0, 0); }));
     }
+  });
+}
+
+// Steps 2 to 4 run on whichever thread claims a transfer first (point_to_point.h): a receive
+// waited for at once is mostly finished by its waiter, not by its task thread.
+TEST_P(GlooPointToPointTest, AWaiterFinishesTheTransferItClaimsOnItsOwnThread) {
+  constexpr int kMessages = 100;
+  std::atomic<int> on_waiter{0};
+  OnRanks(2, "claims", [&](int rank, ProcessGroup& group) {
+    for (int message = 0; message < kMessages; ++message) {
+      if (rank == 0) {
+        group.Send(Message(at::kFloat, 8, 0, message), 1, 0)->Wait();
+        continue;
+      }
+      at::Tensor got = at::zeros({8});
+      auto work = group.Recv(got, 0, 0);
+      // Counted only inside Wait(): a Work complete already runs the callback at once, here.
+      std::atomic<bool> waiting{false};
+      const std::thread::id waiter = std::this_thread::get_id();
+      work->OnCompletion([&, waiter] {
+        if (std::this_thread::get_id() == waiter && waiting) ++on_waiter;
+      });
+      waiting = true;
+      work->Wait();
+      EXPECT_TRUE(HasValues(got, [&](int64_t i) { return Payload(i, 0, message); }));
+    }
+  });
+  EXPECT_GT(on_waiter.load(), 0) << "every receive was finished by its task thread";
+}
+
+// Destruction lets no waiter claim a transfer from then on and waits for those that did.
+TEST_P(GlooPointToPointTest, DestroyingTheGroupWaitsForAWaiterFinishingATransfer) {
+  constexpr auto kTimeout = std::chrono::milliseconds(500);
+  WithASilentPeer("waited", kTimeout, [&](std::shared_ptr<ProcessGroup>& group) {
+    std::promise<std::shared_ptr<Work>> issued;
+    std::thread waiter([&] {
+      auto work = group->Recv(at::zeros({10}), 1, 5);
+      issued.set_value(work);
+      EXPECT_THROW(work->Wait(), CommError);  // at the group's timeout
+    });
+    const std::shared_ptr<Work> work = issued.get_future().get();
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    group.reset();
+    EXPECT_TRUE(work->IsCompleted()) << "the group went while its transfer was being finished";
+    waiter.join();
   });
 }
 

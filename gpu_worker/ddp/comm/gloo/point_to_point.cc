@@ -4,6 +4,7 @@
 #include <gloo/transport/unbound_buffer.h>
 
 #include <algorithm>
+#include <condition_variable>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -127,6 +128,7 @@ struct GlooPointToPoint::Transfer {
   WireHeader header;
   WireHeader arrived;
   Posted head, body;
+  bool claimed = false;  // guarded by FinishClaims: steps 2 to 4 have a thread
 
   uint64_t PayloadSlot(const WireHeader& size) const {
     return PointToPointPayloadSlot(tag, index, size.bytes, size.elements, size.dtype);
@@ -225,10 +227,55 @@ struct GlooPointToPoint::Transfer {
   }
 };
 
-GlooPointToPoint::GlooPointToPoint(Setup setup)
-    : setup_(std::move(setup)), threads_(setup_.group->name().substr(0, 6) + "-p2p") {}
+// Who runs a transfer's steps 2 to 4: the first thread to claim it, its task thread or one that
+// waits for its Work (see the class comment). Shared with the Works, which may outlive the
+// GlooPointToPoint: a waiter uses the owner only between its claim and its end, and Close()
+// lets no claim begin after it and waits for those in progress.
+class GlooPointToPoint::FinishClaims {
+ public:
+  explicit FinishClaims(GlooPointToPoint* owner) : owner_(owner) {}
 
-GlooPointToPoint::~GlooPointToPoint() = default;
+  bool ClaimForTaskThread(Transfer& transfer) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return !std::exchange(transfer.claimed, true);
+  }
+
+  // Runs steps 2 to 4 on the calling thread if it claims the transfer; else returns at once.
+  void FinishOnWaiter(const std::weak_ptr<Transfer>& weak) {
+    const std::shared_ptr<Transfer> transfer = weak.lock();  // none: it ended, its task is gone
+    if (transfer == nullptr) return;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (closed_ || transfer->claimed) return;
+      transfer->claimed = true;
+      ++finishing_;
+    }
+    owner_->Finish(*transfer);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (--finishing_ == 0) idle_.notify_all();
+  }
+
+  void Close() {
+    std::unique_lock<std::mutex> lock(mu_);
+    closed_ = true;
+    idle_.wait(lock, [this] { return finishing_ == 0; });
+  }
+
+ private:
+  GlooPointToPoint* const owner_;  // used only by claims made before Close()
+  std::mutex mu_;
+  std::condition_variable idle_;
+  bool closed_ = false;  // guarded by mu_
+  int finishing_ = 0;    // guarded by mu_: waiters running steps 2 to 4
+};
+
+GlooPointToPoint::GlooPointToPoint(Setup setup)
+    : setup_(std::move(setup)),
+      claims_(std::make_shared<FinishClaims>(this)),
+      threads_(setup_.group->name().substr(0, 6) + "-p2p") {}
+
+// Waiters first (they may use anything of this object); then the task threads, as members go.
+GlooPointToPoint::~GlooPointToPoint() { claims_->Close(); }
 
 std::shared_ptr<Work> GlooPointToPoint::Send(at::Tensor tensor, int dst, uint32_t tag) {
   return Issue(/*sending=*/true, std::move(tensor), dst, tag);
@@ -270,7 +317,12 @@ std::shared_ptr<Work> GlooPointToPoint::Issue(bool sending, at::Tensor tensor, i
     Fail(*transfer, std::current_exception());
     return work;
   }
-  threads_.Run([this, transfer] { Finish(*transfer); });
+  work->LetWaiterFinish([claims = claims_, weak = std::weak_ptr<Transfer>(transfer)] {
+    claims->FinishOnWaiter(weak);
+  });
+  threads_.Run([this, transfer] {
+    if (claims_->ClaimForTaskThread(*transfer)) Finish(*transfer);
+  });
   return work;
 }
 
