@@ -65,20 +65,19 @@ namespace gradhub::ddp {
 //     task thread, or a thread that waits for its Work with the group's timeout
 //     (Work::LetWaiterFinish). A waiter that claims it runs them itself, which spares the
 //     transfer two thread wake-ups on its critical path (the task thread's, then the
-//     waiter's): a p2p round trip of 8 floats took 0.25-0.32 ms with every transfer finished
-//     by its task thread, 0.22-0.23 ms with waiters claiming, and gloo's own 0.09-0.11 ms in the
-//     same runs (bench_pipeline pingpong, pytorch_pingpong.py; 2 cores). The task thread still
-//     starts for every transfer, so that one nobody waits for still ends (its sealed payload
-//     posted, a mismatched payload drained); it returns at once when a waiter has the transfer.
+//     waiter's): the median round trip of 8 floats went from 0.243 to 0.222 ms over 8
+//     alternating runs on a quiet 2-core machine, against gloo's own 0.095-0.124 ms
+//     (bench_pipeline pingpong, pytorch_pingpong.py). The task thread still starts for every
+//     transfer, so that one nobody waits for still ends (its sealed payload posted, a
+//     mismatched payload drained); it returns at once when a waiter has the transfer.
 //     Destruction first stops waiters from claiming and waits for those that did.
-//  2. Sender, on the thread that finishes it: seals and posts a payload that step 1 left to it,
-//  then waits for both
-//     sends. gloo writes the payload straight from the
-//     tensor (sealed: from a sealed copy) once the receive is posted; the Work completes when
-//     gloo has written it, so the tensor may be reused.
-//  3. Receiver, on the thread that finishes it: waits for the header (sealed: opens it). When its
-//  size is the
-//     expected one it waits for the payload (sealed: opens it into the tensor). Else the
+//  2. Sender, on the thread that finishes it: seals and posts a payload that step 1 left to
+//     it, then waits for both sends. gloo writes the payload straight from the tensor
+//     (sealed: from a sealed copy) once the receive is posted; the Work completes when gloo
+//     has written it, so the tensor may be reused.
+//  3. Receiver, on the thread that finishes it: waits for the header (sealed: opens it).
+//     When its size is the expected one it waits for the payload (sealed: opens it into the
+//     tensor). Else the
 //     payload was sent to another slot: it receives it from there into scratch, so that
 //     nothing stays queued on the connection and the group stays usable, and fails the Work
 //     with CommError "...: size mismatch: rank S sent 1024 float32 elements (4096 bytes),
