@@ -25,6 +25,7 @@
 #include "gpu_worker/ddp/comm/gloo/point_to_point.h"
 #include "gpu_worker/ddp/comm/gloo/task_threads.h"
 #include "gpu_worker/ddp/comm/process_group.h"
+#include "gpu_worker/ddp/comm/work.h"
 #include "gpu_worker/ddp/store/in_memory_store.h"
 #include "tests/unit/ddp/collective_values.h"
 #include "tests/unit/ddp/test_ranks.h"
@@ -386,6 +387,27 @@ TEST(PointToPointSlotTest, APayloadsSlotTellsApartItsTagIndexAndEveryPartOfItsSi
       EXPECT_TRUE(seen.insert(PointToPointPayloadSlot(tag, index, 32, 8, kFloat)).second);
     }
   }
+}
+
+// Work::LetWaiterFinish: a Wait() of at least the group's timeout runs the waiter's part
+// first; a shorter one must be free to give up, so it leaves that part to the backend.
+TEST(WorkTest, AWaitOfTheGroupsTimeoutRunsTheWaitersPartFirst) {
+  Work work("send #0 in group 'g' rank 0/2", std::chrono::seconds(10));
+  bool ran = false;
+  work.LetWaiterFinish([&] {
+    ran = true;
+    work.Complete();
+  });
+  work.Wait();
+  EXPECT_TRUE(ran);
+}
+
+TEST(WorkTest, AShorterWaitLeavesTheWaitersPartToTheBackend) {
+  Work work("send #0 in group 'g' rank 0/2", std::chrono::seconds(10));
+  bool ran = false;
+  work.LetWaiterFinish([&] { ran = true; });
+  EXPECT_THROW(work.Wait(std::chrono::milliseconds(20)), CommError);
+  EXPECT_FALSE(ran);
 }
 
 TEST(TaskThreadsTest, TasksThatWaitForLaterTasksAllRun) {
