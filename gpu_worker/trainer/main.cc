@@ -369,7 +369,7 @@ int ExitCodeOf(std::exception_ptr thrown, const TrainerConfig& config, const std
 
 int main(int argc, char** argv) {
   gradhub::TurnOffMutexDeadlockDetection();
-  gradhub::KeepFreedHeapForTheNextMessage();
+  gradhub::KeepFreedHeapForTheNextMessage(gradhub::kForTensors);
   TrainerConfig config;
   Flags flags("gradhub-trainer",
               "gradhub-trainer: one rank of a gradhub training job.\n\n"

@@ -374,7 +374,7 @@ int Serve(const CheckpointConfig& config) {
 
 int main(int argc, char** argv) {
   gradhub::TurnOffMutexDeadlockDetection();
-  gradhub::KeepFreedHeapForTheNextMessage();
+  gradhub::KeepFreedHeapForTheNextMessage(gradhub::kForMessages);
   CheckpointConfig config;
   gradhub::Flags flags("gradhub-checkpoint", kSummary);
   config.Register(flags);

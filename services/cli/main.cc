@@ -9,7 +9,7 @@
 
 int main(int argc, char** argv) {
   gradhub::TurnOffMutexDeadlockDetection();
-  gradhub::KeepFreedHeapForTheNextMessage();
+  gradhub::KeepFreedHeapForTheNextMessage(gradhub::kForMessages);
   gradhub::cli::Io io{
       .out = &std::cout, .err = &std::cerr, .out_is_terminal = isatty(STDOUT_FILENO) == 1};
   const int code = gradhub::cli::RunCli(argc, argv, io);

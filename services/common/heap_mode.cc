@@ -4,16 +4,11 @@
 
 namespace gradhub {
 
-namespace {
-constexpr int kLargestHeapBlockBytes = 32 << 20;
-constexpr int kFreeTopKeptBytes = 64 << 20;
-}  // namespace
-
-void KeepFreedHeapForTheNextMessage() {
+void KeepFreedHeapForTheNextMessage(HeapKeep keep) {
   // mallopt returns 0 on a value it refuses; these are within its bounds on every glibc, and a
   // refusal would only leave the defaults, so there is nothing to report.
-  mallopt(M_MMAP_THRESHOLD, kLargestHeapBlockBytes);
-  mallopt(M_TRIM_THRESHOLD, kFreeTopKeptBytes);
+  mallopt(M_MMAP_THRESHOLD, keep.largest_heap_block_bytes);
+  mallopt(M_TRIM_THRESHOLD, keep.free_top_kept_bytes);
 }
 
 }  // namespace gradhub

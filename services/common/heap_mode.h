@@ -14,16 +14,25 @@ namespace gradhub {
 // and 0.6 CPU-s per 256 MiB download where the check and the copy need under 0.1
 // (tests/bench/checkpoint/run.sh).
 //
-// The settings are where glibc's own adjustment of both ends up in a long-running program
-// once it has freed a mapped block of 32 MiB (blocks under 32 MiB come from the heap, and twice
-// that of free top is kept), fixed from the start: a program behaves the same from its first
-// message on, and a trainer's large tensors are served from the heap as they would be after
-// its first steps (a lower fixed limit would map and fault in each one anew). The cost is
-// memory freed after a peak that stays resident, at most 64 MiB per malloc arena. Downloads
-// alone ran about 20% faster with a lower setting (blocks to 4 MiB from the heap, 16 MiB kept:
-// 0.21-0.22 s per 256 MiB against 0.25 s, same session, through GLIBC_TUNABLES); programs
-// without large tensors (the store, the CLI) could take that one, which this does not yet offer.
+// Two settings, as what a program allocates in large blocks differs:
+struct HeapKeep {
+  int largest_heap_block_bytes;  // larger blocks get mappings of their own (M_MMAP_THRESHOLD)
+  int free_top_kept_bytes;       // the heap's free top kept up to this (M_TRIM_THRESHOLD)
+};
+// Programs whose large blocks are messages (gradhub-checkpoint, the CLI): a chunk with its
+// framing fits under 4 MiB, and twice the 8 MiB a download holds in flight
+// (grpc_receive_window.h) is kept. A 256 MiB download took 0.21-0.22 s with it against
+// 0.25 s with kForTensors (same session, alternating, through GLIBC_TUNABLES).
+inline constexpr HeapKeep kForMessages{4 << 20, 16 << 20};
+// Trainers, whose tensors of up to 32 MiB are allocated every step: where glibc's own
+// adjustment of both ends up once a program has freed a mapped block of 32 MiB (twice that of
+// free top is kept), fixed from the start. A lower limit would map and fault in each such
+// tensor anew.
+inline constexpr HeapKeep kForTensors{32 << 20, 64 << 20};
+// Fixed values also turn off glibc's adjustment, so a program behaves the same from its first
+// message on. The cost is memory freed after a peak that stays resident, at most
+// `free_top_kept_bytes` per malloc arena.
 // Programs call this first thing in main(), beside TurnOffMutexDeadlockDetection().
-void KeepFreedHeapForTheNextMessage();
+void KeepFreedHeapForTheNextMessage(HeapKeep keep);
 
 }  // namespace gradhub

@@ -157,7 +157,7 @@ int Download(v1::CheckpointService::Stub& stub, const Options& options) {
 
 int main(int argc, char** argv) {
   gradhub::TurnOffMutexDeadlockDetection();
-  gradhub::KeepFreedHeapForTheNextMessage();
+  gradhub::KeepFreedHeapForTheNextMessage(gradhub::kForMessages);
   Options options;
   gradhub::Flags flags("bench_checkpoint", "One checkpoint through gradhub-checkpoint.");
   flags.String("server", "", &options.server, "gradhub-checkpoint gRPC address")

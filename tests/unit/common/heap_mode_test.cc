@@ -27,12 +27,10 @@ void ReceiveAndFreeOneMessage() {
   for (void* slice : slices) std::free(slice);
 }
 
-class HeapModeTest : public testing::Test {
- protected:
-  static void SetUpTestSuite() { KeepFreedHeapForTheNextMessage(); }
-};
-
-TEST_F(HeapModeTest, AFreedMessageStaysInTheHeapForTheNext) {
+// The cases run in this order, each under the setting it names; the first runs in a fresh
+// process, and the second's block is larger than the first's setting lets the heap serve.
+TEST(HeapModeTest, ForMessagesAFreedMessageStaysInTheHeapForTheNext) {
+  KeepFreedHeapForTheNextMessage(kForMessages);
   for (int message = 0; message < 3; ++message) {
     ReceiveAndFreeOneMessage();
     // fordblks: the free bytes the heap kept. By default glibc gives back its free top past
@@ -41,9 +39,11 @@ TEST_F(HeapModeTest, AFreedMessageStaysInTheHeapForTheNext) {
   }
 }
 
-TEST_F(HeapModeTest, BlocksUnder32MiBComeFromTheHeapNotMappingsOfTheirOwn) {
+TEST(HeapModeTest, ForTensorsBlocksUnder32MiBComeFromTheHeapNotMappingsOfTheirOwn) {
+  KeepFreedHeapForTheNextMessage(kForTensors);
   // hblkhd: the bytes in blocks mapped on their own, each unmapped again by its free. By
-  // default a block from 128 KiB up is one until a larger one has been freed.
+  // default a block from 128 KiB up is one until a larger one has been freed; under
+  // kForMessages, one from 4 MiB up.
   const size_t mapped_before = mallinfo2().hblkhd;
   void* block = std::malloc((32 << 20) - 4096);
   ASSERT_NE(block, nullptr);
