@@ -26,10 +26,11 @@
 // Usage: bench_pipeline SCHEDULE STAGES REPLICAS MICRO_BATCHES LAYERS BATCH STEPS
 //        SCHEDULE: gpipe | 1f1b | 1f1b-deep (its deep warm-up, what the trainer runs on CPU
 //        ranks) | interleaved
-//        bench_pipeline pingpong ROUNDS
-// pingpong: two ranks pass 8 floats back and forth with ProcessGroup::Send and Recv (what the
-// stages' messages go through); prints the median and the mean round trip in seconds over
-// ROUNDS rounds after as many warm-up rounds, as pytorch_pingpong.py does for PyTorch's gloo.
+//        bench_pipeline pingpong ROUNDS [NUMEL]
+// pingpong: two ranks pass NUMEL floats (8) back and forth with ProcessGroup::Send and Recv
+// (what the stages' messages go through); prints the median and the mean round trip in seconds
+// over ROUNDS rounds after as many warm-up rounds, as pytorch_pingpong.py does for PyTorch's
+// gloo.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -138,10 +139,11 @@ struct SleepImpl : torch::nn::Module {
 };
 TORCH_MODULE(Sleep);
 
-// Two ranks (pingpong mode), `rounds` timed.
-BenchShape PingPongShape(int rounds) {
+// Two ranks (pingpong mode), `rounds` timed, messages of `numel` floats.
+BenchShape PingPongShape(int rounds, int64_t numel) {
   BenchShape shape;
   shape.pingpong = true;
+  shape.width = numel;
   shape.replicas = 2;
   shape.steps = rounds;
   return shape;
@@ -306,9 +308,10 @@ RankResult RunPipelineRank(const BenchShape& shape, int rank, const std::string&
 }
 
 // Rank 0 sends, rank 1 answers; rank 0's round trips as a result (median; mean as "bubble").
-RankResult RunPingPongRank(int rank, int rounds, const std::string& store_dir) {
+RankResult RunPingPongRank(int rank, const BenchShape& shape, const std::string& store_dir) {
+  const int rounds = shape.steps;
   auto group = gradhub::ddp::CreateProcessGroup(GroupOptions(rank, 2, store_dir));
-  at::Tensor message = at::zeros({8});
+  at::Tensor message = at::zeros({shape.width});
   std::vector<double> times;
   for (int round = 0; round < 2 * rounds; ++round) {
     const Clock::time_point start = Clock::now();
@@ -350,7 +353,7 @@ bool RunRanks(const BenchShape& shape, const std::string& dir) {
     if (pid == 0) {
       at::set_num_threads(1);
       const std::string store = dir + "/store";
-      const RankResult result = shape.pingpong      ? RunPingPongRank(rank, shape.steps, store)
+      const RankResult result = shape.pingpong      ? RunPingPongRank(rank, shape, store)
                                 : shape.stages == 1 ? RunDataParallelRank(shape, rank, store)
                                                     : RunPipelineRank(shape, rank, store);
       WriteResult(dir + "/result-" + std::to_string(rank), result);
@@ -411,17 +414,18 @@ void PrintSummary(const BenchShape& shape, const std::vector<RankResult>& result
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool pingpong = argc == 3 && std::string(argv[1]) == "pingpong";
+  const bool pingpong = (argc == 3 || argc == 4) && std::string(argv[1]) == "pingpong";
   if (argc != 8 && !pingpong) {
     std::fprintf(
         stderr,
         "usage: bench_pipeline gpipe|1f1b|1f1b-deep|interleaved STAGES REPLICAS MICRO_BATCHES "
-        "LAYERS BATCH STEPS\n       bench_pipeline pingpong ROUNDS\n");
+        "LAYERS BATCH STEPS\n       bench_pipeline pingpong ROUNDS [NUMEL]\n");
     return 2;
   }
   BenchShape shape;
   try {
-    shape = pingpong ? PingPongShape(std::stoi(argv[2])) : ParseShape(argv);
+    shape = pingpong ? PingPongShape(std::stoi(argv[2]), argc == 4 ? std::stoll(argv[3]) : 8)
+                     : ParseShape(argv);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_pipeline: %s\n", e.what());
     return 2;

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "gpu_worker/ddp/comm/gloo/gloo_process_group.h"
+#include "gpu_worker/ddp/comm/gloo/point_to_point.h"
 #include "gpu_worker/ddp/comm/gloo/sealed_channel.h"
 #include "gpu_worker/ddp/comm/process_group.h"
 #include "gpu_worker/ddp/store/in_memory_store.h"
@@ -329,25 +330,26 @@ TEST(SealedWireTest, NoPlaintextOfATransferCrossesTheWireWhenSealed) {
   ExpectSealingHidesTheSecret(WireOfSecretTransfers, 2u * 800000);
 }
 
-TEST(SealedWireTest, AFlippedByteFailsTheRecvNamingTheSenderAndBreaksTheGroup) {
-  Relayed relayed{
-      std::make_shared<testing::RelayingStore>(std::make_shared<InMemoryStore>(), "tampered-p2p"),
-      "tampered-p2p"};
+// A transfer of `numel` floats whose payload rank 1 receives with one byte flipped.
+void ExpectATamperedRecvFailsAndBreaksTheGroup(int64_t numel, const std::string& name) {
+  Relayed relayed{std::make_shared<testing::RelayingStore>(std::make_shared<InMemoryStore>(), name),
+                  name};
   spawnThreads(2, [&](int rank) {
     auto group = JoinRelayed(relayed, rank, true, std::chrono::seconds(5));
     group->Barrier()->Wait();  // both joined, so the relay exists
     if (rank == 0) {
-      relayed.store->relay()->TamperWithNextPayload(1024);  // the payload, not the header
-      group->Send(at::ones({1 << 18}), 1, 3)->Wait();       // gloo wrote it: the send succeeded
+      relayed.store->relay()->TamperWithNextPayload(1024);  // the payload, not a lone header
+      group->Send(at::ones({numel}), 1, 3)->Wait();         // gloo wrote it: the send succeeded
       return;
     }
     try {
-      group->Recv(at::zeros({1 << 18}), 0, 3)->Wait();
+      group->Recv(at::zeros({numel}), 0, 3)->Wait();
       ADD_FAILURE() << "a tampered transfer was received";
     } catch (const CommError& e) {
-      EXPECT_THAT(e.what(), HasSubstr("recv #0 (float32, 262144 elements, from rank 0, tag 3) in "
-                                      "group 'tampered-p2p' rank 1/2: collective traffic failed "
-                                      "authentication from rank 0 (tampered or corrupted)"));
+      EXPECT_THAT(e.what(), HasSubstr("recv #0 (float32, " + std::to_string(numel) +
+                                      " elements, from rank 0, tag 3) in group '" + name +
+                                      "' rank 1/2: collective traffic failed authentication "
+                                      "from rank 0 (tampered or corrupted)"));
     }
     try {
       group->Recv(at::zeros({3}), 0, 3)->Wait();
@@ -356,6 +358,16 @@ TEST(SealedWireTest, AFlippedByteFailsTheRecvNamingTheSenderAndBreaksTheGroup) {
       EXPECT_THAT(e.what(), HasSubstr("unusable after an earlier failure"));
     }
   });
+}
+
+TEST(SealedWireTest, AFlippedByteInAPayloadOfItsOwnFailsTheRecvNamingTheSenderAndBreaksTheGroup) {
+  static_assert(int64_t{4} << 18 > kPointToPointInlineMaxBytes);
+  ExpectATamperedRecvFailsAndBreaksTheGroup(int64_t{1} << 18, "tampered-p2p");
+}
+
+TEST(SealedWireTest, AFlippedByteInAnInlinePayloadFailsTheRecvNamingTheSenderAndBreaksTheGroup) {
+  static_assert(int64_t{4} << 12 <= kPointToPointInlineMaxBytes);
+  ExpectATamperedRecvFailsAndBreaksTheGroup(int64_t{1} << 12, "tampered-inline");
 }
 
 }  // namespace

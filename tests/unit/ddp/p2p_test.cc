@@ -161,10 +161,18 @@ TEST_P(GlooPointToPointTest, SixtyFourSendsOutstandingBeforeAnyReceive) {
   });
 }
 
+// The elements of `type` that make a payload of exactly the inline limit (the largest that
+// rides in its header's message).
+int64_t InlineLimit(at::ScalarType type) {
+  return static_cast<int64_t>(kPointToPointInlineMaxBytes) /
+         static_cast<int64_t>(c10::elementSize(type));
+}
+
 TEST_P(GlooPointToPointTest, EveryDtypeBothWaysAtOnce) {
   OnRanks(2, "dtypes", [&](int rank, ProcessGroup& group) {
     for (at::ScalarType type : {at::kFloat, at::kDouble, at::kBFloat16, at::kHalf, at::kLong}) {
-      for (int64_t numel : {int64_t{0}, int64_t{1}, int64_t{7}, kMiB + 7}) {
+      for (int64_t numel : {int64_t{0}, int64_t{1}, int64_t{7}, InlineLimit(type),
+                            InlineLimit(type) + 1, kMiB + 7}) {
         SCOPED_TRACE(::testing::Message() << "rank " << rank << ", " << type << ", " << numel);
         at::Tensor got = at::zeros({numel}, at::TensorOptions().dtype(type));
         auto send = group.Send(Message(type, numel, rank, 5), 1 - rank, 9);
@@ -206,6 +214,47 @@ TEST_P(GlooPointToPointTest, SizeMismatchFailsTheRecvNamingBothSizesAndKeepsTheP
     at::Tensor good = at::zeros({10});
     group.Recv(good, 0, 4)->Wait();
     EXPECT_TRUE(HasValues(good, [](int64_t i) { return Payload(i, 0, 2); }));
+  });
+}
+
+// Mismatches on either side of the inline limit: an inline payload where a larger one is
+// expected (its receive stays posted), a larger one where an inline one is (drained from its
+// slot), and two larger ones of different sizes (drained); then a transfer of each kind, in step.
+TEST_P(GlooPointToPointTest, SizeMismatchAcrossTheInlineLimitFailsTheRecvAndKeepsThePairInStep) {
+  const int64_t small = 1024;
+  const int64_t large = InlineLimit(at::kFloat) + 1;
+  OnRanks(2, "mismatch-inline", [&](int rank, ProcessGroup& group) {
+    const std::vector<std::pair<int64_t, int64_t>> sent_expected = {
+        {small, large}, {large, small}, {large, 2 * large}};
+    if (rank == 0) {
+      int message = 0;
+      for (const auto& [sent, expected] : sent_expected) {
+        group.Send(Message(at::kFloat, sent, 0, message++), 1, 6)->Wait();
+      }
+      group.Send(Message(at::kFloat, small, 0, 7), 1, 6)->Wait();
+      group.Send(Message(at::kFloat, large, 0, 8), 1, 6)->Wait();
+      return;
+    }
+    for (const auto& [sent, expected] : sent_expected) {
+      SCOPED_TRACE(::testing::Message() << sent << " sent, " << expected << " expected");
+      at::Tensor into = at::zeros({expected});
+      try {
+        group.Recv(into, 0, 6)->Wait();
+        ADD_FAILURE() << "a Recv of the wrong size completed";
+      } catch (const CommError& e) {
+        EXPECT_THAT(e.what(), HasSubstr("size mismatch: rank 0 sent " + std::to_string(sent) +
+                                        " float32 elements (" + std::to_string(4 * sent) +
+                                        " bytes), this rank expects " + std::to_string(expected) +
+                                        " float32 elements"));
+      }
+      EXPECT_TRUE(into.eq(0).all().item<bool>()) << "the refused tensor was written";
+    }
+    at::Tensor good_small = at::zeros({small});
+    at::Tensor good_large = at::zeros({large});
+    group.Recv(good_small, 0, 6)->Wait();
+    group.Recv(good_large, 0, 6)->Wait();
+    EXPECT_TRUE(HasValues(good_small, [](int64_t i) { return Payload(i, 0, 7); }));
+    EXPECT_TRUE(HasValues(good_large, [](int64_t i) { return Payload(i, 0, 8); }));
   });
 }
 

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <cstring>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -24,10 +25,6 @@ constexpr uint64_t kHeaderSlotPrefix = 0x80;
 constexpr uint64_t kPayloadSlotPrefix = 0x81;
 constexpr uint64_t kLow56Bits = (uint64_t{1} << 56) - 1;
 constexpr uint32_t kHeaderMagic = 0x47503250;  // "P2PG"
-// A sealed payload up to this size is sealed on the caller's thread (step 1), a larger one on
-// the transfer's thread (step 2): AES-GCM runs at 1-2 GB/s, so sealing a 25 MiB activation
-// would hold up the caller for ~15 ms.
-constexpr size_t kSealOnCallerMaxBytes = 64 << 10;
 
 // What a transfer's header says about its payload. Both ends are the same build, so the dtype
 // travels as ATen's enum value.
@@ -50,6 +47,9 @@ WireHeader HeaderOf(const at::Tensor& tensor) {
 bool SameSize(const WireHeader& a, const WireHeader& b) {
   return a.bytes == b.bytes && a.elements == b.elements && a.dtype == b.dtype;
 }
+
+// Whether the payload of a transfer of this size rides in its header's message.
+bool Inline(const WireHeader& header) { return header.bytes <= kPointToPointInlineMaxBytes; }
 
 std::string SizeOf(const WireHeader& header) {
   return StrCat(header.elements, " ", detail::DtypeName(static_cast<at::ScalarType>(header.dtype)),
@@ -91,10 +91,11 @@ std::unique_ptr<uint8_t[]> Uninitialised(size_t bytes) {
   return std::unique_ptr<uint8_t[]>(new uint8_t[bytes]);
 }
 
-// One posted message: gloo's buffer, and the sealed bytes it sends or receives when the group
-// encrypts (gloo reads or writes them until the message completes).
+// One posted message: gloo's buffer, and the bytes it sends or receives in place of the
+// tensor's when they are not the tensor's own (sealed, or a header with its payload inline);
+// gloo reads or writes them until the message completes.
 struct Posted {
-  std::unique_ptr<uint8_t[]> sealed;
+  std::unique_ptr<uint8_t[]> staged;
   std::unique_ptr<gloo::transport::UnboundBuffer> buffer;
 };
 
@@ -141,63 +142,98 @@ struct GlooPointToPoint::Transfer {
     return cipher != nullptr ? plain_bytes + kSealTagBytes : plain_bytes;
   }
 
-  // Sends `bytes` of `plain` on `slot`, sealed first when the group encrypts.
-  Posted PostSend(bool payload, const void* plain, size_t bytes, uint64_t slot) const {
-    Posted posted;
-    void* wire = const_cast<void*>(plain);
+  // Writes `bytes` of `plain` to `wire` as they travel: sealed when the group encrypts.
+  void Stage(bool payload, const void* plain, size_t bytes, uint8_t* wire) const {
     if (cipher != nullptr) {
-      posted.sealed = Uninitialised(WireBytes(bytes));
-      cipher->Seal(Label(payload), plain, bytes, posted.sealed.get());
-      wire = posted.sealed.get();
+      cipher->Seal(Label(payload), plain, bytes, wire);
+    } else {
+      std::memcpy(wire, plain, bytes);
     }
-    posted.buffer = context->createUnboundBuffer(wire, WireBytes(bytes));
-    posted.buffer->send(peer, slot);
-    return posted;
   }
 
-  // Receives a message of `bytes` plaintext bytes on `slot`: into `target`, or when the
-  // group encrypts into a sealed buffer that OpenInto opens.
-  Posted PostRecv(void* target, size_t bytes, uint64_t slot) const {
-    Posted posted;
-    if (cipher != nullptr) {
-      posted.sealed = Uninitialised(WireBytes(bytes));
-      target = posted.sealed.get();
-    }
-    posted.buffer = context->createUnboundBuffer(target, WireBytes(bytes));
-    posted.buffer->recv(peer, slot);
-    return posted;
-  }
-
-  void OpenInto(bool payload, const Posted& posted, void* target, size_t bytes) const {
-    if (cipher != nullptr && !cipher->Open(Label(payload), posted.sealed.get(), bytes, target)) {
+  // The reverse of Stage, into `plain`.
+  void Unstage(bool payload, const uint8_t* wire, void* plain, size_t bytes) const {
+    if (cipher == nullptr) {
+      std::memcpy(plain, wire, bytes);
+    } else if (!cipher->Open(Label(payload), wire, bytes, plain)) {
       throw TrafficAuthenticationError(peer);
     }
   }
 
-  bool PayloadPostedByCaller() const {
-    return cipher == nullptr || header.bytes <= kSealOnCallerMaxBytes;
+  // The header's message from the sender: the header, then the payload when it rides inline,
+  // each staged on its own (so that each is sealed under its own label).
+  Posted PostHeadSend(uint64_t slot) const {
+    const size_t head_bytes = WireBytes(sizeof(header));
+    const size_t payload_bytes = Inline(header) && header.bytes > 0 ? WireBytes(header.bytes) : 0;
+    Posted posted;
+    posted.staged = Uninitialised(head_bytes + payload_bytes);
+    Stage(false, &header, sizeof(header), posted.staged.get());
+    if (payload_bytes > 0) {
+      Stage(true, tensor.data_ptr(), header.bytes, posted.staged.get() + head_bytes);
+    }
+    posted.buffer = context->createUnboundBuffer(posted.staged.get(), head_bytes + payload_bytes);
+    posted.buffer->send(peer, slot);
+    return posted;
   }
 
-  // Step 1: the messages go to gloo on the caller's thread.
+  // A payload too large to ride inline, on the slot of its size: straight from the tensor, or
+  // from a sealed copy.
+  Posted PostPayloadSend() const {
+    Posted posted;
+    void* wire = tensor.data_ptr();
+    if (cipher != nullptr) {
+      posted.staged = Uninitialised(WireBytes(header.bytes));
+      Stage(true, tensor.data_ptr(), header.bytes, posted.staged.get());
+      wire = posted.staged.get();
+    }
+    posted.buffer = context->createUnboundBuffer(wire, WireBytes(header.bytes));
+    posted.buffer->send(peer, PayloadSlot(header));
+    return posted;
+  }
+
+  // The receive of the header's message: room for the largest that may come, a header with an
+  // inline payload, whatever size this rank expects (gloo takes a message shorter than the
+  // receive, never a longer one).
+  Posted PostHeadRecv(uint64_t slot) const {
+    const size_t capacity = WireBytes(sizeof(WireHeader)) + WireBytes(kPointToPointInlineMaxBytes);
+    Posted posted;
+    posted.staged = Uninitialised(capacity);
+    posted.buffer = context->createUnboundBuffer(posted.staged.get(), capacity);
+    posted.buffer->recv(peer, slot);
+    return posted;
+  }
+
+  // Receives a payload of `size` on its slot: into `target`, or when the group encrypts into
+  // a sealed buffer that Unstage opens.
+  Posted PostPayloadRecv(void* target, const WireHeader& size) const {
+    Posted posted;
+    if (cipher != nullptr) {
+      posted.staged = Uninitialised(WireBytes(size.bytes));
+      target = posted.staged.get();
+    }
+    posted.buffer = context->createUnboundBuffer(target, WireBytes(size.bytes));
+    posted.buffer->recv(peer, PayloadSlot(size));
+    return posted;
+  }
+
+  // Step 1: the messages go to gloo on the caller's thread. A sealed payload that does not ride
+  // inline is sealed in step 2, on the transfer's thread: AES-GCM runs at 1-2 GB/s, so sealing
+  // a 25 MiB activation would hold up the caller for ~15 ms.
   void Post() {
     header = HeaderOf(tensor);
     const uint64_t head_slot = PointToPointSlot(tag, index);
     if (sending) {
-      head = PostSend(false, &header, sizeof(header), head_slot);
-      if (header.bytes > 0 && PayloadPostedByCaller()) PostPayload();
+      head = PostHeadSend(head_slot);
+      if (!Inline(header) && cipher == nullptr) body = PostPayloadSend();
       return;
     }
-    head = PostRecv(&arrived, sizeof(arrived), head_slot);
-    if (header.bytes > 0) body = PostRecv(tensor.data_ptr(), header.bytes, PayloadSlot(header));
-  }
-
-  void PostPayload() {
-    body = PostSend(true, tensor.data_ptr(), header.bytes, PayloadSlot(header));
+    head = PostHeadRecv(head_slot);
+    if (!Inline(header)) body = PostPayloadRecv(tensor.data_ptr(), header);
   }
 
   // Step 2.
   void FinishSend() {
-    if (header.bytes > 0 && !body.buffer) PostPayload();
+    if (!Inline(header) && !body.buffer) body = PostPayloadSend();
     AwaitSend(*head.buffer, deadline);
     if (body.buffer) AwaitSend(*body.buffer, deadline);
   }
@@ -205,21 +241,28 @@ struct GlooPointToPoint::Transfer {
   // Step 3.
   void FinishRecv() {
     AwaitRecv(*head.buffer, deadline);
-    OpenInto(false, head, &arrived, sizeof(arrived));
+    Unstage(false, head.staged.get(), &arrived, sizeof(arrived));
     if (arrived.magic != kHeaderMagic) {
       throw CommError(StrCat("malformed point-to-point header from rank ", peer));
     }
     if (SameSize(arrived, header)) {
-      if (header.bytes == 0) return;
+      if (Inline(header)) {
+        if (header.bytes > 0) {
+          Unstage(true, head.staged.get() + WireBytes(sizeof(header)), tensor.data_ptr(),
+                  header.bytes);
+        }
+        return;
+      }
       AwaitRecv(*body.buffer, deadline);
-      OpenInto(true, body, tensor.data_ptr(), header.bytes);
+      if (body.staged) Unstage(true, body.staged.get(), tensor.data_ptr(), header.bytes);
       return;
     }
-    // The payload went to the slot of its own size: take it from there into scratch. The
-    // receive posted for the expected size stays posted in gloo, its buffer gone.
-    if (arrived.bytes > 0) {
+    // A payload too large to ride inline went to the slot of its own size: take it from there
+    // into scratch. A receive posted for the expected size stays posted in gloo, its buffer
+    // gone.
+    if (!Inline(arrived)) {
       std::unique_ptr<uint8_t[]> scratch = Uninitialised(arrived.bytes);
-      Posted sent = PostRecv(scratch.get(), arrived.bytes, PayloadSlot(arrived));
+      Posted sent = PostPayloadRecv(scratch.get(), arrived);
       AwaitRecv(*sent.buffer, deadline);
     }
     throw SizeMismatch(StrCat("size mismatch: rank ", peer, " sent ", SizeOf(arrived),

@@ -3,6 +3,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <exception>
 #include <map>
@@ -23,6 +24,9 @@ class Context;
 
 namespace gradhub::ddp {
 
+// The largest payload that rides in its header's message (GlooPointToPoint, "Messages").
+inline constexpr size_t kPointToPointInlineMaxBytes = 64 << 10;
+
 // Send and Recv of a GlooProcessGroup (ProcessGroup's point to point) over gloo's unbound
 // buffers on the group's channel contexts.
 //
@@ -30,13 +34,26 @@ namespace gradhub::ddp {
 // matching recv has told the sender it is posted (a "recv ready" notice per slot), and
 // writes it at once, on the thread that posts the send, when that notice came first. A
 // receive must be posted with at least the bytes that are sent: more bytes than posted fail a
-// check on gloo's event-loop thread, which ends the process. So the receiver posts both its
-// receives up front, and the payload's slot carries its size, so that a payload can only land
-// in a receive of exactly its size: no message waits for an answer to another one.
+// check on gloo's event-loop thread, which ends the process; fewer are fine. So the receiver
+// posts its receives up front: the header's with room for the largest header message, and
+// the payload's, when the payload does not ride inline, on a slot that carries its size, so
+// that a payload can only land in a receive of exactly its size. No message waits for an
+// answer to another one.
+//
+// Messages. A payload of up to kPointToPointInlineMaxBytes rides in its header's message: one
+// message per transfer. Each gloo message costs three writes and three reads on loopback (a
+// "send ready" and a "recv ready" notice, then the data) and wakes gloo's event loop on each
+// side, which on a 2-core VM cost more than copying 64 KiB on each end: the round trip of 8
+// floats went from 0.21-0.22 to 0.14-0.18 ms, and of 64 KiB from 0.27-0.28 to 0.17 ms
+// (bench_pipeline pingpong, old and new build alternately; PyTorch gloo 0.09-0.13 ms). The
+// limit is below glibc's default mmap threshold (128 KiB), so the receiver's buffer for the
+// header's message never costs a mapping. A larger payload travels on its own, straight from
+// and into the tensor.
 //
 // Matching. A transfer from rank S to rank R with tag t is the k-th of (S, R, t): each side
-// counts its own Sends to, and Recvs from, each peer per tag, in issue order. Its two
-// messages, a header and a payload, travel on channel t % channels (both ends pick the same):
+// counts its own Sends to, and Recvs from, each peer per tag, in issue order. Its messages,
+// the header (with an inline payload) and a larger payload, travel on channel t % channels
+// (both ends pick the same):
 //   header  PointToPointSlot(t, k): bits 63..56 0x80, bits 55..24 the tag, bits 23..0 k mod
 //           2^24. The high bit marks p2p: gloo's collectives build their slots with prefixes
 //           0x01 to 0x08 (gloo/types.h), the sealed collectives with 0x47, and
@@ -53,11 +70,14 @@ namespace gradhub::ddp {
 //  1. Issue, on the caller's thread: the operands are checked (std::invalid_argument naming
 //     the op and operand; nothing counted), k is taken and the Work made (failed at once when
 //     the group is broken). Then the messages are posted to gloo, which does not block:
-//       sender: the header {bytes, elements, dtype} and the payload (the tensor's bytes; none
-//       for an empty tensor) on the slot of the tensor's own size, each sealed first when
-//       the group encrypts (a sealed payload over 64 KiB is sealed and posted in step 2);
-//       receiver: a receive for the header, and one for the payload on the slot of the
-//       size it expects, straight into the tensor (sealed: into a buffer).
+//       sender: the header {bytes, elements, dtype}, followed in the same message by a
+//       payload of up to kPointToPointInlineMaxBytes (the tensor's bytes, copied); a larger
+//       payload on the slot of the tensor's own size, from the tensor. When the group
+//       encrypts, header and payload are each sealed under their own label (a larger payload
+//       is sealed and posted in step 2);
+//       receiver: a receive for the header's message into a buffer with room for an inline
+//       payload, and when it expects a larger payload, one on the slot of that size, straight
+//       into the tensor (sealed: into a buffer).
 //     Then the transfer is handed to a thread of its own (TaskThreads), which waits for it
 //     and completes the Work. Send and Recv return at once; any number of transfers with any
 //     peers and tags may be in flight, posted in any order on the two sides, and none waits
@@ -76,15 +96,14 @@ namespace gradhub::ddp {
 //     (sealed: from a sealed copy) once the receive is posted; the Work completes when gloo
 //     has written it, so the tensor may be reused.
 //  3. Receiver, on the thread that finishes it: waits for the header (sealed: opens it).
-//     When its size is the expected one it waits for the payload (sealed: opens it into the
-//     tensor). Else the
-//     payload was sent to another slot: it receives it from there into scratch, so that
-//     nothing stays queued on the connection and the group stays usable, and fails the Work
-//     with CommError "...: size mismatch: rank S sent 1024 float32 elements (4096 bytes),
-//     this rank expects 512 float32 elements (2048 bytes)". The tensor is not written. The
-//     receive posted for the expected size stays posted in gloo (a few bytes of its
-//     bookkeeping) with its buffer gone. The shape is not sent: a [2, 3] tensor is received
-//     into a [3, 2] one.
+//     When its size is the expected one it copies the inline payload into the tensor, or
+//     waits for the larger payload (sealed: opens either into the tensor). Else it fails the
+//     Work with CommError "...: size mismatch: rank S sent 1024 float32 elements (4096
+//     bytes), this rank expects 512 float32 elements (2048 bytes)", after receiving a larger
+//     payload from the slot it was sent to into scratch, so that nothing stays queued on the
+//     connection and the group stays usable. The tensor is not written. A receive posted for
+//     a larger expected size stays posted in gloo (a few bytes of its bookkeeping) with its
+//     buffer gone. The shape is not sent: a [2, 3] tensor is received into a [3, 2] one.
 //  4. Any other failure -- gloo's timeout at the deadline, a closed connection (a dead peer),
 //     a sealed message that fails authentication, gloo refusing a post -- fails the Work
 //     with CommError "<description>: <reason>" and breaks the group (GroupHealth), as a
