@@ -408,7 +408,31 @@ absl::Status Scheduler::ServeQueue() {
   return status;
 }
 
+namespace {
+
+absl::StatusOr<bool> AnyNodeToSweep(db::Transaction& tx, absl::Duration node_lease) {
+  // Every node DeclareLostNodes or ApplyDrains would look at, and more (the grace is theirs).
+  GRADHUB_ASSIGN_OR_RETURN(
+      const db::Result any,
+      tx.Exec("SELECT EXISTS (SELECT 1 FROM nodes WHERE state = 'DRAINING' OR (state <> 'LOST'"
+              " AND last_heartbeat_time < now() - $1 * interval '1 second')) AS any",
+              {Seconds(node_lease)}));
+  return any.row(0).Get<bool>("any");
+}
+
+}  // namespace
+
 absl::Status Scheduler::SweepNodes() {
+  // Most passes find no node to sweep; such a pass takes no lock. The fence's row lock makes
+  // its transaction a durable commit (a WAL flush): five a second, each holding up the
+  // commits of everything else that waits for the WAL then (CreateJob's among them). A node
+  // that falls silent after this look is swept by the next pass, one interval later, as one
+  // that falls silent just after the sweep would be.
+  GRADHUB_ASSIGN_OR_RETURN(
+      const bool any,
+      pool_->Transact([&](db::Transaction& tx) { return AnyNodeToSweep(tx, options_.node_lease); },
+                      {.read_only = true}));
+  if (!any) return absl::OkStatus();
   absl::Status status = pool_->Transact([&](db::Transaction& tx) -> absl::Status {
     GRADHUB_RETURN_IF_ERROR(LockAsLeader(tx));
     GRADHUB_RETURN_IF_ERROR(DeclareLostNodes(tx));
@@ -526,32 +550,56 @@ absl::Status Scheduler::ReconcileAttempts() {
   return absl::OkStatus();
 }
 
+absl::StatusOr<Scheduler::AttemptReview> Scheduler::ReviewAttempt(db::Transaction& tx,
+                                                                  const std::string& name,
+                                                                  int32_t attempt, bool lock) {
+  AttemptReview review;
+  GRADHUB_ASSIGN_OR_RETURN(review.job, ReadJob(tx, name, -1, lock));
+  const v1::Job& job = review.job;
+  // A job that ended (cancelled) or moved on takes its attempt with it.
+  if (job.attempt() != attempt || IsTerminal(job.state()) || job.state() == v1::Job::CANCELLING) {
+    GRADHUB_ASSIGN_OR_RETURN(
+        db::Result in_flight,
+        tx.Exec("SELECT 1 FROM job_attempts WHERE job_id = $1::uuid AND attempt = $2"
+                " AND state IN ('SCHEDULED', 'RUNNING')",
+                {JobId(name), attempt}));
+    review.end_with_job = !in_flight.empty();
+    return review;
+  }
+  GRADHUB_ASSIGN_OR_RETURN(std::optional<AttemptSnapshot> snapshot, ReadAttemptSnapshot(tx, job));
+  if (!snapshot) return review;
+  snapshot->seconds_since_recordable = Seconds(absl::Now() - RecordableSince());
+  // A script's exit may be its peer's loss: wait a node lease more, so a lost node is found.
+  review.verdict =
+      JudgeAttempt(*snapshot, options_.peer_failure_grace +
+                                  (snapshot->script ? options_.node_lease : absl::ZeroDuration()));
+  return review;
+}
+
 absl::StatusOr<std::optional<double>> Scheduler::ReconcileAttempt(const std::string& name,
                                                                   int32_t attempt) {
+  // 1. A look without locks. Most attempts at most passes run on with nothing to write, and the
+  //    fenced transaction of step 2 is a durable commit (its row locks): one WAL flush per
+  //    attempt in flight per pass, beside every other commit of the cluster.
+  GRADHUB_ASSIGN_OR_RETURN(
+      const AttemptReview look,
+      pool_->Transact([&](db::Transaction& tx) { return ReviewAttempt(tx, name, attempt, false); },
+                      {.read_only = true}));
+  if (!look.NeedsWrite()) return std::nullopt;
+  // 2. Under the fence, the job locked: reviewed again (another replica's heartbeat may have
+  //    changed it since), and the review applied. A verdict that came due between the two
+  //    looks is applied by the next pass.
   return pool_->Transact([&](db::Transaction& tx) -> absl::StatusOr<std::optional<double>> {
     GRADHUB_RETURN_IF_ERROR(LockAsLeader(tx));
-    GRADHUB_ASSIGN_OR_RETURN(v1::Job job, ReadJob(tx, name, -1, true));
-    // A job that ended (cancelled) or moved on takes its attempt with it.
-    if (job.attempt() != attempt || IsTerminal(job.state()) || job.state() == v1::Job::CANCELLING) {
-      GRADHUB_ASSIGN_OR_RETURN(
-          db::Result in_flight,
-          tx.Exec("SELECT 1 FROM job_attempts WHERE job_id = $1::uuid AND attempt = $2"
-                  " AND state IN ('SCHEDULED', 'RUNNING')",
-                  {JobId(name), attempt}));
-      if (in_flight.empty()) return std::nullopt;
+    GRADHUB_ASSIGN_OR_RETURN(const AttemptReview review, ReviewAttempt(tx, name, attempt, true));
+    if (review.end_with_job) {
       MarkAssignmentsChanged();
-      GRADHUB_RETURN_IF_ERROR(EndAttemptWithItsJob(tx, job, attempt));
+      GRADHUB_RETURN_IF_ERROR(EndAttemptWithItsJob(tx, review.job, attempt));
       return std::nullopt;
     }
-    GRADHUB_ASSIGN_OR_RETURN(std::optional<AttemptSnapshot> snapshot, ReadAttemptSnapshot(tx, job));
-    if (!snapshot) return std::nullopt;
-    snapshot->seconds_since_recordable = Seconds(absl::Now() - RecordableSince());
-    // A script's exit may be its peer's loss: wait a node lease more, so a lost node is found.
-    const AttemptVerdict verdict = JudgeAttempt(
-        *snapshot, options_.peer_failure_grace +
-                       (snapshot->script ? options_.node_lease : absl::ZeroDuration()));
-    if (verdict.failure) MarkAssignmentsChanged();
-    return ApplyVerdict(tx, job, verdict);
+    if (!review.verdict) return std::nullopt;
+    if (review.verdict->failure) MarkAssignmentsChanged();
+    return ApplyVerdict(tx, review.job, *review.verdict);
   });
 }
 

@@ -47,9 +47,11 @@
 //      it either (JudgeAttempt step 4). Running jobs are not restarted for the outage.
 //
 // Leadership: every api replica runs a Scheduler, but only the leader's passes run
-// (leader_lease.h). Every step is its own transaction, fenced by the leader's term and under
-// one PostgreSQL advisory lock: a deposed leader's step fails its fence instead of writing,
-// and a pass interrupted by a crash or a takeover is simply redone by the next leader. A new
+// (leader_lease.h). Every step that writes is its own transaction, fenced by the leader's term
+// and under one PostgreSQL advisory lock: a deposed leader's step fails its fence instead of
+// writing, and a pass interrupted by a crash or a takeover is simply redone by the next leader.
+// The fence's row lock makes a transaction a durable commit (a WAL flush), so steps 1 and 2
+// first look without locks and fence only what they will write. A new
 // term counts silence (protocol steps 2 and 6) only from its own start, as a starting api
 // does: before it, the previous leader or this replica before a pause may have recorded
 // nothing.
@@ -198,7 +200,8 @@ class Scheduler {
   std::string ReasonForNewJob(const v1::JobSpec& spec, const std::string& tenant);
 
  private:
-  // Pass step 1 in one transaction: lost nodes, then drains (PlanDrains).
+  // Pass step 1 in one transaction: lost nodes, then drains (PlanDrains); none when no node is
+  // silent or draining.
   absl::Status SweepNodes();
   absl::Status DeclareLostNodes(db::Transaction& tx);
   absl::Status ApplyDrains(db::Transaction& tx);
@@ -206,6 +209,18 @@ class Scheduler {
   // time the job waited in the queue when this made it RUNNING.
   absl::Status ReconcileAttempts();
   absl::StatusOr<std::optional<double>> ReconcileAttempt(const std::string& name, int32_t attempt);
+  // What an attempt in flight needs, as read in `tx` (the job FOR UPDATE when `lock`).
+  struct AttemptReview {
+    v1::Job job;
+    bool end_with_job = false;  // the job ended (cancelled) or moved on, the attempt in flight
+    std::optional<AttemptVerdict> verdict;  // else JudgeAttempt's, while the attempt is in flight
+    bool NeedsWrite() const {
+      return end_with_job ||
+             (verdict && (verdict->now_running || verdict->succeeded || verdict->failure));
+    }
+  };
+  absl::StatusOr<AttemptReview> ReviewAttempt(db::Transaction& tx, const std::string& name,
+                                              int32_t attempt, bool lock);
   // Step 3.
   absl::Status FinishCancellations();
   // Step 4: the whole queue (PlaceJobs) or the light pass (JudgeNewJobs), as QueueNeedsFullPass

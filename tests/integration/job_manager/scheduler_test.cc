@@ -689,6 +689,37 @@ TEST_F(SchedulerTest, OnlyTheLeadingReplicasPassesAct) {
   EXPECT_EQ(Get(job).state(), v1::Job::SCHEDULED);
 }
 
+// The fence's row lock makes a transaction a durable commit (a WAL flush). A pass with nothing
+// to write -- a job running on, one waiting for a full cluster, every node heartbeating --
+// writes no WAL at all; once a rank's report calls for a write, the leader's next pass makes it.
+TEST_F(SchedulerTest, ALeadersPassWithNothingToDoWritesNoWal) {
+  Agent a = Register("a", 2);
+  const v1::Job running = Submit(2), waiting = Submit(1);
+  LeaderLease lease(pool_.get(), {.holder = "leader", .lease = absl::Seconds(30)});
+  ASSERT_TRUE(lease.Tick().ok());
+  SchedulerOptions options;
+  options.leader = &lease;
+  Scheduler leader(pool_.get(), options);
+  ASSERT_TRUE(leader.RunOnce().ok());
+  auto on_a = Beat(a, {});
+  Beat(a, All(on_a, v1::RankStatus::RUNNING));
+  ASSERT_TRUE(leader.RunOnce().ok());
+  ASSERT_EQ(Get(running).state(), v1::Job::RUNNING);
+  ASSERT_EQ(Get(waiting).state(), v1::Job::PENDING);
+  auto wal = [&] {
+    auto lsn = pool_->Exec("SELECT pg_current_wal_insert_lsn()::text AS lsn");
+    EXPECT_TRUE(lsn.ok()) << lsn.status();
+    return lsn.ok() ? lsn->row(0).Get<std::string>("lsn") : "";
+  };
+  const std::string before = wal();
+  for (int pass = 0; pass < 3; ++pass) ASSERT_TRUE(leader.RunOnce().ok());
+  EXPECT_EQ(wal(), before) << "an idle pass wrote WAL";
+
+  Beat(a, All(on_a, v1::RankStatus::SUCCEEDED));
+  ASSERT_TRUE(leader.RunOnce().ok());
+  EXPECT_EQ(Get(running).state(), v1::Job::SUCCEEDED);
+}
+
 // A new term, like a starting api, counts a node's silence only from its own start: the
 // previous leader, or this replica before a pause, recorded nothing meanwhile.
 TEST_F(SchedulerTest, ANewTermGivesSilentNodesTheStartupGrace) {
