@@ -214,10 +214,7 @@ class Scheduler {
     v1::Job job;
     bool end_with_job = false;  // the job ended (cancelled) or moved on, the attempt in flight
     std::optional<AttemptVerdict> verdict;  // else JudgeAttempt's, while the attempt is in flight
-    bool NeedsWrite() const {
-      return end_with_job ||
-             (verdict && (verdict->now_running || verdict->succeeded || verdict->failure));
-    }
+    bool NeedsWrite() const { return end_with_job || (verdict && verdict->ChangesSomething()); }
   };
   absl::StatusOr<AttemptReview> ReviewAttempt(db::Transaction& tx, const std::string& name,
                                               int32_t attempt, bool lock);

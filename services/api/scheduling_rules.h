@@ -433,6 +433,9 @@ struct AttemptVerdict {
   std::optional<AttemptFailure> failure;
   std::string started_reason;    // with now_running: "all 4 ranks started"
   std::string succeeded_reason;  // with succeeded: "all 4 ranks exited 0"
+
+  // Whether the verdict changes anything (else the attempt runs on, and nothing is written).
+  bool ChangesSomething() const { return now_running || succeeded || failure.has_value(); }
 };
 
 // The verdict on an attempt in flight (its job SCHEDULED or RUNNING on it):

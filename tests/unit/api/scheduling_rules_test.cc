@@ -947,6 +947,20 @@ TEST(JudgeAttempt, EveryRankExitedZeroMakesItSucceeded) {
   EXPECT_TRUE(quick.succeeded);
 }
 
+// The scheduler writes nothing for an attempt whose verdict changes nothing (its look without
+// locks, scheduler.h): every verdict that moves the job must say it changes something.
+TEST(JudgeAttempt, OnlyAVerdictThatMovesTheJobChangesSomething) {
+  EXPECT_FALSE(
+      JudgeAttempt(Attempt({Rank(0, "RUNNING"), Rank(1, "RUNNING")}), kGrace).ChangesSomething());
+  EXPECT_FALSE(JudgeAttempt(Attempt({Rank(0, "FAILED", 1, kPeerLost), Rank(1, "RUNNING")}), kGrace)
+                   .ChangesSomething())
+      << "within the peer failure grace";
+  EXPECT_TRUE(
+      JudgeAttempt(Attempt({Rank(0, "RUNNING")}, v1::Job::SCHEDULED), kGrace).ChangesSomething());
+  EXPECT_TRUE(JudgeAttempt(Attempt({Rank(0, "SUCCEEDED")}), kGrace).ChangesSomething());
+  EXPECT_TRUE(JudgeAttempt(Attempt({Rank(0, "FAILED", 0, 0, 9)}), kGrace).ChangesSomething());
+}
+
 TEST(JudgeAttempt, TheHangWatchdogFailsAnAttemptWithoutAStepForTheTimeout) {
   AttemptSnapshot attempt = Attempt({Rank(0, "RUNNING"), Rank(1, "RUNNING")});
   attempt.hang_timeout_seconds = 30;

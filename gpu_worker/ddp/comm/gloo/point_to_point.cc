@@ -141,6 +141,8 @@ struct GlooPointToPoint::Transfer {
   size_t WireBytes(size_t plain_bytes) const {
     return cipher != nullptr ? plain_bytes + kSealTagBytes : plain_bytes;
   }
+  // The header as it travels; an inline payload follows it in the same message.
+  size_t HeadWireBytes() const { return WireBytes(sizeof(WireHeader)); }
 
   // Writes `bytes` of `plain` to `wire` as they travel: sealed when the group encrypts.
   void Stage(bool payload, const void* plain, size_t bytes, uint8_t* wire) const {
@@ -163,7 +165,7 @@ struct GlooPointToPoint::Transfer {
   // The header's message from the sender: the header, then the payload when it rides inline,
   // each staged on its own (so that each is sealed under its own label).
   Posted PostHeadSend(uint64_t slot) const {
-    const size_t head_bytes = WireBytes(sizeof(header));
+    const size_t head_bytes = HeadWireBytes();
     const size_t payload_bytes = Inline(header) && header.bytes > 0 ? WireBytes(header.bytes) : 0;
     Posted posted;
     posted.staged = Uninitialised(head_bytes + payload_bytes);
@@ -195,7 +197,7 @@ struct GlooPointToPoint::Transfer {
   // inline payload, whatever size this rank expects (gloo takes a message shorter than the
   // receive, never a longer one).
   Posted PostHeadRecv(uint64_t slot) const {
-    const size_t capacity = WireBytes(sizeof(WireHeader)) + WireBytes(kPointToPointInlineMaxBytes);
+    const size_t capacity = HeadWireBytes() + WireBytes(kPointToPointInlineMaxBytes);
     Posted posted;
     posted.staged = Uninitialised(capacity);
     posted.buffer = context->createUnboundBuffer(posted.staged.get(), capacity);
@@ -248,8 +250,7 @@ struct GlooPointToPoint::Transfer {
     if (SameSize(arrived, header)) {
       if (Inline(header)) {
         if (header.bytes > 0) {
-          Unstage(true, head.staged.get() + WireBytes(sizeof(header)), tensor.data_ptr(),
-                  header.bytes);
+          Unstage(true, head.staged.get() + HeadWireBytes(), tensor.data_ptr(), header.bytes);
         }
         return;
       }
